@@ -1,0 +1,67 @@
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use kestrel_gguf::{GgmlType, MetadataValue};
+
+use super::CliResult;
+
+pub fn run(path: &Path, all_tensors: bool) -> CliResult {
+    let header = read_header(path)?;
+    println!("file:      {}", path.display());
+    println!("version:   {}", header.version);
+    println!("alignment: {}", header.alignment);
+    println!("metadata ({} keys):", header.metadata.len());
+    for (key, value) in header.metadata.iter() {
+        println!("  {key:<40} {}", summarize(value));
+    }
+    let mut by_type: BTreeMap<&str, (GgmlType, usize, u64)> = BTreeMap::new();
+    for t in &header.tensors {
+        let e = by_type.entry(t.ggml_type.name()).or_insert((t.ggml_type, 0, 0));
+        e.1 += 1;
+        e.2 += t.n_bytes();
+    }
+    let total: u64 = header.tensors.iter().map(|t| t.n_bytes()).sum();
+    println!("tensors ({}, {:.1} MiB):", header.tensors.len(), total as f64 / (1 << 20) as f64);
+    for (name, (ty, n, bytes)) in &by_type {
+        let note = if kestrel_gguf::is_gpu_supported(*ty) { "" } else { "  (not supported on the GPU)" };
+        println!("  {name:<8} {n:>5} tensors {:>10.1} MiB{note}", *bytes as f64 / (1 << 20) as f64);
+    }
+    if all_tensors {
+        for t in &header.tensors {
+            println!("  {:<32} {:<6} {:?}", t.name, t.ggml_type.name(), t.dims);
+        }
+    }
+    Ok(())
+}
+
+/// Reads only as much of the file as the header needs.
+pub fn read_header(path: &Path) -> Result<kestrel_gguf::GgufHeader, Box<dyn std::error::Error>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    let mut want: u64 = 1 << 20;
+    loop {
+        let have = bytes.len() as u64;
+        (&mut file).take(want.saturating_sub(have)).read_to_end(&mut bytes)?;
+        match kestrel_gguf::parse_header(&bytes) {
+            Err(kestrel_gguf::GgufError::NeedMoreData { needed, .. }) if bytes.len() as u64 > have => {
+                want = needed.max(2 * want);
+            }
+            result => return Ok(result?),
+        }
+    }
+}
+
+fn summarize(value: &MetadataValue) -> String {
+    match value {
+        MetadataValue::String(s) => {
+            let one_line: String = s.chars().take(60).map(|c| if c == '\n' { ' ' } else { c }).collect();
+            if s.chars().count() > 60 { format!("{one_line:?}...") } else { format!("{one_line:?}") }
+        }
+        MetadataValue::Array(items) => {
+            let head: Vec<String> = items.iter().take(4).map(summarize).collect();
+            format!("[{}{}] ({} items)", head.join(", "), if items.len() > 4 { ", ..." } else { "" }, items.len())
+        }
+        other => format!("{other:?}"),
+    }
+}

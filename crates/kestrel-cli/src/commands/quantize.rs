@@ -1,0 +1,22 @@
+use std::path::Path;
+
+use kestrel_gguf::GgmlType;
+
+use super::CliResult;
+
+pub fn run(input: &Path, output: &Path, ty: &str) -> CliResult {
+    let target = match ty.to_ascii_lowercase().as_str() {
+        "q8_0" => GgmlType::Q8_0,
+        "q4_0" => GgmlType::Q4_0,
+        "q4_1" => GgmlType::Q4_1,
+        "f16" => GgmlType::F16,
+        "f32" => GgmlType::F32,
+        other => return Err(format!("unknown --type {other:?} (q8_0, q4_0, q4_1, f16, f32)").into()),
+    };
+    let report = kestrel_gguf::quantize_model(input, output, target, &mut |done, total| {
+        eprint!("\rquantizing: {done}/{total} tensors");
+    })?;
+    eprintln!();
+    println!("wrote {}: {report}", output.display());
+    Ok(())
+}

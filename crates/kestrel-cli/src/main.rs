@@ -1,0 +1,67 @@
+//! `kestrel`: run GGUF language models on the GPU from the command line.
+
+mod commands;
+mod model_path;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kestrel", version, about = "Run GGUF language models on the GPU (WebGPU / wgpu)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a GGUF file's metadata and tensor table.
+    Inspect {
+        /// The GGUF file (default: the default model).
+        #[arg(long, short)]
+        model: Option<PathBuf>,
+        /// Print every tensor, not only a summary.
+        #[arg(long)]
+        tensors: bool,
+    },
+    /// Tokenize text with a model's own vocabulary.
+    Tokenize {
+        text: String,
+        #[arg(long, short)]
+        model: Option<PathBuf>,
+        /// Print a plain JSON list of ids.
+        #[arg(long)]
+        json: bool,
+        /// Add BOS/EOS as the model's metadata asks.
+        #[arg(long)]
+        add_special: bool,
+    },
+    /// Write a copy of a GGUF model with its weights in another format.
+    Quantize {
+        input: PathBuf,
+        output: PathBuf,
+        /// q8_0, q4_0, q4_1, f16 or f32.
+        #[arg(long = "type")]
+        ty: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect { model, tensors } => commands::inspect::run(&model_path::resolve(model), tensors),
+        Command::Tokenize { text, model, json, add_special } => {
+            commands::tokenize::run(&model_path::resolve(model), &text, json, add_special)
+        }
+        Command::Quantize { input, output, ty } => commands::quantize::run(&input, &output, &ty),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

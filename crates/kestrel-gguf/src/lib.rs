@@ -1,0 +1,31 @@
+//! GGUF for Kestrel: an incremental reader (header first, then each tensor's bytes as they
+//! arrive), the ggml quant block formats with CPU (de)quantizers and the GPU repacking, a
+//! writer and a whole-file quantizer.
+
+mod cursor;
+mod error;
+mod file;
+mod header;
+mod header_scan;
+mod metadata;
+pub mod quant;
+mod quantize_file;
+mod stream;
+mod tensor;
+mod types;
+mod writer;
+
+pub use cursor::MAX_STRING_LEN;
+pub use error::GgufError;
+pub use file::{read_file, stream_file};
+pub use header::{
+    parse_header, GgufHeader, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_LEN,
+    MAX_METADATA_KEYS, MAX_NESTING, MAX_TENSORS,
+};
+pub use metadata::{Metadata, MetadataValue};
+pub use quant::{dequantize, is_gpu_supported, pack_for_gpu, quantize, unpack_from_gpu, GpuPacked};
+pub use quantize_file::{quantize_model, QuantizeReport};
+pub use stream::{EventSink, GgufStreamReader, StreamEvent, MAX_HEADER_BYTES};
+pub use tensor::{TensorInfo, MAX_DIMS};
+pub use types::GgmlType;
+pub use writer::{GgufWriter, TensorSpec};

@@ -1,0 +1,188 @@
+//! Adapter and device creation. Kestrel asks for the adapter's real limits (a 135M model's
+//! embedding alone exceeds WebGPU's default 128 MiB binding and 16 KiB workgroup memory budgets
+//! on many machines) and for the optional features it can use, and reports what it got.
+
+use std::sync::Arc;
+
+use crate::{GpuError, PipelineCache};
+
+/// What the caller allows the runtime to use. Tests force features off to cover the fallbacks.
+#[derive(Clone, Debug)]
+pub struct GpuOptions {
+    pub allow_f16: bool,
+    pub allow_subgroups: bool,
+    pub allow_timestamps: bool,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        Self { allow_f16: true, allow_subgroups: true, allow_timestamps: true }
+    }
+}
+
+/// The optional features in use on this device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuFeatures {
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub timestamps: bool,
+    /// Smallest subgroup size the adapter may use; kernels relying on subgroups need >= 4.
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+}
+
+/// A human- and machine-readable description of the device, for `info` and benchmarks.
+#[derive(Clone, Debug)]
+pub struct GpuInfo {
+    pub adapter_name: String,
+    pub backend: String,
+    pub driver: String,
+    pub features: GpuFeatures,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_buffer_size: u64,
+    pub max_compute_workgroup_storage_size: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroups_per_dimension: u32,
+    pub max_storage_buffers_per_shader_stage: u32,
+}
+
+/// The device, its queue and everything derived from them. Cheap to clone (all shared).
+#[derive(Clone)]
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub limits: wgpu::Limits,
+    pub features: GpuFeatures,
+    pub info: Arc<GpuInfo>,
+    pub pipelines: PipelineCache,
+}
+
+impl Gpu {
+    /// Finds an adapter and creates a device with its full limits and the allowed features.
+    pub async fn new(options: &GpuOptions) -> Result<Self, GpuError> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        if cfg!(target_arch = "wasm32") {
+            desc.backends = wgpu::Backends::BROWSER_WEBGPU;
+        }
+        let instance = wgpu::Instance::new(desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                apply_limit_buckets: false,
+            })
+            .await
+            .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
+        Self::from_adapter(adapter, options).await
+    }
+
+    /// Native convenience: blocks on [`Gpu::new`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new_blocking(options: &GpuOptions) -> Result<Self, GpuError> {
+        pollster::block_on(Self::new(options))
+    }
+
+    pub async fn from_adapter(adapter: wgpu::Adapter, options: &GpuOptions) -> Result<Self, GpuError> {
+        let available = adapter.features();
+        let mut wanted = wgpu::Features::empty();
+        if options.allow_f16 {
+            wanted |= wgpu::Features::SHADER_F16;
+        }
+        if options.allow_subgroups {
+            wanted |= wgpu::Features::SUBGROUP;
+        }
+        if options.allow_timestamps {
+            wanted |= wgpu::Features::TIMESTAMP_QUERY;
+        }
+        let required_features = available & wanted;
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("kestrel"),
+                required_features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| GpuError::DeviceRequest(e.to_string()))?;
+        let adapter_info = adapter.get_info();
+        let subgroups = required_features.contains(wgpu::Features::SUBGROUP)
+            && adapter_info.subgroup_min_size >= 4;
+        let features = GpuFeatures {
+            shader_f16: required_features.contains(wgpu::Features::SHADER_F16),
+            subgroups,
+            timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            subgroup_min_size: adapter_info.subgroup_min_size,
+            subgroup_max_size: adapter_info.subgroup_max_size,
+        };
+        let info = GpuInfo {
+            adapter_name: adapter_info.name.clone(),
+            backend: format!("{:?}", adapter_info.backend),
+            driver: format!("{} {}", adapter_info.driver, adapter_info.driver_info).trim().to_string(),
+            features,
+            max_storage_buffer_binding_size: u64::from(limits.max_storage_buffer_binding_size),
+            max_buffer_size: limits.max_buffer_size,
+            max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
+            max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
+            max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+        };
+        let pipelines = PipelineCache::new(device.clone(), features);
+        Ok(Self { device, queue, limits, features, info: Arc::new(info), pipelines })
+    }
+
+    /// Largest byte size one storage binding may have on this device.
+    pub fn max_binding_size(&self) -> u64 {
+        u64::from(self.limits.max_storage_buffer_binding_size).min(self.limits.max_buffer_size)
+    }
+
+    /// A storage buffer of `size` bytes (rounded up to 4), checked against the device limits.
+    pub fn storage_buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer, GpuError> {
+        let size = size.max(4).next_multiple_of(4);
+        if size > self.max_binding_size() {
+            return Err(GpuError::Limit { what: label.to_string(), needed: size, limit: self.max_binding_size() });
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A storage buffer initialised with `data` (padded to a multiple of 4 bytes).
+    pub fn storage_buffer_init(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer, GpuError> {
+        let buffer = self.storage_buffer(label, data.len() as u64)?;
+        self.write(&buffer, 0, data);
+        Ok(buffer)
+    }
+
+    /// A uniform buffer holding `data`; `data` is padded to 16 bytes as WGSL uniform structs need.
+    pub fn uniform_buffer(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        let size = (data.len() as u64).max(16).next_multiple_of(16);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.write(&buffer, 0, data);
+        buffer
+    }
+
+    /// Queues a write of `data` at `offset`; zero-pads the tail to the 4-byte granularity WebGPU
+    /// requires. It lands before the next submit's work.
+    pub fn write(&self, buffer: &wgpu::Buffer, offset: u64, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        if data.len() % 4 == 0 {
+            self.queue.write_buffer(buffer, offset, data);
+        } else {
+            let mut padded = data.to_vec();
+            padded.resize(data.len().next_multiple_of(4), 0);
+            self.queue.write_buffer(buffer, offset, &padded);
+        }
+    }
+}

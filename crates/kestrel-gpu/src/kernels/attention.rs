@@ -1,0 +1,225 @@
+//! Causal grouped-query attention over a layer's KV cache (`shaders/attention.wgsl`): a
+//! flash-decoding pair of kernels for the single query of a decode step, and a tiled kernel for
+//! prefill chunks. Both follow `reference::attention`.
+
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+
+pub use crate::reference::attention::AttentionShape;
+use crate::{Defines, Dispatch, DType, Gpu, GpuError, Recorder, StepUniform, Tensor};
+
+/// KV positions per decode workgroup (`CHUNK` in the shader).
+const DECODE_CHUNK: u32 = 256;
+/// Queries per prefill workgroup (`BQ` in the shader).
+const PREFILL_QUERIES: u32 = 8;
+/// Head sizes the shader is written for: powers of two dividing the workgroup's 256 threads,
+/// whose prefill tiles fit WebGPU's 16 KiB of workgroup memory.
+const HEAD_DIMS: [usize; 3] = [32, 64, 128];
+
+/// Mirrors `Params` in `shaders/attention.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    n_heads: u32,
+    n_kv_heads: u32,
+    max_ctx: u32,
+    max_chunks: u32,
+    scale: f32,
+}
+
+/// One layer's KV cache: K and V in separate f32 buffers, each `[n_kv_heads][max_ctx][head_dim]`
+/// (position `p` of kv head `h` at `(h * max_ctx + p) * head_dim`). RoPE writes it, attention
+/// reads it.
+pub struct KvCache {
+    pub k: Tensor,
+    pub v: Tensor,
+    pub shape: AttentionShape,
+}
+
+impl KvCache {
+    /// A zeroed cache; fails if a buffer would exceed the device's binding limit.
+    pub fn new(gpu: &Gpu, label: &str, shape: AttentionShape) -> Result<Self, GpuError> {
+        let AttentionShape { n_heads, n_kv_heads, head_dim, max_ctx } = shape;
+        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || head_dim == 0 || max_ctx == 0 {
+            return Err(GpuError::InvalidArgs(format!("kv cache {label}: invalid shape {shape:?}")));
+        }
+        let dims = [n_kv_heads, max_ctx, head_dim];
+        let k = Tensor::zeros(gpu, &format!("{label}.k"), &dims, DType::F32)?;
+        let v = Tensor::zeros(gpu, &format!("{label}.v"), &dims, DType::F32)?;
+        Ok(Self { k, v, shape })
+    }
+}
+
+/// The attention kernels specialized for one head size.
+pub struct AttentionKernel {
+    head_dim: usize,
+    decode_partial: Arc<wgpu::ComputePipeline>,
+    decode_combine: Arc<wgpu::ComputePipeline>,
+    prefill: Arc<wgpu::ComputePipeline>,
+}
+
+/// Decode attention bound to one layer: partial softmax per (KV chunk, head), then a combine.
+pub struct DecodeAttention {
+    partial: Dispatch,
+    combine: Dispatch,
+    n_heads: u32,
+}
+
+/// Prefill attention bound to one layer: one workgroup per (tile of queries, head).
+pub struct PrefillAttention {
+    dispatch: Dispatch,
+    n_heads: u32,
+}
+
+impl AttentionKernel {
+    /// Compiles the kernels for `head_dim` (32, 64 or 128).
+    pub async fn new(gpu: &Gpu, head_dim: usize) -> Result<Self, GpuError> {
+        if !HEAD_DIMS.contains(&head_dim) {
+            return Err(GpuError::InvalidArgs(format!("attention: head_dim {head_dim} is not one of {HEAD_DIMS:?}")));
+        }
+        let pipeline = |kind: &str, entry: &'static str| {
+            let mut defines = Defines::new();
+            defines.insert("HD".into(), head_dim.to_string());
+            defines.insert(kind.into(), "1".into());
+            async move { gpu.pipelines.get("attention", entry, &defines).await }
+        };
+        Ok(Self {
+            head_dim,
+            decode_partial: pipeline("DECODE_PARTIAL", "decode_partial").await?,
+            decode_combine: pipeline("DECODE_COMBINE", "decode_combine").await?,
+            prefill: pipeline("PREFILL", "prefill").await?,
+        })
+    }
+
+    /// Binds the decode kernels: the one query in row 0 of `q` (f32 `[rows, n_heads * head_dim]`,
+    /// at position `step.pos`) attends to cache positions `0..=step.pos`; the result goes to row 0
+    /// of `out` (same shape as `q`). Allocates the partials scratch for `max_ctx` positions.
+    pub fn bind_decode(
+        &self,
+        gpu: &Gpu,
+        step: &StepUniform,
+        q: &Tensor,
+        cache: &KvCache,
+        out: &Tensor,
+        scale: f32,
+    ) -> Result<DecodeAttention, GpuError> {
+        let params = self.params(q, cache, out, scale)?;
+        let partials_len = params.n_heads as usize * params.max_chunks as usize * (2 + self.head_dim);
+        let partials = Tensor::zeros(gpu, "attention.partials", &[partials_len], DType::F32)?;
+        let params = gpu.uniform_buffer("attention.params", bytemuck::bytes_of(&params));
+        let n_heads = cache.shape.n_heads as u32;
+        let partial = Dispatch::new(
+            gpu,
+            "attention.decode_partial",
+            self.decode_partial.clone(),
+            &[
+                step.buffer.as_entire_binding(),
+                params.as_entire_binding(),
+                q.buffer.as_entire_binding(),
+                cache.k.buffer.as_entire_binding(),
+                cache.v.buffer.as_entire_binding(),
+                partials.buffer.as_entire_binding(),
+            ],
+            [1, n_heads, 1],
+        );
+        let combine = Dispatch::new(
+            gpu,
+            "attention.decode_combine",
+            self.decode_combine.clone(),
+            &[
+                step.buffer.as_entire_binding(),
+                params.as_entire_binding(),
+                partials.buffer.as_entire_binding(),
+                out.buffer.as_entire_binding(),
+            ],
+            [n_heads, 1, 1],
+        );
+        Ok(DecodeAttention { partial, combine, n_heads })
+    }
+
+    /// Binds the prefill kernel: query row `t` of `q` (f32 `[rows, n_heads * head_dim]`, at
+    /// position `step.pos + t`, for `t < step.n_tokens`) attends to positions `0..=step.pos + t`
+    /// (earlier chunks' keys included); results go to the same rows of `out`.
+    pub fn bind_prefill(
+        &self,
+        gpu: &Gpu,
+        step: &StepUniform,
+        q: &Tensor,
+        cache: &KvCache,
+        out: &Tensor,
+        scale: f32,
+    ) -> Result<PrefillAttention, GpuError> {
+        let params = self.params(q, cache, out, scale)?;
+        let params = gpu.uniform_buffer("attention.params", bytemuck::bytes_of(&params));
+        let n_heads = cache.shape.n_heads as u32;
+        let rows = (q.len() / cache.shape.q_width()) as u32;
+        let dispatch = Dispatch::new(
+            gpu,
+            "attention.prefill",
+            self.prefill.clone(),
+            &[
+                step.buffer.as_entire_binding(),
+                params.as_entire_binding(),
+                q.buffer.as_entire_binding(),
+                cache.k.buffer.as_entire_binding(),
+                cache.v.buffer.as_entire_binding(),
+                out.buffer.as_entire_binding(),
+            ],
+            [rows.div_ceil(PREFILL_QUERIES), n_heads, 1],
+        );
+        Ok(PrefillAttention { dispatch, n_heads })
+    }
+
+    fn params(&self, q: &Tensor, cache: &KvCache, out: &Tensor, scale: f32) -> Result<Params, GpuError> {
+        let shape = cache.shape;
+        let invalid = |why: String| Err(GpuError::InvalidArgs(format!("attention: {why}")));
+        if shape.head_dim != self.head_dim {
+            return invalid(format!("cache head_dim {} but kernel built for {}", shape.head_dim, self.head_dim));
+        }
+        if q.dtype != DType::F32 || out.dtype != DType::F32 {
+            return invalid("q and out must be f32".into());
+        }
+        if q.shape.last() != Some(&shape.q_width()) || q.is_empty() {
+            return invalid(format!("q shape {:?} must be [rows, {}]", q.shape, shape.q_width()));
+        }
+        if out.shape != q.shape {
+            return invalid(format!("out shape {:?} differs from q shape {:?}", out.shape, q.shape));
+        }
+        if !scale.is_finite() {
+            return invalid(format!("scale {scale} must be finite"));
+        }
+        Ok(Params {
+            n_heads: shape.n_heads as u32,
+            n_kv_heads: shape.n_kv_heads as u32,
+            max_ctx: shape.max_ctx as u32,
+            max_chunks: (shape.max_ctx as u32).div_ceil(DECODE_CHUNK),
+            scale,
+        })
+    }
+}
+
+impl DecodeAttention {
+    /// The grid of the partial kernel for a cache of `kv_len` valid positions (`step.pos + 1`).
+    pub fn workgroups(&self, kv_len: u32) -> [u32; 3] {
+        [kv_len.div_ceil(DECODE_CHUNK), self.n_heads, 1]
+    }
+
+    /// Records the partial and combine kernels for `kv_len` (= `step.kv_len` of this decode step).
+    pub fn record(&self, rec: &mut Recorder, kv_len: u32) {
+        self.partial.record_with(rec, self.workgroups(kv_len));
+        self.combine.record(rec);
+    }
+}
+
+impl PrefillAttention {
+    /// The grid for `n_tokens` queries.
+    pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
+        [n_tokens.div_ceil(PREFILL_QUERIES), self.n_heads, 1]
+    }
+
+    /// Records attention of queries `0..n_tokens` (which must equal `step.n_tokens`).
+    pub fn record(&self, rec: &mut Recorder, n_tokens: u32) {
+        self.dispatch.record_with(rec, self.workgroups(n_tokens));
+    }
+}

@@ -1,0 +1,35 @@
+use std::sync::Arc;
+
+use crate::{grid, Defines, Dispatch, Gpu, GpuError, Tensor};
+
+/// `dst = src`, 16 bytes per thread: the bandwidth yardstick of `kestrel bench kernels`.
+pub struct CopyKernel {
+    pipeline: Arc<wgpu::ComputePipeline>,
+}
+
+impl CopyKernel {
+    pub async fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        Ok(Self { pipeline: gpu.pipelines.get("copy", "main", &Defines::new()).await? })
+    }
+
+    /// Binds a copy of all of `src` into `dst`; both sizes must be equal multiples of 16 bytes.
+    pub fn bind(&self, gpu: &Gpu, src: &Tensor, dst: &Tensor) -> Result<Dispatch, GpuError> {
+        if src.byte_size() != dst.byte_size() || src.byte_size() % 16 != 0 {
+            return Err(GpuError::InvalidArgs(format!(
+                "copy: sizes {} and {} must be equal multiples of 16 bytes",
+                src.byte_size(),
+                dst.byte_size()
+            )));
+        }
+        let n_vec4 = (src.byte_size() / 16) as u32;
+        let params = gpu.uniform_buffer("copy.params", bytemuck::bytes_of(&n_vec4));
+        let workgroups = grid(n_vec4.div_ceil(256), gpu.limits.max_compute_workgroups_per_dimension);
+        Ok(Dispatch::new(
+            gpu,
+            "copy",
+            self.pipeline.clone(),
+            &[params.as_entire_binding(), src.buffer.as_entire_binding(), dst.buffer.as_entire_binding()],
+            workgroups,
+        ))
+    }
+}

@@ -1,0 +1,87 @@
+//! Embedding gather: the rows of a (quantized) token embedding table for the step's token ids,
+//! dequantized on the GPU.
+
+use std::sync::Arc;
+
+use kestrel_gguf::GgmlType;
+
+use super::matvec::{check_distinct, check_tensor, check_weight_type, weight_defines, WeightParams};
+use crate::{grid, DType, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor, WeightTensor};
+
+/// `out[t][:] = table[ids[t]][:]` for the step's `n_tokens` ids; an id >= rows gives zeros.
+///
+/// Layout: table rows = vocabulary, cols = hidden size; ids u32 `[max_tokens]`, out f32
+/// `[max_tokens][cols]` (both may be larger). Binds the step uniform (only `n_tokens` is read).
+pub struct EmbeddingKernel {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    ty: GgmlType,
+}
+
+/// A bound gather whose grid (one workgroup per token) depends on the step's token count.
+pub struct EmbeddingDispatch {
+    pub dispatch: Dispatch,
+    max_tokens: u32,
+    max_per_dim: u32,
+}
+
+impl EmbeddingDispatch {
+    /// The grid for `n_tokens` ids (clamped to `max_tokens`, as the shader clamps the step's).
+    pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
+        match n_tokens.min(self.max_tokens) {
+            0 => [0, 1, 1],
+            n => grid(n, self.max_per_dim),
+        }
+    }
+
+    /// Records the gather of `n_tokens` ids, which must equal the step uniform's `n_tokens`.
+    pub fn record(&self, rec: &mut Recorder, n_tokens: u32) {
+        self.dispatch.record_with(rec, self.workgroups(n_tokens));
+    }
+}
+
+impl EmbeddingKernel {
+    pub async fn new(gpu: &Gpu, ty: GgmlType) -> Result<Self, GpuError> {
+        let defines = weight_defines("embedding", ty)?;
+        Ok(Self { pipeline: gpu.pipelines.get("embedding", "main", &defines).await?, ty })
+    }
+
+    pub fn bind(
+        &self,
+        gpu: &Gpu,
+        table: &WeightTensor,
+        ids: &Tensor,
+        out: &Tensor,
+        step: &StepUniform,
+        max_tokens: u32,
+    ) -> Result<EmbeddingDispatch, GpuError> {
+        let kernel = "embedding";
+        check_weight_type(kernel, self.ty, table)?;
+        if max_tokens == 0 {
+            return Err(GpuError::InvalidArgs(format!("{kernel}: max_tokens must be at least 1")));
+        }
+        let params = WeightParams::new(kernel, table, max_tokens)?;
+        let out_len = u64::from(max_tokens) * u64::from(params.cols());
+        if out_len > u64::from(u32::MAX) {
+            return Err(GpuError::InvalidArgs(format!("{kernel}: {max_tokens} tokens are too many for 32-bit indexing")));
+        }
+        check_tensor(kernel, "ids", ids, DType::U32, max_tokens.into())?;
+        check_tensor(kernel, "out", out, DType::F32, out_len)?;
+        check_distinct(kernel, &[("ids", &ids.buffer), ("out", &out.buffer)])?;
+        let uniform = params.uniform(gpu, "embedding.params");
+        let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
+        let dispatch = Dispatch::new(
+            gpu,
+            kernel,
+            self.pipeline.clone(),
+            &[
+                uniform.as_entire_binding(),
+                step.buffer.as_entire_binding(),
+                ids.buffer.as_entire_binding(),
+                out.buffer.as_entire_binding(),
+                table.buffer.as_entire_binding(),
+            ],
+            grid(max_tokens, max_per_dim),
+        );
+        Ok(EmbeddingDispatch { dispatch, max_tokens, max_per_dim })
+    }
+}

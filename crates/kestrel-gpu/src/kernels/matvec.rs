@@ -1,0 +1,301 @@
+//! Matrix-vector products for decode (one token): `y = W x` with quantized weights, plus what the
+//! matvec, matmul and embedding kernels share: the weight-type specialization, the epilogue
+//! choice and the `WeightParams` uniform (shaders/quant.wgsl).
+
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+use kestrel_gguf::GgmlType;
+
+use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Tensor, WeightTensor};
+
+/// What a matvec or matmul kernel does with `x·Wᵀ` before storing it. Fixed when the kernel is
+/// built (each combination is its own pipeline).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Epilogue {
+    /// Adds `bias[n]` (an f32 vector of N values), e.g. Qwen2's QKV bias.
+    pub bias: bool,
+    /// Adds into the output instead of overwriting it, `y += x·Wᵀ`: the in-place residual add
+    /// of the attention / FFN output into the hidden state.
+    pub accumulate: bool,
+}
+
+impl Epilogue {
+    pub const NONE: Self = Self { bias: false, accumulate: false };
+    pub const BIAS: Self = Self { bias: true, accumulate: false };
+    pub const ACCUMULATE: Self = Self { bias: false, accumulate: true };
+
+    pub(crate) fn add_defines(self, defines: &mut Defines) {
+        if self.bias {
+            defines.insert("BIAS".into(), "1".into());
+        }
+        if self.accumulate {
+            defines.insert("ACCUMULATE".into(), "1".into());
+        }
+    }
+}
+
+/// Mirrors `struct WeightParams` in shaders/quant.wgsl (padded to 16 bytes for the uniform).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub(crate) struct WeightParams {
+    rows: u32,
+    cols: u32,
+    row_words: u32,
+    scale_offset: u32,
+    max_tokens: u32,
+    _pad: [u32; 3],
+}
+
+impl WeightParams {
+    /// Checks that `w` is a well-formed weight tensor of a GPU-supported type whose every word
+    /// the kernels address fits in u32 indices, and describes it for the shaders.
+    pub(crate) fn new(kernel: &str, w: &WeightTensor, max_tokens: u32) -> Result<Self, GpuError> {
+        let invalid = |msg: String| GpuError::InvalidArgs(format!("{kernel}: {msg}"));
+        let unit_words = unit_words(w.ty).ok_or_else(|| GpuError::UnsupportedWeights(format!("{kernel}: {}", w.ty)))?;
+        let (rows, cols) = (w.rows as u64, w.cols as u64);
+        if rows == 0 || cols == 0 {
+            return Err(invalid(format!("empty weight matrix {rows} x {cols}")));
+        }
+        let multiple = match w.ty {
+            GgmlType::F32 => 1,
+            GgmlType::F16 => 2,
+            _ => 32,
+        };
+        if cols % multiple != 0 {
+            return Err(invalid(format!("{} weights need a row length that is a multiple of {multiple}, got {cols}", w.ty)));
+        }
+        let row_words = cols * unit_words / 8;
+        let blocks = rows * (cols / 32);
+        let scale_words = match w.ty {
+            GgmlType::F32 | GgmlType::F16 => 0,
+            GgmlType::Q4_1 => blocks,
+            _ => blocks.div_ceil(2),
+        };
+        let quant_words = rows * row_words;
+        let needed_words = if scale_words == 0 { quant_words } else { u64::from(w.scale_offset) + scale_words };
+        if u64::from(w.scale_offset) < quant_words && scale_words != 0 {
+            return Err(invalid(format!("scale section at word {} overlaps the {quant_words} quant words", w.scale_offset)));
+        }
+        if needed_words > u64::from(u32::MAX) || rows * cols > u64::from(u32::MAX) {
+            return Err(invalid(format!("weight matrix {rows} x {cols} is too large for 32-bit indexing (shard it)")));
+        }
+        if 4 * needed_words > w.byte_size() {
+            return Err(invalid(format!(
+                "{} weight buffer of {} bytes is smaller than the {} bytes a {rows} x {cols} matrix needs",
+                w.ty,
+                w.byte_size(),
+                4 * needed_words
+            )));
+        }
+        Ok(Self {
+            rows: rows as u32,
+            cols: cols as u32,
+            row_words: row_words as u32,
+            scale_offset: w.scale_offset,
+            max_tokens,
+            _pad: [0; 3],
+        })
+    }
+
+    pub(crate) fn rows(&self) -> u32 {
+        self.rows
+    }
+
+    pub(crate) fn cols(&self) -> u32 {
+        self.cols
+    }
+
+    pub(crate) fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
+    pub(crate) fn uniform(&self, gpu: &Gpu, label: &str) -> wgpu::Buffer {
+        gpu.uniform_buffer(label, bytemuck::bytes_of(self))
+    }
+}
+
+/// Quant-section words per unit of 8 weights (shaders/quant.wgsl `UNIT_WORDS`); `None` for the
+/// types the kernels cannot read.
+fn unit_words(ty: GgmlType) -> Option<u64> {
+    match ty {
+        GgmlType::F32 => Some(8),
+        GgmlType::F16 => Some(4),
+        GgmlType::Q8_0 => Some(2),
+        GgmlType::Q4_0 | GgmlType::Q4_1 => Some(1),
+        _ => None,
+    }
+}
+
+/// The defines that select `ty`'s decoder in quant.wgsl.
+pub(crate) fn weight_defines(kernel: &str, ty: GgmlType) -> Result<Defines, GpuError> {
+    if unit_words(ty).is_none() {
+        return Err(GpuError::UnsupportedWeights(format!("{kernel}: {ty}")));
+    }
+    let mut defines = Defines::new();
+    defines.insert(format!("WTYPE_{}", ty.name()), "1".into());
+    if matches!(ty, GgmlType::F32 | GgmlType::F16) {
+        defines.insert("DENSE".into(), "1".into());
+    }
+    Ok(defines)
+}
+
+/// Checks that the kernel built for `ty` is given weights of that type.
+pub(crate) fn check_weight_type(kernel: &str, ty: GgmlType, w: &WeightTensor) -> Result<(), GpuError> {
+    if w.ty != ty {
+        return Err(GpuError::InvalidArgs(format!("{kernel}: kernel built for {ty} weights, given {}", w.ty)));
+    }
+    Ok(())
+}
+
+/// Checks that the SwiGLU up projection matches the gate in type, shape and layout.
+pub(crate) fn check_same_layout(kernel: &str, gate: &WeightTensor, up: &WeightTensor) -> Result<(), GpuError> {
+    if (gate.ty, gate.rows, gate.cols, gate.scale_offset) != (up.ty, up.rows, up.cols, up.scale_offset) {
+        return Err(GpuError::InvalidArgs(format!(
+            "{kernel}: gate ({} {} x {}) and up ({} {} x {}) weights differ",
+            gate.ty, gate.rows, gate.cols, up.ty, up.rows, up.cols
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that `t` holds at least `len` values of `dtype` (buffers may be larger: the model
+/// allocates them once for its largest chunk).
+pub(crate) fn check_tensor(kernel: &str, what: &str, t: &Tensor, dtype: DType, len: u64) -> Result<(), GpuError> {
+    if t.dtype != dtype {
+        return Err(GpuError::InvalidArgs(format!("{kernel}: {what} must be {dtype:?}, got {:?}", t.dtype)));
+    }
+    if (t.len() as u64) < len {
+        return Err(GpuError::InvalidArgs(format!(
+            "{kernel}: {what} has {} values ({:?}), needs at least {len}",
+            t.len(),
+            t.shape
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that no buffer is bound twice: WebGPU forbids a buffer that is written in a dispatch
+/// from being bound again (the in-place residual add is the `accumulate` epilogue instead).
+pub(crate) fn check_distinct(kernel: &str, buffers: &[(&str, &wgpu::Buffer)]) -> Result<(), GpuError> {
+    for (i, (name_a, a)) in buffers.iter().enumerate() {
+        if let Some((name_b, _)) = buffers[i + 1..].iter().find(|(_, b)| b == a) {
+            return Err(GpuError::InvalidArgs(format!("{kernel}: {name_a} and {name_b} are the same buffer")));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a bias is given exactly when the epilogue adds one, and that it fits; returns it.
+pub(crate) fn check_bias<'a>(
+    kernel: &str,
+    epilogue: Epilogue,
+    bias: Option<&'a Tensor>,
+    rows: u32,
+    y: &Tensor,
+) -> Result<Option<&'a Tensor>, GpuError> {
+    match (epilogue.bias, bias) {
+        (true, Some(b)) => {
+            check_tensor(kernel, "bias", b, DType::F32, rows.into())?;
+            check_distinct(kernel, &[("bias", &b.buffer), ("output", &y.buffer)])?;
+            Ok(Some(b))
+        }
+        (false, None) => Ok(None),
+        (true, None) => Err(GpuError::InvalidArgs(format!("{kernel}: kernel built with a bias, none given"))),
+        (false, Some(_)) => Err(GpuError::InvalidArgs(format!("{kernel}: bias given to a kernel built without one"))),
+    }
+}
+
+/// `y[n] = Σ_k W[n][k]·x[k]` (+ `bias[n]`, + old `y[n]` per the epilogue) for one token.
+///
+/// Bindings built by [`MatvecKernel::bind`]: x (f32, >= K values), y (f32, >= N values, may be
+/// larger), bias (f32, >= N values, only with `Epilogue::bias`).
+pub struct MatvecKernel {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    ty: GgmlType,
+    epilogue: Epilogue,
+}
+
+impl MatvecKernel {
+    pub async fn new(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue) -> Result<Self, GpuError> {
+        let mut defines = weight_defines("matvec", ty)?;
+        epilogue.add_defines(&mut defines);
+        Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, epilogue })
+    }
+
+    pub fn bind(
+        &self,
+        gpu: &Gpu,
+        w: &WeightTensor,
+        x: &Tensor,
+        y: &Tensor,
+        bias: Option<&Tensor>,
+    ) -> Result<Dispatch, GpuError> {
+        let kernel = "matvec";
+        check_weight_type(kernel, self.ty, w)?;
+        let params = WeightParams::new(kernel, w, 1)?;
+        check_tensor(kernel, "x", x, DType::F32, params.cols.into())?;
+        check_tensor(kernel, "y", y, DType::F32, params.rows.into())?;
+        check_distinct(kernel, &[("x", &x.buffer), ("y", &y.buffer)])?;
+        let uniform = params.uniform(gpu, "matvec.params");
+        let mut resources = vec![
+            uniform.as_entire_binding(),
+            x.buffer.as_entire_binding(),
+            y.buffer.as_entire_binding(),
+            w.buffer.as_entire_binding(),
+        ];
+        if let Some(b) = check_bias(kernel, self.epilogue, bias, params.rows, y)? {
+            resources.push(b.buffer.as_entire_binding());
+        }
+        let workgroups = grid(params.rows, gpu.limits.max_compute_workgroups_per_dimension);
+        Ok(Dispatch::new(gpu, kernel, self.pipeline.clone(), &resources, workgroups))
+    }
+}
+
+/// The fused gate/up projection of a SwiGLU FFN for one token:
+/// `out[n] = silu(Wg[n]·x) * (Wu[n]·x)` with `silu(a) = a / (1 + e^-a)`; `Wg`, `Wu` of the same
+/// type and shape (N x K), x f32 (>= K values), out f32 (>= N values).
+pub struct SwigluMatvecKernel {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    ty: GgmlType,
+}
+
+impl SwigluMatvecKernel {
+    pub async fn new(gpu: &Gpu, ty: GgmlType) -> Result<Self, GpuError> {
+        let mut defines = weight_defines("swiglu matvec", ty)?;
+        defines.insert("SWIGLU".into(), "1".into());
+        Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty })
+    }
+
+    pub fn bind(
+        &self,
+        gpu: &Gpu,
+        gate: &WeightTensor,
+        up: &WeightTensor,
+        x: &Tensor,
+        out: &Tensor,
+    ) -> Result<Dispatch, GpuError> {
+        let kernel = "swiglu matvec";
+        check_weight_type(kernel, self.ty, gate)?;
+        check_same_layout(kernel, gate, up)?;
+        let params = WeightParams::new(kernel, gate, 1)?;
+        check_tensor(kernel, "x", x, DType::F32, params.cols.into())?;
+        check_tensor(kernel, "out", out, DType::F32, params.rows.into())?;
+        check_distinct(kernel, &[("x", &x.buffer), ("out", &out.buffer)])?;
+        let uniform = params.uniform(gpu, "swiglu_matvec.params");
+        let workgroups = grid(params.rows, gpu.limits.max_compute_workgroups_per_dimension);
+        Ok(Dispatch::new(
+            gpu,
+            kernel,
+            self.pipeline.clone(),
+            &[
+                uniform.as_entire_binding(),
+                x.buffer.as_entire_binding(),
+                out.buffer.as_entire_binding(),
+                gate.buffer.as_entire_binding(),
+                up.buffer.as_entire_binding(),
+            ],
+            workgroups,
+        ))
+    }
+}

@@ -1,0 +1,139 @@
+//! RoPE applied to the fused QKV output, writing Q to its own buffer and K/V straight into the
+//! layer's KV cache (`shaders/rope.wgsl`). The math is `reference::rope`'s.
+
+use std::f64::consts::TAU;
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+
+use super::attention::KvCache;
+use crate::reference::rope::{RopeConfig, RopeMode};
+use crate::{grid, Defines, Dispatch, DType, Gpu, GpuError, Recorder, StepUniform, Tensor};
+
+const WORKGROUP: u32 = 256;
+
+/// Mirrors `Params` in `shaders/rope.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    max_ctx: u32,
+    neox: u32,
+}
+
+pub struct RopeKernel {
+    pipeline: Arc<wgpu::ComputePipeline>,
+}
+
+/// A RoPE bound to one layer's buffers; processes tokens `0..n_tokens` when recorded.
+pub struct RopeDispatch {
+    dispatch: Dispatch,
+    pairs_per_token: u32,
+    max_per_dim: u32,
+}
+
+impl RopeKernel {
+    pub async fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        Ok(Self { pipeline: gpu.pipelines.get("rope", "main", &Defines::new()).await? })
+    }
+
+    /// Binds `qkv` (f32 `[max_tokens, (n_heads + 2 * n_kv_heads) * head_dim]`, per token
+    /// `[q heads | k heads | v heads]`), `q_out` (f32 `[max_tokens, n_heads * head_dim]`) and the
+    /// layer's cache. Token `t` of a step is at position `step.pos + t`; its rotated K and plain V
+    /// land in the cache at that position (tokens at or past `max_ctx` are skipped: the caller
+    /// checks the context length).
+    pub fn bind(
+        &self,
+        gpu: &Gpu,
+        step: &StepUniform,
+        config: &RopeConfig,
+        qkv: &Tensor,
+        q_out: &Tensor,
+        cache: &KvCache,
+    ) -> Result<RopeDispatch, GpuError> {
+        let shape = cache.shape;
+        let invalid = |why: String| Err(GpuError::InvalidArgs(format!("rope: {why}")));
+        let hd = shape.head_dim;
+        if hd == 0 || hd % 2 != 0 {
+            return invalid(format!("head_dim {hd} must be even"));
+        }
+        if qkv.dtype != DType::F32 || q_out.dtype != DType::F32 {
+            return invalid("qkv and q_out must be f32".into());
+        }
+        let qkv_width = (shape.n_heads + 2 * shape.n_kv_heads) * hd;
+        let rows = qkv.len() / qkv_width;
+        if qkv.shape.last() != Some(&qkv_width) {
+            return invalid(format!("qkv shape {:?} must end in {qkv_width}", qkv.shape));
+        }
+        if q_out.shape.last() != Some(&shape.q_width()) || q_out.len() / shape.q_width() != rows {
+            return invalid(format!("q_out shape {:?} must be [{rows}, {}]", q_out.shape, shape.q_width()));
+        }
+        let turns = turns_per_position(config, hd)?;
+        let params = Params {
+            n_heads: shape.n_heads as u32,
+            n_kv_heads: shape.n_kv_heads as u32,
+            head_dim: hd as u32,
+            max_ctx: shape.max_ctx as u32,
+            neox: u32::from(config.mode == RopeMode::Neox),
+        };
+        let params = gpu.uniform_buffer("rope.params", bytemuck::bytes_of(&params));
+        let turns = gpu.storage_buffer_init("rope.turns", bytemuck::cast_slice(&turns))?;
+        let pairs_per_token = (qkv_width / 2) as u32;
+        let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
+        let dispatch = Dispatch::new(
+            gpu,
+            "rope",
+            self.pipeline.clone(),
+            &[
+                step.buffer.as_entire_binding(),
+                params.as_entire_binding(),
+                qkv.buffer.as_entire_binding(),
+                turns.as_entire_binding(),
+                q_out.buffer.as_entire_binding(),
+                cache.k.buffer.as_entire_binding(),
+                cache.v.buffer.as_entire_binding(),
+            ],
+            grid((rows as u32 * pairs_per_token).div_ceil(WORKGROUP), max_per_dim),
+        );
+        Ok(RopeDispatch { dispatch, pairs_per_token, max_per_dim })
+    }
+}
+
+impl RopeDispatch {
+    /// The grid for `n_tokens` tokens (one thread per rotated or copied pair).
+    pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
+        grid((n_tokens * self.pairs_per_token).div_ceil(WORKGROUP), self.max_per_dim)
+    }
+
+    /// Records RoPE of tokens `0..n_tokens` (which must equal `step.n_tokens`).
+    pub fn record(&self, rec: &mut Recorder, n_tokens: u32) {
+        self.dispatch.record_with(rec, self.workgroups(n_tokens));
+    }
+}
+
+/// Each pair's angle per position as a fraction of a turn in 64-bit fixed point, `[lo, hi]`
+/// words: the shader multiplies it by the integer position, which wraps exactly modulo a turn.
+fn turns_per_position(config: &RopeConfig, head_dim: usize) -> Result<Vec<[u32; 2]>, GpuError> {
+    let invalid = |why: String| Err(GpuError::InvalidArgs(format!("rope: {why}")));
+    if !(config.base.is_finite() && config.base > 0.0) || !(config.freq_scale.is_finite() && config.freq_scale > 0.0) {
+        return invalid(format!("base {} and freq_scale {} must be finite and > 0", config.base, config.freq_scale));
+    }
+    if let Some(factors) = &config.freq_factors {
+        if factors.len() != head_dim / 2 {
+            return invalid(format!("{} freq factors, head_dim {head_dim} needs {}", factors.len(), head_dim / 2));
+        }
+        if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+            return invalid(format!("freq factor {bad} must be finite and > 0"));
+        }
+    }
+    Ok((0..head_dim / 2)
+        .map(|i| {
+            let turn = (config.inv_freq(head_dim, i) / TAU).fract();
+            // `turn` is in [0, 1), so the scaled value fits a u64 (the cast saturates anyway).
+            let fixed = (turn * 2f64.powi(64)) as u64;
+            [fixed as u32, (fixed >> 32) as u32]
+        })
+        .collect())
+}

@@ -1,0 +1,322 @@
+//! Token selection on the GPU (`shaders/sample.wgsl`) and the logit processing that precedes it
+//! (`shaders/penalties.wgsl`). Only the chosen token id (and its probability) is read back.
+//!
+//! The chain follows llama.cpp's common sampler defaults: logit bias -> penalties -> top-k ->
+//! top-p -> min-p -> temperature -> draw. Tokens tied with a top-k / top-p threshold are all
+//! kept (llama.cpp keeps an implementation-defined subset of them). Greedy (temperature <= 0)
+//! takes the first maximum, as llama.cpp's greedy sampler does.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor};
+
+/// Logits reduced per `argmax_partials` workgroup (`CHUNK` in shaders/sample.wgsl).
+const ARGMAX_CHUNK: u32 = 1024;
+/// Words per argmax partial record: max, index, sum of exp.
+const PARTIAL_WORDS: u64 = 3;
+/// `@workgroup_size` of shaders/penalties.wgsl.
+const PENALTY_WORKGROUP: u32 = 64;
+
+/// Options of one request's sampler. `temperature <= 0` is greedy; `top_k == 0`, `top_p >= 1`
+/// and `min_p == 0` disable their filters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub min_p: f32,
+    /// Mixed with the per-step `StepParams::seed` by the RNG hash.
+    pub seed: u32,
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    fn validate(&self) -> Result<(), GpuError> {
+        let bad = |what: &str| Err(GpuError::InvalidArgs(format!("sampling: {what} ({self:?})")));
+        if !self.temperature.is_finite() {
+            return bad("temperature must be finite");
+        }
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return bad("top_p must be in [0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p must be in [0, 1]");
+        }
+        Ok(())
+    }
+}
+
+impl Default for SamplingParams {
+    /// llama.cpp's common defaults.
+    fn default() -> Self {
+        Self { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, seed: 0 }
+    }
+}
+
+/// Mirrors `struct Params` in shaders/sample.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct SampleUniform {
+    n: u32,
+    top_k: u32,
+    temperature: f32,
+    top_p: f32,
+    min_p: f32,
+    seed: u32,
+    _pad: [u32; 2],
+}
+
+impl SampleUniform {
+    fn new(n: u32, p: &SamplingParams) -> Self {
+        Self { n, top_k: p.top_k, temperature: p.temperature, top_p: p.top_p, min_p: p.min_p, seed: p.seed, _pad: [0; 2] }
+    }
+}
+
+/// Argmax and seeded sampling over one row of logits.
+pub struct SampleKernel {
+    argmax_partials: Arc<wgpu::ComputePipeline>,
+    argmax_final: Arc<wgpu::ComputePipeline>,
+    sample: Arc<wgpu::ComputePipeline>,
+}
+
+impl SampleKernel {
+    pub async fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        let defines = Defines::new();
+        Ok(Self {
+            argmax_partials: gpu.pipelines.get("sample", "argmax_partials", &defines).await?,
+            argmax_final: gpu.pipelines.get("sample", "argmax_final", &defines).await?,
+            sample: gpu.pipelines.get("sample", "sample", &defines).await?,
+        })
+    }
+
+    /// Binds sampling of `logits` (f32, one row: every element is a vocabulary entry) into
+    /// `out` (u32, at least 2 elements: `out[0]` = token id, `out[1]` = f32 bits of its
+    /// probability). The per-step random value comes from `step`'s `seed`. Starts greedy; call
+    /// [`SampleBinding::set_params`] to change.
+    pub fn bind(&self, gpu: &Gpu, logits: &Tensor, step: &StepUniform, out: &Tensor) -> Result<SampleBinding, GpuError> {
+        if logits.dtype != DType::F32 || logits.is_empty() {
+            return Err(GpuError::InvalidArgs(format!(
+                "sample: logits must be a non-empty f32 tensor, got {:?} {:?}",
+                logits.dtype, logits.shape
+            )));
+        }
+        if out.dtype != DType::U32 || out.len() < 2 {
+            return Err(GpuError::InvalidArgs(format!(
+                "sample: out must be a u32 tensor of at least 2 elements, got {:?} {:?}",
+                out.dtype, out.shape
+            )));
+        }
+        let n_vocab = u32::try_from(logits.len())
+            .map_err(|_| GpuError::InvalidArgs(format!("sample: vocabulary of {} entries", logits.len())))?;
+        let n_partials = n_vocab.div_ceil(ARGMAX_CHUNK);
+        let partials = gpu.storage_buffer("sample.partials", u64::from(n_partials) * PARTIAL_WORDS * 4)?;
+
+        let uniform = |label: &str, n: u32, p: &SamplingParams| {
+            gpu.uniform_buffer(label, bytemuck::bytes_of(&SampleUniform::new(n, p)))
+        };
+        let greedy = SamplingParams::greedy();
+        let partials_params = uniform("sample.argmax_partials.params", n_vocab, &greedy);
+        let final_params = uniform("sample.argmax_final.params", n_partials, &greedy);
+        let params = uniform("sample.params", n_vocab, &greedy);
+
+        let argmax_partials = Dispatch::new(
+            gpu,
+            "sample.argmax_partials",
+            self.argmax_partials.clone(),
+            &[partials_params.as_entire_binding(), logits.buffer.as_entire_binding(), partials.as_entire_binding()],
+            grid(n_partials, gpu.limits.max_compute_workgroups_per_dimension),
+        );
+        let argmax_final = Dispatch::new(
+            gpu,
+            "sample.argmax_final",
+            self.argmax_final.clone(),
+            &[final_params.as_entire_binding(), partials.as_entire_binding(), out.buffer.as_entire_binding()],
+            [1, 1, 1],
+        );
+        let sample = Dispatch::new(
+            gpu,
+            "sample.sample",
+            self.sample.clone(),
+            &[
+                params.as_entire_binding(),
+                logits.buffer.as_entire_binding(),
+                out.buffer.as_entire_binding(),
+                step.buffer.as_entire_binding(),
+            ],
+            [1, 1, 1],
+        );
+        Ok(SampleBinding { argmax_partials, argmax_final, sample, params, n_vocab, greedy: true })
+    }
+}
+
+/// A bound sampler: two dispatches (multi-workgroup partials + combine) when greedy, one
+/// single-workgroup dispatch otherwise.
+pub struct SampleBinding {
+    argmax_partials: Dispatch,
+    argmax_final: Dispatch,
+    sample: Dispatch,
+    params: wgpu::Buffer,
+    n_vocab: u32,
+    greedy: bool,
+}
+
+impl SampleBinding {
+    /// Writes a request's options (queued: effective from the next submit).
+    pub fn set_params(&mut self, gpu: &Gpu, params: &SamplingParams) -> Result<(), GpuError> {
+        params.validate()?;
+        gpu.write(&self.params, 0, bytemuck::bytes_of(&SampleUniform::new(self.n_vocab, params)));
+        self.greedy = params.is_greedy();
+        Ok(())
+    }
+
+    pub fn record(&self, rec: &mut Recorder) {
+        if self.greedy {
+            self.argmax_partials.record(rec);
+            self.argmax_final.record(rec);
+        } else {
+            self.sample.record(rec);
+        }
+    }
+}
+
+/// llama.cpp's penalties: `repeat` divides positive / multiplies non-positive logits of tokens in
+/// the window; `frequency` is subtracted per occurrence and `presence` once.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Penalties {
+    pub repeat: f32,
+    pub frequency: f32,
+    pub presence: f32,
+}
+
+impl Default for Penalties {
+    /// No penalty.
+    fn default() -> Self {
+        Self { repeat: 1.0, frequency: 0.0, presence: 0.0 }
+    }
+}
+
+/// One distinct token's logit processing, as uploaded (`struct Entry` in penalties.wgsl).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
+pub struct PenaltyEntry {
+    pub token: u32,
+    /// Occurrences in the recent-token window (0: bias only).
+    pub count: u32,
+    /// Sum of the logit biases given for this token (`f32::NEG_INFINITY` bans it).
+    pub bias: f32,
+    _pad: u32,
+}
+
+/// Merges the recent-token window and the logit-bias list into one entry per distinct id (in
+/// ascending id order), so that the GPU applies each token's processing exactly once.
+pub fn penalty_entries(recent: &[u32], bias: &[(u32, f32)]) -> Vec<PenaltyEntry> {
+    let mut merged: BTreeMap<u32, PenaltyEntry> = BTreeMap::new();
+    for &token in recent {
+        merged.entry(token).or_insert_with(|| PenaltyEntry { token, ..Default::default() }).count += 1;
+    }
+    for &(token, b) in bias {
+        merged.entry(token).or_insert_with(|| PenaltyEntry { token, ..Default::default() }).bias += b;
+    }
+    merged.into_values().collect()
+}
+
+/// Mirrors `struct Params` in shaders/penalties.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+struct PenaltyUniform {
+    n_vocab: u32,
+    n_entries: u32,
+    repeat: f32,
+    frequency: f32,
+    presence: f32,
+    _pad: [u32; 3],
+}
+
+/// Logit bias and repetition penalties, applied in place to the logits before sampling.
+pub struct PenaltyKernel {
+    pipeline: Arc<wgpu::ComputePipeline>,
+}
+
+impl PenaltyKernel {
+    pub async fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        Ok(Self { pipeline: gpu.pipelines.get("penalties", "main", &Defines::new()).await? })
+    }
+
+    /// Binds processing of `logits` (f32, one row) with room for `capacity` entries (the window
+    /// length plus the longest bias list). Starts with no entries (a no-op).
+    pub fn bind(&self, gpu: &Gpu, logits: &Tensor, capacity: u32) -> Result<PenaltyBinding, GpuError> {
+        if logits.dtype != DType::F32 || logits.is_empty() {
+            return Err(GpuError::InvalidArgs(format!(
+                "penalties: logits must be a non-empty f32 tensor, got {:?} {:?}",
+                logits.dtype, logits.shape
+            )));
+        }
+        let n_vocab = u32::try_from(logits.len())
+            .map_err(|_| GpuError::InvalidArgs(format!("penalties: vocabulary of {} entries", logits.len())))?;
+        let capacity = capacity.max(1);
+        if capacity.div_ceil(PENALTY_WORKGROUP) > gpu.limits.max_compute_workgroups_per_dimension {
+            return Err(GpuError::InvalidArgs(format!("penalties: capacity {capacity} is too large")));
+        }
+        let entry_size = std::mem::size_of::<PenaltyEntry>() as u64;
+        let entries = gpu.storage_buffer("penalties.entries", u64::from(capacity) * entry_size)?;
+        let uniform = PenaltyUniform { n_vocab, repeat: 1.0, ..Default::default() };
+        let params = gpu.uniform_buffer("penalties.params", bytemuck::bytes_of(&uniform));
+        let dispatch = Dispatch::new(
+            gpu,
+            "penalties",
+            self.pipeline.clone(),
+            &[params.as_entire_binding(), entries.as_entire_binding(), logits.buffer.as_entire_binding()],
+            [capacity.div_ceil(PENALTY_WORKGROUP), 1, 1],
+        );
+        Ok(PenaltyBinding { dispatch, params, entries, n_vocab, capacity })
+    }
+}
+
+pub struct PenaltyBinding {
+    dispatch: Dispatch,
+    params: wgpu::Buffer,
+    entries: wgpu::Buffer,
+    n_vocab: u32,
+    capacity: u32,
+}
+
+impl PenaltyBinding {
+    /// Queues the penalties and the entries (see [`penalty_entries`]) for the next submit.
+    pub fn write(&self, gpu: &Gpu, penalties: &Penalties, entries: &[PenaltyEntry]) -> Result<(), GpuError> {
+        if entries.len() > self.capacity as usize {
+            return Err(GpuError::InvalidArgs(format!(
+                "penalties: {} entries, the binding holds {}",
+                entries.len(),
+                self.capacity
+            )));
+        }
+        if !(penalties.repeat > 0.0 && penalties.repeat.is_finite()) {
+            return Err(GpuError::InvalidArgs(format!("penalties: repeat penalty must be > 0, got {}", penalties.repeat)));
+        }
+        let uniform = PenaltyUniform {
+            n_vocab: self.n_vocab,
+            n_entries: entries.len() as u32,
+            repeat: penalties.repeat,
+            frequency: penalties.frequency,
+            presence: penalties.presence,
+            _pad: [0; 3],
+        };
+        gpu.write(&self.entries, 0, bytemuck::cast_slice(entries));
+        gpu.write(&self.params, 0, bytemuck::bytes_of(&uniform));
+        Ok(())
+    }
+
+    pub fn record(&self, rec: &mut Recorder) {
+        self.dispatch.record(rec);
+    }
+}

@@ -1,0 +1,107 @@
+//! Reading results back to the CPU. On wasm the map is awaited as a promise and never blocks
+//! the worker; natively the device is polled until the map completes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use crate::{Gpu, GpuError};
+
+/// A mappable staging buffer that results are copied into before being read.
+pub struct Readback {
+    buffer: wgpu::Buffer,
+}
+
+impl Readback {
+    pub fn new(gpu: &Gpu, size: u64) -> Self {
+        let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: size.max(4).next_multiple_of(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Self { buffer }
+    }
+
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+
+    pub fn size(&self) -> u64 {
+        self.buffer.size()
+    }
+
+    /// Maps the first `size` bytes (after the submit that copied into it) and returns them.
+    pub async fn read(&self, gpu: &Gpu, size: u64) -> Result<Vec<u8>, GpuError> {
+        if size > self.buffer.size() || size % 4 != 0 {
+            return Err(GpuError::Readback(format!(
+                "asked for {size} bytes of a {}-byte readback buffer (must be a multiple of 4)",
+                self.buffer.size()
+            )));
+        }
+        let slice = self.buffer.slice(..size);
+        let signal = MapSignal::default();
+        let sender = signal.clone();
+        slice.map_async(wgpu::MapMode::Read, move |result| sender.complete(result));
+        #[cfg(not(target_arch = "wasm32"))]
+        gpu.device
+            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = gpu;
+        signal.await.map_err(|e| GpuError::Readback(e.to_string()))?;
+        let bytes = slice
+            .get_mapped_range()
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .to_vec();
+        self.buffer.unmap();
+        Ok(bytes)
+    }
+
+    /// Reads `size` bytes as little-endian f32 values.
+    pub async fn read_f32(&self, gpu: &Gpu, size: u64) -> Result<Vec<f32>, GpuError> {
+        Ok(bytemuck::pod_collect_to_vec(&self.read(gpu, size).await?))
+    }
+
+    /// Reads `size` bytes as u32 values.
+    pub async fn read_u32(&self, gpu: &Gpu, size: u64) -> Result<Vec<u32>, GpuError> {
+        Ok(bytemuck::pod_collect_to_vec(&self.read(gpu, size).await?))
+    }
+}
+
+type MapResult = Result<(), wgpu::BufferAsyncError>;
+
+/// A one-shot future completed by the map callback (which may run on another thread natively).
+#[derive(Clone, Default)]
+struct MapSignal {
+    state: Arc<Mutex<(Option<MapResult>, Option<Waker>)>>,
+}
+
+impl MapSignal {
+    fn complete(&self, result: MapResult) {
+        let waker = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.0 = Some(result);
+            state.1.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+impl Future for MapSignal {
+    type Output = MapResult;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<MapResult> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match state.0.take() {
+            Some(result) => Poll::Ready(result),
+            None => {
+                state.1 = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}

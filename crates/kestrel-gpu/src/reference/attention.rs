@@ -1,0 +1,64 @@
+//! Causal grouped-query attention over a KV cache, by the textbook softmax (f64 accumulation).
+
+/// Shape of one layer's attention and the layout of its KV cache: K and V are each
+/// `[n_kv_heads][max_ctx][head_dim]` f32, position `p` of kv head `h` at `(h * max_ctx + p) * head_dim`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub max_ctx: usize,
+}
+
+impl AttentionShape {
+    /// Values in one of the K or V caches.
+    pub fn cache_len(&self) -> usize {
+        self.n_kv_heads * self.max_ctx * self.head_dim
+    }
+
+    /// Width of a query or output row: `n_heads * head_dim`.
+    pub fn q_width(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// The kv head that query head `h` reads.
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / (self.n_heads / self.n_kv_heads)
+    }
+}
+
+/// Attention of the queries `q` (`[n_tokens][n_heads * head_dim]`, token `t` at position
+/// `pos + t`) over the caches: query `t` attends to positions `0..=pos + t`, scores scaled by
+/// `scale`. Returns `[n_tokens][n_heads * head_dim]`.
+///
+/// Panics on inconsistent shapes or a position beyond the cache (bugs of the caller).
+pub fn attention(shape: &AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: usize, scale: f32) -> Vec<f32> {
+    let AttentionShape { n_heads, n_kv_heads, head_dim: hd, max_ctx } = *shape;
+    assert!(n_kv_heads > 0 && n_heads % n_kv_heads == 0, "attention: {n_heads} heads over {n_kv_heads} kv heads");
+    assert!(q.len() % shape.q_width() == 0, "attention: q is not rows of n_heads * head_dim");
+    assert!(k_cache.len() == shape.cache_len() && v_cache.len() == shape.cache_len(), "attention: cache size");
+    let n_tokens = q.len() / shape.q_width();
+    assert!(pos + n_tokens <= max_ctx, "attention: positions up to {} beyond max_ctx {max_ctx}", pos + n_tokens);
+    let mut out = vec![0f32; q.len()];
+    for t in 0..n_tokens {
+        let n_keys = pos + t + 1;
+        for h in 0..n_heads {
+            let qh = &q[(t * n_heads + h) * hd..][..hd];
+            let cache_row = |p: usize| (shape.kv_head(h) * max_ctx + p) * hd;
+            let scores: Vec<f64> = (0..n_keys)
+                .map(|p| {
+                    let k = &k_cache[cache_row(p)..][..hd];
+                    f64::from(scale) * qh.iter().zip(k).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>()
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for (d, o) in out[(t * n_heads + h) * hd..][..hd].iter_mut().enumerate() {
+                let acc: f64 = weights.iter().enumerate().map(|(p, w)| w * f64::from(v_cache[cache_row(p) + d])).sum();
+                *o = (acc / total) as f32;
+            }
+        }
+    }
+    out
+}

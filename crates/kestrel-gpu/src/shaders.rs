@@ -1,0 +1,27 @@
+//! The WGSL sources, embedded at compile time. One kernel family per file in `shaders/`; shared
+//! helpers (quant block decoding) are files that others `#include`.
+
+/// Returns the source of the shader file `name` (without the `.wgsl` extension).
+pub fn shader_source(name: &str) -> Option<&'static str> {
+    SHADERS.iter().find(|(n, _)| *n == name).map(|(_, src)| *src)
+}
+
+macro_rules! shaders {
+    ($($name:literal),* $(,)?) => {
+        &[$(($name, include_str!(concat!("../../../shaders/", $name, ".wgsl")))),*]
+    };
+}
+
+const SHADERS: &[(&str, &str)] = shaders![
+    "attention",
+    "copy",
+    "embedding",
+    "matmul",
+    "matvec",
+    "penalties",
+    "quant",
+    "rmsnorm",
+    "rope",
+    "sample",
+    "step",
+];

@@ -1,0 +1,42 @@
+//! The per-step uniform shared by every kernel whose work depends on where in the sequence it
+//! runs. Written once before each submit; everything else a kernel needs is fixed at bind time.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::Gpu;
+
+/// Mirrors `struct Step` in `shaders/step.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct StepParams {
+    /// Tokens processed in this step (1 for decode, the chunk length for prefill).
+    pub n_tokens: u32,
+    /// Position of the first of those tokens in the sequence.
+    pub pos: u32,
+    /// Valid KV cache length after this step: `pos + n_tokens`.
+    pub kv_len: u32,
+    /// Seed of this step's random draw (the sampler hashes it).
+    pub seed: u32,
+}
+
+impl StepParams {
+    pub fn new(n_tokens: u32, pos: u32, seed: u32) -> Self {
+        Self { n_tokens, pos, kv_len: pos + n_tokens, seed }
+    }
+}
+
+/// The uniform buffer holding [`StepParams`], bound by every kernel that reads them.
+pub struct StepUniform {
+    pub buffer: wgpu::Buffer,
+}
+
+impl StepUniform {
+    pub fn new(gpu: &Gpu) -> Self {
+        Self { buffer: gpu.uniform_buffer("step", bytemuck::bytes_of(&StepParams::default())) }
+    }
+
+    /// Queues the new values; they take effect for the next submit.
+    pub fn write(&self, gpu: &Gpu, params: &StepParams) {
+        gpu.write(&self.buffer, 0, bytemuck::bytes_of(params));
+    }
+}

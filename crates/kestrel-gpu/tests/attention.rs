@@ -1,0 +1,118 @@
+//! Attention on the GPU (flash-decoding and prefill) against `reference::attention::attention`.
+
+mod common;
+
+use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, KvCache};
+use kestrel_gpu::reference::attention::attention;
+use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor};
+
+// Outputs are convex combinations of V values in [-1, 1]. The GPU differs from the f64
+// reference by f32 dot products (|score| up to ~6), exp's few-ULP error and f32 sums over up
+// to 2048 weights and chunk rescalings: relative error ~1e-6 of the weights, i.e. ~1e-6
+// absolute on the output. Bounds keep a ~5x margin.
+const RTOL: f32 = 2e-5;
+const ATOL: f32 = 5e-6;
+
+/// Queries scaled so that scores span a few units: peaked softmax rows, not near-uniform ones.
+const Q_SCALE: f32 = 2.0;
+const MAX_CTX: usize = 2048;
+const MAX_TOKENS: usize = 256;
+
+/// A layer's cache filled with random K and V over all of `max_ctx` (positions past the
+/// attended length hold garbage that masking must ignore), and its CPU copy.
+struct Layer {
+    shape: AttentionShape,
+    cache: KvCache,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    q: Tensor,
+    out: Tensor,
+    step: StepUniform,
+    scale: f32,
+}
+
+impl Layer {
+    fn new(gpu: &Gpu, shape: AttentionShape, seed: u64) -> Self {
+        let mut rng = common::rng(seed);
+        let k = common::random_vec(&mut rng, shape.cache_len(), 1.0);
+        let v = common::random_vec(&mut rng, shape.cache_len(), 1.0);
+        let cache = KvCache::new(gpu, "cache", shape).unwrap();
+        gpu.write(&cache.k.buffer, 0, bytemuck::cast_slice(&k));
+        gpu.write(&cache.v.buffer, 0, bytemuck::cast_slice(&v));
+        let q = Tensor::zeros(gpu, "q", &[MAX_TOKENS, shape.q_width()], DType::F32).unwrap();
+        let out = Tensor::zeros(gpu, "out", &[MAX_TOKENS, shape.q_width()], DType::F32).unwrap();
+        let scale = 1.0 / (shape.head_dim as f32).sqrt();
+        Self { shape, cache, k, v, q, out, step: StepUniform::new(gpu), scale }
+    }
+
+    /// Writes `n_tokens` random queries at `pos`, runs `record` and compares with the reference.
+    fn check(&self, gpu: &Gpu, n_tokens: usize, pos: usize, seed: u64, record: impl FnOnce(&mut Recorder)) {
+        let q = common::random_vec(&mut common::rng(seed), n_tokens * self.shape.q_width(), Q_SCALE);
+        gpu.write(&self.q.buffer, 0, bytemuck::cast_slice(&q));
+        self.step.write(gpu, &StepParams::new(n_tokens as u32, pos as u32, 0));
+        let mut rec = Recorder::new(gpu);
+        record(&mut rec);
+        rec.submit();
+        let got = pollster::block_on(self.out.read_f32(gpu)).unwrap();
+        let want = attention(&self.shape, &q, &self.k, &self.v, pos, self.scale);
+        let what = format!("attention {:?} n_tokens={n_tokens} pos={pos} subgroups={}", self.shape, gpu.features.subgroups);
+        common::assert_close(&what, &got[..want.len()], &want, RTOL, ATOL);
+    }
+}
+
+fn decode(gpu: &Gpu, shape: AttentionShape, kv_lens: &[usize]) {
+    let kernel = pollster::block_on(AttentionKernel::new(gpu, shape.head_dim)).unwrap();
+    let layer = Layer::new(gpu, shape, 1);
+    let attn = kernel.bind_decode(gpu, &layer.step, &layer.q, &layer.cache, &layer.out, layer.scale).unwrap();
+    for &kv_len in kv_lens {
+        layer.check(gpu, 1, kv_len - 1, kv_len as u64, |rec| attn.record(rec, kv_len as u32));
+    }
+}
+
+/// Chunks of (n_tokens, pos): each sees the cache up to its own positions.
+fn prefill(gpu: &Gpu, shape: AttentionShape, chunks: &[(usize, usize)]) {
+    let kernel = pollster::block_on(AttentionKernel::new(gpu, shape.head_dim)).unwrap();
+    let layer = Layer::new(gpu, shape, 2);
+    let attn = kernel.bind_prefill(gpu, &layer.step, &layer.q, &layer.cache, &layer.out, layer.scale).unwrap();
+    for &(n_tokens, pos) in chunks {
+        layer.check(gpu, n_tokens, pos, (n_tokens + pos) as u64, |rec| attn.record(rec, n_tokens as u32));
+    }
+}
+
+const SMALL: AttentionShape = AttentionShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, max_ctx: MAX_CTX };
+const BIG: AttentionShape = AttentionShape { n_heads: 32, n_kv_heads: 8, head_dim: 128, max_ctx: MAX_CTX };
+
+#[test]
+fn decode_matches_reference() {
+    for gpu in [common::gpu(), common::gpu_without_subgroups()] {
+        decode(&gpu, SMALL, &[1, 2, 31, 255, 256, 257, 1000, 2048]);
+        decode(&gpu, BIG, &[1, 257, 2048]);
+    }
+}
+
+#[test]
+fn prefill_matches_reference() {
+    let chunks = [(1, 0), (7, 0), (64, 0), (200, 0), (57, 200), (1, 2047)];
+    for gpu in [common::gpu(), common::gpu_without_subgroups()] {
+        prefill(&gpu, SMALL, &chunks);
+        prefill(&gpu, BIG, &[(37, 0), (13, 300)]);
+    }
+}
+
+#[test]
+fn attention_rejects_bad_shapes() {
+    let gpu = common::gpu();
+    assert!(matches!(pollster::block_on(AttentionKernel::new(&gpu, 80)), Err(GpuError::InvalidArgs(_))));
+    let kernel = pollster::block_on(AttentionKernel::new(&gpu, 64)).unwrap();
+    let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 64, max_ctx: 16 };
+    let cache = KvCache::new(&gpu, "cache", shape).unwrap();
+    let step = StepUniform::new(&gpu);
+    let q = Tensor::zeros(&gpu, "q", &[2, 256], DType::F32).unwrap();
+    let wrong = Tensor::zeros(&gpu, "out", &[2, 128], DType::F32).unwrap();
+    assert!(matches!(kernel.bind_decode(&gpu, &step, &q, &cache, &wrong, 0.125), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(kernel.bind_prefill(&gpu, &step, &wrong, &cache, &wrong, 0.125), Err(GpuError::InvalidArgs(_))));
+    let out = Tensor::zeros(&gpu, "out", &[2, 256], DType::F32).unwrap();
+    assert!(kernel.bind_decode(&gpu, &step, &q, &cache, &out, 0.125).is_ok());
+    let bad_cache = AttentionShape { n_heads: 4, n_kv_heads: 3, ..shape };
+    assert!(matches!(KvCache::new(&gpu, "bad", bad_cache), Err(GpuError::InvalidArgs(_))));
+}

@@ -1,0 +1,62 @@
+//! RMSNorm on the GPU against `reference::norm::rmsnorm`.
+
+mod common;
+
+use kestrel_gpu::kernels::rmsnorm::RmsNormKernel;
+use kestrel_gpu::reference::norm::rmsnorm;
+use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor};
+
+// Each output is x * inv_rms * w: two roundings of the products plus inverseSqrt (2 ULP) and the
+// f32 tree sum of squares (relative error ~ log2(n) * 2^-24 for n <= 2048, halved by the sqrt).
+// That is under 1.5e-6 relative; the absolute term only covers outputs that round to ~0.
+const RTOL: f32 = 2e-6;
+const ATOL: f32 = 1e-7;
+
+/// Normalizes `n_tokens` rows of a `max_rows`-row buffer and checks them; rows past `n_tokens`
+/// must stay untouched (zero).
+fn check(gpu: &Gpu, kernel: &RmsNormKernel, n: usize, max_rows: usize, n_tokens: usize, seed: u64) {
+    let mut rng = common::rng(seed);
+    let x = common::random_vec(&mut rng, max_rows * n, 2.0);
+    let w = common::random_vec(&mut rng, n, 1.5);
+    let eps = 1e-5;
+    let x_gpu = Tensor::from_f32(gpu, "x", &[max_rows, n], &x).unwrap();
+    let w_gpu = Tensor::from_f32(gpu, "w", &[n], &w).unwrap();
+    let out = Tensor::zeros(gpu, "out", &[max_rows, n], DType::F32).unwrap();
+    let step = StepUniform::new(gpu);
+    let norm = kernel.bind(gpu, &step, &x_gpu, &w_gpu, &out, eps).unwrap();
+    step.write(gpu, &StepParams::new(n_tokens as u32, 0, 0));
+    let mut rec = Recorder::new(gpu);
+    norm.record(&mut rec, n_tokens as u32);
+    rec.submit();
+    let got = pollster::block_on(out.read_f32(gpu)).unwrap();
+    let want = rmsnorm(&x[..n_tokens * n], &w, eps);
+    let what = format!("rmsnorm n={n} rows={n_tokens}/{max_rows} subgroups={}", gpu.features.subgroups);
+    common::assert_close(&what, &got[..n_tokens * n], &want, RTOL, ATOL);
+    assert!(got[n_tokens * n..].iter().all(|&v| v == 0.0), "{what}: rows past n_tokens were written");
+}
+
+#[test]
+fn rmsnorm_matches_reference() {
+    for gpu in [common::gpu(), common::gpu_without_subgroups()] {
+        let kernel = pollster::block_on(RmsNormKernel::new(&gpu)).unwrap();
+        for (i, &(n, max_rows, n_tokens)) in
+            [(576, 6, 6), (2048, 4, 3), (1, 5, 5), (33, 9, 7), (1000, 3, 2), (576, 8, 1)].iter().enumerate()
+        {
+            check(&gpu, &kernel, n, max_rows, n_tokens, i as u64);
+        }
+    }
+}
+
+#[test]
+fn rmsnorm_rejects_bad_shapes() {
+    let gpu = common::gpu();
+    let kernel = pollster::block_on(RmsNormKernel::new(&gpu)).unwrap();
+    let step = StepUniform::new(&gpu);
+    let x = Tensor::zeros(&gpu, "x", &[2, 8], DType::F32).unwrap();
+    let w = Tensor::zeros(&gpu, "w", &[7], DType::F32).unwrap();
+    let out = Tensor::zeros(&gpu, "out", &[2, 8], DType::F32).unwrap();
+    assert!(matches!(kernel.bind(&gpu, &step, &x, &w, &out, 1e-5), Err(GpuError::InvalidArgs(_))));
+    let w = Tensor::zeros(&gpu, "w", &[8], DType::F32).unwrap();
+    assert!(matches!(kernel.bind(&gpu, &step, &x, &w, &x, 1e-5), Err(GpuError::InvalidArgs(_))));
+    assert!(kernel.bind(&gpu, &step, &x, &w, &out, 1e-5).is_ok());
+}

@@ -1,0 +1,108 @@
+//! RoPE on the GPU against `reference::rope::rope`, including the KV cache it writes.
+
+mod common;
+
+use kestrel_gpu::kernels::attention::{AttentionShape, KvCache};
+use kestrel_gpu::kernels::rope::RopeKernel;
+use kestrel_gpu::reference::rope::{rope, RopeConfig, RopeMode};
+use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor};
+use rand::Rng;
+
+// The shader's angle is exact to ~2e-7 rad (fixed-point turns, reduced to [-pi, pi) before
+// sin/cos) and each output is x0*cos -/+ x1*sin with |x| < 1: a few f32 roundings plus
+// sin/cos error. Lavapipe's sin/cos are libm-accurate; WGSL only promises 2^-11 absolute on
+// [-pi, pi], so a driver with approximate transcendentals would need a looser bound.
+const ATOL: f32 = 1e-6;
+
+const MAX_CTX: usize = 2048;
+const MAX_TOKENS: usize = 16;
+
+fn llama3_factors(head_dim: usize) -> Vec<f32> {
+    // Shaped like Llama 3.1's rope_freqs: 1 for high frequencies, up to 8 for low ones.
+    (0..head_dim / 2).map(|i| 1.0 + 7.0 * (i as f32 / (head_dim / 2 - 1) as f32).powi(2)).collect()
+}
+
+/// Runs steps of (n_tokens, pos) through RoPE and checks each step's Q and, at the end, the
+/// whole cache (never-written positions must still be zero).
+fn check(gpu: &Gpu, kernel: &RopeKernel, shape: AttentionShape, config: &RopeConfig, steps: &[(usize, usize)], seed: u64) {
+    let mut rng = common::rng(seed);
+    let hd = shape.head_dim;
+    let (q_width, kv_width) = (shape.q_width(), shape.n_kv_heads * hd);
+    let qkv_width = q_width + 2 * kv_width;
+    let qkv = Tensor::zeros(gpu, "qkv", &[MAX_TOKENS, qkv_width], DType::F32).unwrap();
+    let q_out = Tensor::zeros(gpu, "q", &[MAX_TOKENS, q_width], DType::F32).unwrap();
+    let cache = KvCache::new(gpu, "cache", shape).unwrap();
+    let step = StepUniform::new(gpu);
+    let dispatch = kernel.bind(gpu, &step, config, &qkv, &q_out, &cache).unwrap();
+    let mut want_k = vec![0f32; shape.cache_len()];
+    let mut want_v = vec![0f32; shape.cache_len()];
+    let what = format!("rope {config:?} hd={hd} subgroups={}", gpu.features.subgroups);
+    for &(n_tokens, pos) in steps {
+        let rows = common::random_vec(&mut rng, n_tokens * qkv_width, 1.0);
+        gpu.write(&qkv.buffer, 0, bytemuck::cast_slice(&rows));
+        step.write(gpu, &StepParams::new(n_tokens as u32, pos as u32, 0));
+        let mut rec = Recorder::new(gpu);
+        dispatch.record(&mut rec, n_tokens as u32);
+        rec.submit();
+        let got_q = pollster::block_on(q_out.read_f32(gpu)).unwrap();
+        for (t, row) in rows.chunks_exact(qkv_width).enumerate() {
+            let p = pos + t;
+            let want_q = rope(&row[..q_width], hd, p, config);
+            common::assert_close(&format!("{what} q pos {p}"), &got_q[t * q_width..][..q_width], &want_q, 0.0, ATOL);
+            let k = rope(&row[q_width..][..kv_width], hd, p, config);
+            let v = &row[q_width + kv_width..];
+            for h in 0..shape.n_kv_heads {
+                let at = (h * shape.max_ctx + p) * hd;
+                want_k[at..at + hd].copy_from_slice(&k[h * hd..][..hd]);
+                want_v[at..at + hd].copy_from_slice(&v[h * hd..][..hd]);
+            }
+        }
+    }
+    let got_k = pollster::block_on(cache.k.read_f32(gpu)).unwrap();
+    let got_v = pollster::block_on(cache.v.read_f32(gpu)).unwrap();
+    common::assert_close(&format!("{what} k cache"), &got_k, &want_k, 0.0, ATOL);
+    assert_eq!(got_v, want_v, "{what}: v cache must be an exact copy");
+}
+
+#[test]
+fn rope_matches_reference_and_fills_cache() {
+    let small = AttentionShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, max_ctx: MAX_CTX };
+    let big = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 128, max_ctx: MAX_CTX };
+    let configs = [
+        (small, RopeConfig::new(RopeMode::Norm, 10_000.0)),
+        (small, RopeConfig::new(RopeMode::Neox, 100_000.0)),
+        (big, RopeConfig::new(RopeMode::Neox, 10_000.0)),
+        (big, RopeConfig { freq_scale: 0.25, freq_factors: Some(llama3_factors(128)), ..RopeConfig::new(RopeMode::Norm, 500_000.0) }),
+        (small, RopeConfig { freq_factors: Some(llama3_factors(64)), ..RopeConfig::new(RopeMode::Neox, 100_000.0) }),
+    ];
+    for gpu in [common::gpu(), common::gpu_without_subgroups()] {
+        let kernel = pollster::block_on(RopeKernel::new(&gpu)).unwrap();
+        for (i, (shape, config)) in configs.iter().enumerate() {
+            // A prefill chunk from 0, then single tokens and short chunks at sampled positions
+            // up to the last one, 2047.
+            let mut rng = common::rng(100 + i as u64);
+            let mut steps = vec![(MAX_TOKENS, 0), (1, MAX_CTX - 1), (3, MAX_CTX - 4)];
+            steps.extend((0..4).map(|_| (rng.random_range(1..=MAX_TOKENS), rng.random_range(MAX_TOKENS..MAX_CTX - 2 * MAX_TOKENS))));
+            check(&gpu, &kernel, *shape, config, &steps, i as u64);
+        }
+    }
+}
+
+#[test]
+fn rope_rejects_bad_config() {
+    let gpu = common::gpu();
+    let kernel = pollster::block_on(RopeKernel::new(&gpu)).unwrap();
+    let shape = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 8, max_ctx: 4 };
+    let qkv = Tensor::zeros(&gpu, "qkv", &[2, 32], DType::F32).unwrap();
+    let q = Tensor::zeros(&gpu, "q", &[2, 16], DType::F32).unwrap();
+    let cache = KvCache::new(&gpu, "cache", shape).unwrap();
+    let step = StepUniform::new(&gpu);
+    let bad_factors = RopeConfig { freq_factors: Some(vec![1.0; 3]), ..RopeConfig::new(RopeMode::Norm, 10_000.0) };
+    assert!(matches!(kernel.bind(&gpu, &step, &bad_factors, &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
+    let bad_base = RopeConfig::new(RopeMode::Norm, 0.0);
+    assert!(matches!(kernel.bind(&gpu, &step, &bad_base, &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
+    let q_wrong = Tensor::zeros(&gpu, "q", &[3, 16], DType::F32).unwrap();
+    let good = RopeConfig::new(RopeMode::Norm, 10_000.0);
+    assert!(matches!(kernel.bind(&gpu, &step, &good, &qkv, &q_wrong, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(kernel.bind(&gpu, &step, &good, &qkv, &q, &cache).is_ok());
+}

@@ -1,0 +1,123 @@
+//! Hyper-parameters of a Llama-family model, read from GGUF metadata the way llama.cpp reads
+//! them (`{arch}.embedding_length`, `{arch}.attention.head_count`, ...).
+
+use kestrel_gguf::GgufHeader;
+
+use crate::error::{bad_model, ModelError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 2/3, SmolLM2, TinyLlama, Mistral.
+    Llama,
+    /// Qwen2: Llama with biases on Q, K and V, NeoX RoPE.
+    Qwen2,
+}
+
+/// How RoPE pairs the dimensions of a head (ggml's rope modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Adjacent pairs (2i, 2i+1): llama.
+    Normal,
+    /// Halves (i, i + d/2): qwen2 and most HF-native layouts.
+    Neox,
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub name: String,
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub rope_base: f32,
+    pub rope_mode: RopeMode,
+    pub rms_eps: f32,
+    /// Context length the model was trained for.
+    pub train_context: usize,
+    /// The LM head reuses `token_embd.weight` (no `output.weight` tensor).
+    pub tied_embeddings: bool,
+}
+
+impl ModelConfig {
+    pub fn from_header(header: &GgufHeader) -> Result<Self, ModelError> {
+        let md = &header.metadata;
+        let arch_name = md.get_str("general.architecture")?.ok_or_else(|| bad_model("missing general.architecture"))?;
+        let arch = match arch_name {
+            "llama" => Arch::Llama,
+            "qwen2" => Arch::Qwen2,
+            other => return Err(ModelError::UnsupportedArch(other.to_string())),
+        };
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let need = |k: &str| -> Result<usize, ModelError> {
+            let full = key(k);
+            let v = md.get_u64(&full)?.ok_or_else(|| bad_model(format!("missing metadata {full}")))?;
+            usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| bad_model(format!("{full} = {v} is out of range")))
+        };
+        let hidden = need("embedding_length")?;
+        let n_heads = need("attention.head_count")?;
+        let n_kv_heads = match md.get_u64(&key("attention.head_count_kv"))? {
+            Some(v) => usize::try_from(v).map_err(|_| bad_model("head_count_kv out of range"))?,
+            None => n_heads,
+        };
+        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(bad_model(format!("head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")));
+        }
+        let head_dim = match md.get_u64(&key("attention.key_length"))? {
+            Some(v) => usize::try_from(v).map_err(|_| bad_model("key_length out of range"))?,
+            None => hidden / n_heads,
+        };
+        if head_dim * n_heads != hidden {
+            return Err(bad_model(format!("head_dim {head_dim} x {n_heads} heads != embedding_length {hidden}")));
+        }
+        let vocab = match md.get_u64(&key("vocab_size"))? {
+            Some(v) => usize::try_from(v).map_err(|_| bad_model("vocab_size out of range"))?,
+            None => md
+                .get_string_array("tokenizer.ggml.tokens")?
+                .map(|t| t.len())
+                .ok_or_else(|| bad_model("no vocab_size and no tokenizer.ggml.tokens"))?,
+        };
+        let rope_base = md.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
+        let rms_eps = md.get_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5);
+        if !(rope_base.is_finite() && rope_base > 0.0) || !(rms_eps.is_finite() && rms_eps > 0.0) {
+            return Err(bad_model(format!("rope.freq_base {rope_base} / rms epsilon {rms_eps} out of range")));
+        }
+        if let Some(dims) = md.get_u64(&key("rope.dimension_count"))? {
+            if dims as usize != head_dim {
+                return Err(bad_model(format!("partial RoPE (rope.dimension_count {dims} < head_dim {head_dim}) is not supported")));
+            }
+        }
+        Ok(Self {
+            arch,
+            name: md.get_str("general.name")?.unwrap_or(arch_name).to_string(),
+            n_layers: need("block_count")?,
+            hidden,
+            ffn: need("feed_forward_length")?,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab,
+            rope_base,
+            rope_mode: match arch {
+                Arch::Llama => RopeMode::Normal,
+                Arch::Qwen2 => RopeMode::Neox,
+            },
+            rms_eps,
+            train_context: need("context_length")?,
+            tied_embeddings: !header.tensors.iter().any(|t| t.name == "output.weight"),
+        })
+    }
+
+    /// Width of the fused Q|K|V projection.
+    pub fn qkv_width(&self) -> usize {
+        (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+    }
+
+    pub fn kv_width(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+}
+

@@ -1,0 +1,49 @@
+use thiserror::Error;
+
+/// Everything loading or running a model can fail with. Each variant has a stable `code()` that
+/// the CLI prints and the wasm layer hands to JavaScript.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error("bad model file: {0}")]
+    BadModel(String),
+    #[error("unsupported quantization: tensor {tensor:?} has type {ty}, which Kestrel cannot run on the GPU")]
+    UnsupportedQuant { tensor: String, ty: String },
+    #[error("unsupported architecture {0:?} (supported: llama, qwen2)")]
+    UnsupportedArch(String),
+    #[error("the prompt and generation need {needed} tokens but the context holds {context}")]
+    ContextOverflow { needed: usize, context: usize },
+    #[error("invalid option {name}: {reason}")]
+    InvalidOption { name: &'static str, reason: String },
+    #[error("generation aborted")]
+    Aborted,
+    #[error(transparent)]
+    Gguf(#[from] kestrel_gguf::GgufError),
+    #[error(transparent)]
+    Gpu(#[from] kestrel_gpu::GpuError),
+    #[error(transparent)]
+    Tokenizer(#[from] kestrel_tokenizer::TokenizerError),
+}
+
+impl ModelError {
+    /// A stable, machine-readable code for this error.
+    pub fn code(&self) -> &'static str {
+        use kestrel_gpu::GpuError as G;
+        match self {
+            Self::BadModel(_) | Self::Gguf(_) | Self::UnsupportedArch(_) => "bad_model",
+            Self::UnsupportedQuant { .. } => "unsupported_quant",
+            Self::ContextOverflow { .. } => "context_overflow",
+            Self::InvalidOption { .. } => "invalid_option",
+            Self::Aborted => "aborted",
+            Self::Tokenizer(_) => "tokenizer",
+            Self::Gpu(G::NoAdapter(_)) => "no_webgpu",
+            Self::Gpu(G::Limit { .. }) | Self::Gpu(G::DeviceRequest(_)) => "device_limits",
+            Self::Gpu(G::Weights(_)) => "bad_model",
+            Self::Gpu(G::UnsupportedWeights(_)) => "unsupported_quant",
+            Self::Gpu(_) => "gpu",
+        }
+    }
+}
+
+pub(crate) fn bad_model(msg: impl Into<String>) -> ModelError {
+    ModelError::BadModel(msg.into())
+}

@@ -1,0 +1,110 @@
+//! Chat templates (the Jinja templates stored in GGUF `tokenizer.chat_template`).
+
+use minijinja::{context, Environment, Error, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TokenizerError};
+use crate::tokenizer::Tokenizer;
+
+/// The template used when a model ships none: ChatML (`<|im_start|>role\n...<|im_end|>\n`),
+/// the most widely used format among small instruct models and the one Kestrel's
+/// default model (SmolLM2) uses. It adds no default system prompt. This is a fallback
+/// only: a model that was not trained on ChatML will answer poorly with it, which is
+/// why GGUF files should carry their own template.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// One chat message, as in OpenAI's API (`{"role": "user", "content": "..."}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+/// A compiled chat template.
+///
+/// Rendering follows Hugging Face transformers (and llama.cpp's Jinja engine):
+/// `trim_blocks` and `lstrip_blocks` on, Python string methods (`.strip()`,
+/// `.startswith()`, `.split()`...) available, `raise_exception(msg)` fails the
+/// render with `msg`, and the variables `messages`, `add_generation_prompt`,
+/// `bos_token` and `eos_token` are set.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+fn template_err(e: Error) -> TokenizerError {
+    // Include the chain of causes: minijinja puts the useful detail there.
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    TokenizerError::Template(msg)
+}
+
+impl ChatTemplate {
+    /// Compiles `template_src`; `bos_token` / `eos_token` are the texts the template
+    /// sees as `bos_token` / `eos_token`.
+    pub fn new(template_src: &str, bos_token: &str, eos_token: &str) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // Bound the work a hostile template can make us do (a panic-free, hang-free render).
+        env.set_fuel(Some(50_000_000));
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned("chat", template_src.to_string()).map_err(template_err)?;
+        Ok(Self { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+    }
+
+    /// The ChatML fallback ([`CHATML_TEMPLATE`]).
+    pub fn chatml() -> Self {
+        // CHATML_TEMPLATE is a constant known to compile; fall back to an empty
+        // environment rather than panic if that were ever not so.
+        Self::new(CHATML_TEMPLATE, "", "").unwrap_or_else(|_| Self {
+            env: Environment::new(),
+            bos_token: String::new(),
+            eos_token: String::new(),
+        })
+    }
+
+    /// The model's own template (GGUF `tokenizer.chat_template`) with its BOS/EOS
+    /// texts; [`CHATML_TEMPLATE`] when the model has none.
+    pub fn for_tokenizer(tok: &Tokenizer) -> Result<Self> {
+        let src = tok.chat_template().unwrap_or(CHATML_TEMPLATE);
+        Self::new(src, &tok.bos_text(), &tok.eos_text())
+    }
+
+    /// Renders the conversation. With `add_generation_prompt` the text ends with the
+    /// opening of an assistant turn, ready for generation.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let tmpl = self.env.get_template("chat").map_err(template_err)?;
+        tmpl.render(context! {
+            messages => Value::from_serialize(messages),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.as_str(),
+            eos_token => self.eos_token.as_str(),
+        })
+        .map_err(template_err)
+    }
+}

@@ -1,0 +1,100 @@
+//! Reading a [`Vocabulary`] from GGUF metadata (kestrel-gguf).
+
+use kestrel_gguf::{Metadata, MetadataValue};
+
+use crate::error::{Result, TokenizerError};
+use crate::vocab::{TokenType, Vocabulary, VocabularyModel};
+
+fn meta_err(e: impl std::fmt::Display) -> TokenizerError {
+    TokenizerError::Metadata(e.to_string())
+}
+
+impl Vocabulary {
+    /// Reads the `tokenizer.*` keys. Special-token ids outside the vocabulary are
+    /// ignored (llama.cpp warns and ignores them too).
+    pub fn from_metadata(md: &Metadata) -> Result<Self> {
+        let model_name = md
+            .get_str("tokenizer.ggml.model")
+            .map_err(meta_err)?
+            .ok_or(TokenizerError::MissingKey("tokenizer.ggml.model"))?;
+        let model = match model_name {
+            "gpt2" => VocabularyModel::Gpt2,
+            "llama" => VocabularyModel::Llama,
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
+        let pre = md.get_str("tokenizer.ggml.pre").map_err(meta_err)?.map(str::to_string);
+        let tokens: Vec<String> = md
+            .get_string_array("tokenizer.ggml.tokens")
+            .map_err(meta_err)?
+            .ok_or(TokenizerError::MissingKey("tokenizer.ggml.tokens"))?
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let n = tokens.len();
+        let token_types = match md.get_i32_array("tokenizer.ggml.token_type").map_err(meta_err)? {
+            Some(t) => {
+                if t.len() != n {
+                    return Err(TokenizerError::InvalidVocabulary(format!(
+                        "tokenizer.ggml.token_type has {} entries for {} tokens",
+                        t.len(),
+                        n
+                    )));
+                }
+                t.into_iter().map(TokenType::from_i32).collect()
+            }
+            None => Vec::new(),
+        };
+        let scores = match md.get("tokenizer.ggml.scores") {
+            None => Vec::new(),
+            Some(MetadataValue::Array(a)) => {
+                let s = a
+                    .iter()
+                    .map(|v| match v {
+                        MetadataValue::F32(x) => Ok(*x),
+                        MetadataValue::F64(x) => Ok(*x as f32),
+                        _ => Err(TokenizerError::Metadata(
+                            "tokenizer.ggml.scores is not an array of floats".into(),
+                        )),
+                    })
+                    .collect::<Result<Vec<f32>>>()?;
+                if s.len() != n {
+                    return Err(TokenizerError::InvalidVocabulary(format!(
+                        "tokenizer.ggml.scores has {} entries for {} tokens",
+                        s.len(),
+                        n
+                    )));
+                }
+                s
+            }
+            Some(_) => {
+                return Err(TokenizerError::Metadata("tokenizer.ggml.scores is not an array".into()))
+            }
+        };
+        let merges = md
+            .get_string_array("tokenizer.ggml.merges")
+            .map_err(meta_err)?
+            .map(|m| m.into_iter().map(str::to_string).collect())
+            .unwrap_or_default();
+        let id = |key: &str| -> Result<Option<u32>> {
+            Ok(md.get_u32(key).map_err(meta_err)?.filter(|&i| (i as usize) < n))
+        };
+        Ok(Vocabulary {
+            model,
+            pre,
+            scores,
+            token_types,
+            merges,
+            bos: id("tokenizer.ggml.bos_token_id")?,
+            eos: id("tokenizer.ggml.eos_token_id")?,
+            eot: id("tokenizer.ggml.eot_token_id")?,
+            eom: id("tokenizer.ggml.eom_token_id")?,
+            unk: id("tokenizer.ggml.unknown_token_id")?,
+            pad: id("tokenizer.ggml.padding_token_id")?,
+            add_bos: md.get_bool("tokenizer.ggml.add_bos_token").map_err(meta_err)?,
+            add_eos: md.get_bool("tokenizer.ggml.add_eos_token").map_err(meta_err)?,
+            add_space_prefix: md.get_bool("tokenizer.ggml.add_space_prefix").map_err(meta_err)?,
+            chat_template: md.get_str("tokenizer.chat_template").map_err(meta_err)?.map(str::to_string),
+            tokens,
+        })
+    }
+}

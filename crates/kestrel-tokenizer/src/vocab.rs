@@ -1,0 +1,82 @@
+//! The tokenizer description stored in a GGUF file's `tokenizer.*` metadata.
+
+/// `tokenizer.ggml.model`: which tokenization algorithm the vocabulary is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VocabularyModel {
+    /// `gpt2`: byte-level BPE with merges (GPT-2, Llama 3, Qwen, SmolLM, ...).
+    Gpt2,
+    /// `llama`: SentencePiece BPE with scores and `<0xXX>` byte fallback (Llama 2, TinyLlama, Mistral v0.1).
+    Llama,
+}
+
+/// `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenType {
+    Undefined,
+    Normal,
+    Unknown,
+    Control,
+    UserDefined,
+    Unused,
+    Byte,
+}
+
+impl TokenType {
+    /// From the GGUF integer; anything unknown is `Undefined`.
+    pub fn from_i32(v: i32) -> Self {
+        match v {
+            1 => Self::Normal,
+            2 => Self::Unknown,
+            3 => Self::Control,
+            4 => Self::UserDefined,
+            5 => Self::Unused,
+            6 => Self::Byte,
+            _ => Self::Undefined,
+        }
+    }
+
+    /// Tokens llama.cpp matches as whole special tokens in text before BPE
+    /// (with `parse_special = true`): control, user-defined and unknown.
+    pub fn is_special_text(self) -> bool {
+        matches!(self, Self::Control | Self::UserDefined | Self::Unknown)
+    }
+}
+
+/// Everything the tokenizer needs, as read from GGUF metadata. Fields are public so
+/// that a vocabulary can also be assembled by hand (tests, other containers).
+#[derive(Debug, Clone)]
+pub struct Vocabulary {
+    /// `tokenizer.ggml.model`.
+    pub model: VocabularyModel,
+    /// `tokenizer.ggml.pre` (byte-level BPE only; `None` means llama.cpp's `default`).
+    pub pre: Option<String>,
+    /// `tokenizer.ggml.tokens`: token text by id (byte-level encoded for `gpt2`).
+    pub tokens: Vec<String>,
+    /// `tokenizer.ggml.scores` (SentencePiece; empty when absent).
+    pub scores: Vec<f32>,
+    /// `tokenizer.ggml.token_type` (empty when absent: every token is then normal).
+    pub token_types: Vec<TokenType>,
+    /// `tokenizer.ggml.merges` as `"left right"` strings (byte-level BPE).
+    pub merges: Vec<String>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub eom: Option<u32>,
+    pub unk: Option<u32>,
+    pub pad: Option<u32>,
+    /// `tokenizer.ggml.add_bos_token` (`None`: llama.cpp's default for the model/pre).
+    pub add_bos: Option<bool>,
+    /// `tokenizer.ggml.add_eos_token`.
+    pub add_eos: Option<bool>,
+    /// `tokenizer.ggml.add_space_prefix` (SentencePiece; default true).
+    pub add_space_prefix: Option<bool>,
+    /// `tokenizer.chat_template`.
+    pub chat_template: Option<String>,
+}
+
+impl Vocabulary {
+    /// The type of token `id` (normal when the GGUF has no type array).
+    pub fn token_type(&self, id: usize) -> TokenType {
+        self.token_types.get(id).copied().unwrap_or(TokenType::Normal)
+    }
+}

@@ -1,0 +1,322 @@
+// Causal grouped-query attention over the KV cache (K and V each [n_kv_heads][max_ctx][HD] f32),
+// online softmax in f32. Query head h reads kv head h / (n_heads / n_kv_heads). Query t of the
+// step sits at position step.pos + t and sees cache positions 0..=step.pos + t.
+//
+// Three kernels, one per define (their bindings differ):
+// - DECODE_PARTIAL (flash-decoding, the one query of a decode step): one workgroup per
+//   (chunk of CHUNK positions, head) writes its chunk's (max, sum, acc[HD]) to `partials`;
+// - DECODE_COMBINE: one workgroup per head merges the chunks' partials into the output;
+// - PREFILL: one workgroup per (tile of BQ queries, head) walks the keys in blocks of BK.
+#if SUBGROUPS
+enable subgroups;
+#endif
+#include "step"
+
+struct Params {
+    n_heads: u32,
+    n_kv_heads: u32,
+    max_ctx: u32,
+    // Chunks reserved per head in `partials` (max_ctx / CHUNK rounded up).
+    max_chunks: u32,
+    scale: f32,
+}
+
+const HD: u32 = {{HD}}u;
+const HD4: u32 = HD / 4u;
+const CHUNK: u32 = 256u;
+// Exponent-safe "minus infinity": exp(NEG_BIG - m) is 0 and NEG_BIG - NEG_BIG is no NaN.
+const NEG_BIG: f32 = -1.0e30;
+
+fn kv_head(h: u32) -> u32 {
+    return h / (params.n_heads / params.n_kv_heads);
+}
+
+#if DECODE_PARTIAL
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> v_cache: array<f32>;
+// [n_heads][max_chunks][2 + HD]: max score, sum of exp(score - max), then the weighted V sum.
+@group(0) @binding(5) var<storage, read_write> partials: array<f32>;
+
+var<workgroup> q_head: array<vec4<f32>, HD4>;
+var<workgroup> weights: array<f32, CHUNK>;
+// The V sum is split over CHUNK / HD groups of threads, one position in every group count.
+var<workgroup> v_parts: array<f32, CHUNK>;
+
+#if SUBGROUPS
+// One slot per subgroup; the device's subgroups have at least 4 lanes (see GpuFeatures).
+var<workgroup> reduce_slots: array<f32, 64>;
+var<private> sg_lane: u32;
+var<private> sg_size: u32;
+
+fn workgroup_max(v: f32, lid: u32) -> f32 {
+    let s = subgroupMax(v);
+    if (sg_lane == 0u) {
+        reduce_slots[lid / sg_size] = s;
+    }
+    workgroupBarrier();
+    var r = NEG_BIG;
+    for (var i = 0u; i < CHUNK / sg_size; i++) {
+        r = max(r, reduce_slots[i]);
+    }
+    workgroupBarrier();
+    return r;
+}
+
+fn workgroup_sum(v: f32, lid: u32) -> f32 {
+    let s = subgroupAdd(v);
+    if (sg_lane == 0u) {
+        reduce_slots[lid / sg_size] = s;
+    }
+    workgroupBarrier();
+    var r = 0.0;
+    for (var i = 0u; i < CHUNK / sg_size; i++) {
+        r += reduce_slots[i];
+    }
+    workgroupBarrier();
+    return r;
+}
+#else
+var<workgroup> reduce_slots: array<f32, CHUNK>;
+
+fn workgroup_max(v: f32, lid: u32) -> f32 {
+    reduce_slots[lid] = v;
+    for (var stride = CHUNK / 2u; stride > 0u; stride >>= 1u) {
+        workgroupBarrier();
+        if (lid < stride) {
+            reduce_slots[lid] = max(reduce_slots[lid], reduce_slots[lid + stride]);
+        }
+    }
+    workgroupBarrier();
+    let r = reduce_slots[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn workgroup_sum(v: f32, lid: u32) -> f32 {
+    reduce_slots[lid] = v;
+    for (var stride = CHUNK / 2u; stride > 0u; stride >>= 1u) {
+        workgroupBarrier();
+        if (lid < stride) {
+            reduce_slots[lid] += reduce_slots[lid + stride];
+        }
+    }
+    workgroupBarrier();
+    let r = reduce_slots[0];
+    workgroupBarrier();
+    return r;
+}
+#endif
+
+@compute @workgroup_size(256)
+fn decode_partial(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+#if SUBGROUPS
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) size: u32,
+#endif
+) {
+#if SUBGROUPS
+    sg_lane = lane;
+    sg_size = size;
+#endif
+    let chunk = wg.x;
+    let h = wg.y;
+    let kvh = kv_head(h);
+    let n_keys = min(step.pos + 1u, params.max_ctx);
+    let start = chunk * CHUNK;
+    if (lid < HD4) {
+        q_head[lid] = q[h * HD4 + lid];
+    }
+    workgroupBarrier();
+
+    // Scores: one position per thread, its K row read as vec4s.
+    let p = start + lid;
+    let valid = p < n_keys;
+    var score = NEG_BIG;
+    if (valid) {
+        let row = (kvh * params.max_ctx + p) * HD4;
+        var qk = 0.0;
+        for (var d = 0u; d < HD4; d++) {
+            qk += dot(q_head[d], k_cache[row + d]);
+        }
+        score = qk * params.scale;
+    }
+    let m = workgroup_max(score, lid);
+    var w = 0.0;
+    if (valid) {
+        w = exp(score - m);
+    }
+    let l = workgroup_sum(w, lid);
+    weights[lid] = w;
+    workgroupBarrier();
+
+    // Weighted V sum: threads (group, d) read neighbouring words of each V row.
+    let d = lid % HD;
+    let group = lid / HD;
+    let n_here = min(CHUNK, max(n_keys, start) - start);
+    var acc = 0.0;
+    for (var j = group; j < n_here; j += CHUNK / HD) {
+        acc += weights[j] * v_cache[(kvh * params.max_ctx + start + j) * HD + d];
+    }
+    v_parts[lid] = acc;
+    workgroupBarrier();
+    if (lid < HD) {
+        var total = 0.0;
+        for (var g = 0u; g < CHUNK / HD; g++) {
+            total += v_parts[g * HD + lid];
+        }
+        let base = (h * params.max_chunks + chunk) * (2u + HD);
+        partials[base + 2u + lid] = total;
+        if (lid == 0u) {
+            partials[base] = m;
+            partials[base + 1u] = l;
+        }
+    }
+}
+#endif
+
+#if DECODE_COMBINE
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> partials: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+// Thread d of head h rescales every chunk to the global max and sums; any chunk count works.
+@compute @workgroup_size(HD)
+fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d: u32) {
+    let h = wg.x;
+    let n_chunks = (min(step.pos + 1u, params.max_ctx) + CHUNK - 1u) / CHUNK;
+    let first = h * params.max_chunks;
+    var m = NEG_BIG;
+    for (var c = 0u; c < n_chunks; c++) {
+        m = max(m, partials[(first + c) * (2u + HD)]);
+    }
+    var l = 0.0;
+    var acc = 0.0;
+    for (var c = 0u; c < n_chunks; c++) {
+        let base = (first + c) * (2u + HD);
+        let rescale = exp(partials[base] - m);
+        l += partials[base + 1u] * rescale;
+        acc += partials[base + 2u + d] * rescale;
+    }
+    out[h * HD + d] = acc / l;
+}
+#endif
+
+#if PREFILL
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> params: Params;
+@group(0) @binding(2) var<storage, read> q: array<f32>;
+@group(0) @binding(3) var<storage, read> k_cache: array<f32>;
+@group(0) @binding(4) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+const WG: u32 = 256u;
+const BQ: u32 = 8u;
+const BK: u32 = 16u;
+// In the softmax/V phase each query row is owned by COLS threads, each with HD / COLS outputs.
+const COLS: u32 = WG / BQ;
+const PER_THREAD: u32 = HD / COLS;
+// K/V rows padded by one word so that the score phase (thread j reads row j) hits distinct banks.
+const ROW: u32 = HD + 1u;
+
+var<workgroup> q_tile: array<f32, BQ * HD>;
+var<workgroup> kv_tile: array<f32, BK * ROW>;
+var<workgroup> scores: array<f32, BQ * BK>;
+
+// Loads cache rows first..first + BK of kv head kvh (zeros past `end`) into kv_tile.
+fn load_block(cache_is_v: bool, kvh: u32, first: u32, end: u32, lid: u32) {
+    for (var i = lid; i < BK * HD; i += WG) {
+        let j = i / HD;
+        var v = 0.0;
+        if (first + j < end) {
+            let at = (kvh * params.max_ctx + first) * HD + i;
+            if (cache_is_v) {
+                v = v_cache[at];
+            } else {
+                v = k_cache[at];
+            }
+        }
+        kv_tile[j * ROW + i % HD] = v;
+    }
+}
+
+@compute @workgroup_size(256)
+fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t0 = wg.x * BQ;
+    let h = wg.y;
+    if (t0 >= step.n_tokens) {
+        return;
+    }
+    let kvh = kv_head(h);
+    let rows = min(BQ, step.n_tokens - t0);
+    for (var i = lid; i < BQ * HD; i += WG) {
+        var v = 0.0;
+        if (i / HD < rows) {
+            v = q[((t0 + i / HD) * params.n_heads + h) * HD + i % HD];
+        }
+        q_tile[i] = v;
+    }
+    // Keys 0..kv_end cover the tile's last query; each row masks the keys after its own position.
+    let kv_end = min(step.pos + t0 + rows, params.max_ctx);
+    let r = lid / COLS;
+    let col = lid % COLS;
+    let row_pos = step.pos + t0 + r;
+    var m = NEG_BIG;
+    var l = 0.0;
+    var acc: array<f32, PER_THREAD>;
+    for (var kb = 0u; kb < kv_end; kb += BK) {
+        load_block(false, kvh, kb, kv_end, lid);
+        workgroupBarrier();
+        if (lid < BQ * BK) {
+            let sr = lid / BK;
+            let sj = lid % BK;
+            var s = NEG_BIG;
+            if (kb + sj <= step.pos + t0 + sr && kb + sj < kv_end) {
+                var qk = 0.0;
+                for (var d = 0u; d < HD; d++) {
+                    qk += q_tile[sr * HD + d] * kv_tile[sj * ROW + d];
+                }
+                s = qk * params.scale;
+            }
+            scores[lid] = s;
+        }
+        workgroupBarrier();
+        load_block(true, kvh, kb, kv_end, lid);
+        workgroupBarrier();
+
+        var block_max = NEG_BIG;
+        for (var j = 0u; j < BK; j++) {
+            block_max = max(block_max, scores[r * BK + j]);
+        }
+        let m_new = max(m, block_max);
+        let rescale = exp(m - m_new);
+        l *= rescale;
+        for (var i = 0u; i < PER_THREAD; i++) {
+            acc[i] *= rescale;
+        }
+        for (var j = 0u; j < BK; j++) {
+            if (kb + j <= row_pos && kb + j < kv_end) {
+                let p = exp(scores[r * BK + j] - m_new);
+                l += p;
+                for (var i = 0u; i < PER_THREAD; i++) {
+                    acc[i] += p * kv_tile[j * ROW + col + COLS * i];
+                }
+            }
+        }
+        m = m_new;
+        // The next block overwrites kv_tile and scores.
+        workgroupBarrier();
+    }
+    if (r < rows) {
+        let dst = ((t0 + r) * params.n_heads + h) * HD;
+        for (var i = 0u; i < PER_THREAD; i++) {
+            out[dst + col + COLS * i] = acc[i] / l;
+        }
+    }
+}
+#endif

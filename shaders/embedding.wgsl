@@ -1,0 +1,49 @@
+// Embedding gather: out[t][:] = dequantized row ids[t] of the table `w` (rows = vocabulary,
+// cols = hidden size) for the step's n_tokens ids. One workgroup per token, its threads striding
+// over the row in units of 8 weights. An id past the vocabulary yields a row of zeros (the model
+// validates ids before; this only keeps a bad id from reading out of bounds).
+#include "quant"
+#include "step"
+
+@group(0) @binding(0) var<uniform> params: WeightParams;
+@group(0) @binding(1) var<uniform> step: Step;
+@group(0) @binding(2) var<storage, read> ids: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> w: array<u32>;
+
+const WG: u32 = 64u;
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let t = wg.x + wg.y * nwg.x;
+    if (t >= min(step.n_tokens, params.max_tokens)) {
+        return;
+    }
+    let id = ids[t];
+    let valid = id < params.rows;
+    let row = min(id, params.rows - 1u);
+    let out_row = t * params.cols;
+    let units = params.cols / 8u;
+    for (var u = lid; u < units; u += WG) {
+        var unit = Unit(vec4<f32>(0.0), vec4<f32>(0.0));
+        if (valid) {
+            unit = load_unit(row, u);
+        }
+        let cols = unit_cols(u);
+        for (var i = 0u; i < 4u; i++) {
+            out[out_row + cols.x + i] = unit.lo[i];
+            out[out_row + cols.y + i] = unit.hi[i];
+        }
+    }
+#if DENSE
+    // The columns after the last whole unit (fewer than 8), one per thread.
+    let col = units * 8u + lid;
+    if (col < params.cols) {
+        out[out_row + col] = select(0.0, load_dense(row, col), valid);
+    }
+#endif
+}

@@ -1,0 +1,117 @@
+// Matrix-vector product for decode (one token): y[n] = sum_k W[n][k] * x[k], with W in the GPU
+// weight layout of quant.wgsl. One workgroup per output row: its threads stride over the row in
+// units of 8 weights, so neighbouring threads read neighbouring words, then reduce.
+//
+// Epilogues (defines): BIAS adds bias[n]; ACCUMULATE adds the old y[n] (the in-place residual
+// add, y += W x: each y[n] is read then written by the same invocation); SWIGLU computes
+// y[n] = silu(Wg[n] . x) * (Wu[n] . x) with the gate in `w` and the up projection in `w_up`.
+#if SUBGROUPS
+enable subgroups;
+#endif
+#include "quant"
+
+@group(0) @binding(0) var<uniform> params: WeightParams;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<storage, read> w: array<u32>;
+#if SWIGLU
+@group(0) @binding(4) var<storage, read> w_up: array<u32>;
+#endif
+#if BIAS
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
+#endif
+
+const WG: u32 = 64u;
+
+// Per-thread partial dot products: .x for `w`, .y for `w_up` (SWIGLU only, else 0).
+var<workgroup> partials: array<vec2<f32>, WG>;
+
+fn x4(first: u32) -> vec4<f32> {
+    return vec4<f32>(x[first], x[first + 1u], x[first + 2u], x[first + 3u]);
+}
+
+fn silu(a: f32) -> f32 {
+    return a / (1.0 + exp(-a));
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+#if SUBGROUPS
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sg_size: u32,
+#endif
+) {
+    let row = wg.x + wg.y * nwg.x;
+    if (row >= params.rows) {
+        return;
+    }
+    let units = params.cols / 8u;
+    var sums = vec2<f32>(0.0);
+    for (var u = lid; u < units; u += WG) {
+        let cols = unit_cols(u);
+        let xlo = x4(cols.x);
+        let xhi = x4(cols.y);
+        let gate = load_unit(row, u);
+        sums.x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
+#if SWIGLU
+        let up = load_up_unit(row, u);
+        sums.y += dot(up.lo, xlo) + dot(up.hi, xhi);
+#endif
+    }
+#if DENSE
+    // The columns after the last whole unit (fewer than 8), one per thread.
+    let col = units * 8u + lid;
+    if (col < params.cols) {
+        sums.x += load_dense(row, col) * x[col];
+#if SWIGLU
+        sums.y += load_up_dense(row, col) * x[col];
+#endif
+    }
+#endif
+
+#if SUBGROUPS
+    // Subgroups of a 1-D workgroup are consecutive ranges of local_invocation_index on every
+    // implementation, so subgroup i's sum goes to partials[i].
+    let sg_sum = subgroupAdd(sums);
+    if (lane == 0u) {
+        partials[lid / sg_size] = sg_sum;
+    }
+    workgroupBarrier();
+    if (lid != 0u) {
+        return;
+    }
+    var total = vec2<f32>(0.0);
+    for (var i = 0u; i < (WG + sg_size - 1u) / sg_size; i++) {
+        total += partials[i];
+    }
+#else
+    partials[lid] = sums;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
+        if (lid < stride) {
+            partials[lid] += partials[lid + stride];
+        }
+        workgroupBarrier();
+    }
+    if (lid != 0u) {
+        return;
+    }
+    let total = partials[0];
+#endif
+
+#if SWIGLU
+    var out = silu(total.x) * total.y;
+#else
+    var out = total.x;
+#endif
+#if BIAS
+    out += bias[row];
+#endif
+#if ACCUMULATE
+    out += y[row];
+#endif
+    y[row] = out;
+}
