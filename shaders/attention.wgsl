@@ -8,7 +8,9 @@
 // - DECODE_COMBINE: one workgroup per head merges the chunks' partials into the output;
 // - PREFILL: one workgroup per (tile of BQ queries, head) walks the keys in blocks of BK.
 #if SUBGROUPS
+#if WGSL_ENABLE_SUBGROUPS
 enable subgroups;
+#endif
 #endif
 #include "step"
 

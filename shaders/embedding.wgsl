@@ -8,7 +8,7 @@
 @group(0) @binding(0) var<uniform> params: WeightParams;
 @group(0) @binding(1) var<uniform> step: Step;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read_write> embeddings: array<f32>;
 @group(0) @binding(4) var<storage, read> w: array<u32>;
 
 const WG: u32 = 64u;
@@ -35,15 +35,15 @@ fn main(
         }
         let cols = unit_cols(u);
         for (var i = 0u; i < 4u; i++) {
-            out[out_row + cols.x + i] = unit.lo[i];
-            out[out_row + cols.y + i] = unit.hi[i];
+            embeddings[out_row + cols.x + i] = unit.lo[i];
+            embeddings[out_row + cols.y + i] = unit.hi[i];
         }
     }
 #if DENSE
     // The columns after the last whole unit (fewer than 8), one per thread.
     let col = units * 8u + lid;
     if (col < params.cols) {
-        out[out_row + col] = select(0.0, load_dense(row, col), valid);
+        embeddings[out_row + col] = select(0.0, load_dense(row, col), valid);
     }
 #endif
 }

@@ -162,17 +162,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             let index = m * params.rows + n;
 #if SWIGLU
-            var out = silu(acc[i][j]) * acc_up[i][j];
+            var value = silu(acc[i][j]) * acc_up[i][j];
 #else
-            var out = acc[i][j];
+            var value = acc[i][j];
 #endif
 #if BIAS
-            out += bias[n];
+            value += bias[n];
 #endif
 #if ACCUMULATE
-            out += y[index];
+            value += y[index];
 #endif
-            y[index] = out;
+            y[index] = value;
         }
     }
 }

@@ -6,7 +6,10 @@
 // add, y += W x: each y[n] is read then written by the same invocation); SWIGLU computes
 // y[n] = silu(Wg[n] . x) * (Wu[n] . x) with the gate in `w` and the up projection in `w_up`.
 #if SUBGROUPS
+// Browsers need the directive; naga (native) rejects it and enables subgroups by device feature.
+#if WGSL_ENABLE_SUBGROUPS
 enable subgroups;
+#endif
 #endif
 #include "quant"
 
@@ -103,15 +106,15 @@ fn main(
 #endif
 
 #if SWIGLU
-    var out = silu(total.x) * total.y;
+    var value = silu(total.x) * total.y;
 #else
-    var out = total.x;
+    var value = total.x;
 #endif
 #if BIAS
-    out += bias[row];
+    value += bias[row];
 #endif
 #if ACCUMULATE
-    out += y[row];
+    value += y[row];
 #endif
-    y[row] = out;
+    y[row] = value;
 }

@@ -2,7 +2,9 @@
 // rows 0..step.n_tokens of the bound buffers. The sum of squares is reduced with subgroup adds
 // where the device has them, else by a tree in workgroup memory.
 #if SUBGROUPS
+#if WGSL_ENABLE_SUBGROUPS
 enable subgroups;
+#endif
 #endif
 #include "step"
 

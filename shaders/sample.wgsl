@@ -27,7 +27,9 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> src: array<f32>;
+// Logits (sample, argmax_partials) or partial records (argmax_final), read as raw words so that
+// a record's index is never reinterpreted as a (denormal) float.
+@group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
 @group(0) @binding(3) var<uniform> step: Step;
 
@@ -36,11 +38,16 @@ const WG: u32 = 256u;
 const CHUNK: u32 = 1024u;
 // Probes per search pass: each pass narrows the threshold's range 16-fold (8 passes for 32 bits).
 const PROBES: u32 = 15u;
-const NEG_INF_BITS: u32 = 0xff800000u;
 const NONE: u32 = 0xffffffffu;
+
+// -inf as a runtime value: a constant expression may not evaluate to an infinity in WGSL.
+var<private> neg_inf_bits: u32 = 0xff800000u;
 
 var<workgroup> red_f: array<f32, 256>;
 var<workgroup> red_u: array<u32, 256>;
+// Probe sums handed down during the search's fold (7.5 KiB), and the narrowed range.
+var<workgroup> fold: array<array<f32, 15>, 128>;
+var<workgroup> search_range: vec2<u32>;
 // Decision of thread 0 in the draw, broadcast to the workgroup.
 var<workgroup> pick_chunk: u32;
 var<workgroup> pick_rest: f32;
@@ -62,9 +69,17 @@ fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
     return v > bv || (v == bv && i < bi);
 }
 
+fn neg_inf() -> f32 {
+    return bitcast<f32>(neg_inf_bits);
+}
+
+fn logit(i: u32) -> f32 {
+    return bitcast<f32>(src[i]);
+}
+
 fn exp_or_zero(x: f32) -> f32 {
     // exp(-inf - -inf) would be NaN: a banned token (or an all-banned chunk) weighs nothing.
-    return select(exp(x), 0.0, x != x || x == bitcast<f32>(NEG_INF_BITS));
+    return select(exp(x), 0.0, x != x || x < -3.40282347e38);
 }
 
 fn reduce_sum(t: u32, v: f32) -> f32 {
@@ -122,13 +137,13 @@ fn argmax_partials(
         return;
     }
     var vals: array<f32, 4>;
-    var bv = bitcast<f32>(NEG_INF_BITS);
+    var bv = neg_inf();
     var bi = NONE;
     for (var e = 0u; e < 4u; e++) {
         let i = base + e * WG + t;
-        vals[e] = bitcast<f32>(NEG_INF_BITS);
+        vals[e] = neg_inf();
         if (i < params.n) {
-            vals[e] = src[i];
+            vals[e] = logit(i);
             if (better(vals[e], i, bv, bi)) {
                 bv = vals[e];
                 bi = i;
@@ -151,11 +166,11 @@ fn argmax_partials(
 
 @compute @workgroup_size(256)
 fn argmax_final(@builtin(local_invocation_index) t: u32) {
-    var bv = bitcast<f32>(NEG_INF_BITS);
+    var bv = neg_inf();
     var bi = NONE;
     for (var g = t; g < params.n; g += WG) {
-        let v = src[3u * g];
-        let i = bitcast<u32>(src[3u * g + 1u]);
+        let v = bitcast<f32>(src[3u * g]);
+        let i = src[3u * g + 1u];
         if (better(v, i, bv, bi)) {
             bv = v;
             bi = i;
@@ -166,7 +181,7 @@ fn argmax_final(@builtin(local_invocation_index) t: u32) {
     // Z = sum_g s_g * exp(m_g - m): each record's sum rescaled to the global maximum.
     var z = 0.0;
     for (var g = t; g < params.n; g += WG) {
-        z += src[3u * g + 2u] * exp_or_zero(src[3u * g] - m);
+        z += bitcast<f32>(src[3u * g + 2u]) * exp_or_zero(bitcast<f32>(src[3u * g]) - m);
     }
     let total = reduce_sum(t, z);
     if (t == 0u) {
@@ -183,9 +198,9 @@ fn pcg(v: u32) -> u32 {
 }
 
 // Largest threshold key t in [lo, hi] whose measure M(t) = sum over tokens with
-// floor_key <= key <= .. and key >= t of (mass ? exp(logit - max) : 1) is >= target.
-// Requires M(lo) >= target. M only grows as t falls, so the passing probes form a prefix.
-fn search(t: u32, lo_in: u32, hi_in: u32, floor_key: u32, mass: bool, max_v: f32, target: f32) -> u32 {
+// floor_key <= key <= .. and key >= t of (mass ? exp(logit - max) : 1) is >= goal.
+// Requires M(lo) >= goal. M only grows as t falls, so the passing probes form a prefix.
+fn search(t: u32, lo_in: u32, hi_in: u32, floor_key: u32, mass: bool, max_v: f32, goal: f32) -> u32 {
     var lo = lo_in;
     var hi = hi_in;
     loop {
@@ -199,7 +214,7 @@ fn search(t: u32, lo_in: u32, hi_in: u32, floor_key: u32, mass: bool, max_v: f32
             acc[j] = 0.0;
         }
         for (var i = t; i < params.n; i += WG) {
-            let v = src[i];
+            let v = logit(i);
             let k = key(v);
             if (k < floor_key || k < lo) {
                 continue;
@@ -212,38 +227,57 @@ fn search(t: u32, lo_in: u32, hi_in: u32, floor_key: u32, mass: bool, max_v: f32
                 }
             }
         }
-        var new_lo = lo;
-        var new_hi = hi;
-        for (var j = 0u; j < PROBES; j++) {
-            let offset = stride * (j + 1u);
-            let measure = reduce_sum(t, acc[j]);
-            if (offset <= span) {
-                if (measure >= target) {
-                    new_lo = lo + offset;
-                } else if (new_hi == hi) {
-                    new_hi = lo + offset - 1u;
+        // Tree-fold all probes at once: the upper half of the active threads hands its sums to
+        // the lower half (2 barriers per level instead of 2 per level per probe).
+        for (var half = WG / 2u; half > 0u; half = half >> 1u) {
+            if (t >= half && t < 2u * half) {
+                for (var j = 0u; j < PROBES; j++) {
+                    fold[t - half][j] = acc[j];
                 }
             }
+            workgroupBarrier();
+            if (t < half) {
+                for (var j = 0u; j < PROBES; j++) {
+                    acc[j] += fold[t][j];
+                }
+            }
+            workgroupBarrier();
         }
-        lo = new_lo;
-        hi = new_hi;
+        if (t == 0u) {
+            var new_lo = lo;
+            var new_hi = hi;
+            for (var j = 0u; j < PROBES; j++) {
+                let offset = stride * (j + 1u);
+                if (offset <= span) {
+                    if (acc[j] >= goal) {
+                        new_lo = lo + offset;
+                    } else if (new_hi == hi) {
+                        new_hi = lo + offset - 1u;
+                    }
+                }
+            }
+            search_range = vec2<u32>(new_lo, new_hi);
+        }
+        let range = workgroupUniformLoad(&search_range);
+        lo = range.x;
+        hi = range.y;
     }
     return lo;
 }
 
 fn weight(i: u32, threshold: u32, max_v: f32) -> f32 {
-    let v = src[i];
+    let v = logit(i);
     return select(0.0, exp_or_zero((v - max_v) / params.temperature), key(v) >= threshold);
 }
 
 @compute @workgroup_size(256)
 fn sample(@builtin(local_invocation_index) t: u32) {
     let n = params.n;
-    var bv = bitcast<f32>(NEG_INF_BITS);
+    var bv = neg_inf();
     var bi = NONE;
     var kmin = NONE;
     for (var i = t; i < n; i += WG) {
-        let v = src[i];
+        let v = logit(i);
         if (better(v, i, bv, bi)) {
             bv = v;
             bi = i;
@@ -265,7 +299,7 @@ fn sample(@builtin(local_invocation_index) t: u32) {
     if (params.top_p < 1.0) {
         var z = 0.0;
         for (var i = t; i < n; i += WG) {
-            let v = src[i];
+            let v = logit(i);
             if (key(v) >= top_k_key) {
                 z += exp_or_zero(v - max_v);
             }

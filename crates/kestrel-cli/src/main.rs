@@ -17,6 +17,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate text from a prompt, streamed to stdout.
+    Generate(commands::generate::GenerateArgs),
+    /// An interactive chat with the model's chat template.
+    Chat(commands::chat::ChatArgs),
     /// Show a GGUF file's metadata and tensor table.
     Inspect {
         /// The GGUF file (default: the default model).
@@ -51,6 +55,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Generate(args) => commands::generate::run(args),
+        Command::Chat(args) => commands::chat::run(args),
         Command::Inspect { model, tensors } => commands::inspect::run(&model_path::resolve(model), tensors),
         Command::Tokenize { text, model, json, add_special } => {
             commands::tokenize::run(&model_path::resolve(model), &text, json, add_special)

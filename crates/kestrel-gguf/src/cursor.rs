@@ -70,10 +70,17 @@ impl<'a> Cursor<'a> {
         let offset = self.pos();
         let len = self.u64(&context)?;
         if len > MAX_STRING_LEN {
-            return Err(GgufError::StringTooLong { context: context(), len, max: MAX_STRING_LEN, offset });
+            return Err(GgufError::StringTooLong {
+                context: context(),
+                len,
+                max: MAX_STRING_LEN,
+                offset,
+            });
         }
         let bytes = self.take(len, &context)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|_| GgufError::InvalidUtf8 { context: context(), offset: offset + 8 })
+        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::InvalidUtf8 {
+            context: context(),
+            offset: offset + 8,
+        })
     }
 }

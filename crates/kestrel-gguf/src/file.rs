@@ -12,7 +12,10 @@ use crate::stream::{EventSink, GgufStreamReader, StreamEvent};
 const CHUNK: usize = 1 << 20;
 
 pub(crate) fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> GgufError + '_ {
-    move |source| GgufError::Io { path: path.display().to_string(), source }
+    move |source| GgufError::Io {
+        path: path.display().to_string(),
+        source,
+    }
 }
 
 /// Streams the file at `path` through `on_event`. Knowing the file size, it rejects tensors
@@ -30,7 +33,9 @@ pub fn stream_file(path: &Path, on_event: &mut EventSink<'_>) -> Result<(), Gguf
     let mut buf = vec![0u8; CHUNK];
     loop {
         let n = file.read(&mut buf).map_err(io_error(path))?;
-        let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else { break };
+        let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else {
+            break;
+        };
         reader.push(chunk, &mut checked)?;
     }
     reader.finish()
@@ -55,6 +60,10 @@ pub fn read_file(path: &Path) -> Result<(GgufHeader, Vec<Vec<u8>>), GgufError> {
         Ok(())
     })?;
     // A successful stream always starts with the header event.
-    let header = header.ok_or(GgufError::Truncated { context: "header".into(), offset: 0, missing: 0 })?;
+    let header = header.ok_or(GgufError::Truncated {
+        context: "header".into(),
+        offset: 0,
+        missing: 0,
+    })?;
     Ok((header, tensors))
 }

@@ -43,9 +43,16 @@ impl GgufHeader {
     /// Checks that every tensor's data lies within a file of `file_len` bytes.
     pub fn check_file_len(&self, file_len: u64) -> Result<(), GgufError> {
         for t in &self.tensors {
-            let end = self.data_start.saturating_add(t.offset).saturating_add(t.n_bytes());
+            let end = self
+                .data_start
+                .saturating_add(t.offset)
+                .saturating_add(t.n_bytes());
             if end > file_len {
-                return Err(GgufError::TensorOutOfBounds { name: t.name.clone(), end, file_len });
+                return Err(GgufError::TensorOutOfBounds {
+                    name: t.name.clone(),
+                    end,
+                    file_len,
+                });
             }
         }
         Ok(())
@@ -53,18 +60,22 @@ impl GgufHeader {
 
     /// The bytes of tensor `index` within the complete file `file`.
     pub fn tensor_bytes<'a>(&self, index: usize, file: &'a [u8]) -> Result<&'a [u8], GgufError> {
-        let t = self.tensors.get(index).ok_or_else(|| GgufError::SizeMismatch {
-            what: "tensor index".to_string(),
-            expected: self.tensors.len() as u64,
-            found: index as u64,
-        })?;
+        let t = self
+            .tensors
+            .get(index)
+            .ok_or_else(|| GgufError::SizeMismatch {
+                what: "tensor index".to_string(),
+                expected: self.tensors.len() as u64,
+                found: index as u64,
+            })?;
         self.check_file_len(file.len() as u64)?;
         let start = (self.data_start + t.offset) as usize;
-        file.get(start..start + t.n_bytes() as usize).ok_or_else(|| GgufError::TensorOutOfBounds {
-            name: t.name.clone(),
-            end: self.data_start + t.offset + t.n_bytes(),
-            file_len: file.len() as u64,
-        })
+        file.get(start..start + t.n_bytes() as usize)
+            .ok_or_else(|| GgufError::TensorOutOfBounds {
+                name: t.name.clone(),
+                end: self.data_start + t.offset + t.n_bytes(),
+                file_len: file.len() as u64,
+            })
     }
 }
 
@@ -101,14 +112,25 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, GgufError> {
         .checked_next_multiple_of(alignment)
         .ok_or(GgufError::BadAlignment { value: alignment })?;
     check_overlaps(&tensors)?;
-    Ok(GgufHeader { version, metadata, tensors, alignment, data_start })
+    Ok(GgufHeader {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_start,
+    })
 }
 
 fn read_count(c: &mut Cursor, what: &str, max: u64) -> Result<u64, GgufError> {
     let offset = c.pos();
     let count = c.u64(|| format!("{what} count"))?;
     if count > max {
-        return Err(GgufError::TooMany { what: what.to_string(), count, max, offset });
+        return Err(GgufError::TooMany {
+            what: what.to_string(),
+            count,
+            max,
+            offset,
+        });
     }
     Ok(count)
 }
@@ -147,6 +169,7 @@ fn parse_value(
     ctx: &dyn Fn() -> String,
     depth: u32,
 ) -> Result<MetadataValue, GgufError> {
+    // Offset of the type id just read (element types of arrays are checked in parse_array).
     let offset = c.pos().saturating_sub(4);
     Ok(match type_id {
         0 => MetadataValue::U8(u8::from_le_bytes(c.array(ctx)?)),
@@ -174,7 +197,13 @@ fn parse_value(
         10 => MetadataValue::U64(c.u64(ctx)?),
         11 => MetadataValue::I64(i64::from_le_bytes(c.array(ctx)?)),
         12 => MetadataValue::F64(f64::from_le_bytes(c.array(ctx)?)),
-        _ => return Err(GgufError::UnknownValueType { context: ctx(), type_id, offset }),
+        _ => {
+            return Err(GgufError::UnknownValueType {
+                context: ctx(),
+                type_id,
+                offset,
+            })
+        }
     })
 }
 
@@ -185,11 +214,18 @@ fn parse_array(
 ) -> Result<MetadataValue, GgufError> {
     let offset = c.pos();
     if depth >= MAX_NESTING {
-        return Err(GgufError::NestingTooDeep { context: ctx(), max: MAX_NESTING, offset });
+        return Err(GgufError::NestingTooDeep {
+            context: ctx(),
+            max: MAX_NESTING,
+            offset,
+        });
     }
     let elem_type = c.u32(ctx)?;
-    let min_size = min_encoded_size(elem_type)
-        .ok_or_else(|| GgufError::UnknownValueType { context: ctx(), type_id: elem_type, offset })?;
+    let min_size = min_encoded_size(elem_type).ok_or_else(|| GgufError::UnknownValueType {
+        context: ctx(),
+        type_id: elem_type,
+        offset,
+    })?;
     let count_offset = c.pos();
     let count = c.u64(ctx)?;
     if count > MAX_ARRAY_LEN {
@@ -226,9 +262,16 @@ fn parse_tensor_infos(
         let dims_offset = c.pos();
         let n_dims = c.u32(ctx)?;
         if n_dims > MAX_DIMS {
-            return Err(GgufError::TooManyDims { name, n_dims, max: MAX_DIMS, offset: dims_offset });
+            return Err(GgufError::TooManyDims {
+                name,
+                n_dims,
+                max: MAX_DIMS,
+                offset: dims_offset,
+            });
         }
-        let dims = (0..n_dims).map(|_| c.u64(ctx)).collect::<Result<Vec<_>, _>>()?;
+        let dims = (0..n_dims)
+            .map(|_| c.u64(ctx))
+            .collect::<Result<Vec<_>, _>>()?;
         let type_offset = c.pos();
         let type_id = c.u32(ctx)?;
         let offset = c.u64(ctx)?;
@@ -237,12 +280,24 @@ fn parse_tensor_infos(
             type_id,
             offset: type_offset,
         })?;
-        let info = TensorInfo { name, dims, ggml_type, offset };
+        let info = TensorInfo {
+            name,
+            dims,
+            ggml_type,
+            offset,
+        };
         let n_bytes = info.checked_n_bytes()?;
-        if offset % alignment != 0 {
-            return Err(GgufError::MisalignedOffset { name: info.name, offset, alignment });
+        if !offset.is_multiple_of(alignment) {
+            return Err(GgufError::MisalignedOffset {
+                name: info.name,
+                offset,
+                alignment,
+            });
         }
-        if offset.checked_add(n_bytes).is_none_or(|end| end > i64::MAX as u64) {
+        if offset
+            .checked_add(n_bytes)
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
             return Err(GgufError::BadShape {
                 name: info.name,
                 dims: info.dims,
@@ -254,23 +309,59 @@ fn parse_tensor_infos(
     Ok(tensors)
 }
 
-/// Tensors sorted by offset must not overlap (sizes were validated, so the sums are exact).
+/// No two tensors' data may overlap (sizes were validated, so the sums are exact). Compared
+/// against the furthest end so far, not just the previous tensor, so a zero-sized tensor in
+/// between cannot hide an overlap.
 fn check_overlaps(tensors: &[TensorInfo]) -> Result<(), GgufError> {
-    let mut sorted: Vec<&TensorInfo> = tensors.iter().collect();
+    let mut sorted: Vec<&TensorInfo> = tensors.iter().filter(|t| t.n_bytes() > 0).collect();
     sorted.sort_by_key(|t| t.offset);
-    for pair in sorted.windows(2) {
-        if let [a, b] = pair {
-            let a_end = a.offset + a.n_bytes();
-            // Zero-sized tensors occupy nothing and cannot overlap.
-            if b.offset < a_end && b.n_bytes() > 0 {
+    let mut furthest: Option<(&TensorInfo, u64)> = None;
+    for t in sorted {
+        if let Some((owner, end)) = furthest {
+            if t.offset < end {
                 return Err(GgufError::OverlappingTensors {
-                    first: a.name.clone(),
-                    second: b.name.clone(),
-                    offset: b.offset,
-                    first_end: a_end,
+                    first: owner.name.clone(),
+                    second: t.name.clone(),
+                    offset: t.offset,
+                    first_end: end,
                 });
             }
         }
+        furthest = Some((t, t.offset + t.n_bytes()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(name: &str, cols: u64, offset: u64) -> TensorInfo {
+        TensorInfo {
+            name: name.into(),
+            dims: vec![cols],
+            ggml_type: GgmlType::F32,
+            offset,
+        }
+    }
+
+    #[test]
+    fn zero_sized_tensor_does_not_hide_an_overlap() {
+        let ok = [
+            tensor("a", 16, 0),
+            tensor("empty", 0, 32),
+            tensor("b", 8, 64),
+        ];
+        check_overlaps(&ok).unwrap();
+        let bad = [
+            tensor("a", 64, 0),
+            tensor("empty", 0, 32),
+            tensor("b", 8, 128),
+        ];
+        let err = check_overlaps(&bad).unwrap_err();
+        assert!(
+            matches!(&err, GgufError::OverlappingTensors { first, second, .. } if first == "a" && second == "b"),
+            "{err}"
+        );
+    }
 }

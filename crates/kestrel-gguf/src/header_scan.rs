@@ -21,7 +21,10 @@ enum Item {
     KvValue,
     Value(u32),
     /// `count` more values of type `elem`.
-    Values { elem: u32, count: u64 },
+    Values {
+        elem: u32,
+        count: u64,
+    },
     /// `count` more metadata entries.
     Kvs(u64),
     /// `count` more tensor descriptors.
@@ -57,7 +60,11 @@ fn fixed_size(type_id: u32) -> Option<u64> {
 
 impl HeaderScanner {
     pub fn new() -> Self {
-        Self { pos: 0, stack: vec![Item::Preamble], gave_up: false }
+        Self {
+            pos: 0,
+            stack: vec![Item::Preamble],
+            gave_up: false,
+        }
     }
 
     /// Advances over `buf` (all bytes received so far, from offset 0).
@@ -107,10 +114,13 @@ impl HeaderScanner {
                     return Step::GiveUp;
                 }
                 self.pos += 24;
-                self.stack.extend([Item::Tensors(n_tensors), Item::Kvs(n_kv)]);
+                self.stack
+                    .extend([Item::Tensors(n_tensors), Item::Kvs(n_kv)]);
             }
             Item::Str => {
-                let Some(len) = u64_at(self, 0) else { return Step::Wait };
+                let Some(len) = u64_at(self, 0) else {
+                    return Step::Wait;
+                };
                 if len > MAX_STRING_LEN {
                     return Step::GiveUp;
                 }
@@ -119,7 +129,9 @@ impl HeaderScanner {
             }
             Item::Kv => self.stack.extend([Item::KvValue, Item::Str]),
             Item::KvValue => {
-                let Some(type_id) = u32_at(self, 0) else { return Step::Wait };
+                let Some(type_id) = u32_at(self, 0) else {
+                    return Step::Wait;
+                };
                 self.pos += 4;
                 self.stack.push(Item::Value(type_id));
             }
@@ -145,16 +157,25 @@ impl HeaderScanner {
                 match fixed_size(elem) {
                     // Fixed-size elements are skipped in one go: count * size cannot overflow.
                     Some(n) => self.stack.push(Item::Skip(count * n)),
-                    None => self.stack.extend([Item::Values { elem, count: count - 1 }, Item::Value(elem)]),
+                    None => self.stack.extend([
+                        Item::Values {
+                            elem,
+                            count: count - 1,
+                        },
+                        Item::Value(elem),
+                    ]),
                 }
             }
             Item::Kvs(count) | Item::Tensors(count) if count == 0 => {}
             Item::Kvs(count) => self.stack.extend([Item::Kvs(count - 1), Item::Kv]),
             Item::Tensors(count) => {
-                self.stack.extend([Item::Tensors(count - 1), Item::TensorRest, Item::Str])
+                self.stack
+                    .extend([Item::Tensors(count - 1), Item::TensorRest, Item::Str])
             }
             Item::TensorRest => {
-                let Some(n_dims) = u32_at(self, 0) else { return Step::Wait };
+                let Some(n_dims) = u32_at(self, 0) else {
+                    return Step::Wait;
+                };
                 if n_dims > MAX_DIMS {
                     return Step::GiveUp;
                 }

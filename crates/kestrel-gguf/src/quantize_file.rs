@@ -56,7 +56,7 @@ fn output_type(t: &TensorInfo, target: GgmlType) -> GgmlType {
         return t.ggml_type;
     }
     match t.dims.first() {
-        Some(&cols) if cols % target.block_size() == 0 => target,
+        Some(&cols) if cols.is_multiple_of(target.block_size()) => target,
         _ => GgmlType::F16,
     }
 }
@@ -70,8 +70,10 @@ pub fn quantize_model(
     target: GgmlType,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<QuantizeReport, GgufError> {
-    let file_type = llama_file_type(target)
-        .ok_or(GgufError::UnsupportedType { ty: target, operation: "model quantization" })?;
+    let file_type = llama_file_type(target).ok_or(GgufError::UnsupportedType {
+        ty: target,
+        operation: "model quantization",
+    })?;
     let result = convert(input, output, target, file_type, progress);
     if result.is_err() {
         // Best effort: the error being returned matters more than a failed cleanup.
@@ -96,7 +98,10 @@ fn convert(
             StreamEvent::Header(header) => {
                 let mut metadata: Metadata = header.metadata.clone();
                 metadata.set(FILE_TYPE_KEY, MetadataValue::U32(file_type));
-                metadata.set(QUANTIZATION_VERSION_KEY, MetadataValue::U32(QUANTIZATION_VERSION));
+                metadata.set(
+                    QUANTIZATION_VERSION_KEY,
+                    MetadataValue::U32(QUANTIZATION_VERSION),
+                );
                 // Tensors are written in the input's data order so that each one can be
                 // converted and written as soon as it is read.
                 let specs: Vec<TensorSpec> = header
@@ -109,7 +114,11 @@ fn convert(
                         ggml_type: output_type(t, target),
                     })
                     .collect();
-                out_types = header.tensors.iter().map(|t| output_type(t, target)).collect();
+                out_types = header
+                    .tensors
+                    .iter()
+                    .map(|t| output_type(t, target))
+                    .collect();
                 report.tensors = specs.len();
                 let file = File::create(output).map_err(io_error(output))?;
                 let w = GgufWriter::new(BufWriter::new(file), &metadata, &specs);
@@ -155,7 +164,10 @@ fn at_output(output: &Path) -> impl Fn(GgufError) -> GgufError + '_ {
 }
 
 fn convert_tensor(info: &TensorInfo, bytes: &[u8], to: GgmlType) -> Result<Vec<u8>, GgufError> {
-    let name_it = |e| GgufError::InTensor { name: info.name.clone(), source: Box::new(e) };
+    let name_it = |e| GgufError::InTensor {
+        name: info.name.clone(),
+        source: Box::new(e),
+    };
     let mut values = vec![0f32; info.n_elements() as usize];
     dequantize(info.ggml_type, bytes, &mut values).map_err(name_it)?;
     quantize(to, &values).map_err(name_it)

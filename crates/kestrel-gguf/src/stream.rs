@@ -15,7 +15,11 @@ pub enum StreamEvent<'a> {
     /// Sent once, before any tensor.
     Header(&'a GgufHeader),
     /// Tensors come in data-offset order; `index` is the position in `GgufHeader::tensors`.
-    Tensor { index: usize, info: &'a TensorInfo, bytes: &'a [u8] },
+    Tensor {
+        index: usize,
+        info: &'a TensorInfo,
+        bytes: &'a [u8],
+    },
 }
 
 pub type EventSink<'s> = dyn FnMut(StreamEvent<'_>) -> Result<(), GgufError> + 's;
@@ -23,7 +27,10 @@ pub type EventSink<'s> = dyn FnMut(StreamEvent<'_>) -> Result<(), GgufError> + '
 enum Phase {
     /// Header bytes so far; the scanner says when they are complete, so the header is
     /// parsed once, not once per chunk.
-    Header { buf: Vec<u8>, scanner: HeaderScanner },
+    Header {
+        buf: Vec<u8>,
+        scanner: HeaderScanner,
+    },
     Data(Box<DataPhase>),
     Failed,
 }
@@ -52,7 +59,13 @@ impl Default for GgufStreamReader {
 
 impl GgufStreamReader {
     pub fn new() -> Self {
-        Self { phase: Phase::Header { buf: Vec::new(), scanner: HeaderScanner::new() }, consumed: 0 }
+        Self {
+            phase: Phase::Header {
+                buf: Vec::new(),
+                scanner: HeaderScanner::new(),
+            },
+            consumed: 0,
+        }
     }
 
     /// Total bytes pushed so far.
@@ -93,7 +106,10 @@ impl GgufStreamReader {
                 self.phase = Phase::Data(data);
                 result
             }
-            Phase::Header { mut buf, mut scanner } => {
+            Phase::Header {
+                mut buf,
+                mut scanner,
+            } => {
                 buf.extend_from_slice(chunk);
                 if let Scan::Incomplete = scanner.scan(&buf) {
                     return self.keep_buffering(buf, scanner);
@@ -139,9 +155,15 @@ impl GgufStreamReader {
         match self.phase {
             Phase::Failed => Err(GgufError::StreamFailed),
             Phase::Header { buf, .. } => match parse_header(&buf) {
-                Err(GgufError::NeedMoreData { needed, available, context }) => {
-                    Err(GgufError::Truncated { context, offset: available, missing: needed - available })
-                }
+                Err(GgufError::NeedMoreData {
+                    needed,
+                    available,
+                    context,
+                }) => Err(GgufError::Truncated {
+                    context,
+                    offset: available,
+                    missing: needed - available,
+                }),
                 Err(e) => Err(e),
                 // The scanner reports completion whenever the parse can succeed, so a complete
                 // header was already parsed and sent on: this arm is unreachable.
@@ -184,6 +206,18 @@ impl DataPhase {
             let bytes = if have == 0 && take as u64 == size {
                 part
             } else {
+                if have == 0 {
+                    // Exactly the tensor's size, once, instead of doubling growth that could
+                    // approach twice a large embedding. Fallible: the size comes from the file.
+                    let no_room = || GgufError::Allocation {
+                        context: format!("data of tensor {:?}", info.name),
+                        bytes: size,
+                    };
+                    let size = usize::try_from(size).map_err(|_| no_room())?;
+                    self.pending
+                        .try_reserve_exact(size)
+                        .map_err(|_| no_room())?;
+                }
                 self.pending.extend_from_slice(part);
                 if (self.pending.len() as u64) < size {
                     return Ok(());

@@ -30,7 +30,10 @@ impl TensorInfo {
 
     /// Rows of `dims[0]` elements: the product of the other dims.
     pub fn n_rows(&self) -> u64 {
-        self.dims.iter().skip(1).fold(1u64, |acc, &d| acc.saturating_mul(d))
+        self.dims
+            .iter()
+            .skip(1)
+            .fold(1u64, |acc, &d| acc.saturating_mul(d))
     }
 
     /// Validates the shape against the type and returns the data size: the row length must be
@@ -43,7 +46,7 @@ impl TensorInfo {
         };
         let row_len = self.dims.first().copied().unwrap_or(1);
         let ty = self.ggml_type;
-        if row_len % ty.block_size() != 0 {
+        if !row_len.is_multiple_of(ty.block_size()) {
             return Err(bad(format!(
                 "row length {row_len} is not a multiple of {ty}'s block size {}",
                 ty.block_size()
@@ -63,6 +66,9 @@ impl TensorInfo {
     }
 
     fn n_rows_checked(&self) -> Option<u64> {
-        self.dims.iter().skip(1).try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        self.dims
+            .iter()
+            .skip(1)
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
     }
 }

@@ -30,7 +30,10 @@ pub struct GgufWriter<W: Write> {
 }
 
 fn write_error(source: std::io::Error) -> GgufError {
-    GgufError::Io { path: "GGUF writer output".to_string(), source }
+    GgufError::Io {
+        path: "GGUF writer output".to_string(),
+        source,
+    }
 }
 
 impl<W: Write> GgufWriter<W> {
@@ -63,7 +66,12 @@ impl<W: Write> GgufWriter<W> {
         }
         pad(&mut header, alignment);
         out.write_all(&header).map_err(write_error)?;
-        Ok(Self { out, tensors, alignment, next: 0 })
+        Ok(Self {
+            out,
+            tensors,
+            alignment,
+            next: 0,
+        })
     }
 
     /// The descriptors as they are written, offsets included.
@@ -89,7 +97,9 @@ impl<W: Write> GgufWriter<W> {
         }
         let padding = bytes.len().next_multiple_of(self.alignment as usize) - bytes.len();
         self.out.write_all(bytes).map_err(write_error)?;
-        self.out.write_all(&vec![0u8; padding]).map_err(write_error)?;
+        self.out
+            .write_all(&vec![0u8; padding])
+            .map_err(write_error)?;
         self.next += 1;
         Ok(())
     }
@@ -115,7 +125,10 @@ fn layout(specs: &[TensorSpec], alignment: u64) -> Result<Vec<TensorInfo>, GgufE
     let mut tensors = Vec::with_capacity(specs.len());
     for spec in specs {
         if !names.insert(spec.name.as_str()) {
-            return Err(GgufError::DuplicateTensor { name: spec.name.clone(), offset });
+            return Err(GgufError::DuplicateTensor {
+                name: spec.name.clone(),
+                offset,
+            });
         }
         if spec.dims.len() > MAX_DIMS as usize {
             return Err(GgufError::TooManyDims {
@@ -132,13 +145,13 @@ fn layout(specs: &[TensorSpec], alignment: u64) -> Result<Vec<TensorInfo>, GgufE
             offset,
         };
         let end = offset.checked_add(info.checked_n_bytes()?);
-        offset = end.and_then(|e| e.checked_next_multiple_of(alignment)).ok_or_else(|| {
-            GgufError::BadShape {
+        offset = end
+            .and_then(|e| e.checked_next_multiple_of(alignment))
+            .ok_or_else(|| GgufError::BadShape {
                 name: info.name.clone(),
                 dims: info.dims.clone(),
                 reason: "data section size overflows".to_string(),
-            }
-        })?;
+            })?;
         tensors.push(info);
     }
     Ok(tensors)
@@ -179,7 +192,9 @@ fn value_type(value: &MetadataValue) -> u32 {
 /// The common type of an array's elements; GGUF arrays cannot mix types. An empty array is
 /// written as an array of u8 (`MetadataValue` does not record its element type).
 fn element_type(key: &str, items: &[MetadataValue]) -> Result<u32, GgufError> {
-    let Some(first) = items.first() else { return Ok(0) };
+    let Some(first) = items.first() else {
+        return Ok(0);
+    };
     let ty = value_type(first);
     for item in items {
         if value_type(item) != ty {

@@ -38,8 +38,14 @@ impl PipelineCache {
         let mut defines = defines.clone();
         let subgroups = if self.features.subgroups { "1" } else { "0" };
         defines.entry("SUBGROUPS".into()).or_insert_with(|| subgroups.into());
-        if defines.get("SUBGROUPS").is_some_and(|v| v != "0") && !self.features.subgroups {
+        let use_subgroups = defines.get("SUBGROUPS").is_some_and(|v| v != "0");
+        if use_subgroups && !self.features.subgroups {
             return Err(GpuError::InvalidArgs(format!("{shader}: subgroups requested but the device has none")));
+        }
+        // Browsers (Tint) require `enable subgroups;` before subgroup built-ins; naga 30 rejects
+        // the directive and enables them from the device feature alone.
+        if use_subgroups && cfg!(target_arch = "wasm32") {
+            defines.insert("WGSL_ENABLE_SUBGROUPS".into(), "1".into());
         }
         let key = PipelineKey { shader: shader.to_string(), entry: entry.to_string(), defines };
         if let Some(p) = self.lock().get(&key) {

@@ -67,9 +67,11 @@ fn argmax_is_exact_with_ties() {
             let p = softmax_prob(&logits, want);
             assert!(((prob as f64) - p).abs() <= 1e-5 * p, "argmax prob over {n}: {prob} vs {p}");
         }
-        // All equal, and all equal to -inf except none: index 0.
-        let flat = vec![0.5f32; 3000];
-        assert_eq!(draw_one(&gpu, &kernel, &flat, &SamplingParams::greedy(), 0).0, 0);
+        // All equal (also all banned): the first index.
+        for value in [0.5, f32::NEG_INFINITY] {
+            let flat = vec![value; 3000];
+            assert_eq!(draw_one(&gpu, &kernel, &flat, &SamplingParams::greedy(), 0).0, 0, "all {value}");
+        }
     }
 }
 
@@ -92,13 +94,12 @@ fn seeded_sampling_is_reproducible() {
     }
 }
 
-/// Draws 300 times and checks: every token in the reference's allowed set; each draw equal to
+/// Draws `n_draws` times and checks: every token in the reference's allowed set; each draw equal to
 /// the CPU sampler's whenever u is not within rounding of a cumulative boundary; frequencies
 /// close to the reference probabilities (Pearson chi-square).
-fn check_distribution(gpu: &Gpu, kernel: &SampleKernel, logits: &[f32], params: &SamplingParams) {
-    const DRAWS: u32 = 300;
+fn check_distribution(gpu: &Gpu, kernel: &SampleKernel, logits: &[f32], params: &SamplingParams, n_draws: u32) {
     let tensor = Tensor::from_f32(gpu, "logits", &[logits.len()], logits).unwrap();
-    let seeds: Vec<u32> = (0..DRAWS).map(|s| s.wrapping_mul(2_654_435_761)).collect();
+    let seeds: Vec<u32> = (0..n_draws).map(|s| s.wrapping_mul(2_654_435_761)).collect();
     let got = draws(gpu, kernel, &tensor, params, &seeds);
     let (ids, probs) = reference::distribution(logits, params);
     let mut counts = vec![0u32; ids.len()];
@@ -116,12 +117,12 @@ fn check_distribution(gpu: &Gpu, kernel: &SampleKernel, logits: &[f32], params: 
             compared += 1;
         }
     }
-    assert!(compared > DRAWS * 9 / 10, "{params:?}: only {compared} draws far from a boundary");
+    assert!(compared > n_draws * 9 / 10, "{params:?}: only {compared} draws far from a boundary");
     // Chi-square over tokens expected >= 5 times, the rest pooled. Its mean is the degrees of
     // freedom; mean + 5 standard deviations + 10 is a loose bound a correct sampler fails with
     // negligible probability, while sampling uniformly from the set, or ignoring a filter, lands
     // far above it for these peaked distributions.
-    let expected: Vec<f64> = probs.iter().map(|&p| p as f64 * DRAWS as f64).collect();
+    let expected: Vec<f64> = probs.iter().map(|&p| p as f64 * n_draws as f64).collect();
     let (mut chi2, mut pooled_e, mut pooled_o, mut cells) = (0.0, 0.0, 0.0, 0);
     for (&e, &o) in expected.iter().zip(&counts) {
         if e >= 5.0 {
@@ -176,12 +177,14 @@ fn filters_keep_to_the_allowed_set_and_its_probabilities() {
     for gpu in devices() {
         let kernel = pollster::block_on(SampleKernel::new(&gpu)).unwrap();
         for (j, params) in configs.iter().enumerate() {
-            check_distribution(&gpu, &kernel, &peaked_logits(10 + j as u64, 1000), params);
+            check_distribution(&gpu, &kernel, &peaked_logits(10 + j as u64, 1000), params, 200);
         }
-        check_distribution(&gpu, &kernel, &peaked_logits(20, 49152), &configs[3]);
+        // The default model's vocabulary; fewer draws, as a single-workgroup search over 49152
+        // logits is slow on lavapipe.
+        check_distribution(&gpu, &kernel, &peaked_logits(20, 49152), &configs[3], 50);
         // No filter at all, over a flat distribution: the whole vocabulary is allowed.
         let flat = common::random_vec(&mut common::rng(21), 7, 0.5);
-        check_distribution(&gpu, &kernel, &flat, &SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 6 });
+        check_distribution(&gpu, &kernel, &flat, &SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 6 }, 200);
     }
 }
 
@@ -196,7 +199,7 @@ fn ties_at_the_top_k_threshold_are_all_kept() {
     assert_eq!(reference::allowed_tokens(&logits, &params), vec![3, 17, 42, 60, 80]);
     for gpu in devices() {
         let kernel = pollster::block_on(SampleKernel::new(&gpu)).unwrap();
-        check_distribution(&gpu, &kernel, &logits, &params);
+        check_distribution(&gpu, &kernel, &logits, &params, 200);
     }
 }
 

@@ -2,6 +2,7 @@
 //! them (`{arch}.embedding_length`, `{arch}.attention.head_count`, ...).
 
 use kestrel_gguf::GgufHeader;
+pub use kestrel_gpu::reference::rope::RopeMode;
 
 use crate::error::{bad_model, ModelError};
 
@@ -13,14 +14,6 @@ pub enum Arch {
     Qwen2,
 }
 
-/// How RoPE pairs the dimensions of a head (ggml's rope modes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeMode {
-    /// Adjacent pairs (2i, 2i+1): llama.
-    Normal,
-    /// Halves (i, i + d/2): qwen2 and most HF-native layouts.
-    Neox,
-}
 
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
@@ -102,7 +95,7 @@ impl ModelConfig {
             vocab,
             rope_base,
             rope_mode: match arch {
-                Arch::Llama => RopeMode::Normal,
+                Arch::Llama => RopeMode::Norm,
                 Arch::Qwen2 => RopeMode::Neox,
             },
             rms_eps,

@@ -1,1 +1,41 @@
+//! Llama-family language models on the GPU: configuration from GGUF metadata, weights
+//! streamed to the GPU as they arrive, the decode/prefill graph, the CPU reference forward
+//! pass, and generation (sampling options, stop strings, streaming text).
 
+pub mod config;
+mod error;
+mod graph;
+mod load;
+mod model;
+pub mod options;
+pub mod reference;
+pub mod stop;
+pub mod tensors;
+
+pub use config::{Arch, ModelConfig};
+pub use error::ModelError;
+pub use load::{LoadOptions, LoadPhase, LoadProgress, ModelLoader};
+pub use model::{FinishReason, Generation, Model, Prompt, StepLogprobs, TokenEvent, Timings};
+pub use options::GenerateOptions;
+pub use kestrel_tokenizer::ChatMessage;
+
+/// Native convenience: loads a GGUF file from disk, streaming it in chunks.
+#[cfg(not(target_arch = "wasm32"))]
+pub async fn load_file(
+    gpu: &kestrel_gpu::Gpu,
+    path: &std::path::Path,
+    options: LoadOptions,
+    progress: &mut dyn FnMut(&LoadProgress),
+) -> Result<Model, ModelError> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(|e| ModelError::BadModel(format!("{}: {e}", path.display())))?;
+    let mut loader = ModelLoader::new(gpu, options);
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(|e| ModelError::BadModel(format!("{}: {e}", path.display())))?;
+        let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else { break };
+        loader.push(chunk)?;
+        progress(&loader.progress());
+    }
+    loader.finish().await
+}

@@ -22,7 +22,10 @@ impl Vocabulary {
             "llama" => VocabularyModel::Llama,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
-        let pre = md.get_str("tokenizer.ggml.pre").map_err(meta_err)?.map(str::to_string);
+        let pre = md
+            .get_str("tokenizer.ggml.pre")
+            .map_err(meta_err)?
+            .map(str::to_string);
         let tokens: Vec<String> = md
             .get_string_array("tokenizer.ggml.tokens")
             .map_err(meta_err)?
@@ -31,7 +34,10 @@ impl Vocabulary {
             .map(str::to_string)
             .collect();
         let n = tokens.len();
-        let token_types = match md.get_i32_array("tokenizer.ggml.token_type").map_err(meta_err)? {
+        let token_types = match md
+            .get_i32_array("tokenizer.ggml.token_type")
+            .map_err(meta_err)?
+        {
             Some(t) => {
                 if t.len() != n {
                     return Err(TokenizerError::InvalidVocabulary(format!(
@@ -67,7 +73,9 @@ impl Vocabulary {
                 s
             }
             Some(_) => {
-                return Err(TokenizerError::Metadata("tokenizer.ggml.scores is not an array".into()))
+                return Err(TokenizerError::Metadata(
+                    "tokenizer.ggml.scores is not an array".into(),
+                ))
             }
         };
         let merges = md
@@ -76,7 +84,10 @@ impl Vocabulary {
             .map(|m| m.into_iter().map(str::to_string).collect())
             .unwrap_or_default();
         let id = |key: &str| -> Result<Option<u32>> {
-            Ok(md.get_u32(key).map_err(meta_err)?.filter(|&i| (i as usize) < n))
+            Ok(md
+                .get_u32(key)
+                .map_err(meta_err)?
+                .filter(|&i| (i as usize) < n))
         };
         Ok(Vocabulary {
             model,
@@ -90,10 +101,19 @@ impl Vocabulary {
             eom: id("tokenizer.ggml.eom_token_id")?,
             unk: id("tokenizer.ggml.unknown_token_id")?,
             pad: id("tokenizer.ggml.padding_token_id")?,
-            add_bos: md.get_bool("tokenizer.ggml.add_bos_token").map_err(meta_err)?,
-            add_eos: md.get_bool("tokenizer.ggml.add_eos_token").map_err(meta_err)?,
-            add_space_prefix: md.get_bool("tokenizer.ggml.add_space_prefix").map_err(meta_err)?,
-            chat_template: md.get_str("tokenizer.chat_template").map_err(meta_err)?.map(str::to_string),
+            add_bos: md
+                .get_bool("tokenizer.ggml.add_bos_token")
+                .map_err(meta_err)?,
+            add_eos: md
+                .get_bool("tokenizer.ggml.add_eos_token")
+                .map_err(meta_err)?,
+            add_space_prefix: md
+                .get_bool("tokenizer.ggml.add_space_prefix")
+                .map_err(meta_err)?,
+            chat_template: md
+                .get_str("tokenizer.chat_template")
+                .map_err(meta_err)?
+                .map(str::to_string),
             tokens,
         })
     }

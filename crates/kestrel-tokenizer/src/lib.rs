@@ -14,7 +14,7 @@
 
 mod chat;
 mod error;
-// mod gguf; (TEMP until kestrel-gguf lands)
+mod gguf;
 mod pre;
 mod stream;
 mod tokenizer;

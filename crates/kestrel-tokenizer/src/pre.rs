@@ -52,20 +52,63 @@ pub enum PreTokenizerKind {
 
 /// Every `tokenizer.ggml.pre` value accepted, for error messages.
 pub(crate) const SUPPORTED_PRE_NAMES: &[&str] = &[
-    "default", "gpt-2", "phi-2", "mpt", "olmo", "jais", "jina-es", "jina-de", "jina-v2-es",
-    "jina-v2-de", "jina-v1-en", "jina-v2-code", "roberta-bpe", "gigachat", "mellum", "exaone4",
-    "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-    "dbrx", "smaug-bpe", "chatglm-bpe", "glm4", "qwen2", "deepseek-r1-qwen", "stablelm2",
-    "megrez", "smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b",
-    "falcon", "deepseek-coder", "poro-chat", "bloom", "gpt3-finnish", "viking", "tekken",
-    "gpt-4o", "llama4",
+    "default",
+    "gpt-2",
+    "phi-2",
+    "mpt",
+    "olmo",
+    "jais",
+    "jina-es",
+    "jina-de",
+    "jina-v2-es",
+    "jina-v2-de",
+    "jina-v1-en",
+    "jina-v2-code",
+    "roberta-bpe",
+    "gigachat",
+    "mellum",
+    "exaone4",
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "dbrx",
+    "smaug-bpe",
+    "chatglm-bpe",
+    "glm4",
+    "qwen2",
+    "deepseek-r1-qwen",
+    "stablelm2",
+    "megrez",
+    "smollm",
+    "starcoder",
+    "refact",
+    "command-r",
+    "codeshell",
+    "exaone",
+    "minerva-7b",
+    "falcon",
+    "deepseek-coder",
+    "poro-chat",
+    "bloom",
+    "gpt3-finnish",
+    "viking",
+    "tekken",
+    "gpt-4o",
+    "llama4",
 ];
 
 impl PreTokenizerKind {
     /// Maps a `tokenizer.ggml.pre` value to its family, as llama.cpp does. `None`
     /// (key absent) means `default`, as in llama.cpp (which warns about it).
     pub fn from_gguf_name(name: Option<&str>) -> Result<Self> {
-        let Some(name) = name else { return Ok(Self::Default) };
+        let Some(name) = name else {
+            return Ok(Self::Default);
+        };
         Ok(match name {
             "" | "default" => Self::Default,
             "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "jina-es" | "jina-de" | "jina-v2-es"
@@ -95,9 +138,13 @@ impl PreTokenizerKind {
             Self::Qwen2 => &[QWEN2],
             Self::Smollm => &[r"\p{N}", GPT2],
             Self::Falcon => &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
-            Self::DeepseekCoder => {
-                &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"]
-            }
+            Self::DeepseekCoder => &[
+                r"[\r\n]",
+                r"\s?\p{L}+",
+                r"\s?\p{P}+",
+                r"[一-龥ࠀ-一가-퟿]+",
+                r"\p{N}",
+            ],
             Self::Poro => &[PORO],
             Self::Viking => &[PORO, r"\p{N}"],
             Self::Tekken => &[TEKKEN],

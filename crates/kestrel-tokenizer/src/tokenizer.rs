@@ -1,5 +1,11 @@
 //! [`Tokenizer`]: llama.cpp-compatible encoding on top of the `tokenizers` crate.
 
+use std::sync::OnceLock;
+
+use tokenizers::decoders::{
+    byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence as DecoderSequence, strip::Strip,
+    DecoderWrapper,
+};
 use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::normalizers::{
     prepend::Prepend, replace::Replace, utils::Sequence as NormalizerSequence, NormalizerWrapper,
@@ -45,7 +51,13 @@ const EOT_TEXTS: &[&str] = &[
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
 /// FIM pad / repo / file-separator tokens: llama.cpp adds these to the EOG set.
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"];
-const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
+const FIM_REP_TEXTS: &[&str] = &[
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 
 /// How the text of a token is turned back into bytes.
@@ -101,7 +113,6 @@ fn build_err(e: impl std::fmt::Display) -> TokenizerError {
 
 impl Tokenizer {
     /// Builds the tokenizer from a GGUF file's metadata (`tokenizer.ggml.*`).
-    #[cfg(any())]
     pub fn from_gguf(md: &kestrel_gguf::Metadata) -> Result<Self> {
         Self::from_vocabulary(&Vocabulary::from_metadata(md)?)
     }
@@ -110,10 +121,14 @@ impl Tokenizer {
     pub fn from_vocabulary(v: &Vocabulary) -> Result<Self> {
         let n = v.tokens.len();
         if n == 0 {
-            return Err(TokenizerError::InvalidVocabulary("the vocabulary has no tokens".into()));
+            return Err(TokenizerError::InvalidVocabulary(
+                "the vocabulary has no tokens".into(),
+            ));
         }
         if u32::try_from(n).is_err() {
-            return Err(TokenizerError::InvalidVocabulary(format!("{n} tokens is too many")));
+            return Err(TokenizerError::InvalidVocabulary(format!(
+                "{n} tokens is too many"
+            )));
         }
         if !v.token_types.is_empty() && v.token_types.len() != n {
             return Err(TokenizerError::InvalidVocabulary(format!(
@@ -151,6 +166,8 @@ impl Tokenizer {
                 steps.push(ByteLevel::new(false, false, false).into());
                 let mut hf = tokenizers::Tokenizer::new(bpe);
                 hf.with_pre_tokenizer(Some(PreSequence::new(steps)));
+                // Not used by this crate's decoding; makes `to_json` a complete tokenizer.json.
+                hf.with_decoder(Some(ByteLevel::default()));
                 (hf, PieceStyle::ByteLevel, pre.default_add_bos(), false)
             }
             VocabularyModel::Llama => {
@@ -162,8 +179,9 @@ impl Tokenizer {
                     )));
                 }
                 let merges = spm_merges(&v.tokens, &v.scores, &by_text);
-                let mut builder =
-                    BPE::builder().vocab_and_merges(by_text.clone(), merges).byte_fallback(true);
+                let mut builder = BPE::builder()
+                    .vocab_and_merges(by_text.clone(), merges)
+                    .byte_fallback(true);
                 if let Some(unk) = v.unk.and_then(|u| v.tokens.get(u as usize)) {
                     builder = builder.unk_token(unk.clone()).fuse_unk(true);
                 }
@@ -179,6 +197,16 @@ impl Tokenizer {
                 norms.push(Replace::new(" ", "▁").map_err(build_err)?.into());
                 let mut hf = tokenizers::Tokenizer::new(bpe);
                 hf.with_normalizer(Some(NormalizerSequence::new(norms)));
+                // Hugging Face's Llama decoder (for `to_json`; decoding here does not use it).
+                let mut dec: Vec<DecoderWrapper> = vec![
+                    DecoderWrapper::Replace(Replace::new("▁", " ").map_err(build_err)?),
+                    DecoderWrapper::ByteFallback(ByteFallback::new()),
+                    DecoderWrapper::Fuse(Fuse::new()),
+                ];
+                if add_space_prefix {
+                    dec.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+                }
+                hf.with_decoder(Some(DecoderSequence::new(dec)));
                 (hf, PieceStyle::SentencePiece, true, add_space_prefix)
             }
         };
@@ -243,7 +271,10 @@ impl Tokenizer {
             serde_json::from_slice(bytes).map_err(|e| TokenizerError::Json(e.to_string()))?;
         let hf = tokenizers::Tokenizer::from_bytes(bytes)
             .map_err(|e| TokenizerError::Json(e.to_string()))?;
-        let decoder = json.get("decoder").cloned().unwrap_or(serde_json::Value::Null);
+        let decoder = json
+            .get("decoder")
+            .cloned()
+            .unwrap_or(serde_json::Value::Null);
         let decoder_types = collect_types(&decoder);
         let byte_fallback = json
             .pointer("/model/byte_fallback")
@@ -252,13 +283,17 @@ impl Tokenizer {
         let style = if decoder_types.iter().any(|t| t == "ByteLevel") {
             Some(PieceStyle::ByteLevel)
         } else if byte_fallback
-            || decoder_types.iter().any(|t| t == "ByteFallback" || t == "Metaspace")
+            || decoder_types
+                .iter()
+                .any(|t| t == "ByteFallback" || t == "Metaspace")
         {
             Some(PieceStyle::SentencePiece)
         } else {
             None
         };
-        let strip_first_space = decoder_types.iter().any(|t| t == "Strip" || t == "Metaspace")
+        let strip_first_space = decoder_types
+            .iter()
+            .any(|t| t == "Strip" || t == "Metaspace")
             && style == Some(PieceStyle::SentencePiece);
 
         let vocab = hf.get_vocab(true);
@@ -316,10 +351,20 @@ impl Tokenizer {
         let find = |texts: &[&str]| texts.iter().find_map(|t| vocab.get(*t).copied());
         let bos = bos.or_else(|| find(&["<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"]));
         let eos = eos.or_else(|| {
-            find(&["<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>"])
+            find(&[
+                "<|end_of_text|>",
+                "</s>",
+                "<eos>",
+                "<|endoftext|>",
+                "<|im_end|>",
+                "<|eot_id|>",
+            ])
         });
         let eot = find(EOT_TEXTS);
-        let mut eog: Vec<u32> = EOG_TEXTS.iter().filter_map(|t| vocab.get(*t).copied()).collect();
+        let mut eog: Vec<u32> = EOG_TEXTS
+            .iter()
+            .filter_map(|t| vocab.get(*t).copied())
+            .collect();
         for id in [eos, eot, find(EOM_TEXTS)].into_iter().flatten() {
             if !eog.contains(&id) {
                 eog.push(id);
@@ -339,6 +384,15 @@ impl Tokenizer {
             strip_first_space,
             chat_template: None,
         })
+    }
+
+    /// The equivalent Hugging Face `tokenizer.json` (for a GGUF-built tokenizer: the
+    /// vocabulary, merges, pre-tokenizer, special tokens and decoder; BOS/EOS
+    /// insertion is not part of it).
+    pub fn to_json(&self) -> Result<String> {
+        self.hf
+            .to_string(false)
+            .map_err(|e| TokenizerError::Json(e.to_string()))
     }
 
     /// Replaces the chat template (e.g. for a tokenizer.json, which has none).
@@ -371,7 +425,10 @@ impl Tokenizer {
     pub fn token_bytes(&self, id: u32) -> Result<&[u8]> {
         match self.pieces.get(id as usize) {
             Some(Some(b)) => Ok(b),
-            _ => Err(TokenizerError::IdOutOfRange { id, vocab_size: self.pieces.len() }),
+            _ => Err(TokenizerError::IdOutOfRange {
+                id,
+                vocab_size: self.pieces.len(),
+            }),
         }
     }
 
@@ -499,7 +556,11 @@ fn spm_merges(tokens: &[String], scores: &[f32], by_text: &Vocab) -> Merges {
             continue; // a duplicate text: the first id owns it
         }
         let score = scores.get(id).copied().unwrap_or(0.0);
-        let score = if score.is_nan() { f32::NEG_INFINITY } else { score };
+        let score = if score.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            score
+        };
         for (pos, _) in t.char_indices().skip(1) {
             let (a, b) = t.split_at(pos);
             if by_text.contains_key(a) && by_text.contains_key(b) {
@@ -507,25 +568,36 @@ fn spm_merges(tokens: &[String], scores: &[f32], by_text: &Vocab) -> Merges {
             }
         }
     }
-    cands.sort_by(|x, y| {
-        y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2))
-    });
-    cands.into_iter().map(|(_, _, _, a, b)| (a.to_string(), b.to_string())).collect()
+    cands.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+    cands
+        .into_iter()
+        .map(|(_, _, _, a, b)| (a.to_string(), b.to_string()))
+        .collect()
 }
 
-/// GPT-2's byte <-> printable character table, inverted: char -> byte.
+/// GPT-2's byte <-> printable character table, inverted: char -> byte. Bytes that
+/// are printable map to the same code point; the other 68 map, in increasing order,
+/// to U+0100, U+0101, ...
 fn byte_level_char_to_byte(c: char) -> Option<u8> {
+    static TABLE: OnceLock<[u8; 68]> = OnceLock::new();
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let cp = c as u32;
-    let direct = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    if cp < 256 && direct(cp) {
-        return Some(cp as u8);
+    if cp < 256 {
+        return if printable(cp) { Some(cp as u8) } else { None };
     }
-    if (256..256 + 68).contains(&cp) {
-        // The bytes that are not printable, in increasing order, mapped to 256, 257, ...
-        let k = cp - 256;
-        return (0u32..256).filter(|&b| !direct(b)).nth(k as usize).map(|b| b as u8);
-    }
-    None
+    let table = TABLE.get_or_init(|| {
+        let mut t = [0u8; 68];
+        let mut k = 0;
+        for b in 0u32..256 {
+            if !printable(b) && k < t.len() {
+                t[k] = b as u8;
+                k += 1;
+            }
+        }
+        t
+    });
+    table.get((cp - 256) as usize).copied()
 }
 
 fn is_byte_token(text: &str) -> bool {
@@ -542,7 +614,9 @@ fn parse_byte_token(text: &str) -> Option<u8> {
 /// What llama.cpp's `token_to_piece(special = true)` produces for a token.
 fn token_piece(style: PieceStyle, ty: TokenType, text: &str) -> Vec<u8> {
     match ty {
-        TokenType::Control | TokenType::UserDefined | TokenType::Unknown => text.as_bytes().to_vec(),
+        TokenType::Control | TokenType::UserDefined | TokenType::Unknown => {
+            text.as_bytes().to_vec()
+        }
         TokenType::Normal => match style {
             PieceStyle::ByteLevel => {
                 let mut out = Vec::with_capacity(text.len());
@@ -560,7 +634,9 @@ fn token_piece(style: PieceStyle, ty: TokenType, text: &str) -> Vec<u8> {
             PieceStyle::SentencePiece => text.replace('▁', " ").into_bytes(),
         },
         TokenType::Byte => match style {
-            PieceStyle::SentencePiece => parse_byte_token(text).map(|b| vec![b]).unwrap_or_default(),
+            PieceStyle::SentencePiece => {
+                parse_byte_token(text).map(|b| vec![b]).unwrap_or_default()
+            }
             PieceStyle::ByteLevel => Vec::new(),
         },
         TokenType::Unused | TokenType::Undefined => Vec::new(),
@@ -603,10 +679,4 @@ fn find_template_single(json: &serde_json::Value) -> Option<Vec<serde_json::Valu
         }
     }
     walk(json.get("post_processor")?)
-}
-
-#[allow(dead_code)]
-fn _assert_send_sync() {
-    fn is<T: Send + Sync>() {}
-    is::<Tokenizer>();
 }

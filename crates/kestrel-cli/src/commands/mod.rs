@@ -1,4 +1,7 @@
+pub mod chat;
+pub mod generate;
 pub mod inspect;
+mod load;
 pub mod quantize;
 pub mod tokenize;
 

@@ -17,6 +17,15 @@ pub fn run(input: &Path, output: &Path, ty: &str) -> CliResult {
         eprint!("\rquantizing: {done}/{total} tensors");
     })?;
     eprintln!();
-    println!("wrote {}: {report}", output.display());
+    println!(
+        "wrote {}: {} tensors ({} converted, {} kept, {} fell back to f16), {:.1} MiB -> {:.1} MiB",
+        output.display(),
+        report.tensors,
+        report.converted,
+        report.copied,
+        report.fallback_f16,
+        report.input_bytes as f64 / 1048576.0,
+        report.output_bytes as f64 / 1048576.0
+    );
     Ok(())
 }

@@ -24,23 +24,29 @@ pub struct GpuPacked {
 
 /// Types the GPU kernels can read directly.
 pub fn is_gpu_supported(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1)
+    matches!(
+        ty,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1
+    )
 }
 
 /// Section sizes in words for a `rows` x `cols` tensor: (quant words, scale words).
 fn layout(ty: GgmlType, rows: u64, cols: u64) -> Result<(u64, u64), GgufError> {
     if !is_gpu_supported(ty) {
-        return Err(GgufError::UnsupportedType { ty, operation: "GPU packing" });
+        return Err(GgufError::UnsupportedType {
+            ty,
+            operation: "GPU packing",
+        });
     }
     let bad_shape = |reason: &str| GgufError::SizeMismatch {
         what: format!("GPU packing of a {rows}x{cols} {ty} tensor: {reason}"),
         expected: cols.next_multiple_of(ty.block_size().max(2)),
         found: cols,
     };
-    if cols % ty.block_size() != 0 {
+    if !cols.is_multiple_of(ty.block_size()) {
         return Err(bad_shape("row length must be a whole number of blocks"));
     }
-    if ty == GgmlType::F16 && cols % 2 != 0 {
+    if ty == GgmlType::F16 && !cols.is_multiple_of(2) {
         return Err(bad_shape("row length must be even"));
     }
     let too_big = || GgufError::SizeMismatch {
@@ -65,7 +71,11 @@ fn layout(ty: GgmlType, rows: u64, cols: u64) -> Result<(u64, u64), GgufError> {
 
 fn check_len(what: &str, expected: u64, found: usize) -> Result<(), GgufError> {
     if expected != found as u64 {
-        return Err(GgufError::SizeMismatch { what: what.to_string(), expected, found: found as u64 });
+        return Err(GgufError::SizeMismatch {
+            what: what.to_string(),
+            expected,
+            found: found as u64,
+        });
     }
     Ok(())
 }
@@ -80,10 +90,22 @@ fn pair(lo: [u8; 2], hi: [u8; 2]) -> u32 {
 }
 
 /// Repacks a `rows` x `cols` tensor (GGUF bytes, row-major) into the GPU layout.
-pub fn pack_for_gpu(ty: GgmlType, bytes: &[u8], rows: u64, cols: u64) -> Result<GpuPacked, GgufError> {
+pub fn pack_for_gpu(
+    ty: GgmlType,
+    bytes: &[u8],
+    rows: u64,
+    cols: u64,
+) -> Result<GpuPacked, GgufError> {
     let (quant_words, scale_words) = layout(ty, rows, cols)?;
-    let expected_bytes = ty.row_bytes(cols).and_then(|r| r.checked_mul(rows)).unwrap_or(u64::MAX);
-    check_len(&format!("{ty} tensor data for {rows}x{cols} (bytes)"), expected_bytes, bytes.len())?;
+    let expected_bytes = ty
+        .row_bytes(cols)
+        .and_then(|r| r.checked_mul(rows))
+        .unwrap_or(u64::MAX);
+    check_len(
+        &format!("{ty} tensor data for {rows}x{cols} (bytes)"),
+        expected_bytes,
+        bytes.len(),
+    )?;
     let mut words = Vec::with_capacity((quant_words + scale_words) as usize);
     let mut scales = Vec::with_capacity(scale_words as usize);
     match ty {
@@ -113,7 +135,10 @@ pub fn pack_for_gpu(ty: GgmlType, bytes: &[u8], rows: u64, cols: u64) -> Result<
     }
     let scale_offset = words.len() as u32;
     words.extend(scales);
-    Ok(GpuPacked { words, scale_offset })
+    Ok(GpuPacked {
+        words,
+        scale_offset,
+    })
 }
 
 /// One f16 per block, two per word; an odd count leaves the last high half zero.
@@ -126,14 +151,23 @@ fn pack_scale_pairs(ds: &[[u8; 2]], out: &mut Vec<u32>) {
 }
 
 /// Inverse of `pack_for_gpu`: the GGUF bytes of the tensor.
-pub fn unpack_from_gpu(ty: GgmlType, packed: &GpuPacked, rows: u64, cols: u64) -> Result<Vec<u8>, GgufError> {
+pub fn unpack_from_gpu(
+    ty: GgmlType,
+    packed: &GpuPacked,
+    rows: u64,
+    cols: u64,
+) -> Result<Vec<u8>, GgufError> {
     let (quant_words, scale_words) = layout(ty, rows, cols)?;
     check_len(
         &format!("packed {ty} tensor {rows}x{cols} (words)"),
         quant_words + scale_words,
         packed.words.len(),
     )?;
-    check_len("packed scale offset", quant_words, packed.scale_offset as usize)?;
+    check_len(
+        "packed scale offset",
+        quant_words,
+        packed.scale_offset as usize,
+    )?;
     let (quants, scales) = packed.words.split_at(quant_words as usize);
     let bytes_of = |w: &u32| w.to_le_bytes();
     let halves = |w: u32| [(w as u16).to_le_bytes(), ((w >> 16) as u16).to_le_bytes()];

@@ -33,7 +33,12 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Ggu
         GgmlType::Q8_0 => dequantize_blocks(bytes, out, q8_0::dequantize_block),
         GgmlType::Q4_0 => dequantize_blocks(bytes, out, q4_0::dequantize_block),
         GgmlType::Q4_1 => dequantize_blocks(bytes, out, q4_1::dequantize_block),
-        _ => return Err(GgufError::UnsupportedType { ty, operation: "dequantization" }),
+        _ => {
+            return Err(GgufError::UnsupportedType {
+                ty,
+                operation: "dequantization",
+            })
+        }
     }
     Ok(())
 }
@@ -49,7 +54,12 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
         GgmlType::Q8_0 => quantize_blocks(values, &mut out, q8_0::quantize_block),
         GgmlType::Q4_0 => quantize_blocks(values, &mut out, q4_0::quantize_block),
         GgmlType::Q4_1 => quantize_blocks(values, &mut out, q4_1::quantize_block),
-        _ => return Err(GgufError::UnsupportedType { ty, operation: "quantization" }),
+        _ => {
+            return Err(GgufError::UnsupportedType {
+                ty,
+                operation: "quantization",
+            })
+        }
     }
     Ok(out)
 }
@@ -57,7 +67,10 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
 /// Byte size of `n` elements of `ty`, or an error if `n` is not a whole number of blocks.
 fn data_len(ty: GgmlType, n: u64, operation: &'static str) -> Result<u64, GgufError> {
     ty.row_bytes(n).ok_or_else(|| GgufError::SizeMismatch {
-        what: format!("{operation} as {ty}: element count must be a multiple of {}", ty.block_size()),
+        what: format!(
+            "{operation} as {ty}: element count must be a multiple of {}",
+            ty.block_size()
+        ),
         expected: n.next_multiple_of(ty.block_size()),
         found: n,
     })
@@ -74,7 +87,9 @@ fn dequantize_blocks<const N: usize>(
     out: &mut [f32],
     block: fn(&[u8; N], &mut [f32; QK]),
 ) {
-    let outs = out.chunks_exact_mut(QK).filter_map(|c| <&mut [f32; QK]>::try_from(c).ok());
+    let outs = out
+        .chunks_exact_mut(QK)
+        .filter_map(|c| <&mut [f32; QK]>::try_from(c).ok());
     for (src, dst) in blocks::<N>(bytes).zip(outs) {
         block(src, dst);
     }
@@ -85,7 +100,10 @@ fn quantize_blocks<const N: usize>(
     out: &mut Vec<u8>,
     block: fn(&[f32; QK]) -> [u8; N],
 ) {
-    for src in values.chunks_exact(QK).filter_map(|c| <&[f32; QK]>::try_from(c).ok()) {
+    for src in values
+        .chunks_exact(QK)
+        .filter_map(|c| <&[f32; QK]>::try_from(c).ok())
+    {
         out.extend_from_slice(&block(src));
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytemuck::{Pod, Zeroable};
 
 pub use crate::reference::attention::AttentionShape;
-use crate::{Defines, Dispatch, DType, Gpu, GpuError, Recorder, StepUniform, Tensor};
+use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor};
 
 /// KV positions per decode workgroup (`CHUNK` in the shader).
 const DECODE_CHUNK: u32 = 256;
@@ -41,7 +41,7 @@ impl KvCache {
     /// A zeroed cache; fails if a buffer would exceed the device's binding limit.
     pub fn new(gpu: &Gpu, label: &str, shape: AttentionShape) -> Result<Self, GpuError> {
         let AttentionShape { n_heads, n_kv_heads, head_dim, max_ctx } = shape;
-        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 || head_dim == 0 || max_ctx == 0 {
+        if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) || head_dim == 0 || max_ctx == 0 {
             return Err(GpuError::InvalidArgs(format!("kv cache {label}: invalid shape {shape:?}")));
         }
         let dims = [n_kv_heads, max_ctx, head_dim];

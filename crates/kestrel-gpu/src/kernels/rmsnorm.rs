@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::{grid, Defines, Dispatch, DType, Gpu, GpuError, Recorder, StepUniform, Tensor};
+use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor};
 
 /// Mirrors `Params` in `shaders/rmsnorm.wgsl`.
 #[repr(C)]

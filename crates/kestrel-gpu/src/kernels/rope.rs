@@ -8,7 +8,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::attention::KvCache;
 use crate::reference::rope::{RopeConfig, RopeMode};
-use crate::{grid, Defines, Dispatch, DType, Gpu, GpuError, Recorder, StepUniform, Tensor};
+use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor};
 
 const WORKGROUP: u32 = 256;
 
@@ -56,7 +56,7 @@ impl RopeKernel {
         let shape = cache.shape;
         let invalid = |why: String| Err(GpuError::InvalidArgs(format!("rope: {why}")));
         let hd = shape.head_dim;
-        if hd == 0 || hd % 2 != 0 {
+        if hd == 0 || !hd.is_multiple_of(2) {
             return invalid(format!("head_dim {hd} must be even"));
         }
         if qkv.dtype != DType::F32 || q_out.dtype != DType::F32 {
@@ -117,14 +117,15 @@ impl RopeDispatch {
 /// words: the shader multiplies it by the integer position, which wraps exactly modulo a turn.
 fn turns_per_position(config: &RopeConfig, head_dim: usize) -> Result<Vec<[u32; 2]>, GpuError> {
     let invalid = |why: String| Err(GpuError::InvalidArgs(format!("rope: {why}")));
-    if !(config.base.is_finite() && config.base > 0.0) || !(config.freq_scale.is_finite() && config.freq_scale > 0.0) {
+    let positive = |v: f32| v.is_finite() && v > 0.0;
+    if !positive(config.base) || !positive(config.freq_scale) {
         return invalid(format!("base {} and freq_scale {} must be finite and > 0", config.base, config.freq_scale));
     }
     if let Some(factors) = &config.freq_factors {
         if factors.len() != head_dim / 2 {
             return invalid(format!("{} freq factors, head_dim {head_dim} needs {}", factors.len(), head_dim / 2));
         }
-        if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+        if let Some(bad) = factors.iter().find(|&&f| !positive(f)) {
             return invalid(format!("freq factor {bad} must be finite and > 0"));
         }
     }

@@ -6,7 +6,7 @@
 /// Panics if `x.len()` is not a multiple of `weight.len()` (a shape bug of the caller).
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
     let n = weight.len();
-    assert!(n > 0 && x.len() % n == 0, "rmsnorm: {} values are not rows of {n}", x.len());
+    assert!(n > 0 && x.len().is_multiple_of(n), "rmsnorm: {} values are not rows of {n}", x.len());
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks_exact(n) {
         let sum_sq: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();

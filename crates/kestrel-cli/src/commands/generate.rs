@@ -1,0 +1,175 @@
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use kestrel_model::{ChatMessage, GenerateOptions, Generation, Model, Prompt};
+use serde_json::json;
+
+use super::load::load;
+use super::CliResult;
+
+#[derive(Args)]
+pub struct SamplingArgs {
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: u32,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when the text contains this (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Do not stop at the model's end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// KV cache length (default: the model's context, at most 4096).
+    #[arg(long)]
+    pub context: Option<usize>,
+}
+
+impl SamplingArgs {
+    pub fn options(&self) -> GenerateOptions {
+        GenerateOptions {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            ..GenerateOptions::default()
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// The prompt; sent as a user message through the model's chat template unless --raw.
+    pub prompt: Option<String>,
+    #[arg(long, short)]
+    pub model: Option<PathBuf>,
+    /// Feed the prompt as plain text, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// OpenAI-style messages (a JSON array of {role, content}) rendered with the chat template.
+    #[arg(long, conflicts_with = "prompt")]
+    pub messages: Option<PathBuf>,
+    /// Print one JSON object (ids, text, finish reason, timings) instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// With --json: the top-N log-probabilities of each generated step.
+    #[arg(long, default_value_t = 0)]
+    pub logprobs: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+pub fn run(args: GenerateArgs) -> CliResult {
+    let messages: Option<Vec<ChatMessage>> = match &args.messages {
+        Some(path) => Some(serde_json::from_slice(&std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?)?),
+        None => None,
+    };
+    let text = args.prompt.clone().unwrap_or_default();
+    if messages.is_none() && text.is_empty() {
+        return Err("give a prompt or --messages FILE".into());
+    }
+    let mut loaded = load(&crate::model_path::resolve(args.model.clone()), args.sampling.context, args.json)?;
+    let user = [ChatMessage::new("user", text.as_str())];
+    let prompt = match (&messages, args.raw) {
+        (Some(m), _) => Prompt::Chat(m),
+        (None, true) => Prompt::Text(&text),
+        (None, false) => Prompt::Chat(&user),
+    };
+    let ids = loaded.model.encode(&prompt)?;
+    let mut options = args.sampling.options();
+    options.logprobs = args.logprobs;
+    let stream = !args.json;
+    let generation = generate(&mut loaded.model, &ids, &options, stream)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&loaded.model, &generation, loaded.load_ms))?);
+    } else {
+        println!();
+        print_stats(&generation, loaded.load_ms);
+    }
+    Ok(())
+}
+
+/// Runs one generation, streaming text to stdout when `stream`.
+pub fn generate(model: &mut Model, ids: &[u32], options: &GenerateOptions, stream: bool) -> Result<Generation, Box<dyn std::error::Error>> {
+    let mut stdout = std::io::stdout();
+    let generation = pollster::block_on(model.generate(ids, options, &mut |event| {
+        if stream {
+            let _ = write!(stdout, "{}", event.text);
+            let _ = stdout.flush();
+        }
+        true
+    }))
+    .map_err(|e| format!("{e} [{}]", e.code()))?;
+    Ok(generation)
+}
+
+pub fn print_stats(g: &Generation, load_ms: f64) {
+    let t = &g.timings;
+    eprintln!(
+        "load {:.0} ms | TTFT {:.0} ms | prefill {} tok at {:.1} tok/s ({} reused) | decode {} tok at {:.1} tok/s | finish: {}",
+        load_ms,
+        t.ttft_ms,
+        t.prefill_tokens,
+        t.prefill_tok_s,
+        t.reused_tokens,
+        t.decode_tokens,
+        t.decode_tok_s,
+        g.finish_reason.as_str()
+    );
+}
+
+fn to_json(model: &Model, g: &Generation, load_ms: f64) -> serde_json::Value {
+    let tok = model.tokenizer();
+    let entry = |id: u32, logprob: f32| {
+        let piece = tok.piece(id).unwrap_or_default();
+        json!({ "token": piece, "token_id": id, "logprob": logprob, "bytes": piece.as_bytes() })
+    };
+    let logprobs = (!g.logprobs.is_empty()).then(|| {
+        json!({ "content": g.logprobs.iter().map(|s| {
+            let mut e = entry(s.token, s.logprob);
+            e["top_logprobs"] = s.top.iter().map(|&(id, lp)| entry(id, lp)).collect();
+            e
+        }).collect::<Vec<_>>() })
+    });
+    let t = &g.timings;
+    json!({
+        "prompt_token_ids": g.prompt_tokens,
+        "token_ids": g.tokens,
+        "text": g.text,
+        "finish_reason": g.finish_reason.as_str(),
+        "logprobs": logprobs,
+        "timings": {
+            "load_ms": load_ms,
+            "ttft_ms": t.ttft_ms,
+            "prefill_tokens": t.prefill_tokens,
+            "reused_tokens": t.reused_tokens,
+            "prefill_tok_s": t.prefill_tok_s,
+            "decode_tokens": t.decode_tokens,
+            "decode_tok_s": t.decode_tok_s,
+        },
+        "usage": { "prompt_tokens": g.prompt_tokens.len(), "completion_tokens": g.tokens.len() },
+    })
+}

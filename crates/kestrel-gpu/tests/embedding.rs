@@ -1,0 +1,74 @@
+//! Embedding gather against the CPU reference on the same quantized table. Dequantization is exact
+//! on both sides (a 4- or 8-bit integer times an f16 scale fits in f32, Q4_1's `+ m` rounds once
+//! either way, f16 -> f32 is exact), so the rows must match bit for bit.
+
+mod common;
+
+use kestrel_gguf::{quant, GgmlType};
+use kestrel_gpu::kernels::embedding::EmbeddingKernel;
+use kestrel_gpu::reference::embedding::embedding;
+use kestrel_gpu::reference::matmul::dequantize_weights;
+use kestrel_gpu::{DType, GpuError, Recorder, StepParams, StepUniform, Tensor, WeightTensor};
+
+const SENTINEL: f32 = 1234.5;
+
+#[test]
+fn gathers_rows_of_every_type() {
+    let mut rng = common::rng(1);
+    let cases = [
+        (GgmlType::F32, 37, 96),
+        (GgmlType::F32, 5, 13),
+        (GgmlType::F16, 37, 96),
+        (GgmlType::F16, 5, 14),
+        (GgmlType::Q8_0, 37, 96),
+        (GgmlType::Q4_0, 37, 576),
+        (GgmlType::Q4_1, 1000, 576),
+    ];
+    for (device, gpu) in [("default", common::gpu()), ("no subgroups", common::gpu_without_subgroups())] {
+        let step = StepUniform::new(&gpu);
+        for (ty, vocab, hidden) in cases {
+            let bytes = quant::quantize(ty, &common::random_vec(&mut rng, vocab * hidden, 1.0)).unwrap();
+            let table = dequantize_weights(ty, &bytes, vocab, hidden).unwrap();
+            let weights = WeightTensor::from_gguf_bytes(&gpu, "table", ty, vocab, hidden, &bytes).unwrap();
+            let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, ty)).unwrap();
+            // The first and last ids, a repeat, ids past the vocabulary (zeros), and two slots
+            // past this step's n_tokens whose output must stay untouched.
+            let ids = [0, vocab as u32 - 1, 3, 3, vocab as u32, u32::MAX, 1, 0, 0];
+            let n_tokens = ids.len() - 2;
+            let ids_t = Tensor::from_u32(&gpu, "ids", &[ids.len()], &ids).unwrap();
+            let out = Tensor::from_f32(&gpu, "out", &[ids.len(), hidden], &vec![SENTINEL; ids.len() * hidden]).unwrap();
+            let dispatch = kernel.bind(&gpu, &weights, &ids_t, &out, &step, ids.len() as u32).unwrap();
+            step.write(&gpu, &StepParams::new(n_tokens as u32, 0, 0));
+            let mut rec = Recorder::new(&gpu);
+            dispatch.record(&mut rec, n_tokens as u32);
+            rec.submit();
+            let got = pollster::block_on(out.read_f32(&gpu)).unwrap();
+            let what = format!("embedding {ty} {vocab}x{hidden} ({device})");
+            let want = embedding(&table, vocab, hidden, &ids[..n_tokens]);
+            assert!(got[..n_tokens * hidden] == want[..], "{what}: rows differ");
+            assert!(got[n_tokens * hidden..].iter().all(|&v| v == SENTINEL), "{what}: wrote past n_tokens");
+        }
+    }
+}
+
+#[test]
+fn bind_rejects_mismatched_shapes() {
+    let gpu = common::gpu();
+    let mut rng = common::rng(2);
+    let (vocab, hidden) = (10, 64);
+    let bytes = quant::quantize(GgmlType::Q8_0, &common::random_vec(&mut rng, vocab * hidden, 1.0)).unwrap();
+    let table = WeightTensor::from_gguf_bytes(&gpu, "table", GgmlType::Q8_0, vocab, hidden, &bytes).unwrap();
+    let step = StepUniform::new(&gpu);
+    let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, GgmlType::Q8_0)).unwrap();
+    let ids = Tensor::zeros(&gpu, "ids", &[4], DType::U32).unwrap();
+    let out = Tensor::zeros(&gpu, "out", &[4, hidden], DType::F32).unwrap();
+    let ids_f32 = Tensor::zeros(&gpu, "ids", &[4], DType::F32).unwrap();
+    assert!(kernel.bind(&gpu, &table, &ids, &out, &step, 4).is_ok());
+    for (what, result) in [
+        ("max_tokens past the buffers", kernel.bind(&gpu, &table, &ids, &out, &step, 5)),
+        ("f32 ids", kernel.bind(&gpu, &table, &ids_f32, &out, &step, 4)),
+        ("max_tokens 0", kernel.bind(&gpu, &table, &ids, &out, &step, 0)),
+    ] {
+        assert!(matches!(result, Err(GpuError::InvalidArgs(_))), "{what}: expected InvalidArgs");
+    }
+}

@@ -1,0 +1,358 @@
+//! Matvec (decode) and tiled matmul (prefill) kernels, with their epilogues, against the CPU
+//! reference computed from the same quantized bytes.
+//!
+//! Tolerance: dequantization is exact on both sides (a 4- or 8-bit integer times an f16 scale
+//! fits in f32; Q4_1's `+ m` rounds once either way), so GPU and reference differ only in the
+//! order of the f32 summation. That error is bounded by a multiple of ε·Σ_k|x_k·w_k|
+//! (ε = 2^-24 ≈ 6e-8), the honest scale for a dot product whose terms cancel. We allow
+//! |gpu - ref| <= 2e-6·Σ_k|x_k·w_k| + 1e-6 (≈ 33ε): the largest error seen over all shapes here
+//! (K up to 8192) is ≈ 2.4e-7·Σ|x_k·w_k|, 8x below, while any decoding bug (a wrong scale,
+//! nibble, sign or column) moves results by a sizeable fraction of Σ|x_k·w_k|.
+
+mod common;
+
+use kestrel_gguf::{quant, GgmlType};
+use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
+use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, SwigluMatvecKernel};
+use kestrel_gpu::reference::matmul::{dequantize_weights, matmul, silu, swiglu};
+use kestrel_gpu::{Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor, WeightTensor};
+use rand::rngs::StdRng;
+
+const TYPES: [GgmlType; 5] = [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1];
+
+/// Relative tolerance against Σ|x_k·w_k| (see the module comment).
+const REL: f32 = 2e-6;
+const ABS: f32 = 1e-6;
+
+/// Value of the output elements a kernel must not touch.
+const SENTINEL: f32 = 1234.5;
+
+/// (N, K) for every type; the dense types also get row lengths that are not whole units of 8.
+const SHAPES: [(usize, usize); 8] =
+    [(1, 32), (7, 96), (33, 544), (576, 576), (1536, 576), (576, 1536), (3, 8192), (100, 8192)];
+const DENSE_SHAPES: [(usize, usize); 3] = [(3, 2), (5, 38), (9, 70)];
+
+/// (N, K, M) for the matmul: every tile edge case, M up to 512.
+const MATMUL_SHAPES: [(usize, usize, usize); 9] = [
+    (1, 32, 1),
+    (7, 96, 3),
+    (33, 544, 17),
+    (576, 576, 130),
+    (1536, 576, 64),
+    (576, 1536, 17),
+    (3, 8192, 3),
+    (100, 8192, 17),
+    (33, 96, 512),
+];
+const DENSE_MATMUL_SHAPES: [(usize, usize, usize); 2] = [(5, 38, 33), (70, 70, 3)];
+
+/// A quantized weight matrix and its exact f32 values.
+struct Weights {
+    ty: GgmlType,
+    n: usize,
+    k: usize,
+    bytes: Vec<u8>,
+    values: Vec<f32>,
+}
+
+impl Weights {
+    fn random(rng: &mut StdRng, ty: GgmlType, n: usize, k: usize) -> Self {
+        let bytes = quant::quantize(ty, &common::random_vec(rng, n * k, 1.0)).unwrap();
+        let values = dequantize_weights(ty, &bytes, n, k).unwrap();
+        Self { ty, n, k, bytes, values }
+    }
+
+    fn upload(&self, gpu: &Gpu) -> WeightTensor {
+        WeightTensor::from_gguf_bytes(gpu, "w", self.ty, self.n, self.k, &self.bytes).unwrap()
+    }
+
+    fn abs(&self) -> Vec<f32> {
+        self.values.iter().map(|v| v.abs()).collect()
+    }
+}
+
+fn abs(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|v| v.abs()).collect()
+}
+
+/// The allowed error of each dot product, from its Σ|x_k·w_k|.
+fn dot_bounds(abs_sums: &[f32]) -> Vec<f32> {
+    abs_sums.iter().map(|s| REL * s + ABS).collect()
+}
+
+/// Asserts |got - want| <= bound elementwise.
+fn assert_within(what: &str, got: &[f32], want: &[f32], bound: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, ((&g, &w), &b)) in got.iter().zip(want).zip(bound).enumerate() {
+        assert!(g.is_finite() && (g - w).abs() <= b, "{what}: element {i}: got {g}, want {w} (bound {b})");
+    }
+}
+
+fn devices() -> [(&'static str, Gpu); 2] {
+    [("default", common::gpu()), ("no subgroups", common::gpu_without_subgroups())]
+}
+
+/// Runs a bound matvec and returns the first `n` outputs.
+fn run(gpu: &Gpu, dispatch: &kestrel_gpu::Dispatch, y: &Tensor, n: usize) -> Vec<f32> {
+    let mut rec = Recorder::new(gpu);
+    dispatch.record(&mut rec);
+    rec.submit();
+    pollster::block_on(y.read_f32(gpu)).unwrap()[..n].to_vec()
+}
+
+/// Runs a bound matmul for `m` tokens; returns all of y.
+fn run_matmul(gpu: &Gpu, step: &StepUniform, dispatch: &MatmulDispatch, y: &Tensor, m: usize) -> Vec<f32> {
+    step.write(gpu, &StepParams::new(m as u32, 0, 0));
+    let mut rec = Recorder::new(gpu);
+    dispatch.record(&mut rec, m as u32);
+    rec.submit();
+    pollster::block_on(y.read_f32(gpu)).unwrap()
+}
+
+fn check_matvec(ty: GgmlType) {
+    let mut rng = common::rng(ty.id().into());
+    let dense = matches!(ty, GgmlType::F32 | GgmlType::F16);
+    let shapes = SHAPES.iter().chain(if dense { &DENSE_SHAPES[..] } else { &[] });
+    let cases: Vec<_> = shapes
+        .map(|&(n, k)| {
+            let w = Weights::random(&mut rng, ty, n, k);
+            let x = common::random_vec(&mut rng, k, 1.0);
+            let want = matmul(&x, 1, &w.values, n, k);
+            let bound = dot_bounds(&matmul(&abs(&x), 1, &w.abs(), n, k));
+            (w, x, want, bound)
+        })
+        .collect();
+    for (device, gpu) in devices() {
+        let kernel = pollster::block_on(MatvecKernel::new(&gpu, ty, Epilogue::NONE)).unwrap();
+        for (w, x, want, bound) in &cases {
+            let (n, k) = (w.n, w.k);
+            let x_t = Tensor::from_f32(&gpu, "x", &[k], x).unwrap();
+            // One extra output element: it must stay untouched.
+            let y = Tensor::from_f32(&gpu, "y", &[n + 1], &vec![SENTINEL; n + 1]).unwrap();
+            let dispatch = kernel.bind(&gpu, &w.upload(&gpu), &x_t, &y, None).unwrap();
+            let got = run(&gpu, &dispatch, &y, n + 1);
+            let what = format!("matvec {ty} {n}x{k} ({device})");
+            assert_within(&what, &got[..n], want, bound);
+            assert_eq!(got[n], SENTINEL, "{what}: wrote past N");
+        }
+    }
+}
+
+fn check_matmul(ty: GgmlType) {
+    let mut rng = common::rng(100 + u64::from(ty.id()));
+    let dense = matches!(ty, GgmlType::F32 | GgmlType::F16);
+    let shapes = MATMUL_SHAPES.iter().chain(if dense { &DENSE_MATMUL_SHAPES[..] } else { &[] });
+    let cases: Vec<_> = shapes
+        .map(|&(n, k, m)| {
+            let w = Weights::random(&mut rng, ty, n, k);
+            let x = common::random_vec(&mut rng, m * k, 1.0);
+            let want = matmul(&x, m, &w.values, n, k);
+            let bound = dot_bounds(&matmul(&abs(&x), m, &w.abs(), n, k));
+            (w, m, x, want, bound)
+        })
+        .collect();
+    for (device, gpu) in devices() {
+        let kernel = pollster::block_on(MatmulKernel::new(&gpu, ty, Epilogue::NONE)).unwrap();
+        let step = StepUniform::new(&gpu);
+        for (w, m, x, want, bound) in &cases {
+            let (n, k, m) = (w.n, w.k, *m);
+            // Buffers sized for more tokens than this chunk, as the model allocates them; the
+            // extra x rows hold garbage and the extra y rows must stay untouched.
+            let max_tokens = m + 2;
+            let mut x_full = x.clone();
+            x_full.extend(common::random_vec(&mut rng, 2 * k, 100.0));
+            let x_t = Tensor::from_f32(&gpu, "x", &[max_tokens, k], &x_full).unwrap();
+            let y = Tensor::from_f32(&gpu, "y", &[max_tokens, n], &vec![SENTINEL; max_tokens * n]).unwrap();
+            let step_max = max_tokens as u32;
+            let dispatch = kernel.bind(&gpu, &w.upload(&gpu), &x_t, &y, None, &step, step_max).unwrap();
+            let got = run_matmul(&gpu, &step, &dispatch, &y, m);
+            let what = format!("matmul {ty} M={m} {n}x{k} ({device})");
+            assert_within(&what, &got[..m * n], want, bound);
+            assert!(got[m * n..].iter().all(|&v| v == SENTINEL), "{what}: wrote past token M");
+        }
+    }
+}
+
+#[test]
+fn matvec_f32() {
+    check_matvec(GgmlType::F32);
+}
+
+#[test]
+fn matvec_f16() {
+    check_matvec(GgmlType::F16);
+}
+
+#[test]
+fn matvec_q8_0() {
+    check_matvec(GgmlType::Q8_0);
+}
+
+#[test]
+fn matvec_q4_0() {
+    check_matvec(GgmlType::Q4_0);
+}
+
+#[test]
+fn matvec_q4_1() {
+    check_matvec(GgmlType::Q4_1);
+}
+
+#[test]
+fn matmul_f32() {
+    check_matmul(GgmlType::F32);
+}
+
+#[test]
+fn matmul_f16() {
+    check_matmul(GgmlType::F16);
+}
+
+#[test]
+fn matmul_q8_0() {
+    check_matmul(GgmlType::Q8_0);
+}
+
+#[test]
+fn matmul_q4_0() {
+    check_matmul(GgmlType::Q4_0);
+}
+
+#[test]
+fn matmul_q4_1() {
+    check_matmul(GgmlType::Q4_1);
+}
+
+/// Bias and in-place residual add (together and apart), decode and prefill:
+/// y = residual + x·Wᵀ + b, the residual being y's previous contents.
+#[test]
+fn bias_and_residual_epilogues() {
+    let mut rng = common::rng(7);
+    let (n, k, m) = (33, 544, 17);
+    for ty in [GgmlType::Q4_1, GgmlType::F16] {
+        let w = Weights::random(&mut rng, ty, n, k);
+        let x = common::random_vec(&mut rng, m * k, 1.0);
+        let residual = common::random_vec(&mut rng, m * n, 10.0);
+        let bias = common::random_vec(&mut rng, n, 10.0);
+        let product = matmul(&x, m, &w.values, n, k);
+        let dot_bound = dot_bounds(&matmul(&abs(&x), m, &w.abs(), n, k));
+        for (device, gpu) in devices() {
+            let weights = w.upload(&gpu);
+            let step = StepUniform::new(&gpu);
+            let x_t = Tensor::from_f32(&gpu, "x", &[m, k], &x).unwrap();
+            let b_t = Tensor::from_f32(&gpu, "bias", &[n], &bias).unwrap();
+            for epilogue in [Epilogue::BIAS, Epilogue::ACCUMULATE, Epilogue { bias: true, accumulate: true }] {
+                let want: Vec<f32> = (0..m * n)
+                    .map(|i| {
+                        let b = if epilogue.bias { bias[i % n] } else { 0.0 };
+                        let r = if epilogue.accumulate { residual[i] } else { 0.0 };
+                        product[i] + b + r
+                    })
+                    .collect();
+                // The two additions round once more each, relative to |b| + |r| <= 20 and the result.
+                let bound: Vec<f32> = (0..m * n).map(|i| dot_bound[i] + 3e-7 * (want[i].abs() + 20.0)).collect();
+                let what = format!("{ty} {epilogue:?} ({device})");
+
+                let kernel = pollster::block_on(MatvecKernel::new(&gpu, ty, epilogue)).unwrap();
+                let y = Tensor::from_f32(&gpu, "y", &[n], &residual[..n]).unwrap();
+                let dispatch = kernel.bind(&gpu, &weights, &x_t, &y, epilogue.bias.then_some(&b_t)).unwrap();
+                assert_within(&format!("matvec {what}"), &run(&gpu, &dispatch, &y, n), &want[..n], &bound[..n]);
+
+                let kernel = pollster::block_on(MatmulKernel::new(&gpu, ty, epilogue)).unwrap();
+                let y = Tensor::from_f32(&gpu, "y", &[m, n], &residual).unwrap();
+                let dispatch =
+                    kernel.bind(&gpu, &weights, &x_t, &y, epilogue.bias.then_some(&b_t), &step, m as u32).unwrap();
+                assert_within(&format!("matmul {what}"), &run_matmul(&gpu, &step, &dispatch, &y, m), &want, &bound);
+            }
+        }
+    }
+}
+
+/// Bound for silu(g)·u given the bounds eg, eu on g and u: |silu'| <= 1.1, plus the rounding of
+/// exp, the division and the product (a few ε of the result).
+fn swiglu_bound(g: f32, u: f32, eg: f32, eu: f32) -> f32 {
+    1.1 * eg * u.abs() + silu(g).abs() * eu + eg * eu + 1e-6 * (silu(g) * u).abs()
+}
+
+#[test]
+fn swiglu_matvec_and_matmul() {
+    let mut rng = common::rng(8);
+    for (ty, n, k, m) in [(GgmlType::Q4_1, 100, 576, 130), (GgmlType::Q8_0, 33, 544, 17), (GgmlType::F32, 7, 70, 3)] {
+        let gate = Weights::random(&mut rng, ty, n, k);
+        let up = Weights::random(&mut rng, ty, n, k);
+        let x = common::random_vec(&mut rng, m * k, 1.0);
+        let want = swiglu(&x, m, &gate.values, &up.values, n, k);
+        let g = matmul(&x, m, &gate.values, n, k);
+        let u = matmul(&x, m, &up.values, n, k);
+        let g_scale = matmul(&abs(&x), m, &gate.abs(), n, k);
+        let u_scale = matmul(&abs(&x), m, &up.abs(), n, k);
+        let (g_bound, u_bound) = (dot_bounds(&g_scale), dot_bounds(&u_scale));
+        let bound: Vec<f32> = (0..m * n).map(|i| swiglu_bound(g[i], u[i], g_bound[i], u_bound[i])).collect();
+        for (device, gpu) in devices() {
+            let (gate_w, up_w) = (gate.upload(&gpu), up.upload(&gpu));
+            let x_t = Tensor::from_f32(&gpu, "x", &[m, k], &x).unwrap();
+            let what = format!("{ty} M={m} {n}x{k} ({device})");
+
+            let kernel = pollster::block_on(SwigluMatvecKernel::new(&gpu, ty)).unwrap();
+            let out = Tensor::zeros(&gpu, "out", &[n], kestrel_gpu::DType::F32).unwrap();
+            let dispatch = kernel.bind(&gpu, &gate_w, &up_w, &x_t, &out).unwrap();
+            assert_within(&format!("swiglu matvec {what}"), &run(&gpu, &dispatch, &out, n), &want[..n], &bound[..n]);
+
+            let kernel = pollster::block_on(SwigluMatmulKernel::new(&gpu, ty)).unwrap();
+            let step = StepUniform::new(&gpu);
+            let out = Tensor::zeros(&gpu, "out", &[m, n], kestrel_gpu::DType::F32).unwrap();
+            let dispatch = kernel.bind(&gpu, &gate_w, &up_w, &x_t, &out, &step, m as u32).unwrap();
+            assert_within(&format!("swiglu matmul {what}"), &run_matmul(&gpu, &step, &dispatch, &out, m), &want, &bound);
+        }
+    }
+}
+
+#[test]
+fn bind_rejects_mismatched_shapes() {
+    let gpu = common::gpu();
+    let mut rng = common::rng(9);
+    let (n, k) = (7, 64);
+    let w = Weights::random(&mut rng, GgmlType::Q4_0, n, k).upload(&gpu);
+    let other = Weights::random(&mut rng, GgmlType::Q4_0, n + 1, k).upload(&gpu);
+    let q8 = Weights::random(&mut rng, GgmlType::Q8_0, n, k).upload(&gpu);
+    let f32_zeros = |shape: &[usize]| Tensor::zeros(&gpu, "t", shape, kestrel_gpu::DType::F32).unwrap();
+    let (x, y, bias) = (f32_zeros(&[k]), f32_zeros(&[n]), f32_zeros(&[n]));
+    let (x_short, y_short, x_u32) =
+        (f32_zeros(&[k - 1]), f32_zeros(&[n - 1]), Tensor::zeros(&gpu, "ids", &[k], kestrel_gpu::DType::U32).unwrap());
+    let invalid = |r: Result<(), GpuError>, what: &str| {
+        assert!(matches!(r, Err(GpuError::InvalidArgs(_))), "{what}: expected InvalidArgs, got {r:?}");
+    };
+
+    let mv = pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q4_0, Epilogue::NONE)).unwrap();
+    assert!(mv.bind(&gpu, &w, &x, &y, None).is_ok());
+    invalid(mv.bind(&gpu, &q8, &x, &y, None).map(drop), "weight type");
+    invalid(mv.bind(&gpu, &w, &x_short, &y, None).map(drop), "short x");
+    invalid(mv.bind(&gpu, &w, &x, &y_short, None).map(drop), "short y");
+    invalid(mv.bind(&gpu, &w, &x_u32, &y, None).map(drop), "u32 x");
+    invalid(mv.bind(&gpu, &w, &y, &y, None).map(drop), "x aliasing y");
+    invalid(mv.bind(&gpu, &w, &x, &y, Some(&bias)).map(drop), "bias without BIAS");
+    let mv_bias = pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q4_0, Epilogue::BIAS)).unwrap();
+    invalid(mv_bias.bind(&gpu, &w, &x, &y, None).map(drop), "missing bias");
+    invalid(mv_bias.bind(&gpu, &w, &x, &y, Some(&y_short)).map(drop), "short bias");
+
+    let sw = pollster::block_on(SwigluMatvecKernel::new(&gpu, GgmlType::Q4_0)).unwrap();
+    assert!(sw.bind(&gpu, &w, &w, &x, &y).is_ok());
+    invalid(sw.bind(&gpu, &w, &other, &x, &y).map(drop), "gate/up shapes");
+    invalid(sw.bind(&gpu, &w, &q8, &x, &y).map(drop), "gate/up types");
+
+    let step = StepUniform::new(&gpu);
+    let mm = pollster::block_on(MatmulKernel::new(&gpu, GgmlType::Q4_0, Epilogue::NONE)).unwrap();
+    let (x4, y4) = (f32_zeros(&[4, k]), f32_zeros(&[4, n]));
+    assert!(mm.bind(&gpu, &w, &x4, &y4, None, &step, 4).is_ok());
+    invalid(mm.bind(&gpu, &w, &x4, &y4, None, &step, 5).map(drop), "x and y too small for max_tokens");
+    invalid(mm.bind(&gpu, &w, &x4, &y, None, &step, 4).map(drop), "y too small for max_tokens");
+    invalid(mm.bind(&gpu, &w, &x4, &y4, None, &step, 0).map(drop), "max_tokens 0");
+
+    let swm = pollster::block_on(SwigluMatmulKernel::new(&gpu, GgmlType::Q4_0)).unwrap();
+    invalid(swm.bind(&gpu, &w, &other, &x4, &y4, &step, 4).map(drop), "swiglu matmul gate/up shapes");
+
+    assert!(matches!(
+        pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q4_K, Epilogue::NONE)),
+        Err(GpuError::UnsupportedWeights(_))
+    ));
+}

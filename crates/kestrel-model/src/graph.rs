@@ -1,0 +1,288 @@
+//! The model on the GPU: weights, KV cache, activation buffers sized for the largest prefill
+//! chunk, and every kernel bound once at load. A forward pass only records prebuilt dispatches
+//! and writes the step uniform, so a decode step allocates nothing and submits once.
+
+use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, DecodeAttention, KvCache, PrefillAttention};
+use kestrel_gpu::kernels::embedding::{EmbeddingDispatch, EmbeddingKernel};
+use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
+use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, SwigluMatvecKernel};
+use kestrel_gpu::kernels::rmsnorm::{RmsNormDispatch, RmsNormKernel};
+use kestrel_gpu::kernels::rope::{RopeDispatch, RopeKernel};
+use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel};
+use kestrel_gpu::reference::rope::RopeConfig;
+use kestrel_gpu::{DType, Dispatch, Gpu, GpuError, Readback, Recorder, StepParams, StepUniform, Tensor, WeightTensor};
+
+use crate::config::ModelConfig;
+
+/// One layer's weights as uploaded.
+pub struct LayerWeights {
+    pub attn_norm: Tensor,
+    /// Q, K and V rows concatenated: one matmul produces the `[q | k | v]` row RoPE reads.
+    pub qkv: WeightTensor,
+    pub qkv_bias: Option<Tensor>,
+    pub attn_output: WeightTensor,
+    pub ffn_norm: Tensor,
+    pub gate: WeightTensor,
+    pub up: WeightTensor,
+    pub down: WeightTensor,
+}
+
+pub struct Weights {
+    pub embedding: WeightTensor,
+    pub output_norm: Tensor,
+    /// None when the LM head is the embedding (tied).
+    pub output: Option<WeightTensor>,
+    pub layers: Vec<LayerWeights>,
+}
+
+impl Weights {
+    pub fn lm_head(&self) -> &WeightTensor {
+        self.output.as_ref().unwrap_or(&self.embedding)
+    }
+
+    /// Bytes of weights one decode step reads (every matrix once, the LM head once, one
+    /// embedding row): the numerator of the memory-bandwidth roofline.
+    pub fn bytes_per_token(&self) -> u64 {
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| l.qkv.byte_size() + l.attn_output.byte_size() + l.gate.byte_size() + l.up.byte_size() + l.down.byte_size())
+            .sum();
+        layers + self.lm_head().byte_size() + self.embedding.byte_size() / self.embedding.rows as u64
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        let vectors = |l: &LayerWeights| l.attn_norm.byte_size() + l.ffn_norm.byte_size() + l.qkv_bias.as_ref().map_or(0, Tensor::byte_size);
+        let layers: u64 = self.layers.iter().map(|l| vectors(l) + l.qkv.byte_size() + l.attn_output.byte_size() + l.gate.byte_size() + l.up.byte_size() + l.down.byte_size()).sum();
+        layers + self.embedding.byte_size() + self.output_norm.byte_size() + self.output.as_ref().map_or(0, WeightTensor::byte_size)
+    }
+}
+
+/// Activation buffers, each sized for `max_chunk` tokens and shared by all layers.
+struct Activations {
+    token_ids: Tensor,
+    x: Tensor,
+    normed: Tensor,
+    qkv: Tensor,
+    q: Tensor,
+    attn: Tensor,
+    ffn: Tensor,
+    last_normed: Tensor,
+    logits: Tensor,
+    sampled: Tensor,
+}
+
+struct LayerDispatches {
+    attn_norm: RmsNormDispatch,
+    qkv_decode: Dispatch,
+    qkv_prefill: MatmulDispatch,
+    rope: RopeDispatch,
+    attn_decode: DecodeAttention,
+    attn_prefill: PrefillAttention,
+    o_decode: Dispatch,
+    o_prefill: MatmulDispatch,
+    ffn_norm: RmsNormDispatch,
+    gate_up_decode: Dispatch,
+    gate_up_prefill: MatmulDispatch,
+    down_decode: Dispatch,
+    down_prefill: MatmulDispatch,
+}
+
+pub struct Graph {
+    pub gpu: Gpu,
+    pub config: ModelConfig,
+    pub weights: Weights,
+    pub max_ctx: usize,
+    pub max_chunk: usize,
+    step: StepUniform,
+    act: Activations,
+    /// Kept alive: the dispatches' bind groups reference them.
+    _caches: Vec<KvCache>,
+    embed: EmbeddingDispatch,
+    layers: Vec<LayerDispatches>,
+    output_norm: RmsNormDispatch,
+    lm_head: Dispatch,
+    pub penalties: PenaltyBinding,
+    pub sampler: SampleBinding,
+    token_readback: Readback,
+    logits_readback: Readback,
+}
+
+/// What one submitted step leaves to read.
+pub enum StepOutput {
+    /// Nothing (a prefill chunk before the last).
+    None,
+    /// The sampled token id and its probability.
+    Token,
+    /// The sampled token and the full logits (before penalties).
+    TokenAndLogits,
+}
+
+/// Room in the penalty entry buffer: the recent-token window plus a logit-bias list.
+pub const PENALTY_CAPACITY: u32 = 4096 + 1024;
+
+impl Graph {
+    /// Allocates the cache and activations and binds every kernel. Compiles every pipeline the
+    /// model needs (through the cache), so no compilation happens while generating.
+    pub async fn new(gpu: &Gpu, config: ModelConfig, weights: Weights, max_ctx: usize, max_chunk: usize) -> Result<Self, GpuError> {
+        let c = &config;
+        let chunk = max_chunk;
+        let f32t = |label: &str, shape: &[usize]| Tensor::zeros(gpu, label, shape, DType::F32);
+        let act = Activations {
+            token_ids: Tensor::zeros(gpu, "token_ids", &[chunk], DType::U32)?,
+            x: f32t("x", &[chunk, c.hidden])?,
+            normed: f32t("normed", &[chunk, c.hidden])?,
+            qkv: f32t("qkv", &[chunk, c.qkv_width()])?,
+            q: f32t("q", &[chunk, c.n_heads * c.head_dim])?,
+            attn: f32t("attn", &[chunk, c.n_heads * c.head_dim])?,
+            ffn: f32t("ffn", &[chunk, c.ffn])?,
+            last_normed: f32t("last_normed", &[c.hidden])?,
+            logits: f32t("logits", &[c.vocab])?,
+            sampled: Tensor::zeros(gpu, "sampled", &[2], DType::U32)?,
+        };
+        let step = StepUniform::new(gpu);
+        let max_tokens = chunk as u32;
+        let shape = AttentionShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim, max_ctx };
+        let rope_config = RopeConfig::new(c.rope_mode, c.rope_base);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+
+        let norm = RmsNormKernel::new(gpu).await?;
+        let rope = RopeKernel::new(gpu).await?;
+        let attention = AttentionKernel::new(gpu, c.head_dim).await?;
+        let embed = EmbeddingKernel::new(gpu, weights.embedding.ty)
+            .await?
+            .bind(gpu, &weights.embedding, &act.token_ids, &act.x, &step, max_tokens)?;
+
+        let mut caches = Vec::with_capacity(c.n_layers);
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for (l, w) in weights.layers.iter().enumerate() {
+            let cache = KvCache::new(gpu, &format!("blk.{l}.kv"), shape)?;
+            let qkv_epilogue = if w.qkv_bias.is_some() { Epilogue::BIAS } else { Epilogue::NONE };
+            let bias = w.qkv_bias.as_ref();
+            layers.push(LayerDispatches {
+                attn_norm: norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?,
+                qkv_decode: MatvecKernel::new(gpu, w.qkv.ty, qkv_epilogue).await?.bind(gpu, &w.qkv, &act.normed, &act.qkv, bias)?,
+                qkv_prefill: MatmulKernel::new(gpu, w.qkv.ty, qkv_epilogue)
+                    .await?
+                    .bind(gpu, &w.qkv, &act.normed, &act.qkv, bias, &step, max_tokens)?,
+                rope: rope.bind(gpu, &step, &rope_config, &act.qkv, &act.q, &cache)?,
+                attn_decode: attention.bind_decode(gpu, &step, &act.q, &cache, &act.attn, scale)?,
+                attn_prefill: attention.bind_prefill(gpu, &step, &act.q, &cache, &act.attn, scale)?,
+                o_decode: MatvecKernel::new(gpu, w.attn_output.ty, Epilogue::ACCUMULATE)
+                    .await?
+                    .bind(gpu, &w.attn_output, &act.attn, &act.x, None)?,
+                o_prefill: MatmulKernel::new(gpu, w.attn_output.ty, Epilogue::ACCUMULATE)
+                    .await?
+                    .bind(gpu, &w.attn_output, &act.attn, &act.x, None, &step, max_tokens)?,
+                ffn_norm: norm.bind(gpu, &step, &act.x, &w.ffn_norm, &act.normed, c.rms_eps)?,
+                gate_up_decode: SwigluMatvecKernel::new(gpu, w.gate.ty).await?.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn)?,
+                gate_up_prefill: SwigluMatmulKernel::new(gpu, w.gate.ty)
+                    .await?
+                    .bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn, &step, max_tokens)?,
+                down_decode: MatvecKernel::new(gpu, w.down.ty, Epilogue::ACCUMULATE).await?.bind(gpu, &w.down, &act.ffn, &act.x, None)?,
+                down_prefill: MatmulKernel::new(gpu, w.down.ty, Epilogue::ACCUMULATE)
+                    .await?
+                    .bind(gpu, &w.down, &act.ffn, &act.x, None, &step, max_tokens)?,
+            });
+            caches.push(cache);
+        }
+        let output_norm = norm.bind(gpu, &step, &act.x, &weights.output_norm, &act.normed, c.rms_eps)?;
+        let lm = weights.lm_head();
+        let lm_head = MatvecKernel::new(gpu, lm.ty, Epilogue::NONE).await?.bind(gpu, lm, &act.last_normed, &act.logits, None)?;
+        let penalties = PenaltyKernel::new(gpu).await?.bind(gpu, &act.logits, PENALTY_CAPACITY)?;
+        let sampler = SampleKernel::new(gpu).await?.bind(gpu, &act.logits, &step, &act.sampled)?;
+        let token_readback = Readback::new(gpu, 8);
+        let logits_readback = Readback::new(gpu, act.logits.byte_size());
+        Ok(Self {
+            gpu: gpu.clone(),
+            config,
+            weights,
+            max_ctx,
+            max_chunk,
+            step,
+            act,
+            _caches: caches,
+            embed,
+            layers,
+            output_norm,
+            lm_head,
+            penalties,
+            sampler,
+            token_readback,
+            logits_readback,
+        })
+    }
+
+    /// Records and submits one step: `tokens` (at most `max_chunk`) at positions `pos..`, then,
+    /// unless `output` is `None`, the LM head on the last token and the sampler. `seed` is the
+    /// step's random value for the sampler.
+    pub fn submit_step(&self, tokens: &[u32], pos: usize, seed: u32, output: &StepOutput) -> Result<(), GpuError> {
+        let n = tokens.len();
+        if n == 0 || n > self.max_chunk || pos + n > self.max_ctx {
+            return Err(GpuError::InvalidArgs(format!(
+                "step of {n} tokens at position {pos} (chunk limit {}, context {})",
+                self.max_chunk, self.max_ctx
+            )));
+        }
+        let gpu = &self.gpu;
+        let (n32, params) = (n as u32, StepParams::new(n as u32, pos as u32, seed));
+        self.step.write(gpu, &params);
+        gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(tokens));
+        let decode = n == 1;
+        let mut rec = Recorder::new(gpu);
+        self.embed.record(&mut rec, n32);
+        for l in &self.layers {
+            l.attn_norm.record(&mut rec, n32);
+            if decode {
+                l.qkv_decode.record(&mut rec);
+            } else {
+                l.qkv_prefill.record(&mut rec, n32);
+            }
+            l.rope.record(&mut rec, n32);
+            if decode {
+                l.attn_decode.record(&mut rec, params.kv_len);
+                l.o_decode.record(&mut rec);
+            } else {
+                l.attn_prefill.record(&mut rec, n32);
+                l.o_prefill.record(&mut rec, n32);
+            }
+            l.ffn_norm.record(&mut rec, n32);
+            if decode {
+                l.gate_up_decode.record(&mut rec);
+                l.down_decode.record(&mut rec);
+            } else {
+                l.gate_up_prefill.record(&mut rec, n32);
+                l.down_prefill.record(&mut rec, n32);
+            }
+        }
+        if !matches!(output, StepOutput::None) {
+            self.output_norm.record(&mut rec, n32);
+            let row_bytes = 4 * self.config.hidden as u64;
+            rec.copy(&self.act.normed.buffer, (n as u64 - 1) * row_bytes, &self.act.last_normed.buffer, 0, row_bytes);
+            self.lm_head.record(&mut rec);
+            if matches!(output, StepOutput::TokenAndLogits) {
+                let size = self.act.logits.byte_size();
+                rec.copy(&self.act.logits.buffer, 0, self.logits_readback.buffer(), 0, size);
+            }
+            self.penalties.record(&mut rec);
+            self.sampler.record(&mut rec);
+            rec.copy(&self.act.sampled.buffer, 0, self.token_readback.buffer(), 0, 8);
+        }
+        rec.submit();
+        Ok(())
+    }
+
+    /// The token and its probability sampled by the last submitted step.
+    pub async fn read_token(&self) -> Result<(u32, f32), GpuError> {
+        let words = self.token_readback.read_u32(&self.gpu, 8).await?;
+        match words.as_slice() {
+            [id, prob] => Ok((*id, f32::from_bits(*prob))),
+            _ => Err(GpuError::Readback(format!("expected 2 words, got {}", words.len()))),
+        }
+    }
+
+    /// The logits copied by the last `TokenAndLogits` step.
+    pub async fn read_logits(&self) -> Result<Vec<f32>, GpuError> {
+        self.logits_readback.read_f32(&self.gpu, self.act.logits.byte_size()).await
+    }
+}

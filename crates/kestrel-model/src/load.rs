@@ -1,0 +1,232 @@
+//! Loading a model from GGUF bytes as they arrive (a browser fetch, a file read in chunks).
+//! The header is checked first (architecture, shapes, tensor types: an unsupported type is
+//! refused before anything is uploaded); each tensor is then repacked, uploaded and dropped as
+//! soon as its bytes are complete, so memory never holds the whole file.
+
+use std::collections::HashMap;
+
+use kestrel_gguf::{GgmlType, GgufError, GgufHeader, GgufStreamReader, StreamEvent, TensorInfo};
+use kestrel_gpu::{Gpu, Tensor, WeightTensor};
+use kestrel_tokenizer::Tokenizer;
+
+use crate::config::ModelConfig;
+use crate::error::{bad_model, ModelError};
+use crate::graph::{Graph, LayerWeights, Weights};
+use crate::model::Model;
+use crate::tensors::{assign_roles, Expected, Role};
+
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// KV cache length in tokens; None: the model's training context, capped at 4096.
+    pub context_length: Option<usize>,
+    /// Most tokens one prefill submit processes.
+    pub max_chunk: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { context_length: None, max_chunk: 128 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadPhase {
+    /// Receiving and uploading tensor bytes.
+    Upload,
+    /// Binding kernels and compiling pipelines.
+    Compile,
+    Ready,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct LoadProgress {
+    pub phase: LoadPhase,
+    pub bytes_received: u64,
+    pub tensors_loaded: usize,
+    pub tensors_total: usize,
+}
+
+pub struct ModelLoader {
+    gpu: Gpu,
+    options: LoadOptions,
+    reader: GgufStreamReader,
+    state: Option<Loading>,
+    bytes_received: u64,
+}
+
+/// What is known once the header is parsed, and the tensors uploaded so far.
+struct Loading {
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    roles: Vec<Option<Expected>>,
+    tensors_total: usize,
+    tensors_loaded: usize,
+    weights: HashMap<Role, WeightTensor>,
+    vectors: HashMap<Role, Vec<f32>>,
+    /// Q, K and V bytes of a layer, held until all three arrived to upload them fused.
+    qkv_parts: HashMap<usize, [Option<Vec<u8>>; 3]>,
+}
+
+impl ModelLoader {
+    pub fn new(gpu: &Gpu, options: LoadOptions) -> Self {
+        Self { gpu: gpu.clone(), options, reader: GgufStreamReader::new(), state: None, bytes_received: 0 }
+    }
+
+    /// Feeds the next bytes of the file.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), ModelError> {
+        self.bytes_received += chunk.len() as u64;
+        let Self { gpu, reader, state, .. } = self;
+        let mut failure: Option<ModelError> = None;
+        let result = reader.push(chunk, &mut |event| {
+            let outcome = match event {
+                StreamEvent::Header(header) => Loading::new(header).map(|l| *state = Some(l)),
+                StreamEvent::Tensor { index, info, bytes } => match state.as_mut() {
+                    Some(loading) => loading.add_tensor(gpu, index, info, bytes),
+                    None => Err(bad_model("tensor data before the header")),
+                },
+            };
+            // The stream reader only carries GgufErrors: park ours and stop the stream.
+            outcome.map_err(|e| {
+                failure = Some(e);
+                GgufError::Rejected("model loader rejected the tensor".into())
+            })
+        });
+        match (failure, result) {
+            (Some(e), _) => Err(e),
+            (None, r) => Ok(r?),
+        }
+    }
+
+    pub fn progress(&self) -> LoadProgress {
+        let (loaded, total) = self.state.as_ref().map_or((0, 0), |s| (s.tensors_loaded, s.tensors_total));
+        LoadProgress { phase: LoadPhase::Upload, bytes_received: self.bytes_received, tensors_loaded: loaded, tensors_total: total }
+    }
+
+    /// Ends the stream (an incomplete file is an error naming the tensor) and builds the model.
+    pub async fn finish(self) -> Result<Model, ModelError> {
+        self.reader.finish()?;
+        let loading = self.state.ok_or_else(|| bad_model("empty file"))?;
+        loading.into_model(&self.gpu, &self.options).await
+    }
+}
+
+impl Loading {
+    fn new(header: &GgufHeader) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_header(header)?;
+        let roles = assign_roles(header, &config)?;
+        for (info, role) in header.tensors.iter().zip(&roles) {
+            let Some(role) = role else { continue };
+            let is_vector = role.rows == 1;
+            let supported = if is_vector {
+                matches!(info.ggml_type, GgmlType::F32 | GgmlType::F16)
+            } else {
+                kestrel_gguf::is_gpu_supported(info.ggml_type)
+            };
+            if !supported {
+                return Err(ModelError::UnsupportedQuant { tensor: info.name.clone(), ty: info.ggml_type.name().to_string() });
+            }
+        }
+        for l in 0..config.n_layers {
+            let types: Vec<GgmlType> = [Role::Q(l), Role::K(l), Role::V(l)]
+                .iter()
+                .filter_map(|r| header.tensors.iter().zip(&roles).find(|(_, e)| e.as_ref().is_some_and(|e| e.role == *r)))
+                .map(|(info, _)| info.ggml_type)
+                .collect();
+            if types.windows(2).any(|w| w[0] != w[1]) {
+                return Err(ModelError::UnsupportedQuant {
+                    tensor: format!("blk.{l}.attn_q/k/v"),
+                    ty: format!("mixed {types:?} (Q, K and V must share a type to be fused)"),
+                });
+            }
+        }
+        let tokenizer = Tokenizer::from_gguf(&header.metadata)?;
+        if tokenizer.vocab_size() != config.vocab {
+            return Err(bad_model(format!("tokenizer has {} tokens, the model {}", tokenizer.vocab_size(), config.vocab)));
+        }
+        Ok(Self {
+            tensors_total: roles.iter().flatten().count(),
+            tensors_loaded: 0,
+            config,
+            tokenizer,
+            roles,
+            weights: HashMap::new(),
+            vectors: HashMap::new(),
+            qkv_parts: HashMap::new(),
+        })
+    }
+
+    fn add_tensor(&mut self, gpu: &Gpu, index: usize, info: &TensorInfo, bytes: &[u8]) -> Result<(), ModelError> {
+        let Some(Some(e)) = self.roles.get(index) else { return Ok(()) };
+        let e = e.clone();
+        self.tensors_loaded += 1;
+        let ty = info.ggml_type;
+        match e.role {
+            Role::Q(l) | Role::K(l) | Role::V(l) => {
+                let slot = match e.role {
+                    Role::Q(_) => 0,
+                    Role::K(_) => 1,
+                    _ => 2,
+                };
+                let parts = self.qkv_parts.entry(l).or_default();
+                parts[slot] = Some(bytes.to_vec());
+                if let [Some(q), Some(k), Some(v)] = parts {
+                    let fused = [q.as_slice(), k.as_slice(), v.as_slice()].concat();
+                    let (c, rows) = (&self.config, self.config.qkv_width());
+                    let w = WeightTensor::from_gguf_bytes(gpu, &format!("blk.{l}.attn_qkv"), ty, rows, c.hidden, &fused)?;
+                    self.weights.insert(Role::Q(l), w);
+                    self.qkv_parts.remove(&l);
+                }
+            }
+            _ if e.rows == 1 => {
+                let mut values = vec![0.0; e.cols];
+                kestrel_gguf::dequantize(ty, bytes, &mut values)?;
+                self.vectors.insert(e.role, values);
+            }
+            role => {
+                let w = WeightTensor::from_gguf_bytes(gpu, &e.name, ty, e.rows, e.cols, bytes)?;
+                self.weights.insert(role, w);
+            }
+        }
+        Ok(())
+    }
+
+    async fn into_model(mut self, gpu: &Gpu, options: &LoadOptions) -> Result<Model, ModelError> {
+        let c = self.config.clone();
+        let max_ctx = options.context_length.unwrap_or(c.train_context.min(4096));
+        if max_ctx == 0 || options.max_chunk == 0 {
+            return Err(ModelError::InvalidOption { name: "context_length", reason: "must be at least 1".into() });
+        }
+        let mut weight = |role: Role| self.weights.remove(&role).ok_or_else(|| bad_model(format!("tensor for {role:?} never arrived")));
+        let mut layers_w = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            layers_w.push((weight(Role::Q(l))?, weight(Role::AttnOutput(l))?, weight(Role::Gate(l))?, weight(Role::Up(l))?, weight(Role::Down(l))?));
+        }
+        let embedding = weight(Role::TokenEmbedding)?;
+        let output = if c.tied_embeddings { None } else { Some(weight(Role::Output)?) };
+        let mut vectors = std::mem::take(&mut self.vectors);
+        let mut take_vector = |role: Role| vectors.remove(&role).ok_or_else(|| bad_model(format!("tensor for {role:?} never arrived")));
+        let upload = |label: &str, values: Vec<f32>| Tensor::from_f32(gpu, label, &[values.len()], &values);
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for (l, (qkv, attn_output, gate, up, down)) in layers_w.into_iter().enumerate() {
+            let qkv_bias = if c.arch == crate::config::Arch::Qwen2 {
+                let fused = [take_vector(Role::QBias(l))?, take_vector(Role::KBias(l))?, take_vector(Role::VBias(l))?].concat();
+                Some(upload(&format!("blk.{l}.qkv_bias"), fused)?)
+            } else {
+                None
+            };
+            layers.push(LayerWeights {
+                attn_norm: upload(&format!("blk.{l}.attn_norm"), take_vector(Role::AttnNorm(l))?)?,
+                qkv,
+                qkv_bias,
+                attn_output,
+                ffn_norm: upload(&format!("blk.{l}.ffn_norm"), take_vector(Role::FfnNorm(l))?)?,
+                gate,
+                up,
+                down,
+            });
+        }
+        let weights = Weights { embedding, output_norm: upload("output_norm", take_vector(Role::OutputNorm)?)?, output, layers };
+        let graph = Graph::new(gpu, c, weights, max_ctx, options.max_chunk.min(max_ctx)).await?;
+        Model::new(graph, self.tokenizer)
+    }
+}

@@ -1,0 +1,320 @@
+//! A loaded model and text generation with it: prompt encoding (raw or chat-templated), prefix
+//! reuse of the KV cache across requests, chunked prefill, decode with GPU sampling, stop
+//! conditions and streamed text.
+
+use kestrel_gpu::kernels::sample::{penalty_entries, Penalties, SamplingParams};
+use kestrel_gpu::Gpu;
+use kestrel_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
+use web_time::Instant;
+
+use crate::config::ModelConfig;
+use crate::graph::{Graph, StepOutput};
+use crate::options::GenerateOptions;
+use crate::stop::StopMatcher;
+use crate::ModelError;
+
+/// What to generate from.
+pub enum Prompt<'a> {
+    /// Text fed as-is (special-token text is still parsed as special tokens).
+    Text(&'a str),
+    /// A conversation rendered with the model's chat template, ending with an assistant turn.
+    Chat(&'a [ChatMessage]),
+}
+
+/// Why generation ended, named as OpenAI's API names it ("abort" for a cancelled request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+        }
+    }
+}
+
+/// Log-probabilities of one generated step.
+#[derive(Clone, Debug)]
+pub struct StepLogprobs {
+    pub token: u32,
+    pub logprob: f32,
+    /// The most likely tokens, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One generated token, as streamed to the caller.
+#[derive(Clone, Debug)]
+pub struct TokenEvent {
+    /// None for the final flush of text held back (a split character or a stop-string prefix).
+    pub id: Option<u32>,
+    /// Text completed by this token (may be empty: a split character or a held stop prefix).
+    pub text: String,
+    pub logprobs: Option<StepLogprobs>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    /// Prompt tokens actually run (the rest were reused from the KV cache).
+    pub prefill_tokens: usize,
+    pub reused_tokens: usize,
+    /// From the start of the request to the first generated token.
+    pub ttft_ms: f64,
+    pub prefill_tok_s: f64,
+    pub decode_tokens: usize,
+    pub decode_ms: f64,
+    pub decode_tok_s: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub prompt_tokens: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+    pub timings: Timings,
+    pub logprobs: Vec<StepLogprobs>,
+}
+
+pub struct Model {
+    graph: Graph,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    /// Tokens whose keys and values are in the cache, in order from position 0.
+    cached: Vec<u32>,
+}
+
+impl Model {
+    pub(crate) fn new(graph: Graph, tokenizer: Tokenizer) -> Result<Self, ModelError> {
+        let template = ChatTemplate::for_tokenizer(&tokenizer)?;
+        Ok(Self { graph, tokenizer, template, cached: Vec::new() })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.graph.config
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.graph.gpu
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.graph.max_ctx
+    }
+
+    /// Bytes of weights a decode step reads, for the bandwidth roofline.
+    pub fn weight_bytes_per_token(&self) -> u64 {
+        self.graph.weights.bytes_per_token()
+    }
+
+    pub fn weight_bytes(&self) -> u64 {
+        self.graph.weights.total_bytes()
+    }
+
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        Ok(self.template.render(messages, true)?)
+    }
+
+    /// Token ids of a prompt. BOS is added when the model asks for it and the text does not
+    /// already start with it (chat templates often write it themselves).
+    pub fn encode(&self, prompt: &Prompt<'_>) -> Result<Vec<u32>, ModelError> {
+        let text = match prompt {
+            Prompt::Text(t) => t.to_string(),
+            Prompt::Chat(messages) => self.render_chat(messages)?,
+        };
+        let bos = self.tokenizer.bos_text();
+        let add_special = !(self.tokenizer.add_bos() && !bos.is_empty() && text.starts_with(&bos));
+        Ok(self.tokenizer.encode(&text, add_special)?)
+    }
+
+    /// Forgets the cached prefix: the next request prefills from position 0.
+    pub fn reset(&mut self) {
+        self.cached.clear();
+    }
+
+    /// Runs `tokens` from position 0 and returns the last position's logits (for tests and
+    /// tools; generation never reads full logits unless asked for logprobs).
+    pub async fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.check_prompt(tokens)?;
+        self.cached.clear();
+        self.graph.sampler.set_params(&self.graph.gpu, &SamplingParams::greedy())?;
+        self.graph.penalties.write(&self.graph.gpu, &Penalties::default(), &[])?;
+        self.prefill(tokens, 0, true).await?;
+        self.cached = tokens.to_vec();
+        Ok(self.graph.read_logits().await?)
+    }
+
+    fn check_prompt(&self, tokens: &[u32]) -> Result<(), ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::InvalidOption { name: "prompt", reason: "is empty".into() });
+        }
+        // At least one position must remain for the first generated token.
+        if tokens.len() >= self.graph.max_ctx {
+            return Err(ModelError::ContextOverflow { needed: tokens.len() + 1, context: self.graph.max_ctx });
+        }
+        let vocab = self.graph.config.vocab;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::InvalidOption { name: "prompt", reason: format!("token id {bad} >= vocabulary {vocab}") });
+        }
+        Ok(())
+    }
+
+    /// Submits `tokens[from..]` in chunks; the last chunk samples (and copies logits when
+    /// `logits`). Returns the sampled token and its probability.
+    async fn prefill(&mut self, tokens: &[u32], from: usize, logits: bool) -> Result<(u32, f32), ModelError> {
+        let chunk = self.graph.max_chunk;
+        let mut pos = from;
+        while pos < tokens.len() {
+            let end = (pos + chunk).min(tokens.len());
+            let output = match (end == tokens.len(), logits) {
+                (false, _) => StepOutput::None,
+                (true, false) => StepOutput::Token,
+                (true, true) => StepOutput::TokenAndLogits,
+            };
+            self.graph.submit_step(&tokens[pos..end], pos, 0, &output)?;
+            pos = end;
+        }
+        Ok(self.graph.read_token().await?)
+    }
+
+    /// Generates from `prompt`, calling `on_token` for every generated token; generation stops
+    /// early (finish reason "abort") when it returns false.
+    pub async fn generate(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_token: &mut dyn FnMut(&TokenEvent) -> bool,
+    ) -> Result<Generation, ModelError> {
+        options.validate(self.graph.config.vocab)?;
+        self.check_prompt(prompt)?;
+        let gpu = self.graph.gpu.clone();
+        let start = Instant::now();
+        let seed = options.seed.unwrap_or_else(clock_seed);
+        let sampling = SamplingParams {
+            temperature: options.temperature,
+            top_k: options.top_k,
+            top_p: options.top_p,
+            min_p: options.min_p,
+            seed: (seed ^ (seed >> 32)) as u32,
+        };
+        self.graph.sampler.set_params(&gpu, &sampling)?;
+        let penalties = Penalties {
+            repeat: options.repetition_penalty,
+            frequency: options.frequency_penalty,
+            presence: options.presence_penalty,
+        };
+        let penalize = penalties != Penalties::default() || !options.logit_bias.is_empty();
+        let write_penalties = |graph: &Graph, history: &[u32]| -> Result<(), ModelError> {
+            let window = if penalties == Penalties::default() { &[][..] } else { &history[history.len().saturating_sub(options.penalty_last_n)..] };
+            graph.penalties.write(&gpu, &penalties, &penalty_entries(window, &options.logit_bias))?;
+            Ok(())
+        };
+        // Keep the longest cached prefix, but always run the last prompt token for its logits.
+        let reused = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
+        self.cached.truncate(reused);
+        let mut history = prompt.to_vec();
+        write_penalties(&self.graph, if penalize { &history } else { &[] })?;
+        let want_logits = options.logprobs > 0;
+        let (mut token, _) = self.prefill(prompt, reused, want_logits).await?;
+        self.cached = prompt.to_vec();
+        let ttft = start.elapsed();
+        let decode_start = Instant::now();
+
+        let mut stops = StopMatcher::new(&options.stop);
+        let mut decoder = StreamDecoder::new();
+        let mut generated = Vec::new();
+        let mut text = String::new();
+        let mut logprobs = Vec::new();
+        let mut stopped_by_string = false;
+        let finish_reason = loop {
+            let step_logprobs = if want_logits {
+                Some(top_logprobs(&self.graph.read_logits().await?, token, options.logprobs))
+            } else {
+                None
+            };
+            let is_end = (!options.ignore_eos && self.tokenizer.is_eog(token)) || options.stop_token_ids.contains(&token);
+            if is_end {
+                break FinishReason::Stop;
+            }
+            generated.push(token);
+            history.push(token);
+            let piece = decoder.push(&self.tokenizer, token)?;
+            let out = stops.push(&piece);
+            text.push_str(&out.text);
+            let event = TokenEvent { id: Some(token), text: out.text, logprobs: step_logprobs.clone() };
+            logprobs.extend(step_logprobs);
+            if out.stopped {
+                stopped_by_string = true;
+                on_token(&event);
+                break FinishReason::Stop;
+            }
+            if !on_token(&event) {
+                break FinishReason::Abort;
+            }
+            let pos = self.cached.len();
+            if generated.len() >= options.max_tokens || pos + 1 > self.graph.max_ctx {
+                break FinishReason::Length;
+            }
+            if penalize {
+                write_penalties(&self.graph, &history)?;
+            }
+            let output = if want_logits { StepOutput::TokenAndLogits } else { StepOutput::Token };
+            self.graph.submit_step(&[token], pos, generated.len() as u32, &output)?;
+            self.cached.push(token);
+            token = self.graph.read_token().await?.0;
+        };
+        if !stopped_by_string {
+            let out = stops.push(&decoder.finish());
+            let rest = if out.stopped { out.text } else { out.text + &stops.finish() };
+            if !rest.is_empty() {
+                text.push_str(&rest);
+                on_token(&TokenEvent { id: None, text: rest, logprobs: None });
+            }
+        }
+        let decode_secs = decode_start.elapsed().as_secs_f64();
+        let prefill_tokens = prompt.len() - reused;
+        let decode_tokens = generated.len().saturating_sub(1);
+        let timings = Timings {
+            prefill_tokens,
+            reused_tokens: reused,
+            ttft_ms: ttft.as_secs_f64() * 1e3,
+            prefill_tok_s: prefill_tokens as f64 / ttft.as_secs_f64().max(1e-9),
+            decode_tokens,
+            decode_ms: decode_secs * 1e3,
+            decode_tok_s: if decode_tokens > 0 { decode_tokens as f64 / decode_secs.max(1e-9) } else { 0.0 },
+        };
+        Ok(Generation { prompt_tokens: prompt.to_vec(), tokens: generated, text, finish_reason, timings, logprobs })
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn clock_seed() -> u64 {
+    web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Log-softmax of `logits`: the chosen token's value and the `n` best.
+fn top_logprobs(logits: &[f32], token: u32, n: usize) -> StepLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_sum = logits.iter().map(|&l| f64::from(l - max).exp()).sum::<f64>().ln() as f32;
+    let logprob = |l: f32| l - max - log_sum;
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    let n = n.min(order.len());
+    if n > 0 {
+        order.select_nth_unstable_by(n - 1, |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+    }
+    let mut top: Vec<(u32, f32)> = order[..n].iter().map(|&i| (i, logprob(logits[i as usize]))).collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    StepLogprobs { token, logprob: logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)), top }
+}

@@ -1,0 +1,144 @@
+//! The whole model on the CPU in plain f32, built from the kernels' CPU references. Slow and
+//! simple on purpose: the tests check the GPU forward pass's logits against it.
+
+use kestrel_gguf::GgufHeader;
+use kestrel_gpu::reference::{attention, embedding, matmul, norm, rope};
+
+use crate::config::ModelConfig;
+use crate::error::{bad_model, ModelError};
+use crate::tensors::{assign_roles, Role};
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    q_bias: Option<Vec<f32>>,
+    k_bias: Option<Vec<f32>>,
+    v_bias: Option<Vec<f32>>,
+    attn_output: Vec<f32>,
+    ffn_norm: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+    k_cache: Vec<f32>,
+    v_cache: Vec<f32>,
+}
+
+pub struct ReferenceModel {
+    pub config: ModelConfig,
+    embedding: Vec<f32>,
+    output_norm: Vec<f32>,
+    /// None when tied to the embedding.
+    output: Option<Vec<f32>>,
+    layers: Vec<Layer>,
+    shape: attention::AttentionShape,
+    rope: rope::RopeConfig,
+    /// Tokens already in the caches.
+    pub pos: usize,
+}
+
+impl ReferenceModel {
+    /// Dequantizes every weight of a parsed file (`tensors[i]` = bytes of `header.tensors[i]`).
+    pub fn new(header: &GgufHeader, tensors: &[Vec<u8>], max_ctx: usize) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_header(header)?;
+        let roles = assign_roles(header, &config)?;
+        let mut weights = std::collections::HashMap::new();
+        for ((info, role), bytes) in header.tensors.iter().zip(&roles).zip(tensors) {
+            if let Some(e) = role {
+                let values = matmul::dequantize_weights(info.ggml_type, bytes, e.rows, e.cols)?;
+                weights.insert(e.role, values);
+            }
+        }
+        let mut take = |role: Role| weights.remove(&role).ok_or_else(|| bad_model(format!("missing {role:?}")));
+        let shape = attention::AttentionShape {
+            n_heads: config.n_heads,
+            n_kv_heads: config.n_kv_heads,
+            head_dim: config.head_dim,
+            max_ctx,
+        };
+        let mut layers = Vec::with_capacity(config.n_layers);
+        for l in 0..config.n_layers {
+            let biased = config.arch == crate::config::Arch::Qwen2;
+            layers.push(Layer {
+                attn_norm: take(Role::AttnNorm(l))?,
+                q: take(Role::Q(l))?,
+                k: take(Role::K(l))?,
+                v: take(Role::V(l))?,
+                q_bias: if biased { Some(take(Role::QBias(l))?) } else { None },
+                k_bias: if biased { Some(take(Role::KBias(l))?) } else { None },
+                v_bias: if biased { Some(take(Role::VBias(l))?) } else { None },
+                attn_output: take(Role::AttnOutput(l))?,
+                ffn_norm: take(Role::FfnNorm(l))?,
+                gate: take(Role::Gate(l))?,
+                up: take(Role::Up(l))?,
+                down: take(Role::Down(l))?,
+                k_cache: vec![0.0; shape.cache_len()],
+                v_cache: vec![0.0; shape.cache_len()],
+            });
+        }
+        Ok(Self {
+            embedding: take(Role::TokenEmbedding)?,
+            output_norm: take(Role::OutputNorm)?,
+            output: if config.tied_embeddings { None } else { Some(take(Role::Output)?) },
+            rope: rope::RopeConfig::new(config.rope_mode, config.rope_base),
+            config,
+            layers,
+            shape,
+            pos: 0,
+        })
+    }
+
+    /// Runs `tokens` at positions `pos..`, appends them to the caches, and returns the logits
+    /// of the last one.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 || self.pos + n > self.shape.max_ctx {
+            return Err(ModelError::ContextOverflow { needed: self.pos + n, context: self.shape.max_ctx });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(ModelError::InvalidOption { name: "tokens", reason: format!("id {bad} >= vocab {}", c.vocab) });
+        }
+        let (hidden, hd, q_width, kv_width) = (c.hidden, c.head_dim, c.n_heads * c.head_dim, c.kv_width());
+        let mut x = embedding::embedding(&self.embedding, c.vocab, hidden, tokens);
+        for layer in &mut self.layers {
+            let h = norm::rmsnorm(&x, &layer.attn_norm, c.rms_eps);
+            let q = add_bias(matmul::matmul(&h, n, &layer.q, q_width, hidden), layer.q_bias.as_deref());
+            let k = add_bias(matmul::matmul(&h, n, &layer.k, kv_width, hidden), layer.k_bias.as_deref());
+            let v = add_bias(matmul::matmul(&h, n, &layer.v, kv_width, hidden), layer.v_bias.as_deref());
+            let mut q_roped = Vec::with_capacity(q.len());
+            for t in 0..n {
+                let p = self.pos + t;
+                q_roped.extend(rope::rope(&q[t * q_width..][..q_width], hd, p, &self.rope));
+                let k_roped = rope::rope(&k[t * kv_width..][..kv_width], hd, p, &self.rope);
+                for kvh in 0..c.n_kv_heads {
+                    let at = (kvh * self.shape.max_ctx + p) * hd;
+                    layer.k_cache[at..at + hd].copy_from_slice(&k_roped[kvh * hd..][..hd]);
+                    layer.v_cache[at..at + hd].copy_from_slice(&v[t * kv_width + kvh * hd..][..hd]);
+                }
+            }
+            let scale = 1.0 / (hd as f32).sqrt();
+            let attn = attention::attention(&self.shape, &q_roped, &layer.k_cache, &layer.v_cache, self.pos, scale);
+            let o = matmul::matmul(&attn, n, &layer.attn_output, hidden, q_width);
+            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            let h = norm::rmsnorm(&x, &layer.ffn_norm, c.rms_eps);
+            let act = matmul::swiglu(&h, n, &layer.gate, &layer.up, c.ffn, hidden);
+            let d = matmul::matmul(&act, n, &layer.down, hidden, c.ffn);
+            x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+        }
+        self.pos += n;
+        let last = norm::rmsnorm(&x[(n - 1) * hidden..], &self.output_norm, c.rms_eps);
+        let lm_head = self.output.as_deref().unwrap_or(&self.embedding);
+        Ok(matmul::matmul(&last, 1, lm_head, c.vocab, hidden))
+    }
+}
+
+fn add_bias(mut y: Vec<f32>, bias: Option<&[f32]>) -> Vec<f32> {
+    if let Some(b) = bias {
+        for row in y.chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+        }
+    }
+    y
+}

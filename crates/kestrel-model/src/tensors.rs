@@ -1,0 +1,106 @@
+//! The tensors a Llama-family GGUF holds, their names as llama.cpp writes them, and the shapes
+//! the config implies. Both the GPU loader and the CPU reference check a file against this
+//! before using any of its bytes.
+
+use kestrel_gguf::{GgufHeader, TensorInfo};
+
+use crate::config::{Arch, ModelConfig};
+use crate::error::{bad_model, ModelError};
+
+/// What one tensor of the model is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    TokenEmbedding,
+    OutputNorm,
+    Output,
+    AttnNorm(usize),
+    Q(usize),
+    K(usize),
+    V(usize),
+    QBias(usize),
+    KBias(usize),
+    VBias(usize),
+    AttnOutput(usize),
+    FfnNorm(usize),
+    Gate(usize),
+    Up(usize),
+    Down(usize),
+}
+
+/// A tensor the model needs: its name and shape as rows x cols (vectors have rows = 1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expected {
+    pub role: Role,
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// Every tensor the config requires, in no particular order.
+pub fn expected_tensors(c: &ModelConfig) -> Vec<Expected> {
+    let q = c.n_heads * c.head_dim;
+    let kv = c.kv_width();
+    let mut out = vec![
+        expected(Role::TokenEmbedding, "token_embd.weight", c.vocab, c.hidden),
+        expected(Role::OutputNorm, "output_norm.weight", 1, c.hidden),
+    ];
+    if !c.tied_embeddings {
+        out.push(expected(Role::Output, "output.weight", c.vocab, c.hidden));
+    }
+    for l in 0..c.n_layers {
+        let name = |s: &str| format!("blk.{l}.{s}");
+        out.extend([
+            expected(Role::AttnNorm(l), &name("attn_norm.weight"), 1, c.hidden),
+            expected(Role::Q(l), &name("attn_q.weight"), q, c.hidden),
+            expected(Role::K(l), &name("attn_k.weight"), kv, c.hidden),
+            expected(Role::V(l), &name("attn_v.weight"), kv, c.hidden),
+            expected(Role::AttnOutput(l), &name("attn_output.weight"), c.hidden, q),
+            expected(Role::FfnNorm(l), &name("ffn_norm.weight"), 1, c.hidden),
+            expected(Role::Gate(l), &name("ffn_gate.weight"), c.ffn, c.hidden),
+            expected(Role::Up(l), &name("ffn_up.weight"), c.ffn, c.hidden),
+            expected(Role::Down(l), &name("ffn_down.weight"), c.hidden, c.ffn),
+        ]);
+        if c.arch == Arch::Qwen2 {
+            out.extend([
+                expected(Role::QBias(l), &name("attn_q.bias"), 1, q),
+                expected(Role::KBias(l), &name("attn_k.bias"), 1, kv),
+                expected(Role::VBias(l), &name("attn_v.bias"), 1, kv),
+            ]);
+        }
+    }
+    out
+}
+
+fn expected(role: Role, name: &str, rows: usize, cols: usize) -> Expected {
+    Expected { role, name: name.to_string(), rows, cols }
+}
+
+/// Matches the file's tensors to the expected ones: every expected tensor present with its
+/// shape. Returns, per tensor index of the file, its role (None for tensors the model ignores,
+/// such as `rope_freqs` of other architectures).
+pub fn assign_roles(header: &GgufHeader, config: &ModelConfig) -> Result<Vec<Option<Expected>>, ModelError> {
+    let mut roles = vec![None; header.tensors.len()];
+    for e in expected_tensors(config) {
+        let (index, info) = header
+            .tensors
+            .iter()
+            .enumerate()
+            .find(|(_, t)| t.name == e.name)
+            .ok_or_else(|| bad_model(format!("missing tensor {}", e.name)))?;
+        check_shape(info, &e)?;
+        roles[index] = Some(e);
+    }
+    Ok(roles)
+}
+
+fn check_shape(info: &TensorInfo, e: &Expected) -> Result<(), ModelError> {
+    let dims: Vec<u64> = info.dims.iter().copied().filter(|&d| d != 1).collect();
+    let want: Vec<u64> = [e.cols as u64, e.rows as u64].into_iter().filter(|&d| d != 1).collect();
+    if dims != want {
+        return Err(bad_model(format!(
+            "tensor {} has shape {:?}, the model's metadata implies [{}, {}]",
+            e.name, info.dims, e.cols, e.rows
+        )));
+    }
+    Ok(())
+}
