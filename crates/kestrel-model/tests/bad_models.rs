@@ -1,0 +1,70 @@
+//! Bad model files: each gives its clear error (with a stable code) and nothing panics.
+
+mod common;
+
+use kestrel_gguf::{GgmlType, GgufWriter, TensorSpec};
+use kestrel_model::{LoadOptions, ModelError, ModelLoader};
+
+fn load_bytes(bytes: &[u8], chunk: usize) -> Result<kestrel_model::Model, ModelError> {
+    let gpu = common::gpu();
+    let mut loader = ModelLoader::new(&gpu, LoadOptions { context_length: Some(64), ..LoadOptions::default() });
+    for piece in bytes.chunks(chunk.max(1)) {
+        loader.push(piece)?;
+    }
+    pollster::block_on(loader.finish())
+}
+
+fn model_bytes() -> Vec<u8> {
+    std::fs::read(common::default_model_path()).expect("read the default model")
+}
+
+#[test]
+fn truncated_file_names_the_incomplete_tensor() {
+    let bytes = model_bytes();
+    let err = load_bytes(&bytes[..bytes.len() / 2], 1 << 20).err().expect("a truncated file must not load");
+    assert_eq!(err.code(), "bad_model", "{err}");
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
+
+#[test]
+fn garbage_and_empty_files_are_bad_models() {
+    for bytes in [b"not a gguf file at all, just text".to_vec(), Vec::new(), vec![0u8; 4096]] {
+        let err = load_bytes(&bytes, 7).err().expect("garbage must not load");
+        assert_eq!(err.code(), "bad_model", "{err}");
+    }
+}
+
+#[test]
+fn corrupted_header_is_a_bad_model_not_a_panic() {
+    let mut bytes = model_bytes();
+    bytes.truncate(4 << 20);
+    // Flip bytes across the metadata: every outcome must be an error, never a panic.
+    for offset in (8..4096).step_by(97) {
+        let mut corrupt = bytes.clone();
+        corrupt[offset] ^= 0xff;
+        if load_bytes(&corrupt, 1 << 20).is_ok() {
+            panic!("a 4 MiB prefix loaded as a model (flipped byte {offset})");
+        }
+    }
+}
+
+#[test]
+fn unsupported_tensor_type_is_refused_before_upload() {
+    let (header, _) = kestrel_gguf::read_file(&common::default_model_path()).expect("read");
+    // The same header with the FFN down projection of layer 3 declared as Q5_K.
+    let specs: Vec<TensorSpec> = header
+        .tensors
+        .iter()
+        .map(|t| TensorSpec {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ggml_type: if t.name == "blk.3.ffn_down.weight" { GgmlType::Q5_K } else { t.ggml_type },
+        })
+        .collect();
+    let mut header_bytes = Vec::new();
+    // The writer emits the header on creation; no tensor data is needed to be refused.
+    drop(GgufWriter::new(&mut header_bytes, &header.metadata, &specs).expect("write a header"));
+    let err = load_bytes(&header_bytes, 1 << 20).err().expect("Q5_K must be refused");
+    assert_eq!(err.code(), "unsupported_quant", "{err}");
+    assert!(err.to_string().contains("blk.3.ffn_down.weight") && err.to_string().contains("Q5_K"), "{err}");
+}

@@ -1,0 +1,63 @@
+//! Shared by the model tests: the default model, a GPU that fails loudly when missing, and
+//! llama.cpp's reference outputs (tests/data/reference, copied from shared/reference).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use kestrel_gpu::{Gpu, GpuOptions};
+use kestrel_model::{LoadOptions, Model};
+use serde_json::Value;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn default_model_path() -> PathBuf {
+    let path = repo_root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.exists(), "{} is missing: run scripts/fetch-model.sh", path.display());
+    path
+}
+
+pub fn gpu() -> Gpu {
+    Gpu::new_blocking(&GpuOptions::default()).unwrap_or_else(|e| {
+        panic!("no GPU adapter ({e}); install Mesa's lavapipe: apt-get install mesa-vulkan-drivers")
+    })
+}
+
+pub fn load(path: &std::path::Path, context: usize) -> Model {
+    let gpu = gpu();
+    let options = LoadOptions { context_length: Some(context), ..LoadOptions::default() };
+    pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut |_| {})).expect("load the model")
+}
+
+/// llama.cpp's greedy reference (tests/data/reference/greedy.json).
+pub fn greedy_reference() -> Value {
+    let path = repo_root().join("tests/data/reference/greedy.json");
+    serde_json::from_slice(&std::fs::read(&path).expect("read greedy.json")).expect("parse greedy.json")
+}
+
+pub fn prompts_reference() -> Value {
+    let path = repo_root().join("tests/data/reference/prompts.json");
+    serde_json::from_slice(&std::fs::read(&path).expect("read prompts.json")).expect("parse prompts.json")
+}
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().expect("an array of ids").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
+}
+
+/// log-softmax in f64.
+pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    logits.iter().map(|&l| l as f64 - max - sum.ln()).collect()
+}
+
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}

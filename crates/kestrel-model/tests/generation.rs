@@ -1,0 +1,116 @@
+//! Generation as a user drives it: seeded sampling, stop strings, aborts, prefix reuse across
+//! chat turns, context overflow, invalid options.
+
+mod common;
+
+use kestrel_model::{ChatMessage, FinishReason, GenerateOptions, ModelError, Prompt};
+
+fn chat(content: &str) -> Vec<ChatMessage> {
+    vec![ChatMessage::new("user", content)]
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_and_seed_dependent() {
+    let mut model = common::load(&common::default_model_path(), 256);
+    let prompt = model.encode(&Prompt::Chat(&chat("Name a color."))).unwrap();
+    let run = |model: &mut kestrel_model::Model, seed| {
+        let options = GenerateOptions { max_tokens: 6, seed: Some(seed), temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..GenerateOptions::default() };
+        pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).unwrap().tokens
+    };
+    let first = run(&mut model, 7);
+    assert_eq!(run(&mut model, 7), first, "same seed, same tokens");
+    let others: Vec<Vec<u32>> = [1u64, 2, 3].iter().map(|&s| run(&mut model, s)).collect();
+    assert!(others.iter().any(|o| *o != first), "three other seeds all gave {first:?}");
+}
+
+#[test]
+fn stop_strings_stop_and_are_not_emitted() {
+    let mut model = common::load(&common::default_model_path(), 256);
+    let prompt = model.encode(&Prompt::Text("The capital of France is")).unwrap();
+    let free = pollster::block_on(model.generate(&prompt, &GenerateOptions { max_tokens: 12, ..GenerateOptions::greedy() }, &mut |_| true)).unwrap();
+    // Stop at the third word of what the model writes unconstrained.
+    let words: Vec<&str> = free.text.split_whitespace().collect();
+    assert!(words.len() >= 4, "too little text to pick a stop string from: {:?}", free.text);
+    let stop = words[2].to_string();
+    let cut = free.text.find(&stop).unwrap();
+    let options = GenerateOptions { max_tokens: 12, stop: vec![stop.clone()], ..GenerateOptions::greedy() };
+    let mut streamed = String::new();
+    let stopped = pollster::block_on(model.generate(&prompt, &options, &mut |e| {
+        streamed.push_str(&e.text);
+        true
+    }))
+    .unwrap();
+    assert_eq!(stopped.finish_reason, FinishReason::Stop);
+    assert_eq!(stopped.text, free.text[..cut], "stop string {stop:?}");
+    assert_eq!(streamed, stopped.text, "streamed text equals the final text");
+}
+
+#[test]
+fn abort_stops_at_the_next_token_and_the_engine_keeps_working() {
+    let mut model = common::load(&common::default_model_path(), 256);
+    let prompt = model.encode(&Prompt::Chat(&chat("Count from one to twenty."))).unwrap();
+    let mut seen = 0;
+    let options = GenerateOptions { max_tokens: 20, ignore_eos: true, ..GenerateOptions::greedy() };
+    let aborted = pollster::block_on(model.generate(&prompt, &options, &mut |_| {
+        seen += 1;
+        seen < 3
+    }))
+    .unwrap();
+    assert_eq!(aborted.finish_reason, FinishReason::Abort);
+    assert_eq!(aborted.tokens.len(), 3);
+    let after = pollster::block_on(model.generate(&prompt, &GenerateOptions { max_tokens: 5, ignore_eos: true, ..GenerateOptions::greedy() }, &mut |_| true)).unwrap();
+    assert_eq!(after.finish_reason, FinishReason::Length);
+    assert_eq!(after.tokens[..3], aborted.tokens[..], "greedy output is the same after an abort");
+}
+
+#[test]
+fn follow_up_turn_reuses_the_cached_prefix_and_matches_a_fresh_run() {
+    let mut model = common::load(&common::default_model_path(), 512);
+    let options = GenerateOptions { max_tokens: 8, ..GenerateOptions::greedy() };
+    let mut messages = chat("Say hello.");
+    let first_prompt = model.encode(&Prompt::Chat(&messages)).unwrap();
+    let first = pollster::block_on(model.generate(&first_prompt, &options, &mut |_| true)).unwrap();
+    messages.push(ChatMessage::new("assistant", first.text.clone()));
+    messages.push(ChatMessage::new("user", "And goodbye?"));
+    let second_prompt = model.encode(&Prompt::Chat(&messages)).unwrap();
+    let second = pollster::block_on(model.generate(&second_prompt, &options, &mut |_| true)).unwrap();
+    assert!(second.timings.reused_tokens >= first_prompt.len(), "reused {} of the {}-token first prompt", second.timings.reused_tokens, first_prompt.len());
+    assert_eq!(second.timings.prefill_tokens, second_prompt.len() - second.timings.reused_tokens);
+    model.reset();
+    let fresh = pollster::block_on(model.generate(&second_prompt, &options, &mut |_| true)).unwrap();
+    assert_eq!(fresh.timings.reused_tokens, 0);
+    assert_eq!(fresh.tokens, second.tokens, "reusing the cache changes nothing in the output");
+}
+
+#[test]
+fn prompt_longer_than_the_context_is_a_clear_error() {
+    let mut model = common::load(&common::default_model_path(), 32);
+    let prompt: Vec<u32> = (0..40).map(|i| 100 + i).collect();
+    let err = pollster::block_on(model.generate(&prompt, &GenerateOptions::greedy(), &mut |_| true)).unwrap_err();
+    assert!(matches!(err, ModelError::ContextOverflow { needed: 41, context: 32 }), "{err}");
+    assert_eq!(err.code(), "context_overflow");
+    // The model still works.
+    let ok = pollster::block_on(model.generate(&prompt[..8], &GenerateOptions { max_tokens: 2, ..GenerateOptions::greedy() }, &mut |_| true));
+    assert!(ok.is_ok());
+}
+
+#[test]
+fn generation_ends_with_length_when_the_context_fills() {
+    let mut model = common::load(&common::default_model_path(), 16);
+    let prompt: Vec<u32> = (0..12).map(|i| 100 + i).collect();
+    let options = GenerateOptions { max_tokens: 100, ignore_eos: true, ..GenerateOptions::greedy() };
+    let g = pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).unwrap();
+    assert_eq!(g.finish_reason, FinishReason::Length);
+    assert_eq!(prompt.len() + g.tokens.len(), 16 + 1, "the last token is sampled but never fed back");
+}
+
+#[test]
+fn invalid_options_and_token_ids_are_errors() {
+    let mut model = common::load(&common::default_model_path(), 64);
+    let bad = GenerateOptions { top_p: 1.5, ..GenerateOptions::default() };
+    let err = pollster::block_on(model.generate(&[1, 2, 3], &bad, &mut |_| true)).unwrap_err();
+    assert!(matches!(err, ModelError::InvalidOption { name: "top_p", .. }), "{err}");
+    let err = pollster::block_on(model.generate(&[1, 999_999], &GenerateOptions::greedy(), &mut |_| true)).unwrap_err();
+    assert_eq!(err.code(), "invalid_option");
+    assert!(pollster::block_on(model.generate(&[], &GenerateOptions::greedy(), &mut |_| true)).is_err());
+}

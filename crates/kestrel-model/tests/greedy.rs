@@ -1,0 +1,60 @@
+//! Greedy generation against llama.cpp's for the same file (tests/data/reference/greedy.json):
+//! token for token up to the first step where llama.cpp's own top two logits are within 0.1
+//! (llama.cpp quantizes activations to 8 bits and keeps an f16 KV cache, so such near-ties may
+//! flip legitimately), and the first step's top-5 log-probabilities within 0.25.
+
+mod common;
+
+use kestrel_model::{ChatMessage, GenerateOptions, Prompt};
+
+const NEAR_TIE: f64 = 0.1;
+const LOGPROB_TOLERANCE: f64 = 0.25;
+
+#[test]
+fn greedy_tokens_match_llama_cpp_up_to_near_ties() {
+    let reference = common::greedy_reference();
+    let prompts = common::prompts_reference();
+    let mut model = common::load(&common::default_model_path(), 1024);
+    let mut report = Vec::new();
+    for case in reference["prompts"].as_array().expect("prompts") {
+        let id = case["id"].as_str().expect("id");
+        let spec = prompts["prompts"].as_array().expect("prompts").iter().find(|p| p["id"] == case["id"]).expect("prompt spec");
+        let messages: Vec<ChatMessage>;
+        let prompt = match case["kind"].as_str() {
+            Some("chat") => {
+                messages = serde_json::from_value(spec["messages"].clone()).expect("messages");
+                Prompt::Chat(&messages)
+            }
+            _ => Prompt::Text(spec["text"].as_str().expect("raw prompt text")),
+        };
+        let prompt_ids = model.encode(&prompt).expect("encode");
+        assert_eq!(prompt_ids, common::ids(&case["prompt_ids"]), "{id}: prompt tokens differ from llama.cpp's");
+
+        // First step: log-probabilities of llama.cpp's top 5.
+        let logits = pollster::block_on(model.prompt_logits(&prompt_ids)).expect("logits");
+        let logprobs = common::log_softmax(&logits);
+        for pair in case["top5_logprobs_last_prompt_pos"].as_array().expect("top5") {
+            let (tok, want) = (pair[0].as_u64().expect("id") as usize, pair[1].as_f64().expect("logprob"));
+            let got = logprobs[tok];
+            assert!((got - want).abs() <= LOGPROB_TOLERANCE, "{id}: logprob of token {tok}: {got:.3} vs llama.cpp {want:.3}");
+        }
+
+        let options = GenerateOptions { max_tokens: 32, ignore_eos: true, ..GenerateOptions::greedy() };
+        let generation = pollster::block_on(model.generate(&prompt_ids, &options, &mut |_| true)).expect("generate");
+        let want = common::ids(&case["greedy_ids"]);
+        let margins: Vec<f64> = case["step_top1_top2_logit_margin"].as_array().expect("margins").iter().map(|m| m.as_f64().expect("margin")).collect();
+        let comparable = margins.iter().position(|&m| m < NEAR_TIE).unwrap_or(want.len());
+        let matched = generation.tokens.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        report.push(format!(
+            "{id:<22} matched {matched:>2}/32, compared up to step {comparable:>2} (margin there: {})",
+            margins.get(comparable).map_or("none".into(), |m| format!("{m:.3}"))
+        ));
+        assert!(
+            matched >= comparable,
+            "{id}: greedy tokens diverge from llama.cpp at step {matched} (llama.cpp margin {:.3}), before its first near-tie at step {comparable}\n ours: {:?}\n want: {want:?}",
+            margins[matched],
+            generation.tokens
+        );
+    }
+    eprintln!("{}", report.join("\n"));
+}

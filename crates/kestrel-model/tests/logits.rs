@@ -1,0 +1,49 @@
+//! The GPU forward pass against the CPU reference forward pass (plain f32, from the kernels'
+//! references) on the same file: the default Q4_1 model and Q8_0 / Q4_0 / F16 versions of it
+//! made by `kestrel quantize`, for prompts of 1, 7 and 200 tokens (200 spans two prefill
+//! chunks of 128).
+//!
+//! Tolerance: every logit within 1e-4 * max|logit| of the reference (the two passes differ
+//! only in summation order; over 30 layers that grows to ~3e-6 relative here), and the same
+//! argmax.
+
+mod common;
+
+use std::path::Path;
+
+use kestrel_gguf::GgmlType;
+use kestrel_model::reference::ReferenceModel;
+
+const RELATIVE_TOLERANCE: f32 = 1e-4;
+
+fn check_file(path: &Path, label: &str) {
+    let bench_ids = common::ids(&common::greedy_reference()["bench_prompt"]["ids"]);
+    let (header, tensors) = kestrel_gguf::read_file(path).expect("read the model");
+    let mut model = common::load(path, 512);
+    for n in [1usize, 7, 200] {
+        let prompt = &bench_ids[..n];
+        let gpu = pollster::block_on(model.prompt_logits(prompt)).expect("gpu logits");
+        let mut reference = ReferenceModel::new(&header, &tensors, 512).expect("reference model");
+        let want = reference.forward(prompt).expect("reference logits");
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = gpu.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
+        eprintln!("{label} {n:>3} tokens: max |gpu - cpu| = {worst:.2e} ({:.2e} of max |logit| {scale:.1})", worst / scale);
+        assert!(worst <= RELATIVE_TOLERANCE * scale, "{label}, {n} tokens: logits differ by {worst} (max |logit| {scale})");
+        assert_eq!(common::argmax(&gpu), common::argmax(&want), "{label}, {n} tokens: argmax differs");
+    }
+}
+
+#[test]
+fn q4_1_default_model_matches_cpu_reference() {
+    check_file(&common::default_model_path(), "Q4_1");
+}
+
+#[test]
+fn requantized_models_match_cpu_reference() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    for (ty, label) in [(GgmlType::Q8_0, "Q8_0"), (GgmlType::Q4_0, "Q4_0"), (GgmlType::F16, "F16")] {
+        let out = dir.join(format!("smollm2-{label}.gguf"));
+        kestrel_gguf::quantize_model(&common::default_model_path(), &out, ty, &mut |_, _| {}).expect("quantize");
+        check_file(&out, label);
+    }
+}
