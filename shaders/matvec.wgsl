@@ -1,6 +1,7 @@
 // Matrix-vector product for decode (one token): y[n] = sum_k W[n][k] * x[k], with W in the GPU
-// weight layout of quant.wgsl. One workgroup per output row: its threads stride over the row in
-// units of 8 weights, so neighbouring threads read neighbouring words, then reduce.
+// weight layout of quant.wgsl. A workgroup computes one output row at a time (several in turn
+// for tall matrices): its threads stride over the row in units of 8 weights, so neighbouring
+// threads read neighbouring words, then reduce.
 //
 // Epilogues (defines): BIAS adds bias[n]; ACCUMULATE adds the old y[n] (the in-place residual
 // add, y += W x: each y[n] is read then written by the same invocation); SWIGLU computes
@@ -47,10 +48,34 @@ fn main(
     @builtin(subgroup_size) sg_size: u32,
 #endif
 ) {
-    let row = wg.x + wg.y * nwg.x;
-    if (row >= params.rows) {
-        return;
+    // A workgroup handles `rows_per_group` consecutive rows, one after the other: tall matrices
+    // (the LM head) then need fewer, longer-lived workgroups, while short ones keep one row per
+    // workgroup so that a large GPU still gets enough workgroups.
+    let first_row = (wg.x + wg.y * nwg.x) * params.rows_per_group;
+    for (var i = 0u; i < params.rows_per_group; i++) {
+        let row = first_row + i;
+        if (row >= params.rows) {
+            break;
+        }
+#if SUBGROUPS
+        let total = row_dot(row, lid, lane, sg_size);
+#else
+        let total = row_dot(row, lid);
+#endif
+        if (lid == 0u) {
+            store(row, total);
+        }
+        // `partials` is rewritten by the next row.
+        workgroupBarrier();
     }
+}
+
+// The row's dot product(s), valid in invocation 0.
+#if SUBGROUPS
+fn row_dot(row: u32, lid: u32, lane: u32, sg_size: u32) -> vec2<f32> {
+#else
+fn row_dot(row: u32, lid: u32) -> vec2<f32> {
+#endif
     let units = params.cols / 8u;
     var sums = vec2<f32>(0.0);
     for (var u = lid; u < units; u += WG) {
@@ -83,13 +108,11 @@ fn main(
         partials[lid / sg_size] = sg_sum;
     }
     workgroupBarrier();
-    if (lid != 0u) {
-        return;
-    }
     var total = vec2<f32>(0.0);
     for (var i = 0u; i < (WG + sg_size - 1u) / sg_size; i++) {
         total += partials[i];
     }
+    return total;
 #else
     partials[lid] = sums;
     workgroupBarrier();
@@ -99,12 +122,11 @@ fn main(
         }
         workgroupBarrier();
     }
-    if (lid != 0u) {
-        return;
-    }
-    let total = partials[0];
+    return partials[0];
 #endif
+}
 
+fn store(row: u32, total: vec2<f32>) {
 #if SWIGLU
     var value = silu(total.x) * total.y;
 #else

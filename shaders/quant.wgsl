@@ -18,6 +18,7 @@ struct WeightParams {
     row_words: u32,     // quant-section words per row
     scale_offset: u32,  // first word of the scale section
     max_tokens: u32,    // rows the activation buffers hold (matmul, embedding)
+    rows_per_group: u32, // consecutive rows one matvec workgroup computes
 }
 
 struct Unit {

@@ -44,7 +44,8 @@ pub(crate) struct WeightParams {
     row_words: u32,
     scale_offset: u32,
     max_tokens: u32,
-    _pad: [u32; 3],
+    rows_per_group: u32,
+    _pad: [u32; 2],
 }
 
 impl WeightParams {
@@ -94,7 +95,8 @@ impl WeightParams {
             row_words: row_words as u32,
             scale_offset: w.scale_offset,
             max_tokens,
-            _pad: [0; 3],
+            rows_per_group: 1,
+            _pad: [0; 2],
         })
     }
 
@@ -108,6 +110,19 @@ impl WeightParams {
 
     pub(crate) fn max_tokens(&self) -> u32 {
         self.max_tokens
+    }
+
+    /// Rows per matvec workgroup: one while the matrix alone yields enough workgroups to fill a
+    /// large GPU (~2048), more for tall matrices (the LM head), whose per-workgroup start-up
+    /// would otherwise dominate.
+    pub(crate) fn for_matvec(mut self) -> Self {
+        self.rows_per_group = (self.rows / 2048).clamp(1, 8);
+        self
+    }
+
+    /// Workgroups a matvec over these weights dispatches.
+    pub(crate) fn matvec_groups(&self) -> u32 {
+        self.rows.div_ceil(self.rows_per_group)
     }
 
     pub(crate) fn uniform(&self, gpu: &Gpu, label: &str) -> wgpu::Buffer {
@@ -233,7 +248,7 @@ impl MatvecKernel {
     ) -> Result<Dispatch, GpuError> {
         let kernel = "matvec";
         check_weight_type(kernel, self.ty, w)?;
-        let params = WeightParams::new(kernel, w, 1)?;
+        let params = WeightParams::new(kernel, w, 1)?.for_matvec();
         check_tensor(kernel, "x", x, DType::F32, params.cols.into())?;
         check_tensor(kernel, "y", y, DType::F32, params.rows.into())?;
         check_distinct(kernel, &[("x", &x.buffer), ("y", &y.buffer)])?;
@@ -247,7 +262,7 @@ impl MatvecKernel {
         if let Some(b) = check_bias(kernel, self.epilogue, bias, params.rows, y)? {
             resources.push(b.buffer.as_entire_binding());
         }
-        let workgroups = grid(params.rows, gpu.limits.max_compute_workgroups_per_dimension);
+        let workgroups = grid(params.matvec_groups(), gpu.limits.max_compute_workgroups_per_dimension);
         Ok(Dispatch::new(gpu, kernel, self.pipeline.clone(), &resources, workgroups))
     }
 }
@@ -278,12 +293,12 @@ impl SwigluMatvecKernel {
         let kernel = "swiglu matvec";
         check_weight_type(kernel, self.ty, gate)?;
         check_same_layout(kernel, gate, up)?;
-        let params = WeightParams::new(kernel, gate, 1)?;
+        let params = WeightParams::new(kernel, gate, 1)?.for_matvec();
         check_tensor(kernel, "x", x, DType::F32, params.cols.into())?;
         check_tensor(kernel, "out", out, DType::F32, params.rows.into())?;
         check_distinct(kernel, &[("x", &x.buffer), ("out", &out.buffer)])?;
         let uniform = params.uniform(gpu, "swiglu_matvec.params");
-        let workgroups = grid(params.rows, gpu.limits.max_compute_workgroups_per_dimension);
+        let workgroups = grid(params.matvec_groups(), gpu.limits.max_compute_workgroups_per_dimension);
         Ok(Dispatch::new(
             gpu,
             kernel,
