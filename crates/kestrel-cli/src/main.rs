@@ -42,6 +42,8 @@ enum Command {
         #[arg(long)]
         add_special: bool,
     },
+    /// Benchmarks: `kestrel bench kernels`.
+    Bench(commands::bench::BenchArgs),
     /// Write a copy of a GGUF model with its weights in another format.
     Quantize {
         input: PathBuf,
@@ -62,6 +64,7 @@ fn main() -> ExitCode {
             commands::tokenize::run(&model_path::resolve(model), &text, json, add_special)
         }
         Command::Quantize { input, output, ty } => commands::quantize::run(&input, &output, &ty),
+        Command::Bench(args) => commands::bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

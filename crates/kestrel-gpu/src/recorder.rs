@@ -1,6 +1,7 @@
 //! Batches many dispatches into one command encoder and one compute pass, submitted once. A
 //! decode step is a single `Recorder` from embedding to sampled token.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::Gpu;
@@ -62,11 +63,35 @@ pub struct Recorder {
     encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
     dispatches: u32,
+    /// Set by [`Recorder::new_timed`]: taken by the first compute pass begun, which writes its
+    /// start and end timestamps into slots 0 and 1.
+    timestamps: Option<wgpu::QuerySet>,
 }
 
 impl Recorder {
     pub fn new(gpu: &Gpu) -> Self {
-        Self { gpu: gpu.clone(), encoder: None, pass: None, dispatches: 0 }
+        Self { gpu: gpu.clone(), encoder: None, pass: None, dispatches: 0, timestamps: None }
+    }
+
+    /// A recorder whose compute pass writes GPU timestamps at its start and end into slots 0 and
+    /// 1 of `query_set` (a timestamp set of at least 2 queries; needs `GpuFeatures::timestamps`).
+    /// Only the first pass is timed and [`Recorder::copy`] ends a pass, so time recordings made
+    /// of dispatches only. Benchmarks divide the pass's span by the dispatches in it.
+    pub fn new_timed(gpu: &Gpu, query_set: &wgpu::QuerySet) -> Self {
+        Self { timestamps: Some(query_set.clone()), ..Self::new(gpu) }
+    }
+
+    /// Ends the current pass (its end timestamp is written then) and resolves `queries` of
+    /// `query_set` into `destination` at `offset`, a buffer with `QUERY_RESOLVE` usage.
+    pub fn resolve_queries(
+        &mut self,
+        query_set: &wgpu::QuerySet,
+        queries: Range<u32>,
+        destination: &wgpu::Buffer,
+        offset: u64,
+    ) {
+        self.pass = None;
+        self.encoder().resolve_query_set(query_set, queries, destination, offset);
     }
 
     pub fn dispatch(&mut self, d: &Dispatch, workgroups: [u32; 3]) {
@@ -104,11 +129,17 @@ impl Recorder {
     }
 
     fn pass(&mut self) -> &mut wgpu::ComputePass<'static> {
-        let Self { gpu, encoder, pass, .. } = self;
+        let Self { gpu, encoder, pass, timestamps, .. } = self;
         pass.get_or_insert_with(|| {
+            let timestamps = timestamps.take();
+            let timestamp_writes = timestamps.as_ref().map(|query_set| wgpu::ComputePassTimestampWrites {
+                query_set,
+                beginning_of_pass_write_index: Some(0),
+                end_of_pass_write_index: Some(1),
+            });
             encoder
                 .get_or_insert_with(|| new_encoder(gpu))
-                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kestrel"), timestamp_writes: None })
+                .begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kestrel"), timestamp_writes })
                 .forget_lifetime()
         })
     }
