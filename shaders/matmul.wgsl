@@ -32,7 +32,7 @@ const BN: u32 = 32u;
 #else
 const BN: u32 = 64u;
 #endif
-const TM: u32 = 4u;       // tokens per thread, BM / TM = 8 apart
+const TM: u32 = 4u;       // tokens per thread, BM / TM = 8 apart (one vec4 of accumulators)
 const TN: u32 = BN / 16u; // features per thread, 16 apart
 // Tile rows are padded by one word so that threads reading the same column of different rows
 // hit different banks.
@@ -124,30 +124,28 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let tm = lid / 16u;
     let tn = lid % 16u;
-    var acc: array<array<f32, TN>, TM>;
+    // acc[j][i]: token tm + 8i, feature tn + 16j. The TM = 4 tokens of a feature form one vec4,
+    // so the inner loop is TN vector FMAs.
+    var acc: array<vec4<f32>, TN>;
 #if SWIGLU
-    var acc_up: array<array<f32, TN>, TM>;
+    var acc_up: array<vec4<f32>, TN>;
 #endif
     for (var k0 = 0u; k0 < params.cols; k0 += BK) {
         load_x_tile(lid, m0, k0, n_tokens);
         load_w_tile(lid, n0, k0);
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            var a: array<f32, TM>;
-            for (var i = 0u; i < TM; i++) {
-                a[i] = x_tile[(tm + 8u * i) * STRIDE + kk];
-            }
+            let a = vec4<f32>(
+                x_tile[tm * STRIDE + kk],
+                x_tile[(tm + 8u) * STRIDE + kk],
+                x_tile[(tm + 16u) * STRIDE + kk],
+                x_tile[(tm + 24u) * STRIDE + kk],
+            );
             for (var j = 0u; j < TN; j++) {
-                let b = w_tile[(tn + 16u * j) * STRIDE + kk];
+                acc[j] = fma(a, vec4<f32>(w_tile[(tn + 16u * j) * STRIDE + kk]), acc[j]);
 #if SWIGLU
-                let b_up = up_tile[(tn + 16u * j) * STRIDE + kk];
+                acc_up[j] = fma(a, vec4<f32>(up_tile[(tn + 16u * j) * STRIDE + kk]), acc_up[j]);
 #endif
-                for (var i = 0u; i < TM; i++) {
-                    acc[i][j] = fma(a[i], b, acc[i][j]);
-#if SWIGLU
-                    acc_up[i][j] = fma(a[i], b_up, acc_up[i][j]);
-#endif
-                }
             }
         }
         workgroupBarrier();
@@ -162,9 +160,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             let index = m * params.rows + n;
 #if SWIGLU
-            var value = silu(acc[i][j]) * acc_up[i][j];
+            var value = silu(acc[j][i]) * acc_up[j][i];
 #else
-            var value = acc[i][j];
+            var value = acc[j][i];
 #endif
 #if BIAS
             value += bias[n];
