@@ -3,7 +3,11 @@
 #   ./build.sh [run] ["prompt"]  build the CLI, fetch the default model, generate text with it
 #   ./build.sh test              run every test (kernels on the GPU, via lavapipe where there is none)
 #   ./build.sh bench             kernel benchmarks (`kestrel bench kernels`)
-#   ./build.sh setup             install what building and testing needs (system packages, targets)
+#   ./build.sh test-browser      browser end-to-end tests (headless Chromium, WebGPU on SwiftShader)
+#   ./build.sh setup             install what building and testing needs (system packages)
+#   ./build.sh setup-web         install what the wasm build and browser tests need
+#   ./build.sh wasm              build the wasm engine into www/pkg (the npm package's binary)
+#   ./build.sh demo              build everything, fetch the model, serve the chat demo on 127.0.0.1
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -31,9 +35,66 @@ build_cli() {
   cargo build --release -p kestrel-cli
 }
 
+# The wasm-bindgen CLI must be exactly the version of the wasm-bindgen crate in Cargo.lock.
+wasm_bindgen_version() {
+  awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock
+}
+
+# What the wasm build and the browser tests need: the wasm target, wasm-bindgen-cli, Chromium
+# (WebGPU through its bundled SwiftShader), playwright-core.
+setup_web() {
+  export PATH="$HOME/.cargo/bin:$PATH"
+  if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
+    rustup target add wasm32-unknown-unknown
+  fi
+  local want
+  want=$(wasm_bindgen_version)
+  if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $want" ]; then
+    cargo install wasm-bindgen-cli --version "$want"
+  fi
+  if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  fi
+  if [ ! -d tests/browser/node_modules/playwright-core ]; then
+    (cd tests/browser && npm ci --no-audit --no-fund)
+  fi
+}
+
+build_wasm() {
+  export PATH="$HOME/.cargo/bin:$PATH"
+  cargo build -p kestrel-wasm --target wasm32-unknown-unknown --release
+  local want
+  want=$(wasm_bindgen_version)
+  if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $want" ]; then
+    cargo install wasm-bindgen-cli --version "$want"
+  fi
+  wasm-bindgen --target web --out-dir www/pkg target/wasm32-unknown-unknown/release/kestrel_wasm.wasm
+  local wasm=www/pkg/kestrel_wasm_bg.wasm
+  echo "$wasm: $(stat -c %s "$wasm") bytes, $(gzip -9c "$wasm" | wc -c) gzipped"
+}
+
+browser_tests() {
+  (cd tests/browser && node --test --test-concurrency=1 --test-reporter=spec)
+}
+
 case "$cmd" in
   setup)
     setup
+    ;;
+  setup-web)
+    setup_web
+    ;;
+  wasm)
+    build_wasm
+    ;;
+  demo)
+    setup
+    setup_web
+    build_wasm
+    exec node www/serve.mjs "${1:-8080}"
     ;;
   run)
     setup
@@ -44,13 +105,22 @@ case "$cmd" in
     setup
     cargo test --workspace --no-fail-fast
     ;;
+  test-browser)
+    # Browser end-to-end tests: the npm package in headless Chromium, compared with the native
+    # CLI. Not yet part of `test` (CI): see docs/architecture.md.
+    setup
+    setup_web
+    build_cli
+    build_wasm
+    browser_tests
+    ;;
   bench)
     setup
     build_cli
     target/release/kestrel bench kernels "$@"
     ;;
   *)
-    echo "usage: ./build.sh [run [prompt] | test | bench | setup]" >&2
+    echo "usage: ./build.sh [run [prompt] | test | test-browser | bench | setup | setup-web | wasm | demo [port]]" >&2
     exit 2
     ;;
 esac

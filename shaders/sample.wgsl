@@ -79,7 +79,8 @@ fn logit(i: u32) -> f32 {
 
 fn exp_or_zero(x: f32) -> f32 {
     // exp(-inf - -inf) would be NaN: a banned token (or an all-banned chunk) weighs nothing.
-    return select(exp(x), 0.0, x != x || x < -3.40282347e38);
+    // -FLT_MAX exactly (hex): Tint (Chrome) rejects a decimal literal that rounds past it.
+    return select(exp(x), 0.0, x != x || x < -0x1.fffffep+127f);
 }
 
 fn reduce_sum(t: u32, v: f32) -> f32 {

@@ -1,1 +1,437 @@
+//! wasm-bindgen exports of the Kestrel engine, driven by the browser package's worker
+//! (`www/worker.js`): create the device, stream a GGUF file in, generate with a per-token
+//! callback, abort, reset, unload.
+//!
+//! Every error that reaches JavaScript is an `Error` whose `code` property is stable
+//! ([`ModelError::code`] plus `no_webgpu`, `no_model`, `busy`, `invalid_option`, `gpu`) and whose
+//! message is the precise one. Methods take `&self` and hand back promises over shared state, so
+//! `abort()` can be called while `generate()` is awaiting the GPU.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+
+use js_sys::{Function, Promise};
+use kestrel_gpu::{Gpu, GpuOptions};
+use kestrel_model::{
+    ChatMessage, GenerateOptions, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Prompt, TokenEvent,
+};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+/// A JavaScript `Error` with a stable `code` property.
+fn js_error(code: &str, message: &str) -> JsValue {
+    let error = js_sys::Error::new(message);
+    let _ = js_sys::Reflect::set(&error, &JsValue::from_str("code"), &JsValue::from_str(code));
+    error.into()
+}
+
+fn model_error(e: &ModelError) -> JsValue {
+    js_error(e.code(), &e.to_string())
+}
+
+fn to_js(value: &Value) -> JsValue {
+    js_sys::JSON::parse(&value.to_string()).unwrap_or(JsValue::NULL)
+}
+
+/// Reports panics (bugs: every input-dependent failure is a `Result`) to the console with their
+/// message and location, instead of a bare "unreachable executed".
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            web_sys::console::error_1(&JsValue::from_str(&format!("kestrel panicked (a bug, please report it): {info}")));
+        }));
+    });
+}
+
+/// GPU errors nobody captured (validation errors outside an error scope). Recorded here and
+/// turned into a `gpu` error at the end of the call that caused them.
+static UNCAPTURED: Mutex<Option<String>> = Mutex::new(None);
+
+fn take_uncaptured() -> Option<String> {
+    UNCAPTURED.lock().ok()?.take()
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A generation request: a raw `prompt` or chat `messages`, and OpenAI-style sampling options.
+/// Absent options take [`GenerateOptions::default`] (llama.cpp's defaults).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Request {
+    prompt: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u32>,
+    min_p: Option<f32>,
+    seed: Option<u64>,
+    stop: Option<StopField>,
+    stop_token_ids: Option<Vec<u32>>,
+    /// `{"token id": bias}`, as OpenAI's API has it.
+    logit_bias: Option<HashMap<String, f32>>,
+    repetition_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    penalty_last_n: Option<usize>,
+    ignore_eos: Option<bool>,
+    logprobs: Option<usize>,
+}
+
+impl Request {
+    fn options(&self) -> Result<GenerateOptions, JsValue> {
+        let d = GenerateOptions::default();
+        let mut logit_bias = Vec::new();
+        for (id, &bias) in self.logit_bias.iter().flatten() {
+            let id = id
+                .trim()
+                .parse::<u32>()
+                .map_err(|_| js_error("invalid_option", &format!("invalid option logit_bias: key {id:?} is not a token id")))?;
+            logit_bias.push((id, bias));
+        }
+        logit_bias.sort_by_key(|&(id, _)| id);
+        Ok(GenerateOptions {
+            max_tokens: self.max_tokens.unwrap_or(d.max_tokens),
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k: self.top_k.unwrap_or(d.top_k),
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
+            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
+            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
+            penalty_last_n: self.penalty_last_n.unwrap_or(d.penalty_last_n),
+            logit_bias,
+            seed: self.seed,
+            stop: match &self.stop {
+                None => Vec::new(),
+                Some(StopField::One(s)) => vec![s.clone()],
+                Some(StopField::Many(v)) => v.clone(),
+            },
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            logprobs: self.logprobs.unwrap_or(0),
+        })
+    }
+}
+
+#[derive(Default)]
+struct State {
+    gpu: RefCell<Option<Gpu>>,
+    loader: RefCell<Option<ModelLoader>>,
+    /// Taken out while a generation runs.
+    model: RefCell<Option<Model>>,
+    model_info: RefCell<Option<Value>>,
+    load_options: RefCell<LoadOptions>,
+    busy: Cell<bool>,
+    abort: Cell<bool>,
+    /// `unload()` was called during a generation: drop the model when it ends.
+    unload_pending: Cell<bool>,
+}
+
+impl State {
+    fn gpu(&self) -> Result<Gpu, JsValue> {
+        self.gpu.borrow().clone().ok_or_else(|| js_error("no_webgpu", "the engine has no GPU device"))
+    }
+
+    fn check_idle(&self, what: &str) -> Result<(), JsValue> {
+        if self.busy.get() {
+            return Err(js_error("busy", &format!("cannot {what} while a generation is running")));
+        }
+        Ok(())
+    }
+
+    fn drop_model(&self) {
+        self.model.borrow_mut().take();
+        self.model_info.borrow_mut().take();
+    }
+
+    async fn finish_load(&self) -> Result<JsValue, JsValue> {
+        let loader = self.loader.borrow_mut().take().ok_or_else(|| js_error("bad_model", "bad model file: no bytes were loaded"))?;
+        let model = loader.finish().await.map_err(|e| model_error(&e))?;
+        if let Some(message) = take_uncaptured() {
+            return Err(js_error("gpu", &format!("GPU error while loading: {message}")));
+        }
+        let c = model.config();
+        let info = json!({
+            "name": c.name,
+            "arch": format!("{:?}", c.arch).to_lowercase(),
+            "n_layers": c.n_layers,
+            "hidden": c.hidden,
+            "ffn": c.ffn,
+            "n_heads": c.n_heads,
+            "n_kv_heads": c.n_kv_heads,
+            "head_dim": c.head_dim,
+            "vocab": c.vocab,
+            "train_context": c.train_context,
+            "context_length": model.context_length(),
+            "tied_embeddings": c.tied_embeddings,
+            "weight_bytes": model.weight_bytes(),
+            "weight_bytes_per_token": model.weight_bytes_per_token(),
+            "chat_template": model.tokenizer().chat_template().is_some(),
+        });
+        *self.model_info.borrow_mut() = Some(info);
+        *self.model.borrow_mut() = Some(model);
+        Ok(self.info())
+    }
+
+    fn info(&self) -> JsValue {
+        let gpu = self.gpu.borrow().as_ref().map(|g| {
+            let i = &g.info;
+            json!({
+                "adapter": i.adapter_name,
+                "backend": i.backend,
+                "driver": i.driver,
+                "features": {
+                    "shader_f16": i.features.shader_f16,
+                    "subgroups": i.features.subgroups,
+                    "timestamps": i.features.timestamps,
+                    "subgroup_min_size": i.features.subgroup_min_size,
+                    "subgroup_max_size": i.features.subgroup_max_size,
+                },
+                "limits": {
+                    "max_storage_buffer_binding_size": i.max_storage_buffer_binding_size,
+                    "max_buffer_size": i.max_buffer_size,
+                    "max_compute_workgroup_storage_size": i.max_compute_workgroup_storage_size,
+                    "max_compute_invocations_per_workgroup": i.max_compute_invocations_per_workgroup,
+                    "max_compute_workgroups_per_dimension": i.max_compute_workgroups_per_dimension,
+                    "max_storage_buffers_per_shader_stage": i.max_storage_buffers_per_shader_stage,
+                },
+            })
+        });
+        to_js(&json!({ "gpu": gpu, "model": *self.model_info.borrow(), "version": env!("CARGO_PKG_VERSION") }))
+    }
+
+    async fn generate(&self, request: &str, on_token: &Function) -> Result<JsValue, JsValue> {
+        self.check_idle("generate")?;
+        let request: Request = serde_json::from_str(request)
+            .map_err(|e| js_error("invalid_option", &format!("invalid request: {e}")))?;
+        let options = request.options()?;
+        let mut model = self.model.borrow_mut().take().ok_or_else(|| js_error("no_model", "no model is loaded"))?;
+        self.busy.set(true);
+        self.abort.set(false);
+        let result = self.run(&mut model, &request, &options, on_token).await;
+        self.busy.set(false);
+        if self.unload_pending.replace(false) {
+            drop(model);
+            self.model_info.borrow_mut().take();
+        } else {
+            *self.model.borrow_mut() = Some(model);
+        }
+        result
+    }
+
+    async fn run(&self, model: &mut Model, request: &Request, options: &GenerateOptions, on_token: &Function) -> Result<JsValue, JsValue> {
+        let prompt = match (&request.prompt, &request.messages) {
+            (Some(text), None) => Prompt::Text(text),
+            (None, Some(messages)) => Prompt::Chat(messages),
+            _ => return Err(js_error("invalid_option", "invalid option prompt: give exactly one of prompt and messages")),
+        };
+        let tokens = model.encode(&prompt).map_err(|e| model_error(&e))?;
+        let mut thrown: Option<JsValue> = None;
+        let abort = &self.abort;
+        let mut callback = |event: &TokenEvent| -> bool {
+            if abort.get() || thrown.is_some() {
+                return false;
+            }
+            let id = event.id.map_or(JsValue::UNDEFINED, JsValue::from);
+            match on_token.call2(&JsValue::NULL, &JsValue::from_str(&event.text), &id) {
+                Ok(more) => more != JsValue::FALSE && !abort.get(),
+                Err(e) => {
+                    thrown = Some(e);
+                    false
+                }
+            }
+        };
+        let generation = model.generate(&tokens, options, &mut callback).await;
+        if let Some(e) = thrown {
+            return Err(e);
+        }
+        if let Some(message) = take_uncaptured() {
+            return Err(js_error("gpu", &format!("GPU error during generation: {message}")));
+        }
+        let g = generation.map_err(|e| model_error(&e))?;
+        let t = &g.timings;
+        let logprobs: Vec<Value> = g
+            .logprobs
+            .iter()
+            .map(|s| json!({ "token_id": s.token, "logprob": s.logprob, "top": s.top.iter().map(|&(id, lp)| json!([id, lp])).collect::<Vec<_>>() }))
+            .collect();
+        Ok(to_js(&json!({
+            "text": g.text,
+            "prompt_token_ids": g.prompt_tokens,
+            "token_ids": g.tokens,
+            "finish_reason": g.finish_reason.as_str(),
+            "logprobs": logprobs,
+            "timings": {
+                "prompt_tokens": g.prompt_tokens.len(),
+                "prefill_tokens": t.prefill_tokens,
+                "reused_tokens": t.reused_tokens,
+                "ttft_ms": t.ttft_ms,
+                "prefill_tok_s": t.prefill_tok_s,
+                "decode_tokens": t.decode_tokens,
+                "decode_ms": t.decode_ms,
+                "decode_tok_s": t.decode_tok_s,
+            },
+        })))
+    }
+}
+
+fn progress_js(p: &LoadProgress) -> JsValue {
+    to_js(&json!({
+        "phase": format!("{:?}", p.phase).to_lowercase(),
+        "bytes_received": p.bytes_received,
+        "tensors_loaded": p.tensors_loaded,
+        "tensors_total": p.tensors_total,
+    }))
+}
+
+/// The engine: one GPU device and at most one loaded model.
+#[wasm_bindgen]
+pub struct Engine {
+    state: Rc<State>,
+}
+
+#[wasm_bindgen]
+impl Engine {
+    /// Creates the GPU device from the global scope's `navigator.gpu` (a worker's or a page's).
+    /// Fails with code `no_webgpu` where there is none or no adapter. `options` (optional):
+    /// `{allow_f16, allow_subgroups, allow_timestamps}` (booleans, default true) to force
+    /// optional features off, and `context_length` (KV cache tokens; default: the model's
+    /// training context, at most 4096).
+    pub async fn create(options: JsValue) -> Result<Engine, JsValue> {
+        install_panic_hook();
+        let navigator = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("navigator")).unwrap_or(JsValue::UNDEFINED);
+        let has_gpu = !navigator.is_undefined()
+            && js_sys::Reflect::get(&navigator, &JsValue::from_str("gpu")).is_ok_and(|g| !g.is_undefined() && !g.is_null());
+        if !has_gpu {
+            return Err(js_error("no_webgpu", "WebGPU is not available here (navigator.gpu is missing)"));
+        }
+        let mut gpu_options = GpuOptions::default();
+        if options.is_object() {
+            let flag = |name: &str, default: bool| js_sys::Reflect::get(&options, &JsValue::from_str(name)).ok().and_then(|v| v.as_bool()).unwrap_or(default);
+            gpu_options.allow_f16 = flag("allow_f16", true);
+            gpu_options.allow_subgroups = flag("allow_subgroups", true);
+            gpu_options.allow_timestamps = flag("allow_timestamps", true);
+        }
+        let mut load_options = LoadOptions::default();
+        if options.is_object() {
+            let context = js_sys::Reflect::get(&options, &JsValue::from_str("context_length")).unwrap_or(JsValue::UNDEFINED);
+            if !context.is_undefined() && !context.is_null() {
+                match context.as_f64() {
+                    Some(n) if n >= 1.0 && n.fract() == 0.0 && n <= 1e9 => load_options.context_length = Some(n as usize),
+                    _ => return Err(js_error("invalid_option", &format!("invalid option context_length: {context:?} must be a positive integer"))),
+                }
+            }
+        }
+        let gpu = Gpu::new(&gpu_options).await.map_err(|e| model_error(&ModelError::Gpu(e)))?;
+        gpu.device.on_uncaptured_error(Arc::new(|error: wgpu::Error| {
+            let message = error.to_string();
+            web_sys::console::error_1(&JsValue::from_str(&format!("kestrel: uncaptured GPU error: {message}")));
+            if let Ok(mut slot) = UNCAPTURED.lock() {
+                slot.get_or_insert(message);
+            }
+        }));
+        let state = State::default();
+        *state.gpu.borrow_mut() = Some(gpu);
+        *state.load_options.borrow_mut() = load_options;
+        Ok(Engine { state: Rc::new(state) })
+    }
+
+    /// Feeds the next bytes of a GGUF file. The first chunk starts a new load (dropping any
+    /// loaded model first, so its GPU memory is free). Returns the progress:
+    /// `{phase, bytes_received, tensors_loaded, tensors_total}`. After an error the load is
+    /// abandoned; the next chunk starts a new one.
+    #[wasm_bindgen(js_name = loadChunk)]
+    pub fn load_chunk(&self, bytes: &[u8]) -> Result<JsValue, JsValue> {
+        let s = &self.state;
+        s.check_idle("load a model")?;
+        let mut loader = s.loader.borrow_mut();
+        if loader.is_none() {
+            s.drop_model();
+            *loader = Some(ModelLoader::new(&s.gpu()?, s.load_options.borrow().clone()));
+        }
+        let l = loader.as_mut().expect("just set");
+        match l.push(bytes) {
+            Ok(()) => Ok(progress_js(&l.progress())),
+            Err(e) => {
+                *loader = None;
+                Err(model_error(&e))
+            }
+        }
+    }
+
+    /// Abandons a load in progress.
+    #[wasm_bindgen(js_name = cancelLoad)]
+    pub fn cancel_load(&self) {
+        self.state.loader.borrow_mut().take();
+    }
+
+    /// Ends the stream (an incomplete file is a `bad_model` error naming the tensor), compiles
+    /// the pipelines and makes the model current. Resolves to `info()`.
+    #[wasm_bindgen(js_name = finishLoad)]
+    pub fn finish_load(&self) -> Promise {
+        let state = self.state.clone();
+        future_to_promise(async move {
+            state.check_idle("load a model")?;
+            state.finish_load().await
+        })
+    }
+
+    /// Generates from a JSON request (`{prompt | messages, max_tokens, temperature, top_p, top_k,
+    /// min_p, seed, stop, stop_token_ids, logit_bias, repetition_penalty, frequency_penalty,
+    /// presence_penalty, penalty_last_n, ignore_eos, logprobs}`). `on_token(text, id)` is called
+    /// for every token (`id` undefined for a final flush of held-back text); returning `false`
+    /// stops generation (finish_reason "abort"). Resolves to `{text, prompt_token_ids,
+    /// token_ids, finish_reason, logprobs, timings}`.
+    pub fn generate(&self, request: String, on_token: Function) -> Promise {
+        let state = self.state.clone();
+        future_to_promise(async move { state.generate(&request, &on_token).await })
+    }
+
+    /// Stops the running generation at the next token (finish_reason "abort").
+    pub fn abort(&self) {
+        self.state.abort.set(true);
+    }
+
+    /// Forgets the KV cache prefix: the next request prefills from position 0.
+    pub fn reset(&self) -> Result<(), JsValue> {
+        self.state.check_idle("reset")?;
+        if let Some(model) = self.state.model.borrow_mut().as_mut() {
+            model.reset();
+        }
+        Ok(())
+    }
+
+    /// Drops the model and any load in progress, freeing their GPU memory. A running generation
+    /// is aborted and the model dropped when it ends.
+    pub fn unload(&self) {
+        let s = &self.state;
+        s.loader.borrow_mut().take();
+        if s.busy.get() {
+            s.abort.set(true);
+            s.unload_pending.set(true);
+        }
+        s.drop_model();
+    }
+
+    /// `{gpu: {adapter, backend, driver, features, limits}, model: {...} | null, version}`.
+    pub fn info(&self) -> JsValue {
+        self.state.info()
+    }
+
+    /// Whether a model is loaded.
+    #[wasm_bindgen(getter)]
+    pub fn loaded(&self) -> bool {
+        self.state.model_info.borrow().is_some()
+    }
+}

@@ -1,0 +1,153 @@
+// The npm package in headless Chromium (WebGPU through SwiftShader): load the default model in
+// the worker, greedy output equal to the native CLI's, abort, queueing, main-thread
+// responsiveness, the Cache API on a second load.
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { launch, MODEL_URL, nativeGreedy, openTestPage, startServer } from './harness.mjs';
+
+const PROMPT = 'Hi';
+const MAX_TOKENS = 12;
+const MINUTES = 60_000;
+
+describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
+  let server;
+  let browser;
+  let page;
+
+  before(async () => {
+    server = await startServer();
+    browser = await launch();
+    page = await openTestPage(browser.context, server.url);
+    page.setDefaultTimeout(20 * MINUTES);
+  });
+
+  after(async () => {
+    await browser?.close();
+    await server?.close();
+  });
+
+  test('(a) loads the default model in its worker and streams the native greedy tokens', { timeout: 30 * MINUTES }, async () => {
+    const native = nativeGreedy(PROMPT, MAX_TOKENS);
+    assert.ok(native.token_ids.length > 0, 'the native CLI generated nothing');
+    const result = await page.evaluate(async ({ modelUrl, prompt, maxTokens }) => {
+      const phases = [];
+      const t0 = performance.now();
+      const engine = await window.kestrel.createEngine({
+        model: modelUrl,
+        onProgress: (p) => { if (phases.at(-1) !== p.phase) phases.push(p.phase); },
+      });
+      const loadMs = performance.now() - t0;
+      window.engine = engine;
+      const chunks = [];
+      const stream = await engine.chat.completions.create({
+        messages: [{ role: 'user', content: prompt }],
+        stream: true,
+        temperature: 0,
+        max_tokens: maxTokens,
+      });
+      for await (const chunk of stream) chunks.push(chunk);
+      return { phases, loadMs, chunks, info: engine.info };
+    }, { modelUrl: MODEL_URL, prompt: PROMPT, maxTokens: MAX_TOKENS });
+    console.log(`load ${(result.loadMs / 1e3).toFixed(1)} s on ${result.info.gpu.adapter}; phases ${result.phases.join(' > ')}`);
+    const last = result.chunks.at(-1);
+    console.log('usage', JSON.stringify(last.usage));
+    assert.deepEqual(result.phases, ['download', 'compile', 'ready']);
+    const streamedIds = result.chunks.flatMap((c) => c.choices).map((c) => c.token_id).filter((id) => id != null);
+    const text = result.chunks.map((c) => c.choices[0]?.delta?.content ?? '').join('');
+    assert.deepEqual(last.kestrel.prompt_token_ids, native.prompt_token_ids, 'prompt tokens differ from the native CLI');
+    assert.deepEqual(streamedIds, native.token_ids, 'streamed token ids differ from the native CLI');
+    assert.deepEqual(last.kestrel.token_ids, native.token_ids);
+    assert.equal(text, native.text);
+    assert.equal(last.choices[0].finish_reason, native.finish_reason);
+    assert.equal(last.usage.completion_tokens, native.token_ids.length);
+    assert.ok(last.usage.extra.time_to_first_token_s > 0);
+    assert.equal(result.chunks[0].object, 'chat.completion.chunk');
+  });
+
+  test('(b) abort mid-stream, then a new request completes; concurrent requests complete in order', { timeout: 30 * MINUTES }, async () => {
+    const r = await page.evaluate(async () => {
+      const engine = window.engine;
+      const controller = new AbortController();
+      const stream = await engine.chat.completions.create({
+        messages: [{ role: 'user', content: 'Write a long story about a kestrel.' }],
+        stream: true, temperature: 0, max_tokens: 64, signal: controller.signal, ignore_eos: true,
+      });
+      let tokens = 0;
+      let finish = null;
+      for await (const chunk of stream) {
+        if (chunk.choices[0]?.token_id != null && ++tokens === 2) controller.abort();
+        finish = chunk.choices[0]?.finish_reason ?? finish;
+      }
+      const order = [];
+      const [x, y] = await Promise.all([
+        engine.completions.create({ prompt: 'The sky is', temperature: 0, max_tokens: 2 }).then((v) => (order.push('x'), v)),
+        engine.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], temperature: 0, max_tokens: 2 }).then((v) => (order.push('y'), v)),
+      ]);
+      return { tokens, finish, order, x, y };
+    });
+    assert.equal(r.finish, 'abort');
+    assert.ok(r.tokens >= 2 && r.tokens <= 4, `abort took effect after ${r.tokens} tokens`);
+    assert.deepEqual(r.order, ['x', 'y']);
+    assert.equal(r.x.object, 'text_completion');
+    assert.equal(r.x.choices[0].finish_reason, 'length');
+    assert.equal(r.x.usage.completion_tokens, 2);
+    assert.equal(r.y.object, 'chat.completion');
+    assert.equal(r.y.kestrel.token_ids.length, 2);
+    assert.ok(Number(r.x.id.split('-')[1]) < Number(r.y.id.split('-')[1]));
+  });
+
+  test('(c) generation never blocks the main thread', { timeout: 30 * MINUTES }, async () => {
+    const r = await page.evaluate(async () => {
+      const long = [];
+      const observer = new PerformanceObserver((list) => long.push(...list.getEntries().map((e) => e.duration)));
+      observer.observe({ type: 'longtask' });
+      let frames = 0;
+      let maxGap = 0;
+      let last = performance.now();
+      let running = true;
+      const tick = (t) => {
+        frames++;
+        maxGap = Math.max(maxGap, t - last);
+        last = t;
+        if (running) requestAnimationFrame(tick);
+      };
+      requestAnimationFrame(tick);
+      const t0 = performance.now();
+      const out = await window.engine.chat.completions.create({
+        messages: [{ role: 'user', content: 'Name three birds.' }], temperature: 0, max_tokens: 4,
+      });
+      const ms = performance.now() - t0;
+      running = false;
+      await new Promise((r) => setTimeout(r, 100));
+      observer.disconnect();
+      return { long, frames, maxGap, ms, tokens: out.usage.completion_tokens };
+    });
+    console.log(`generation ${(r.ms / 1e3).toFixed(1)} s, ${r.frames} frames, longest frame gap ${r.maxGap.toFixed(0)} ms, long tasks ${JSON.stringify(r.long)}`);
+    assert.ok(r.tokens > 0);
+    assert.deepEqual(r.long, [], 'main-thread long tasks during generation');
+    assert.ok(r.frames >= r.ms / 100, `only ${r.frames} animation frames in ${r.ms.toFixed(0)} ms`);
+  });
+
+  test('(d) a second page load reads the model from the Cache API, not the server', { timeout: 30 * MINUTES }, async () => {
+    await page.evaluate(() => window.engine.unload());
+    await page.close();
+    const before = server.log.length;
+    page = await openTestPage(browser.context, server.url);
+    const r = await page.evaluate(async (modelUrl) => {
+      const cached = await window.kestrel.hasModelInCache(modelUrl);
+      const phases = [];
+      const engine = await window.kestrel.createEngine({
+        model: modelUrl,
+        onProgress: (p) => { if (phases.at(-1) !== p.phase) phases.push(p.phase); },
+      });
+      window.engine = engine;
+      const out = await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], temperature: 0, max_tokens: 2 });
+      return { cached, phases, ids: out.kestrel.token_ids };
+    }, MODEL_URL);
+    const requests = server.log.slice(before).map((e) => e.path);
+    assert.equal(r.cached, true);
+    assert.deepEqual(r.phases, ['cache', 'compile', 'ready']);
+    assert.ok(!requests.includes(MODEL_URL), `the model was requested again: ${requests.join(', ')}`);
+    assert.equal(r.ids.length, 2);
+  });
+});

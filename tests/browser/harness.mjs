@@ -1,0 +1,66 @@
+// Shared set-up of the browser tests: the static server, headless Chromium with WebGPU through
+// SwiftShader, and the native CLI's greedy output to compare with.
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+import { startServer } from '../../www/serve.mjs';
+
+export const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
+export const MODEL_URL = '/models/SmolLM2-135M-Instruct.Q4_1.gguf';
+export const ARTIFACTS = join(ROOT, 'tests/artifacts');
+
+const WEBGPU_FLAGS = [
+  '--enable-unsafe-webgpu',
+  '--enable-features=Vulkan',
+  '--use-vulkan=swiftshader',
+  '--use-webgpu-adapter=swiftshader',
+  '--disable-vulkan-surface',
+];
+const COMMON_FLAGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'];
+
+/** Launches Chromium with a fresh profile; `webgpu: false` leaves WebGPU off. */
+export async function launch({ webgpu = true } = {}) {
+  const userDataDir = mkdtempSync(join(tmpdir(), 'kestrel-chromium-'));
+  const context = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    args: [...(webgpu ? WEBGPU_FLAGS : []), ...COMMON_FLAGS],
+  });
+  return {
+    context,
+    async close() {
+      await context.close();
+      rmSync(userDataDir, { recursive: true, force: true });
+    },
+  };
+}
+
+export { startServer };
+
+/** Opens the test page (which exposes the package as window.kestrel); forwards console errors. */
+export async function openTestPage(context, baseUrl, path = '/tests/browser/page.html') {
+  const page = await context.newPage();
+  page.on('console', (m) => {
+    if (m.type() === 'error' || m.type() === 'warning') console.log(`[browser ${m.type()}] ${m.text()}`);
+  });
+  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
+  await page.goto(baseUrl + path);
+  await page.waitForFunction(() => window.kestrelReady === true);
+  return page;
+}
+
+/** The native CLI's greedy generation for a chat prompt: {prompt_token_ids, token_ids, text}. */
+export function nativeGreedy(prompt, maxTokens) {
+  const cli = join(ROOT, 'target/release/kestrel');
+  if (!existsSync(cli)) throw new Error(`${cli} is missing: build it with \`cargo build --release -p kestrel-cli\``);
+  const out = execFileSync(cli, ['generate', '--json', '--temperature', '0', '--max-tokens', String(maxTokens), prompt], {
+    cwd: ROOT,
+    env: { XDG_RUNTIME_DIR: '/tmp', ...process.env },
+    encoding: 'utf8',
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  return JSON.parse(out);
+}

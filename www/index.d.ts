@@ -1,0 +1,171 @@
+// Types of the `kestrel` browser package.
+
+/** Every error the package throws: `code` is stable, `message` precise. */
+export interface KestrelError extends Error {
+  code:
+    | 'no_webgpu' | 'bad_model' | 'unsupported_quant' | 'device_limits' | 'context_overflow'
+    | 'invalid_option' | 'aborted' | 'tokenizer' | 'gpu' | 'fetch_failed' | 'no_model' | 'busy'
+    | 'worker_error' | 'unloaded' | 'internal' | (string & {});
+}
+
+export interface LoadProgress {
+  phase: 'download' | 'cache' | 'upload' | 'compile' | 'ready';
+  /** Bytes read so far. */
+  loaded: number;
+  /** Bytes in the file (0 when the server did not say). */
+  total: number;
+  tensors?: number;
+  tensorsTotal?: number;
+}
+
+export interface EngineInfo {
+  gpu: {
+    adapter: string;
+    backend: string;
+    driver: string;
+    features: { shader_f16: boolean; subgroups: boolean; timestamps: boolean; subgroup_min_size: number; subgroup_max_size: number };
+    limits: Record<string, number>;
+  } | null;
+  model: {
+    name: string; arch: string; n_layers: number; hidden: number; ffn: number; n_heads: number;
+    n_kv_heads: number; head_dim: number; vocab: number; train_context: number; context_length: number;
+    tied_embeddings: boolean; weight_bytes: number; weight_bytes_per_token: number; chat_template: boolean;
+  } | null;
+  version: string;
+}
+
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant' | (string & {});
+  content: string;
+}
+
+/** Sampling options; absent ones take llama.cpp's defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05). */
+export interface SamplingOptions {
+  max_tokens?: number;
+  /** 0 is greedy. */
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  min_p?: number;
+  seed?: number;
+  stop?: string | string[];
+  stop_token_ids?: number[];
+  /** `{ "token id": bias }`. */
+  logit_bias?: Record<string, number>;
+  repetition_penalty?: number;
+  frequency_penalty?: number;
+  presence_penalty?: number;
+  penalty_last_n?: number;
+  ignore_eos?: boolean;
+  logprobs?: boolean;
+  top_logprobs?: number;
+  /** Aborting stops generation at the next token, with finish_reason "abort". */
+  signal?: AbortSignal;
+}
+
+export type FinishReason = 'stop' | 'length' | 'abort';
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  extra: {
+    prefill_tokens: number;
+    reused_tokens: number;
+    prefill_tokens_per_s: number;
+    decode_tokens_per_s: number;
+    time_to_first_token_s: number;
+    time_per_output_token_s: number;
+    e2e_latency_s: number;
+  };
+}
+
+/** Non-standard details of the generation. */
+export interface KestrelDetails {
+  prompt_token_ids: number[];
+  token_ids: number[];
+  timings: Record<string, number>;
+  logprobs: { token_id: number; logprob: number; top: [number, number][] }[];
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  choices: {
+    index: 0;
+    delta: { role?: 'assistant'; content?: string };
+    finish_reason: FinishReason | null;
+    /** The token this chunk's text came from (null for a final flush of held-back text). */
+    token_id?: number | null;
+    logprobs: null;
+  }[];
+  /** Only on the last chunk. */
+  usage?: Usage;
+  kestrel?: KestrelDetails;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: 'chat.completion';
+  created: number;
+  model: string;
+  choices: { index: 0; message: { role: 'assistant'; content: string }; finish_reason: FinishReason; logprobs: null }[];
+  usage: Usage;
+  kestrel: KestrelDetails;
+}
+
+export interface Completion {
+  id: string;
+  object: 'text_completion';
+  created: number;
+  model: string;
+  choices: { index: 0; text: string; finish_reason: FinishReason | null; token_id?: number | null; logprobs: null }[];
+  usage?: Usage;
+  kestrel?: KestrelDetails;
+}
+
+export interface ChatCompletionRequest extends SamplingOptions {
+  messages: ChatMessage[];
+  stream?: boolean;
+}
+
+export interface CompletionRequest extends SamplingOptions {
+  prompt: string;
+  stream?: boolean;
+}
+
+export interface Engine {
+  /** Set once the model is loaded. */
+  info: EngineInfo;
+  chat: {
+    completions: {
+      create(request: ChatCompletionRequest & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
+      create(request: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+    };
+  };
+  completions: {
+    create(request: CompletionRequest & { stream: true }): Promise<AsyncIterable<Completion>>;
+    create(request: CompletionRequest & { stream?: false }): Promise<Completion>;
+  };
+  /** Forgets the conversation cached on the GPU. */
+  reset(): Promise<void>;
+  /** Frees the model's GPU memory and stops the worker. */
+  unload(): Promise<void>;
+}
+
+export interface CreateEngineOptions {
+  /** A URL (fetched, then kept in the Cache API), a File or a Blob of a GGUF file. */
+  model: string | URL | Blob;
+  onProgress?: (progress: LoadProgress) => void;
+  /** Force optional GPU features off (all default to true: used where the adapter has them). */
+  gpu?: { allow_f16?: boolean; allow_subgroups?: boolean; allow_timestamps?: boolean };
+  /** KV cache length in tokens (default: the model's training context, at most 4096). */
+  context_length?: number;
+}
+
+/** Starts the engine's worker and loads the model; resolves when it is ready. */
+export function createEngine(options: CreateEngineOptions): Promise<Engine>;
+export function hasModelInCache(url: string): Promise<boolean>;
+export function deleteModelFromCache(url: string): Promise<boolean>;

@@ -1,0 +1,82 @@
+// A small static server for the demo and the browser tests (not part of the npm package).
+// Serves the repository's www/ and models/ folders on 127.0.0.1 with the headers the page needs:
+// MIME types (application/wasm for streaming compilation), cross-origin isolation
+// (COOP/COEP), and no HTTP caching (the package keeps models in the Cache API itself).
+//   node www/serve.mjs [port]     (port 0 or absent: 8080; prints the URL)
+import { createServer } from 'node:http';
+import { createReadStream, promises as fs } from 'node:fs';
+import { extname, join, normalize, resolve, sep } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const ROOT = resolve(fileURLToPath(new URL('..', import.meta.url)));
+const ALLOWED = ['/www/', '/models/', '/tests/'];
+const MIME = {
+  '.html': 'text/html; charset=utf-8',
+  '.js': 'text/javascript; charset=utf-8',
+  '.mjs': 'text/javascript; charset=utf-8',
+  '.css': 'text/css; charset=utf-8',
+  '.json': 'application/json',
+  '.wasm': 'application/wasm',
+  '.ts': 'text/plain; charset=utf-8',
+  '.png': 'image/png',
+  '.svg': 'image/svg+xml',
+  '.gguf': 'application/octet-stream',
+};
+
+/** Starts the server; resolves to {url, port, log, close}. `log` lists every request's path. */
+export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet = true } = {}) {
+  const log = [];
+  const server = createServer(async (req, res) => {
+    const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
+    log.push({ method: req.method, path });
+    if (!quiet) console.log(req.method, path);
+    const headers = {
+      'Cross-Origin-Opener-Policy': 'same-origin',
+      'Cross-Origin-Embedder-Policy': 'require-corp',
+      'Cross-Origin-Resource-Policy': 'same-origin',
+      'Cache-Control': 'no-store',
+    };
+    if (path === '/') {
+      res.writeHead(302, { ...headers, Location: '/www/demo/' });
+      return res.end();
+    }
+    let file = normalize(join(root, path));
+    if (!ALLOWED.some((p) => path.startsWith(p)) || !(file + sep).startsWith(root + sep)) {
+      res.writeHead(404, headers);
+      return res.end('not found');
+    }
+    try {
+      let stat = await fs.stat(file);
+      if (stat.isDirectory()) {
+        if (!path.endsWith('/')) {
+          res.writeHead(301, { ...headers, Location: path + '/' });
+          return res.end();
+        }
+        file = join(file, 'index.html');
+        stat = await fs.stat(file);
+      }
+      res.writeHead(200, {
+        ...headers,
+        'Content-Type': MIME[extname(file)] ?? 'application/octet-stream',
+        'Content-Length': stat.size,
+      });
+      if (req.method === 'HEAD') return res.end();
+      createReadStream(file).pipe(res);
+    } catch {
+      res.writeHead(404, headers);
+      res.end('not found');
+    }
+  });
+  return new Promise((ok, fail) => {
+    server.once('error', fail);
+    server.listen(port, host, () => {
+      const { port } = server.address();
+      ok({ url: `http://${host}:${port}`, port, log, close: () => new Promise((r) => { server.closeAllConnections?.(); server.close(r); }) });
+    });
+  });
+}
+
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  const { url } = await startServer({ port: Number(process.argv[2] ?? 8080), quiet: false });
+  console.log(`Kestrel demo: ${url}/www/demo/`);
+}

@@ -1,0 +1,166 @@
+// The module worker that owns the wasm Engine. The page talks to it with messages
+// ({type, id, ...}); it answers with 'progress', 'token', 'result' and 'error' messages.
+// It never runs two requests at once: the page (index.js) queues them.
+import init, { Engine } from './pkg/kestrel_wasm.js';
+
+const CACHE_NAME = 'kestrel-models';
+let engine = null;
+let current = null; // id of the running generation
+const aborted = new Set();
+
+const post = (msg) => self.postMessage(msg);
+const errorOf = (e) => ({
+  code: (e && e.code) || 'internal',
+  message: (e && e.message) || String(e),
+});
+
+async function getEngine(gpuOptions) {
+  if (!engine) {
+    await init({ module_or_path: new URL('./pkg/kestrel_wasm_bg.wasm', import.meta.url) });
+    engine = await Engine.create(gpuOptions ?? null);
+  }
+  return engine;
+}
+
+/** Adds the browser's own adapter description (wgpu's name is often empty on the web). */
+async function describeAdapter(info) {
+  const a = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' }).catch(() => null);
+  const i = a?.info;
+  if (!info.gpu || !i) return;
+  info.gpu.adapter_info = { vendor: i.vendor, architecture: i.architecture, device: i.device, description: i.description };
+  if (!info.gpu.adapter) info.gpu.adapter = i.description || [i.vendor, i.architecture, i.device].filter(Boolean).join(' ') || 'unknown adapter';
+}
+
+/** Streams `model` (a URL string, a Blob or a File) into the engine, with progress events. */
+async function load(id, model, useCache, gpuOptions) {
+  const eng = await getEngine(gpuOptions);
+  let phase = 'upload';
+  let body;
+  let total = 0;
+  let cachePut = null;
+  let cache = null;
+  let url = null;
+  if (typeof model === 'string') {
+    url = new URL(model, self.location.href).href;
+    cache = useCache && self.caches ? await caches.open(CACHE_NAME) : null;
+    const hit = cache && (await cache.match(url));
+    if (hit) {
+      phase = 'cache';
+      body = hit.body;
+      total = Number(hit.headers.get('content-length')) || 0;
+    } else {
+      phase = 'download';
+      let response;
+      try {
+        response = await fetch(url);
+      } catch (e) {
+        throw Object.assign(new Error(`could not fetch ${url}: ${e.message}`), { code: 'fetch_failed' });
+      }
+      if (!response.ok || !response.body) {
+        throw Object.assign(new Error(`could not fetch ${url}: HTTP ${response.status}`), { code: 'fetch_failed' });
+      }
+      total = Number(response.headers.get('content-length')) || 0;
+      body = response.body;
+      if (cache) {
+        // One branch feeds the engine, the other the Cache API (committed only when complete).
+        const [mine, cached] = body.tee();
+        body = mine;
+        const headers = new Headers(response.headers);
+        cachePut = cache.put(url, new Response(cached, { headers })).catch((e) => e);
+      }
+    }
+  } else if (model instanceof Blob) {
+    body = model.stream();
+    total = model.size;
+  } else {
+    throw Object.assign(new Error('model must be a URL string, a Blob or a File'), { code: 'invalid_option' });
+  }
+
+  const reader = body.getReader();
+  let loaded = 0;
+  let lastReport = 0;
+  let progress = null;
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      loaded += value.byteLength;
+      progress = eng.loadChunk(value);
+      const now = performance.now();
+      if (now - lastReport > 50) {
+        lastReport = now;
+        post({ type: 'progress', id, progress: { phase, loaded, total, tensors: progress.tensors_loaded, tensorsTotal: progress.tensors_total } });
+      }
+    }
+    post({ type: 'progress', id, progress: { phase, loaded, total, tensors: progress?.tensors_loaded ?? 0, tensorsTotal: progress?.tensors_total ?? 0 } });
+    post({ type: 'progress', id, progress: { phase: 'compile', loaded, total } });
+    const info = await eng.finishLoad();
+    await describeAdapter(info);
+    if (cachePut) {
+      const err = await cachePut;
+      if (err instanceof Error) console.warn('kestrel: could not cache the model:', err.message);
+    }
+    post({ type: 'progress', id, progress: { phase: 'ready', loaded, total } });
+    return info;
+  } catch (e) {
+    reader.cancel().catch(() => {});
+    eng.cancelLoad();
+    // Never keep a file that failed to load (a corrupt download would otherwise stick).
+    if (cache && url) {
+      if (cachePut) await cachePut;
+      await cache.delete(url);
+    }
+    throw e;
+  }
+}
+
+async function generate(id, request) {
+  const eng = await getEngine();
+  current = id;
+  const start = performance.now();
+  try {
+    const result = await eng.generate(JSON.stringify(request), (text, tokenId) => {
+      post({ type: 'token', id, text, tokenId });
+      return !aborted.has(id);
+    });
+    result.timings.e2e_ms = performance.now() - start;
+    return result;
+  } finally {
+    current = null;
+    aborted.delete(id);
+  }
+}
+
+self.onmessage = async ({ data }) => {
+  const { type, id } = data;
+  if (type === 'abort') {
+    aborted.add(id);
+    if (current === id && engine) engine.abort();
+    return;
+  }
+  try {
+    let value;
+    switch (type) {
+      case 'load':
+        value = await load(id, data.model, data.cache !== false, data.gpu);
+        break;
+      case 'generate':
+        value = await generate(id, data.request);
+        break;
+      case 'reset':
+        engine?.reset();
+        break;
+      case 'unload':
+        engine?.unload();
+        break;
+      case 'info':
+        value = engine ? engine.info() : null;
+        break;
+      default:
+        throw Object.assign(new Error(`unknown message ${type}`), { code: 'internal' });
+    }
+    post({ type: 'result', id, value });
+  } catch (e) {
+    post({ type: 'error', id, error: errorOf(e) });
+  }
+};
