@@ -42,13 +42,13 @@ enum Command {
         #[arg(long)]
         add_special: bool,
     },
-    /// Benchmarks: `kestrel bench kernels`.
+    /// Benchmarks: `kestrel bench kernels`, `kestrel bench model`.
     Bench(commands::bench::BenchArgs),
     /// Write a copy of a GGUF model with its weights in another format.
     Quantize {
         input: PathBuf,
         output: PathBuf,
-        /// q8_0, q4_0, q4_1, f16 or f32.
+        /// q4_k_m (llama.cpp's mixed recipe), q4_k, q5_k, q6_k, q8_0, q5_0, q5_1, q4_0, q4_1, f16 or f32.
         #[arg(long = "type")]
         ty: String,
     },

@@ -10,6 +10,7 @@ mod header_scan;
 mod metadata;
 pub mod quant;
 mod quantize_file;
+mod quantize_recipe;
 mod stream;
 mod tensor;
 mod types;
@@ -25,6 +26,7 @@ pub use header::{
 pub use metadata::{Metadata, MetadataValue};
 pub use quant::{dequantize, is_gpu_supported, pack_for_gpu, quantize, unpack_from_gpu, GpuPacked};
 pub use quantize_file::{quantize_model, QuantizeReport};
+pub use quantize_recipe::QuantizeTarget;
 pub use stream::{EventSink, GgufStreamReader, StreamEvent, MAX_HEADER_BYTES};
 pub use tensor::{TensorInfo, MAX_DIMS};
 pub use types::GgmlType;

@@ -1,6 +1,5 @@
-//! Whole-model conversion to a plain ggml type, with llama.cpp's rules for which tensors to
-//! convert (llama-quant.cpp): only tensors of two or more dimensions are quantized; a tensor
-//! whose row length is not a whole number of the target's blocks falls back to F16.
+//! Whole-model conversion: each tensor is read, re-encoded as the type `quantize_recipe`
+//! chose for it and written, streaming, so the model is never held in memory at once.
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -10,6 +9,7 @@ use crate::error::GgufError;
 use crate::file::{io_error, stream_file};
 use crate::metadata::{Metadata, MetadataValue};
 use crate::quant::{dequantize, quantize};
+use crate::quantize_recipe::{plan, Choice, QuantizeTarget};
 use crate::stream::StreamEvent;
 use crate::tensor::TensorInfo;
 use crate::types::GgmlType;
@@ -23,57 +23,30 @@ const QUANTIZATION_VERSION: u32 = 2;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QuantizeReport {
     pub tensors: usize,
-    /// Tensors converted to the target type.
+    /// Tensors re-encoded (to the target or to the type the recipe picked).
     pub converted: usize,
-    /// Tensors that fell back to F16 because their rows are not whole blocks.
-    pub fallback_f16: usize,
-    /// Tensors copied unchanged (1-D, or already of the target type).
+    /// Tensors whose rows are not whole blocks of the wanted type, written as llama.cpp's
+    /// fallback type instead (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, otherwise F16).
+    pub fallback: usize,
+    /// Tensors copied unchanged (not quantized, or already of their output type).
     pub copied: usize,
+    /// Output tensors per type, in ggml id order, types with no tensor left out.
+    pub by_type: Vec<(GgmlType, usize)>,
     pub input_bytes: u64,
     pub output_bytes: u64,
 }
 
-/// llama.cpp's LLAMA_FTYPE for a file whose weights are mostly `target`.
-fn llama_file_type(target: GgmlType) -> Option<u32> {
-    match target {
-        GgmlType::F32 => Some(0),
-        GgmlType::F16 => Some(1),
-        GgmlType::Q4_0 => Some(2),
-        GgmlType::Q4_1 => Some(3),
-        GgmlType::Q8_0 => Some(7),
-        _ => None,
-    }
-}
-
-/// Dimensions ignoring trailing ones, as ggml_n_dims counts them.
-fn effective_dims(t: &TensorInfo) -> usize {
-    t.dims.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1)
-}
-
-/// The type `t` gets in the output.
-fn output_type(t: &TensorInfo, target: GgmlType) -> GgmlType {
-    if effective_dims(t) < 2 {
-        return t.ggml_type;
-    }
-    match t.dims.first() {
-        Some(&cols) if cols.is_multiple_of(target.block_size()) => target,
-        _ => GgmlType::F16,
-    }
-}
-
-/// Converts the model at `input` to `target` (F32, F16, Q4_0, Q4_1 or Q8_0), writing
-/// `output`; `progress` gets (tensors done, tensor count). A partial output is removed on
-/// failure.
+/// Converts the model at `input` as `target` says (a `GgmlType` converts into a pure
+/// target), writing `output`; `progress` gets (tensors done, tensor count). A partial output
+/// is removed on failure.
 pub fn quantize_model(
     input: &Path,
     output: &Path,
-    target: GgmlType,
+    target: impl Into<QuantizeTarget>,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<QuantizeReport, GgufError> {
-    let file_type = llama_file_type(target).ok_or(GgufError::UnsupportedType {
-        ty: target,
-        operation: "model quantization",
-    })?;
+    let target = target.into();
+    let file_type = target.file_type()?;
     let result = convert(input, output, target, file_type, progress);
     if result.is_err() {
         // Best effort: the error being returned matters more than a failed cleanup.
@@ -85,12 +58,12 @@ pub fn quantize_model(
 fn convert(
     input: &Path,
     output: &Path,
-    target: GgmlType,
+    target: QuantizeTarget,
     file_type: u32,
     progress: &mut dyn FnMut(usize, usize),
 ) -> Result<QuantizeReport, GgufError> {
     let mut writer: Option<GgufWriter<BufWriter<File>>> = None;
-    let mut out_types = Vec::new();
+    let mut choices: Vec<Choice> = Vec::new();
     let mut report = QuantizeReport::default();
     let mut done = 0;
     stream_file(input, &mut |event| {
@@ -102,40 +75,37 @@ fn convert(
                     QUANTIZATION_VERSION_KEY,
                     MetadataValue::U32(QUANTIZATION_VERSION),
                 );
+                choices = plan(&header.metadata, &header.tensors, target)?;
                 // Tensors are written in the input's data order so that each one can be
                 // converted and written as soon as it is read.
                 let specs: Vec<TensorSpec> = header
                     .data_order()
                     .into_iter()
-                    .filter_map(|i| header.tensors.get(i))
-                    .map(|t| TensorSpec {
+                    .filter_map(|i| Some((header.tensors.get(i)?, choices.get(i)?)))
+                    .map(|(t, choice)| TensorSpec {
                         name: t.name.clone(),
                         dims: t.dims.clone(),
-                        ggml_type: output_type(t, target),
+                        ggml_type: choice.ty,
                     })
                     .collect();
-                out_types = header
-                    .tensors
-                    .iter()
-                    .map(|t| output_type(t, target))
-                    .collect();
                 report.tensors = specs.len();
+                report.by_type = count_types(specs.iter().map(|s| s.ggml_type));
                 let file = File::create(output).map_err(io_error(output))?;
                 let w = GgufWriter::new(BufWriter::new(file), &metadata, &specs);
                 writer = Some(w.map_err(at_output(output))?);
             }
             StreamEvent::Tensor { index, info, bytes } => {
-                let to = out_types.get(index).copied().unwrap_or(info.ggml_type);
-                let converted = if to == info.ggml_type {
+                let choice = choices.get(index).copied().unwrap_or(Choice {
+                    ty: info.ggml_type,
+                    fallback: false,
+                });
+                report.fallback += usize::from(choice.fallback);
+                let converted = if choice.ty == info.ggml_type {
                     report.copied += 1;
                     None
                 } else {
-                    if to == target {
-                        report.converted += 1;
-                    } else {
-                        report.fallback_f16 += 1;
-                    }
-                    Some(convert_tensor(info, bytes, to)?)
+                    report.converted += 1;
+                    Some(convert_tensor(info, bytes, choice.ty)?)
                 };
                 report.input_bytes += bytes.len() as u64;
                 let data = converted.as_deref().unwrap_or(bytes);
@@ -153,6 +123,15 @@ fn convert(
         w.finish().map_err(at_output(output))?;
     }
     Ok(report)
+}
+
+/// How many of `types` are of each type, in ggml id order.
+fn count_types(types: impl Iterator<Item = GgmlType> + Clone) -> Vec<(GgmlType, usize)> {
+    GgmlType::ALL
+        .iter()
+        .map(|&ty| (ty, types.clone().filter(|&t| t == ty).count()))
+        .filter(|&(_, n)| n > 0)
+        .collect()
 }
 
 /// The writer does not know the output's path; this puts it into its I/O errors.

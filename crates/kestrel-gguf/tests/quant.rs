@@ -157,15 +157,23 @@ fn f16_conversion_is_exact_for_every_pattern() {
 fn size_and_type_errors() {
     let mut out = [0f32; 32];
     assert!(matches!(
-        dequantize(GgmlType::Q4_K, &[0; 144], &mut [0f32; 256]),
+        dequantize(GgmlType::IQ2_XXS, &[0; 66], &mut [0f32; 256]),
         Err(GgufError::UnsupportedType {
-            ty: GgmlType::Q4_K,
+            ty: GgmlType::IQ2_XXS,
             ..
         })
     ));
     assert!(matches!(
-        quantize(GgmlType::Q6_K, &[0.0; 256]),
+        quantize(GgmlType::Q8_K, &[0.0; 256]),
         Err(GgufError::UnsupportedType { .. })
+    ));
+    assert!(matches!(
+        quantize(GgmlType::Q6_K, &[0.0; 255]),
+        Err(GgufError::SizeMismatch { .. })
+    ));
+    assert!(matches!(
+        dequantize(GgmlType::Q4_K, &[0; 143], &mut [0f32; 256]),
+        Err(GgufError::SizeMismatch { .. })
     ));
     assert!(matches!(
         dequantize(GgmlType::Q8_0, &[0; 33], &mut out),
@@ -266,7 +274,7 @@ fn gpu_layout_is_as_documented() {
         Err(GgufError::SizeMismatch { .. })
     ));
     assert!(matches!(
-        pack_for_gpu(GgmlType::Q4_K, &[0; 144], 1, 256),
+        pack_for_gpu(GgmlType::IQ2_XXS, &[0; 66], 1, 256),
         Err(GgufError::UnsupportedType { .. })
     ));
 }

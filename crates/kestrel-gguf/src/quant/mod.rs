@@ -4,17 +4,30 @@
 
 mod float;
 mod gpu;
+mod kquant;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
+mod q4_k;
+mod q5_0;
+mod q5_1;
+mod q5_k;
+mod q6_k;
 mod q8_0;
 
-pub use gpu::{is_gpu_supported, pack_for_gpu, unpack_from_gpu, GpuPacked};
+pub use gpu::{
+    gpu_sections, is_gpu_supported, pack_for_gpu, unpack_from_gpu, GpuPacked, GpuSections,
+};
 
 use crate::error::GgufError;
 use crate::types::GgmlType;
 
-/// Elements per block of every block-quantized format handled here.
+/// Elements per block of the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
 pub(crate) const QK: usize = 32;
+
+/// Elements per super-block of the K-quants (Q2_K .. Q6_K), ggml's QK_K.
+pub(crate) const QK_K: usize = 256;
 
 /// Converts `bytes` of type `ty` into `out`, whose length is the element count.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), GgufError> {
@@ -33,6 +46,13 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Ggu
         GgmlType::Q8_0 => dequantize_blocks(bytes, out, q8_0::dequantize_block),
         GgmlType::Q4_0 => dequantize_blocks(bytes, out, q4_0::dequantize_block),
         GgmlType::Q4_1 => dequantize_blocks(bytes, out, q4_1::dequantize_block),
+        GgmlType::Q5_0 => dequantize_blocks(bytes, out, q5_0::dequantize_block),
+        GgmlType::Q5_1 => dequantize_blocks(bytes, out, q5_1::dequantize_block),
+        GgmlType::Q2_K => dequantize_blocks(bytes, out, q2_k::dequantize_block),
+        GgmlType::Q3_K => dequantize_blocks(bytes, out, q3_k::dequantize_block),
+        GgmlType::Q4_K => dequantize_blocks(bytes, out, q4_k::dequantize_block),
+        GgmlType::Q5_K => dequantize_blocks(bytes, out, q5_k::dequantize_block),
+        GgmlType::Q6_K => dequantize_blocks(bytes, out, q6_k::dequantize_block),
         _ => {
             return Err(GgufError::UnsupportedType {
                 ty,
@@ -54,6 +74,13 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
         GgmlType::Q8_0 => quantize_blocks(values, &mut out, q8_0::quantize_block),
         GgmlType::Q4_0 => quantize_blocks(values, &mut out, q4_0::quantize_block),
         GgmlType::Q4_1 => quantize_blocks(values, &mut out, q4_1::quantize_block),
+        GgmlType::Q5_0 => quantize_blocks(values, &mut out, q5_0::quantize_block),
+        GgmlType::Q5_1 => quantize_blocks(values, &mut out, q5_1::quantize_block),
+        GgmlType::Q2_K => quantize_blocks(values, &mut out, q2_k::quantize_block),
+        GgmlType::Q3_K => quantize_blocks(values, &mut out, q3_k::quantize_block),
+        GgmlType::Q4_K => quantize_blocks(values, &mut out, q4_k::quantize_block),
+        GgmlType::Q5_K => quantize_blocks(values, &mut out, q5_k::quantize_block),
+        GgmlType::Q6_K => quantize_blocks(values, &mut out, q6_k::quantize_block),
         _ => {
             return Err(GgufError::UnsupportedType {
                 ty,
@@ -82,27 +109,29 @@ pub(crate) fn blocks<const N: usize>(bytes: &[u8]) -> impl Iterator<Item = &[u8;
     bytes.chunks_exact(N).filter_map(|c| c.try_into().ok())
 }
 
-fn dequantize_blocks<const N: usize>(
+/// Runs `block` over every (block bytes, output elements) pair; `E` is the format's
+/// elements per block (32 or 256), inferred from `block`.
+fn dequantize_blocks<const N: usize, const E: usize>(
     bytes: &[u8],
     out: &mut [f32],
-    block: fn(&[u8; N], &mut [f32; QK]),
+    block: fn(&[u8; N], &mut [f32; E]),
 ) {
     let outs = out
-        .chunks_exact_mut(QK)
-        .filter_map(|c| <&mut [f32; QK]>::try_from(c).ok());
+        .chunks_exact_mut(E)
+        .filter_map(|c| <&mut [f32; E]>::try_from(c).ok());
     for (src, dst) in blocks::<N>(bytes).zip(outs) {
         block(src, dst);
     }
 }
 
-fn quantize_blocks<const N: usize>(
+fn quantize_blocks<const N: usize, const E: usize>(
     values: &[f32],
     out: &mut Vec<u8>,
-    block: fn(&[f32; QK]) -> [u8; N],
+    block: fn(&[f32; E]) -> [u8; N],
 ) {
     for src in values
-        .chunks_exact(QK)
-        .filter_map(|c| <&[f32; QK]>::try_from(c).ok())
+        .chunks_exact(E)
+        .filter_map(|c| <&[f32; E]>::try_from(c).ok())
     {
         out.extend_from_slice(&block(src));
     }
@@ -114,4 +143,96 @@ pub(crate) fn f16_bits(x: f32) -> [u8; 2] {
 
 pub(crate) fn f16_value(bytes: [u8; 2]) -> f32 {
     half::f16::from_bits(u16::from_le_bytes(bytes)).to_f32()
+}
+
+/// The f16 at byte `at` of a block; `at` is always one of a format's constant field offsets.
+pub(crate) fn f16_at<const N: usize>(block: &[u8; N], at: usize) -> f32 {
+    f16_value([block[at], block[at + 1]])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The block sizes and field offsets the (de)quantizers and the GPU repack use agree with
+    /// ggml's type table, and the fields tile each block.
+    #[test]
+    fn block_layouts_match_the_type_table() {
+        let layouts: [(GgmlType, usize, &[usize]); 7] = [
+            (
+                GgmlType::Q5_0,
+                q5_0::BLOCK_BYTES,
+                &[q5_0::OFFSET_D, q5_0::OFFSET_QH, q5_0::OFFSET_QS],
+            ),
+            (
+                GgmlType::Q5_1,
+                q5_1::BLOCK_BYTES,
+                &[
+                    q5_1::OFFSET_D,
+                    q5_1::OFFSET_M,
+                    q5_1::OFFSET_QH,
+                    q5_1::OFFSET_QS,
+                ],
+            ),
+            (
+                GgmlType::Q2_K,
+                q2_k::BLOCK_BYTES,
+                &[
+                    q2_k::OFFSET_SCALES,
+                    q2_k::OFFSET_QS,
+                    q2_k::OFFSET_D,
+                    q2_k::OFFSET_DMIN,
+                ],
+            ),
+            (
+                GgmlType::Q3_K,
+                q3_k::BLOCK_BYTES,
+                &[
+                    q3_k::OFFSET_HMASK,
+                    q3_k::OFFSET_QS,
+                    q3_k::OFFSET_SCALES,
+                    q3_k::OFFSET_D,
+                ],
+            ),
+            (
+                GgmlType::Q4_K,
+                q4_k::BLOCK_BYTES,
+                &[
+                    q4_k::OFFSET_D,
+                    q4_k::OFFSET_DMIN,
+                    q4_k::OFFSET_SCALES,
+                    q4_k::OFFSET_QS,
+                ],
+            ),
+            (
+                GgmlType::Q5_K,
+                q5_k::BLOCK_BYTES,
+                &[
+                    q5_k::OFFSET_D,
+                    q5_k::OFFSET_DMIN,
+                    q5_k::OFFSET_SCALES,
+                    q5_k::OFFSET_QH,
+                    q5_k::OFFSET_QS,
+                ],
+            ),
+            (
+                GgmlType::Q6_K,
+                q6_k::BLOCK_BYTES,
+                &[
+                    q6_k::OFFSET_QL,
+                    q6_k::OFFSET_QH,
+                    q6_k::OFFSET_SCALES,
+                    q6_k::OFFSET_D,
+                ],
+            ),
+        ];
+        for (ty, bytes, offsets) in layouts {
+            assert_eq!(bytes as u64, ty.type_size(), "{ty}");
+            assert_eq!(offsets.first(), Some(&0), "{ty}");
+            assert!(offsets.windows(2).all(|w| w[0] < w[1]), "{ty}");
+            assert!(offsets.last().is_some_and(|&o| o < bytes), "{ty}");
+        }
+        assert_eq!(GgmlType::Q4_K.block_size(), QK_K as u64);
+        assert_eq!(GgmlType::Q5_0.block_size(), QK as u64);
+    }
 }

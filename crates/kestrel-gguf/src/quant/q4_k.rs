@@ -1,0 +1,59 @@
+//! Q4_K: 256 weights per 144-byte super-block: f16 `d`, f16 `dmin`, 12 bytes of 6-bit
+//! sub-block scales and mins (`kquant::scale_min_k4`), 128 bytes `qs`. Sub-block j (32
+//! elements) has w = d * scale_j * q - dmin * min_j; each 64-element chunk c uses 32 bytes,
+//! element 64c + l in the low nibble of byte 32c + l and element 64c + 32 + l in the high one.
+
+use super::kquant::{self, scale_min_k4, Search, SCALE_MIN_BYTES};
+use super::{f16_at, QK_K};
+
+pub(crate) const BLOCK_BYTES: usize = 144;
+pub(crate) const OFFSET_D: usize = 0;
+pub(crate) const OFFSET_DMIN: usize = 2;
+pub(crate) const OFFSET_SCALES: usize = 4;
+pub(crate) const OFFSET_QS: usize = OFFSET_SCALES + SCALE_MIN_BYTES;
+
+/// quantize_row_q4_K_ref's trial scales for make_qkx2_quants.
+const SEARCH: Search = Search {
+    rmin: -1.0,
+    rdelta: 0.1,
+    nstep: 20,
+    use_mad: false,
+};
+
+pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
+    let b = kquant::quantize_scale_min(x, 15, &SEARCH);
+    let mut out = [0u8; BLOCK_BYTES];
+    out[OFFSET_D..OFFSET_DMIN].copy_from_slice(&b.d);
+    out[OFFSET_DMIN..OFFSET_SCALES].copy_from_slice(&b.dmin);
+    out[OFFSET_SCALES..OFFSET_QS].copy_from_slice(&b.scales);
+    for (chunk, qs) in b
+        .levels
+        .chunks_exact(64)
+        .zip(out[OFFSET_QS..].chunks_exact_mut(32))
+    {
+        let (lo, hi) = chunk.split_at(32);
+        for ((q, a), c) in qs.iter_mut().zip(lo).zip(hi) {
+            *q = a | (c << 4);
+        }
+    }
+    out
+}
+
+pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK_K]) {
+    let d = f16_at(block, OFFSET_D);
+    let dmin = f16_at(block, OFFSET_DMIN);
+    let scales = scale_bytes(block);
+    let qs = &block[OFFSET_QS..];
+    for (e, y) in out.iter_mut().enumerate() {
+        let (sc, m) = scale_min_k4(e / 32, &scales);
+        let q = (qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0x0F;
+        *y = d * f32::from(sc) * f32::from(q) - dmin * f32::from(m);
+    }
+}
+
+/// The packed scales and mins of a Q4_K or Q5_K block (both keep them at `OFFSET_SCALES`).
+pub(super) fn scale_bytes<const N: usize>(block: &[u8; N]) -> [u8; SCALE_MIN_BYTES] {
+    let mut s = [0u8; SCALE_MIN_BYTES];
+    s.copy_from_slice(&block[OFFSET_SCALES..OFFSET_QS]);
+    s
+}

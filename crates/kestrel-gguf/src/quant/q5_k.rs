@@ -1,0 +1,51 @@
+//! Q5_K: 256 weights per 176-byte super-block: f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales
+//! and mins as in Q4_K, 32 bytes `qh`, 128 bytes `qs`. The low 4 bits of each level are laid
+//! out as Q4_K's; bit 4 of element e is bit e / 32 of `qh[e % 32]`.
+//! w = d * scale_j * q - dmin * min_j for sub-block j = e / 32.
+
+use super::kquant::{self, scale_min_k4, Search, SCALE_MIN_BYTES};
+use super::q4_k::scale_bytes;
+use super::{f16_at, QK_K};
+
+pub(crate) const BLOCK_BYTES: usize = 176;
+pub(crate) const OFFSET_D: usize = 0;
+pub(crate) const OFFSET_DMIN: usize = 2;
+pub(crate) const OFFSET_SCALES: usize = 4;
+pub(crate) const OFFSET_QH: usize = OFFSET_SCALES + SCALE_MIN_BYTES;
+pub(crate) const OFFSET_QS: usize = OFFSET_QH + QK_K / 8;
+
+/// quantize_row_q5_K_ref's trial scales for make_qkx2_quants.
+const SEARCH: Search = Search {
+    rmin: -0.5,
+    rdelta: 0.1,
+    nstep: 15,
+    use_mad: false,
+};
+
+pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
+    let b = kquant::quantize_scale_min(x, 31, &SEARCH);
+    let mut out = [0u8; BLOCK_BYTES];
+    out[OFFSET_D..OFFSET_DMIN].copy_from_slice(&b.d);
+    out[OFFSET_DMIN..OFFSET_SCALES].copy_from_slice(&b.dmin);
+    out[OFFSET_SCALES..OFFSET_QH].copy_from_slice(&b.scales);
+    let (qh, qs) = out[OFFSET_QH..].split_at_mut(QK_K / 8);
+    for (e, &l) in b.levels.iter().enumerate() {
+        qh[e % 32] |= ((l >> 4) & 1) << (e / 32);
+        qs[32 * (e / 64) + e % 32] |= (l & 0x0F) << (4 * ((e / 32) % 2));
+    }
+    out
+}
+
+pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK_K]) {
+    let d = f16_at(block, OFFSET_D);
+    let dmin = f16_at(block, OFFSET_DMIN);
+    let scales = scale_bytes(block);
+    let (qh, qs) = block[OFFSET_QH..].split_at(QK_K / 8);
+    for (e, y) in out.iter_mut().enumerate() {
+        let (sc, m) = scale_min_k4(e / 32, &scales);
+        let low = (qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0x0F;
+        let high = (qh[e % 32] >> (e / 32)) & 1;
+        let q = low | (high << 4);
+        *y = d * f32::from(sc) * f32::from(q) - dmin * f32::from(m);
+    }
+}
