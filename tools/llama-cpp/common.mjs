@@ -1,0 +1,73 @@
+// Shared by reference.mjs and bench.mjs: load node-llama-cpp's *prebuilt* llama.cpp (CPU only),
+// never downloading or compiling anything.
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+// node-llama-cpp reads these when its modules load; set them before importing it. SKIP_DOWNLOAD
+// stops any attempt to fetch llama.cpp sources from GitHub, GPU=false skips CUDA/Vulkan/Metal
+// probing (only @node-llama-cpp/linux-x64, the CPU build, is installed).
+process.env.NODE_LLAMA_CPP_SKIP_DOWNLOAD ??= "true";
+process.env.NODE_LLAMA_CPP_GPU ??= "false";
+
+const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
+
+export const HERE = path.dirname(fileURLToPath(import.meta.url));
+
+export function packageVersion(name) {
+    const p = path.join(HERE, "node_modules", ...name.split("/"), "package.json");
+    return JSON.parse(fs.readFileSync(p, "utf8")).version;
+}
+
+// The llama.cpp source the prebuilt binaries were made from (see README.md: the bundle in
+// node_modules/node-llama-cpp/llama/gitRelease.bundle is at this commit).
+export const LLAMA_CPP_COMMIT = "ggml-org/llama.cpp@de3ff815ea7d559ee917f063901b8986f038abc6";
+
+export async function loadLlama({ logLevel = "warn" } = {}) {
+    const llama = await getLlama({
+        build: "never", // use the prebuilt binary or fail; never compile llama.cpp
+        usePrebuiltBinaries: true,
+        skipDownload: true,
+        gpu: false,
+        progressLogs: false,
+        maxThreads: 0, // a context's `threads` is then exactly the thread count used
+        logLevel: LlamaLogLevel[logLevel] ?? logLevel,
+    });
+    if (llama.buildType !== "prebuilt") {
+        throw new Error(`expected node-llama-cpp's prebuilt llama.cpp, got a ${llama.buildType}`);
+    }
+    return llama;
+}
+
+export function versionInfo(llama) {
+    return {
+        node_llama_cpp: packageVersion("node-llama-cpp"),
+        prebuilt_package: `@node-llama-cpp/linux-x64@${packageVersion("@node-llama-cpp/linux-x64")}`,
+        llama_cpp_release: llama.llamaCppRelease.release,
+        llama_cpp_commit: LLAMA_CPP_COMMIT,
+        build_type: llama.buildType,
+        system_info: llama.systemInfo,
+    };
+}
+
+export function parseArgs(argv, spec) {
+    // spec: {name: default}; "--name value" or "--name=value"; the rest are positionals
+    const opts = { ...spec };
+    const pos = [];
+    for (let i = 0; i < argv.length; i++) {
+        const a = argv[i];
+        if (!a.startsWith("--")) {
+            pos.push(a);
+            continue;
+        }
+        let [k, v] = a.slice(2).split(/=(.*)/s, 2);
+        if (!(k in spec)) throw new Error(`unknown option --${k}`);
+        if (v === undefined) {
+            if (typeof spec[k] === "boolean") v = "true";
+            else v = argv[++i];
+        }
+        if (v === undefined) throw new Error(`--${k} needs a value`);
+        opts[k] = typeof spec[k] === "number" ? Number(v) : typeof spec[k] === "boolean" ? v === "true" : v;
+    }
+    return { opts, pos };
+}
