@@ -1,12 +1,21 @@
 // Decoders of the GPU weight layouts written by `kestrel_gguf::quant::pack_for_gpu`, shared by
-// the matvec, matmul and embedding kernels. Exactly one WTYPE_* define selects the type (the
-// Rust side also defines DENSE for F32/F16, which have no blocks, no scales and any row length).
+// the matvec, matmul and embedding kernels. Exactly one WTYPE_* define selects the type. The Rust
+// side (`weight_defines` in kernels/matvec.rs) adds the type's family: DENSE for F32/F16 (no
+// blocks, no scales, any row length), else one SCALES_* define naming the scale layout, and
+// PLANES for the bit-plane types Q5_0, Q5_1, Q4_K, Q5_K and Q6_K.
 //
 // A row of K weights is read in "units" of 8 weights. A block of 32 is 4 units and a unit is
 // UNIT_WORDS consecutive words of the quant section, so threads that take consecutive units read
 // consecutive words. A unit decodes to two vec4s holding the weights at row columns
-// unit_cols(u).x .. +3 and unit_cols(u).y .. +3 (not adjacent for Q4: byte j of a Q4 block holds
-// elements j and j + 16). A row occupies `row_words` = K * UNIT_WORDS / 8 words.
+// unit_cols(u).x .. +3 and unit_cols(u).y .. +3 (not adjacent for Q4_0/Q4_1: byte j of their
+// blocks holds elements j and j + 16). A row occupies `row_words` = K * UNIT_WORDS / 8 words.
+//
+// Bit-plane types split each weight's quant into its low 4 bits, in the quant section in weight
+// order (weight i of a unit in bits 4i .. 4i + 3 of its word), and HIGH_BITS more bits in the
+// plane section, also in weight order (weight g = row * K + col of the tensor in bits
+// (g * HIGH_BITS) % 32 of word plane_offset + g * HIGH_BITS / 32). Their units are therefore 8
+// consecutive columns whatever order the GGUF block keeps its elements in, and a matmul slice of
+// 32 columns is 4 whole units. A weight is (q - Q_OFFSET) * d + m with (d, m) its unit's scale.
 //
 // The including kernel declares `params: WeightParams` and the weight buffer `w: array<u32>`
 // (and `w_up` under SWIGLU), which the loaders at the end read.
@@ -16,6 +25,7 @@ struct WeightParams {
     rows: u32,          // N: output features (or vocabulary for the embedding table)
     cols: u32,          // K: input features, contiguous in a row
     row_words: u32,     // quant-section words per row
+    plane_offset: u32,  // first word of the plane section (bit-plane types)
     scale_offset: u32,  // first word of the scale section
     max_tokens: u32,    // rows the activation buffers hold (matmul, embedding)
     rows_per_group: u32, // consecutive rows one matvec workgroup computes
@@ -26,25 +36,57 @@ struct Unit {
     hi: vec4<f32>,
 }
 
+// SCALE_WORDS: scale-section words one unit reads (scale_index, unit_scale).
+#if SCALES_D
+const SCALE_WORDS: u32 = 1u;
+#endif
+#if SCALES_DM
+const SCALE_WORDS: u32 = 1u;
+#endif
+#if SCALES_K
+const SCALE_WORDS: u32 = 4u;
+#endif
+#if SCALES_Q6K
+const SCALE_WORDS: u32 = 2u;
+#endif
+
 #if WTYPE_F32
 const UNIT_WORDS: u32 = 8u;
-const HAS_SCALES: bool = false;
 #endif
 #if WTYPE_F16
 const UNIT_WORDS: u32 = 4u;
-const HAS_SCALES: bool = false;
 #endif
 #if WTYPE_Q8_0
 const UNIT_WORDS: u32 = 2u;
-const HAS_SCALES: bool = true;
 #endif
 #if WTYPE_Q4_0
 const UNIT_WORDS: u32 = 1u;
-const HAS_SCALES: bool = true;
 #endif
 #if WTYPE_Q4_1
 const UNIT_WORDS: u32 = 1u;
-const HAS_SCALES: bool = true;
+#endif
+#if PLANES
+const UNIT_WORDS: u32 = 1u;
+#endif
+#if WTYPE_Q5_0
+const HIGH_BITS: u32 = 1u;
+const Q_OFFSET: f32 = 16.0;
+#endif
+#if WTYPE_Q5_1
+const HIGH_BITS: u32 = 1u;
+const Q_OFFSET: f32 = 0.0;
+#endif
+#if WTYPE_Q4_K
+const HIGH_BITS: u32 = 0u;
+const Q_OFFSET: f32 = 0.0;
+#endif
+#if WTYPE_Q5_K
+const HIGH_BITS: u32 = 1u;
+const Q_OFFSET: f32 = 0.0;
+#endif
+#if WTYPE_Q6_K
+const HIGH_BITS: u32 = 2u;
+const Q_OFFSET: f32 = 32.0;
 #endif
 
 // Row columns of the two vec4s of unit `u` (counted from the row start).
@@ -62,24 +104,90 @@ fn unit_cols(u: u32) -> vec2<u32> {
 #endif
 }
 
-// Word of the scale section holding the scale(s) of block `block` (block-quantized types only).
-fn scale_word(scale_offset: u32, block: u32) -> u32 {
-#if WTYPE_Q4_1
-    return scale_offset + block;
+#if DENSE
 #else
-    return scale_offset + (block >> 1u);
+// Number of the block of `size` weights (32, or 256 for a K-quant super-block) that holds unit
+// `u` of row `row`; blocks are numbered row-major as in the file.
+fn block_of(row: u32, u: u32, size: u32) -> u32 {
+    return row * (params.cols / size) + u / (size / 8u);
+}
+
+// Index in the weight buffer of scale word `i` (of SCALE_WORDS) of unit `u` of row `row`.
+fn scale_index(row: u32, u: u32, i: u32) -> u32 {
+#if SCALES_D
+    // One f16 d per block, two blocks per word.
+    return params.scale_offset + block_of(row, u, 32u) / 2u;
+#endif
+#if SCALES_DM
+    // One word (d, m) per block.
+    return params.scale_offset + block_of(row, u, 32u);
+#endif
+#if SCALES_K
+    // 4 words per super-block: d | dmin << 16, then the 12 bytes of packed 6-bit scales/mins.
+    return params.scale_offset + 4u * block_of(row, u, 256u) + i;
+#endif
+#if SCALES_Q6K
+    // 9 words per pair of super-blocks: d_a | d_b << 16, then 16 int8 scales of each. Word 0 is
+    // the d word, word 1 the one holding the scale of the unit's 16-weight sub-block.
+    let sb = block_of(row, u, 256u);
+    let pair = params.scale_offset + 9u * (sb / 2u);
+    return select(pair + 1u + 4u * (sb & 1u) + (u % 32u) / 8u, pair, i == 0u);
 #endif
 }
 
-// (d, m) of block `block` from its scale word: value = q * d + m (m = 0 but for Q4_1).
-fn block_scale(word: u32, block: u32) -> vec2<f32> {
-    let pair = unpack2x16float(word);
-#if WTYPE_Q4_1
-    return pair;
-#else
-    return vec2<f32>(pair[block & 1u], 0.0);
+// Byte `k` (0..3) of `word`.
+fn byte_of(word: u32, k: u32) -> u32 {
+    return extractBits(word, 8u * k, 8u);
+}
+
+// (d, m) of unit `u` of row `row` from its scale words `s`: weight = (q - Q_OFFSET) * d + m.
+// Products of f16 scales and small integers are exact in f32, so these equal ggml's d1, m1.
+fn unit_scale(s: array<u32, SCALE_WORDS>, row: u32, u: u32) -> vec2<f32> {
+#if SCALES_D
+    return vec2<f32>(unpack2x16float(s[0])[block_of(row, u, 32u) & 1u], 0.0);
+#endif
+#if SCALES_DM
+    return unpack2x16float(s[0]);
+#endif
+#if SCALES_K
+    // ggml's get_scale_min_k4 for sub-block j of the super-block: scales bytes 0..3 hold the
+    // scales of sub-blocks 0..3 (low 6 bits) and bytes 4..7 their mins; sub-blocks 4..7 take
+    // their low 4 bits from bytes 8..11 and their top 2 bits from the top of bytes 0..7.
+    let j = (u / 4u) % 8u;
+    let k = j % 4u;
+    let a = byte_of(s[1], k);
+    let b = byte_of(s[2], k);
+    let c = byte_of(s[3], k);
+    var sc = a & 63u;
+    var mn = b & 63u;
+    if (j >= 4u) {
+        sc = (c & 15u) | ((a >> 6u) << 4u);
+        mn = (c >> 4u) | ((b >> 6u) << 4u);
+    }
+    let dm = unpack2x16float(s[0]);
+    return vec2<f32>(dm.x * f32(sc), -(dm.y * f32(mn)));
+#endif
+#if SCALES_Q6K
+    let d = unpack2x16float(s[0])[block_of(row, u, 256u) & 1u];
+    let sc = extractBits(bitcast<i32>(s[1]), 8u * ((u / 2u) % 4u), 8u);
+    return vec2<f32>(d * f32(sc), 0.0);
 #endif
 }
+
+#endif
+
+#if PLANES
+// Index in the weight buffer of the plane word holding the high bits of unit `u` of row `row`,
+// and the shift of the unit's 8 * HIGH_BITS bits in it. Split by 32-weight block so that
+// g * HIGH_BITS cannot overflow.
+fn high_index(row: u32, u: u32) -> u32 {
+    return params.plane_offset + block_of(row, u, 32u) * HIGH_BITS + (u % 4u) * 8u * HIGH_BITS / 32u;
+}
+
+fn high_shift(u: u32) -> u32 {
+    return ((u % 4u) * 8u * HIGH_BITS) % 32u;
+}
+#endif
 
 // The 4 bytes of `w` as integers 0..255, lowest byte first.
 fn bytes4(w: u32) -> vec4<u32> {
@@ -92,8 +200,9 @@ fn int8x4(w: u32) -> vec4<f32> {
     return vec4<f32>(shifted >> vec4<u32>(24u));
 }
 
-// Dequantizes one unit from its words `q` and its block's (d, m).
-fn decode_unit(q: array<u32, UNIT_WORDS>, scale: vec2<f32>) -> Unit {
+// Dequantizes one unit from its quant words `q`, its high bits `high` (bit-plane types: weight i
+// of the unit in bits HIGH_BITS * i, already shifted down) and its (d, m).
+fn decode_unit(q: array<u32, UNIT_WORDS>, high: u32, scale: vec2<f32>) -> Unit {
 #if WTYPE_F32
     return Unit(bitcast<vec4<f32>>(vec4<u32>(q[0], q[1], q[2], q[3])),
                 bitcast<vec4<f32>>(vec4<u32>(q[4], q[5], q[6], q[7])));
@@ -113,6 +222,18 @@ fn decode_unit(q: array<u32, UNIT_WORDS>, scale: vec2<f32>) -> Unit {
     let b = bytes4(q[0]);
     return Unit(fma(vec4<f32>(b & vec4<u32>(15u)), vec4<f32>(scale.x), vec4<f32>(scale.y)),
                 fma(vec4<f32>(b >> vec4<u32>(4u)), vec4<f32>(scale.x), vec4<f32>(scale.y)));
+#endif
+#if PLANES
+    let nibble = vec4<u32>(0u, 4u, 8u, 12u);
+    let bit = HIGH_BITS * vec4<u32>(0u, 1u, 2u, 3u);
+    let mask = vec4<u32>((1u << HIGH_BITS) - 1u);
+    let lo = ((vec4<u32>(q[0]) >> nibble) & vec4<u32>(15u)) | (((vec4<u32>(high) >> bit) & mask) << vec4<u32>(4u));
+    let hi = ((vec4<u32>(q[0]) >> (nibble + 16u)) & vec4<u32>(15u))
+        | (((vec4<u32>(high) >> (bit + 4u * HIGH_BITS)) & mask) << vec4<u32>(4u));
+    // (q - Q_OFFSET) is exact and its product with d too (at most 24 significant bits), so the
+    // only rounding is that of + m, as in ggml.
+    return Unit(fma(vec4<f32>(lo) - Q_OFFSET, vec4<f32>(scale.x), vec4<f32>(scale.y)),
+                fma(vec4<f32>(hi) - Q_OFFSET, vec4<f32>(scale.x), vec4<f32>(scale.y)));
 #endif
 }
 
@@ -139,12 +260,22 @@ fn load_unit(row: u32, u: u32) -> Unit {
     for (var i = 0u; i < UNIT_WORDS; i++) {
         q[i] = w[first + i];
     }
-    var scale = vec2<f32>(1.0, 0.0);
-    if (HAS_SCALES) {
-        let block = row * (params.cols / 32u) + u / 4u;
-        scale = block_scale(w[scale_word(params.scale_offset, block)], block);
+    var high = 0u;
+#if PLANES
+    if (HIGH_BITS > 0u) {
+        high = w[high_index(row, u)] >> high_shift(u);
     }
-    return decode_unit(q, scale);
+#endif
+    var scale = vec2<f32>(1.0, 0.0);
+#if DENSE
+#else
+    var s: array<u32, SCALE_WORDS>;
+    for (var i = 0u; i < SCALE_WORDS; i++) {
+        s[i] = w[scale_index(row, u, i)];
+    }
+    scale = unit_scale(s, row, u);
+#endif
+    return decode_unit(q, high, scale);
 }
 
 #if SWIGLU
@@ -156,12 +287,22 @@ fn load_up_unit(row: u32, u: u32) -> Unit {
     for (var i = 0u; i < UNIT_WORDS; i++) {
         q[i] = w_up[first + i];
     }
-    var scale = vec2<f32>(1.0, 0.0);
-    if (HAS_SCALES) {
-        let block = row * (params.cols / 32u) + u / 4u;
-        scale = block_scale(w_up[scale_word(params.scale_offset, block)], block);
+    var high = 0u;
+#if PLANES
+    if (HIGH_BITS > 0u) {
+        high = w_up[high_index(row, u)] >> high_shift(u);
     }
-    return decode_unit(q, scale);
+#endif
+    var scale = vec2<f32>(1.0, 0.0);
+#if DENSE
+#else
+    var s: array<u32, SCALE_WORDS>;
+    for (var i = 0u; i < SCALE_WORDS; i++) {
+        s[i] = w_up[scale_index(row, u, i)];
+    }
+    scale = unit_scale(s, row, u);
+#endif
+    return decode_unit(q, high, scale);
 }
 #endif
 

@@ -77,12 +77,14 @@ fn check_len(label: &str, shape: &[usize], len: usize) -> Result<(), GpuError> {
 }
 
 /// A weight matrix of `rows` x `cols` (cols contiguous, as GGUF stores it: ggml dims [cols, rows])
-/// in the GPU layout of its type: the packed quants, then the scales from `scale_offset` words.
+/// in the GPU layout of its type: the packed quants, then the high-bit plane from `plane_offset`
+/// words (5- and 6-bit types), then the scales from `scale_offset` words.
 pub struct WeightTensor {
     pub buffer: wgpu::Buffer,
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
+    pub plane_offset: u32,
     pub scale_offset: u32,
 }
 
@@ -101,7 +103,7 @@ impl WeightTensor {
         }
         let packed = quant::pack_for_gpu(ty, bytes, rows as u64, cols as u64)?;
         let buffer = gpu.storage_buffer_init(label, bytemuck::cast_slice(&packed.words))?;
-        Ok(Self { buffer, ty, rows, cols, scale_offset: packed.scale_offset })
+        Ok(Self { buffer, ty, rows, cols, plane_offset: packed.plane_offset, scale_offset: packed.scale_offset })
     }
 
     /// Quantizes f32 values (row-major rows x cols) to `ty` and uploads them: for tests/benches.

@@ -1,6 +1,7 @@
 //! Embedding gather against the CPU reference on the same quantized table. Dequantization is exact
-//! on both sides (a 4- or 8-bit integer times an f16 scale fits in f32, Q4_1's `+ m` rounds once
-//! either way, f16 -> f32 is exact), so the rows must match bit for bit.
+//! on both sides (a 4- to 8-bit integer times an f16 scale, or times a K-quant's d·scale, fits in
+//! f32; the `+ m` of Q4_1, Q5_1, Q4_K and Q5_K rounds once either way after an exact product;
+//! f16 -> f32 is exact), so the rows must match bit for bit.
 
 mod common;
 
@@ -23,6 +24,11 @@ fn gathers_rows_of_every_type() {
         (GgmlType::Q8_0, 37, 96),
         (GgmlType::Q4_0, 37, 576),
         (GgmlType::Q4_1, 1000, 576),
+        (GgmlType::Q5_0, 37, 576),
+        (GgmlType::Q5_1, 37, 576),
+        (GgmlType::Q4_K, 37, 512),
+        (GgmlType::Q5_K, 37, 768),
+        (GgmlType::Q6_K, 37, 768),
     ];
     for (device, gpu) in [("default", common::gpu()), ("no subgroups", common::gpu_without_subgroups())] {
         let step = StepUniform::new(&gpu);

@@ -1,9 +1,10 @@
 //! Matvec (decode) and tiled matmul (prefill) kernels, with their epilogues, against the CPU
 //! reference computed from the same quantized bytes.
 //!
-//! Tolerance: dequantization is exact on both sides (a 4- or 8-bit integer times an f16 scale
-//! fits in f32; Q4_1's `+ m` rounds once either way), so GPU and reference differ only in the
-//! order of the f32 summation. That error is bounded by a multiple of ε·Σ_k|x_k·w_k|
+//! Tolerance: dequantization is exact on both sides (a 4- to 8-bit integer times an f16 scale
+//! fits in f32, and so does a K-quant's d·scale·q: an 11-bit significand times at most 13 bits;
+//! the `+ m` of Q4_1, Q5_1, Q4_K and Q5_K rounds once either way after an exact product), so GPU
+//! and reference differ only in the order of the f32 summation. That error is bounded by a multiple of ε·Σ_k|x_k·w_k|
 //! (ε = 2^-24 ≈ 6e-8), the honest scale for a dot product whose terms cancel. We allow
 //! |gpu - ref| <= 2e-6·Σ_k|x_k·w_k| + 1e-6 (≈ 33ε): the largest error seen over all shapes here
 //! (K up to 8192) is ≈ 2.4e-7·Σ|x_k·w_k|, 8x below, while any decoding bug (a wrong scale,
@@ -26,14 +27,21 @@ const ABS: f32 = 1e-6;
 /// Value of the output elements a kernel must not touch.
 const SENTINEL: f32 = 1234.5;
 
-/// (N, K) for every type; the dense types also get row lengths that are not whole units of 8.
+/// (N, K) for the types of 32-weight blocks; the dense types also get row lengths that are not
+/// whole units of 8.
 // (20001, 64) makes the matvec give each workgroup several rows (tall matrices such as the LM
 // head), with a last workgroup only partly filled.
 const SHAPES: [(usize, usize); 9] =
     [(1, 32), (7, 96), (33, 544), (576, 576), (1536, 576), (576, 1536), (3, 8192), (100, 8192), (20001, 64)];
 const DENSE_SHAPES: [(usize, usize); 3] = [(3, 2), (5, 38), (9, 70)];
+/// (N, K) for the K-quants, whose rows are whole super-blocks of 256: one, two, three (an odd
+/// count: Q6_K pairs super-blocks' scales) and six super-blocks, long rows, and a tall matrix
+/// (several rows per matvec workgroup).
+const K_SHAPES: [(usize, usize); 7] =
+    [(1, 256), (7, 512), (33, 768), (576, 1536), (1536, 256), (3, 8192), (20001, 256)];
 
-/// (N, K, M) for the matmul: every tile edge case, M up to 512.
+/// (N, K, M) for the matmul: every tile edge case, M up to 512 (K_MATMUL_SHAPES: the same for the
+/// K-quants).
 const MATMUL_SHAPES: [(usize, usize, usize); 9] = [
     (1, 32, 1),
     (7, 96, 3),
@@ -46,6 +54,23 @@ const MATMUL_SHAPES: [(usize, usize, usize); 9] = [
     (33, 96, 512),
 ];
 const DENSE_MATMUL_SHAPES: [(usize, usize, usize); 2] = [(5, 38, 33), (70, 70, 3)];
+const K_MATMUL_SHAPES: [(usize, usize, usize); 7] = [
+    (1, 256, 1),
+    (7, 512, 3),
+    (33, 768, 17),
+    (576, 1536, 33),
+    (1536, 256, 130),
+    (100, 8192, 17),
+    (33, 256, 512),
+];
+
+fn is_dense(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16)
+}
+
+fn is_k_quant(ty: GgmlType) -> bool {
+    ty.block_size() == 256
+}
 
 /// A quantized weight matrix and its exact f32 values.
 struct Weights {
@@ -112,10 +137,14 @@ fn run_matmul(gpu: &Gpu, step: &StepUniform, dispatch: &MatmulDispatch, y: &Tens
 
 fn check_matvec(ty: GgmlType) {
     let mut rng = common::rng(ty.id().into());
-    let dense = matches!(ty, GgmlType::F32 | GgmlType::F16);
-    let shapes = SHAPES.iter().chain(if dense { &DENSE_SHAPES[..] } else { &[] });
+    let shapes = match ty {
+        _ if is_k_quant(ty) => K_SHAPES.to_vec(),
+        _ if is_dense(ty) => [&SHAPES[..], &DENSE_SHAPES].concat(),
+        _ => SHAPES.to_vec(),
+    };
     let cases: Vec<_> = shapes
-        .map(|&(n, k)| {
+        .into_iter()
+        .map(|(n, k)| {
             let w = Weights::random(&mut rng, ty, n, k);
             let x = common::random_vec(&mut rng, k, 1.0);
             let want = matmul(&x, 1, &w.values, n, k);
@@ -141,10 +170,14 @@ fn check_matvec(ty: GgmlType) {
 
 fn check_matmul(ty: GgmlType) {
     let mut rng = common::rng(100 + u64::from(ty.id()));
-    let dense = matches!(ty, GgmlType::F32 | GgmlType::F16);
-    let shapes = MATMUL_SHAPES.iter().chain(if dense { &DENSE_MATMUL_SHAPES[..] } else { &[] });
+    let shapes = match ty {
+        _ if is_k_quant(ty) => K_MATMUL_SHAPES.to_vec(),
+        _ if is_dense(ty) => [&MATMUL_SHAPES[..], &DENSE_MATMUL_SHAPES].concat(),
+        _ => MATMUL_SHAPES.to_vec(),
+    };
     let cases: Vec<_> = shapes
-        .map(|&(n, k, m)| {
+        .into_iter()
+        .map(|(n, k, m)| {
             let w = Weights::random(&mut rng, ty, n, k);
             let x = common::random_vec(&mut rng, m * k, 1.0);
             let want = matmul(&x, m, &w.values, n, k);
@@ -200,6 +233,31 @@ fn matvec_q4_1() {
 }
 
 #[test]
+fn matvec_q5_0() {
+    check_matvec(GgmlType::Q5_0);
+}
+
+#[test]
+fn matvec_q5_1() {
+    check_matvec(GgmlType::Q5_1);
+}
+
+#[test]
+fn matvec_q4_k() {
+    check_matvec(GgmlType::Q4_K);
+}
+
+#[test]
+fn matvec_q5_k() {
+    check_matvec(GgmlType::Q5_K);
+}
+
+#[test]
+fn matvec_q6_k() {
+    check_matvec(GgmlType::Q6_K);
+}
+
+#[test]
 fn matmul_f32() {
     check_matmul(GgmlType::F32);
 }
@@ -224,13 +282,45 @@ fn matmul_q4_1() {
     check_matmul(GgmlType::Q4_1);
 }
 
+#[test]
+fn matmul_q5_0() {
+    check_matmul(GgmlType::Q5_0);
+}
+
+#[test]
+fn matmul_q5_1() {
+    check_matmul(GgmlType::Q5_1);
+}
+
+#[test]
+fn matmul_q4_k() {
+    check_matmul(GgmlType::Q4_K);
+}
+
+#[test]
+fn matmul_q5_k() {
+    check_matmul(GgmlType::Q5_K);
+}
+
+#[test]
+fn matmul_q6_k() {
+    check_matmul(GgmlType::Q6_K);
+}
+
 /// Bias and in-place residual add (together and apart), decode and prefill:
 /// y = residual + x·Wᵀ + b, the residual being y's previous contents.
 #[test]
 fn bias_and_residual_epilogues() {
     let mut rng = common::rng(7);
-    let (n, k, m) = (33, 544, 17);
-    for ty in [GgmlType::Q4_1, GgmlType::F16] {
+    for (ty, n, k, m) in [
+        (GgmlType::Q4_1, 33, 544, 17),
+        (GgmlType::F16, 33, 544, 17),
+        (GgmlType::Q5_0, 33, 544, 17),
+        (GgmlType::Q5_1, 33, 544, 17),
+        (GgmlType::Q4_K, 33, 512, 17),
+        (GgmlType::Q5_K, 33, 512, 17),
+        (GgmlType::Q6_K, 33, 512, 17),
+    ] {
         let w = Weights::random(&mut rng, ty, n, k);
         let x = common::random_vec(&mut rng, m * k, 1.0);
         let residual = common::random_vec(&mut rng, m * n, 10.0);
@@ -278,7 +368,16 @@ fn swiglu_bound(g: f32, u: f32, eg: f32, eu: f32) -> f32 {
 #[test]
 fn swiglu_matvec_and_matmul() {
     let mut rng = common::rng(8);
-    for (ty, n, k, m) in [(GgmlType::Q4_1, 100, 576, 130), (GgmlType::Q8_0, 33, 544, 17), (GgmlType::F32, 7, 70, 3)] {
+    for (ty, n, k, m) in [
+        (GgmlType::Q4_1, 100, 576, 130),
+        (GgmlType::Q8_0, 33, 544, 17),
+        (GgmlType::F32, 7, 70, 3),
+        (GgmlType::Q5_0, 100, 576, 130),
+        (GgmlType::Q5_1, 33, 544, 17),
+        (GgmlType::Q4_K, 100, 768, 130),
+        (GgmlType::Q5_K, 33, 512, 17),
+        (GgmlType::Q6_K, 100, 768, 33),
+    ] {
         let gate = Weights::random(&mut rng, ty, n, k);
         let up = Weights::random(&mut rng, ty, n, k);
         let x = common::random_vec(&mut rng, m * k, 1.0);
@@ -336,6 +435,16 @@ fn bind_rejects_mismatched_shapes() {
     invalid(mv_bias.bind(&gpu, &w, &x, &y, None).map(drop), "missing bias");
     invalid(mv_bias.bind(&gpu, &w, &x, &y, Some(&y_short)).map(drop), "short bias");
 
+    // Section offsets that do not fit the tensor (fields a caller could set by hand).
+    let mv5 = pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q5_0, Epilogue::NONE)).unwrap();
+    let mut w5 = Weights::random(&mut rng, GgmlType::Q5_0, n, k).upload(&gpu);
+    assert!(mv5.bind(&gpu, &w5, &x, &y, None).is_ok());
+    w5.plane_offset -= 1;
+    invalid(mv5.bind(&gpu, &w5, &x, &y, None).map(drop), "plane section overlapping the quants");
+    w5.plane_offset += 1;
+    w5.scale_offset += 1;
+    invalid(mv5.bind(&gpu, &w5, &x, &y, None).map(drop), "scale section past the buffer");
+
     let sw = pollster::block_on(SwigluMatvecKernel::new(&gpu, GgmlType::Q4_0)).unwrap();
     assert!(sw.bind(&gpu, &w, &w, &x, &y).is_ok());
     invalid(sw.bind(&gpu, &w, &other, &x, &y).map(drop), "gate/up shapes");
@@ -353,7 +462,7 @@ fn bind_rejects_mismatched_shapes() {
     invalid(swm.bind(&gpu, &w, &other, &x4, &y4, &step, 4).map(drop), "swiglu matmul gate/up shapes");
 
     assert!(matches!(
-        pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q4_K, Epilogue::NONE)),
+        pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q2_K, Epilogue::NONE)),
         Err(GpuError::UnsupportedWeights(_))
     ));
 }

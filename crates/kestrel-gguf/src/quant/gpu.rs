@@ -1,7 +1,8 @@
-//! The GPU layout of weight tensors. GGUF blocks are 18/20/34 bytes, not 4-byte aligned, and
-//! WGSL has no 8-bit type, so each tensor is repacked into `u32` words: first every block's
-//! quants (whole words per block), then a section of f16 scales. Blocks are numbered
-//! row-major, b = row * (cols / 32) + block_in_row, which is also their order in the file.
+//! The GPU layout of weight tensors. GGUF blocks are 18 to 210 bytes, mostly not 4-byte
+//! aligned, and WGSL has no 8-bit type, so each tensor is repacked into `u32` words, in up to
+//! three sections: quants, a plane of high bits (the 5- and 6-bit types), scales. Blocks are
+//! numbered row-major, b = row * (cols / block size) + block_in_row, which is also their order
+//! in the file; every section lists the blocks in that order.
 //!
 //! - F32: the f32 bit patterns; no scale section.
 //! - F16: two elements per word, element 2i in the low half; cols must be even.
@@ -9,17 +10,65 @@
 //!   one f16 `d` per block, two per word (block b in word b / 2, low half when b is even).
 //! - Q4_0: 4 words per block holding the 16 `qs` bytes as they are; scales as Q8_0.
 //! - Q4_1: quants as Q4_0; scales: one word per block, `d` in the low half, `m` in the high.
+//!
+//! The bit-plane types Q5_0, Q5_1, Q4_K, Q5_K and Q6_K split each weight's quant into its low
+//! 4 bits and `h` high bits (h = 1 for Q5_0, Q5_1, Q5_K; 2 for Q6_K; 0 for Q4_K) and store both
+//! in weight order, g = row * cols + col, whatever order the GGUF block keeps its elements in
+//! (ggml pairs elements j and j + 16 or j + 32 in a byte). So 8 consecutive weights are one
+//! quant word, and a kernel reading 8 or 32 consecutive columns reads whole words.
+//! - Quant section: weight g's low 4 bits at bit 4 (g % 8) of word g / 8 (cols / 8 words a row).
+//! - Plane section, from `plane_offset`: weight g's high bits at bit h (g % (32 / h)) of word
+//!   g / (32 / h). For Q5_0 and Q5_1 a block's plane word is its `qh` unchanged.
+//! - Scale section, the file's scale fields unchanged, so that the kernels compute d * scale in
+//!   f32 exactly as ggml does:
+//!   - Q5_0: `d` as Q4_0's; Q5_1: `d` and `m` as Q4_1's.
+//!   - Q4_K, Q5_K: 4 words per super-block: `d` | `dmin` << 16, then the 12 bytes of packed
+//!     6-bit scales and mins (bytes 4..16 of the block, as they are).
+//!   - Q6_K: 9 words per pair of super-blocks a, b: `d` of a | `d` of b << 16, then the 16
+//!     int8 `scales` of a, then those of b (an odd last super-block: 5 words, the high half of
+//!     the first zero).
+//!
+//! Row lengths must be whole blocks: 32 for Q*_0/Q*_1, 256 for the K-quants.
 
-use super::{blocks, q4_0, q4_1, q8_0};
+use super::{blocks, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, QK, QK_K};
 use crate::error::GgufError;
 use crate::types::GgmlType;
 
+// The scale section copies Q5_1's d and m, and Q4_K's and Q5_K's d, dmin and 12 scale bytes,
+// as one run of bytes from OFFSET_D.
+const _: () = assert!(
+    q5_1::OFFSET_M == q5_1::OFFSET_D + 2
+        && q4_k::OFFSET_DMIN == q4_k::OFFSET_D + 2
+        && q4_k::OFFSET_SCALES == q4_k::OFFSET_D + 4
+        && q4_k::OFFSET_QS == q4_k::OFFSET_D + 16
+        && q5_k::OFFSET_DMIN == q5_k::OFFSET_D + 2
+        && q5_k::OFFSET_SCALES == q5_k::OFFSET_D + 4
+        && q5_k::OFFSET_QH == q5_k::OFFSET_D + 16
+);
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuPacked {
-    /// Quant section, then scale section.
+    /// Quant section, plane section, then scale section.
     pub words: Vec<u32>,
+    /// Index of the first word of the plane section (the end of the quant section when there
+    /// is none).
+    pub plane_offset: u32,
     /// Index of the first word of the scale section (`words.len()` when there is none).
     pub scale_offset: u32,
+}
+
+/// Section sizes in words of a packed tensor (`gpu_sections`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuSections {
+    pub quant_words: u64,
+    pub plane_words: u64,
+    pub scale_words: u64,
+}
+
+impl GpuSections {
+    fn total(&self) -> u64 {
+        self.quant_words + self.plane_words + self.scale_words
+    }
 }
 
 /// Types the GPU kernels can read directly.
@@ -27,27 +76,116 @@ pub fn is_gpu_supported(ty: GgmlType) -> bool {
     matches!(
         ty,
         GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1
-    )
+    ) || plane_format(ty).is_some()
 }
 
-/// Section sizes in words for a `rows` x `cols` tensor: (quant words, scale words).
-fn layout(ty: GgmlType, rows: u64, cols: u64) -> Result<(u64, u64), GgufError> {
+/// Where each weight's bits sit in a bit-plane type's GGUF block, from ggml's
+/// `dequantize_row_*`: `low(e)` and `high(e)` give (byte, shift) of element e's low 4 bits
+/// and of its `high_bits` high bits.
+struct PlaneFormat {
+    block_bytes: usize,
+    weights: usize,
+    high_bits: u32,
+    low: fn(usize) -> (usize, u32),
+    high: fn(usize) -> (usize, u32),
+}
+
+fn plane_format(ty: GgmlType) -> Option<PlaneFormat> {
+    let no_high = |_| (0, 0);
+    Some(match ty {
+        // Element j: low nibble of qs[j % 16] (j < 16) or its high nibble; bit j of qh.
+        GgmlType::Q5_0 => PlaneFormat {
+            block_bytes: q5_0::BLOCK_BYTES,
+            weights: QK,
+            high_bits: 1,
+            low: |e| (q5_0::OFFSET_QS + e % 16, 4 * (e / 16) as u32),
+            high: |e| (q5_0::OFFSET_QH + e / 8, (e % 8) as u32),
+        },
+        GgmlType::Q5_1 => PlaneFormat {
+            block_bytes: q5_1::BLOCK_BYTES,
+            weights: QK,
+            high_bits: 1,
+            low: |e| (q5_1::OFFSET_QS + e % 16, 4 * (e / 16) as u32),
+            high: |e| (q5_1::OFFSET_QH + e / 8, (e % 8) as u32),
+        },
+        // Element 64 j + 32 h + l (j < 4, h < 2, l < 32): nibble h of qs[32 j + l]; for Q5_K
+        // bit 2 j + h of qh[l].
+        GgmlType::Q4_K => PlaneFormat {
+            block_bytes: q4_k::BLOCK_BYTES,
+            weights: QK_K,
+            high_bits: 0,
+            low: |e| {
+                (
+                    q4_k::OFFSET_QS + 32 * (e / 64) + e % 32,
+                    4 * (e / 32 % 2) as u32,
+                )
+            },
+            high: no_high,
+        },
+        GgmlType::Q5_K => PlaneFormat {
+            block_bytes: q5_k::BLOCK_BYTES,
+            weights: QK_K,
+            high_bits: 1,
+            low: |e| {
+                (
+                    q5_k::OFFSET_QS + 32 * (e / 64) + e % 32,
+                    4 * (e / 32 % 2) as u32,
+                )
+            },
+            high: |e| (q5_k::OFFSET_QH + e % 32, (e / 32) as u32),
+        },
+        // Element 128 n + 32 s + l (n < 2, s < 4, l < 32): nibble s / 2 of ql[64 n + 32 (s % 2)
+        // + l], bits 2 s .. 2 s + 1 of qh[32 n + l].
+        GgmlType::Q6_K => PlaneFormat {
+            block_bytes: q6_k::BLOCK_BYTES,
+            weights: QK_K,
+            high_bits: 2,
+            low: |e| {
+                let (n, s, l) = (e / 128, e / 32 % 4, e % 32);
+                (
+                    q6_k::OFFSET_QL + 64 * n + 32 * (s % 2) + l,
+                    4 * (s / 2) as u32,
+                )
+            },
+            high: |e| {
+                (
+                    q6_k::OFFSET_QH + 32 * (e / 128) + e % 32,
+                    2 * (e / 32 % 4) as u32,
+                )
+            },
+        },
+        _ => return None,
+    })
+}
+
+/// Section sizes in words of a `rows` x `cols` tensor of type `ty` in the GPU layout; an error
+/// for a type the kernels cannot read, a row that is not whole blocks, or a tensor too large
+/// for u32 word indices.
+pub fn gpu_sections(ty: GgmlType, rows: u64, cols: u64) -> Result<GpuSections, GgufError> {
     if !is_gpu_supported(ty) {
         return Err(GgufError::UnsupportedType {
             ty,
             operation: "GPU packing",
         });
     }
-    let bad_shape = |reason: &str| GgufError::SizeMismatch {
-        what: format!("GPU packing of a {rows}x{cols} {ty} tensor: {reason}"),
-        expected: cols.next_multiple_of(ty.block_size().max(2)),
-        found: cols,
+    let multiple = if ty == GgmlType::F16 {
+        2
+    } else {
+        ty.block_size()
     };
-    if !cols.is_multiple_of(ty.block_size()) {
-        return Err(bad_shape("row length must be a whole number of blocks"));
-    }
-    if ty == GgmlType::F16 && !cols.is_multiple_of(2) {
-        return Err(bad_shape("row length must be even"));
+    if !cols.is_multiple_of(multiple) {
+        let blocks = if ty == GgmlType::F16 {
+            "even".to_string()
+        } else {
+            format!("a multiple of {multiple} (whole {ty} blocks)")
+        };
+        return Err(GgufError::SizeMismatch {
+            what: format!(
+                "GPU packing of a {rows}x{cols} {ty} tensor: row length must be {blocks}"
+            ),
+            expected: cols.next_multiple_of(multiple),
+            found: cols,
+        });
     }
     let too_big = || GgufError::SizeMismatch {
         what: format!("GPU packing of a {rows}x{cols} {ty} tensor: words (limit u32::MAX)"),
@@ -56,17 +194,28 @@ fn layout(ty: GgmlType, rows: u64, cols: u64) -> Result<(u64, u64), GgufError> {
     };
     let n = rows.checked_mul(cols).ok_or_else(too_big)?;
     let blocks = n / 32;
-    let sizes = match ty {
-        GgmlType::F32 => (n, 0),
-        GgmlType::F16 => (n / 2, 0),
-        GgmlType::Q8_0 => (blocks * 8, blocks.div_ceil(2)),
-        GgmlType::Q4_0 => (blocks * 4, blocks.div_ceil(2)),
-        _ => (blocks * 4, blocks),
+    let super_blocks = n / 256;
+    let (quant_words, plane_words, scale_words) = match ty {
+        GgmlType::F32 => (n, 0, 0),
+        GgmlType::F16 => (n / 2, 0, 0),
+        GgmlType::Q8_0 => (blocks * 8, 0, blocks.div_ceil(2)),
+        GgmlType::Q4_0 => (blocks * 4, 0, blocks.div_ceil(2)),
+        GgmlType::Q4_1 => (blocks * 4, 0, blocks),
+        GgmlType::Q5_0 => (n / 8, blocks, blocks.div_ceil(2)),
+        GgmlType::Q5_1 => (n / 8, blocks, blocks),
+        GgmlType::Q4_K => (n / 8, 0, 4 * super_blocks),
+        GgmlType::Q5_K => (n / 8, blocks, 4 * super_blocks),
+        _ => (n / 8, n / 16, 4 * super_blocks + super_blocks.div_ceil(2)),
     };
-    if sizes.0 + sizes.1 > u64::from(u32::MAX) {
+    let sections = GpuSections {
+        quant_words,
+        plane_words,
+        scale_words,
+    };
+    if sections.total() > u64::from(u32::MAX) {
         return Err(too_big());
     }
-    Ok(sizes)
+    Ok(sections)
 }
 
 fn check_len(what: &str, expected: u64, found: usize) -> Result<(), GgufError> {
@@ -84,9 +233,19 @@ fn word(b: &[u8; 4]) -> u32 {
     u32::from_le_bytes(*b)
 }
 
+/// Consecutive little-endian words of `bytes` (a multiple of 4 long).
+fn words_of(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    blocks::<4>(bytes).map(word)
+}
+
 /// Two f16 bit patterns in one word, `lo` in the low half.
 fn pair(lo: [u8; 2], hi: [u8; 2]) -> u32 {
     u32::from(u16::from_le_bytes(lo)) | (u32::from(u16::from_le_bytes(hi)) << 16)
+}
+
+/// The two f16 bit patterns of a word, low half first.
+fn halves(w: u32) -> [[u8; 2]; 2] {
+    [(w as u16).to_le_bytes(), ((w >> 16) as u16).to_le_bytes()]
 }
 
 /// Repacks a `rows` x `cols` tensor (GGUF bytes, row-major) into the GPU layout.
@@ -96,7 +255,7 @@ pub fn pack_for_gpu(
     rows: u64,
     cols: u64,
 ) -> Result<GpuPacked, GgufError> {
-    let (quant_words, scale_words) = layout(ty, rows, cols)?;
+    let sections = gpu_sections(ty, rows, cols)?;
     let expected_bytes = ty
         .row_bytes(cols)
         .and_then(|r| r.checked_mul(rows))
@@ -106,39 +265,104 @@ pub fn pack_for_gpu(
         expected_bytes,
         bytes.len(),
     )?;
-    let mut words = Vec::with_capacity((quant_words + scale_words) as usize);
-    let mut scales = Vec::with_capacity(scale_words as usize);
-    match ty {
-        GgmlType::F32 | GgmlType::F16 => words.extend(blocks::<4>(bytes).map(word)),
-        GgmlType::Q8_0 => {
-            let mut ds = Vec::new();
-            for [d0, d1, qs @ ..] in blocks::<{ q8_0::BLOCK_BYTES }>(bytes) {
-                words.extend(blocks::<4>(qs).map(word));
-                ds.push([*d0, *d1]);
+    let mut words = Vec::with_capacity(sections.total() as usize);
+    let mut plane = Vec::with_capacity(sections.plane_words as usize);
+    let mut scales = Vec::with_capacity(sections.scale_words as usize);
+    if let Some(format) = plane_format(ty) {
+        pack_planes(&format, bytes, &mut words, &mut plane);
+        pack_plane_scales(ty, format.block_bytes, bytes, &mut scales);
+    } else {
+        match ty {
+            GgmlType::F32 | GgmlType::F16 => words.extend(words_of(bytes)),
+            GgmlType::Q8_0 => {
+                let mut ds = Vec::new();
+                for [d0, d1, qs @ ..] in blocks::<{ q8_0::BLOCK_BYTES }>(bytes) {
+                    words.extend(words_of(qs));
+                    ds.push([*d0, *d1]);
+                }
+                pack_scale_pairs(&ds, &mut scales);
             }
-            pack_scale_pairs(&ds, &mut scales);
-        }
-        GgmlType::Q4_0 => {
-            let mut ds = Vec::new();
-            for [d0, d1, qs @ ..] in blocks::<{ q4_0::BLOCK_BYTES }>(bytes) {
-                words.extend(blocks::<4>(qs).map(word));
-                ds.push([*d0, *d1]);
+            GgmlType::Q4_0 => {
+                let mut ds = Vec::new();
+                for [d0, d1, qs @ ..] in blocks::<{ q4_0::BLOCK_BYTES }>(bytes) {
+                    words.extend(words_of(qs));
+                    ds.push([*d0, *d1]);
+                }
+                pack_scale_pairs(&ds, &mut scales);
             }
-            pack_scale_pairs(&ds, &mut scales);
-        }
-        _ => {
-            for [d0, d1, m0, m1, qs @ ..] in blocks::<{ q4_1::BLOCK_BYTES }>(bytes) {
-                words.extend(blocks::<4>(qs).map(word));
-                scales.push(pair([*d0, *d1], [*m0, *m1]));
+            _ => {
+                for [d0, d1, m0, m1, qs @ ..] in blocks::<{ q4_1::BLOCK_BYTES }>(bytes) {
+                    words.extend(words_of(qs));
+                    scales.push(pair([*d0, *d1], [*m0, *m1]));
+                }
             }
         }
     }
+    let plane_offset = words.len() as u32;
+    words.extend(plane);
     let scale_offset = words.len() as u32;
     words.extend(scales);
     Ok(GpuPacked {
         words,
+        plane_offset,
         scale_offset,
     })
+}
+
+/// (byte, shift) of every element of a block, computed once per tensor.
+fn positions(format: &PlaneFormat, at: fn(usize) -> (usize, u32)) -> Vec<(usize, u32)> {
+    (0..format.weights).map(at).collect()
+}
+
+/// The low nibbles (into `quants`) and high bits (into `plane`) of every block, in weight
+/// order.
+fn pack_planes(format: &PlaneFormat, bytes: &[u8], quants: &mut Vec<u32>, plane: &mut Vec<u32>) {
+    let low = positions(format, format.low);
+    let high = positions(format, format.high);
+    let h = format.high_bits;
+    let mask = (1u32 << h) - 1;
+    let gather = |block: &[u8], chunk: &[(usize, u32)], bits: u32, mask: u32| {
+        chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |w, (i, &(byte, shift))| {
+                w | ((u32::from(block[byte]) >> shift) & mask) << (bits * i as u32)
+            })
+    };
+    for block in bytes.chunks_exact(format.block_bytes) {
+        quants.extend(low.chunks_exact(8).map(|c| gather(block, c, 4, 15)));
+        // No plane (h = 0) for Q4_K.
+        if let Some(per_word) = 32u32.checked_div(h) {
+            let words = high.chunks_exact(per_word as usize);
+            plane.extend(words.map(|c| gather(block, c, h, mask)));
+        }
+    }
+}
+
+/// The scale section of a bit-plane type (see the module comment).
+fn pack_plane_scales(ty: GgmlType, block_bytes: usize, bytes: &[u8], scales: &mut Vec<u32>) {
+    let blocks = bytes.chunks_exact(block_bytes);
+    match ty {
+        GgmlType::Q5_0 => {
+            let at = q5_0::OFFSET_D;
+            let ds: Vec<[u8; 2]> = blocks.map(|b| [b[at], b[at + 1]]).collect();
+            pack_scale_pairs(&ds, scales);
+        }
+        GgmlType::Q5_1 => scales.extend(blocks.flat_map(|b| words_of(&b[q5_1::OFFSET_D..][..4]))),
+        GgmlType::Q4_K => scales.extend(blocks.flat_map(|b| words_of(&b[q4_k::OFFSET_D..][..16]))),
+        GgmlType::Q5_K => scales.extend(blocks.flat_map(|b| words_of(&b[q5_k::OFFSET_D..][..16]))),
+        _ => {
+            let (d, sc) = (q6_k::OFFSET_D, q6_k::OFFSET_SCALES);
+            let blocks: Vec<&[u8]> = blocks.collect();
+            for two in blocks.chunks(2) {
+                let d_of = |i: usize| two.get(i).map_or([0, 0], |b| [b[d], b[d + 1]]);
+                scales.push(pair(d_of(0), d_of(1)));
+                for b in two {
+                    scales.extend(words_of(&b[sc..][..16]));
+                }
+            }
+        }
+    }
 }
 
 /// One f16 per block, two per word; an odd count leaves the last high half zero.
@@ -157,21 +381,33 @@ pub fn unpack_from_gpu(
     rows: u64,
     cols: u64,
 ) -> Result<Vec<u8>, GgufError> {
-    let (quant_words, scale_words) = layout(ty, rows, cols)?;
+    let sections = gpu_sections(ty, rows, cols)?;
     check_len(
         &format!("packed {ty} tensor {rows}x{cols} (words)"),
-        quant_words + scale_words,
+        sections.total(),
         packed.words.len(),
     )?;
     check_len(
+        "packed plane offset",
+        sections.quant_words,
+        packed.plane_offset as usize,
+    )?;
+    check_len(
         "packed scale offset",
-        quant_words,
+        sections.quant_words + sections.plane_words,
         packed.scale_offset as usize,
     )?;
-    let (quants, scales) = packed.words.split_at(quant_words as usize);
+    let (quants, rest) = packed.words.split_at(sections.quant_words as usize);
+    let (plane, scales) = rest.split_at(sections.plane_words as usize);
     let bytes_of = |w: &u32| w.to_le_bytes();
-    let halves = |w: u32| [(w as u16).to_le_bytes(), ((w >> 16) as u16).to_le_bytes()];
     let mut out = Vec::new();
+    if let Some(format) = plane_format(ty) {
+        let n_blocks = (rows * cols) as usize / format.weights;
+        out.resize(n_blocks * format.block_bytes, 0);
+        unpack_planes(&format, quants, plane, &mut out);
+        unpack_plane_scales(ty, format.block_bytes, scales, &mut out);
+        return Ok(out);
+    }
     match ty {
         GgmlType::F32 | GgmlType::F16 => out.extend(quants.iter().flat_map(bytes_of)),
         GgmlType::Q8_0 | GgmlType::Q4_0 => {
@@ -190,4 +426,240 @@ pub fn unpack_from_gpu(
         }
     }
     Ok(out)
+}
+
+/// Scatters the low nibbles and high bits back into the (zeroed) blocks of `out`; together
+/// the two cover every bit of the blocks' quant fields exactly once.
+fn unpack_planes(format: &PlaneFormat, quants: &[u32], plane: &[u32], out: &mut [u8]) {
+    let low = positions(format, format.low);
+    let high = positions(format, format.high);
+    let h = format.high_bits as usize;
+    let mask = (1u32 << h) - 1;
+    let scatter = |block: &mut [u8], words: &[u32], at: &[(usize, u32)], bits: usize, mask: u32| {
+        let per_word = 32 / bits;
+        for (e, &(byte, shift)) in at.iter().enumerate() {
+            let value = (words[e / per_word] >> (bits * (e % per_word))) & mask;
+            block[byte] |= (value << shift) as u8;
+        }
+    };
+    let quant_words = format.weights / 8;
+    let plane_words = format.weights * h / 32;
+    for (i, block) in out.chunks_exact_mut(format.block_bytes).enumerate() {
+        scatter(
+            block,
+            &quants[i * quant_words..][..quant_words],
+            &low,
+            4,
+            15,
+        );
+        if h > 0 {
+            scatter(
+                block,
+                &plane[i * plane_words..][..plane_words],
+                &high,
+                h,
+                mask,
+            );
+        }
+    }
+}
+
+/// Writes the scale fields of every block of `out` back from the scale section.
+fn unpack_plane_scales(ty: GgmlType, block_bytes: usize, scales: &[u32], out: &mut [u8]) {
+    let mut blocks = out.chunks_exact_mut(block_bytes);
+    let put = |block: &mut [u8], at: usize, words: &[u32]| {
+        for (dst, src) in block[at..].chunks_exact_mut(4).zip(words) {
+            dst.copy_from_slice(&src.to_le_bytes());
+        }
+    };
+    match ty {
+        GgmlType::Q5_0 => {
+            let at = q5_0::OFFSET_D;
+            for (block, d) in blocks.zip(scales.iter().flat_map(|&w| halves(w))) {
+                block[at..at + 2].copy_from_slice(&d);
+            }
+        }
+        GgmlType::Q5_1 => blocks
+            .zip(scales)
+            .for_each(|(b, w)| put(b, q5_1::OFFSET_D, &[*w])),
+        GgmlType::Q4_K => blocks
+            .zip(scales.chunks_exact(4))
+            .for_each(|(b, w)| put(b, q4_k::OFFSET_D, w)),
+        GgmlType::Q5_K => blocks
+            .zip(scales.chunks_exact(4))
+            .for_each(|(b, w)| put(b, q5_k::OFFSET_D, w)),
+        _ => {
+            let (d, sc) = (q6_k::OFFSET_D, q6_k::OFFSET_SCALES);
+            for group in scales.chunks(9) {
+                let Some((&d_word, sc_words)) = group.split_first() else {
+                    continue;
+                };
+                for (words, d_bytes) in sc_words.chunks_exact(4).zip(halves(d_word)) {
+                    let Some(block) = blocks.next() else { return };
+                    block[d..d + 2].copy_from_slice(&d_bytes);
+                    put(block, sc, words);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::dequantize;
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+
+    const PLANE_TYPES: [GgmlType; 5] = [
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+
+    /// (rows, cols) in blocks: one block, odd and even block counts (Q6_K pairs its
+    /// super-blocks' scales), several rows.
+    const SHAPES: [(u64, u64); 5] = [(1, 1), (3, 1), (2, 2), (5, 3), (1, 7)];
+
+    fn random_bytes(rng: &mut StdRng, ty: GgmlType, rows: u64, cols: u64) -> Vec<u8> {
+        let n = ty.row_bytes(cols).unwrap() * rows;
+        (0..n).map(|_| rng.random()).collect()
+    }
+
+    #[test]
+    fn round_trips_random_blocks() {
+        let mut rng = StdRng::seed_from_u64(1);
+        for ty in PLANE_TYPES {
+            for (rows, blocks) in SHAPES {
+                let cols = blocks * ty.block_size();
+                // Scales get arbitrary f16 bit patterns, NaN and infinity included.
+                let bytes = random_bytes(&mut rng, ty, rows, cols);
+                let packed = pack_for_gpu(ty, &bytes, rows, cols).unwrap();
+                let sections = gpu_sections(ty, rows, cols).unwrap();
+                assert_eq!(packed.words.len() as u64, sections.total(), "{ty}");
+                assert_eq!(
+                    unpack_from_gpu(ty, &packed, rows, cols).unwrap(),
+                    bytes,
+                    "{ty} {rows}x{cols}"
+                );
+            }
+        }
+    }
+
+    /// Random quants with unit scales (d = 1, every sub-block scale 1, no minimum), so that
+    /// ggml's dequantization yields q - offset: the quant of every weight, independently of
+    /// the packer's element tables.
+    fn unit_scale_blocks(rng: &mut StdRng, ty: GgmlType, n_blocks: usize) -> Vec<u8> {
+        let one = half::f16::ONE.to_le_bytes();
+        let mut bytes = random_bytes(rng, ty, n_blocks as u64, ty.block_size());
+        for block in bytes.chunks_exact_mut(ty.type_size() as usize) {
+            match ty {
+                GgmlType::Q5_0 => block[..2].copy_from_slice(&one),
+                GgmlType::Q5_1 => block[..4].copy_from_slice(&[one[0], one[1], 0, 0]),
+                GgmlType::Q4_K | GgmlType::Q5_K => {
+                    block[..4].copy_from_slice(&[one[0], one[1], 0, 0]);
+                    // get_scale_min_k4: scale 1 and min 0 for all 8 sub-blocks.
+                    block[4..16].copy_from_slice(&[1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]);
+                }
+                _ => {
+                    block[q6_k::OFFSET_SCALES..q6_k::OFFSET_D].fill(1);
+                    block[q6_k::OFFSET_D..].copy_from_slice(&one);
+                }
+            }
+        }
+        bytes
+    }
+
+    #[test]
+    fn planes_hold_each_weights_bits_in_weight_order() {
+        let mut rng = StdRng::seed_from_u64(2);
+        for ty in PLANE_TYPES {
+            let (rows, cols) = (3u64, 2 * ty.block_size());
+            let n = (rows * cols) as usize;
+            let bytes = unit_scale_blocks(&mut rng, ty, n / ty.block_size() as usize);
+            let mut values = vec![0.0; n];
+            dequantize(ty, &bytes, &mut values).unwrap();
+            let offset = match ty {
+                GgmlType::Q5_0 => 16.0,
+                GgmlType::Q6_K => 32.0,
+                _ => 0.0,
+            };
+            let h = match ty {
+                GgmlType::Q4_K => 0,
+                GgmlType::Q6_K => 2,
+                _ => 1,
+            };
+            let p = pack_for_gpu(ty, &bytes, rows, cols).unwrap();
+            for (g, &v) in values.iter().enumerate() {
+                let low = (p.words[g / 8] >> (4 * (g % 8))) & 15;
+                let high = 32usize.checked_div(h).map_or(0, |per_word| {
+                    (p.words[p.plane_offset as usize + g / per_word] >> (h * (g % per_word)))
+                        & ((1 << h) - 1)
+                });
+                let q = (low | (high << 4)) as f32;
+                assert_eq!(q - offset, v, "{ty} weight {g}");
+            }
+        }
+    }
+
+    #[test]
+    fn scale_sections_are_as_documented() {
+        // Q6_K, three super-blocks: [d0 | d1 << 16, scales 0, scales 1], [d2, scales 2].
+        let mut bytes = vec![0u8; 3 * q6_k::BLOCK_BYTES];
+        for (b, block) in bytes.chunks_exact_mut(q6_k::BLOCK_BYTES).enumerate() {
+            let b = b as u8;
+            block[q6_k::OFFSET_D..].copy_from_slice(&[0x10 + b, 0xA0 + b]);
+            for (i, s) in block[q6_k::OFFSET_SCALES..q6_k::OFFSET_D]
+                .iter_mut()
+                .enumerate()
+            {
+                *s = 16 * b + i as u8;
+            }
+        }
+        let p = pack_for_gpu(GgmlType::Q6_K, &bytes, 1, 768).unwrap();
+        assert_eq!((p.plane_offset, p.scale_offset), (96, 96 + 48));
+        let scales = &p.words[p.scale_offset as usize..];
+        assert_eq!(scales.len(), 9 + 5);
+        assert_eq!(scales[0], 0xA010 | (0xA111 << 16));
+        assert_eq!(scales[1], u32::from_le_bytes([0, 1, 2, 3]));
+        assert_eq!(scales[5], u32::from_le_bytes([16, 17, 18, 19]));
+        assert_eq!(scales[9], 0xA212);
+        assert_eq!(scales[13], u32::from_le_bytes([44, 45, 46, 47]));
+
+        // Q4_K: bytes 0..16 of the block as 4 words; no plane section.
+        let mut block = vec![0u8; q4_k::BLOCK_BYTES];
+        block[..16].copy_from_slice(&core::array::from_fn::<u8, 16, _>(|i| i as u8 + 1));
+        let p = pack_for_gpu(GgmlType::Q4_K, &block, 1, 256).unwrap();
+        assert_eq!(
+            (p.plane_offset, p.scale_offset, p.words.len()),
+            (32, 32, 36)
+        );
+        assert_eq!(p.words[32], 0x0403_0201);
+        assert_eq!(p.words[35], 0x100F_0E0D);
+
+        // Q5_0: qh is the block's plane word as it is; d pairs up like Q4_0's.
+        let block = [0x01, 0x3C, 0x78, 0x56, 0x34, 0x12]
+            .into_iter()
+            .chain([0; 16])
+            .collect::<Vec<u8>>();
+        let p = pack_for_gpu(GgmlType::Q5_0, &block, 1, 32).unwrap();
+        assert_eq!(p.words, [0, 0, 0, 0, 0x1234_5678, 0x3C01]);
+        assert_eq!((p.plane_offset, p.scale_offset), (4, 5));
+    }
+
+    #[test]
+    fn rejects_rows_of_partial_blocks() {
+        let err = gpu_sections(GgmlType::Q4_K, 2, 576)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("multiple of 256"), "{err}");
+        let err = gpu_sections(GgmlType::Q5_0, 2, 48).unwrap_err().to_string();
+        assert!(err.contains("multiple of 32"), "{err}");
+        assert!(gpu_sections(GgmlType::Q6_K, 2, 1536).is_ok());
+        assert!(matches!(
+            gpu_sections(GgmlType::Q2_K, 1, 256),
+            Err(GgufError::UnsupportedType { .. })
+        ));
+    }
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
-use kestrel_gguf::GgmlType;
+use kestrel_gguf::{quant, GgmlType};
 
 use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Tensor, WeightTensor};
 
@@ -42,10 +42,11 @@ pub(crate) struct WeightParams {
     rows: u32,
     cols: u32,
     row_words: u32,
+    plane_offset: u32,
     scale_offset: u32,
     max_tokens: u32,
     rows_per_group: u32,
-    _pad: [u32; 2],
+    _pad: u32,
 }
 
 impl WeightParams {
@@ -53,32 +54,30 @@ impl WeightParams {
     /// the kernels address fits in u32 indices, and describes it for the shaders.
     pub(crate) fn new(kernel: &str, w: &WeightTensor, max_tokens: u32) -> Result<Self, GpuError> {
         let invalid = |msg: String| GpuError::InvalidArgs(format!("{kernel}: {msg}"));
-        let unit_words = unit_words(w.ty).ok_or_else(|| GpuError::UnsupportedWeights(format!("{kernel}: {}", w.ty)))?;
+        if family_defines(w.ty).is_none() {
+            return Err(GpuError::UnsupportedWeights(format!("{kernel}: {}", w.ty)));
+        }
         let (rows, cols) = (w.rows as u64, w.cols as u64);
         if rows == 0 || cols == 0 {
             return Err(invalid(format!("empty weight matrix {rows} x {cols}")));
         }
-        let multiple = match w.ty {
-            GgmlType::F32 => 1,
-            GgmlType::F16 => 2,
-            _ => 32,
-        };
-        if cols % multiple != 0 {
-            return Err(invalid(format!("{} weights need a row length that is a multiple of {multiple}, got {cols}", w.ty)));
+        // The packer's own section sizes; its errors (row length not whole blocks, too many
+        // words for u32 indices) name the type and shape.
+        let sections = quant::gpu_sections(w.ty, rows, cols).map_err(|e| invalid(e.to_string()))?;
+        if rows * cols > u64::from(u32::MAX) {
+            return Err(invalid(format!("weight matrix {rows} x {cols} is too large for 32-bit indexing (shard it)")));
         }
-        let row_words = cols * unit_words / 8;
-        let blocks = rows * (cols / 32);
-        let scale_words = match w.ty {
-            GgmlType::F32 | GgmlType::F16 => 0,
-            GgmlType::Q4_1 => blocks,
-            _ => blocks.div_ceil(2),
-        };
-        let quant_words = rows * row_words;
-        let needed_words = if scale_words == 0 { quant_words } else { u64::from(w.scale_offset) + scale_words };
-        if u64::from(w.scale_offset) < quant_words && scale_words != 0 {
-            return Err(invalid(format!("scale section at word {} overlaps the {quant_words} quant words", w.scale_offset)));
+        // The sections in order, none overlapping the one before.
+        let (plane, scale) = (u64::from(w.plane_offset), u64::from(w.scale_offset));
+        if plane < sections.quant_words || scale < plane + sections.plane_words {
+            return Err(invalid(format!(
+                "sections at words {plane} (plane) and {scale} (scales) overlap the {} quant and {} plane words",
+                sections.quant_words, sections.plane_words
+            )));
         }
-        if needed_words > u64::from(u32::MAX) || rows * cols > u64::from(u32::MAX) {
+        // The scale section (possibly empty) is the last.
+        let needed_words = scale + sections.scale_words;
+        if needed_words > u64::from(u32::MAX) {
             return Err(invalid(format!("weight matrix {rows} x {cols} is too large for 32-bit indexing (shard it)")));
         }
         if 4 * needed_words > w.byte_size() {
@@ -92,11 +91,12 @@ impl WeightParams {
         Ok(Self {
             rows: rows as u32,
             cols: cols as u32,
-            row_words: row_words as u32,
+            row_words: (sections.quant_words / rows) as u32,
+            plane_offset: w.plane_offset,
             scale_offset: w.scale_offset,
             max_tokens,
             rows_per_group: 1,
-            _pad: [0; 2],
+            _pad: 0,
         })
     }
 
@@ -130,27 +130,30 @@ impl WeightParams {
     }
 }
 
-/// Quant-section words per unit of 8 weights (shaders/quant.wgsl `UNIT_WORDS`); `None` for the
-/// types the kernels cannot read.
-fn unit_words(ty: GgmlType) -> Option<u64> {
-    match ty {
-        GgmlType::F32 => Some(8),
-        GgmlType::F16 => Some(4),
-        GgmlType::Q8_0 => Some(2),
-        GgmlType::Q4_0 | GgmlType::Q4_1 => Some(1),
-        _ => None,
-    }
+/// The quant.wgsl defines that name `ty`'s family besides its own `WTYPE_<name>`: DENSE, or
+/// its scale layout (SCALES_*) and PLANES for the bit-plane types (see
+/// `kestrel_gguf::quant::pack_for_gpu`); `None` for the types the kernels cannot read.
+fn family_defines(ty: GgmlType) -> Option<&'static [&'static str]> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 | F16 => &["DENSE"],
+        Q8_0 | Q4_0 => &["SCALES_D"],
+        Q4_1 => &["SCALES_DM"],
+        Q5_0 => &["SCALES_D", "PLANES"],
+        Q5_1 => &["SCALES_DM", "PLANES"],
+        Q4_K | Q5_K => &["SCALES_K", "PLANES"],
+        Q6_K => &["SCALES_Q6K", "PLANES"],
+        _ => return None,
+    })
 }
 
 /// The defines that select `ty`'s decoder in quant.wgsl.
 pub(crate) fn weight_defines(kernel: &str, ty: GgmlType) -> Result<Defines, GpuError> {
-    if unit_words(ty).is_none() {
-        return Err(GpuError::UnsupportedWeights(format!("{kernel}: {ty}")));
-    }
+    let family = family_defines(ty).ok_or_else(|| GpuError::UnsupportedWeights(format!("{kernel}: {ty}")))?;
     let mut defines = Defines::new();
     defines.insert(format!("WTYPE_{}", ty.name()), "1".into());
-    if matches!(ty, GgmlType::F32 | GgmlType::F16) {
-        defines.insert("DENSE".into(), "1".into());
+    for name in family {
+        defines.insert((*name).into(), "1".into());
     }
     Ok(defines)
 }
@@ -165,7 +168,8 @@ pub(crate) fn check_weight_type(kernel: &str, ty: GgmlType, w: &WeightTensor) ->
 
 /// Checks that the SwiGLU up projection matches the gate in type, shape and layout.
 pub(crate) fn check_same_layout(kernel: &str, gate: &WeightTensor, up: &WeightTensor) -> Result<(), GpuError> {
-    if (gate.ty, gate.rows, gate.cols, gate.scale_offset) != (up.ty, up.rows, up.cols, up.scale_offset) {
+    let layout = |w: &WeightTensor| (w.ty, w.rows, w.cols, w.plane_offset, w.scale_offset);
+    if layout(gate) != layout(up) {
         return Err(GpuError::InvalidArgs(format!(
             "{kernel}: gate ({} {} x {}) and up ({} {} x {}) weights differ",
             gate.ty, gate.rows, gate.cols, up.ty, up.rows, up.cols

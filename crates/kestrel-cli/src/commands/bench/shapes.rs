@@ -4,7 +4,18 @@
 use kestrel_gguf::GgmlType;
 
 /// The weight types the GPU kernels read, in the order the table lists them.
-pub const WEIGHT_TYPES: [GgmlType; 5] = [GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32];
+pub const WEIGHT_TYPES: [GgmlType; 10] = [
+    GgmlType::Q4_1,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+    GgmlType::F32,
+];
 
 /// Tokens of a prefill chunk (matmul, prefill attention, the prefill rows of the small kernels).
 pub const PREFILL_TOKENS: u32 = 128;
@@ -83,6 +94,13 @@ impl ModelShape {
             m("lm_head", self.vocab, self.hidden, Product::Plain),
         ]
     }
+}
+
+/// Whether rows of `cols` weights are whole blocks of `ty`. The K-quants need multiples of 256,
+/// which the 135M model's hidden size (576) is not: llama.cpp stores such tensors in another type,
+/// so the benchmark has no case for them.
+pub fn whole_blocks(ty: GgmlType, cols: usize) -> bool {
+    ty.row_bytes(cols as u64).is_some()
 }
 
 /// Bytes of a `rows` x `cols` matrix of `ty` in GGUF (the GPU layout only realigns them, so the
