@@ -158,7 +158,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             if (m >= n_tokens || n >= params.rows) {
                 continue;
             }
-            let index = m * params.rows + n;
+            let index = m * params.out_stride + params.out_offset + n;
 #if SWIGLU
             var value = silu(acc[j][i]) * acc_up[j][i];
 #else

@@ -135,8 +135,9 @@ fn store(row: u32, total: vec2<f32>) {
 #if BIAS
     value += bias[row];
 #endif
+    let index = params.out_offset + row;
 #if ACCUMULATE
-    value += y[row];
+    value += y[index];
 #endif
-    y[row] = value;
+    y[index] = value;
 }

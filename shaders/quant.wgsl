@@ -29,6 +29,8 @@ struct WeightParams {
     scale_offset: u32,  // first word of the scale section
     max_tokens: u32,    // rows the activation buffers hold (matmul, embedding)
     rows_per_group: u32, // consecutive rows one matvec workgroup computes
+    out_offset: u32,    // output column of row 0 (matvec, matmul): y holds several products' columns
+    out_stride: u32,    // values per token row of y (matmul)
 }
 
 struct Unit {

@@ -14,7 +14,7 @@ mod common;
 
 use kestrel_gguf::{quant, GgmlType};
 use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
-use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, SwigluMatvecKernel};
+use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, OutputColumns, SwigluMatvecKernel};
 use kestrel_gpu::reference::matmul::{dequantize_weights, matmul, silu, swiglu};
 use kestrel_gpu::{Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor, WeightTensor};
 use rand::rngs::StdRng;
@@ -356,6 +356,76 @@ fn bias_and_residual_epilogues() {
                 assert_within(&format!("matmul {what}"), &run_matmul(&gpu, &step, &dispatch, &y, m), &want, &bound);
             }
         }
+    }
+}
+
+/// Three products of different weight types filling one activation row side by side, as Q, K and
+/// V do when their types differ: each writes only its columns of every token row, with its
+/// epilogue (bias on the first, the residual add on the last).
+#[test]
+fn products_write_their_output_columns() {
+    let mut rng = common::rng(11);
+    let (k, m) = (544, 19);
+    let parts = [(GgmlType::Q5_0, 40, Epilogue::BIAS), (GgmlType::Q8_0, 8, Epilogue::NONE), (GgmlType::Q4_1, 8, Epilogue::ACCUMULATE)];
+    let stride: usize = parts.iter().map(|p| p.1).sum::<usize>() + 3; // 3 columns nobody writes
+    let weights: Vec<Weights> = parts.iter().map(|&(ty, n, _)| Weights::random(&mut rng, ty, n, k)).collect();
+    let x = common::random_vec(&mut rng, m * k, 1.0);
+    let bias = common::random_vec(&mut rng, parts[0].1, 10.0);
+    let initial = common::random_vec(&mut rng, m * stride, 10.0);
+    // Expected rows: each part's columns, the untouched ones keep their initial values.
+    let mut want = initial.clone();
+    let mut bound = vec![0f32; m * stride];
+    let mut offset = 0;
+    for (w, &(_, n, epilogue)) in weights.iter().zip(&parts) {
+        let product = matmul(&x, m, &w.values, n, k);
+        let dot_bound = dot_bounds(&matmul(&abs(&x), m, &w.abs(), n, k));
+        for t in 0..m {
+            for j in 0..n {
+                let i = t * stride + offset + j;
+                let add = if epilogue.bias { bias[j] } else if epilogue.accumulate { initial[i] } else { 0.0 };
+                want[i] = product[t * n + j] + add;
+                bound[i] = dot_bound[t * n + j] + 3e-7 * (want[i].abs() + 10.0);
+            }
+        }
+        offset += n;
+    }
+    for (device, gpu) in devices() {
+        let step = StepUniform::new(&gpu);
+        let x_t = Tensor::from_f32(&gpu, "x", &[m, k], &x).unwrap();
+        let b_t = Tensor::from_f32(&gpu, "bias", &[bias.len()], &bias).unwrap();
+        let y = Tensor::from_f32(&gpu, "y", &[m, stride], &initial).unwrap();
+        let y_one = Tensor::from_f32(&gpu, "y", &[stride], &initial[..stride]).unwrap();
+        let mut offset = 0;
+        let (mut rec_matmul, mut rec_matvec) = (Recorder::new(&gpu), Recorder::new(&gpu));
+        let mut keep = Vec::new();
+        for (w, &(ty, n, epilogue)) in weights.iter().zip(&parts) {
+            let out = OutputColumns { offset: offset as u32, stride: stride as u32 };
+            let bias = epilogue.bias.then_some(&b_t);
+            let weights = w.upload(&gpu);
+            let mm = pollster::block_on(MatmulKernel::new(&gpu, ty, epilogue)).unwrap();
+            let mm = mm.bind_columns(&gpu, &weights, &x_t, &y, out, bias, &step, m as u32).unwrap();
+            mm.record(&mut rec_matmul, m as u32);
+            let mv = pollster::block_on(MatvecKernel::new(&gpu, ty, epilogue)).unwrap();
+            let mv = mv.bind_columns(&gpu, &weights, &x_t, &y_one, out, bias).unwrap();
+            mv.record(&mut rec_matvec);
+            keep.push((weights, mm, mv));
+            offset += n;
+        }
+        step.write(&gpu, &StepParams::new(m as u32, 0, 0));
+        rec_matmul.submit();
+        rec_matvec.submit();
+        let got = pollster::block_on(y.read_f32(&gpu)).unwrap();
+        let got_one = pollster::block_on(y_one.read_f32(&gpu)).unwrap();
+        assert_within(&format!("matmul into columns ({device})"), &got, &want, &bound);
+        assert_within(&format!("matvec into columns ({device})"), &got_one, &want[..stride], &bound[..stride]);
+        // Columns past the last part keep exactly their initial values.
+        for t in 0..m {
+            assert_eq!(got[t * stride + offset..(t + 1) * stride], initial[t * stride + offset..(t + 1) * stride], "token {t}");
+        }
+        // Columns that do not fit in the row are refused.
+        let mv = pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q8_0, Epilogue::NONE)).unwrap();
+        let err = mv.bind_columns(&gpu, &keep[1].0, &x_t, &y_one, OutputColumns { offset: stride as u32 - 4, stride: stride as u32 }, None);
+        assert!(matches!(err, Err(GpuError::InvalidArgs(_))), "columns past the row accepted");
     }
 }
 

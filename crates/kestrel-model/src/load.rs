@@ -3,7 +3,7 @@
 //! refused before anything is uploaded); each tensor is then repacked, uploaded and dropped as
 //! soon as its bytes are complete, so memory never holds the whole file.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use kestrel_gguf::{GgmlType, GgufError, GgufHeader, GgufStreamReader, StreamEvent, TensorInfo};
 use kestrel_gpu::{Gpu, Tensor, WeightTensor};
@@ -11,7 +11,7 @@ use kestrel_tokenizer::Tokenizer;
 
 use crate::config::ModelConfig;
 use crate::error::{bad_model, ModelError};
-use crate::graph::{Graph, LayerWeights, Weights};
+use crate::graph::{Graph, LayerWeights, Projection, QkvWeights, Weights};
 use crate::model::Model;
 use crate::tensors::{assign_roles, Expected, Role};
 
@@ -65,6 +65,8 @@ struct Loading {
     vectors: HashMap<Role, Vec<f32>>,
     /// Q, K and V bytes of a layer, held until all three arrived to upload them fused.
     qkv_parts: HashMap<usize, [Option<Vec<u8>>; 3]>,
+    /// Layers whose Q, K and V differ in type: uploaded as three matrices, not fused.
+    split_qkv: HashSet<usize>,
 }
 
 impl ModelLoader {
@@ -126,19 +128,16 @@ impl Loading {
                 return Err(ModelError::UnsupportedQuant { tensor: info.name.clone(), ty: info.ggml_type.name().to_string() });
             }
         }
-        for l in 0..config.n_layers {
-            let types: Vec<GgmlType> = [Role::Q(l), Role::K(l), Role::V(l)]
-                .iter()
-                .filter_map(|r| header.tensors.iter().zip(&roles).find(|(_, e)| e.as_ref().is_some_and(|e| e.role == *r)))
-                .map(|(info, _)| info.ggml_type)
-                .collect();
-            if types.windows(2).any(|w| w[0] != w[1]) {
-                return Err(ModelError::UnsupportedQuant {
-                    tensor: format!("blk.{l}.attn_q/k/v"),
-                    ty: format!("mixed {types:?} (Q, K and V must share a type to be fused)"),
-                });
-            }
-        }
+        let split_qkv = (0..config.n_layers)
+            .filter(|&l| {
+                let types: Vec<GgmlType> = [Role::Q(l), Role::K(l), Role::V(l)]
+                    .iter()
+                    .filter_map(|r| header.tensors.iter().zip(&roles).find(|(_, e)| e.as_ref().is_some_and(|e| e.role == *r)))
+                    .map(|(info, _)| info.ggml_type)
+                    .collect();
+                types.windows(2).any(|w| w[0] != w[1])
+            })
+            .collect();
         let tokenizer = Tokenizer::from_gguf(&header.metadata)?;
         if tokenizer.vocab_size() != config.vocab {
             return Err(bad_model(format!("tokenizer has {} tokens, the model {}", tokenizer.vocab_size(), config.vocab)));
@@ -152,6 +151,7 @@ impl Loading {
             weights: HashMap::new(),
             vectors: HashMap::new(),
             qkv_parts: HashMap::new(),
+            split_qkv,
         })
     }
 
@@ -161,7 +161,7 @@ impl Loading {
         self.tensors_loaded += 1;
         let ty = info.ggml_type;
         match e.role {
-            Role::Q(l) | Role::K(l) | Role::V(l) => {
+            Role::Q(l) | Role::K(l) | Role::V(l) if !self.split_qkv.contains(&l) => {
                 let slot = match e.role {
                     Role::Q(_) => 0,
                     Role::K(_) => 1,
@@ -199,7 +199,9 @@ impl Loading {
         let mut weight = |role: Role| self.weights.remove(&role).ok_or_else(|| bad_model(format!("tensor for {role:?} never arrived")));
         let mut layers_w = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
-            layers_w.push((weight(Role::Q(l))?, weight(Role::AttnOutput(l))?, weight(Role::Gate(l))?, weight(Role::Up(l))?, weight(Role::Down(l))?));
+            // Fused Q/K/V arrive as one matrix under Role::Q.
+            let qkv = if self.split_qkv.contains(&l) { vec![weight(Role::Q(l))?, weight(Role::K(l))?, weight(Role::V(l))?] } else { vec![weight(Role::Q(l))?] };
+            layers_w.push((qkv, weight(Role::AttnOutput(l))?, weight(Role::Gate(l))?, weight(Role::Up(l))?, weight(Role::Down(l))?));
         }
         let embedding = weight(Role::TokenEmbedding)?;
         let output = if c.tied_embeddings { None } else { Some(weight(Role::Output)?) };
@@ -208,16 +210,18 @@ impl Loading {
         let upload = |label: &str, values: Vec<f32>| Tensor::from_f32(gpu, label, &[values.len()], &values);
         let mut layers = Vec::with_capacity(c.n_layers);
         for (l, (qkv, attn_output, gate, up, down)) in layers_w.into_iter().enumerate() {
-            let qkv_bias = if c.arch == crate::config::Arch::Qwen2 {
-                let fused = [take_vector(Role::QBias(l))?, take_vector(Role::KBias(l))?, take_vector(Role::VBias(l))?].concat();
-                Some(upload(&format!("blk.{l}.qkv_bias"), fused)?)
+            // Biases (Qwen2) follow the weights: one vector for fused Q/K/V, else one per part.
+            let biases = if c.arch == crate::config::Arch::Qwen2 {
+                let parts = [take_vector(Role::QBias(l))?, take_vector(Role::KBias(l))?, take_vector(Role::VBias(l))?];
+                let vectors = if qkv.len() == 1 { vec![parts.concat()] } else { parts.to_vec() };
+                vectors.into_iter().map(|v| upload(&format!("blk.{l}.qkv_bias"), v).map(Some)).collect::<Result<Vec<_>, _>>()?
             } else {
-                None
+                (0..qkv.len()).map(|_| None).collect()
             };
+            let parts = qkv.into_iter().zip(biases).map(|(weight, bias)| Projection { weight, bias }).collect();
             layers.push(LayerWeights {
                 attn_norm: upload(&format!("blk.{l}.attn_norm"), take_vector(Role::AttnNorm(l))?)?,
-                qkv,
-                qkv_bias,
+                qkv: QkvWeights { parts },
                 attn_output,
                 ffn_norm: upload(&format!("blk.{l}.ffn_norm"), take_vector(Role::FfnNorm(l))?)?,
                 gate,

@@ -7,7 +7,7 @@ use kestrel_gguf::GgmlType;
 
 use super::matvec::{
     check_bias, check_distinct, check_same_layout, check_tensor, check_weight_type, weight_defines, Epilogue,
-    WeightParams,
+    OutputColumns, WeightParams,
 };
 use crate::{DType, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor, WeightTensor};
 
@@ -67,10 +67,26 @@ impl MatmulKernel {
         step: &StepUniform,
         max_tokens: u32,
     ) -> Result<MatmulDispatch, GpuError> {
+        self.bind_columns(gpu, w, x, y, OutputColumns::whole(w.rows as u32), bias, step, max_tokens)
+    }
+
+    /// `bind`, writing token m's N outputs to `y[m * out.stride + out.offset ..]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bind_columns(
+        &self,
+        gpu: &Gpu,
+        w: &WeightTensor,
+        x: &Tensor,
+        y: &Tensor,
+        out: OutputColumns,
+        bias: Option<&Tensor>,
+        step: &StepUniform,
+        max_tokens: u32,
+    ) -> Result<MatmulDispatch, GpuError> {
         let kernel = "matmul";
         check_weight_type(kernel, self.ty, w)?;
-        let params = WeightParams::new(kernel, w, max_tokens)?;
-        check_activations(kernel, &params, x, y, max_tokens)?;
+        let params = WeightParams::new(kernel, w, max_tokens)?.with_output(out);
+        check_activations(kernel, &params, x, y, out, max_tokens)?;
         let uniform = params.uniform(gpu, "matmul.params");
         let mut resources = vec![
             uniform.as_entire_binding(),
@@ -116,7 +132,7 @@ impl SwigluMatmulKernel {
         check_weight_type(kernel, self.ty, gate)?;
         check_same_layout(kernel, gate, up)?;
         let params = WeightParams::new(kernel, gate, max_tokens)?;
-        check_activations(kernel, &params, x, out, max_tokens)?;
+        check_activations(kernel, &params, x, out, OutputColumns::whole(params.rows()), max_tokens)?;
         let uniform = params.uniform(gpu, "swiglu_matmul.params");
         let resources = [
             uniform.as_entire_binding(),
@@ -130,13 +146,14 @@ impl SwigluMatmulKernel {
     }
 }
 
-/// Checks that x holds `max_tokens` rows of K and y `max_tokens` rows of N, in distinct buffers.
-fn check_activations(kernel: &str, params: &WeightParams, x: &Tensor, y: &Tensor, max_tokens: u32) -> Result<(), GpuError> {
+/// Checks that x holds `max_tokens` rows of K and y `max_tokens` rows of `out`, in distinct
+/// buffers.
+fn check_activations(kernel: &str, params: &WeightParams, x: &Tensor, y: &Tensor, out: OutputColumns, max_tokens: u32) -> Result<(), GpuError> {
     if max_tokens == 0 {
         return Err(GpuError::InvalidArgs(format!("{kernel}: max_tokens must be at least 1")));
     }
-    let tokens = u64::from(max_tokens);
-    let (x_len, y_len) = (tokens * u64::from(params.cols()), tokens * u64::from(params.rows()));
+    let x_len = u64::from(max_tokens) * u64::from(params.cols());
+    let y_len = out.needed_len(kernel, params.rows(), max_tokens)?;
     if x_len.max(y_len) > u64::from(u32::MAX) {
         return Err(GpuError::InvalidArgs(format!("{kernel}: {max_tokens} tokens are too many for 32-bit indexing")));
     }

@@ -35,6 +35,34 @@ impl Epilogue {
     }
 }
 
+/// Where a matrix product writes its N outputs of each token: columns `offset .. offset + N` of
+/// rows of `stride` values. Several products can then fill one activation row side by side,
+/// e.g. Q, K and V of different weight types into the `[q | k | v]` row RoPE reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputColumns {
+    pub offset: u32,
+    pub stride: u32,
+}
+
+impl OutputColumns {
+    /// The whole row: N outputs per token, packed.
+    pub fn whole(n: u32) -> Self {
+        Self { offset: 0, stride: n }
+    }
+
+    /// Values of `y` the product needs for `tokens` tokens of `n` outputs, or an error.
+    pub(crate) fn needed_len(self, kernel: &str, n: u32, tokens: u32) -> Result<u64, GpuError> {
+        let end = u64::from(self.offset) + u64::from(n);
+        if end > u64::from(self.stride) {
+            return Err(GpuError::InvalidArgs(format!(
+                "{kernel}: output columns {}..{end} do not fit in rows of {}",
+                self.offset, self.stride
+            )));
+        }
+        Ok(u64::from(tokens.saturating_sub(1)) * u64::from(self.stride) + end)
+    }
+}
+
 /// Mirrors `struct WeightParams` in shaders/quant.wgsl (padded to 16 bytes for the uniform).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
@@ -46,7 +74,9 @@ pub(crate) struct WeightParams {
     scale_offset: u32,
     max_tokens: u32,
     rows_per_group: u32,
-    _pad: u32,
+    out_offset: u32,
+    out_stride: u32,
+    _pad: [u32; 3],
 }
 
 impl WeightParams {
@@ -96,8 +126,16 @@ impl WeightParams {
             scale_offset: w.scale_offset,
             max_tokens,
             rows_per_group: 1,
-            _pad: 0,
+            out_offset: 0,
+            out_stride: rows as u32,
+            _pad: [0; 3],
         })
+    }
+
+    pub(crate) fn with_output(mut self, out: OutputColumns) -> Self {
+        self.out_offset = out.offset;
+        self.out_stride = out.stride;
+        self
     }
 
     pub(crate) fn rows(&self) -> u32 {
@@ -250,11 +288,24 @@ impl MatvecKernel {
         y: &Tensor,
         bias: Option<&Tensor>,
     ) -> Result<Dispatch, GpuError> {
+        self.bind_columns(gpu, w, x, y, OutputColumns::whole(w.rows as u32), bias)
+    }
+
+    /// `bind`, writing the N outputs to `y[out.offset ..]` (`out.stride` is unused: one token).
+    pub fn bind_columns(
+        &self,
+        gpu: &Gpu,
+        w: &WeightTensor,
+        x: &Tensor,
+        y: &Tensor,
+        out: OutputColumns,
+        bias: Option<&Tensor>,
+    ) -> Result<Dispatch, GpuError> {
         let kernel = "matvec";
         check_weight_type(kernel, self.ty, w)?;
-        let params = WeightParams::new(kernel, w, 1)?.for_matvec();
+        let params = WeightParams::new(kernel, w, 1)?.for_matvec().with_output(out);
         check_tensor(kernel, "x", x, DType::F32, params.cols.into())?;
-        check_tensor(kernel, "y", y, DType::F32, params.rows.into())?;
+        check_tensor(kernel, "y", y, DType::F32, out.needed_len(kernel, params.rows, 1)?)?;
         check_distinct(kernel, &[("x", &x.buffer), ("y", &y.buffer)])?;
         let uniform = params.uniform(gpu, "matvec.params");
         let mut resources = vec![
