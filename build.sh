@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Kestrel's one entry point.
 #   ./build.sh [run] ["prompt"]  build the CLI, fetch the default model, generate text with it
-#   ./build.sh test              run every test (kernels on the GPU, via lavapipe where there is none)
-#   ./build.sh bench             kernel benchmarks (`kestrel bench kernels`)
-#   ./build.sh test-browser      browser end-to-end tests (headless Chromium, WebGPU on SwiftShader)
+#   ./build.sh test              run every test: native (kernels on the GPU, via lavapipe where there
+#                                is none), then the browser suite (headless Chromium, SwiftShader)
+#   ./build.sh bench [options]   the benchmark suite: Kestrel native and in headless Chrome, llama.cpp
+#                                and wllama on the same GGUF (bench/run.mjs; options: see its header)
+#   ./build.sh test-native       the native tests only (`cargo test --workspace`)
+#   ./build.sh test-browser      the browser end-to-end tests only
 #   ./build.sh setup             install what building and testing needs (system packages)
 #   ./build.sh setup-web         install what the wasm build and browser tests need
 #   ./build.sh wasm              build the wasm engine into www/pkg (the npm package's binary)
@@ -16,6 +19,9 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
   export XDG_RUNTIME_DIR=/tmp/kestrel-xdg-$(id -u)
   mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 fi
+
+# Where cargo puts its outputs (CARGO_TARGET_DIR may move it).
+target_dir=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 
 cmd=${1:-run}
 [ $# -gt 0 ] && shift
@@ -71,13 +77,27 @@ build_wasm() {
   if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $want" ]; then
     cargo install wasm-bindgen-cli --version "$want"
   fi
-  wasm-bindgen --target web --out-dir www/pkg target/wasm32-unknown-unknown/release/kestrel_wasm.wasm
+  wasm-bindgen --target web --out-dir www/pkg "$target_dir/wasm32-unknown-unknown/release/kestrel_wasm.wasm"
   local wasm=www/pkg/kestrel_wasm_bg.wasm
   echo "$wasm: $(stat -c %s "$wasm") bytes, $(gzip -9c "$wasm" | wc -c) gzipped"
 }
 
+# The benchmark suite (bench/run.mjs): the native CLI, tools/llama-cpp's llama.cpp, and www/bench in
+# headless Chromium with wllama. Writes bench/results/latest.{md,svg,json}.
+bench() {
+  (cd bench && npm ci --no-audit --no-fund --silent)
+  if [ ! -d tools/llama-cpp/node_modules ]; then
+    (cd tools/llama-cpp && npm ci --no-audit --no-fund --silent)
+  fi
+  node bench/run.mjs "$@"
+}
+
+# The browser suite compares with the native CLI, built in the dev profile so that it reuses what
+# `cargo test` compiled.
 browser_tests() {
-  (cd tests/browser && node --test --test-concurrency=1 --test-reporter=spec)
+  cargo build -p kestrel-cli
+  build_wasm
+  (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" node --test --test-concurrency=1 --test-reporter=spec)
 }
 
 case "$cmd" in
@@ -99,28 +119,38 @@ case "$cmd" in
   run)
     setup
     build_cli
-    target/release/kestrel generate "${1:-Tell me a story}"
+    "$target_dir/release/kestrel" generate "${1:-Tell me a story}"
     ;;
   test)
     setup
+    scripts/make-q4-k-m.sh
+    setup_web
+    # Both suites run even when the first fails, so one run reports every failure.
+    status=0
+    cargo test --workspace --no-fail-fast || status=1
+    browser_tests || status=1
+    exit $status
+    ;;
+  test-native)
+    setup
+    scripts/make-q4-k-m.sh
     cargo test --workspace --no-fail-fast
     ;;
   test-browser)
-    # Browser end-to-end tests: the npm package in headless Chromium, compared with the native
-    # CLI. Not yet part of `test` (CI): see docs/architecture.md.
+    setup
+    setup_web
+    browser_tests
+    ;;
+  bench)
+    # `kestrel bench kernels` times each kernel on its own; this runs the models end to end.
     setup
     setup_web
     build_cli
     build_wasm
-    browser_tests
-    ;;
-  bench)
-    setup
-    build_cli
-    target/release/kestrel bench kernels "$@"
+    bench "$@"
     ;;
   *)
-    echo "usage: ./build.sh [run [prompt] | test | test-browser | bench | setup | setup-web | wasm | demo [port]]" >&2
+    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | bench | setup | setup-web | wasm | demo [port]]" >&2
     exit 2
     ;;
 esac

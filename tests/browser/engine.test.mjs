@@ -3,7 +3,7 @@
 // responsiveness, the Cache API on a second load.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { launch, MODEL_URL, nativeGreedy, openTestPage, startServer } from './harness.mjs';
+import { CONTEXT_LENGTH, launch, MODEL_URL, nativeGreedy, openTestPage, startServer } from './harness.mjs';
 
 const PROMPT = 'Hi';
 const MAX_TOKENS = 12;
@@ -13,6 +13,7 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
   let server;
   let browser;
   let page;
+  let firstTurn; // (a)'s prompt and reply, for the follow-up turn
 
   before(async () => {
     server = await startServer();
@@ -29,11 +30,12 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
   test('(a) loads the default model in its worker and streams the native greedy tokens', { timeout: 30 * MINUTES }, async () => {
     const native = nativeGreedy(PROMPT, MAX_TOKENS);
     assert.ok(native.token_ids.length > 0, 'the native CLI generated nothing');
-    const result = await page.evaluate(async ({ modelUrl, prompt, maxTokens }) => {
+    const result = await page.evaluate(async ({ modelUrl, prompt, maxTokens, contextLength }) => {
       const phases = [];
       const t0 = performance.now();
       const engine = await window.kestrel.createEngine({
         model: modelUrl,
+        context_length: contextLength,
         onProgress: (p) => { if (phases.at(-1) !== p.phase) phases.push(p.phase); },
       });
       const loadMs = performance.now() - t0;
@@ -47,7 +49,7 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
       });
       for await (const chunk of stream) chunks.push(chunk);
       return { phases, loadMs, chunks, info: engine.info };
-    }, { modelUrl: MODEL_URL, prompt: PROMPT, maxTokens: MAX_TOKENS });
+    }, { modelUrl: MODEL_URL, prompt: PROMPT, maxTokens: MAX_TOKENS, contextLength: CONTEXT_LENGTH });
     console.log(`load ${(result.loadMs / 1e3).toFixed(1)} s on ${result.info.gpu.adapter}; phases ${result.phases.join(' > ')}`);
     const last = result.chunks.at(-1);
     console.log('usage', JSON.stringify(last.usage));
@@ -62,6 +64,26 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
     assert.equal(last.usage.completion_tokens, native.token_ids.length);
     assert.ok(last.usage.extra.time_to_first_token_s > 0);
     assert.equal(result.chunks[0].object, 'chat.completion.chunk');
+    firstTurn = { prompt: PROMPT, reply: text, promptTokens: last.usage.prompt_tokens, completionTokens: native.token_ids.length };
+  });
+
+  test('(a) a follow-up chat turn prefills only the tokens after the cached prefix', { timeout: 20 * MINUTES }, async () => {
+    assert.ok(firstTurn, 'needs the first turn of (a)');
+    const r = await page.evaluate(async ({ prompt, reply }) => {
+      const out = await window.engine.chat.completions.create({
+        messages: [{ role: 'user', content: prompt }, { role: 'assistant', content: reply }, { role: 'user', content: 'Thanks!' }],
+        temperature: 0,
+        max_tokens: 1,
+      });
+      return out.usage;
+    }, firstTurn);
+    console.log('follow-up turn usage', JSON.stringify(r));
+    // The cache holds the first prompt and the reply's tokens (the last generated token is never
+    // run through the model, so it is not cached); the template's closing tokens and the new
+    // message differ, so they and nothing before them are prefilled.
+    assert.equal(r.extra.prefill_tokens + r.extra.reused_tokens, r.prompt_tokens);
+    assert.ok(r.extra.reused_tokens >= firstTurn.promptTokens, `reused only ${r.extra.reused_tokens} of the first turn's ${firstTurn.promptTokens} prompt tokens`);
+    assert.ok(r.extra.prefill_tokens < r.prompt_tokens - firstTurn.promptTokens, `prefilled ${r.extra.prefill_tokens} of ${r.prompt_tokens} tokens`);
   });
 
   test('(b) abort mid-stream, then a new request completes; concurrent requests complete in order', { timeout: 30 * MINUTES }, async () => {
@@ -133,17 +155,18 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
     await page.close();
     const before = server.log.length;
     page = await openTestPage(browser.context, server.url);
-    const r = await page.evaluate(async (modelUrl) => {
+    const r = await page.evaluate(async ({ modelUrl, contextLength }) => {
       const cached = await window.kestrel.hasModelInCache(modelUrl);
       const phases = [];
       const engine = await window.kestrel.createEngine({
         model: modelUrl,
+        context_length: contextLength,
         onProgress: (p) => { if (phases.at(-1) !== p.phase) phases.push(p.phase); },
       });
       window.engine = engine;
       const out = await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], temperature: 0, max_tokens: 2 });
       return { cached, phases, ids: out.kestrel.token_ids };
-    }, MODEL_URL);
+    }, { modelUrl: MODEL_URL, contextLength: CONTEXT_LENGTH });
     const requests = server.log.slice(before).map((e) => e.path);
     assert.equal(r.cached, true);
     assert.deepEqual(r.phases, ['cache', 'compile', 'ready']);

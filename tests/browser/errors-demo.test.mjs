@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { ARTIFACTS, launch, MODEL_URL, openTestPage, startServer } from './harness.mjs';
+import { ARTIFACTS, CONTEXT_LENGTH, launch, MODEL_URL, openTestPage, startServer } from './harness.mjs';
 
 const MINUTES = 60_000;
 
@@ -25,7 +25,7 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
   test('(e) a corrupt or truncated model gives bad_model and the page keeps working', { timeout: 30 * MINUTES }, async () => {
     const page = await openTestPage(browser.context, server.url);
     page.setDefaultTimeout(20 * MINUTES);
-    const r = await page.evaluate(async (modelUrl) => {
+    const r = await page.evaluate(async ({ modelUrl, contextLength }) => {
       const attempt = async (model) => {
         try {
           await window.kestrel.createEngine({ model });
@@ -44,7 +44,7 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
       const corrupt = await attempt(new Blob([flipped]));
       const missing = await attempt('/models/does-not-exist.gguf');
       // The page still works: a good model loads and generates.
-      const engine = await window.kestrel.createEngine({ model: new Blob([head]) });
+      const engine = await window.kestrel.createEngine({ model: new Blob([head]), context_length: contextLength });
       const out = await engine.completions.create({ prompt: 'Hello', temperature: 0, max_tokens: 2 });
       let invalid;
       try {
@@ -61,7 +61,7 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
       const after = await engine.completions.create({ prompt: 'Hello', temperature: 0, max_tokens: 1 });
       await engine.unload();
       return { garbage, truncated, corrupt, missing, tokens: out.usage.completion_tokens, invalid, overflow, after: after.usage.completion_tokens };
-    }, MODEL_URL);
+    }, { modelUrl: MODEL_URL, contextLength: CONTEXT_LENGTH });
     console.log(JSON.stringify(r, null, 1));
     for (const k of ['garbage', 'truncated', 'corrupt']) {
       assert.equal(r[k].code, 'bad_model', `${k}: ${JSON.stringify(r[k])}`);
@@ -116,7 +116,7 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
   test('(f) the demo streams a reply with TTFT and tok/s (screenshot in tests/artifacts/)', { timeout: 30 * MINUTES }, async () => {
     const page = await browser.context.newPage();
     page.setDefaultTimeout(20 * MINUTES);
-    await page.goto(`${server.url}/www/demo/?max_tokens=16`);
+    await page.goto(`${server.url}/www/demo/?max_tokens=16&context_length=${CONTEXT_LENGTH}`);
     await page.waitForSelector('body[data-ready="true"]');
     assert.match(await page.textContent('#adapter'), /\S/);
     await page.fill('#input', 'Tell me about kestrels.');

@@ -11,6 +11,11 @@ import { startServer } from '../../www/serve.mjs';
 export const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
 export const MODEL_URL = '/models/SmolLM2-135M-Instruct.Q4_1.gguf';
 export const ARTIFACTS = join(ROOT, 'tests/artifacts');
+/**
+ * KV cache size of the engines the tests create. SwiftShader's per-step cost grows with the
+ * cache's size, and no test needs more than a few hundred positions.
+ */
+export const CONTEXT_LENGTH = 512;
 
 const WEBGPU_FLAGS = [
   '--enable-unsafe-webgpu',
@@ -54,8 +59,10 @@ export async function openTestPage(context, baseUrl, path = '/tests/browser/page
 
 /** The native CLI's greedy generation for a chat prompt: {prompt_token_ids, token_ids, text}. */
 export function nativeGreedy(prompt, maxTokens) {
-  const cli = join(ROOT, 'target/release/kestrel');
-  if (!existsSync(cli)) throw new Error(`${cli} is missing: build it with \`cargo build --release -p kestrel-cli\``);
+  // build.sh builds the CLI in the dev profile, which shares its compiled dependencies with
+  // `cargo test` (a release build would compile everything a second time).
+  const cli = process.env.KESTREL_CLI ?? join(ROOT, 'target/debug/kestrel');
+  if (!existsSync(cli)) throw new Error(`${cli} is missing: build it with \`cargo build -p kestrel-cli\` or set KESTREL_CLI`);
   const out = execFileSync(cli, ['generate', '--json', '--temperature', '0', '--max-tokens', String(maxTokens), prompt], {
     cwd: ROOT,
     env: { XDG_RUNTIME_DIR: '/tmp', ...process.env },

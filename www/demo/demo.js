@@ -1,10 +1,12 @@
 // The demo chat page: loads the default model (or ?model=URL), streams replies, shows speed.
+// Query options: model (URL), max_tokens (per reply), context_length (KV cache positions).
 import { createEngine } from '../index.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const MODEL = params.get('model') ?? new URL('../../models/SmolLM2-135M-Instruct.Q4_1.gguf', location.href).href;
 const MAX_TOKENS = Number(params.get('max_tokens') ?? 512);
+const CONTEXT_LENGTH = params.has('context_length') ? Number(params.get('context_length')) : undefined;
 const messages = [];
 let engine = null;
 let controller = null;
@@ -100,7 +102,7 @@ $('input').addEventListener('keydown', (e) => {
 $('stop').addEventListener('click', () => controller?.abort());
 
 try {
-  engine = await createEngine({ model: MODEL, onProgress });
+  engine = await createEngine({ model: MODEL, onProgress, context_length: CONTEXT_LENGTH });
   $('adapter').textContent = `${engine.info.gpu.adapter || 'unnamed adapter'} (${engine.info.gpu.backend}) · ${engine.info.model.name}`;
   $('loading').hidden = true;
   $('input').disabled = false;

@@ -5,7 +5,7 @@
 use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, DecodeAttention, KvCache, PrefillAttention};
 use kestrel_gpu::kernels::embedding::{EmbeddingDispatch, EmbeddingKernel};
 use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
-use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, SwigluMatvecKernel};
+use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, OutputColumns, SwigluMatvecKernel};
 use kestrel_gpu::kernels::rmsnorm::{RmsNormDispatch, RmsNormKernel};
 use kestrel_gpu::kernels::rope::{RopeDispatch, RopeKernel};
 use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel};
@@ -14,12 +14,45 @@ use kestrel_gpu::{DType, Dispatch, Gpu, GpuError, Readback, Recorder, StepParams
 
 use crate::config::ModelConfig;
 
+mod profile;
+pub use profile::{KernelFamily, StepHostTime};
+
+/// A weight matrix and its optional bias vector.
+pub struct Projection {
+    pub weight: WeightTensor,
+    pub bias: Option<Tensor>,
+}
+
+/// The Q, K and V projections, producing the `[q | k | v]` row RoPE reads: one matrix of their
+/// concatenated rows when they share a weight type (one product), else the three matrices, each
+/// writing its columns of the row (llama.cpp's Q4_K_M, for one, gives V more bits than Q and K).
+pub struct QkvWeights {
+    pub parts: Vec<Projection>,
+}
+
+impl QkvWeights {
+    pub fn byte_size(&self) -> u64 {
+        self.parts.iter().map(|p| p.weight.byte_size()).sum()
+    }
+
+    fn bias_byte_size(&self) -> u64 {
+        self.parts.iter().filter_map(|p| p.bias.as_ref()).map(Tensor::byte_size).sum()
+    }
+
+    /// Each part with the output columns it writes in rows of `qkv_width`.
+    fn with_columns(&self, qkv_width: usize) -> impl Iterator<Item = (&Projection, OutputColumns)> {
+        self.parts.iter().scan(0u32, move |offset, part| {
+            let out = OutputColumns { offset: *offset, stride: qkv_width as u32 };
+            *offset += part.weight.rows as u32;
+            Some((part, out))
+        })
+    }
+}
+
 /// One layer's weights as uploaded.
 pub struct LayerWeights {
     pub attn_norm: Tensor,
-    /// Q, K and V rows concatenated: one matmul produces the `[q | k | v]` row RoPE reads.
-    pub qkv: WeightTensor,
-    pub qkv_bias: Option<Tensor>,
+    pub qkv: QkvWeights,
     pub attn_output: WeightTensor,
     pub ffn_norm: Tensor,
     pub gate: WeightTensor,
@@ -52,7 +85,7 @@ impl Weights {
     }
 
     pub fn total_bytes(&self) -> u64 {
-        let vectors = |l: &LayerWeights| l.attn_norm.byte_size() + l.ffn_norm.byte_size() + l.qkv_bias.as_ref().map_or(0, Tensor::byte_size);
+        let vectors = |l: &LayerWeights| l.attn_norm.byte_size() + l.ffn_norm.byte_size() + l.qkv.bias_byte_size();
         let layers: u64 = self.layers.iter().map(|l| vectors(l) + l.qkv.byte_size() + l.attn_output.byte_size() + l.gate.byte_size() + l.up.byte_size() + l.down.byte_size()).sum();
         layers + self.embedding.byte_size() + self.output_norm.byte_size() + self.output.as_ref().map_or(0, WeightTensor::byte_size)
     }
@@ -72,10 +105,28 @@ struct Activations {
     sampled: Tensor,
 }
 
+/// The products of the Q, K and V parts (one when fused) for one token.
+struct QkvDecode(Vec<Dispatch>);
+
+impl QkvDecode {
+    fn record(&self, rec: &mut Recorder) {
+        self.0.iter().for_each(|d| d.record(rec));
+    }
+}
+
+/// The products of the Q, K and V parts (one when fused) for a chunk of tokens.
+struct QkvPrefill(Vec<MatmulDispatch>);
+
+impl QkvPrefill {
+    fn record(&self, rec: &mut Recorder, n_tokens: u32) {
+        self.0.iter().for_each(|d| d.record(rec, n_tokens));
+    }
+}
+
 struct LayerDispatches {
     attn_norm: RmsNormDispatch,
-    qkv_decode: Dispatch,
-    qkv_prefill: MatmulDispatch,
+    qkv_decode: QkvDecode,
+    qkv_prefill: QkvPrefill,
     rope: RopeDispatch,
     attn_decode: DecodeAttention,
     attn_prefill: PrefillAttention,
@@ -157,14 +208,19 @@ impl Graph {
         let mut layers = Vec::with_capacity(c.n_layers);
         for (l, w) in weights.layers.iter().enumerate() {
             let cache = KvCache::new(gpu, &format!("blk.{l}.kv"), shape)?;
-            let qkv_epilogue = if w.qkv_bias.is_some() { Epilogue::BIAS } else { Epilogue::NONE };
-            let bias = w.qkv_bias.as_ref();
+            let (mut qkv_decode, mut qkv_prefill) = (Vec::new(), Vec::new());
+            for (part, out) in w.qkv.with_columns(c.qkv_width()) {
+                let (weight, bias) = (&part.weight, part.bias.as_ref());
+                let epilogue = if bias.is_some() { Epilogue::BIAS } else { Epilogue::NONE };
+                let matvec = MatvecKernel::new(gpu, weight.ty, epilogue).await?;
+                qkv_decode.push(matvec.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias)?);
+                let matmul = MatmulKernel::new(gpu, weight.ty, epilogue).await?;
+                qkv_prefill.push(matmul.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias, &step, max_tokens)?);
+            }
             layers.push(LayerDispatches {
                 attn_norm: norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?,
-                qkv_decode: MatvecKernel::new(gpu, w.qkv.ty, qkv_epilogue).await?.bind(gpu, &w.qkv, &act.normed, &act.qkv, bias)?,
-                qkv_prefill: MatmulKernel::new(gpu, w.qkv.ty, qkv_epilogue)
-                    .await?
-                    .bind(gpu, &w.qkv, &act.normed, &act.qkv, bias, &step, max_tokens)?,
+                qkv_decode: QkvDecode(qkv_decode),
+                qkv_prefill: QkvPrefill(qkv_prefill),
                 rope: rope.bind(gpu, &step, &rope_config, &act.qkv, &act.q, &cache)?,
                 attn_decode: attention.bind_decode(gpu, &step, &act.q, &cache, &act.attn, scale)?,
                 attn_prefill: attention.bind_prefill(gpu, &step, &act.q, &cache, &act.attn, scale)?,

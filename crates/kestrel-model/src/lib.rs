@@ -14,6 +14,7 @@ pub mod tensors;
 
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
+pub use graph::{KernelFamily, StepHostTime};
 pub use load::{LoadOptions, LoadPhase, LoadProgress, ModelLoader};
 pub use model::{FinishReason, Generation, Model, Prompt, StepLogprobs, TokenEvent, Timings};
 pub use options::GenerateOptions;

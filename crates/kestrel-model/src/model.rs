@@ -8,7 +8,7 @@ use kestrel_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use web_time::Instant;
 
 use crate::config::ModelConfig;
-use crate::graph::{Graph, StepOutput};
+use crate::graph::{Graph, KernelFamily, StepHostTime, StepOutput};
 use crate::options::GenerateOptions;
 use crate::stop::StopMatcher;
 use crate::ModelError;
@@ -118,6 +118,20 @@ impl Model {
 
     pub fn weight_bytes(&self) -> u64 {
         self.graph.weights.total_bytes()
+    }
+
+    /// A decode step at `pos` by kernel family, for benchmarks (`graph::profile`). Running the
+    /// families clobbers the KV cache, so the cached prefix is forgotten.
+    pub fn decode_families(&mut self, pos: usize) -> Result<Vec<KernelFamily<'_>>, ModelError> {
+        self.cached.clear();
+        Ok(self.graph.decode_families(pos)?)
+    }
+
+    /// Runs one decode step of `token` at `pos` and times its host side (benchmarks). The KV
+    /// cache at `pos` is overwritten, so the cached prefix is forgotten.
+    pub async fn time_decode_step(&mut self, token: u32, pos: usize) -> Result<StepHostTime, ModelError> {
+        self.cached.clear();
+        Ok(self.graph.time_decode_step(token, pos).await?)
     }
 
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {

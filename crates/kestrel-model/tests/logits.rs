@@ -1,7 +1,10 @@
 //! The GPU forward pass against the CPU reference forward pass (plain f32, from the kernels'
-//! references) on the same file: the default Q4_1 model and Q8_0 / Q4_0 / F16 versions of it
-//! made by `kestrel quantize`, for prompts of 1, 7 and 200 tokens (200 spans two prefill
-//! chunks of 128).
+//! references) on the same file: the default Q4_1 model for prompts of 1, 7 and 200 tokens (200
+//! spans two prefill chunks of 128); llama.cpp's Q4_K_M of it (Q5_0, Q8_0, Q4_K and Q6_K tensors,
+//! with Q, K and V of different types in most layers) for 1, 7 and 130 tokens; and Q8_0 / Q4_0 /
+//! F16 versions made by `kestrel quantize` for 1 and 7 tokens (one decode step and one prefill
+//! chunk: what differs between types is only the matrix kernels, which the kernel tests cover
+//! shape by shape).
 //!
 //! Tolerance: every logit within 1e-4 * max|logit| of the reference (the two passes differ
 //! only in summation order; over 30 layers that grows to ~3e-6 relative here), and the same
@@ -16,11 +19,11 @@ use kestrel_model::reference::ReferenceModel;
 
 const RELATIVE_TOLERANCE: f32 = 1e-4;
 
-fn check_file(path: &Path, label: &str) {
+fn check_file(path: &Path, label: &str, lengths: &[usize]) {
     let bench_ids = common::ids(&common::greedy_reference()["bench_prompt"]["ids"]);
     let (header, tensors) = kestrel_gguf::read_file(path).expect("read the model");
     let mut model = common::load(path, 512);
-    for n in [1usize, 7, 200] {
+    for &n in lengths {
         let prompt = &bench_ids[..n];
         let gpu = pollster::block_on(model.prompt_logits(prompt)).expect("gpu logits");
         let mut reference = ReferenceModel::new(&header, &tensors, 512).expect("reference model");
@@ -35,7 +38,12 @@ fn check_file(path: &Path, label: &str) {
 
 #[test]
 fn q4_1_default_model_matches_cpu_reference() {
-    check_file(&common::default_model_path(), "Q4_1");
+    check_file(&common::default_model_path(), "Q4_1", &[1, 7, 200]);
+}
+
+#[test]
+fn q4_k_m_model_matches_cpu_reference() {
+    check_file(&common::q4_k_m_model_path(), "Q4_K_M", &[1, 7, 130]);
 }
 
 #[test]
@@ -44,6 +52,6 @@ fn requantized_models_match_cpu_reference() {
     for (ty, label) in [(GgmlType::Q8_0, "Q8_0"), (GgmlType::Q4_0, "Q4_0"), (GgmlType::F16, "F16")] {
         let out = dir.join(format!("smollm2-{label}.gguf"));
         kestrel_gguf::quantize_model(&common::default_model_path(), &out, ty, &mut |_, _| {}).expect("quantize");
-        check_file(&out, label);
+        check_file(&out, label, &[1, 7]);
     }
 }

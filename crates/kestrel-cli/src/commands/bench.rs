@@ -1,12 +1,19 @@
+//! `kestrel bench model`: a model end to end (see `bench/model.rs`).
+//!
 //! `kestrel bench kernels`: every kernel at the default model's shapes and at a 1B-class model's,
 //! timed on the GPU, with its effective bandwidth (the bytes a call must move over its time) as
 //! a fraction of a plain copy kernel's bandwidth measured on the same adapter in the same run.
 
 mod cases;
+mod model;
+mod prompt;
 mod report;
 mod shapes;
+mod stats;
+mod step_profile;
 mod suite;
 mod timing;
+mod workload;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -34,6 +41,11 @@ enum BenchCommand {
     /// Time each kernel at the default model's and a 1B model's shapes, in GB/s and as a
     /// fraction of a copy kernel's bandwidth.
     Kernels(KernelsArgs),
+    /// A model end to end: load, prefill, decode (repeated; medians, spread, inter-token
+    /// latency), GPU memory, the bandwidth roofline and a decode step by kernel family.
+    Model(model::ModelArgs),
+    /// The suite's prompts as text (JSON), for engines that take text (www/bench).
+    Prompt(prompt::PromptArgs),
 }
 
 #[derive(Args)]
@@ -84,6 +96,8 @@ impl KernelsArgs {
 pub fn run(args: BenchArgs) -> CliResult {
     match args.command {
         BenchCommand::Kernels(args) => kernels(&args),
+        BenchCommand::Model(args) => model::run(&args),
+        BenchCommand::Prompt(args) => prompt::run(&args),
     }
 }
 
@@ -112,6 +126,6 @@ fn kernels(args: &KernelsArgs) -> CliResult {
 }
 
 /// `mib` MiB, at most the binding limit, in whole 16-byte units (the copy kernel's grain).
-fn copy_bytes(gpu: &Gpu, mib: u64) -> u64 {
+pub(super) fn copy_bytes(gpu: &Gpu, mib: u64) -> u64 {
     mib.saturating_mul(1 << 20).min(gpu.max_binding_size()) / 16 * 16
 }

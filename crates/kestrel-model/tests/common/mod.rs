@@ -30,9 +30,21 @@ pub fn load(path: &std::path::Path, context: usize) -> Model {
     pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut |_| {})).expect("load the model")
 }
 
-/// llama.cpp's greedy reference (tests/data/reference/greedy.json).
+/// llama.cpp's Q4_K_M of the default model, made by scripts/make-q4-k-m.sh.
+pub fn q4_k_m_model_path() -> PathBuf {
+    let path = repo_root().join("models/SmolLM2-135M-Instruct.Q4_K_M.gguf");
+    assert!(path.exists(), "{} is missing: run scripts/make-q4-k-m.sh", path.display());
+    path
+}
+
+/// llama.cpp's greedy reference for the default model (tests/data/reference/greedy.json).
 pub fn greedy_reference() -> Value {
-    let path = repo_root().join("tests/data/reference/greedy.json");
+    greedy_reference_in("reference")
+}
+
+/// llama.cpp's greedy reference in `tests/data/{dir}/greedy.json`.
+pub fn greedy_reference_in(dir: &str) -> Value {
+    let path = repo_root().join("tests/data").join(dir).join("greedy.json");
     serde_json::from_slice(&std::fs::read(&path).expect("read greedy.json")).expect("parse greedy.json")
 }
 

@@ -9,7 +9,7 @@ use kestrel_gpu::{Gpu, GpuError};
 
 use super::cases::{self, Prepared};
 use super::report::{gb_per_s, CaseId, Row};
-use super::shapes::{Matrix, ModelShape, Product, DECODE_KV_LENS, PREFILL_TOKENS, WEIGHT_TYPES};
+use super::shapes::{whole_blocks, Matrix, ModelShape, Product, DECODE_KV_LENS, PREFILL_TOKENS, WEIGHT_TYPES};
 use super::timing::Timer;
 use super::BenchResult;
 
@@ -52,10 +52,12 @@ impl<'a> Suite<'a> {
     pub fn model(&mut self, model: &ModelShape) -> BenchResult<()> {
         let first_row = self.rows.len();
         for ty in WEIGHT_TYPES {
-            for matrix in model.matrices() {
-                self.matrix(model, &matrix, ty)?;
+            for matrix in model.matrices().iter().filter(|m| whole_blocks(ty, m.cols)) {
+                self.matrix(model, matrix, ty)?;
             }
-            self.embedding(model, ty)?;
+            if whole_blocks(ty, model.hidden) {
+                self.embedding(model, ty)?;
+            }
         }
         self.small_kernels(model)?;
         self.attention(model)?;

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use kestrel_gpu::{wgpu, Gpu, Readback, Recorder};
 
+use super::stats::median;
 use super::BenchResult;
 
 /// Calls per batch never exceed this (recording costs CPU time and memory per call).
@@ -155,26 +156,4 @@ fn timestamp_clock(gpu: &Gpu) -> Clock {
     let readback = Readback::new(gpu, TIMESTAMP_BYTES);
     let ns_per_tick = f64::from(gpu.queue.get_timestamp_period());
     Clock::Timestamps { query_set, resolve, readback, ns_per_tick }
-}
-
-/// The median of `samples` (the mean of the middle two for an even count); not empty.
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    let mid = samples.len() / 2;
-    if samples.len().is_multiple_of(2) {
-        (samples[mid - 1] + samples[mid]) / 2.0
-    } else {
-        samples[mid]
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::median;
-
-    #[test]
-    fn median_of_odd_and_even_counts() {
-        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
-    }
 }

@@ -1,0 +1,85 @@
+// The browser half of the suite: www/bench/ in headless Chromium through playwright-core, with
+// WebGPU on whatever adapter Chromium picks (SwiftShader on a machine without a GPU), served by
+// the package's own static server (www/serve.mjs: COOP/COEP, so wasm threads work).
+import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { chromium } from 'playwright-core';
+import { startServer } from '../www/serve.mjs';
+import { ROOT } from './paths.mjs';
+
+// As tests/browser/harness.mjs launches it: WebGPU through SwiftShader's Vulkan where there is
+// no GPU (a real GPU is picked where there is one and these flags are dropped with --gpu).
+const SWIFTSHADER_FLAGS = ['--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-vulkan=swiftshader', '--use-webgpu-adapter=swiftshader', '--disable-vulkan-surface'];
+const GPU_FLAGS = ['--enable-unsafe-webgpu', '--enable-features=Vulkan'];
+const COMMON_FLAGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run',
+  // measureUserAgentSpecificMemory() answers at once instead of at the next garbage collection.
+  '--enable-blink-features=ForceEagerMeasureMemory'];
+
+/** Copies wllama's bundle and wasm where the static server serves them (www/bench/vendor/, git-ignored). */
+function vendorWllama() {
+  const require = createRequire(import.meta.url);
+  const esm = dirname(require.resolve('@wllama/wllama'));
+  const out = join(ROOT, 'www/bench/vendor/wllama');
+  mkdirSync(out, { recursive: true });
+  copyFileSync(join(esm, 'index.js'), join(out, 'index.js'));
+  copyFileSync(join(esm, 'wasm/wllama.wasm'), join(out, 'wllama.wasm'));
+  const { version } = require('@wllama/wllama/package.json');
+  return version;
+}
+
+/**
+ * Runs the browser workload: Kestrel, wllama on CPU threads, wllama on WebGPU (or why it cannot).
+ * `prompts`: [{prompt_tokens, text}]. Resolves to {browser, adapter, wllama_version, engines}.
+ */
+export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, threads, contextLength, realGpu = false, only = null }) {
+  const wllamaVersion = vendorWllama();
+  const server = await startServer();
+  const userDataDir = mkdtempSync(join(tmpdir(), 'kestrel-bench-chromium-'));
+  const context = await chromium.launchPersistentContext(userDataDir, {
+    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
+    headless: true,
+    args: [...(realGpu ? GPU_FLAGS : SWIFTSHADER_FLAGS), ...COMMON_FLAGS],
+  });
+  try {
+    const open = async () => {
+      const page = await context.newPage();
+      page.on('console', (m) => console.error(`  [browser] ${m.text()}`));
+      page.on('pageerror', (e) => console.error(`  [page error] ${e.message}`));
+      await page.goto(`${server.url}/www/bench/`);
+      await page.waitForFunction(() => window.benchReady === true);
+      return page;
+    };
+    const workload = { modelUrl, prompts, decodeTokens, repeats };
+    const page = await open();
+    const adapter = await page.evaluate(() => window.bench.adapterInfo());
+    const isolated = await page.evaluate(() => crossOriginIsolated);
+    await page.close();
+    const runs = [
+      ['kestrel', (p) => p.evaluate((w) => window.bench.runKestrel(w), workload)],
+      ['wllama-cpu', (p) => p.evaluate((w) => window.bench.runWllama(w), { ...workload, threads, contextLength, gpuLayers: 0 })],
+      ['wllama-webgpu', (p) => p.evaluate((w) => window.bench.runWllama(w), { ...workload, threads, contextLength, gpuLayers: 999 })],
+    ];
+    const engines = [];
+    for (const [name, run] of runs) {
+      if (only && !only.includes(name)) continue;
+      console.error(`browser: ${name}`);
+      // A fresh page per engine, so that each one's memory is its own.
+      const p = await open();
+      try {
+        engines.push({ name, ...(await run(p)) });
+      } catch (e) {
+        engines.push({ name, error: String(e.message ?? e).split('\n')[0] });
+        console.error(`  ${name} failed: ${e.message}`);
+      } finally {
+        await p.close();
+      }
+    }
+    return { browser: `Chromium ${context.browser()?.version() ?? ''}`.trim(), cross_origin_isolated: isolated, adapter, wllama_version: wllamaVersion, engines };
+  } finally {
+    await context.close();
+    rmSync(userDataDir, { recursive: true, force: true });
+    await server.close();
+  }
+}

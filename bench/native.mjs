@@ -1,0 +1,43 @@
+// The native half of the suite: `kestrel bench model` and its peer, llama.cpp through
+// tools/llama-cpp/bench.mjs (node-llama-cpp's prebuilt CPU build), on the same GGUF file, the
+// same prompt ids and the same thread count.
+import { execFile } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { KESTREL, ROOT } from './paths.mjs';
+
+/** Runs `file args`, its stderr passed through (progress); rejects with the tail of its output on failure. */
+function exec(file, args, env = {}) {
+  return new Promise((resolve, reject) => {
+    const child = execFile(file, args, { cwd: ROOT, env: { ...process.env, ...env }, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`${file.split('/').at(-1)} ${args[0]}: ${err.message.split('\n')[0]}\n${String(stderr).split('\n').slice(-6).join('\n')}`));
+      else resolve(stdout);
+    });
+    child.stderr.on('data', (d) => process.stderr.write(d));
+  });
+}
+
+const readJson = (path) => JSON.parse(readFileSync(path, 'utf8'));
+
+/** `kestrel bench model`; resolves to its JSON. */
+export async function runKestrelNative({ model, promptTokens, decodeTokens, repeats, out }) {
+  if (!existsSync(KESTREL)) throw new Error(`${KESTREL} is missing: build it with \`cargo build --release -p kestrel-cli\``);
+  await exec(KESTREL, ['bench', 'model', '--model', model, '--prompt-tokens', promptTokens.join(','), '--decode-tokens', String(decodeTokens), '--repeats', String(repeats), '--json', out],
+    { XDG_RUNTIME_DIR: process.env.XDG_RUNTIME_DIR ?? '/tmp' });
+  return readJson(out);
+}
+
+/** The suite's prompts as text for engines that take text: [{prompt_tokens, round_trips, text}]. */
+export async function promptTexts({ model, promptTokens }) {
+  return JSON.parse(await exec(KESTREL, ['bench', 'prompt', '--model', model, '--prompt-tokens', promptTokens.join(',')]));
+}
+
+/** llama.cpp on `threads` CPU threads; resolves to its JSON (schema kestrel-native-peer-bench/1). */
+export async function runLlamaCpp({ model, promptTokens, decodeTokens, repeats, threads, out }) {
+  const script = join(ROOT, 'tools/llama-cpp/bench.mjs');
+  if (!existsSync(script)) throw new Error('tools/llama-cpp/bench.mjs is missing');
+  if (!existsSync(join(ROOT, 'tools/llama-cpp/node_modules'))) throw new Error('tools/llama-cpp has no node_modules: run `npm ci` there');
+  await exec(process.execPath, [script, '--model', model, '--threads', String(threads), '--prompt-tokens', promptTokens.join(','),
+    '--decode-tokens', String(decodeTokens), '--repeats', String(repeats), '--json', out]);
+  return readJson(out);
+}

@@ -1,0 +1,146 @@
+// The run's report: the Markdown table (every engine's row, then Kestrel / peer ratios) and the
+// SVG chart (decode and prefill tok/s, inter-token latency p50, per engine), from the run's JSON.
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { RESULTS } from './paths.mjs';
+import { browserRows, kestrelNativeRows, llamaCppRows } from './rows.mjs';
+
+const fmt = (v, digits = 1) => (v == null || !Number.isFinite(v) ? '–' : v >= 100 ? v.toFixed(0) : v.toFixed(digits));
+const mib = (b) => (b == null ? '–' : `${(b / 2 ** 20).toFixed(0)} MiB`);
+const secs = (ms) => (ms == null ? '–' : ms >= 10_000 ? `${(ms / 1e3).toFixed(0)} s` : `${(ms / 1e3).toFixed(2)} s`);
+
+/** Every row of the run, native first. */
+export function allRows(run) {
+  const rows = [];
+  if (run.native?.kestrel && !run.native.kestrel.error) rows.push(...kestrelNativeRows(run.native.kestrel));
+  if (run.native?.llama_cpp && !run.native.llama_cpp.error) rows.push(...llamaCppRows(run.native.llama_cpp, run.settings.native.threads));
+  for (const [name, r] of Object.entries(run.native ?? {})) {
+    if (r?.error) rows.push({ env: 'native', engine: name === 'kestrel' ? 'Kestrel' : 'llama.cpp', backend: '', note: `failed: ${r.error}` });
+  }
+  for (const e of run.browser?.engines ?? []) rows.push(...browserRows(e));
+  if (run.browser?.error) rows.push({ env: 'browser', engine: 'all', backend: '', note: `failed: ${run.browser.error}` });
+  return rows;
+}
+
+/** Kestrel / peer for each figure, for every peer row with the same environment and prompt length. */
+export function ratios(rows) {
+  const out = [];
+  for (const peer of rows.filter((r) => r.engine !== 'Kestrel' && r.decode_tok_s != null)) {
+    const k = rows.find((r) => r.engine === 'Kestrel' && r.env === peer.env && r.prompt_tokens === peer.prompt_tokens && r.decode_tok_s != null);
+    if (!k) continue;
+    const q = (a, b) => (a != null && b ? a / b : null);
+    out.push({
+      env: peer.env, peer: `${peer.engine} (${peer.backend})`, prompt_tokens: peer.prompt_tokens,
+      load: q(k.load_ms, peer.load_ms), ttft: q(k.ttft_ms, peer.ttft_ms), prefill: q(k.prefill_tok_s, peer.prefill_tok_s),
+      decode: q(k.decode_tok_s, peer.decode_tok_s), itl_p50: q(k.itl_ms?.p50, peer.itl_ms?.p50), memory: q(k.memory_bytes, peer.memory_bytes),
+    });
+  }
+  return out;
+}
+
+export function markdown(run) {
+  const rows = allRows(run);
+  const m = run.machine;
+  const lines = [
+    `Run ${run.started} on ${m.cpu} (${m.logical_cpus} logical CPUs, ${mib(m.memory_bytes)} RAM, load average ${m.loadavg_start.map((l) => l.toFixed(1)).join(' ')} at the start), ${m.os}.`,
+    `Model ${run.model.file} (${mib(run.model.bytes)}). Native: ${run.native?.kestrel?.adapter ? `${run.native.kestrel.adapter.name} (${run.native.kestrel.adapter.backend}; ${run.native.kestrel.adapter.features.join(', ') || 'no optional features'})` : '–'}; browser: ${run.browser?.browser ?? '–'}, WebGPU adapter ${adapterName(run.browser?.adapter)} (${KEY_FEATURES.map((f) => `${f}: ${run.browser?.adapter?.features?.includes(f) ? 'yes' : 'no'}`).join(', ')}).`,
+    'Times are medians over the repeats; ITL is the time between streamed tokens (p50 / p90 / p99 over every step of every repeat).',
+    '',
+    '| env | engine | backend | prompt | decode | repeats | load (cold / warm) | TTFT | prefill tok/s | decode tok/s | ITL p50 / p90 / p99 ms | memory | main thread: longest task, dropped frames |',
+    '|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|',
+  ];
+  for (const r of rows) {
+    if (r.note) {
+      lines.push(`| ${r.env} | ${r.engine} | ${r.backend} | | | | ${r.note} | | | | | | |`);
+      continue;
+    }
+    const load = r.warm_load_ms != null ? `${secs(r.load_ms)} / ${secs(r.warm_load_ms)}` : secs(r.load_ms);
+    const itl = r.itl_ms ? `${fmt(r.itl_ms.p50)} / ${fmt(r.itl_ms.p90)} / ${fmt(r.itl_ms.p99)}` : '–';
+    // The Long Tasks API reports only tasks over 50 ms.
+    const longest = r.long_tasks === 0 ? 'none over 50 ms' : `${fmt(r.longest_task_ms, 0)} ms`;
+    const main = r.longest_task_ms != null || r.dropped_frames != null ? `${longest}, ${r.dropped_frames ?? '–'} dropped` : '–';
+    const mem = r.memory_bytes != null ? `${mib(r.memory_bytes)} (${r.memory_what})` : '–';
+    lines.push(`| ${r.env} | ${r.engine} | ${r.backend} | ${r.prompt_tokens} | ${r.decode_tokens} | ${r.repeats ?? '–'} | ${load} | ${secs(r.ttft_ms)} | ${fmt(r.prefill_tok_s, 2)} | ${fmt(r.decode_tok_s, 2)} | ${itl} | ${mem} | ${main} |`);
+  }
+  const rat = ratios(rows);
+  if (rat.length) {
+    lines.push('', 'Kestrel / peer (above 1: Kestrel is larger; for tok/s larger is faster, for times and memory smaller is better):', '');
+    lines.push('| env | peer | prompt | load | TTFT | prefill tok/s | decode tok/s | ITL p50 | memory |', '|---|---|--:|--:|--:|--:|--:|--:|--:|');
+    const x = (v) => (v == null ? '–' : `${v >= 10 ? v.toFixed(0) : v >= 0.1 ? v.toFixed(2) : v.toPrecision(2)}×`);
+    for (const r of rat) lines.push(`| ${r.env} | ${r.peer} | ${r.prompt_tokens} | ${x(r.load)} | ${x(r.ttft)} | ${x(r.prefill)} | ${x(r.decode)} | ${x(r.itl_p50)} | ${x(r.memory)} |`);
+  }
+  const k = run.native?.kestrel;
+  if (k?.roofline) {
+    const f = k.roofline;
+    lines.push('', `Roofline (native): decode runs at ${(100 * f.fraction_of_limit).toFixed(1)}% of this device's memory-bandwidth limit: ${(f.weight_bytes_per_token / 1e6).toFixed(1)} MB of weights per token at the copy kernel's ${f.copy_gb_per_s.toFixed(2)} GB/s is ${f.limit_ms_per_token.toFixed(1)} ms per token; achieved ${f.achieved_ms_per_token.toFixed(1)} ms.`);
+  }
+  if (k?.decode_step) {
+    const s = k.decode_step;
+    lines.push('', `Native decode step at position ${s.pos} by kernel family (${s.timing}, each family timed on its own): host encode + submit ${s.host_encode_submit_ms.toFixed(2)} ms of a ${s.host_step_ms.toFixed(0)} ms step.`, '');
+    lines.push('| kernel family | GPU ms | share |', '|---|--:|--:|');
+    for (const f of s.families) lines.push(`| ${f.family} | ${f.gpu_ms.toFixed(3)} | ${(100 * f.share).toFixed(1)}% |`);
+    lines.push(`| sum | ${s.families_sum_gpu_ms.toFixed(1)} | |`);
+  }
+  return lines.join('\n') + '\n';
+}
+
+/** The optional WebGPU features that decide what an engine can run. */
+const KEY_FEATURES = ['shader-f16', 'subgroups', 'timestamp-query'];
+const adapterName = (a) => (a ? [a.vendor, a.architecture, a.description].filter(Boolean).join(' ') || 'unnamed' : '–');
+
+const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c]);
+
+/**
+ * Three panels of horizontal bars on log scales (the engines differ by orders of magnitude on a
+ * software adapter): decode tok/s, prefill tok/s, ITL p50 ms; one bar per row with figures.
+ */
+export function svg(run) {
+  const rows = allRows(run).filter((r) => !r.note);
+  const panels = [
+    ['decode tok/s (higher is better)', (r) => r.decode_tok_s],
+    ['prefill tok/s (higher is better)', (r) => r.prefill_tok_s],
+    ['inter-token latency p50, ms (lower is better)', (r) => r.itl_ms?.p50],
+  ];
+  const label = (r) => `${r.env} · ${r.engine} · ${r.backend.split(',')[0]} · ${r.prompt_tokens} tok`;
+  const [W, labelW, barH, gap, head] = [900, 330, 16, 4, 28];
+  const panelH = head + rows.length * (barH + gap) + 12;
+  const colors = { Kestrel: '#2563eb', 'llama.cpp': '#dc2626', wllama: '#d97706' };
+  let y = 36;
+  const parts = [`<text x="10" y="22" font-size="15" font-weight="bold">Kestrel vs peers: ${esc(run.model.file)} on ${esc(run.machine.cpu)}</text>`];
+  for (const [title, value] of panels) {
+    const vals = rows.map(value).filter((v) => v > 0);
+    const lo = Math.floor(Math.log10(Math.min(...vals, 1)));
+    const hi = Math.ceil(Math.log10(Math.max(...vals, 1)));
+    const x = (v) => labelW + ((Math.log10(v) - lo) / Math.max(1, hi - lo)) * (W - labelW - 70);
+    parts.push(`<text x="10" y="${y + 16}" font-size="13" font-weight="bold">${esc(title)}, log scale</text>`);
+    for (let d = lo; d <= hi; d += 1) {
+      parts.push(`<line x1="${x(10 ** d)}" x2="${x(10 ** d)}" y1="${y + head - 4}" y2="${y + panelH - 12}" stroke="#ddd"/><text x="${x(10 ** d)}" y="${y + head - 6}" font-size="9" text-anchor="middle" fill="#666">${10 ** d}</text>`);
+    }
+    rows.forEach((r, i) => {
+      const v = value(r);
+      const top = y + head + i * (barH + gap);
+      parts.push(`<text x="${labelW - 6}" y="${top + 12}" font-size="11" text-anchor="end">${esc(label(r))}</text>`);
+      if (v > 0) {
+        parts.push(`<rect x="${labelW}" y="${top}" width="${Math.max(1, x(v) - labelW)}" height="${barH}" fill="${colors[r.engine] ?? '#555'}"/><text x="${x(v) + 4}" y="${top + 12}" font-size="11">${fmt(v, 2)}</text>`);
+      } else {
+        parts.push(`<text x="${labelW + 4}" y="${top + 12}" font-size="11" fill="#999">–</text>`);
+      }
+    });
+    y += panelH;
+  }
+  return `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${y + 10}" font-family="sans-serif">\n<rect width="100%" height="100%" fill="white"/>\n${parts.join('\n')}\n</svg>\n`;
+}
+
+// `node bench/report.mjs RUN.json`: renders a run again (results/latest.md and .svg).
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  const file = process.argv[2];
+  if (!file) {
+    console.error('usage: node bench/report.mjs RUN.json');
+    process.exit(2);
+  }
+  const run = JSON.parse(readFileSync(file, 'utf8'));
+  writeFileSync(join(RESULTS, 'latest.md'), markdown(run));
+  writeFileSync(join(RESULTS, 'latest.svg'), svg(run));
+  console.log(markdown(run));
+}

@@ -1,0 +1,146 @@
+#!/usr/bin/env node
+// Kestrel's benchmark suite, end to end: the native CLI and llama.cpp on the same GGUF, then
+// headless Chromium with Kestrel's package and wllama (CPU threads, and WebGPU where the adapter
+// allows); writes results/<stamp>.json (everything), results/latest.md (the table) and
+// results/latest.svg (the chart).
+//
+//   node bench/run.mjs [--model models/X.gguf] [--threads 2]
+//       [--prompt-tokens 32] [--decode-tokens 16] [--repeats 2]                  native sizes
+//       [--browser-prompt-tokens 16] [--browser-decode-tokens 4] [--browser-repeats 2]
+//       [--full]            the issue's workload everywhere: prompts 128,512, 128 decode steps, 5 repeats
+//       [--gpu]             Chromium on the machine's GPU instead of SwiftShader
+//       [--skip native,llama,browser]   leave parts out
+//
+// The defaults fit a 2-core machine without a GPU (lavapipe natively, SwiftShader in Chrome,
+// where decode takes one to several seconds per token); on a real GPU use --full --gpu.
+import { mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { basename, join, resolve } from 'node:path';
+import { parseArgs } from 'node:util';
+import { runBrowser } from './browser.mjs';
+import { promptTexts, runKestrelNative, runLlamaCpp } from './native.mjs';
+import { ROOT, RESULTS } from './paths.mjs';
+import { markdown, svg } from './report.mjs';
+
+const FULL = { prompts: [128, 512], decode: 128, repeats: 5 };
+const { values: opt } = parseArgs({
+  options: {
+    model: { type: 'string', default: 'models/SmolLM2-135M-Instruct.Q4_1.gguf' },
+    threads: { type: 'string', default: '2' },
+    'prompt-tokens': { type: 'string', default: '32' },
+    'decode-tokens': { type: 'string', default: '16' },
+    repeats: { type: 'string', default: '2' },
+    'browser-prompt-tokens': { type: 'string', default: '16' },
+    'browser-decode-tokens': { type: 'string', default: '4' },
+    'browser-repeats': { type: 'string', default: '2' },
+    full: { type: 'boolean', default: false },
+    gpu: { type: 'boolean', default: false },
+    skip: { type: 'string', default: '' },
+    help: { type: 'boolean', default: false },
+  },
+});
+if (opt.help) {
+  // The usage is this file's header comment.
+  const header = readFileSync(new URL(import.meta.url), 'utf8').split('\n').filter((l) => l.startsWith('//'));
+  console.log(header.map((l) => l.replace(/^\/\/ ?/, '')).join('\n'));
+  process.exit(0);
+}
+
+/** A positive integer option, or exit with a usage error. */
+function count(name, value) {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) {
+    console.error(`--${name} must be a positive integer, got ${JSON.stringify(value)}`);
+    process.exit(2);
+  }
+  return n;
+}
+const counts = (name, value) => String(value).split(',').map((v) => count(name, v));
+
+const model = resolve(ROOT, opt.model);
+const modelUrl = `/models/${basename(model)}`;
+if (resolve(ROOT, 'models', basename(model)) !== model) {
+  console.error(`--model must be in models/ (the browser fetches it from the static server): ${model}`);
+  process.exit(2);
+}
+const threads = count('threads', opt.threads);
+const settings = {
+  native: opt.full
+    ? { prompt_tokens: FULL.prompts, decode_tokens: FULL.decode, repeats: FULL.repeats, threads }
+    : { prompt_tokens: counts('prompt-tokens', opt['prompt-tokens']), decode_tokens: count('decode-tokens', opt['decode-tokens']), repeats: count('repeats', opt.repeats), threads },
+  browser: opt.full
+    ? { prompt_tokens: FULL.prompts, decode_tokens: FULL.decode, repeats: FULL.repeats, threads, gpu: opt.gpu }
+    : { prompt_tokens: counts('browser-prompt-tokens', opt['browser-prompt-tokens']), decode_tokens: count('browser-decode-tokens', opt['browser-decode-tokens']), repeats: count('browser-repeats', opt['browser-repeats']), threads, gpu: opt.gpu },
+};
+const skip = new Set(opt.skip.split(',').filter(Boolean));
+
+const started = new Date();
+const stamp = started.toISOString().replace(/[:.]/g, '-');
+const raw = join(RESULTS, 'raw', stamp);
+mkdirSync(raw, { recursive: true });
+const run = {
+  schema: 'kestrel-bench/1',
+  started: started.toISOString(),
+  machine: {
+    os: `${os.type()} ${os.release()} ${os.arch()}`,
+    cpu: os.cpus()[0]?.model?.trim() ?? 'unknown CPU',
+    logical_cpus: os.cpus().length,
+    memory_bytes: os.totalmem(),
+    loadavg_start: os.loadavg(),
+    node: process.version,
+  },
+  model: { file: basename(model), bytes: statSync(model).size },
+  settings,
+  native: {},
+  browser: null,
+};
+
+// Each part records its error instead of ending the run: the others still say something.
+const attempt = async (what, fn) => {
+  const t = performance.now();
+  console.error(`\n== ${what}`);
+  try {
+    return await fn();
+  } catch (e) {
+    console.error(`${what} failed: ${e.message}`);
+    return { error: e.message.split('\n')[0] };
+  } finally {
+    console.error(`== ${what}: ${((performance.now() - t) / 1e3).toFixed(0)} s`);
+  }
+};
+
+const n = settings.native;
+if (!skip.has('native')) {
+  run.native.kestrel = await attempt('Kestrel, native', () => runKestrelNative({
+    model, promptTokens: n.prompt_tokens, decodeTokens: n.decode_tokens, repeats: n.repeats, out: join(raw, 'kestrel-native.json'),
+  }));
+}
+if (!skip.has('llama')) {
+  run.native.llama_cpp = await attempt('llama.cpp, native', () => runLlamaCpp({
+    model, promptTokens: n.prompt_tokens, decodeTokens: n.decode_tokens, repeats: n.repeats, threads, out: join(raw, 'llama-cpp.json'),
+  }));
+}
+if (!skip.has('browser')) {
+  const b = settings.browser;
+  run.browser = await attempt('browser', async () => {
+    const prompts = await promptTexts({ model, promptTokens: b.prompt_tokens });
+    const bad = prompts.filter((p) => !p.round_trips).map((p) => p.prompt_tokens);
+    if (bad.length) console.error(`warning: the prompt text of ${bad.join(', ')} tokens does not re-encode to the same ids`);
+    return runBrowser({
+      modelUrl, prompts, decodeTokens: b.decode_tokens, repeats: b.repeats, threads, realGpu: b.gpu,
+      contextLength: Math.max(...b.prompt_tokens) + b.decode_tokens + 64,
+    });
+  });
+}
+run.machine.loadavg_end = os.loadavg();
+run.wall_s = (Date.now() - started.getTime()) / 1e3;
+
+// The JSON first: a report that fails to render can be made again from it (report.mjs FILE).
+const json = join(RESULTS, `${stamp}.json`);
+writeFileSync(json, JSON.stringify(run, null, 2) + '\n');
+writeFileSync(join(RESULTS, 'latest.json'), JSON.stringify(run, null, 2) + '\n');
+const table = markdown(run);
+writeFileSync(join(RESULTS, 'latest.md'), table);
+writeFileSync(join(RESULTS, 'latest.svg'), svg(run));
+console.log(`\n${table}`);
+console.error(`wrote ${json}, ${join(RESULTS, 'latest.md')}, ${join(RESULTS, 'latest.svg')} (${run.wall_s.toFixed(0)} s)`);

@@ -1,0 +1,227 @@
+//! `kestrel bench model`: a GGUF model end to end on this adapter: cold load, prefill of N-token
+//! prompts, M decode steps, repeated (median and spread), inter-token latency, GPU memory, the
+//! memory-bandwidth roofline and where a decode step's time goes. One JSON object for the
+//! suite (bench/run.mjs), a short Markdown summary on stdout.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use kestrel_gpu::Gpu;
+use kestrel_model::Model;
+use serde::Serialize;
+
+use super::cases;
+use super::report::Adapter;
+use super::step_profile::{self, Roofline, StepProfile};
+use super::timing::{Timer, TimingSettings};
+use super::workload::{self, WorkloadResult};
+use super::{copy_bytes, BenchResult};
+use crate::commands::load::load;
+use crate::commands::CliResult;
+
+#[derive(Args)]
+pub struct ModelArgs {
+    /// The GGUF file (default: the default model).
+    #[arg(long, short)]
+    model: Option<PathBuf>,
+    /// Prompt lengths to prefill, comma-separated (each from an empty KV cache).
+    #[arg(long, value_delimiter = ',', default_value = "128", value_parser = clap::value_parser!(u32).range(1..))]
+    prompt_tokens: Vec<u32>,
+    /// The prompt's token ids: `bench_prompt.ids` of this JSON file, repeated to each length.
+    #[arg(long, default_value = workload::DEFAULT_PROMPTS)]
+    prompts: PathBuf,
+    /// Decode steps after the first generated token.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    decode_tokens: u32,
+    /// Times each prompt length is run; medians and ranges are reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    repeats: u32,
+    /// Size of the copy kernel's buffers in MiB (the roofline's bandwidth).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    copy_mib: u64,
+    /// Skip the per-kernel-family profile of a decode step.
+    #[arg(long)]
+    no_profile: bool,
+    /// Time kernel families with the host clock even when the device has timestamp queries.
+    #[arg(long)]
+    wall_clock: bool,
+    /// KV cache length (default: the model's context, at most 4096).
+    #[arg(long)]
+    context: Option<usize>,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+struct ModelInfo {
+    path: String,
+    name: String,
+    arch: String,
+    n_layers: usize,
+    file_bytes: u64,
+    weight_bytes: u64,
+    weight_bytes_per_token: u64,
+}
+
+/// GPU memory the model holds.
+#[derive(Debug, Serialize)]
+struct GpuMemory {
+    /// What wgpu's allocator reports as live allocations (`None`: the backend gives no report).
+    allocator_allocated_bytes: Option<u64>,
+    /// Memory blocks the allocator reserved, used or not.
+    allocator_reserved_bytes: Option<u64>,
+    weight_bytes: u64,
+    /// f32 keys and values for every layer at the context length.
+    kv_cache_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct ModelReport {
+    engine: &'static str,
+    version: &'static str,
+    adapter: Adapter,
+    model: ModelInfo,
+    context_length: usize,
+    /// Device creation, reading the file, repacking and uploading the weights, compiling every
+    /// pipeline (the file may be in the OS page cache from an earlier run).
+    load_ms: f64,
+    gpu_memory: GpuMemory,
+    copy_gb_per_s: f64,
+    workloads: Vec<WorkloadResult>,
+    roofline: Option<Roofline>,
+    decode_step: Option<StepProfile>,
+    wall_s: f64,
+}
+
+pub fn run(args: &ModelArgs) -> CliResult {
+    let started = Instant::now();
+    let path = crate::model_path::resolve(args.model.clone());
+    let file_bytes = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?.len();
+    let loaded = load(&path, args.context, false)?;
+    let mut model = loaded.model;
+    let gpu = model.gpu().clone();
+    let adapter = Adapter::new(&gpu.info);
+    let gpu_memory = gpu_memory(&gpu, &model);
+    let info = model_info(&model, &path, file_bytes);
+
+    let copy_gb_per_s = copy_bandwidth(&gpu, args.copy_mib, args.wall_clock)?;
+    eprintln!("copy kernel: {copy_gb_per_s:.2} GB/s");
+
+    let decode_tokens = args.decode_tokens as usize;
+    let bench_ids = workload::read_bench_ids(&args.prompts, model.config().vocab)?;
+    let mut prompts = Vec::with_capacity(args.prompt_tokens.len());
+    for &n in &args.prompt_tokens {
+        let n = n as usize;
+        if n + decode_tokens + 1 > model.context_length() {
+            return Err(format!("{n} prompt + {decode_tokens} decode tokens exceed the context of {}", model.context_length()).into());
+        }
+        prompts.push(workload::prompt_ids(&bench_ids, n));
+    }
+    let Some(first_prompt) = prompts.first() else {
+        return Err("give at least one --prompt-tokens length".into());
+    };
+    workload::warm_up(&mut model, first_prompt)?;
+    let mut workloads = Vec::with_capacity(prompts.len());
+    for prompt in &prompts {
+        workloads.push(workload::run(&mut model, prompt, decode_tokens, args.repeats as usize)?);
+    }
+
+    let roofline = workloads
+        .first()
+        .and_then(|w| w.decode_tok_s)
+        .map(|tok_s| Roofline::new(model.weight_bytes_per_token(), copy_gb_per_s, tok_s.median));
+    let decode_step = if args.no_profile {
+        None
+    } else {
+        // Mid-way through the first workload's decode: a representative KV length.
+        let pos = first_prompt.len() + decode_tokens / 2;
+        let timer = Timer::new(&gpu, step_profile::family_settings(), args.wall_clock);
+        eprintln!("decode step at position {pos}, by kernel family ({}):", timer.method());
+        Some(step_profile::profile(&mut model, &timer, pos, first_prompt[0])?)
+    };
+
+    let report = ModelReport {
+        engine: "kestrel",
+        version: env!("CARGO_PKG_VERSION"),
+        adapter,
+        model: info,
+        context_length: model.context_length(),
+        load_ms: loaded.load_ms,
+        gpu_memory,
+        copy_gb_per_s,
+        workloads,
+        roofline,
+        decode_step,
+        wall_s: started.elapsed().as_secs_f64(),
+    };
+    println!("{}", markdown(&report));
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The copy kernel's bandwidth over `mib` MiB: all its repetitions, as `bench kernels` does.
+fn copy_bandwidth(gpu: &Gpu, mib: u64, wall_clock: bool) -> BenchResult<f64> {
+    let timer = Timer::new(gpu, TimingSettings { target: std::time::Duration::from_millis(300), reps: 5, calls: None }, wall_clock);
+    let prepared = cases::copy(gpu, copy_bytes(gpu, mib))?;
+    let time = timer.measure_all_reps(&*prepared.record)?;
+    Ok(super::report::gb_per_s(prepared.bytes, &time))
+}
+
+fn gpu_memory(gpu: &Gpu, model: &Model) -> GpuMemory {
+    let report = gpu.device.generate_allocator_report();
+    let c = model.config();
+    let kv_cache_bytes = (2 * c.n_layers * c.n_kv_heads * c.head_dim * model.context_length() * 4) as u64;
+    GpuMemory {
+        allocator_allocated_bytes: report.as_ref().map(|r| r.total_allocated_bytes),
+        allocator_reserved_bytes: report.as_ref().map(|r| r.total_reserved_bytes),
+        weight_bytes: model.weight_bytes(),
+        kv_cache_bytes,
+    }
+}
+
+fn model_info(model: &Model, path: &std::path::Path, file_bytes: u64) -> ModelInfo {
+    let c = model.config();
+    ModelInfo {
+        path: path.display().to_string(),
+        name: c.name.clone(),
+        arch: format!("{:?}", c.arch).to_lowercase(),
+        n_layers: c.n_layers,
+        file_bytes,
+        weight_bytes: model.weight_bytes(),
+        weight_bytes_per_token: model.weight_bytes_per_token(),
+    }
+}
+
+/// A short human summary (the suite's combined table comes from bench/report.mjs).
+fn markdown(r: &ModelReport) -> String {
+    let mut out = format!("{}\n\nload {:.0} ms, copy {:.2} GB/s\n\n", r.adapter.markdown("-"), r.load_ms, r.copy_gb_per_s);
+    out += "| prompt | decode | TTFT ms | prefill tok/s | decode tok/s | ITL p50 / p90 / p99 ms |\n|--:|--:|--:|--:|--:|--:|\n";
+    for w in &r.workloads {
+        let med = |s: Option<super::stats::Spread>| s.map_or("-".to_string(), |s| format!("{:.1} ({:.1}–{:.1})", s.median, s.min, s.max));
+        let itl = w.itl_ms.map_or("-".to_string(), |p| format!("{:.1} / {:.1} / {:.1}", p.p50, p.p90, p.p99));
+        out += &format!("| {} | {} | {} | {} | {} | {itl} |\n", w.prompt_tokens, w.decode_tokens, med(w.ttft_ms), med(w.prefill_tok_s), med(w.decode_tok_s));
+    }
+    if let Some(roof) = &r.roofline {
+        out += &format!(
+            "\ndecode runs at {:.1}% of this device's memory-bandwidth limit ({:.1} MB of weights per token at {:.2} GB/s: {:.2} ms limit, {:.2} ms achieved)\n",
+            100.0 * roof.fraction_of_limit,
+            roof.weight_bytes_per_token as f64 / 1e6,
+            roof.copy_gb_per_s,
+            roof.limit_ms_per_token,
+            roof.achieved_ms_per_token
+        );
+    }
+    if let Some(step) = &r.decode_step {
+        out += &format!("\ndecode step at position {} ({}): host encode+submit {:.2} ms, host step {:.1} ms\n\n| kernel family | GPU ms | share |\n|---|--:|--:|\n", step.pos, step.timing, step.host_encode_submit_ms, step.host_step_ms);
+        for f in &step.families {
+            out += &format!("| {} | {:.3} | {:.1}% |\n", f.family, f.gpu_ms, 100.0 * f.share);
+        }
+        out += &format!("| sum | {:.3} | |\n", step.families_sum_gpu_ms);
+    }
+    out
+}

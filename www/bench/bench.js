@@ -1,0 +1,125 @@
+// The suite's workload in the browser, for Kestrel (the package in ../index.js) and for the
+// peer wllama (llama.cpp in wasm; served from ./vendor/, copied there by bench/browser.mjs):
+// cold load, warm load, then for each prompt `repeats` generations of `decodeTokens` greedy
+// steps after the first token from an empty KV cache, timing every streamed token on the main
+// thread and watching the main thread meanwhile. Every time is in ms, every rate in tok/s.
+import { createEngine, deleteModelFromCache } from '../index.js';
+import { measureMemory, watchMainThread } from './monitor.js';
+
+const WLLAMA_URL = './vendor/wllama/index.js';
+const WLLAMA_WASM = new URL('./vendor/wllama/wllama.wasm', import.meta.url).href;
+
+/**
+ * Runs `generate(text, maxTokens, onToken)` (resolving to {prompt_tokens}, the prompt tokens the
+ * engine ran) for each prompt, `repeats` times. Every engine is timed the same way, by when its
+ * tokens reach the page: TTFT from the request to the first token, decode over the steps after.
+ */
+async function runWorkload({ prompts, decodeTokens, repeats }, generate) {
+  const results = [];
+  const watch = await watchMainThread();
+  for (const { prompt_tokens: wanted, text } of prompts) {
+    const runs = [];
+    for (let r = 0; r < repeats; r += 1) {
+      const times = [];
+      const start = performance.now();
+      const reported = await generate(text, decodeTokens + 1, () => times.push(performance.now()));
+      if (times.length !== decodeTokens + 1) {
+        throw new Error(`asked for ${decodeTokens + 1} tokens, the engine streamed ${times.length}`);
+      }
+      const itl = times.slice(1).map((t, i) => t - times[i]);
+      const ttft = times[0] - start;
+      const decodeMs = times.at(-1) - times[0];
+      runs.push({
+        prompt_tokens: reported.prompt_tokens,
+        ttft_ms: ttft,
+        prefill_tok_s: reported.prompt_tokens / (ttft / 1e3),
+        decode_tok_s: decodeTokens / (decodeMs / 1e3),
+        itl_ms: itl,
+      });
+      console.log(`prompt ${wanted}: repeat ${r + 1}/${repeats}: TTFT ${ttft.toFixed(0)} ms, decode ${runs.at(-1).decode_tok_s.toFixed(2)} tok/s`);
+    }
+    results.push({ prompt_tokens: wanted, decode_tokens: decodeTokens, repeats, runs });
+  }
+  return { workloads: results, main_thread: watch.stop() };
+}
+
+/** Kestrel: cold load (Cache API emptied first), the workload, then a warm load from the cache. */
+export async function runKestrel({ modelUrl, prompts, decodeTokens, repeats }) {
+  await deleteModelFromCache(new URL(modelUrl, location.href).href);
+  let t = performance.now();
+  const engine = await createEngine({ model: modelUrl });
+  const coldLoadMs = performance.now() - t;
+  const generate = async (text, maxTokens, onToken) => {
+    // Each repeat from an empty cache: otherwise the engine reuses the previous prompt's prefix.
+    await engine.reset();
+    let usage = null;
+    const stream = await engine.completions.create({ prompt: text, stream: true, max_tokens: maxTokens, temperature: 0, ignore_eos: true });
+    for await (const chunk of stream) {
+      if (chunk.choices[0]?.token_id != null) onToken();
+      if (chunk.usage) usage = chunk.usage;
+    }
+    if (!usage) throw new Error('the last chunk carried no usage');
+    return { prompt_tokens: usage.extra.prefill_tokens };
+  };
+  const result = await runWorkload({ prompts, decodeTokens, repeats }, generate);
+  const memory = await measureMemory();
+  const info = engine.info;
+  await engine.unload();
+  t = performance.now();
+  const warm = await createEngine({ model: modelUrl });
+  const warmLoadMs = performance.now() - t;
+  await warm.unload();
+  return { engine: 'kestrel', version: info.version, gpu: info.gpu, model: info.model, cold_load_ms: coldLoadMs, warm_load_ms: warmLoadMs, memory, ...result };
+}
+
+/** The adapter's name and features as this page sees them (null without WebGPU). */
+export async function adapterInfo() {
+  const adapter = await navigator.gpu?.requestAdapter();
+  if (!adapter) return null;
+  const info = adapter.info ?? {};
+  return { vendor: info.vendor, architecture: info.architecture, device: info.device, description: info.description, features: [...adapter.features].sort() };
+}
+
+/**
+ * wllama on CPU threads (`gpuLayers` 0) or on llama.cpp's WebGPU backend (every layer). Its
+ * WebGPU backend needs shader-f16: without it the run is reported as cannot-run, with why.
+ */
+export async function runWllama({ modelUrl, prompts, decodeTokens, repeats, threads, gpuLayers, contextLength }) {
+  const backend = gpuLayers > 0 ? 'webgpu' : 'cpu';
+  if (backend === 'webgpu') {
+    const adapter = await adapterInfo();
+    if (!adapter) return { engine: 'wllama', backend, cannot_run: 'no WebGPU adapter' };
+    if (!adapter.features.includes('shader-f16')) {
+      return { engine: 'wllama', backend, cannot_run: `the adapter (${adapter.description || adapter.vendor || 'unknown'}) lacks shader-f16, which llama.cpp's WebGPU backend needs` };
+    }
+  }
+  const { Wllama } = await import(WLLAMA_URL);
+  const wllama = new Wllama({ default: WLLAMA_WASM }, { suppressNativeLog: true });
+  const t = performance.now();
+  await wllama.loadModelFromUrl(new URL(modelUrl, location.href).href, {
+    n_ctx: contextLength, n_threads: threads, n_gpu_layers: gpuLayers, useCache: false,
+  });
+  const loadMs = performance.now() - t;
+  const generate = async (text, maxTokens, onToken) => {
+    let timings = null;
+    const stream = await wllama.createCompletion({
+      prompt: text, stream: true, max_tokens: maxTokens, temp: 0, temperature: 0, top_k: 1, ignore_eos: true,
+      cache_prompt: false,
+    });
+    for await (const chunk of stream) {
+      // One chunk per sampled token, as llama-server streams them; the closing chunk carries
+      // the timings (and no new token).
+      if (chunk.timings) timings = chunk.timings;
+      else if (chunk.choices?.length) onToken();
+    }
+    if (!timings) throw new Error('wllama reported no timings');
+    if (timings.cache_n > 0) throw new Error(`wllama reused ${timings.cache_n} cached prompt tokens`);
+    return { prompt_tokens: timings.prompt_n };
+  };
+  const result = await runWorkload({ prompts, decodeTokens, repeats }, generate);
+  const memory = await measureMemory();
+  const multithread = wllama.isMultithread();
+  const usedThreads = wllama.getNumThreads();
+  await wllama.exit();
+  return { engine: 'wllama', backend, multithread, threads: usedThreads, cold_load_ms: loadMs, memory, ...result };
+}
