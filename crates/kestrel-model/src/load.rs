@@ -128,16 +128,23 @@ impl Loading {
                 return Err(ModelError::UnsupportedQuant { tensor: info.name.clone(), ty: info.ggml_type.name().to_string() });
             }
         }
-        let split_qkv = (0..config.n_layers)
-            .filter(|&l| {
-                let types: Vec<GgmlType> = [Role::Q(l), Role::K(l), Role::V(l)]
-                    .iter()
-                    .filter_map(|r| header.tensors.iter().zip(&roles).find(|(_, e)| e.as_ref().is_some_and(|e| e.role == *r)))
-                    .map(|(info, _)| info.ggml_type)
-                    .collect();
-                types.windows(2).any(|w| w[0] != w[1])
-            })
-            .collect();
+        let types_differ = |layer_roles: &[Role]| {
+            let types: Vec<GgmlType> = layer_roles
+                .iter()
+                .filter_map(|r| header.tensors.iter().zip(&roles).find(|(_, e)| e.as_ref().is_some_and(|e| e.role == *r)))
+                .map(|(info, _)| info.ggml_type)
+                .collect();
+            types.windows(2).any(|w| w[0] != w[1]).then_some(types)
+        };
+        for l in 0..config.n_layers {
+            if let Some(types) = types_differ(&[Role::Gate(l), Role::Up(l)]) {
+                return Err(ModelError::UnsupportedQuant {
+                    tensor: format!("blk.{l}.ffn_gate/ffn_up"),
+                    ty: format!("mixed {types:?} (the fused SwiGLU kernel needs gate and up of one type)"),
+                });
+            }
+        }
+        let split_qkv = (0..config.n_layers).filter(|&l| types_differ(&[Role::Q(l), Role::K(l), Role::V(l)]).is_some()).collect();
         let tokenizer = Tokenizer::from_gguf(&header.metadata)?;
         if tokenizer.vocab_size() != config.vocab {
             return Err(bad_model(format!("tokenizer has {} tokens, the model {}", tokenizer.vocab_size(), config.vocab)));

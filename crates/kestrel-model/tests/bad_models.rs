@@ -48,23 +48,34 @@ fn corrupted_header_is_a_bad_model_not_a_panic() {
     }
 }
 
-#[test]
-fn unsupported_tensor_type_is_refused_before_upload() {
+/// The default model's header with some tensors' types replaced, and no tensor data: a file
+/// refused from its header alone.
+fn header_with_types(retype: impl Fn(&str) -> Option<GgmlType>) -> Vec<u8> {
     let (header, _) = kestrel_gguf::read_file(&common::default_model_path()).expect("read");
-    // The same header with the FFN down projection of layer 3 declared as Q5_K.
     let specs: Vec<TensorSpec> = header
         .tensors
         .iter()
-        .map(|t| TensorSpec {
-            name: t.name.clone(),
-            dims: t.dims.clone(),
-            ggml_type: if t.name == "blk.3.ffn_down.weight" { GgmlType::Q5_K } else { t.ggml_type },
-        })
+        .map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: retype(&t.name).unwrap_or(t.ggml_type) })
         .collect();
     let mut header_bytes = Vec::new();
-    // The writer emits the header on creation; no tensor data is needed to be refused.
+    // The writer emits the header on creation.
     drop(GgufWriter::new(&mut header_bytes, &header.metadata, &specs).expect("write a header"));
-    let err = load_bytes(&header_bytes, 1 << 20).err().expect("Q5_K must be refused");
+    header_bytes
+}
+
+#[test]
+fn unsupported_tensor_type_is_refused_before_upload() {
+    // An i-quant, which no GPU kernel reads.
+    let bytes = header_with_types(|name| (name == "blk.3.ffn_down.weight").then_some(GgmlType::IQ2_XXS));
+    let err = load_bytes(&bytes, 1 << 20).err().expect("IQ2_XXS must be refused");
     assert_eq!(err.code(), "unsupported_quant", "{err}");
-    assert!(err.to_string().contains("blk.3.ffn_down.weight") && err.to_string().contains("Q5_K"), "{err}");
+    assert!(err.to_string().contains("blk.3.ffn_down.weight") && err.to_string().contains("IQ2_XXS"), "{err}");
+}
+
+#[test]
+fn gate_and_up_of_different_types_are_refused_before_upload() {
+    let bytes = header_with_types(|name| (name == "blk.5.ffn_up.weight").then_some(GgmlType::Q8_0));
+    let err = load_bytes(&bytes, 1 << 20).err().expect("mixed gate/up must be refused");
+    assert_eq!(err.code(), "unsupported_quant", "{err}");
+    assert!(err.to_string().contains("blk.5.ffn_gate/ffn_up"), "{err}");
 }
