@@ -6,8 +6,13 @@
 //!
 //! Kestrel's forward pass equals its exact f32 CPU reference to ~2e-6 (tests/logits.rs); the
 //! log-probabilities differ from llama.cpp's by its 8-bit activation quantization and f16 KV
-//! cache. Over the 35 reference values the largest difference measured is 0.277 (the 5th
-//! token of pub_raw_json, at -3.6), the others are within 0.25: the bound is 0.3.
+//! cache. Q4_1: over the 35 reference values the largest difference measured is 0.277 (the 5th
+//! token of pub_raw_json, at -3.6), the others are within 0.25: the bound is 0.3. Q4_K_M: the
+//! largest is 0.360 (pub_chat_story, token 2705), then 0.282 (pub_raw_json); its K-quant dot
+//! products quantize activations per 256 values (Q8_K), coarser than the Q4_1 file's per 32, and
+//! llama.cpp itself moves this much between builds (its reference was made with a different
+//! llama.cpp commit than the Q4_1 one; tools/llama-cpp's build differs from that one by up to
+//! 0.39 in the Q4_1 file's top-5 logits): the bound is 0.4.
 
 mod common;
 
@@ -17,22 +22,24 @@ use kestrel_model::{ChatMessage, GenerateOptions, Prompt};
 use serde_json::Value;
 
 const NEAR_TIE: f64 = 0.1;
-const LOGPROB_TOLERANCE: f64 = 0.3;
 
 #[test]
 fn greedy_tokens_match_llama_cpp_up_to_near_ties() {
-    check_greedy(&common::default_model_path(), &common::greedy_reference());
+    check_greedy(&common::default_model_path(), &common::greedy_reference(), 0.3);
 }
 
 #[test]
 fn q4_k_m_greedy_tokens_match_llama_cpp_up_to_near_ties() {
-    check_greedy(&common::q4_k_m_model_path(), &common::greedy_reference_in("reference-q4_k_m"));
+    check_greedy(&common::q4_k_m_model_path(), &common::greedy_reference_in("reference-q4_k_m"), 0.4);
 }
 
-fn check_greedy(model_path: &Path, reference: &Value) {
+/// `logprob_tolerance`: the largest allowed |Kestrel - llama.cpp| of the first step's top-5
+/// log-probabilities (see the module comment).
+fn check_greedy(model_path: &Path, reference: &Value, logprob_tolerance: f64) {
     let prompts = common::prompts_reference();
     let mut model = common::load(model_path, 1024);
     let mut report = Vec::new();
+    let mut failures = Vec::new();
     for case in reference["prompts"].as_array().expect("prompts") {
         let id = case["id"].as_str().expect("id");
         let spec = prompts["prompts"].as_array().expect("prompts").iter().find(|p| p["id"] == case["id"]).expect("prompt spec");
@@ -55,7 +62,9 @@ fn check_greedy(model_path: &Path, reference: &Value) {
             let (tok, want) = (pair[0].as_u64().expect("id") as usize, pair[1].as_f64().expect("logprob"));
             let got = logprobs[tok];
             worst = worst.max((got - want).abs());
-            assert!((got - want).abs() <= LOGPROB_TOLERANCE, "{id}: logprob of token {tok}: {got:.3} vs llama.cpp {want:.3}");
+            if (got - want).abs() > logprob_tolerance {
+                failures.push(format!("{id}: logprob of token {tok}: {got:.3} vs llama.cpp {want:.3}"));
+            }
         }
 
         // Only the steps before llama.cpp's first near-tie are compared, so only those are run.
@@ -74,11 +83,13 @@ fn check_greedy(model_path: &Path, reference: &Value) {
             margins.get(comparable).map_or("none".into(), |m| format!("{m:.3}"))
         ));
         eprintln!("{}", report.last().map_or("", String::as_str));
-        assert!(
-            matched == comparable,
-            "{id}: greedy tokens diverge from llama.cpp at step {matched} (llama.cpp margin {:.3}), before its first near-tie at step {comparable}\n ours: {generated:?}\n want: {want:?}",
-            margins[matched],
-        );
+        if matched < comparable {
+            failures.push(format!(
+                "{id}: greedy tokens diverge from llama.cpp at step {matched} (llama.cpp margin {:.3}), before its first near-tie at step {comparable}\n ours: {generated:?}\n want: {want:?}",
+                margins[matched],
+            ));
+        }
     }
     eprintln!("summary:\n{}", report.join("\n"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
