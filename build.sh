@@ -87,7 +87,7 @@ build_wasm() {
 bench() {
   (cd bench && npm ci --no-audit --no-fund --silent)
   if [ ! -d tools/llama-cpp/node_modules ]; then
-    (cd tools/llama-cpp && npm ci --no-audit --no-fund --silent)
+    (cd tools/llama-cpp && npm install --no-save --no-audit --no-fund --silent)
   fi
   node bench/run.mjs "$@"
 }

@@ -12,7 +12,9 @@ if [ -f "$MODEL" ] && echo "$SHA256  $MODEL" | sha256sum -c --status; then
 fi
 scripts/fetch-model.sh
 if [ ! -d tools/llama-cpp/node_modules/@node-llama-cpp/linux-x64 ]; then
-  (cd tools/llama-cpp && npm ci --no-audit --no-fund)
+  # Not `npm ci`: the lock file cannot list node-llama-cpp's optional binaries for other
+  # platforms (some versions are not on every registry); `install --no-save` keeps the lock's pins.
+  (cd tools/llama-cpp && npm install --no-save --no-audit --no-fund)
 fi
 python3 tools/llama-cpp/quantize.py "$SOURCE" "$MODEL.tmp" q4_k_m --threads 2 >/dev/null
 if ! echo "$SHA256  $MODEL.tmp" | sha256sum -c --quiet; then

@@ -5,7 +5,7 @@ Usage: python3 tools/llama-cpp/quantize.py IN.gguf OUT.gguf TYPE [--threads N]
        TYPE: q4_k_m, q4_k_s, q5_k_m, q5_k_s, q6_k, q8_0, q4_0, q4_1, q5_0, q5_1, f16
 
 It loads the prebuilt libllama shipped in the npm package @node-llama-cpp/linux-x64 (installed
-by `npm ci` in this directory) with ctypes and calls llama_model_quantize exactly as
+by `npm install --no-save` in this directory) with ctypes and calls llama_model_quantize exactly as
 llama.cpp's `llama-quantize` tool does (default params, ftype set, allow_requantize on, so a
 quantized input such as Q4_1 is dequantized and requantized). The library directory can be
 overridden with LLAMA_CPP_LIB_DIR. Python standard library only.
@@ -80,7 +80,7 @@ class QuantizeParams(ctypes.Structure):
 
 def load_libllama(lib_dir):
     if not os.path.isdir(lib_dir):
-        sys.exit(f"error: {lib_dir} not found; run `npm ci` in {HERE} (or set LLAMA_CPP_LIB_DIR)")
+        sys.exit(f"error: {lib_dir} not found; run `npm install --no-save` in {HERE} (or set LLAMA_CPP_LIB_DIR)")
     # libllama finds its ggml libraries through its $ORIGIN rpath; loading them first with
     # RTLD_GLOBAL also makes it work where LD_LIBRARY_PATH would otherwise be needed.
     for dep in ("libggml-base.so", "libggml.v0.5.0.so"):
