@@ -4,7 +4,7 @@
 //! floating-point contraction (FMA) may round differently; the plain C semantics are the
 //! reference here, as they are for the `gguf` Python package.
 
-use super::{f16_bits, f16_value, QK_K};
+use super::{f16_bits, f16_value, signed_abs_max, QK_K};
 
 /// ggml's GROUP_MAX_EPS: a group whose largest magnitude is below this is all zeros.
 pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
@@ -17,17 +17,6 @@ pub(super) fn nearest_int(x: f32) -> i32 {
     (val.to_bits() as i32 & 0x007F_FFFF) - 0x0040_0000
 }
 
-/// The element of largest magnitude (the first one on ties) and that magnitude.
-fn signed_abs_max(x: &[f32]) -> (f32, f32) {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
-    (amax, max)
-}
 
 /// `make_qx_quants` as the reference quantizers call it (rmse_type 1, no importance
 /// weights): symmetric levels -nmax..nmax-1 stored as level + nmax, weights x^2, and the

@@ -137,6 +137,34 @@ fn quantize_blocks<const N: usize, const E: usize>(
     }
 }
 
+/// The element of largest magnitude (the first one on ties) and that magnitude, as ggml's
+/// symmetric quantizers pick it (NaNs are never picked).
+pub(crate) fn signed_abs_max(x: &[f32]) -> (f32, f32) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    (amax, max)
+}
+
+/// (min, max) of `x` as ggml's asymmetric quantizers (Q4_1, Q5_1) compute them.
+pub(crate) fn min_max(x: &[f32]) -> (f32, f32) {
+    let mut min = f32::MAX;
+    let mut max = -f32::MAX;
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
 pub(crate) fn f16_bits(x: f32) -> [u8; 2] {
     half::f16::from_f32(x).to_bits().to_le_bytes()
 }

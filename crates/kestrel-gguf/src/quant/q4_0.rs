@@ -1,20 +1,13 @@
 //! Q4_0: 32 weights per 18-byte block: f16 scale `d`, then 16 bytes `qs`; byte j holds
 //! element j in its low nibble and element j + 16 in its high nibble; w = (q - 8) * d.
 
-use super::{f16_bits, f16_value, QK};
+use super::{f16_bits, f16_value, signed_abs_max, QK};
 
 pub(crate) const BLOCK_BYTES: usize = 18;
 
 pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
     // The value of largest magnitude, with its sign, maps to -8.
-    let mut amax = 0.0f32;
-    let mut max = 0.0f32;
-    for &v in x {
-        if amax < v.abs() {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (_, max) = signed_abs_max(x);
     let d = max / -8.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut out = [0u8; BLOCK_BYTES];

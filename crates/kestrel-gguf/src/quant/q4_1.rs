@@ -1,21 +1,12 @@
 //! Q4_1: 32 weights per 20-byte block: f16 scale `d`, f16 minimum `m`, then 16 bytes `qs`
 //! packed as in Q4_0; w = q * d + m.
 
-use super::{f16_bits, f16_value, QK};
+use super::{f16_bits, f16_value, min_max, QK};
 
 pub(crate) const BLOCK_BYTES: usize = 20;
 
 pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
-    let mut min = f32::MAX;
-    let mut max = -f32::MAX;
-    for &v in x {
-        if v < min {
-            min = v;
-        }
-        if v > max {
-            max = v;
-        }
-    }
+    let (min, max) = min_max(x);
     let d = (max - min) / 15.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut out = [0u8; BLOCK_BYTES];

@@ -2,7 +2,7 @@
 //! little-endian u32 is bit 4 of element j), 16 bytes `qs` packed as in Q4_0 (element j low
 //! nibble, element j + 16 high nibble); w = (q - 16) * d.
 
-use super::{f16_at, f16_bits, QK};
+use super::{f16_at, f16_bits, signed_abs_max, QK};
 
 pub(crate) const BLOCK_BYTES: usize = 22;
 pub(crate) const OFFSET_D: usize = 0;
@@ -11,14 +11,7 @@ pub(crate) const OFFSET_QS: usize = 6;
 
 pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
     // As Q4_0: the value of largest magnitude, with its sign, maps to -16.
-    let mut amax = 0.0f32;
-    let mut max = 0.0f32;
-    for &v in x {
-        if amax < v.abs() {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let (_, max) = signed_abs_max(x);
     let d = max / -16.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut q = [0u8; QK];

@@ -2,7 +2,7 @@
 //! as in Q5_0; w = q * d + m.
 
 use super::q5_0::{pack_5bit, unpack_5bit};
-use super::{f16_at, f16_bits, QK};
+use super::{f16_at, f16_bits, min_max, QK};
 
 pub(crate) const BLOCK_BYTES: usize = 24;
 pub(crate) const OFFSET_D: usize = 0;
@@ -11,16 +11,7 @@ pub(crate) const OFFSET_QH: usize = 4;
 pub(crate) const OFFSET_QS: usize = 8;
 
 pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
-    let mut min = f32::MAX;
-    let mut max = -f32::MAX;
-    for &v in x {
-        if v < min {
-            min = v;
-        }
-        if v > max {
-            max = v;
-        }
-    }
+    let (min, max) = min_max(x);
     let d = (max - min) / 31.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut q = [0u8; QK];
