@@ -1,17 +1,15 @@
 // Matrix-vector product for decode (one token): y[n] = sum_k W[n][k] * x[k], with W in the GPU
-// weight layout of quant.wgsl. A workgroup computes one output row at a time (several in turn
-// for tall matrices): its threads stride over the row in units of 8 weights, so neighbouring
-// threads read neighbouring words, then reduce.
+// weight layout of quant.wgsl. The 64 threads of a workgroup split into slots of
+// `params.row_threads` threads (a power of two the host sizes to the row length, so that each
+// thread reads a few units of 8 weights); each slot computes one row, so a workgroup computes
+// 64 / row_threads rows at once, and `rows_per_group` of them in passes. Within a slot,
+// neighbouring threads read neighbouring words. One barrier per pass (not per row) hands the
+// slot's partial sums to its first thread: rows as short as a small model's 576 columns leave
+// little work per row, and a barrier per row would cost more than the row.
 //
 // Epilogues (defines): BIAS adds bias[n]; ACCUMULATE adds the old y[n] (the in-place residual
 // add, y += W x: each y[n] is read then written by the same invocation); SWIGLU computes
 // y[n] = silu(Wg[n] . x) * (Wu[n] . x) with the gate in `w` and the up projection in `w_up`.
-#if SUBGROUPS
-// Browsers need the directive; naga (native) rejects it and enables subgroups by device feature.
-#if WGSL_ENABLE_SUBGROUPS
-enable subgroups;
-#endif
-#endif
 #include "quant"
 
 @group(0) @binding(0) var<uniform> params: WeightParams;
@@ -43,42 +41,40 @@ fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
-#if SUBGROUPS
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) sg_size: u32,
-#endif
 ) {
-    // A workgroup handles `rows_per_group` consecutive rows, one after the other: tall matrices
-    // (the LM head) then need fewer, longer-lived workgroups, while short ones keep one row per
-    // workgroup so that a large GPU still gets enough workgroups.
+    let slots = WG / params.row_threads;
+    let slot = lid / params.row_threads;
+    let thread = lid % params.row_threads;
     let first_row = (wg.x + wg.y * nwg.x) * params.rows_per_group;
-    for (var i = 0u; i < params.rows_per_group; i++) {
-        let row = first_row + i;
-        if (row >= params.rows) {
+    for (var done = 0u; done < params.rows_per_group; done += slots) {
+        // Uniform: the whole workgroup leaves together, so the barriers below stay uniform.
+        if (first_row + done >= params.rows) {
             break;
         }
-#if SUBGROUPS
-        let total = row_dot(row, lid, lane, sg_size);
-#else
-        let total = row_dot(row, lid);
-#endif
-        if (lid == 0u) {
+        let row = first_row + done + slot;
+        var sums = vec2<f32>(0.0);
+        if (row < params.rows) {
+            sums = row_partial(row, thread);
+        }
+        partials[lid] = sums;
+        workgroupBarrier();
+        if (thread == 0u && row < params.rows) {
+            var total = vec2<f32>(0.0);
+            for (var i = 0u; i < params.row_threads; i++) {
+                total += partials[lid + i];
+            }
             store(row, total);
         }
-        // `partials` is rewritten by the next row.
+        // `partials` is rewritten by the next pass.
         workgroupBarrier();
     }
 }
 
-// The row's dot product(s), valid in invocation 0.
-#if SUBGROUPS
-fn row_dot(row: u32, lid: u32, lane: u32, sg_size: u32) -> vec2<f32> {
-#else
-fn row_dot(row: u32, lid: u32) -> vec2<f32> {
-#endif
+// This thread's share of the row's dot product(s): units thread, thread + row_threads, ...
+fn row_partial(row: u32, thread: u32) -> vec2<f32> {
     let units = params.cols / 8u;
     var sums = vec2<f32>(0.0);
-    for (var u = lid; u < units; u += WG) {
+    for (var u = thread; u < units; u += params.row_threads) {
         let cols = unit_cols(u);
         let xlo = x4(cols.x);
         let xhi = x4(cols.y);
@@ -90,40 +86,15 @@ fn row_dot(row: u32, lid: u32) -> vec2<f32> {
 #endif
     }
 #if DENSE
-    // The columns after the last whole unit (fewer than 8), one per thread.
-    let col = units * 8u + lid;
-    if (col < params.cols) {
+    // The columns after the last whole unit (fewer than 8).
+    for (var col = units * 8u + thread; col < params.cols; col += params.row_threads) {
         sums.x += load_dense(row, col) * x[col];
 #if SWIGLU
         sums.y += load_up_dense(row, col) * x[col];
 #endif
     }
 #endif
-
-#if SUBGROUPS
-    // Subgroups of a 1-D workgroup are consecutive ranges of local_invocation_index on every
-    // implementation, so subgroup i's sum goes to partials[i].
-    let sg_sum = subgroupAdd(sums);
-    if (lane == 0u) {
-        partials[lid / sg_size] = sg_sum;
-    }
-    workgroupBarrier();
-    var total = vec2<f32>(0.0);
-    for (var i = 0u; i < (WG + sg_size - 1u) / sg_size; i++) {
-        total += partials[i];
-    }
-    return total;
-#else
-    partials[lid] = sums;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        if (lid < stride) {
-            partials[lid] += partials[lid + stride];
-        }
-        workgroupBarrier();
-    }
-    return partials[0];
-#endif
+    return sums;
 }
 
 fn store(row: u32, total: vec2<f32>) {

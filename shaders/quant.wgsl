@@ -28,9 +28,10 @@ struct WeightParams {
     plane_offset: u32,  // first word of the plane section (bit-plane types)
     scale_offset: u32,  // first word of the scale section
     max_tokens: u32,    // rows the activation buffers hold (matmul, embedding)
-    rows_per_group: u32, // consecutive rows one matvec workgroup computes
+    rows_per_group: u32, // consecutive rows one matvec workgroup computes (a multiple of its slots)
     out_offset: u32,    // output column of row 0 (matvec, matmul): y holds several products' columns
     out_stride: u32,    // values per token row of y (matmul)
+    row_threads: u32,   // threads that share one row in the matvec (a power of two, at most 64)
 }
 
 struct Unit {

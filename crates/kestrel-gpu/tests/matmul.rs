@@ -29,16 +29,28 @@ const SENTINEL: f32 = 1234.5;
 
 /// (N, K) for the types of 32-weight blocks; the dense types also get row lengths that are not
 /// whole units of 8.
-// (20001, 64) makes the matvec give each workgroup several rows (tall matrices such as the LM
-// head), with a last workgroup only partly filled.
-const SHAPES: [(usize, usize); 9] =
-    [(1, 32), (7, 96), (33, 544), (576, 576), (1536, 576), (576, 1536), (3, 8192), (100, 8192), (20001, 64)];
+// The matvec splits a workgroup into slots of threads, one row each, sized to the row length: (20001,
+// 64) packs 32 short rows into each workgroup, the last only partly filled; (12289, 1024) gives
+// each workgroup 3 passes of 2 rows (tall matrices such as the LM head), the last workgroup one
+// row in its first pass and nothing after.
+const SHAPES: [(usize, usize); 10] = [
+    (1, 32),
+    (7, 96),
+    (33, 544),
+    (576, 576),
+    (1536, 576),
+    (576, 1536),
+    (3, 8192),
+    (100, 8192),
+    (20001, 64),
+    (12289, 1024),
+];
 const DENSE_SHAPES: [(usize, usize); 3] = [(3, 2), (5, 38), (9, 70)];
 /// (N, K) for the K-quants, whose rows are whole super-blocks of 256: one, two, three (an odd
-/// count: Q6_K pairs super-blocks' scales) and six super-blocks, long rows, and a tall matrix
-/// (several rows per matvec workgroup).
-const K_SHAPES: [(usize, usize); 7] =
-    [(1, 256), (7, 512), (33, 768), (576, 1536), (1536, 256), (3, 8192), (20001, 256)];
+/// count: Q6_K pairs super-blocks' scales) and six super-blocks, long rows, and tall matrices
+/// (several rows per matvec workgroup, several passes).
+const K_SHAPES: [(usize, usize); 8] =
+    [(1, 256), (7, 512), (33, 768), (576, 1536), (1536, 256), (3, 8192), (20001, 256), (12289, 1024)];
 
 /// (N, K, M) for the matmul: every tile edge case, M up to 512 (K_MATMUL_SHAPES: the same for the
 /// K-quants).

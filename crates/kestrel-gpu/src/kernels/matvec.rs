@@ -63,6 +63,12 @@ impl OutputColumns {
     }
 }
 
+/// Threads in a matvec workgroup (`WG` in shaders/matvec.wgsl).
+const MATVEC_WORKGROUP: u32 = 64;
+/// Units of 8 weights each matvec thread reads per row, at least: enough loads in flight per
+/// thread to hide memory latency, few enough that a 576-wide row still spreads over 16 threads.
+const MATVEC_UNITS_PER_THREAD: u32 = 4;
+
 /// Mirrors `struct WeightParams` in shaders/quant.wgsl (padded to 16 bytes for the uniform).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
@@ -76,7 +82,8 @@ pub(crate) struct WeightParams {
     rows_per_group: u32,
     out_offset: u32,
     out_stride: u32,
-    _pad: [u32; 3],
+    row_threads: u32,
+    _pad: [u32; 2],
 }
 
 impl WeightParams {
@@ -128,7 +135,8 @@ impl WeightParams {
             rows_per_group: 1,
             out_offset: 0,
             out_stride: rows as u32,
-            _pad: [0; 3],
+            row_threads: MATVEC_WORKGROUP,
+            _pad: [0; 2],
         })
     }
 
@@ -150,11 +158,18 @@ impl WeightParams {
         self.max_tokens
     }
 
-    /// Rows per matvec workgroup: one while the matrix alone yields enough workgroups to fill a
-    /// large GPU (~2048), more for tall matrices (the LM head), whose per-workgroup start-up
-    /// would otherwise dominate.
+    /// Sizes the matvec's split of a workgroup (see shaders/matvec.wgsl): `row_threads` threads
+    /// per row, enough for each to read about `MATVEC_UNITS_PER_THREAD` units of 8 weights, so
+    /// short rows share a workgroup instead of leaving most of its threads idle; and rows per
+    /// workgroup, one pass of its slots while the matrix alone yields enough workgroups to fill a
+    /// large GPU (~2048), more passes for tall matrices (the LM head), whose per-workgroup
+    /// start-up would otherwise dominate.
     pub(crate) fn for_matvec(mut self) -> Self {
-        self.rows_per_group = (self.rows / 2048).clamp(1, 8);
+        let units = (self.cols / 8).max(1);
+        self.row_threads = units.div_ceil(MATVEC_UNITS_PER_THREAD).next_power_of_two().min(MATVEC_WORKGROUP);
+        let slots = MATVEC_WORKGROUP / self.row_threads;
+        let passes = (self.rows / (2048 * slots)).clamp(1, 8);
+        self.rows_per_group = slots * passes;
         self
     }
 
