@@ -33,7 +33,7 @@ export function ratios(rows) {
     out.push({
       env: peer.env, peer: `${peer.engine} (${peer.backend})`, prompt_tokens: peer.prompt_tokens,
       load: q(k.load_ms, peer.load_ms), ttft: q(k.ttft_ms, peer.ttft_ms), prefill: q(k.prefill_tok_s, peer.prefill_tok_s),
-      decode: q(k.decode_tok_s, peer.decode_tok_s), itl_p50: q(k.itl_ms?.p50, peer.itl_ms?.p50), memory: q(k.memory_bytes, peer.memory_bytes),
+      decode: q(k.decode_tok_s, peer.decode_tok_s), itl_p50: q(k.itl_ms?.p50, peer.itl_ms?.p50), memory: k.memory_what === peer.memory_what ? q(k.memory_bytes, peer.memory_bytes) : null,
     });
   }
   return out;
@@ -60,7 +60,8 @@ export function markdown(run) {
     // The Long Tasks API reports only tasks over 50 ms.
     const longest = r.long_tasks === 0 ? 'none over 50 ms' : `${fmt(r.longest_task_ms, 0)} ms`;
     const main = r.longest_task_ms != null || r.dropped_frames != null ? `${longest}, ${r.dropped_frames ?? '–'} dropped` : '–';
-    const mem = r.memory_bytes != null ? `${mib(r.memory_bytes)} (${r.memory_what})` : '–';
+    const gpu = r.gpu_weight_bytes != null ? `, ${mib(r.gpu_weight_bytes)} GPU weights` : '';
+    const mem = r.memory_bytes != null ? `${mib(r.memory_bytes)} (${r.memory_what})${gpu}` : '–';
     lines.push(`| ${r.env} | ${r.engine} | ${r.backend} | ${r.prompt_tokens} | ${r.decode_tokens} | ${r.repeats ?? '–'} | ${load} | ${secs(r.ttft_ms)} | ${fmt(r.prefill_tok_s, 2)} | ${fmt(r.decode_tok_s, 2)} | ${itl} | ${mem} | ${main} |`);
   }
   const rat = ratios(rows);

@@ -5,7 +5,7 @@ import { percentiles, spread } from './stats.mjs';
 const row = (fields) => ({
   env: null, engine: null, backend: null, prompt_tokens: null, decode_tokens: null, repeats: null,
   load_ms: null, warm_load_ms: null, ttft_ms: null, prefill_tok_s: null, decode_tok_s: null,
-  itl_ms: null, memory_bytes: null, memory_what: null, longest_task_ms: null, long_tasks: null, dropped_frames: null, note: null,
+  itl_ms: null, memory_bytes: null, memory_what: null, gpu_weight_bytes: null, longest_task_ms: null, long_tasks: null, dropped_frames: null, note: null,
   ...fields,
 });
 
@@ -48,8 +48,10 @@ export function browserRows(e) {
       load_ms: e.cold_load_ms, warm_load_ms: e.warm_load_ms ?? null,
       ttft_ms: spread(runs.map((r) => r.ttft_ms))?.median, prefill_tok_s: spread(runs.map((r) => r.prefill_tok_s))?.median,
       decode_tok_s: spread(runs.map((r) => r.decode_tok_s))?.median, itl_ms: percentiles(runs.flatMap((r) => r.itl_ms)),
-      // measureUserAgentSpecificMemory() (kept in the JSON) counts JS heaps but, in headless
-      // Chromium 156, not the workers' wasm memory, so it is no wasm heap figure: left out here.
+      // The engine workers' linear memory (www/bench/wasm-heap.js); for Kestrel the weights and
+      // KV cache are on the GPU besides. measureUserAgentSpecificMemory() (kept in the JSON)
+      // counts only JS heaps in headless Chromium 156.
+      memory_bytes: e.wasm_heap_bytes ?? null, memory_what: 'wasm heap peak', gpu_weight_bytes: e.model?.weight_bytes ?? null,
       longest_task_ms: e.main_thread?.longest_task_ms, long_tasks: e.main_thread?.long_tasks, dropped_frames: e.main_thread?.dropped_frames,
     });
   });

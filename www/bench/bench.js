@@ -5,6 +5,10 @@
 // thread and watching the main thread meanwhile. Every time is in ms, every rate in tok/s.
 import { createEngine, deleteModelFromCache } from '../index.js';
 import { measureMemory, watchMainThread } from './monitor.js';
+import { hookWorkers, wasmHeapBytes } from './wasm-heap.js';
+
+// Before any engine starts its worker: each engine's wasm heap is then measured the same way.
+hookWorkers();
 
 const WLLAMA_URL = './vendor/wllama/index.js';
 const WLLAMA_WASM = new URL('./vendor/wllama/wllama.wasm', import.meta.url).href;
@@ -63,13 +67,14 @@ export async function runKestrel({ modelUrl, prompts, decodeTokens, repeats }) {
   };
   const result = await runWorkload({ prompts, decodeTokens, repeats }, generate);
   const memory = await measureMemory();
+  const wasmHeap = await wasmHeapBytes();
   const info = engine.info;
   await engine.unload();
   t = performance.now();
   const warm = await createEngine({ model: modelUrl });
   const warmLoadMs = performance.now() - t;
   await warm.unload();
-  return { engine: 'kestrel', version: info.version, gpu: info.gpu, model: info.model, cold_load_ms: coldLoadMs, warm_load_ms: warmLoadMs, memory, ...result };
+  return { engine: 'kestrel', version: info.version, gpu: info.gpu, model: info.model, cold_load_ms: coldLoadMs, warm_load_ms: warmLoadMs, memory, wasm_heap_bytes: wasmHeap, ...result };
 }
 
 /** The adapter's name and features as this page sees them (null without WebGPU). */
@@ -118,8 +123,9 @@ export async function runWllama({ modelUrl, prompts, decodeTokens, repeats, thre
   };
   const result = await runWorkload({ prompts, decodeTokens, repeats }, generate);
   const memory = await measureMemory();
+  const wasmHeap = await wasmHeapBytes();
   const multithread = wllama.isMultithread();
   const usedThreads = wllama.getNumThreads();
   await wllama.exit();
-  return { engine: 'wllama', backend, multithread, threads: usedThreads, cold_load_ms: loadMs, memory, ...result };
+  return { engine: 'wllama', backend, multithread, threads: usedThreads, cold_load_ms: loadMs, memory, wasm_heap_bytes: wasmHeap, ...result };
 }
