@@ -1,21 +1,13 @@
 // The browser half of the suite: www/bench/ in headless Chromium through playwright-core, with
 // WebGPU on whatever adapter Chromium picks (SwiftShader on a machine without a GPU), served by
 // the package's own static server (www/serve.mjs: COOP/COEP, so wasm threads work).
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, mkdirSync } from 'node:fs';
 import { createRequire } from 'node:module';
-import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { chromium } from 'playwright-core';
+import { launchChromium } from '../www/chromium.mjs';
 import { startServer } from '../www/serve.mjs';
 import { ROOT } from './paths.mjs';
-
-// As tests/browser/harness.mjs launches it: WebGPU through SwiftShader's Vulkan where there is
-// no GPU (a real GPU is picked where there is one and these flags are dropped with --gpu).
-const SWIFTSHADER_FLAGS = ['--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-vulkan=swiftshader', '--use-webgpu-adapter=swiftshader', '--disable-vulkan-surface'];
-const GPU_FLAGS = ['--enable-unsafe-webgpu', '--enable-features=Vulkan'];
-const COMMON_FLAGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run',
-  // measureUserAgentSpecificMemory() answers at once instead of at the next garbage collection.
-  '--enable-blink-features=ForceEagerMeasureMemory'];
 
 /** Copies wllama's bundle and wasm where the static server serves them (www/bench/vendor/, git-ignored). */
 function vendorWllama() {
@@ -36,12 +28,13 @@ function vendorWllama() {
 export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, threads, contextLength, realGpu = false, only = null }) {
   const wllamaVersion = vendorWllama();
   const server = await startServer();
-  const userDataDir = mkdtempSync(join(tmpdir(), 'kestrel-bench-chromium-'));
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-    headless: true,
-    args: [...(realGpu ? GPU_FLAGS : SWIFTSHADER_FLAGS), ...COMMON_FLAGS],
+  const launched = await launchChromium(chromium, {
+    // A real GPU where asked, else SwiftShader; measureUserAgentSpecificMemory() then answers at
+    // once instead of at the next garbage collection.
+    webgpu: realGpu ? 'gpu' : 'swiftshader',
+    flags: ['--enable-blink-features=ForceEagerMeasureMemory'],
   });
+  const { context } = launched;
   try {
     const open = async () => {
       const page = await context.newPage();
@@ -78,8 +71,7 @@ export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, thr
     }
     return { browser: `Chromium ${context.browser()?.version() ?? ''}`.trim(), cross_origin_isolated: isolated, adapter, wllama_version: wllamaVersion, engines };
   } finally {
-    await context.close();
-    rmSync(userDataDir, { recursive: true, force: true });
+    await launched.close();
     await server.close();
   }
 }

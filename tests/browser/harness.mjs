@@ -1,11 +1,11 @@
 // Shared set-up of the browser tests: the static server, headless Chromium with WebGPU through
 // SwiftShader, and the native CLI's greedy output to compare with.
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
+import { launchChromium } from '../../www/chromium.mjs';
 import { startServer } from '../../www/serve.mjs';
 
 export const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
@@ -17,30 +17,9 @@ export const ARTIFACTS = join(ROOT, 'tests/artifacts');
  */
 export const CONTEXT_LENGTH = 512;
 
-const WEBGPU_FLAGS = [
-  '--enable-unsafe-webgpu',
-  '--enable-features=Vulkan',
-  '--use-vulkan=swiftshader',
-  '--use-webgpu-adapter=swiftshader',
-  '--disable-vulkan-surface',
-];
-const COMMON_FLAGS = ['--no-sandbox', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'];
-
 /** Launches Chromium with a fresh profile; `webgpu: false` leaves WebGPU off. */
-export async function launch({ webgpu = true } = {}) {
-  const userDataDir = mkdtempSync(join(tmpdir(), 'kestrel-chromium-'));
-  const context = await chromium.launchPersistentContext(userDataDir, {
-    executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium',
-    headless: true,
-    args: [...(webgpu ? WEBGPU_FLAGS : []), ...COMMON_FLAGS],
-  });
-  return {
-    context,
-    async close() {
-      await context.close();
-      rmSync(userDataDir, { recursive: true, force: true });
-    },
-  };
+export function launch({ webgpu = true } = {}) {
+  return launchChromium(chromium, { webgpu: webgpu ? 'swiftshader' : null });
 }
 
 export { startServer };
