@@ -1,7 +1,9 @@
 // Embedding gather: out[t][:] = dequantized row ids[t] of the table `w` (rows = vocabulary,
 // cols = hidden size) for the step's n_tokens ids. One workgroup per token, its threads striding
-// over the row in units of 8 weights. An id past the vocabulary yields a row of zeros (the model
-// validates ids before; this only keeps a bad id from reading out of bounds).
+// over the row in units of 8 weights. A table too large for one binding is split into row shards
+// (`first_row`, `total_rows`), one dispatch each, and each writes only the ids in its rows. An id
+// past the vocabulary yields a row of zeros, written by the first shard (the model validates ids
+// before; this only keeps a bad id from reading out of bounds).
 #include "quant"
 #include "step"
 
@@ -24,8 +26,12 @@ fn main(
         return;
     }
     let id = ids[t];
-    let valid = id < params.rows;
-    let row = min(id, params.rows - 1u);
+    let valid = id >= params.first_row && id - params.first_row < params.rows;
+    let beyond_table = id >= params.total_rows && params.first_row == 0u;
+    if (!valid && !beyond_table) {
+        return;
+    }
+    let row = select(0u, id - params.first_row, valid);
     let out_row = t * params.cols;
     let units = params.cols / 8u;
     for (var u = lid; u < units; u += WG) {

@@ -32,6 +32,8 @@ struct WeightParams {
     out_offset: u32,    // output column of row 0 (matvec, matmul): y holds several products' columns
     out_stride: u32,    // values per token row of y (matmul)
     row_threads: u32,   // threads that share one row in the matvec (a power of two, at most 64)
+    first_row: u32,     // row 0's row in the whole table, when it is one shard of several (embedding)
+    total_rows: u32,    // rows of the whole table (embedding)
 }
 
 struct Unit {

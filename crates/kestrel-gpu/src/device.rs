@@ -12,11 +12,14 @@ pub struct GpuOptions {
     pub allow_f16: bool,
     pub allow_subgroups: bool,
     pub allow_timestamps: bool,
+    /// Requests at most this many bytes per storage binding instead of the adapter's limit: the
+    /// device then behaves as one with less (tests of row-sharded tables use it).
+    pub max_storage_binding: Option<u64>,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        Self { allow_f16: true, allow_subgroups: true, allow_timestamps: true }
+        Self { allow_f16: true, allow_subgroups: true, allow_timestamps: true, max_storage_binding: None }
     }
 }
 
@@ -96,7 +99,10 @@ impl Gpu {
             wanted |= wgpu::Features::TIMESTAMP_QUERY;
         }
         let required_features = available & wanted;
-        let limits = adapter.limits();
+        let mut limits = adapter.limits();
+        if let Some(cap) = options.max_storage_binding {
+            limits.max_storage_buffer_binding_size = limits.max_storage_buffer_binding_size.min(cap);
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kestrel"),

@@ -11,6 +11,7 @@ mod preprocess;
 mod readback;
 mod recorder;
 mod shaders;
+mod shards;
 mod step;
 mod tensor;
 
@@ -25,6 +26,7 @@ pub use preprocess::{preprocess, Defines};
 pub use readback::Readback;
 pub use recorder::{grid, Dispatch, Recorder};
 pub use shaders::shader_source;
+pub use shards::{RowShard, RowShards};
 pub use step::{StepParams, StepUniform};
 pub use tensor::{DType, Tensor, WeightTensor};
 

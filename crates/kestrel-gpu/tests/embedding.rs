@@ -9,7 +9,7 @@ use kestrel_gguf::{quant, GgmlType};
 use kestrel_gpu::kernels::embedding::EmbeddingKernel;
 use kestrel_gpu::reference::embedding::embedding;
 use kestrel_gpu::reference::matmul::dequantize_weights;
-use kestrel_gpu::{DType, GpuError, Recorder, StepParams, StepUniform, Tensor, WeightTensor};
+use kestrel_gpu::{DType, GpuError, GpuOptions, Recorder, RowShards, StepParams, StepUniform, Tensor, WeightTensor};
 
 const SENTINEL: f32 = 1234.5;
 
@@ -55,6 +55,35 @@ fn gathers_rows_of_every_type() {
             assert!(got[n_tokens * hidden..].iter().all(|&v| v == SENTINEL), "{what}: wrote past n_tokens");
         }
     }
+}
+
+/// A table over the device's binding limit, split into row shards: one gather per shard, each
+/// writing only the ids in its rows, together equal to the whole table's gather.
+#[test]
+fn gathers_rows_of_a_row_sharded_table() {
+    let gpu = common::gpu_with(&GpuOptions { max_storage_binding: Some(16 << 10), ..GpuOptions::default() });
+    let mut rng = common::rng(3);
+    // 160 bytes per packed row: 102 rows per 16 KiB shard, 10 shards.
+    let (ty, vocab, hidden) = (GgmlType::Q4_1, 1000, 256);
+    let bytes = quant::quantize(ty, &common::random_vec(&mut rng, vocab * hidden, 1.0)).unwrap();
+    let table = dequantize_weights(ty, &bytes, vocab, hidden).unwrap();
+    let shards = RowShards::from_gguf_bytes(&gpu, "table", ty, vocab, hidden, &bytes).unwrap();
+    assert_eq!(shards.shards.len(), 10);
+    assert!(shards.shards.iter().all(|s| s.weight.byte_size() <= 16 << 10));
+    // Both sides of a shard boundary, the first and last ids, a repeat, and ids past the
+    // vocabulary (zeros, written once).
+    let ids = [0, 101, 102, 103, 3, 3, vocab as u32 - 1, 990, vocab as u32, u32::MAX];
+    let ids_t = Tensor::from_u32(&gpu, "ids", &[ids.len()], &ids).unwrap();
+    let out = Tensor::from_f32(&gpu, "out", &[ids.len(), hidden], &vec![SENTINEL; ids.len() * hidden]).unwrap();
+    let step = StepUniform::new(&gpu);
+    let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, ty)).unwrap();
+    let dispatches = kernel.bind_shards(&gpu, &shards, &ids_t, &out, &step, ids.len() as u32).unwrap();
+    step.write(&gpu, &StepParams::new(ids.len() as u32, 0, 0));
+    let mut rec = Recorder::new(&gpu);
+    dispatches.iter().for_each(|d| d.record(&mut rec, ids.len() as u32));
+    rec.submit();
+    let got = pollster::block_on(out.read_f32(&gpu)).unwrap();
+    assert!(got == embedding(&table, vocab, hidden, &ids), "sharded gather differs from the whole table's");
 }
 
 #[test]

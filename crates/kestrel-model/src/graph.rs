@@ -10,7 +10,7 @@ use kestrel_gpu::kernels::rmsnorm::{RmsNormDispatch, RmsNormKernel};
 use kestrel_gpu::kernels::rope::{RopeDispatch, RopeKernel};
 use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel};
 use kestrel_gpu::reference::rope::RopeConfig;
-use kestrel_gpu::{DType, Dispatch, Gpu, GpuError, Readback, Recorder, StepParams, StepUniform, Tensor, WeightTensor};
+use kestrel_gpu::{DType, Dispatch, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepUniform, Tensor, WeightTensor};
 
 use crate::config::ModelConfig;
 
@@ -61,15 +61,16 @@ pub struct LayerWeights {
 }
 
 pub struct Weights {
-    pub embedding: WeightTensor,
+    /// The vocabulary x hidden tables, in row shards where one binding cannot hold them.
+    pub embedding: RowShards,
     pub output_norm: Tensor,
     /// None when the LM head is the embedding (tied).
-    pub output: Option<WeightTensor>,
+    pub output: Option<RowShards>,
     pub layers: Vec<LayerWeights>,
 }
 
 impl Weights {
-    pub fn lm_head(&self) -> &WeightTensor {
+    pub fn lm_head(&self) -> &RowShards {
         self.output.as_ref().unwrap_or(&self.embedding)
     }
 
@@ -87,7 +88,7 @@ impl Weights {
     pub fn total_bytes(&self) -> u64 {
         let vectors = |l: &LayerWeights| l.attn_norm.byte_size() + l.ffn_norm.byte_size() + l.qkv.bias_byte_size();
         let layers: u64 = self.layers.iter().map(|l| vectors(l) + l.qkv.byte_size() + l.attn_output.byte_size() + l.gate.byte_size() + l.up.byte_size() + l.down.byte_size()).sum();
-        layers + self.embedding.byte_size() + self.output_norm.byte_size() + self.output.as_ref().map_or(0, WeightTensor::byte_size)
+        layers + self.embedding.byte_size() + self.output_norm.byte_size() + self.output.as_ref().map_or(0, RowShards::byte_size)
     }
 }
 
@@ -149,10 +150,12 @@ pub struct Graph {
     act: Activations,
     /// Kept alive: the dispatches' bind groups reference them.
     _caches: Vec<KvCache>,
-    embed: EmbeddingDispatch,
+    /// One gather per shard of the embedding table.
+    embed: Vec<EmbeddingDispatch>,
     layers: Vec<LayerDispatches>,
     output_norm: RmsNormDispatch,
-    lm_head: Dispatch,
+    /// One matvec per shard of the LM head, each writing its rows' logits.
+    lm_head: Vec<Dispatch>,
     pub penalties: PenaltyBinding,
     pub sampler: SampleBinding,
     token_readback: Readback,
@@ -202,7 +205,7 @@ impl Graph {
         let attention = AttentionKernel::new(gpu, c.head_dim).await?;
         let embed = EmbeddingKernel::new(gpu, weights.embedding.ty)
             .await?
-            .bind(gpu, &weights.embedding, &act.token_ids, &act.x, &step, max_tokens)?;
+            .bind_shards(gpu, &weights.embedding, &act.token_ids, &act.x, &step, max_tokens)?;
 
         let mut caches = Vec::with_capacity(c.n_layers);
         let mut layers = Vec::with_capacity(c.n_layers);
@@ -244,7 +247,15 @@ impl Graph {
         }
         let output_norm = norm.bind(gpu, &step, &act.x, &weights.output_norm, &act.normed, c.rms_eps)?;
         let lm = weights.lm_head();
-        let lm_head = MatvecKernel::new(gpu, lm.ty, Epilogue::NONE).await?.bind(gpu, lm, &act.last_normed, &act.logits, None)?;
+        let lm_kernel = MatvecKernel::new(gpu, lm.ty, Epilogue::NONE).await?;
+        let lm_head = lm
+            .shards
+            .iter()
+            .map(|s| {
+                let out = OutputColumns { offset: s.first_row as u32, stride: c.vocab as u32 };
+                lm_kernel.bind_columns(gpu, &s.weight, &act.last_normed, &act.logits, out, None)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let penalties = PenaltyKernel::new(gpu).await?.bind(gpu, &act.logits, PENALTY_CAPACITY)?;
         let sampler = SampleKernel::new(gpu).await?.bind(gpu, &act.logits, &step, &act.sampled)?;
         let token_readback = Readback::new(gpu, 8);
@@ -286,7 +297,7 @@ impl Graph {
         gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(tokens));
         let decode = n == 1;
         let mut rec = Recorder::new(gpu);
-        self.embed.record(&mut rec, n32);
+        self.embed.iter().for_each(|e| e.record(&mut rec, n32));
         for l in &self.layers {
             l.attn_norm.record(&mut rec, n32);
             if decode {
@@ -315,7 +326,7 @@ impl Graph {
             self.output_norm.record(&mut rec, n32);
             let row_bytes = 4 * self.config.hidden as u64;
             rec.copy(&self.act.normed.buffer, (n as u64 - 1) * row_bytes, &self.act.last_normed.buffer, 0, row_bytes);
-            self.lm_head.record(&mut rec);
+            self.lm_head.iter().for_each(|d| d.record(&mut rec));
             if matches!(output, StepOutput::TokenAndLogits) {
                 let size = self.act.logits.byte_size();
                 rec.copy(&self.act.logits.buffer, 0, self.logits_readback.buffer(), 0, size);

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use kestrel_gguf::{GgmlType, GgufError, GgufHeader, GgufStreamReader, StreamEvent, TensorInfo};
-use kestrel_gpu::{Gpu, Tensor, WeightTensor};
+use kestrel_gpu::{Gpu, RowShards, Tensor, WeightTensor};
 use kestrel_tokenizer::Tokenizer;
 
 use crate::config::ModelConfig;
@@ -62,6 +62,8 @@ struct Loading {
     tensors_total: usize,
     tensors_loaded: usize,
     weights: HashMap<Role, WeightTensor>,
+    /// The embedding table and the LM head (when not tied), in row shards.
+    tables: HashMap<Role, RowShards>,
     vectors: HashMap<Role, Vec<f32>>,
     /// Q, K and V bytes of a layer, held until all three arrived to upload them fused.
     qkv_parts: HashMap<usize, [Option<Vec<u8>>; 3]>,
@@ -156,6 +158,7 @@ impl Loading {
             tokenizer,
             roles,
             weights: HashMap::new(),
+            tables: HashMap::new(),
             vectors: HashMap::new(),
             qkv_parts: HashMap::new(),
             split_qkv,
@@ -189,6 +192,11 @@ impl Loading {
                 kestrel_gguf::dequantize(ty, bytes, &mut values)?;
                 self.vectors.insert(e.role, values);
             }
+            // The vocabulary-sized tables may exceed one binding: they are split by rows.
+            role @ (Role::TokenEmbedding | Role::Output) => {
+                let table = RowShards::from_gguf_bytes(gpu, &e.name, ty, e.rows, e.cols, bytes)?;
+                self.tables.insert(role, table);
+            }
             role => {
                 let w = WeightTensor::from_gguf_bytes(gpu, &e.name, ty, e.rows, e.cols, bytes)?;
                 self.weights.insert(role, w);
@@ -210,8 +218,9 @@ impl Loading {
             let qkv = if self.split_qkv.contains(&l) { vec![weight(Role::Q(l))?, weight(Role::K(l))?, weight(Role::V(l))?] } else { vec![weight(Role::Q(l))?] };
             layers_w.push((qkv, weight(Role::AttnOutput(l))?, weight(Role::Gate(l))?, weight(Role::Up(l))?, weight(Role::Down(l))?));
         }
-        let embedding = weight(Role::TokenEmbedding)?;
-        let output = if c.tied_embeddings { None } else { Some(weight(Role::Output)?) };
+        let mut table = |role: Role| self.tables.remove(&role).ok_or_else(|| bad_model(format!("tensor for {role:?} never arrived")));
+        let embedding = table(Role::TokenEmbedding)?;
+        let output = if c.tied_embeddings { None } else { Some(table(Role::Output)?) };
         let mut vectors = std::mem::take(&mut self.vectors);
         let mut take_vector = |role: Role| vectors.remove(&role).ok_or_else(|| bad_model(format!("tensor for {role:?} never arrived")));
         let upload = |label: &str, values: Vec<f32>| Tensor::from_f32(gpu, label, &[values.len()], &values);

@@ -13,14 +13,20 @@ mod common;
 use std::path::Path;
 
 use kestrel_gguf::GgmlType;
+use kestrel_gpu::GpuOptions;
 use kestrel_model::reference::ReferenceModel;
+use kestrel_model::Model;
 
 const RELATIVE_TOLERANCE: f32 = 1e-4;
 
 fn check_file(path: &Path, label: &str, lengths: &[usize]) {
+    check_model(common::load(path, 512), path, label, lengths);
+}
+
+/// `model`, loaded from `path`, against the reference.
+fn check_model(mut model: Model, path: &Path, label: &str, lengths: &[usize]) {
     let bench_ids = common::ids(&common::greedy_reference()["bench_prompt"]["ids"]);
     let (header, tensors) = kestrel_gguf::read_file(path).expect("read the model");
-    let mut model = common::load(path, 512);
     for &n in lengths {
         let prompt = &bench_ids[..n];
         let gpu = pollster::block_on(model.prompt_logits(prompt)).expect("gpu logits");
@@ -42,6 +48,18 @@ fn q4_1_default_model_matches_cpu_reference() {
 #[test]
 fn q4_k_m_model_matches_cpu_reference() {
     check_file(&common::q4_k_m_model_path(), "Q4_K_M", &[1, 7, 130]);
+}
+
+/// On a device whose storage bindings hold at most 4 MiB, the 17.7 MB embedding table (also
+/// the LM head: SmolLM2 ties them) cannot be one buffer: it loads as 5 row shards, gathered and
+/// multiplied shard by shard (the load fails outright without them, as the device refuses the
+/// larger buffer). Large vocabularies need this on devices with WebGPU's default 128 MiB limit.
+#[test]
+fn row_sharded_tables_match_cpu_reference() {
+    let options = GpuOptions { max_storage_binding: Some(4 << 20), ..GpuOptions::default() };
+    let gpu = common::gpu_with(&options);
+    let path = common::default_model_path();
+    check_model(common::load_on(&gpu, &path, 512), &path, "Q4_1 in 4 MiB bindings", &[1, 7]);
 }
 
 #[test]

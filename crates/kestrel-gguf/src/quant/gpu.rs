@@ -66,7 +66,8 @@ pub struct GpuSections {
 }
 
 impl GpuSections {
-    fn total(&self) -> u64 {
+    /// Words of the whole packed tensor.
+    pub fn total(&self) -> u64 {
         self.quant_words + self.plane_words + self.scale_words
     }
 }

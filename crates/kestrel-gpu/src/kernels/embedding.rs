@@ -6,7 +6,7 @@ use std::sync::Arc;
 use kestrel_gguf::GgmlType;
 
 use super::matvec::{check_distinct, check_tensor, check_weight_type, weight_defines, WeightParams};
-use crate::{grid, DType, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor, WeightTensor};
+use crate::{grid, DType, Dispatch, Gpu, GpuError, Recorder, RowShards, StepUniform, Tensor, WeightTensor};
 
 /// `out[t][:] = table[ids[t]][:]` for the step's `n_tokens` ids; an id >= rows gives zeros.
 ///
@@ -54,12 +54,48 @@ impl EmbeddingKernel {
         step: &StepUniform,
         max_tokens: u32,
     ) -> Result<EmbeddingDispatch, GpuError> {
+        let params = WeightParams::new("embedding", table, max_tokens)?;
+        self.bind_params(gpu, params, table, ids, out, step, max_tokens)
+    }
+
+    /// The gather from a table split into row shards: one dispatch per shard, each writing the
+    /// ids in its rows; record them all.
+    pub fn bind_shards(
+        &self,
+        gpu: &Gpu,
+        table: &RowShards,
+        ids: &Tensor,
+        out: &Tensor,
+        step: &StepUniform,
+        max_tokens: u32,
+    ) -> Result<Vec<EmbeddingDispatch>, GpuError> {
+        let total_rows = u32::try_from(table.rows).map_err(|_| GpuError::InvalidArgs(format!("embedding: {} rows", table.rows)))?;
+        table
+            .shards
+            .iter()
+            .map(|s| {
+                let params = WeightParams::new("embedding", &s.weight, max_tokens)?.for_shard(s.first_row as u32, total_rows);
+                self.bind_params(gpu, params, &s.weight, ids, out, step, max_tokens)
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn bind_params(
+        &self,
+        gpu: &Gpu,
+        params: WeightParams,
+        table: &WeightTensor,
+        ids: &Tensor,
+        out: &Tensor,
+        step: &StepUniform,
+        max_tokens: u32,
+    ) -> Result<EmbeddingDispatch, GpuError> {
         let kernel = "embedding";
         check_weight_type(kernel, self.ty, table)?;
         if max_tokens == 0 {
             return Err(GpuError::InvalidArgs(format!("{kernel}: max_tokens must be at least 1")));
         }
-        let params = WeightParams::new(kernel, table, max_tokens)?;
         let out_len = u64::from(max_tokens) * u64::from(params.cols());
         if out_len > u64::from(u32::MAX) {
             return Err(GpuError::InvalidArgs(format!("{kernel}: {max_tokens} tokens are too many for 32-bit indexing")));

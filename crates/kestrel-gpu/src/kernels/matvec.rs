@@ -83,7 +83,8 @@ pub(crate) struct WeightParams {
     out_offset: u32,
     out_stride: u32,
     row_threads: u32,
-    _pad: [u32; 2],
+    first_row: u32,
+    total_rows: u32,
 }
 
 impl WeightParams {
@@ -136,8 +137,17 @@ impl WeightParams {
             out_offset: 0,
             out_stride: rows as u32,
             row_threads: MATVEC_WORKGROUP,
-            _pad: [0; 2],
+            first_row: 0,
+            total_rows: rows as u32,
         })
+    }
+
+    /// Marks these weights as rows `first_row ..` of a `total_rows`-row table split into shards
+    /// (the embedding gather reads only the ids in its range).
+    pub(crate) fn for_shard(mut self, first_row: u32, total_rows: u32) -> Self {
+        self.first_row = first_row;
+        self.total_rows = total_rows;
+        self
     }
 
     pub(crate) fn with_output(mut self, out: OutputColumns) -> Self {

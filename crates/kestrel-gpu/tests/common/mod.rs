@@ -12,7 +12,7 @@ pub fn gpu() -> Gpu {
 
 /// A device with subgroups (and f16) forced off, to test the workgroup-memory fallbacks.
 pub fn gpu_without_subgroups() -> Gpu {
-    gpu_with(&GpuOptions { allow_f16: false, allow_subgroups: false, allow_timestamps: false })
+    gpu_with(&GpuOptions { allow_f16: false, allow_subgroups: false, allow_timestamps: false, max_storage_binding: None })
 }
 
 pub fn gpu_with(options: &GpuOptions) -> Gpu {

@@ -35,7 +35,7 @@ impl Graph {
         self.step.write(&self.gpu, &params);
         let kv_len = params.kv_len;
         Ok(vec![
-            family("embedding", Box::new(|rec| self.embed.record(rec, 1))),
+            family("embedding", Box::new(|rec| self.embed.iter().for_each(|e| e.record(rec, 1)))),
             family(
                 "rmsnorm",
                 Box::new(|rec| {
@@ -52,7 +52,7 @@ impl Graph {
             family("matvec o", Box::new(|rec| self.layers.iter().for_each(|l| l.o_decode.record(rec)))),
             family("matvec gate+up swiglu", Box::new(|rec| self.layers.iter().for_each(|l| l.gate_up_decode.record(rec)))),
             family("matvec down", Box::new(|rec| self.layers.iter().for_each(|l| l.down_decode.record(rec)))),
-            family("matvec lm head", Box::new(|rec| self.lm_head.record(rec))),
+            family("matvec lm head", Box::new(|rec| self.lm_head.iter().for_each(|d| d.record(rec)))),
             family(
                 "penalties+sample",
                 Box::new(|rec| {

@@ -19,15 +19,23 @@ pub fn default_model_path() -> PathBuf {
 }
 
 pub fn gpu() -> Gpu {
-    Gpu::new_blocking(&GpuOptions::default()).unwrap_or_else(|e| {
+    gpu_with(&GpuOptions::default())
+}
+
+pub fn gpu_with(options: &GpuOptions) -> Gpu {
+    Gpu::new_blocking(options).unwrap_or_else(|e| {
         panic!("no GPU adapter ({e}); install Mesa's lavapipe: apt-get install mesa-vulkan-drivers")
     })
 }
 
 pub fn load(path: &std::path::Path, context: usize) -> Model {
-    let gpu = gpu();
+    load_on(&gpu(), path, context)
+}
+
+/// `load` on a given device.
+pub fn load_on(gpu: &Gpu, path: &std::path::Path, context: usize) -> Model {
     let options = LoadOptions { context_length: Some(context), ..LoadOptions::default() };
-    pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut |_| {})).expect("load the model")
+    pollster::block_on(kestrel_model::load_file(gpu, path, options, &mut |_| {})).expect("load the model")
 }
 
 /// llama.cpp's Q4_K_M of the default model, made by scripts/make-q4-k-m.sh.
