@@ -127,7 +127,7 @@ impl Gpu {
             backend: format!("{:?}", adapter_info.backend),
             driver: format!("{} {}", adapter_info.driver, adapter_info.driver_info).trim().to_string(),
             features,
-            max_storage_buffer_binding_size: u64::from(limits.max_storage_buffer_binding_size),
+            max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
             max_buffer_size: limits.max_buffer_size,
             max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
@@ -140,7 +140,7 @@ impl Gpu {
 
     /// Largest byte size one storage binding may have on this device.
     pub fn max_binding_size(&self) -> u64 {
-        u64::from(self.limits.max_storage_buffer_binding_size).min(self.limits.max_buffer_size)
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
     }
 
     /// A storage buffer of `size` bytes (rounded up to 4), checked against the device limits.
@@ -183,7 +183,7 @@ impl Gpu {
         if data.is_empty() {
             return;
         }
-        if data.len() % 4 == 0 {
+        if data.len().is_multiple_of(4) {
             self.queue.write_buffer(buffer, offset, data);
         } else {
             let mut padded = data.to_vec();

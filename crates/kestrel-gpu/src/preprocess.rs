@@ -36,7 +36,7 @@ fn expand(
     let err = |line: usize, message: String| GpuError::Preprocess { name: name.to_string(), line, message };
     // Each entry: (this branch is active, some enclosing branch is inactive).
     let mut stack: Vec<(bool, bool)> = Vec::new();
-    let active = |stack: &[(bool, bool)]| stack.last().map_or(true, |&(on, outer_off)| on && !outer_off);
+    let active = |stack: &[(bool, bool)]| stack.last().is_none_or(|&(on, outer_off)| on && !outer_off);
     for (i, line) in source.lines().enumerate() {
         let lineno = i + 1;
         let trimmed = line.trim_start();

@@ -34,7 +34,7 @@ impl Readback {
 
     /// Maps the first `size` bytes (after the submit that copied into it) and returns them.
     pub async fn read(&self, gpu: &Gpu, size: u64) -> Result<Vec<u8>, GpuError> {
-        if size > self.buffer.size() || size % 4 != 0 {
+        if size > self.buffer.size() || !size.is_multiple_of(4) {
             return Err(GpuError::Readback(format!(
                 "asked for {size} bytes of a {}-byte readback buffer (must be a multiple of 4)",
                 self.buffer.size()

@@ -14,7 +14,7 @@ fn device_reports_real_limits_not_webgpu_defaults() {
     // every desktop GPU offer at least that, and we must have asked for the adapter's values.
     assert!(info.max_storage_buffer_binding_size >= 128 << 20);
     assert!(info.max_compute_workgroup_storage_size >= 16 << 10);
-    assert_eq!(u64::from(gpu.limits.max_storage_buffer_binding_size), info.max_storage_buffer_binding_size);
+    assert_eq!(gpu.limits.max_storage_buffer_binding_size, info.max_storage_buffer_binding_size);
     let forced = common::gpu_without_subgroups();
     assert!(!forced.features.subgroups && !forced.features.shader_f16 && !forced.features.timestamps);
 }

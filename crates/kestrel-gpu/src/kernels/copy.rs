@@ -14,7 +14,7 @@ impl CopyKernel {
 
     /// Binds a copy of all of `src` into `dst`; both sizes must be equal multiples of 16 bytes.
     pub fn bind(&self, gpu: &Gpu, src: &Tensor, dst: &Tensor) -> Result<Dispatch, GpuError> {
-        if src.byte_size() != dst.byte_size() || src.byte_size() % 16 != 0 {
+        if src.byte_size() != dst.byte_size() || !src.byte_size().is_multiple_of(16) {
             return Err(GpuError::InvalidArgs(format!(
                 "copy: sizes {} and {} must be equal multiples of 16 bytes",
                 src.byte_size(),
