@@ -78,6 +78,7 @@ impl ModelConfig {
         if !(rope_base.is_finite() && rope_base > 0.0) || !(rms_eps.is_finite() && rms_eps > 0.0) {
             return Err(bad_model(format!("rope.freq_base {rope_base} / rms epsilon {rms_eps} out of range")));
         }
+        check_rope_scaling(header, &key)?;
         if let Some(dims) = md.get_u64(&key("rope.dimension_count"))? {
             if dims as usize != head_dim {
                 return Err(bad_model(format!("partial RoPE (rope.dimension_count {dims} < head_dim {head_dim}) is not supported")));
@@ -114,3 +115,24 @@ impl ModelConfig {
     }
 }
 
+/// Refuses the RoPE variants that change the rotation angles at every position: Llama 3.1+'s
+/// per-dimension frequency factors (tensor `rope_freqs.weight`) and linear or YaRN context
+/// scaling. Run as plain RoPE they would give plausible but wrong text, so until Kestrel
+/// implements them such a file is an error that says why.
+fn check_rope_scaling(header: &GgufHeader, key: &dyn Fn(&str) -> String) -> Result<(), ModelError> {
+    if header.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
+        return Err(bad_model(
+            "RoPE frequency factors (tensor rope_freqs.weight, as in Llama 3.1 and later) are not supported yet; \
+             run without them the model would give wrong output",
+        ));
+    }
+    let md = &header.metadata;
+    let factor = md.get_f32(&key("rope.scaling.factor"))?.or(md.get_f32(&key("rope.scale_linear"))?);
+    let kind = md.get_str(&key("rope.scaling.type"))?.unwrap_or(if factor.is_some() { "linear" } else { "none" });
+    let unscaled = kind == "none" || (kind == "linear" && factor.is_none_or(|f| f == 1.0));
+    if !unscaled {
+        let factor = factor.map_or(String::new(), |f| format!(" with factor {f}"));
+        return Err(bad_model(format!("RoPE scaling {kind:?}{factor} is not supported yet; run without it the model would give wrong output")));
+    }
+    Ok(())
+}

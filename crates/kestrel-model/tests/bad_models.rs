@@ -2,7 +2,7 @@
 
 mod common;
 
-use kestrel_gguf::{GgmlType, GgufWriter, TensorSpec};
+use kestrel_gguf::{GgmlType, GgufWriter, Metadata, MetadataValue, TensorSpec};
 use kestrel_model::{LoadOptions, ModelError, ModelLoader};
 
 fn load_bytes(bytes: &[u8], chunk: usize) -> Result<kestrel_model::Model, ModelError> {
@@ -51,16 +51,55 @@ fn corrupted_header_is_a_bad_model_not_a_panic() {
 /// The default model's header with some tensors' types replaced, and no tensor data: a file
 /// refused from its header alone.
 fn header_with_types(retype: impl Fn(&str) -> Option<GgmlType>) -> Vec<u8> {
+    header_with(|_, specs| {
+        for t in specs.iter_mut() {
+            t.ggml_type = retype(&t.name).unwrap_or(t.ggml_type);
+        }
+    })
+}
+
+/// The default model's header as `edit` changes its metadata and tensor list, without data.
+fn header_with(edit: impl Fn(&mut Metadata, &mut Vec<TensorSpec>)) -> Vec<u8> {
     let (header, _) = kestrel_gguf::read_file(&common::default_model_path()).expect("read");
-    let specs: Vec<TensorSpec> = header
+    let mut metadata = header.metadata.clone();
+    let mut specs: Vec<TensorSpec> = header
         .tensors
         .iter()
-        .map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: retype(&t.name).unwrap_or(t.ggml_type) })
+        .map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type })
         .collect();
+    edit(&mut metadata, &mut specs);
     let mut header_bytes = Vec::new();
     // The writer emits the header on creation.
-    drop(GgufWriter::new(&mut header_bytes, &header.metadata, &specs).expect("write a header"));
+    drop(GgufWriter::new(&mut header_bytes, &metadata, &specs).expect("write a header"));
     header_bytes
+}
+
+/// RoPE variants Kestrel does not implement would silently give wrong text: refused, saying why.
+#[test]
+fn unsupported_rope_scaling_is_refused() {
+    let rope_freqs = header_with(|_, specs| {
+        specs.insert(0, TensorSpec { name: "rope_freqs.weight".into(), dims: vec![32], ggml_type: GgmlType::F32 });
+    });
+    let yarn = header_with(|md, _| {
+        md.set("llama.rope.scaling.type", MetadataValue::String("yarn".into()));
+        md.set("llama.rope.scaling.factor", MetadataValue::F32(4.0));
+    });
+    let linear = header_with(|md, _| md.set("llama.rope.scaling.factor", MetadataValue::F32(2.0)));
+    for (what, bytes, says) in [("rope_freqs", rope_freqs, "rope_freqs.weight"), ("yarn", yarn, "\"yarn\" with factor 4"), ("linear", linear, "\"linear\" with factor 2")] {
+        let err = load_bytes(&bytes, 1 << 20).err().unwrap_or_else(|| panic!("{what} must be refused"));
+        assert_eq!(err.code(), "bad_model", "{what}: {err}");
+        assert!(err.to_string().contains(says), "{what}: {err}");
+    }
+    // An explicit "none", or linear by a factor of 1, changes nothing: such a header passes the
+    // RoPE check (and fails only for its missing tensor data).
+    for (kind, factor) in [("none", 1.0), ("linear", 1.0)] {
+        let bytes = header_with(|md, _| {
+            md.set("llama.rope.scaling.type", MetadataValue::String(kind.into()));
+            md.set("llama.rope.scaling.factor", MetadataValue::F32(factor));
+        });
+        let err = load_bytes(&bytes, 1 << 20).err().expect("a header without data must not load");
+        assert!(err.to_string().contains("truncated"), "{kind} x{factor}: {err}");
+    }
 }
 
 #[test]
