@@ -28,6 +28,9 @@ impl RowShards {
     /// Repacks and uploads GGUF block bytes of a `rows` x `cols` matrix, in as few shards as the
     /// device's binding limit allows (one where the whole matrix fits).
     pub fn from_gguf_bytes(gpu: &Gpu, label: &str, ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, GpuError> {
+        if rows == 0 || cols == 0 {
+            return Err(GpuError::InvalidArgs(format!("{label}: empty weight matrix {rows} x {cols}")));
+        }
         let rows_per_shard = rows_per_shard(ty, rows, cols, gpu.max_binding_size(), label)?;
         let row_bytes = ty
             .row_bytes(cols as u64)

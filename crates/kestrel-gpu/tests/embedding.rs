@@ -84,6 +84,11 @@ fn gathers_rows_of_a_row_sharded_table() {
     rec.submit();
     let got = pollster::block_on(out.read_f32(&gpu)).unwrap();
     assert!(got == embedding(&table, vocab, hidden, &ids), "sharded gather differs from the whole table's");
+    // An empty table (sizes come from the file) is an error, not a panic.
+    for (rows, cols) in [(0, hidden), (vocab, 0)] {
+        let empty = RowShards::from_gguf_bytes(&gpu, "empty", ty, rows, cols, &[]);
+        assert!(matches!(empty, Err(GpuError::InvalidArgs(_))), "{rows} x {cols}");
+    }
 }
 
 #[test]
