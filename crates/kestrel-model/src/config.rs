@@ -3,6 +3,7 @@
 
 use kestrel_gguf::GgufHeader;
 pub use kestrel_gpu::reference::rope::RopeMode;
+use kestrel_gpu::reference::rope::RopeConfig;
 
 use crate::error::{bad_model, ModelError};
 
@@ -28,6 +29,10 @@ pub struct ModelConfig {
     pub vocab: usize,
     pub rope_base: f32,
     pub rope_mode: RopeMode,
+    /// Linear RoPE scaling as ggml's `freq_scale` (1 / `rope.scaling.factor`; 1 when unscaled).
+    pub rope_freq_scale: f32,
+    /// The file has per-pair frequency factors (`rope_freqs.weight`, Llama 3.1 and later).
+    pub rope_factors: bool,
     pub rms_eps: f32,
     /// Context length the model was trained for.
     pub train_context: usize,
@@ -78,7 +83,7 @@ impl ModelConfig {
         if !(rope_base.is_finite() && rope_base > 0.0) || !(rms_eps.is_finite() && rms_eps > 0.0) {
             return Err(bad_model(format!("rope.freq_base {rope_base} / rms epsilon {rms_eps} out of range")));
         }
-        check_rope_scaling(header, &key)?;
+        let rope_freq_scale = rope_freq_scale(header, &key)?;
         if let Some(dims) = md.get_u64(&key("rope.dimension_count"))? {
             if dims as usize != head_dim {
                 return Err(bad_model(format!("partial RoPE (rope.dimension_count {dims} < head_dim {head_dim}) is not supported")));
@@ -99,6 +104,8 @@ impl ModelConfig {
                 Arch::Llama => RopeMode::Norm,
                 Arch::Qwen2 => RopeMode::Neox,
             },
+            rope_freq_scale,
+            rope_factors: header.tensors.iter().any(|t| t.name == ROPE_FACTORS_TENSOR),
             rms_eps,
             train_context: need("context_length")?,
             tied_embeddings: !header.tensors.iter().any(|t| t.name == "output.weight"),
@@ -115,24 +122,38 @@ impl ModelConfig {
     }
 }
 
-/// Refuses the RoPE variants that change the rotation angles at every position: Llama 3.1+'s
-/// per-dimension frequency factors (tensor `rope_freqs.weight`) and linear or YaRN context
-/// scaling. Run as plain RoPE they would give plausible but wrong text, so until Kestrel
-/// implements them such a file is an error that says why.
-fn check_rope_scaling(header: &GgufHeader, key: &dyn Fn(&str) -> String) -> Result<(), ModelError> {
-    if header.tensors.iter().any(|t| t.name == "rope_freqs.weight") {
-        return Err(bad_model(
-            "RoPE frequency factors (tensor rope_freqs.weight, as in Llama 3.1 and later) are not supported yet; \
-             run without them the model would give wrong output",
-        ));
-    }
+/// The tensor of Llama 3.1+'s per-pair RoPE frequency factors.
+pub(crate) const ROPE_FACTORS_TENSOR: &str = "rope_freqs.weight";
+
+/// ggml's `freq_scale` from the file's RoPE scaling keys, as llama.cpp reads them: the factor
+/// from `rope.scaling.factor` (or the older `rope.scale_linear`), the type from
+/// `rope.scaling.type`, linear when absent; type "none" never scales. YaRN and other types
+/// change the angles in ways Kestrel does not implement: run as plain RoPE they would give
+/// plausible but wrong text, so they are refused with an error that says so.
+fn rope_freq_scale(header: &GgufHeader, key: &dyn Fn(&str) -> String) -> Result<f32, ModelError> {
     let md = &header.metadata;
     let factor = md.get_f32(&key("rope.scaling.factor"))?.or(md.get_f32(&key("rope.scale_linear"))?);
-    let kind = md.get_str(&key("rope.scaling.type"))?.unwrap_or(if factor.is_some() { "linear" } else { "none" });
-    let unscaled = kind == "none" || (kind == "linear" && factor.is_none_or(|f| f == 1.0));
-    if !unscaled {
-        let factor = factor.map_or(String::new(), |f| format!(" with factor {f}"));
-        return Err(bad_model(format!("RoPE scaling {kind:?}{factor} is not supported yet; run without it the model would give wrong output")));
+    match (md.get_str(&key("rope.scaling.type"))?.unwrap_or("linear"), factor) {
+        // llama.cpp reads a factor of 0 as unscaled.
+        ("none", _) | ("linear", None | Some(0.0)) => Ok(1.0),
+        ("linear", Some(f)) if f.is_finite() && f > 0.0 => Ok(1.0 / f),
+        ("linear", Some(f)) => Err(bad_model(format!("rope.scaling.factor {f} is out of range"))),
+        (kind, factor) => {
+            let factor = factor.map_or(String::new(), |f| format!(" with factor {f}"));
+            Err(bad_model(format!("RoPE scaling {kind:?}{factor} is not supported yet; run without it the model would give wrong output")))
+        }
     }
-    Ok(())
+}
+
+impl ModelConfig {
+    /// The RoPE parameters of this model, with the file's frequency factors when it has them
+    /// (checked: `head_dim / 2` finite, positive values).
+    pub fn rope_config(&self, factors: Option<Vec<f32>>) -> Result<RopeConfig, ModelError> {
+        if let Some(f) = &factors {
+            if f.len() != self.head_dim / 2 || !f.iter().all(|v| v.is_finite() && *v > 0.0) {
+                return Err(bad_model(format!("{ROPE_FACTORS_TENSOR} must hold {} finite positive values", self.head_dim / 2)));
+            }
+        }
+        Ok(RopeConfig { mode: self.rope_mode, base: self.rope_base, freq_scale: self.rope_freq_scale, freq_factors: factors })
+    }
 }

@@ -178,7 +178,14 @@ pub const PENALTY_CAPACITY: u32 = 4096 + 1024;
 impl Graph {
     /// Allocates the cache and activations and binds every kernel. Compiles every pipeline the
     /// model needs (through the cache), so no compilation happens while generating.
-    pub async fn new(gpu: &Gpu, config: ModelConfig, weights: Weights, max_ctx: usize, max_chunk: usize) -> Result<Self, GpuError> {
+    pub async fn new(
+        gpu: &Gpu,
+        config: ModelConfig,
+        weights: Weights,
+        rope_config: &RopeConfig,
+        max_ctx: usize,
+        max_chunk: usize,
+    ) -> Result<Self, GpuError> {
         let c = &config;
         let chunk = max_chunk;
         let f32t = |label: &str, shape: &[usize]| Tensor::zeros(gpu, label, shape, DType::F32);
@@ -197,7 +204,6 @@ impl Graph {
         let step = StepUniform::new(gpu);
         let max_tokens = chunk as u32;
         let shape = AttentionShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim, max_ctx };
-        let rope_config = RopeConfig::new(c.rope_mode, c.rope_base);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
 
         let norm = RmsNormKernel::new(gpu).await?;
@@ -224,7 +230,7 @@ impl Graph {
                 attn_norm: norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?,
                 qkv_decode: QkvDecode(qkv_decode),
                 qkv_prefill: QkvPrefill(qkv_prefill),
-                rope: rope.bind(gpu, &step, &rope_config, &act.qkv, &act.q, &cache)?,
+                rope: rope.bind(gpu, &step, rope_config, &act.qkv, &act.q, &cache)?,
                 attn_decode: attention.bind_decode(gpu, &step, &act.q, &cache, &act.attn, scale)?,
                 attn_prefill: attention.bind_prefill(gpu, &step, &act.q, &cache, &act.attn, scale)?,
                 o_decode: MatvecKernel::new(gpu, w.attn_output.ty, Epilogue::ACCUMULATE)

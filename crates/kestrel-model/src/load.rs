@@ -245,8 +245,9 @@ impl Loading {
                 down,
             });
         }
+        let rope = c.rope_config(if c.rope_factors { Some(take_vector(Role::RopeFreqs)?) } else { None })?;
         let weights = Weights { embedding, output_norm: upload("output_norm", take_vector(Role::OutputNorm)?)?, output, layers };
-        let graph = Graph::new(gpu, c, weights, max_ctx, options.max_chunk.min(max_ctx)).await?;
+        let graph = Graph::new(gpu, c, weights, &rope, max_ctx, options.max_chunk.min(max_ctx)).await?;
         Model::new(graph, self.tokenizer)
     }
 }

@@ -81,7 +81,7 @@ impl ReferenceModel {
             embedding: take(Role::TokenEmbedding)?,
             output_norm: take(Role::OutputNorm)?,
             output: if config.tied_embeddings { None } else { Some(take(Role::Output)?) },
-            rope: rope::RopeConfig::new(config.rope_mode, config.rope_base),
+            rope: config.rope_config(if config.rope_factors { Some(take(Role::RopeFreqs)?) } else { None })?,
             config,
             layers,
             shape,

@@ -4,7 +4,7 @@
 
 use kestrel_gguf::{GgufHeader, TensorInfo};
 
-use crate::config::{Arch, ModelConfig};
+use crate::config::{Arch, ModelConfig, ROPE_FACTORS_TENSOR};
 use crate::error::{bad_model, ModelError};
 
 /// What one tensor of the model is.
@@ -25,6 +25,8 @@ pub enum Role {
     Gate(usize),
     Up(usize),
     Down(usize),
+    /// Llama 3.1+'s RoPE frequency factors, one per pair of a head's dimensions.
+    RopeFreqs,
 }
 
 /// A tensor the model needs: its name and shape as rows x cols (vectors have rows = 1).
@@ -46,6 +48,9 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<Expected> {
     ];
     if !c.tied_embeddings {
         out.push(expected(Role::Output, "output.weight", c.vocab, c.hidden));
+    }
+    if c.rope_factors {
+        out.push(expected(Role::RopeFreqs, ROPE_FACTORS_TENSOR, 1, c.head_dim / 2));
     }
     for l in 0..c.n_layers {
         let name = |s: &str| format!("blk.{l}.{s}");
@@ -77,7 +82,7 @@ fn expected(role: Role, name: &str, rows: usize, cols: usize) -> Expected {
 
 /// Matches the file's tensors to the expected ones: every expected tensor present with its
 /// shape. Returns, per tensor index of the file, its role (None for tensors the model ignores,
-/// such as `rope_freqs` of other architectures).
+/// such as the tokenizer's or other architectures' extras).
 pub fn assign_roles(header: &GgufHeader, config: &ModelConfig) -> Result<Vec<Option<Expected>>, ModelError> {
     let mut roles = vec![None; header.tensors.len()];
     for e in expected_tensors(config) {

@@ -74,32 +74,33 @@ fn header_with(edit: impl Fn(&mut Metadata, &mut Vec<TensorSpec>)) -> Vec<u8> {
     header_bytes
 }
 
-/// RoPE variants Kestrel does not implement would silently give wrong text: refused, saying why.
+/// RoPE variants Kestrel does not implement would silently give wrong text: refused, saying why;
+/// malformed RoPE factors and scaling are bad models.
 #[test]
-fn unsupported_rope_scaling_is_refused() {
-    let rope_freqs = header_with(|_, specs| {
-        specs.insert(0, TensorSpec { name: "rope_freqs.weight".into(), dims: vec![32], ggml_type: GgmlType::F32 });
-    });
+fn unsupported_or_malformed_rope_scaling_is_refused() {
     let yarn = header_with(|md, _| {
         md.set("llama.rope.scaling.type", MetadataValue::String("yarn".into()));
         md.set("llama.rope.scaling.factor", MetadataValue::F32(4.0));
     });
-    let linear = header_with(|md, _| md.set("llama.rope.scaling.factor", MetadataValue::F32(2.0)));
-    for (what, bytes, says) in [("rope_freqs", rope_freqs, "rope_freqs.weight"), ("yarn", yarn, "\"yarn\" with factor 4"), ("linear", linear, "\"linear\" with factor 2")] {
+    let negative = header_with(|md, _| md.set("llama.rope.scaling.factor", MetadataValue::F32(-2.0)));
+    let misshapen = header_with(|_, specs| {
+        specs.insert(0, TensorSpec { name: "rope_freqs.weight".into(), dims: vec![16], ggml_type: GgmlType::F32 });
+    });
+    for (what, bytes, says) in [
+        ("yarn", yarn, "\"yarn\" with factor 4 is not supported"),
+        ("negative factor", negative, "factor -2 is out of range"),
+        ("16 factors for 32 pairs", misshapen, "rope_freqs.weight"),
+    ] {
         let err = load_bytes(&bytes, 1 << 20).err().unwrap_or_else(|| panic!("{what} must be refused"));
         assert_eq!(err.code(), "bad_model", "{what}: {err}");
         assert!(err.to_string().contains(says), "{what}: {err}");
     }
-    // An explicit "none", or linear by a factor of 1, changes nothing: such a header passes the
-    // RoPE check (and fails only for its missing tensor data).
-    for (kind, factor) in [("none", 1.0), ("linear", 1.0)] {
-        let bytes = header_with(|md, _| {
-            md.set("llama.rope.scaling.type", MetadataValue::String(kind.into()));
-            md.set("llama.rope.scaling.factor", MetadataValue::F32(factor));
-        });
-        let err = load_bytes(&bytes, 1 << 20).err().expect("a header without data must not load");
-        assert!(err.to_string().contains("truncated"), "{kind} x{factor}: {err}");
-    }
+    // Factors that would divide by zero are caught once their data arrives.
+    let mut variant = common::ROPE_VARIANTS[0].clone();
+    variant.factors = Some(|i| if i == 7 { 0.0 } else { 1.0 });
+    variant.reference_dir = "reference-rope-zero-factor"; // names its file
+    let err = load_bytes(&std::fs::read(common::rope_variant(&variant)).expect("read"), 1 << 20).err().expect("a zero factor must be refused");
+    assert!(err.to_string().contains("finite positive"), "{err}");
 }
 
 #[test]

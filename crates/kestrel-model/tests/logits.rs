@@ -62,6 +62,15 @@ fn row_sharded_tables_match_cpu_reference() {
     check_model(common::load_on(&gpu, &path, 512), &path, "Q4_1 in 4 MiB bindings", &[1, 7]);
 }
 
+/// RoPE frequency factors (`rope_freqs.weight`) and linear RoPE scaling: both passes rotate by
+/// the scaled angles.
+#[test]
+fn rope_variants_match_cpu_reference() {
+    for variant in &common::ROPE_VARIANTS {
+        check_file(&common::rope_variant(variant), variant.label, &[1, 7]);
+    }
+}
+
 #[test]
 fn requantized_models_match_cpu_reference() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));

@@ -81,3 +81,52 @@ pub fn argmax(v: &[f32]) -> usize {
     }
     best
 }
+
+/// A RoPE variant of the default model, written by `rope_variant`, and the directory of
+/// llama.cpp's greedy reference for it under tests/data.
+#[derive(Clone)]
+pub struct RopeVariant {
+    pub label: &'static str,
+    pub reference_dir: &'static str,
+    /// Metadata keys to add.
+    pub metadata: &'static [(&'static str, f32)],
+    /// `rope_freqs.weight` values to add (one per pair of a head's 64 dimensions), if any.
+    pub factors: Option<fn(usize) -> f32>,
+}
+
+/// The default model with RoPE frequency factors 0.5, 1, 1.5, 2, 0.5, ... per pair (strong
+/// enough to change its greedy text, unlike Llama 3's, which barely touch short contexts), and
+/// with linear RoPE scaling by 2.
+pub const ROPE_VARIANTS: [RopeVariant; 2] = [
+    RopeVariant { label: "rope_freqs", reference_dir: "reference-rope-freqs", metadata: &[], factors: Some(|i| 0.5 * (1 + i % 4) as f32) },
+    RopeVariant { label: "linear x2", reference_dir: "reference-rope-linear", metadata: &[("llama.rope.scaling.factor", 2.0)], factors: None },
+];
+
+/// Writes `variant` of the default model to the test target directory (deterministic: the same
+/// bytes on every run, which tests/data/<reference_dir>/README.md's sha256 records) and returns
+/// its path.
+pub fn rope_variant(variant: &RopeVariant) -> PathBuf {
+    use kestrel_gguf::{GgmlType, GgufWriter, MetadataValue, TensorSpec};
+    let (header, tensors) = kestrel_gguf::read_file(&default_model_path()).expect("read the default model");
+    let mut metadata = header.metadata.clone();
+    for (key, value) in variant.metadata {
+        metadata.set(*key, MetadataValue::F32(*value));
+    }
+    let mut specs: Vec<TensorSpec> =
+        header.tensors.iter().map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type }).collect();
+    let mut data: Vec<Vec<u8>> = tensors;
+    if let Some(factor) = variant.factors {
+        let values: Vec<u8> = (0..32).flat_map(|i| factor(i).to_le_bytes()).collect();
+        specs.insert(0, TensorSpec { name: "rope_freqs.weight".into(), dims: vec![32], ggml_type: GgmlType::F32 });
+        data.insert(0, values);
+    }
+    let name = variant.reference_dir.trim_start_matches("reference-");
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("SmolLM2-135M-Instruct.Q4_1.{name}.gguf"));
+    let file = std::io::BufWriter::new(std::fs::File::create(&path).expect("create the variant file"));
+    let mut writer = GgufWriter::new(file, &metadata, &specs).expect("write the header");
+    for bytes in &data {
+        writer.write_tensor(bytes).expect("write a tensor");
+    }
+    writer.finish().expect("finish the variant file");
+    path
+}
