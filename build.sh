@@ -100,6 +100,18 @@ browser_tests() {
   (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" node --test --test-concurrency=1 --test-reporter=spec)
 }
 
+# `timed LABEL CMD...`: runs CMD, records and prints its wall time; returns its status.
+timings=()
+timed() {
+  local label=$1 start rc=0
+  shift
+  start=$(date +%s)
+  "$@" || rc=$?
+  timings+=("$(printf '%-22s %5d s%s' "$label" $(($(date +%s) - start)) "$([ $rc -eq 0 ] || echo " (failed: $rc)")")")
+  echo "== $label: $(($(date +%s) - start)) s"
+  return $rc
+}
+
 case "$cmd" in
   setup)
     setup
@@ -122,13 +134,16 @@ case "$cmd" in
     "$target_dir/release/kestrel" generate "${1:-Tell me a story}"
     ;;
   test)
-    setup
-    scripts/make-q4-k-m.sh
-    setup_web
-    # Both suites run even when the first fails, so one run reports every failure.
+    # Both suites run even when the first fails, so one run reports every failure; each part's
+    # wall time is printed as it ends and again at the end.
     status=0
-    cargo test --workspace --no-fail-fast || status=1
-    browser_tests || status=1
+    timed "setup" setup
+    timed "llama.cpp's Q4_K_M" scripts/make-q4-k-m.sh
+    timed "setup-web" setup_web
+    timed "native tests" cargo test --workspace --no-fail-fast || status=1
+    timed "browser tests" browser_tests || status=1
+    echo "== time of each part:"
+    printf '%s\n' "${timings[@]}"
     exit $status
     ;;
   test-native)

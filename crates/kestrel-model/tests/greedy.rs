@@ -132,3 +132,12 @@ fn check_greedy(model_path: &Path, reference: &Value, logprob_tolerance: f64, ne
     eprintln!("summary:\n{}", report.join("\n"));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Random-weight models of other architectures (`common::synthetic`) against llama.cpp's
+/// greedy tokens and log-probabilities for the same files.
+#[test]
+fn synthetic_models_match_llama_cpp_up_to_near_ties() {
+    for model in &common::synthetic::SYNTHETIC_MODELS {
+        check_greedy(&model.write(), &common::greedy_reference_in(model.reference_dir), model.logprob_tolerance, model.near_tie);
+    }
+}

@@ -80,3 +80,11 @@ fn requantized_models_match_cpu_reference() {
         check_file(&out, label, &[1, 7, 200]);
     }
 }
+
+/// Random-weight models of other architectures (`common::synthetic`): the same bound.
+#[test]
+fn synthetic_models_match_cpu_reference() {
+    for model in &common::synthetic::SYNTHETIC_MODELS {
+        check_file(&model.write(), model.label, &[1, 7, 130]);
+    }
+}

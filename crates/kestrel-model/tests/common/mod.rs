@@ -2,6 +2,8 @@
 //! llama.cpp's reference outputs (tests/data/reference, copied from shared/reference).
 #![allow(dead_code)]
 
+pub mod synthetic;
+
 use std::path::PathBuf;
 
 use kestrel_gpu::{Gpu, GpuOptions};
