@@ -81,10 +81,12 @@ fn load_x_tile(lid: u32, m0: u32, k0: u32, n_tokens: u32) {
 // Stages W[n0 .. n0 + BN][k0 .. k0 + BK] (and the same of `w_up`) dequantized, one unit of 8
 // weights per step; features past the last are clamped to it (never stored).
 fn load_w_tile(lid: u32, n0: u32, k0: u32) {
+    // Neighbouring threads take neighbouring rows of one unit: neighbouring words of the tiled
+    // weight layout.
     for (var i = lid; i < BN * 4u; i += THREADS) {
-        let r = i / 4u;
+        let r = i % BN;
         let n = min(n0 + r, params.rows - 1u);
-        let u = k0 / 8u + i % 4u;
+        let u = k0 / 8u + i / BN;
 #if DENSE
         // A unit running past K (dense rows need not be whole units) is read column by column.
         if (8u * u + 8u > params.cols) {

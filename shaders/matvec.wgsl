@@ -1,11 +1,14 @@
 // Matrix-vector product for decode (one token): y[n] = sum_k W[n][k] * x[k], with W in the GPU
-// weight layout of quant.wgsl. The 64 threads of a workgroup split into slots of
-// `params.row_threads` threads (a power of two the host sizes to the row length, so that each
-// thread reads a few units of 8 weights); each slot computes one row, so a workgroup computes
-// 64 / row_threads rows at once, and `rows_per_group` of them in passes. Within a slot,
-// neighbouring threads read neighbouring words. One barrier per pass (not per row) hands the
-// slot's partial sums to its first thread: rows as short as a small model's 576 columns leave
-// little work per row, and a barrier per row would cost more than the row.
+// weight layout of quant.wgsl.
+//
+// A workgroup computes ROWS consecutive rows, one per lane, and SLICES threads share a row, each
+// taking every SLICES-th 32-weight block of it. In the tiled weight layout the lanes of a slice
+// read consecutive words of consecutive rows (coalesced), while all of them read the same
+// activations at the same time: x is loaded once for the ROWS rows (a broadcast on a GPU, a
+// scalar load on a CPU-emulated one) instead of once per row. A block's scale words are loaded
+// once for its 4 units of 8 weights. With SLICES = 1 (adapters with few, wide cores) there is no
+// reduction and no barrier at all; with more slices (GPUs, which need many threads in flight)
+// one barrier hands the slices' partial sums to slice 0. The host picks SLICES per adapter.
 //
 // Epilogues (defines): BIAS adds bias[n]; ACCUMULATE adds the old y[n] (the in-place residual
 // add, y += W x: each y[n] is read then written by the same invocation); SWIGLU computes
@@ -23,10 +26,14 @@
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 #endif
 
-const WG: u32 = 64u;
+// Mirror `MATVEC_ROWS` and the slice count in crates/kestrel-gpu/src/kernels/matvec.rs.
+const ROWS: u32 = 64u;
+const SLICES: u32 = {{SLICES}}u;
 
+#if SLICED
 // Per-thread partial dot products: .x for `w`, .y for `w_up` (SWIGLU only, else 0).
-var<workgroup> partials: array<vec2<f32>, WG>;
+var<workgroup> partials: array<vec2<f32>, ROWS * SLICES>;
+#endif
 
 fn x4(first: u32) -> vec4<f32> {
     return vec4<f32>(x[first], x[first + 1u], x[first + 2u], x[first + 3u]);
@@ -36,45 +43,41 @@ fn silu(a: f32) -> f32 {
     return a / (1.0 + exp(-a));
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(ROWS * SLICES)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let slots = WG / params.row_threads;
-    let slot = lid / params.row_threads;
-    let thread = lid % params.row_threads;
-    let first_row = (wg.x + wg.y * nwg.x) * params.rows_per_group;
-    for (var done = 0u; done < params.rows_per_group; done += slots) {
-        // Uniform: the whole workgroup leaves together, so the barriers below stay uniform.
-        if (first_row + done >= params.rows) {
-            break;
-        }
-        let row = first_row + done + slot;
-        var sums = vec2<f32>(0.0);
-        if (row < params.rows) {
-            sums = row_partial(row, thread);
-        }
-        partials[lid] = sums;
-        workgroupBarrier();
-        if (thread == 0u && row < params.rows) {
-            var total = vec2<f32>(0.0);
-            for (var i = 0u; i < params.row_threads; i++) {
-                total += partials[lid + i];
-            }
-            store(row, total);
-        }
-        // `partials` is rewritten by the next pass.
-        workgroupBarrier();
+    let lane = lid % ROWS;
+    let slice = lid / ROWS;
+    let row = (wg.x + wg.y * nwg.x) * ROWS + lane;
+    // Lanes past the last row compute the last row again (their sums are never stored), so the
+    // workgroup stays uniform up to the barrier.
+    var sums = row_partial(min(row, params.rows - 1u), slice);
+#if SLICED
+    partials[lid] = sums;
+    workgroupBarrier();
+    if (slice != 0u) {
+        return;
+    }
+    for (var s = 1u; s < SLICES; s++) {
+        sums += partials[lane + s * ROWS];
+    }
+#endif
+    if (row < params.rows) {
+        store(row, sums);
     }
 }
 
-// This thread's share of the row's dot product(s): units thread, thread + row_threads, ...
-fn row_partial(row: u32, thread: u32) -> vec2<f32> {
-    let units = params.cols / 8u;
+// This thread's share of the row's dot product(s).
+fn row_partial(row: u32, slice: u32) -> vec2<f32> {
     var sums = vec2<f32>(0.0);
-    for (var u = thread; u < units; u += params.row_threads) {
+    let units = params.cols / 8u;
+#if DENSE
+    // Dense rows have no blocks (and need not be whole units): unit by unit, then the columns
+    // after the last whole unit one by one.
+    for (var u = slice; u < units; u += SLICES) {
         let cols = unit_cols(u);
         let xlo = x4(cols.x);
         let xhi = x4(cols.y);
@@ -85,13 +88,29 @@ fn row_partial(row: u32, thread: u32) -> vec2<f32> {
         sums.y += dot(up.lo, xlo) + dot(up.hi, xhi);
 #endif
     }
-#if DENSE
-    // The columns after the last whole unit (fewer than 8).
-    for (var col = units * 8u + thread; col < params.cols; col += params.row_threads) {
+    for (var col = units * 8u + slice; col < params.cols; col += SLICES) {
         sums.x += load_dense(row, col) * x[col];
 #if SWIGLU
         sums.y += load_up_dense(row, col) * x[col];
 #endif
+    }
+#else
+    for (var first = 4u * slice; first < units; first += 4u * SLICES) {
+        let scales = load_scale_words(row, first);
+#if SWIGLU
+        let up_scales = load_up_scale_words(row, first);
+#endif
+        for (var u = first; u < first + 4u; u++) {
+            let cols = unit_cols(u);
+            let xlo = x4(cols.x);
+            let xhi = x4(cols.y);
+            let gate = load_unit_scaled(row, u, scales);
+            sums.x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
+#if SWIGLU
+            let up = load_up_unit_scaled(row, u, up_scales);
+            sums.y += dot(up.lo, xlo) + dot(up.hi, xhi);
+#endif
+        }
     }
 #endif
     return sums;

@@ -5,10 +5,13 @@
 // PLANES for the bit-plane types Q5_0, Q5_1, Q4_K, Q5_K and Q6_K.
 //
 // A row of K weights is read in "units" of 8 weights. A block of 32 is 4 units and a unit is
-// UNIT_WORDS consecutive words of the quant section, so threads that take consecutive units read
-// consecutive words. A unit decodes to two vec4s holding the weights at row columns
-// unit_cols(u).x .. +3 and unit_cols(u).y .. +3 (not adjacent for Q4_0/Q4_1: byte j of their
-// blocks holds elements j and j + 16). A row occupies `row_words` = K * UNIT_WORDS / 8 words.
+// UNIT_WORDS words of the quant section. A unit decodes to two vec4s holding the weights at row
+// columns unit_cols(u).x .. +3 and unit_cols(u).y .. +3 (not adjacent for Q4_0/Q4_1: byte j of
+// their blocks holds elements j and j + 16). A row has `row_words` = K * UNIT_WORDS / 8 words.
+//
+// The quant and plane sections interleave rows in tiles of ROW_TILE (`tiled`): the same word of
+// ROW_TILE consecutive rows is ROW_TILE consecutive words, so threads that take consecutive rows
+// read consecutive words (coalesced) while reading the same activations.
 //
 // Bit-plane types split each weight's quant into its low 4 bits, in the quant section in weight
 // order (weight i of a unit in bits 4i .. 4i + 3 of its word), and HIGH_BITS more bits in the
@@ -28,10 +31,8 @@ struct WeightParams {
     plane_offset: u32,  // first word of the plane section (bit-plane types)
     scale_offset: u32,  // first word of the scale section
     max_tokens: u32,    // rows the activation buffers hold (matmul, embedding)
-    rows_per_group: u32, // consecutive rows one matvec workgroup computes (a multiple of its slots)
     out_offset: u32,    // output column of row 0 (matvec, matmul): y holds several products' columns
     out_stride: u32,    // values per token row of y (matmul)
-    row_threads: u32,   // threads that share one row in the matvec (a power of two, at most 64)
     first_row: u32,     // row 0's row in the whole table, when it is one shard of several (embedding)
     total_rows: u32,    // rows of the whole table (embedding)
 }
@@ -41,7 +42,19 @@ struct Unit {
     hi: vec4<f32>,
 }
 
-// SCALE_WORDS: scale-section words one unit reads (scale_index, unit_scale).
+// Mirrors `kestrel_gguf::quant::ROW_TILE`.
+const ROW_TILE: u32 = 32u;
+
+// Index in a tiled section of word `j` of row `row`, rows of `per_row` words.
+fn tiled(row: u32, j: u32, per_row: u32) -> u32 {
+    return ((row / ROW_TILE) * per_row + j) * ROW_TILE + row % ROW_TILE;
+}
+
+// SCALE_WORDS: scale-section words one unit reads (scale_index, unit_scale); the 4 units of a
+// 32-weight block read the same words.
+#if DENSE
+const SCALE_WORDS: u32 = 1u;
+#endif
 #if SCALES_D
 const SCALE_WORDS: u32 = 1u;
 #endif
@@ -182,11 +195,12 @@ fn unit_scale(s: array<u32, SCALE_WORDS>, row: u32, u: u32) -> vec2<f32> {
 #endif
 
 #if PLANES
-// Index in the weight buffer of the plane word holding the high bits of unit `u` of row `row`,
-// and the shift of the unit's 8 * HIGH_BITS bits in it. Split by 32-weight block so that
-// g * HIGH_BITS cannot overflow.
+// Index in the weight buffer of the plane word holding the high bits of unit `u` of row `row`
+// (a row has K / 32 * HIGH_BITS plane words), and the shift of the unit's 8 * HIGH_BITS bits in
+// it.
 fn high_index(row: u32, u: u32) -> u32 {
-    return params.plane_offset + block_of(row, u, 32u) * HIGH_BITS + (u % 4u) * 8u * HIGH_BITS / 32u;
+    let j = (u / 4u) * HIGH_BITS + (u % 4u) * 8u * HIGH_BITS / 32u;
+    return params.plane_offset + tiled(row, j, (params.cols / 32u) * HIGH_BITS);
 }
 
 fn high_shift(u: u32) -> u32 {
@@ -246,7 +260,7 @@ fn decode_unit(q: array<u32, UNIT_WORDS>, high: u32, scale: vec2<f32>) -> Unit {
 // Dense types allow rows that are not a whole number of units; the last few columns are read one
 // by one: the word holding column `col` of row `row`, then the value of that column in it.
 fn dense_word(row_words: u32, row: u32, col: u32) -> u32 {
-    return row * row_words + col * UNIT_WORDS / 8u;
+    return tiled(row, col * UNIT_WORDS / 8u, row_words);
 }
 
 fn dense_value(word: u32, col: u32) -> f32 {
@@ -258,12 +272,24 @@ fn dense_value(word: u32, col: u32) -> f32 {
 }
 #endif
 
-// Weights of unit `u` of row `row` of `w`.
-fn load_unit(row: u32, u: u32) -> Unit {
-    let first = row * params.row_words + u * UNIT_WORDS;
+// The scale words of unit `u` of row `row` of `w` (none for dense types): the same for the 4
+// units of a 32-weight block, so a kernel that reads whole blocks loads them once per block.
+fn load_scale_words(row: u32, u: u32) -> array<u32, SCALE_WORDS> {
+    var s: array<u32, SCALE_WORDS>;
+#if DENSE
+#else
+    for (var i = 0u; i < SCALE_WORDS; i++) {
+        s[i] = w[scale_index(row, u, i)];
+    }
+#endif
+    return s;
+}
+
+// Weights of unit `u` of row `row` of `w`, given its scale words `s` (`load_scale_words`).
+fn load_unit_scaled(row: u32, u: u32, s: array<u32, SCALE_WORDS>) -> Unit {
     var q: array<u32, UNIT_WORDS>;
     for (var i = 0u; i < UNIT_WORDS; i++) {
-        q[i] = w[first + i];
+        q[i] = w[tiled(row, u * UNIT_WORDS + i, params.row_words)];
     }
     var high = 0u;
 #if PLANES
@@ -274,23 +300,34 @@ fn load_unit(row: u32, u: u32) -> Unit {
     var scale = vec2<f32>(1.0, 0.0);
 #if DENSE
 #else
-    var s: array<u32, SCALE_WORDS>;
-    for (var i = 0u; i < SCALE_WORDS; i++) {
-        s[i] = w[scale_index(row, u, i)];
-    }
     scale = unit_scale(s, row, u);
 #endif
     return decode_unit(q, high, scale);
 }
 
+// Weights of unit `u` of row `row` of `w`.
+fn load_unit(row: u32, u: u32) -> Unit {
+    return load_unit_scaled(row, u, load_scale_words(row, u));
+}
+
 #if SWIGLU
-// `load_unit` for the up projection `w_up` (same type and shape as `w`). A copy because WGSL
+// The same three for the up projection `w_up` (same type and shape as `w`). Copies because WGSL
 // cannot pass a storage buffer to a function.
-fn load_up_unit(row: u32, u: u32) -> Unit {
-    let first = row * params.row_words + u * UNIT_WORDS;
+fn load_up_scale_words(row: u32, u: u32) -> array<u32, SCALE_WORDS> {
+    var s: array<u32, SCALE_WORDS>;
+#if DENSE
+#else
+    for (var i = 0u; i < SCALE_WORDS; i++) {
+        s[i] = w_up[scale_index(row, u, i)];
+    }
+#endif
+    return s;
+}
+
+fn load_up_unit_scaled(row: u32, u: u32, s: array<u32, SCALE_WORDS>) -> Unit {
     var q: array<u32, UNIT_WORDS>;
     for (var i = 0u; i < UNIT_WORDS; i++) {
-        q[i] = w_up[first + i];
+        q[i] = w_up[tiled(row, u * UNIT_WORDS + i, params.row_words)];
     }
     var high = 0u;
 #if PLANES
@@ -301,13 +338,13 @@ fn load_up_unit(row: u32, u: u32) -> Unit {
     var scale = vec2<f32>(1.0, 0.0);
 #if DENSE
 #else
-    var s: array<u32, SCALE_WORDS>;
-    for (var i = 0u; i < SCALE_WORDS; i++) {
-        s[i] = w_up[scale_index(row, u, i)];
-    }
     scale = unit_scale(s, row, u);
 #endif
     return decode_unit(q, high, scale);
+}
+
+fn load_up_unit(row: u32, u: u32) -> Unit {
+    return load_up_unit_scaled(row, u, load_up_scale_words(row, u));
 }
 #endif
 

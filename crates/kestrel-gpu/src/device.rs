@@ -15,11 +15,14 @@ pub struct GpuOptions {
     /// Requests at most this many bytes per storage binding instead of the adapter's limit: the
     /// device then behaves as one with less (tests of row-sharded tables use it).
     pub max_storage_binding: Option<u64>,
+    /// Threads that share a row in the decode matvec (1, 2, 4; see shaders/matvec.wgsl) instead
+    /// of the adapter's choice (`KernelChoice::for_adapter`); tests force each variant.
+    pub matvec_slices: Option<u32>,
 }
 
 impl Default for GpuOptions {
     fn default() -> Self {
-        Self { allow_f16: true, allow_subgroups: true, allow_timestamps: true, max_storage_binding: None }
+        Self { allow_f16: true, allow_subgroups: true, allow_timestamps: true, max_storage_binding: None, matvec_slices: None }
     }
 }
 
@@ -32,6 +35,33 @@ pub struct GpuFeatures {
     /// Smallest subgroup size the adapter may use; kernels relying on subgroups need >= 4.
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
+}
+
+/// The kernel variants chosen for this adapter at device creation, reported with `GpuInfo`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelChoice {
+    /// Threads sharing one row of the decode matvec. A GPU needs many threads in flight to
+    /// reach its bandwidth, so 4 share a row there; a CPU-emulated adapter (lavapipe,
+    /// SwiftShader, WARP) runs a workgroup as a few SIMD lanes per core and is fastest with one
+    /// thread per row, no reduction and no barrier.
+    pub matvec_slices: u32,
+}
+
+impl KernelChoice {
+    pub const MATVEC_SLICE_CHOICES: [u32; 3] = [1, 2, 4];
+
+    /// The variants for an adapter: `cpu` when it is a software one.
+    pub fn for_adapter(cpu: bool) -> Self {
+        Self { matvec_slices: if cpu { 1 } else { 4 } }
+    }
+}
+
+/// Whether an adapter runs on the CPU: its device type says so (lavapipe), or its name is a
+/// known software rasterizer (SwiftShader and WARP report other types through WebGPU).
+fn is_software_adapter(info: &wgpu::AdapterInfo) -> bool {
+    let name = format!("{} {} {}", info.name, info.driver, info.driver_info).to_lowercase();
+    info.device_type == wgpu::DeviceType::Cpu
+        || ["swiftshader", "llvmpipe", "lavapipe", "microsoft basic render", "warp"].iter().any(|n| name.contains(n))
 }
 
 /// A human- and machine-readable description of the device, for `info` and benchmarks.
@@ -47,6 +77,9 @@ pub struct GpuInfo {
     pub max_compute_invocations_per_workgroup: u32,
     pub max_compute_workgroups_per_dimension: u32,
     pub max_storage_buffers_per_shader_stage: u32,
+    /// A software (CPU-emulated) adapter.
+    pub software: bool,
+    pub kernels: KernelChoice,
 }
 
 /// The device, its queue and everything derived from them. Cheap to clone (all shared).
@@ -122,6 +155,14 @@ impl Gpu {
             subgroup_min_size: adapter_info.subgroup_min_size,
             subgroup_max_size: adapter_info.subgroup_max_size,
         };
+        let software = is_software_adapter(&adapter_info);
+        let mut kernels = KernelChoice::for_adapter(software);
+        if let Some(slices) = options.matvec_slices {
+            if !KernelChoice::MATVEC_SLICE_CHOICES.contains(&slices) {
+                return Err(GpuError::InvalidArgs(format!("matvec slices must be one of {:?}, got {slices}", KernelChoice::MATVEC_SLICE_CHOICES)));
+            }
+            kernels.matvec_slices = slices;
+        }
         let info = GpuInfo {
             adapter_name: adapter_info.name.clone(),
             backend: format!("{:?}", adapter_info.backend),
@@ -133,6 +174,8 @@ impl Gpu {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             max_storage_buffers_per_shader_stage: limits.max_storage_buffers_per_shader_stage,
+            software,
+            kernels,
         };
         let pipelines = PipelineCache::new(device.clone(), features);
         Ok(Self { device, queue, limits, features, info: Arc::new(info), pipelines })

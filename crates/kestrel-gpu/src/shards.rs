@@ -55,8 +55,8 @@ impl RowShards {
     }
 }
 
-/// The most rows of a `cols`-wide `ty` matrix whose packed form fits in `limit` bytes (all of
-/// them when the whole matrix fits).
+/// The most rows of a `cols`-wide `ty` matrix whose packed form fits in `limit` bytes, in whole
+/// tiles of `quant::ROW_TILE` rows (all of them when the whole matrix fits).
 fn rows_per_shard(ty: GgmlType, rows: usize, cols: usize, limit: u64, label: &str) -> Result<usize, GpuError> {
     let packed_bytes = |r: usize| -> Result<u64, GpuError> { Ok(4 * quant::gpu_sections(ty, r as u64, cols as u64)?.total()) };
     let whole = packed_bytes(rows)?;
@@ -72,7 +72,9 @@ fn rows_per_shard(ty: GgmlType, rows: usize, cols: usize, limit: u64, label: &st
     if r == 0 {
         return Err(GpuError::Limit { what: format!("{label}: one row of {cols} {ty} weights"), needed: packed_bytes(1)?, limit });
     }
-    Ok(r)
+    // Whole tiles of the interleaved layout: a shard of a partial tile holds padding rows.
+    let tile = quant::ROW_TILE as usize;
+    Ok(if r >= tile { r / tile * tile } else { r })
 }
 
 #[cfg(test)]

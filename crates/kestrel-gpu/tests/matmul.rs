@@ -126,8 +126,11 @@ fn assert_within(what: &str, got: &[f32], want: &[f32], bound: &[f32]) {
     }
 }
 
-fn devices() -> [(&'static str, Gpu); 2] {
-    [("default", common::gpu()), ("no subgroups", common::gpu_without_subgroups())]
+fn devices() -> [(String, Gpu); 2] {
+    [common::gpu(), common::gpu_without_subgroups()].map(|gpu| {
+        let subgroups = if gpu.features.subgroups { "subgroups" } else { "no subgroups" };
+        (format!("{subgroups}, {} matvec slices", gpu.info.kernels.matvec_slices), gpu)
+    })
 }
 
 /// Runs a bound matvec and returns the first `n` outputs.

@@ -28,6 +28,13 @@
 //!     int8 `scales` of a, then those of b (an odd last super-block: 5 words, the high half of
 //!     the first zero).
 //!
+//! The quant and plane sections are then interleaved in tiles of `ROW_TILE` rows (see
+//! `tiled_index`): word j of row r is at ((r / ROW_TILE) * words_per_row + j) * ROW_TILE +
+//! r % ROW_TILE of its section, so the same word of ROW_TILE consecutive rows is ROW_TILE
+//! consecutive words. A decode matvec gives each thread a row: neighbouring threads then read
+//! neighbouring words (coalesced) while they all read the same activations (one broadcast load).
+//! The last tile is padded with zero rows. The scale section stays in block order.
+//!
 //! Row lengths must be whole blocks: 32 for Q*_0/Q*_1, 256 for the K-quants.
 
 use super::{blocks, q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0, QK, QK_K};
@@ -57,9 +64,50 @@ pub struct GpuPacked {
     pub scale_offset: u32,
 }
 
+/// Rows per tile of the interleaved quant and plane sections.
+pub const ROW_TILE: u64 = 32;
+
+/// Index in a tiled section of word `j` of row `row`, rows of `per_row` words.
+pub fn tiled_index(row: u64, j: u64, per_row: u64) -> u64 {
+    ((row / ROW_TILE) * per_row + j) * ROW_TILE + row % ROW_TILE
+}
+
+/// Rows a tiled section holds: `rows` rounded up to whole tiles.
+pub fn padded_rows(rows: u64) -> u64 {
+    rows.div_ceil(ROW_TILE) * ROW_TILE
+}
+
+/// Interleaves a row-major section of `per_row` words a row into tiles (`tiled_index`).
+fn tile_rows(section: &[u32], per_row: usize) -> Vec<u32> {
+    if per_row == 0 {
+        return Vec::new();
+    }
+    let rows = section.len() / per_row;
+    let mut out = vec![0u32; padded_rows(rows as u64) as usize * per_row];
+    for (r, row) in section.chunks_exact(per_row).enumerate() {
+        for (j, &w) in row.iter().enumerate() {
+            out[tiled_index(r as u64, j as u64, per_row as u64) as usize] = w;
+        }
+    }
+    out
+}
+
+/// Inverse of `tile_rows`: the first `rows` rows, row-major.
+fn untile_rows(tiled: &[u32], rows: usize, per_row: usize) -> Vec<u32> {
+    let mut out = Vec::with_capacity(rows * per_row);
+    for r in 0..rows as u64 {
+        out.extend((0..per_row as u64).map(|j| tiled[tiled_index(r, j, per_row as u64) as usize]));
+    }
+    out
+}
+
 /// Section sizes in words of a packed tensor (`gpu_sections`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GpuSections {
+    /// Quant words of one row (the tiled section holds `padded_rows` of them).
+    pub quant_row_words: u64,
+    /// Plane words of one row.
+    pub plane_row_words: u64,
     pub quant_words: u64,
     pub plane_words: u64,
     pub scale_words: u64,
@@ -196,21 +244,24 @@ pub fn gpu_sections(ty: GgmlType, rows: u64, cols: u64) -> Result<GpuSections, G
     let n = rows.checked_mul(cols).ok_or_else(too_big)?;
     let blocks = n / 32;
     let super_blocks = n / 256;
-    let (quant_words, plane_words, scale_words) = match ty {
-        GgmlType::F32 => (n, 0, 0),
-        GgmlType::F16 => (n / 2, 0, 0),
-        GgmlType::Q8_0 => (blocks * 8, 0, blocks.div_ceil(2)),
-        GgmlType::Q4_0 => (blocks * 4, 0, blocks.div_ceil(2)),
-        GgmlType::Q4_1 => (blocks * 4, 0, blocks),
-        GgmlType::Q5_0 => (n / 8, blocks, blocks.div_ceil(2)),
-        GgmlType::Q5_1 => (n / 8, blocks, blocks),
-        GgmlType::Q4_K => (n / 8, 0, 4 * super_blocks),
-        GgmlType::Q5_K => (n / 8, blocks, 4 * super_blocks),
-        _ => (n / 8, n / 16, 4 * super_blocks + super_blocks.div_ceil(2)),
+    let (quant_row_words, plane_row_words, scale_words) = match ty {
+        GgmlType::F32 => (cols, 0, 0),
+        GgmlType::F16 => (cols / 2, 0, 0),
+        GgmlType::Q8_0 => (cols / 4, 0, blocks.div_ceil(2)),
+        GgmlType::Q4_0 => (cols / 8, 0, blocks.div_ceil(2)),
+        GgmlType::Q4_1 => (cols / 8, 0, blocks),
+        GgmlType::Q5_0 => (cols / 8, cols / 32, blocks.div_ceil(2)),
+        GgmlType::Q5_1 => (cols / 8, cols / 32, blocks),
+        GgmlType::Q4_K => (cols / 8, 0, 4 * super_blocks),
+        GgmlType::Q5_K => (cols / 8, cols / 32, 4 * super_blocks),
+        _ => (cols / 8, cols / 16, 4 * super_blocks + super_blocks.div_ceil(2)),
     };
+    let tiled_rows = padded_rows(rows);
     let sections = GpuSections {
-        quant_words,
-        plane_words,
+        quant_row_words,
+        plane_row_words,
+        quant_words: tiled_rows.checked_mul(quant_row_words).ok_or_else(too_big)?,
+        plane_words: tiled_rows.checked_mul(plane_row_words).ok_or_else(too_big)?,
         scale_words,
     };
     if sections.total() > u64::from(u32::MAX) {
@@ -299,8 +350,9 @@ pub fn pack_for_gpu(
             }
         }
     }
+    let mut words = tile_rows(&words, sections.quant_row_words as usize);
     let plane_offset = words.len() as u32;
-    words.extend(plane);
+    words.extend(tile_rows(&plane, sections.plane_row_words as usize));
     let scale_offset = words.len() as u32;
     words.extend(scales);
     Ok(GpuPacked {
@@ -400,6 +452,8 @@ pub fn unpack_from_gpu(
     )?;
     let (quants, rest) = packed.words.split_at(sections.quant_words as usize);
     let (plane, scales) = rest.split_at(sections.plane_words as usize);
+    let quants = &untile_rows(quants, rows as usize, sections.quant_row_words as usize)[..];
+    let plane = &untile_rows(plane, rows as usize, sections.plane_row_words as usize)[..];
     let bytes_of = |w: &u32| w.to_le_bytes();
     let mut out = Vec::new();
     if let Some(format) = plane_format(ty) {
@@ -592,16 +646,44 @@ mod tests {
                 _ => 1,
             };
             let p = pack_for_gpu(ty, &bytes, rows, cols).unwrap();
+            let cols = cols as usize;
             for (g, &v) in values.iter().enumerate() {
-                let low = (p.words[g / 8] >> (4 * (g % 8))) & 15;
+                let (row, col) = ((g / cols) as u64, g % cols);
+                let at = |j: usize, per_row: usize| tiled_index(row, j as u64, per_row as u64) as usize;
+                let low = (p.words[at(col / 8, cols / 8)] >> (4 * (col % 8))) & 15;
                 let high = 32usize.checked_div(h).map_or(0, |per_word| {
-                    (p.words[p.plane_offset as usize + g / per_word] >> (h * (g % per_word)))
+                    let word = at(col / per_word, cols / per_word);
+                    (p.words[p.plane_offset as usize + word] >> (h * (col % per_word)))
                         & ((1 << h) - 1)
                 });
                 let q = (low | (high << 4)) as f32;
                 assert_eq!(q - offset, v, "{ty} weight {g}");
             }
         }
+    }
+
+    /// Word j of row r of a tiled section is at ((r / 32) * per_row + j) * 32 + r % 32: the
+    /// same word of 32 consecutive rows is contiguous, and rows past the last are zero.
+    #[test]
+    fn quant_sections_interleave_rows_in_tiles() {
+        // 33 rows of one Q4_0 block each: 4 words a row, word j of row r = 1000 r + j + 1.
+        let mut bytes = Vec::new();
+        for r in 0..33u32 {
+            bytes.extend([0u8, 0x3C]);
+            for j in 0..4u32 {
+                bytes.extend((1000 * r + j + 1).to_le_bytes());
+            }
+        }
+        let p = pack_for_gpu(GgmlType::Q4_0, &bytes, 33, 32).unwrap();
+        assert_eq!(p.plane_offset, 64 * 4, "two tiles of 32 rows x 4 words");
+        for j in 0..4u32 {
+            for r in 0..32u32 {
+                assert_eq!(p.words[(j * 32 + r) as usize], 1000 * r + j + 1);
+            }
+            assert_eq!(p.words[(128 + j * 32) as usize], 1000 * 32 + j + 1);
+            assert!(p.words[(128 + j * 32 + 1) as usize..(128 + j * 32 + 32) as usize].iter().all(|&w| w == 0));
+        }
+        assert_eq!(unpack_from_gpu(GgmlType::Q4_0, &p, 33, 32).unwrap(), bytes);
     }
 
     #[test]
@@ -618,8 +700,9 @@ mod tests {
                 *s = 16 * b + i as u8;
             }
         }
+        // One row of 96 quant and 48 plane words, padded to a tile of 32 rows.
         let p = pack_for_gpu(GgmlType::Q6_K, &bytes, 1, 768).unwrap();
-        assert_eq!((p.plane_offset, p.scale_offset), (96, 96 + 48));
+        assert_eq!((p.plane_offset, p.scale_offset), (32 * 96, 32 * (96 + 48)));
         let scales = &p.words[p.scale_offset as usize..];
         assert_eq!(scales.len(), 9 + 5);
         assert_eq!(scales[0], 0xA010 | (0xA111 << 16));
@@ -634,10 +717,10 @@ mod tests {
         let p = pack_for_gpu(GgmlType::Q4_K, &block, 1, 256).unwrap();
         assert_eq!(
             (p.plane_offset, p.scale_offset, p.words.len()),
-            (32, 32, 36)
+            (32 * 32, 32 * 32, 32 * 32 + 4)
         );
-        assert_eq!(p.words[32], 0x0403_0201);
-        assert_eq!(p.words[35], 0x100F_0E0D);
+        assert_eq!(p.words[32 * 32], 0x0403_0201);
+        assert_eq!(p.words[32 * 32 + 3], 0x100F_0E0D);
 
         // Q5_0: qh is the block's plane word as it is; d pairs up like Q4_0's.
         let block = [0x01, 0x3C, 0x78, 0x56, 0x34, 0x12]
@@ -645,8 +728,10 @@ mod tests {
             .chain([0; 16])
             .collect::<Vec<u8>>();
         let p = pack_for_gpu(GgmlType::Q5_0, &block, 1, 32).unwrap();
-        assert_eq!(p.words, [0, 0, 0, 0, 0x1234_5678, 0x3C01]);
-        assert_eq!((p.plane_offset, p.scale_offset), (4, 5));
+        assert_eq!((p.plane_offset, p.scale_offset), (32 * 4, 32 * 5));
+        assert_eq!(p.words.len(), 32 * 5 + 1);
+        assert_eq!((p.words[32 * 4], p.words[32 * 5]), (0x1234_5678, 0x3C01));
+        assert!(p.words[32 * 4 + 1..32 * 5].iter().all(|&w| w == 0), "padding rows");
     }
 
     #[test]

@@ -17,7 +17,8 @@ mod q6_k;
 mod q8_0;
 
 pub use gpu::{
-    gpu_sections, is_gpu_supported, pack_for_gpu, unpack_from_gpu, GpuPacked, GpuSections,
+    gpu_sections, is_gpu_supported, pack_for_gpu, padded_rows, tiled_index, unpack_from_gpu, GpuPacked,
+    GpuSections, ROW_TILE,
 };
 
 use crate::error::GgufError;

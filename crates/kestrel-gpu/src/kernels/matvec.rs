@@ -63,11 +63,8 @@ impl OutputColumns {
     }
 }
 
-/// Threads in a matvec workgroup (`WG` in shaders/matvec.wgsl).
-const MATVEC_WORKGROUP: u32 = 64;
-/// Units of 8 weights each matvec thread reads per row, at least: enough loads in flight per
-/// thread to hide memory latency, few enough that a 576-wide row still spreads over 16 threads.
-const MATVEC_UNITS_PER_THREAD: u32 = 4;
+/// Rows of a matvec workgroup, one per lane of each slice (`ROWS` in shaders/matvec.wgsl).
+const MATVEC_ROWS: u32 = 64;
 
 /// Mirrors `struct WeightParams` in shaders/quant.wgsl (padded to 16 bytes for the uniform).
 #[repr(C)]
@@ -79,10 +76,8 @@ pub(crate) struct WeightParams {
     plane_offset: u32,
     scale_offset: u32,
     max_tokens: u32,
-    rows_per_group: u32,
     out_offset: u32,
     out_stride: u32,
-    row_threads: u32,
     first_row: u32,
     total_rows: u32,
 }
@@ -129,14 +124,12 @@ impl WeightParams {
         Ok(Self {
             rows: rows as u32,
             cols: cols as u32,
-            row_words: (sections.quant_words / rows) as u32,
+            row_words: sections.quant_row_words as u32,
             plane_offset: w.plane_offset,
             scale_offset: w.scale_offset,
             max_tokens,
-            rows_per_group: 1,
             out_offset: 0,
             out_stride: rows as u32,
-            row_threads: MATVEC_WORKGROUP,
             first_row: 0,
             total_rows: rows as u32,
         })
@@ -168,24 +161,9 @@ impl WeightParams {
         self.max_tokens
     }
 
-    /// Sizes the matvec's split of a workgroup (see shaders/matvec.wgsl): `row_threads` threads
-    /// per row, enough for each to read about `MATVEC_UNITS_PER_THREAD` units of 8 weights, so
-    /// short rows share a workgroup instead of leaving most of its threads idle; and rows per
-    /// workgroup, one pass of its slots while the matrix alone yields enough workgroups to fill a
-    /// large GPU (~2048), more passes for tall matrices (the LM head), whose per-workgroup
-    /// start-up would otherwise dominate.
-    pub(crate) fn for_matvec(mut self) -> Self {
-        let units = (self.cols / 8).max(1);
-        self.row_threads = units.div_ceil(MATVEC_UNITS_PER_THREAD).next_power_of_two().min(MATVEC_WORKGROUP);
-        let slots = MATVEC_WORKGROUP / self.row_threads;
-        let passes = (self.rows / (2048 * slots)).clamp(1, 8);
-        self.rows_per_group = slots * passes;
-        self
-    }
-
     /// Workgroups a matvec over these weights dispatches.
     pub(crate) fn matvec_groups(&self) -> u32 {
-        self.rows.div_ceil(self.rows_per_group)
+        self.rows.div_ceil(MATVEC_ROWS)
     }
 
     pub(crate) fn uniform(&self, gpu: &Gpu, label: &str) -> wgpu::Buffer {
@@ -217,6 +195,18 @@ pub(crate) fn weight_defines(kernel: &str, ty: GgmlType) -> Result<Defines, GpuE
     defines.insert(format!("WTYPE_{}", ty.name()), "1".into());
     for name in family {
         defines.insert((*name).into(), "1".into());
+    }
+    Ok(defines)
+}
+
+/// `weight_defines` plus the device's matvec variant: SLICES threads per row (SLICED when more
+/// than one, which adds the reduction).
+fn matvec_defines(gpu: &Gpu, kernel: &str, ty: GgmlType) -> Result<Defines, GpuError> {
+    let mut defines = weight_defines(kernel, ty)?;
+    let slices = gpu.info.kernels.matvec_slices;
+    defines.insert("SLICES".into(), slices.to_string());
+    if slices > 1 {
+        defines.insert("SLICED".into(), "1".into());
     }
     Ok(defines)
 }
@@ -300,7 +290,7 @@ pub struct MatvecKernel {
 
 impl MatvecKernel {
     pub async fn new(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue) -> Result<Self, GpuError> {
-        let mut defines = weight_defines("matvec", ty)?;
+        let mut defines = matvec_defines(gpu, "matvec", ty)?;
         epilogue.add_defines(&mut defines);
         Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, epilogue })
     }
@@ -328,7 +318,7 @@ impl MatvecKernel {
     ) -> Result<Dispatch, GpuError> {
         let kernel = "matvec";
         check_weight_type(kernel, self.ty, w)?;
-        let params = WeightParams::new(kernel, w, 1)?.for_matvec().with_output(out);
+        let params = WeightParams::new(kernel, w, 1)?.with_output(out);
         check_tensor(kernel, "x", x, DType::F32, params.cols.into())?;
         check_tensor(kernel, "y", y, DType::F32, out.needed_len(kernel, params.rows, 1)?)?;
         check_distinct(kernel, &[("x", &x.buffer), ("y", &y.buffer)])?;
@@ -357,7 +347,7 @@ pub struct SwigluMatvecKernel {
 
 impl SwigluMatvecKernel {
     pub async fn new(gpu: &Gpu, ty: GgmlType) -> Result<Self, GpuError> {
-        let mut defines = weight_defines("swiglu matvec", ty)?;
+        let mut defines = matvec_defines(gpu, "swiglu matvec", ty)?;
         defines.insert("SWIGLU".into(), "1".into());
         Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty })
     }
@@ -373,7 +363,7 @@ impl SwigluMatvecKernel {
         let kernel = "swiglu matvec";
         check_weight_type(kernel, self.ty, gate)?;
         check_same_layout(kernel, gate, up)?;
-        let params = WeightParams::new(kernel, gate, 1)?.for_matvec();
+        let params = WeightParams::new(kernel, gate, 1)?;
         check_tensor(kernel, "x", x, DType::F32, params.cols.into())?;
         check_tensor(kernel, "out", out, DType::F32, params.rows.into())?;
         check_distinct(kernel, &[("x", &x.buffer), ("out", &out.buffer)])?;

@@ -10,9 +10,18 @@ pub fn gpu() -> Gpu {
     gpu_with(&GpuOptions::default())
 }
 
-/// A device with subgroups (and f16) forced off, to test the workgroup-memory fallbacks.
+/// A device with subgroups (and f16) forced off, to test the workgroup-memory fallbacks, and
+/// the matvec variant the adapter would not choose (several threads per row on a software
+/// adapter, one on a GPU), so that both variants are tested on every machine.
 pub fn gpu_without_subgroups() -> Gpu {
-    gpu_with(&GpuOptions { allow_f16: false, allow_subgroups: false, allow_timestamps: false, max_storage_binding: None })
+    let other_slices = if gpu().info.kernels.matvec_slices == 1 { 4 } else { 1 };
+    gpu_with(&GpuOptions {
+        allow_f16: false,
+        allow_subgroups: false,
+        allow_timestamps: false,
+        max_storage_binding: None,
+        matvec_slices: Some(other_slices),
+    })
 }
 
 pub fn gpu_with(options: &GpuOptions) -> Gpu {
