@@ -1,11 +1,11 @@
 // Matrix-vector product for decode (one token): y[n] = sum_k W[n][k] * x[k], with W in the GPU
 // weight layout of quant.wgsl.
 //
-// A workgroup computes ROWS consecutive rows, one per lane, and SLICES threads share a row, each
-// taking every SLICES-th 32-weight block of it. In the tiled weight layout the lanes of a slice
-// read consecutive words of consecutive rows (coalesced), while all of them read the same
-// activations at the same time: x is loaded once for the ROWS rows (a broadcast on a GPU, a
-// scalar load on a CPU-emulated one) instead of once per row. A block's scale words are loaded
+// A workgroup computes LANES * R rows: each lane R rows, LANES apart, and SLICES threads share a
+// row, each taking every SLICES-th 32-weight block of it. In the tiled weight layout the lanes of
+// a slice read consecutive words of consecutive rows (coalesced), while all of them read the same
+// activations at the same time: x is loaded as vec4s once for the thread's R rows, and is the
+// same for every lane (a broadcast on a GPU, a scalar load on a CPU-emulated one). A block's scale words are loaded
 // once for its 4 units of 8 weights. With SLICES = 1 (adapters with few, wide cores) there is no
 // reduction and no barrier at all; with more slices (GPUs, which need many threads in flight)
 // one barrier hands the slices' partial sums to slice 0. The host picks SLICES per adapter.
@@ -16,7 +16,8 @@
 #include "quant"
 
 @group(0) @binding(0) var<uniform> params: WeightParams;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
+// Read as vec4s: one load per 4 activations (every buffer is a whole number of vec4s).
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> w: array<u32>;
 #if SWIGLU
@@ -26,35 +27,49 @@
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 #endif
 
-// Mirror `MATVEC_ROWS` and the slice count in crates/kestrel-gpu/src/kernels/matvec.rs.
-const ROWS: u32 = 64u;
+// Mirror `MATVEC_LANES`, `MATVEC_ROWS_PER_THREAD` and the slice count in
+// crates/kestrel-gpu/src/kernels/matvec.rs.
+const LANES: u32 = 64u;
+const R: u32 = {{ROWS_PER_THREAD}}u;
 const SLICES: u32 = {{SLICES}}u;
 
 #if SLICED
-// Per-thread partial dot products: .x for `w`, .y for `w_up` (SWIGLU only, else 0).
-var<workgroup> partials: array<vec2<f32>, ROWS * SLICES>;
+// Per-thread partial dot products of its R rows: .x for `w`, .y for `w_up` (SWIGLU only).
+var<workgroup> partials: array<array<vec2<f32>, R>, LANES * SLICES>;
 #endif
 
+// x[first .. first + 4], `first` a multiple of 4 (unit_cols are).
 fn x4(first: u32) -> vec4<f32> {
-    return vec4<f32>(x[first], x[first + 1u], x[first + 2u], x[first + 3u]);
+    return x[first / 4u];
 }
 
 fn silu(a: f32) -> f32 {
     return a / (1.0 + exp(-a));
 }
 
-@compute @workgroup_size(ROWS * SLICES)
+@compute @workgroup_size(LANES * SLICES)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let lane = lid % ROWS;
-    let slice = lid / ROWS;
-    let row = (wg.x + wg.y * nwg.x) * ROWS + lane;
-    // Lanes past the last row compute the last row again (their sums are never stored), so the
-    // workgroup stays uniform up to the barrier.
-    var sums = row_partial(min(row, params.rows - 1u), slice);
+#if SLICED
+    let lane = lid % LANES;
+    let slice = lid / LANES;
+#else
+    // A constant, so that the compiler sees the activation addresses as workgroup-uniform.
+    let lane = lid;
+    let slice = 0u;
+#endif
+    // The thread's rows are LANES apart, so each of its loads is coalesced with its neighbours'.
+    // Rows past the last compute the last row again (their sums are never stored): the loops over
+    // R stay constant (unrolled, in registers) and the workgroup uniform up to the barrier.
+    let first_row = (wg.x + wg.y * nwg.x) * LANES * R + lane;
+    var rows: array<u32, R>;
+    for (var i = 0u; i < R; i++) {
+        rows[i] = min(first_row + i * LANES, params.rows - 1u);
+    }
+    var sums = row_partials(rows, slice);
 #if SLICED
     partials[lid] = sums;
     workgroupBarrier();
@@ -62,17 +77,22 @@ fn main(
         return;
     }
     for (var s = 1u; s < SLICES; s++) {
-        sums += partials[lane + s * ROWS];
+        for (var i = 0u; i < R; i++) {
+            sums[i] += partials[lane + s * LANES][i];
+        }
     }
 #endif
-    if (row < params.rows) {
-        store(row, sums);
+    for (var i = 0u; i < R; i++) {
+        let row = first_row + i * LANES;
+        if (row < params.rows) {
+            store(row, sums[i]);
+        }
     }
 }
 
-// This thread's share of the row's dot product(s).
-fn row_partial(row: u32, slice: u32) -> vec2<f32> {
-    var sums = vec2<f32>(0.0);
+// This thread's share of the dot product(s) of each of its rows: x is loaded once for all R.
+fn row_partials(rows: array<u32, R>, slice: u32) -> array<vec2<f32>, R> {
+    var sums: array<vec2<f32>, R>;
     let units = params.cols / 8u;
 #if DENSE
     // Dense rows have no blocks (and need not be whole units): unit by unit, then the columns
@@ -81,35 +101,48 @@ fn row_partial(row: u32, slice: u32) -> vec2<f32> {
         let cols = unit_cols(u);
         let xlo = x4(cols.x);
         let xhi = x4(cols.y);
-        let gate = load_unit(row, u);
-        sums.x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
+        for (var i = 0u; i < R; i++) {
+            let gate = load_unit(rows[i], u);
+            sums[i].x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
 #if SWIGLU
-        let up = load_up_unit(row, u);
-        sums.y += dot(up.lo, xlo) + dot(up.hi, xhi);
+            let up = load_up_unit(rows[i], u);
+            sums[i].y += dot(up.lo, xlo) + dot(up.hi, xhi);
 #endif
+        }
     }
     for (var col = units * 8u + slice; col < params.cols; col += SLICES) {
-        sums.x += load_dense(row, col) * x[col];
+        let xc = x[col / 4u][col % 4u];
+        for (var i = 0u; i < R; i++) {
+            sums[i].x += load_dense(rows[i], col) * xc;
 #if SWIGLU
-        sums.y += load_up_dense(row, col) * x[col];
+            sums[i].y += load_up_dense(rows[i], col) * xc;
 #endif
+        }
     }
 #else
     for (var first = 4u * slice; first < units; first += 4u * SLICES) {
-        let scales = load_scale_words(row, first);
+        var scales: array<array<u32, SCALE_WORDS>, R>;
 #if SWIGLU
-        let up_scales = load_up_scale_words(row, first);
+        var up_scales: array<array<u32, SCALE_WORDS>, R>;
 #endif
+        for (var i = 0u; i < R; i++) {
+            scales[i] = load_scale_words(rows[i], first);
+#if SWIGLU
+            up_scales[i] = load_up_scale_words(rows[i], first);
+#endif
+        }
         for (var u = first; u < first + 4u; u++) {
             let cols = unit_cols(u);
             let xlo = x4(cols.x);
             let xhi = x4(cols.y);
-            let gate = load_unit_scaled(row, u, scales);
-            sums.x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
+            for (var i = 0u; i < R; i++) {
+                let gate = load_unit_scaled(rows[i], u, scales[i]);
+                sums[i].x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
 #if SWIGLU
-            let up = load_up_unit_scaled(row, u, up_scales);
-            sums.y += dot(up.lo, xlo) + dot(up.hi, xhi);
+                let up = load_up_unit_scaled(rows[i], u, up_scales[i]);
+                sums[i].y += dot(up.lo, xlo) + dot(up.hi, xhi);
 #endif
+            }
         }
     }
 #endif

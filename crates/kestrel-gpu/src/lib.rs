@@ -18,7 +18,7 @@ mod tensor;
 pub mod kernels;
 pub mod reference;
 
-pub use device::{Gpu, GpuFeatures, GpuInfo, GpuOptions, KernelChoice};
+pub use device::{Gpu, GpuFeatures, GpuInfo, GpuOptions, KernelChoice, MatvecVariant};
 pub use error::GpuError;
 pub use pipeline::{PipelineCache, PipelineKey};
 pub use pool::BufferPool;

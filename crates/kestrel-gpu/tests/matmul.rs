@@ -129,7 +129,8 @@ fn assert_within(what: &str, got: &[f32], want: &[f32], bound: &[f32]) {
 fn devices() -> [(String, Gpu); 2] {
     [common::gpu(), common::gpu_without_subgroups()].map(|gpu| {
         let subgroups = if gpu.features.subgroups { "subgroups" } else { "no subgroups" };
-        (format!("{subgroups}, {} matvec slices", gpu.info.kernels.matvec_slices), gpu)
+        let m = gpu.info.kernels.matvec;
+        (format!("{subgroups}, matvec {} slices x {} rows", m.slices, m.rows_per_thread), gpu)
     })
 }
 
@@ -527,7 +528,8 @@ fn bind_rejects_mismatched_shapes() {
     w5.plane_offset -= 1;
     invalid(mv5.bind(&gpu, &w5, &x, &y, None).map(drop), "plane section overlapping the quants");
     w5.plane_offset += 1;
-    w5.scale_offset += 1;
+    // Past the buffer, which is a whole number of 16-byte units: 4 words later.
+    w5.scale_offset += 4;
     invalid(mv5.bind(&gpu, &w5, &x, &y, None).map(drop), "scale section past the buffer");
 
     let sw = pollster::block_on(SwigluMatvecKernel::new(&gpu, GgmlType::Q4_0)).unwrap();

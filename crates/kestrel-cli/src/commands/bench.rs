@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use kestrel_gpu::{Gpu, GpuOptions};
+use kestrel_gpu::{Gpu, GpuOptions, MatvecVariant};
 
 use self::report::{Adapter, Report, TABLE_HEADER};
 use self::shapes::{DEFAULT_MODEL, ONE_B};
@@ -77,6 +77,10 @@ struct KernelsArgs {
     /// Size of the copy kernel's buffers in MiB (capped at the binding limit).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     copy_mib: u64,
+    /// The decode matvec's variant instead of the adapter's choice: threads per row (1, 2, 4)
+    /// and rows per thread (1-8), as "SLICES,ROWS", e.g. "4,2".
+    #[arg(long, value_parser = parse_matvec_variant)]
+    matvec: Option<MatvecVariant>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -103,7 +107,7 @@ pub fn run(args: BenchArgs) -> CliResult {
 
 fn kernels(args: &KernelsArgs) -> CliResult {
     let started = Instant::now();
-    let gpu = Gpu::new_blocking(&GpuOptions::default())?;
+    let gpu = Gpu::new_blocking(&GpuOptions { matvec: args.matvec, ..GpuOptions::default() })?;
     let timer = Timer::new(&gpu, args.settings(), args.wall_clock);
     let adapter = Adapter::new(&gpu.info);
     eprintln!("{}\n", adapter.markdown(timer.method()));
@@ -123,6 +127,14 @@ fn kernels(args: &KernelsArgs) -> CliResult {
         Report { adapter, timing: timer.method(), copy_gb_per_s, rows }.write_json(path)?;
     }
     Ok(())
+}
+
+fn parse_matvec_variant(s: &str) -> Result<MatvecVariant, String> {
+    let parts: Vec<u32> = s.split(',').map(|p| p.trim().parse::<u32>().map_err(|e| format!("{p:?}: {e}"))).collect::<Result<_, _>>()?;
+    match parts[..] {
+        [slices, rows_per_thread] => Ok(MatvecVariant { slices, rows_per_thread }),
+        _ => Err(format!("expected SLICES,ROWS, got {s:?}")),
+    }
 }
 
 /// `mib` MiB, at most the binding limit, in whole 16-byte units (the copy kernel's grain).

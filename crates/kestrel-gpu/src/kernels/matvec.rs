@@ -63,8 +63,8 @@ impl OutputColumns {
     }
 }
 
-/// Rows of a matvec workgroup, one per lane of each slice (`ROWS` in shaders/matvec.wgsl).
-const MATVEC_ROWS: u32 = 64;
+/// Lanes of each slice of a matvec workgroup (`LANES` in shaders/matvec.wgsl).
+const MATVEC_LANES: u32 = 64;
 
 /// Mirrors `struct WeightParams` in shaders/quant.wgsl (padded to 16 bytes for the uniform).
 #[repr(C)]
@@ -161,9 +161,10 @@ impl WeightParams {
         self.max_tokens
     }
 
-    /// Workgroups a matvec over these weights dispatches.
-    pub(crate) fn matvec_groups(&self) -> u32 {
-        self.rows.div_ceil(MATVEC_ROWS)
+    /// Workgroups a matvec over these weights dispatches, each thread computing
+    /// `rows_per_thread` rows.
+    pub(crate) fn matvec_groups(&self, rows_per_thread: u32) -> u32 {
+        self.rows.div_ceil(MATVEC_LANES * rows_per_thread)
     }
 
     pub(crate) fn uniform(&self, gpu: &Gpu, label: &str) -> wgpu::Buffer {
@@ -199,12 +200,24 @@ pub(crate) fn weight_defines(kernel: &str, ty: GgmlType) -> Result<Defines, GpuE
     Ok(defines)
 }
 
+/// Rows per thread of a matvec on `gpu`: the device's variant, halved for the fused SwiGLU
+/// product, which reads two matrices per row (the same registers for its accumulators and scales).
+fn matvec_rows_per_thread(gpu: &Gpu, swiglu: bool) -> u32 {
+    let rows = gpu.info.kernels.matvec.rows_per_thread;
+    if swiglu {
+        (rows / 2).max(1)
+    } else {
+        rows
+    }
+}
+
 /// `weight_defines` plus the device's matvec variant: SLICES threads per row (SLICED when more
-/// than one, which adds the reduction).
-fn matvec_defines(gpu: &Gpu, kernel: &str, ty: GgmlType) -> Result<Defines, GpuError> {
+/// than one, which adds the reduction), ROWS_PER_THREAD rows each.
+fn matvec_defines(gpu: &Gpu, kernel: &str, ty: GgmlType, rows_per_thread: u32) -> Result<Defines, GpuError> {
     let mut defines = weight_defines(kernel, ty)?;
-    let slices = gpu.info.kernels.matvec_slices;
+    let slices = gpu.info.kernels.matvec.slices;
     defines.insert("SLICES".into(), slices.to_string());
+    defines.insert("ROWS_PER_THREAD".into(), rows_per_thread.to_string());
     if slices > 1 {
         defines.insert("SLICED".into(), "1".into());
     }
@@ -286,13 +299,15 @@ pub struct MatvecKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     ty: GgmlType,
     epilogue: Epilogue,
+    rows_per_thread: u32,
 }
 
 impl MatvecKernel {
     pub async fn new(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue) -> Result<Self, GpuError> {
-        let mut defines = matvec_defines(gpu, "matvec", ty)?;
+        let rows_per_thread = matvec_rows_per_thread(gpu, false);
+        let mut defines = matvec_defines(gpu, "matvec", ty, rows_per_thread)?;
         epilogue.add_defines(&mut defines);
-        Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, epilogue })
+        Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, epilogue, rows_per_thread })
     }
 
     pub fn bind(
@@ -332,7 +347,7 @@ impl MatvecKernel {
         if let Some(b) = check_bias(kernel, self.epilogue, bias, params.rows, y)? {
             resources.push(b.buffer.as_entire_binding());
         }
-        let workgroups = grid(params.matvec_groups(), gpu.limits.max_compute_workgroups_per_dimension);
+        let workgroups = grid(params.matvec_groups(self.rows_per_thread), gpu.limits.max_compute_workgroups_per_dimension);
         Ok(Dispatch::new(gpu, kernel, self.pipeline.clone(), &resources, workgroups))
     }
 }
@@ -343,13 +358,15 @@ impl MatvecKernel {
 pub struct SwigluMatvecKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     ty: GgmlType,
+    rows_per_thread: u32,
 }
 
 impl SwigluMatvecKernel {
     pub async fn new(gpu: &Gpu, ty: GgmlType) -> Result<Self, GpuError> {
-        let mut defines = matvec_defines(gpu, "swiglu matvec", ty)?;
+        let rows_per_thread = matvec_rows_per_thread(gpu, true);
+        let mut defines = matvec_defines(gpu, "swiglu matvec", ty, rows_per_thread)?;
         defines.insert("SWIGLU".into(), "1".into());
-        Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty })
+        Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, rows_per_thread })
     }
 
     pub fn bind(
@@ -368,7 +385,7 @@ impl SwigluMatvecKernel {
         check_tensor(kernel, "out", out, DType::F32, params.rows.into())?;
         check_distinct(kernel, &[("x", &x.buffer), ("out", &out.buffer)])?;
         let uniform = params.uniform(gpu, "swiglu_matvec.params");
-        let workgroups = grid(params.matvec_groups(), gpu.limits.max_compute_workgroups_per_dimension);
+        let workgroups = grid(params.matvec_groups(self.rows_per_thread), gpu.limits.max_compute_workgroups_per_dimension);
         Ok(Dispatch::new(
             gpu,
             kernel,

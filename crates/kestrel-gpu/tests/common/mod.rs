@@ -2,7 +2,7 @@
 //! must never skip GPU tests silently), seeded random data, and tolerance checks.
 #![allow(dead_code)]
 
-use kestrel_gpu::{Gpu, GpuOptions};
+use kestrel_gpu::{Gpu, GpuOptions, MatvecVariant};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 /// The test device. Panics with instructions when no adapter is found.
@@ -11,16 +11,16 @@ pub fn gpu() -> Gpu {
 }
 
 /// A device with subgroups (and f16) forced off, to test the workgroup-memory fallbacks, and
-/// the matvec variant the adapter would not choose (several threads per row on a software
-/// adapter, one on a GPU), so that both variants are tested on every machine.
+/// the matvec variant of the other kind of adapter (a GPU's on a software adapter and the
+/// reverse), so that both variants are tested on every machine.
 pub fn gpu_without_subgroups() -> Gpu {
-    let other_slices = if gpu().info.kernels.matvec_slices == 1 { 4 } else { 1 };
+    let software = gpu().info.software;
     gpu_with(&GpuOptions {
         allow_f16: false,
         allow_subgroups: false,
         allow_timestamps: false,
         max_storage_binding: None,
-        matvec_slices: Some(other_slices),
+        matvec: Some(MatvecVariant::for_adapter(!software)),
     })
 }
 

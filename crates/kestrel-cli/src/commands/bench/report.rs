@@ -103,6 +103,11 @@ pub struct Adapter {
     pub driver: String,
     pub features: Vec<&'static str>,
     pub max_storage_buffer_binding_size: u64,
+    /// A software (CPU-emulated) adapter.
+    pub software: bool,
+    /// The decode matvec's variant on this adapter: threads per row, rows per thread.
+    pub matvec_slices: u32,
+    pub matvec_rows_per_thread: u32,
 }
 
 impl Adapter {
@@ -118,6 +123,9 @@ impl Adapter {
             driver: info.driver.clone(),
             features,
             max_storage_buffer_binding_size: info.max_storage_buffer_binding_size,
+            software: info.software,
+            matvec_slices: info.kernels.matvec.slices,
+            matvec_rows_per_thread: info.kernels.matvec.rows_per_thread,
         }
     }
 
@@ -125,11 +133,14 @@ impl Adapter {
     pub fn markdown(&self, timing: &str) -> String {
         let features = if self.features.is_empty() { "none".to_string() } else { self.features.join(", ") };
         format!(
-            "adapter: {} ({}, {})  \nfeatures: {features}; binding limit {:.0} MiB  \ntiming: {timing}",
+            "adapter: {} ({}, {}{})  \nfeatures: {features}; binding limit {:.0} MiB  \nkernels: matvec with {} thread(s) per row, {} rows per thread  \ntiming: {timing}",
             self.name,
             self.backend,
             self.driver,
+            if self.software { ", software" } else { "" },
             self.max_storage_buffer_binding_size as f64 / MIB,
+            self.matvec_slices,
+            self.matvec_rows_per_thread,
         )
     }
 }
