@@ -32,12 +32,13 @@ export async function promptTexts({ model, promptTokens }) {
   return JSON.parse(await exec(KESTREL, ['bench', 'prompt', '--model', model, '--prompt-tokens', promptTokens.join(',')]));
 }
 
-/** llama.cpp on `threads` CPU threads; resolves to its JSON (schema kestrel-native-peer-bench/1). */
-export async function runLlamaCpp({ model, promptTokens, decodeTokens, repeats, threads, out }) {
+/** llama.cpp on `threads` CPU threads, or its Vulkan build with every layer on the GPU (`gpu`:
+ * 'vulkan'); resolves to its JSON (schema kestrel-native-peer-bench/1). */
+export async function runLlamaCpp({ model, promptTokens, decodeTokens, repeats, threads, gpu, out }) {
   const script = join(ROOT, 'tools/llama-cpp/bench.mjs');
   if (!existsSync(script)) throw new Error('tools/llama-cpp/bench.mjs is missing');
   if (!existsSync(join(ROOT, 'tools/llama-cpp/node_modules'))) throw new Error('tools/llama-cpp has no node_modules: run `npm ci` there');
   await exec(process.execPath, [script, '--model', model, '--threads', String(threads), '--prompt-tokens', promptTokens.join(','),
-    '--decode-tokens', String(decodeTokens), '--repeats', String(repeats), '--json', out]);
+    '--decode-tokens', String(decodeTokens), '--repeats', String(repeats), '--json', out, ...(gpu ? ['--gpu', gpu] : [])]);
   return readJson(out);
 }

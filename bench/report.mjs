@@ -14,7 +14,11 @@ const secs = (ms) => (ms == null ? '–' : ms >= 10_000 ? `${(ms / 1e3).toFixed(
 export function allRows(run) {
   const rows = [];
   if (run.native?.kestrel && !run.native.kestrel.error) rows.push(...kestrelNativeRows(run.native.kestrel));
-  if (run.native?.llama_cpp && !run.native.llama_cpp.error) rows.push(...llamaCppRows(run.native.llama_cpp, run.settings.native.threads));
+  // llama.cpp's CPU build at the run's threads and at 1, and its Vulkan build on the same device.
+  for (const key of ['llama_cpp', 'llama_cpp_1_thread', 'llama_cpp_vulkan']) {
+    const r = run.native?.[key];
+    if (r && !r.error) rows.push(...llamaCppRows(r, run.settings.native.threads));
+  }
   for (const [name, r] of Object.entries(run.native ?? {})) {
     if (r?.error) rows.push({ env: 'native', engine: name === 'kestrel' ? 'Kestrel' : 'llama.cpp', backend: '', note: `failed: ${r.error}` });
   }

@@ -25,7 +25,8 @@ export function kestrelNativeRows(r) {
 /** tools/llama-cpp/bench.mjs --json (schema kestrel-native-peer-bench/1). */
 export function llamaCppRows(r, threads) {
   return r.runs.map((run) => row({
-    env: 'native', engine: 'llama.cpp', backend: `CPU, ${r.settings?.threads ?? threads} threads`,
+    env: 'native', engine: 'llama.cpp',
+    backend: r.settings?.gpu === 'vulkan' ? `Vulkan, ${r.settings.gpu_device ?? '?'}` : `CPU, ${r.settings?.threads ?? threads} thread${(r.settings?.threads ?? threads) === 1 ? '' : 's'}`,
     prompt_tokens: run.prompt_tokens, decode_tokens: run.decode_tokens, repeats: r.settings?.repeats,
     load_ms: (r.load?.model_ms ?? 0) + (r.load?.context_ms ?? 0),
     // Its prefill time includes the pick of the first token: the time to first token.

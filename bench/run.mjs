@@ -116,9 +116,16 @@ if (!skip.has('native')) {
   }));
 }
 if (!skip.has('llama')) {
-  run.native.llama_cpp = await attempt('llama.cpp, native', () => runLlamaCpp({
-    model, promptTokens: n.prompt_tokens, decodeTokens: n.decode_tokens, repeats: n.repeats, threads, out: join(raw, 'llama-cpp.json'),
-  }));
+  const llama = (what, key, options) => attempt(what, async () => {
+    run.native[key] = await runLlamaCpp({
+      model, promptTokens: n.prompt_tokens, decodeTokens: n.decode_tokens, repeats: n.repeats, ...options, out: join(raw, `${key}.json`),
+    });
+  }).then((failed) => { if (failed?.error) run.native[key] = failed; });
+  await llama('llama.cpp, native', 'llama_cpp', { threads });
+  // On a shared 2-core machine its multi-threaded decode swings widely; 1 thread holds steadier.
+  if (threads !== 1) await llama('llama.cpp, native, 1 thread', 'llama_cpp_1_thread', { threads: 1 });
+  // The fair peer of Kestrel's GPU kernels: llama.cpp's own Vulkan kernels on the same device.
+  await llama('llama.cpp Vulkan, native', 'llama_cpp_vulkan', { threads, gpu: 'vulkan' });
 }
 if (!skip.has('browser')) {
   const b = settings.browser;

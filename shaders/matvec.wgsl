@@ -5,10 +5,11 @@
 // row, each taking every SLICES-th 32-weight block of it. In the tiled weight layout the lanes of
 // a slice read consecutive words of consecutive rows (coalesced), while all of them read the same
 // activations at the same time: x is loaded as vec4s once for the thread's R rows, and is the
-// same for every lane (a broadcast on a GPU, a scalar load on a CPU-emulated one). A block's scale words are loaded
-// once for its 4 units of 8 weights. With SLICES = 1 (adapters with few, wide cores) there is no
-// reduction and no barrier at all; with more slices (GPUs, which need many threads in flight)
-// one barrier hands the slices' partial sums to slice 0. The host picks SLICES per adapter.
+// same for every lane (a broadcast on a GPU, a scalar load on a CPU-emulated one). A block's
+// scale and plane words are loaded once for its 4 units of 8 weights (K-quant scales once per
+// super-block). With SLICES = 1 (adapters with few, wide cores) there is no reduction and no
+// barrier at all; with more slices (GPUs, which need many threads in flight) one barrier hands
+// the slices' partial sums to slice 0. The host picks SLICES and R per adapter.
 //
 // Epilogues (defines): BIAS adds bias[n]; ACCUMULATE adds the old y[n] (the in-place residual
 // add, y += W x: each y[n] is read then written by the same invocation); SWIGLU computes
@@ -120,15 +121,36 @@ fn row_partials(rows: array<u32, R>, slice: u32) -> array<vec2<f32>, R> {
         }
     }
 #else
-    for (var first = 4u * slice; first < units; first += 4u * SLICES) {
-        var scales: array<array<u32, SCALE_WORDS>, R>;
+    // Q4_K and Q5_K keep one set of scale words per super-block of 32 units: loaded once per
+    // super-block (each slice reaches a new one at the same step, so the test is uniform).
+    var scales: array<array<u32, SCALE_WORDS>, R>;
 #if SWIGLU
-        var up_scales: array<array<u32, SCALE_WORDS>, R>;
+    var up_scales: array<array<u32, SCALE_WORDS>, R>;
+#endif
+    var scales_of = 0xffffffffu;
+    for (var first = 4u * slice; first < units; first += 4u * SLICES) {
+#if SCALES_K
+        let scale_group = first / 32u;
+#else
+        let scale_group = first;
+#endif
+        if (scale_group != scales_of) {
+            scales_of = scale_group;
+            for (var i = 0u; i < R; i++) {
+                scales[i] = load_scale_words(rows[i], first);
+#if SWIGLU
+                up_scales[i] = load_up_scale_words(rows[i], first);
+#endif
+            }
+        }
+        var high: array<vec2<u32>, R>;
+#if SWIGLU
+        var up_high: array<vec2<u32>, R>;
 #endif
         for (var i = 0u; i < R; i++) {
-            scales[i] = load_scale_words(rows[i], first);
+            high[i] = load_block_high(rows[i], first);
 #if SWIGLU
-            up_scales[i] = load_up_scale_words(rows[i], first);
+            up_high[i] = load_up_block_high(rows[i], first);
 #endif
         }
         for (var u = first; u < first + 4u; u++) {
@@ -136,10 +158,10 @@ fn row_partials(rows: array<u32, R>, slice: u32) -> array<vec2<f32>, R> {
             let xlo = x4(cols.x);
             let xhi = x4(cols.y);
             for (var i = 0u; i < R; i++) {
-                let gate = load_unit_scaled(rows[i], u, scales[i]);
+                let gate = load_unit_in(rows[i], u, scales[i], high[i]);
                 sums[i].x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
 #if SWIGLU
-                let up = load_up_unit_scaled(rows[i], u, up_scales[i]);
+                let up = load_up_unit_in(rows[i], u, up_scales[i], up_high[i]);
                 sums[i].y += dot(up.lo, xlo) + dot(up.hi, xhi);
 #endif
             }

@@ -208,6 +208,27 @@ fn high_shift(u: u32) -> u32 {
 }
 #endif
 
+// The high bits of unit `u`, shifted down, from its block's plane words (`load_block_high`).
+fn unit_high(block_high: vec2<u32>, u: u32) -> u32 {
+#if PLANES
+    if (HIGH_BITS > 1u && u % 4u >= 2u) {
+        return block_high.y >> high_shift(u);
+    }
+    return block_high.x >> high_shift(u);
+#else
+    return 0u;
+#endif
+}
+
+// (d, m) of unit `u` from its scale words; (1, 0) for dense types.
+fn unit_scale_of(s: array<u32, SCALE_WORDS>, row: u32, u: u32) -> vec2<f32> {
+#if DENSE
+    return vec2<f32>(1.0, 0.0);
+#else
+    return unit_scale(s, row, u);
+#endif
+}
+
 // The 4 bytes of `w` as integers 0..255, lowest byte first.
 fn bytes4(w: u32) -> vec4<u32> {
     return (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
@@ -272,8 +293,11 @@ fn dense_value(word: u32, col: u32) -> f32 {
 }
 #endif
 
-// The scale words of unit `u` of row `row` of `w` (none for dense types): the same for the 4
-// units of a 32-weight block, so a kernel that reads whole blocks loads them once per block.
+// A 32-weight block's 4 units share their scale words and their plane words, so a kernel that
+// reads whole blocks loads those once per block (`load_scale_words`, `load_block_high`) and
+// decodes its units with `load_unit_in`; `load_unit` reads one unit on its own.
+
+// The scale words of unit `u` of row `row` of `w` (none for dense types).
 fn load_scale_words(row: u32, u: u32) -> array<u32, SCALE_WORDS> {
     var s: array<u32, SCALE_WORDS>;
 #if DENSE
@@ -285,34 +309,39 @@ fn load_scale_words(row: u32, u: u32) -> array<u32, SCALE_WORDS> {
     return s;
 }
 
-// Weights of unit `u` of row `row` of `w`, given its scale words `s` (`load_scale_words`).
-fn load_unit_scaled(row: u32, u: u32, s: array<u32, SCALE_WORDS>) -> Unit {
+// The plane words of the block of unit `u` of row `row` of `w`: HIGH_BITS words (units 0-1 and
+// 2-3 of the block when HIGH_BITS is 2); zeros for types without a plane.
+fn load_block_high(row: u32, u: u32) -> vec2<u32> {
+    var high = vec2<u32>(0u);
+#if PLANES
+    let first = u - u % 4u;
+    if (HIGH_BITS > 0u) {
+        high.x = w[high_index(row, first)];
+    }
+    if (HIGH_BITS > 1u) {
+        high.y = w[high_index(row, first + 2u)];
+    }
+#endif
+    return high;
+}
+
+// Weights of unit `u` of row `row` of `w`, given its block's scale and plane words.
+fn load_unit_in(row: u32, u: u32, s: array<u32, SCALE_WORDS>, block_high: vec2<u32>) -> Unit {
     var q: array<u32, UNIT_WORDS>;
     for (var i = 0u; i < UNIT_WORDS; i++) {
         q[i] = w[tiled(row, u * UNIT_WORDS + i, params.row_words)];
     }
-    var high = 0u;
-#if PLANES
-    if (HIGH_BITS > 0u) {
-        high = w[high_index(row, u)] >> high_shift(u);
-    }
-#endif
-    var scale = vec2<f32>(1.0, 0.0);
-#if DENSE
-#else
-    scale = unit_scale(s, row, u);
-#endif
-    return decode_unit(q, high, scale);
+    return decode_unit(q, unit_high(block_high, u), unit_scale_of(s, row, u));
 }
 
 // Weights of unit `u` of row `row` of `w`.
 fn load_unit(row: u32, u: u32) -> Unit {
-    return load_unit_scaled(row, u, load_scale_words(row, u));
+    return load_unit_in(row, u, load_scale_words(row, u), load_block_high(row, u));
 }
 
 #if SWIGLU
-// The same three for the up projection `w_up` (same type and shape as `w`). Copies because WGSL
-// cannot pass a storage buffer to a function.
+// The same for the up projection `w_up` (same type and shape as `w`). Copies because WGSL cannot
+// pass a storage buffer to a function.
 fn load_up_scale_words(row: u32, u: u32) -> array<u32, SCALE_WORDS> {
     var s: array<u32, SCALE_WORDS>;
 #if DENSE
@@ -324,27 +353,30 @@ fn load_up_scale_words(row: u32, u: u32) -> array<u32, SCALE_WORDS> {
     return s;
 }
 
-fn load_up_unit_scaled(row: u32, u: u32, s: array<u32, SCALE_WORDS>) -> Unit {
+fn load_up_block_high(row: u32, u: u32) -> vec2<u32> {
+    var high = vec2<u32>(0u);
+#if PLANES
+    let first = u - u % 4u;
+    if (HIGH_BITS > 0u) {
+        high.x = w_up[high_index(row, first)];
+    }
+    if (HIGH_BITS > 1u) {
+        high.y = w_up[high_index(row, first + 2u)];
+    }
+#endif
+    return high;
+}
+
+fn load_up_unit_in(row: u32, u: u32, s: array<u32, SCALE_WORDS>, block_high: vec2<u32>) -> Unit {
     var q: array<u32, UNIT_WORDS>;
     for (var i = 0u; i < UNIT_WORDS; i++) {
         q[i] = w_up[tiled(row, u * UNIT_WORDS + i, params.row_words)];
     }
-    var high = 0u;
-#if PLANES
-    if (HIGH_BITS > 0u) {
-        high = w_up[high_index(row, u)] >> high_shift(u);
-    }
-#endif
-    var scale = vec2<f32>(1.0, 0.0);
-#if DENSE
-#else
-    scale = unit_scale(s, row, u);
-#endif
-    return decode_unit(q, high, scale);
+    return decode_unit(q, unit_high(block_high, u), unit_scale_of(s, row, u));
 }
 
 fn load_up_unit(row: u32, u: u32) -> Unit {
-    return load_up_unit_scaled(row, u, load_up_scale_words(row, u));
+    return load_up_unit_in(row, u, load_up_scale_words(row, u), load_up_block_high(row, u));
 }
 #endif
 

@@ -25,6 +25,10 @@ export interface EngineInfo {
     driver: string;
     features: { shader_f16: boolean; subgroups: boolean; timestamps: boolean; subgroup_min_size: number; subgroup_max_size: number };
     limits: Record<string, number>;
+    /** A software (CPU-emulated) adapter: SwiftShader, llvmpipe, WARP. */
+    software: boolean;
+    /** Kernel variants chosen for this adapter: the decode matvec's threads per row and rows per thread. */
+    kernels: { matvec_slices: number; matvec_rows_per_thread: number };
   } | null;
   model: {
     name: string; arch: string; n_layers: number; hidden: number; ffn: number; n_heads: number;

@@ -5,7 +5,11 @@
 //   node tools/llama-cpp/bench.mjs --model M.gguf [--threads 2] [--prompt-tokens 128,512]
 //        [--decode-tokens 128] [--repeats 3] [--warmup 1] [--json OUT.json]
 //        [--prompts tests/data/reference/greedy.json] [--ctx 2048] [--batch 512]
-//        [--flash-attention off|on|auto]
+//        [--flash-attention off|on|auto] [--gpu vulkan]
+//
+// --gpu vulkan: llama.cpp's Vulkan build (@node-llama-cpp/linux-x64-vulkan) with every layer
+// offloaded to Vulkan device 0 (lavapipe on a machine without a GPU: the fair peer of Kestrel's
+// GPU kernels on the same emulated device); --threads then only sizes its CPU-side work.
 //
 // Prompt of P tokens: the ids of `bench_prompt.ids` in --prompts (256 ids of llama.cpp's
 // tokenization of the bench text, the same ids every peer is fed), repeated cyclically and cut to
@@ -49,8 +53,10 @@ import { HERE, loadLlama, parseArgs, versionInfo } from "./common.mjs";
 const { opts, pos } = parseArgs(process.argv.slice(2), {
     model: "", threads: 2, "prompt-tokens": "128,512", "decode-tokens": 128, repeats: 3, warmup: 1,
     json: "", prompts: path.join(HERE, "..", "..", "tests", "data", "reference", "greedy.json"),
-    ctx: 2048, batch: 512, "flash-attention": "off", "log-level": "warn",
+    ctx: 2048, batch: 512, "flash-attention": "off", "log-level": "warn", gpu: "",
 });
+if (!["", "vulkan"].includes(opts.gpu)) throw new Error("--gpu must be vulkan (or absent for the CPU build)");
+const gpu = opts.gpu || false;
 if (!opts.model || pos.length) {
     console.error("usage: node bench.mjs --model M.gguf [--threads N] [--prompt-tokens 128,512] " +
         "[--decode-tokens 128] [--repeats R] [--warmup W] [--json OUT.json]");
@@ -68,9 +74,9 @@ if (!Array.isArray(benchIds) || benchIds.length === 0) throw new Error(`${opts.p
 const promptIds = (n) => Array.from({ length: n }, (_, i) => benchIds[i % benchIds.length]);
 
 const loadavgStart = os.loadavg();
-const llama = await loadLlama({ logLevel: opts["log-level"] });
+const llama = await loadLlama({ logLevel: opts["log-level"], gpu });
 let t = performance.now();
-const model = await llama.loadModel({ modelPath: opts.model, gpuLayers: 0 });
+const model = await llama.loadModel({ modelPath: opts.model, gpuLayers: gpu ? "max" : 0 });
 const modelMs = performance.now() - t;
 t = performance.now();
 const context = await model.createContext({
@@ -165,7 +171,8 @@ const doc = {
     },
     settings: {
         threads: opts.threads, n_ctx: context.contextSize, n_batch: opts.batch,
-        flash_attention: opts["flash-attention"], kv_cache: "f16", gpu: false,
+        flash_attention: opts["flash-attention"], kv_cache: "f16", gpu,
+        gpu_device: gpu ? (await llama.getGpuDeviceNames()).join(", ") : null,
         repeats: opts.repeats, warmup: opts.warmup,
         prompt_rule: "ids[i] = bench_prompt.ids[i % bench_prompt.ids.length] from " + path.basename(opts.prompts) + ", no BOS",
     },

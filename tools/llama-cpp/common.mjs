@@ -5,10 +5,14 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 // node-llama-cpp reads these when its modules load; set them before importing it. SKIP_DOWNLOAD
-// stops any attempt to fetch llama.cpp sources from GitHub, GPU=false skips CUDA/Vulkan/Metal
-// probing (only @node-llama-cpp/linux-x64, the CPU build, is installed).
+// stops any attempt to fetch llama.cpp sources from GitHub, GPU=false skips CUDA/Metal probing:
+// the CPU build (@node-llama-cpp/linux-x64) runs unless a caller asks for `gpu: "vulkan"`
+// (@node-llama-cpp/linux-x64-vulkan, the same release built with ggml-vulkan).
 process.env.NODE_LLAMA_CPP_SKIP_DOWNLOAD ??= "true";
 process.env.NODE_LLAMA_CPP_GPU ??= "false";
+// ggml-vulkan skips CPU-type devices (lavapipe) unless they are listed explicitly; device 0 is
+// the only Vulkan device on a machine without a GPU.
+process.env.GGML_VK_VISIBLE_DEVICES ??= "0";
 
 const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
 
@@ -23,12 +27,13 @@ export function packageVersion(name) {
 // node_modules/node-llama-cpp/llama/gitRelease.bundle is at this commit).
 export const LLAMA_CPP_COMMIT = "ggml-org/llama.cpp@de3ff815ea7d559ee917f063901b8986f038abc6";
 
-export async function loadLlama({ logLevel = "warn" } = {}) {
+// `gpu`: false for the CPU build, "vulkan" for the Vulkan build.
+export async function loadLlama({ logLevel = "warn", gpu = false } = {}) {
     const llama = await getLlama({
         build: "never", // use the prebuilt binary or fail; never compile llama.cpp
         usePrebuiltBinaries: true,
         skipDownload: true,
-        gpu: false,
+        gpu,
         progressLogs: false,
         maxThreads: 0, // a context's `threads` is then exactly the thread count used
         logLevel: LlamaLogLevel[logLevel] ?? logLevel,
@@ -36,13 +41,17 @@ export async function loadLlama({ logLevel = "warn" } = {}) {
     if (llama.buildType !== "prebuilt") {
         throw new Error(`expected node-llama-cpp's prebuilt llama.cpp, got a ${llama.buildType}`);
     }
+    if (llama.gpu !== gpu) throw new Error(`asked for llama.cpp with gpu ${gpu}, got ${llama.gpu}`);
     return llama;
 }
 
 export function versionInfo(llama) {
     return {
         node_llama_cpp: packageVersion("node-llama-cpp"),
-        prebuilt_package: `@node-llama-cpp/linux-x64@${packageVersion("@node-llama-cpp/linux-x64")}`,
+        prebuilt_package: llama.gpu === "vulkan"
+            ? `@node-llama-cpp/linux-x64-vulkan@${packageVersion("@node-llama-cpp/linux-x64-vulkan")}`
+            : `@node-llama-cpp/linux-x64@${packageVersion("@node-llama-cpp/linux-x64")}`,
+        gpu: llama.gpu,
         llama_cpp_release: llama.llamaCppRelease.release,
         llama_cpp_commit: LLAMA_CPP_COMMIT,
         build_type: llama.buildType,

@@ -206,6 +206,13 @@ impl State {
                     "max_compute_workgroups_per_dimension": i.max_compute_workgroups_per_dimension,
                     "max_storage_buffers_per_shader_stage": i.max_storage_buffers_per_shader_stage,
                 },
+                // The kernel variants chosen for this adapter (a software one gets the CPU-shaped
+                // matvec: one thread per row, more rows per thread).
+                "software": i.software,
+                "kernels": {
+                    "matvec_slices": i.kernels.matvec.slices,
+                    "matvec_rows_per_thread": i.kernels.matvec.rows_per_thread,
+                },
             })
         });
         to_js(&json!({ "gpu": gpu, "model": *self.model_info.borrow(), "version": env!("CARGO_PKG_VERSION") }))
