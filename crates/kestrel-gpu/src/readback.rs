@@ -34,6 +34,12 @@ impl Readback {
 
     /// Maps the first `size` bytes (after the submit that copied into it) and returns them.
     pub async fn read(&self, gpu: &Gpu, size: u64) -> Result<Vec<u8>, GpuError> {
+        self.read_after(gpu, size, None).await
+    }
+
+    /// `read`, waiting natively only for `submission` (the one that copied into this buffer) and
+    /// not for later ones: steps submitted ahead keep the device busy while this is read.
+    pub async fn read_after(&self, gpu: &Gpu, size: u64, submission: Option<wgpu::SubmissionIndex>) -> Result<Vec<u8>, GpuError> {
         if size > self.buffer.size() || !size.is_multiple_of(4) {
             return Err(GpuError::Readback(format!(
                 "asked for {size} bytes of a {}-byte readback buffer (must be a multiple of 4)",
@@ -46,10 +52,10 @@ impl Readback {
         slice.map_async(wgpu::MapMode::Read, move |result| sender.complete(result));
         #[cfg(not(target_arch = "wasm32"))]
         gpu.device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .poll(wgpu::PollType::Wait { submission_index: submission, timeout: None })
             .map_err(|e| GpuError::Readback(e.to_string()))?;
         #[cfg(target_arch = "wasm32")]
-        let _ = gpu;
+        let _ = (gpu, submission);
         signal.await.map_err(|e| GpuError::Readback(e.to_string()))?;
         let bytes = slice
             .get_mapped_range()

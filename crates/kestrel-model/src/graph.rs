@@ -158,7 +158,9 @@ pub struct Graph {
     lm_head: Vec<Dispatch>,
     pub penalties: PenaltyBinding,
     pub sampler: SampleBinding,
-    token_readback: Readback,
+    /// One per slot, with the submission that last copied into it (`TOKEN_SLOTS`).
+    token_readbacks: Vec<Readback>,
+    token_submissions: std::sync::Mutex<Vec<Option<kestrel_gpu::wgpu::SubmissionIndex>>>,
     logits_readback: Readback,
 }
 
@@ -174,6 +176,19 @@ pub enum StepOutput {
 
 /// Room in the penalty entry buffer: the recent-token window plus a logit-bias list.
 pub const PENALTY_CAPACITY: u32 = 4096 + 1024;
+
+/// Token readback buffers: the step with number `s` copies its sampled token into slot
+/// `s % TOKEN_SLOTS`, so up to this many steps can be in flight, each read after its own submit.
+pub const TOKEN_SLOTS: usize = 4;
+
+/// Where a step's token ids come from.
+pub enum StepInput<'a> {
+    /// Ids written by the host (a prompt chunk).
+    Tokens(&'a [u32]),
+    /// The one token the previous step sampled, copied on the GPU: the host can submit the next
+    /// decode step before it has read that token.
+    Sampled,
+}
 
 impl Graph {
     /// Allocates the cache and activations and binds every kernel. Compiles every pipeline the
@@ -264,7 +279,7 @@ impl Graph {
             .collect::<Result<Vec<_>, _>>()?;
         let penalties = PenaltyKernel::new(gpu).await?.bind(gpu, &act.logits, PENALTY_CAPACITY)?;
         let sampler = SampleKernel::new(gpu).await?.bind(gpu, &act.logits, &step, &act.sampled)?;
-        let token_readback = Readback::new(gpu, 8);
+        let token_readbacks = (0..TOKEN_SLOTS).map(|_| Readback::new(gpu, 8)).collect();
         let logits_readback = Readback::new(gpu, act.logits.byte_size());
         Ok(Self {
             gpu: gpu.clone(),
@@ -281,16 +296,21 @@ impl Graph {
             lm_head,
             penalties,
             sampler,
-            token_readback,
+            token_readbacks,
+            token_submissions: std::sync::Mutex::new(vec![None; TOKEN_SLOTS]),
             logits_readback,
         })
     }
 
-    /// Records and submits one step: `tokens` (at most `max_chunk`) at positions `pos..`, then,
-    /// unless `output` is `None`, the LM head on the last token and the sampler. `seed` is the
-    /// step's random value for the sampler.
-    pub fn submit_step(&self, tokens: &[u32], pos: usize, seed: u32, output: &StepOutput) -> Result<(), GpuError> {
-        let n = tokens.len();
+    /// Records and submits one step: its tokens (at most `max_chunk`) at positions `pos..`, then,
+    /// unless `output` is `None`, the LM head on the last token and the sampler, whose token goes
+    /// to readback slot `slot % TOKEN_SLOTS` (`read_token`). `seed` is the step's random value
+    /// for the sampler.
+    pub fn submit_step(&self, input: StepInput, pos: usize, seed: u32, output: &StepOutput, slot: usize) -> Result<(), GpuError> {
+        let n = match input {
+            StepInput::Tokens(tokens) => tokens.len(),
+            StepInput::Sampled => 1,
+        };
         if n == 0 || n > self.max_chunk || pos + n > self.max_ctx {
             return Err(GpuError::InvalidArgs(format!(
                 "step of {n} tokens at position {pos} (chunk limit {}, context {})",
@@ -300,9 +320,12 @@ impl Graph {
         let gpu = &self.gpu;
         let (n32, params) = (n as u32, StepParams::new(n as u32, pos as u32, seed));
         self.step.write(gpu, &params);
-        gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(tokens));
-        let decode = n == 1;
         let mut rec = Recorder::new(gpu);
+        match input {
+            StepInput::Tokens(tokens) => gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(tokens)),
+            StepInput::Sampled => rec.copy(&self.act.sampled.buffer, 0, &self.act.token_ids.buffer, 0, 4),
+        }
+        let decode = n == 1;
         self.embed.iter().for_each(|e| e.record(&mut rec, n32));
         for l in &self.layers {
             l.attn_norm.record(&mut rec, n32);
@@ -328,7 +351,9 @@ impl Graph {
                 l.down_prefill.record(&mut rec, n32);
             }
         }
-        if !matches!(output, StepOutput::None) {
+        let slot = slot % TOKEN_SLOTS;
+        let samples = !matches!(output, StepOutput::None);
+        if samples {
             self.output_norm.record(&mut rec, n32);
             let row_bytes = 4 * self.config.hidden as u64;
             rec.copy(&self.act.normed.buffer, (n as u64 - 1) * row_bytes, &self.act.last_normed.buffer, 0, row_bytes);
@@ -339,15 +364,24 @@ impl Graph {
             }
             self.penalties.record(&mut rec);
             self.sampler.record(&mut rec);
-            rec.copy(&self.act.sampled.buffer, 0, self.token_readback.buffer(), 0, 8);
+            rec.copy(&self.act.sampled.buffer, 0, self.token_readbacks[slot].buffer(), 0, 8);
         }
-        rec.submit();
+        let submission = rec.submit();
+        if samples {
+            if let Ok(mut submissions) = self.token_submissions.lock() {
+                submissions[slot] = Some(submission);
+            }
+        }
         Ok(())
     }
 
-    /// The token and its probability sampled by the last submitted step.
-    pub async fn read_token(&self) -> Result<(u32, f32), GpuError> {
-        let words = self.token_readback.read_u32(&self.gpu, 8).await?;
+    /// The token and its probability sampled by the step that wrote readback slot `slot`
+    /// (waiting for that step only, natively).
+    pub async fn read_token(&self, slot: usize) -> Result<(u32, f32), GpuError> {
+        let slot = slot % TOKEN_SLOTS;
+        let submission = self.token_submissions.lock().ok().and_then(|s| s[slot].clone());
+        let bytes = self.token_readbacks[slot].read_after(&self.gpu, 8, submission).await?;
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         match words.as_slice() {
             [id, prob] => Ok((*id, f32::from_bits(*prob))),
             _ => Err(GpuError::Readback(format!("expected 2 words, got {}", words.len()))),

@@ -16,7 +16,7 @@ pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};
 pub use load::{LoadOptions, LoadPhase, LoadProgress, ModelLoader};
-pub use model::{FinishReason, Generation, Model, Prompt, StepLogprobs, TokenEvent, Timings};
+pub use model::{FinishReason, Generation, Model, Prompt, StepLogprobs, TokenEvent, Timings, DEFAULT_DECODE_RUN_AHEAD};
 pub use options::GenerateOptions;
 pub use kestrel_tokenizer::ChatMessage;
 

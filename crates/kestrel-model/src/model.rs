@@ -8,7 +8,7 @@ use kestrel_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use web_time::Instant;
 
 use crate::config::ModelConfig;
-use crate::graph::{Graph, KernelFamily, StepHostTime, StepOutput};
+use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
 use crate::options::GenerateOptions;
 use crate::stop::StopMatcher;
 use crate::ModelError;
@@ -87,12 +87,28 @@ pub struct Model {
     template: ChatTemplate,
     /// Tokens whose keys and values are in the cache, in order from position 0.
     cached: Vec<u32>,
+    /// Decode steps kept submitted ahead of the token being read (`set_decode_run_ahead`).
+    run_ahead: usize,
 }
+
+/// Decode steps in flight by default: the one whose token is being read and two more, so the
+/// device has the next step queued while the host reads, streams and checks a token.
+pub const DEFAULT_DECODE_RUN_AHEAD: usize = 3;
 
 impl Model {
     pub(crate) fn new(graph: Graph, tokenizer: Tokenizer) -> Result<Self, ModelError> {
         let template = ChatTemplate::for_tokenizer(&tokenizer)?;
-        Ok(Self { graph, tokenizer, template, cached: Vec::new() })
+        Ok(Self { graph, tokenizer, template, cached: Vec::new(), run_ahead: DEFAULT_DECODE_RUN_AHEAD })
+    }
+
+    /// Decode steps kept in flight (1 to `TOKEN_SLOTS`): 1 submits each step after reading the
+    /// previous token. Generation with penalties or logprobs always runs one step at a time.
+    pub fn set_decode_run_ahead(&mut self, steps: usize) -> Result<(), ModelError> {
+        if !(1..=TOKEN_SLOTS).contains(&steps) {
+            return Err(ModelError::InvalidOption { name: "decode_run_ahead", reason: format!("must be 1 to {TOKEN_SLOTS}, got {steps}") });
+        }
+        self.run_ahead = steps;
+        Ok(())
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -162,7 +178,7 @@ impl Model {
         self.cached.clear();
         self.graph.sampler.set_params(&self.graph.gpu, &SamplingParams::greedy())?;
         self.graph.penalties.write(&self.graph.gpu, &Penalties::default(), &[])?;
-        self.prefill(tokens, 0, true).await?;
+        self.prefill(tokens, 0, true)?;
         self.cached = tokens.to_vec();
         Ok(self.graph.read_logits().await?)
     }
@@ -182,9 +198,9 @@ impl Model {
         Ok(())
     }
 
-    /// Submits `tokens[from..]` in chunks; the last chunk samples (and copies logits when
-    /// `logits`). Returns the sampled token and its probability.
-    async fn prefill(&mut self, tokens: &[u32], from: usize, logits: bool) -> Result<(u32, f32), ModelError> {
+    /// Submits `tokens[from..]` in chunks; the last chunk samples into token slot 0 (and copies
+    /// logits when `logits`).
+    fn prefill(&mut self, tokens: &[u32], from: usize, logits: bool) -> Result<(), ModelError> {
         let chunk = self.graph.max_chunk;
         let mut pos = from;
         while pos < tokens.len() {
@@ -194,10 +210,10 @@ impl Model {
                 (true, false) => StepOutput::Token,
                 (true, true) => StepOutput::TokenAndLogits,
             };
-            self.graph.submit_step(&tokens[pos..end], pos, 0, &output)?;
+            self.graph.submit_step(StepInput::Tokens(&tokens[pos..end]), pos, 0, &output, 0)?;
             pos = end;
         }
-        Ok(self.graph.read_token().await?)
+        Ok(())
     }
 
     /// Generates from `prompt`, calling `on_token` for every generated token; generation stops
@@ -238,10 +254,25 @@ impl Model {
         let mut history = prompt.to_vec();
         write_penalties(&self.graph, if penalize { &history } else { &[] })?;
         let want_logits = options.logprobs > 0;
-        let (mut token, _) = self.prefill(prompt, reused, want_logits).await?;
+        self.prefill(prompt, reused, want_logits)?;
+        let mut token = self.graph.read_token(0).await?.0;
         self.cached = prompt.to_vec();
         let ttft = start.elapsed();
         let decode_start = Instant::now();
+
+        // Decode step j feeds generated token j - 1 (taken from the GPU's sampled buffer) at
+        // position prompt + j - 1 and samples token j into readback slot j. While token i is read,
+        // steps up to i + ahead - 1 are already submitted, so the device never waits for the host;
+        // a stop discards the steps run ahead (their KV rows lie past the cached tokens and are
+        // overwritten later). Penalties depend on the tokens so far and logprobs read the step's
+        // logits buffer, so with either the steps go one at a time.
+        let ahead = if penalize || want_logits { 1 } else { self.run_ahead };
+        let max_ctx = self.graph.max_ctx;
+        let can_submit = |step: usize| step < options.max_tokens && prompt.len() + step <= max_ctx;
+        let output = if want_logits { StepOutput::TokenAndLogits } else { StepOutput::Token };
+        // Steps submitted, and the step whose token `token` is (the prefill is step 0).
+        let mut submitted = 0;
+        let mut step = 0;
 
         let mut stops = StopMatcher::new(&options.stop);
         let mut decoder = StreamDecoder::new();
@@ -281,10 +312,14 @@ impl Model {
             if penalize {
                 write_penalties(&self.graph, &history)?;
             }
-            let output = if want_logits { StepOutput::TokenAndLogits } else { StepOutput::Token };
-            self.graph.submit_step(&[token], pos, generated.len() as u32, &output)?;
             self.cached.push(token);
-            token = self.graph.read_token().await?.0;
+            step += 1;
+            // Step `step` is allowed (the checks above); keep `ahead` steps submitted.
+            while submitted < step + ahead - 1 && can_submit(submitted + 1) {
+                submitted += 1;
+                self.graph.submit_step(StepInput::Sampled, prompt.len() + submitted - 1, submitted as u32, &output, submitted)?;
+            }
+            token = self.graph.read_token(step).await?.0;
         };
         if !stopped_by_string {
             let out = stops.push(&decoder.finish());

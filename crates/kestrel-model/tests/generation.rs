@@ -114,3 +114,44 @@ fn invalid_options_and_token_ids_are_errors() {
     assert_eq!(err.code(), "invalid_option");
     assert!(pollster::block_on(model.generate(&[], &GenerateOptions::greedy(), &mut |_| true)).is_err());
 }
+
+/// Decode steps submitted ahead of the token being read (the sampled token fed back on the GPU)
+/// change nothing: greedy and seeded sampling give the same tokens with 1, 2 and 4 steps in
+/// flight, a request stopped or aborted with steps still in flight leaves the cached prefix
+/// consistent (the next request equals a fresh run), and max_tokens is exact.
+#[test]
+fn decode_steps_run_ahead_change_nothing() {
+    let mut model = common::load(&common::default_model_path(), 256);
+    let prompt = model.encode(&Prompt::Chat(&chat("Name three animals."))).unwrap();
+    let greedy = GenerateOptions { max_tokens: 10, ignore_eos: true, ..GenerateOptions::greedy() };
+    let sampled = GenerateOptions { max_tokens: 10, ignore_eos: true, seed: Some(11), temperature: 0.9, ..GenerateOptions::default() };
+    let mut outputs = Vec::new();
+    for ahead in [1, 2, 4] {
+        model.set_decode_run_ahead(ahead).unwrap();
+        let g = pollster::block_on(model.generate(&prompt, &greedy, &mut |_| true)).unwrap();
+        let s = pollster::block_on(model.generate(&prompt, &sampled, &mut |_| true)).unwrap();
+        assert_eq!((g.tokens.len(), s.tokens.len()), (10, 10), "{ahead} ahead: max_tokens is exact");
+        outputs.push((ahead, g.tokens, s.tokens));
+    }
+    for (ahead, g, s) in &outputs[1..] {
+        assert_eq!(*g, outputs[0].1, "greedy with {ahead} steps ahead");
+        assert_eq!(*s, outputs[0].2, "seeded sampling with {ahead} steps ahead");
+    }
+
+    // Abort after 2 tokens with 4 steps in flight, then a follow-up on the same prefix.
+    model.set_decode_run_ahead(4).unwrap();
+    let mut seen = 0;
+    let aborted = pollster::block_on(model.generate(&prompt, &greedy, &mut |_| {
+        seen += 1;
+        seen < 2
+    }))
+    .unwrap();
+    assert_eq!((aborted.finish_reason, aborted.tokens.len()), (FinishReason::Abort, 2));
+    let follow = [prompt.clone(), aborted.tokens.clone(), model.encode(&Prompt::Text(" and")).unwrap()].concat();
+    let reused = pollster::block_on(model.generate(&follow, &greedy, &mut |_| true)).unwrap();
+    assert!(reused.timings.reused_tokens > prompt.len(), "the aborted request's tokens are reused");
+    model.reset();
+    let fresh = pollster::block_on(model.generate(&follow, &greedy, &mut |_| true)).unwrap();
+    assert_eq!(reused.tokens, fresh.tokens, "steps run ahead of an abort leave no trace");
+    assert!(model.set_decode_run_ahead(0).is_err() && model.set_decode_run_ahead(5).is_err());
+}
