@@ -92,6 +92,13 @@ bench() {
   node bench/run.mjs "$@"
 }
 
+# bench/gpu-check.sh in its smallest size on this machine's device (lavapipe without a GPU), with
+# the dev-profile CLI that `cargo test` already compiled, so the real-GPU check never rots.
+gpu_check_smoke() {
+  cargo build -p kestrel-cli
+  KESTREL_BIN="$target_dir/debug/kestrel" bench/gpu-check.sh --smoke
+}
+
 # The browser suite compares with the native CLI, built in the dev profile so that it reuses what
 # `cargo test` compiled.
 browser_tests() {
@@ -141,6 +148,7 @@ case "$cmd" in
     timed "llama.cpp's Q4_K_M" scripts/make-q4-k-m.sh
     timed "setup-web" setup_web
     timed "native tests" cargo test --workspace --no-fail-fast || status=1
+    timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "browser tests" browser_tests || status=1
     echo "== time of each part:"
     printf '%s\n' "${timings[@]}"

@@ -10,6 +10,7 @@ mod model;
 pub mod options;
 pub mod reference;
 pub mod stop;
+pub mod synthetic;
 pub mod tensors;
 
 pub use config::{Arch, ModelConfig};

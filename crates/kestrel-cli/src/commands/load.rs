@@ -32,6 +32,17 @@ pub fn load(path: &Path, context: Option<usize>, quiet: bool) -> Result<Loaded, 
     Ok(Loaded { model, load_ms: start.elapsed().as_secs_f64() * 1e3 })
 }
 
+/// A model of `shape` made in memory with random weights (`kestrel_model::synthetic`).
+pub fn load_synthetic(shape: &kestrel_model::synthetic::SyntheticShape, context: Option<usize>) -> Result<Loaded, Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    let gpu = Gpu::new_blocking(&GpuOptions::default())?;
+    let options = LoadOptions { context_length: context, ..LoadOptions::default() };
+    let model = pollster::block_on(kestrel_model::synthetic::load_synthetic(&gpu, shape, 1, options))
+        .map_err(|e| format!("{} [{}]", e, e.code()))?;
+    eprintln!("made and loaded synthetic {} ({} layers) on {} in {:.2} s", shape.name, model.config().n_layers, gpu.info.adapter_name, start.elapsed().as_secs_f64());
+    Ok(Loaded { model, load_ms: start.elapsed().as_secs_f64() * 1e3 })
+}
+
 fn draw_bar(done: u64, total: u64) {
     const WIDTH: u64 = 30;
     let filled = if total == 0 { WIDTH } else { (done.min(total) * WIDTH) / total };

@@ -17,14 +17,19 @@ use super::step_profile::{self, Roofline, StepProfile};
 use super::timing::{Timer, TimingSettings};
 use super::workload::{self, WorkloadResult};
 use super::{copy_bytes, BenchResult};
-use crate::commands::load::load;
+use crate::commands::load::{load, load_synthetic};
 use crate::commands::CliResult;
 
 #[derive(Args)]
 pub struct ModelArgs {
     /// The GGUF file (default: the default model).
-    #[arg(long, short)]
+    #[arg(long, short, conflicts_with = "synthetic")]
     model: Option<PathBuf>,
+    /// Instead of a file, a model made in memory with random weights in the real layout and
+    /// types of a model size: 135m (SmolLM2, Q4_1), 1b (Llama 3.2) or 8b (Llama 3.1), Q4_K
+    /// matrices and a Q6_K embedding (kestrel_model::synthetic).
+    #[arg(long, value_parser = ["135m", "1b", "8b"])]
+    synthetic: Option<String>,
     /// Prompt lengths to prefill, comma-separated (each from an empty KV cache).
     #[arg(long, value_delimiter = ',', default_value = "128", value_parser = clap::value_parser!(u32).range(1..))]
     prompt_tokens: Vec<u32>,
@@ -97,9 +102,19 @@ struct ModelReport {
 
 pub fn run(args: &ModelArgs) -> CliResult {
     let started = Instant::now();
-    let path = crate::model_path::resolve(args.model.clone());
-    let file_bytes = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?.len();
-    let loaded = load(&path, args.context, false)?;
+    let (path, file_bytes, loaded) = match &args.synthetic {
+        Some(name) => {
+            let shape = kestrel_model::synthetic::synthetic_shape(name).ok_or_else(|| format!("unknown synthetic shape {name}"))?;
+            let loaded = load_synthetic(&shape, args.context)?;
+            (PathBuf::from(format!("synthetic:{name}")), 0, loaded)
+        }
+        None => {
+            let path = crate::model_path::resolve(args.model.clone());
+            let file_bytes = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?.len();
+            let loaded = load(&path, args.context, false)?;
+            (path, file_bytes, loaded)
+        }
+    };
     let mut model = loaded.model;
     let gpu = model.gpu().clone();
     let adapter = Adapter::new(&gpu.info);
