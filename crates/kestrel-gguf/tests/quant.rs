@@ -215,6 +215,8 @@ fn gpu_pack_round_trips_random_blocks() {
 
 #[test]
 fn gpu_layout_is_as_documented() {
+    // One row is padded to a tile of 32 rows: quant word j of row 0 is word 32 j.
+    let tile = kestrel_gguf::quant::ROW_TILE as usize;
     // Three Q8_0 blocks: 24 quant words, then 2 scale words, the last one's high half zero.
     let mut bytes = Vec::new();
     for b in 0..3u8 {
@@ -222,28 +224,21 @@ fn gpu_layout_is_as_documented() {
         bytes.extend((0..32).map(|j| j + 32 * b)); // qs
     }
     let p = pack_for_gpu(GgmlType::Q8_0, &bytes, 1, 96).unwrap();
-    assert_eq!(p.scale_offset, 24);
-    assert_eq!(p.words.len(), 26);
+    assert_eq!(p.scale_offset as usize, 24 * tile);
+    assert_eq!(p.words.len(), 24 * tile + 2);
     assert_eq!(p.words[0], u32::from_le_bytes([0, 1, 2, 3]));
-    assert_eq!(p.words[8], u32::from_le_bytes([32, 33, 34, 35]));
-    assert_eq!(p.words[24], 0xA011 | (0xA122 << 16));
-    assert_eq!(p.words[25], 0xA233);
+    assert_eq!(p.words[8 * tile], u32::from_le_bytes([32, 33, 34, 35]));
+    assert!(p.words[1..tile].iter().all(|&w| w == 0), "padding rows are zero");
+    assert_eq!(p.words[24 * tile], 0xA011 | (0xA122 << 16));
+    assert_eq!(p.words[24 * tile + 1], 0xA233);
 
     // One Q4_1 block: 4 quant words, then d | m << 16.
     let mut block = vec![0x34, 0x12, 0x78, 0x56];
     block.extend(0..16u8);
     let p = pack_for_gpu(GgmlType::Q4_1, &block, 1, 32).unwrap();
-    assert_eq!(
-        p.words,
-        [
-            0x0302_0100,
-            0x0706_0504,
-            0x0B0A_0908,
-            0x0F0E_0D0C,
-            0x5678_1234
-        ]
-    );
-    assert_eq!(p.scale_offset, 4);
+    let quants: Vec<u32> = (0..4).map(|j| p.words[j * tile]).collect();
+    assert_eq!(quants, [0x0302_0100, 0x0706_0504, 0x0B0A_0908, 0x0F0E_0D0C]);
+    assert_eq!((p.scale_offset as usize, p.words[4 * tile]), (4 * tile, 0x5678_1234));
 
     // Q4_0 scales pair up like Q8_0's.
     let p = pack_for_gpu(
@@ -253,14 +248,11 @@ fn gpu_layout_is_as_documented() {
         32,
     )
     .unwrap();
-    assert_eq!((p.words.len(), p.scale_offset, p.words[4]), (5, 4, 0x3C01));
+    assert_eq!((p.words.len(), p.scale_offset as usize, p.words[4 * tile]), (4 * tile + 1, 4 * tile, 0x3C01));
 
     // F16: element 2i low, 2i + 1 high; odd row length rejected.
     let p = pack_for_gpu(GgmlType::F16, &[0x01, 0x3C, 0x00, 0x40], 1, 2).unwrap();
-    assert_eq!(
-        (p.words.as_slice(), p.scale_offset),
-        ([0x4000_3C01].as_slice(), 1)
-    );
+    assert_eq!((p.words[0], p.words.len(), p.scale_offset as usize), (0x4000_3C01, tile, tile));
     assert!(matches!(
         pack_for_gpu(GgmlType::F16, &[0; 6], 1, 3),
         Err(GgufError::SizeMismatch { .. })

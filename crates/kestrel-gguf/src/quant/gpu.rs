@@ -77,19 +77,26 @@ pub fn padded_rows(rows: u64) -> u64 {
     rows.div_ceil(ROW_TILE) * ROW_TILE
 }
 
-/// Interleaves a row-major section of `per_row` words a row into tiles (`tiled_index`).
-fn tile_rows(section: &[u32], per_row: usize) -> Vec<u32> {
+/// Interleaves a row-major section of `per_row` words a row into tiles (`tiled_index`), in
+/// place: a tile's rows occupy the same words before and after, so each tile is transposed
+/// through a buffer of one tile, and the section grows only by the padding rows. (A browser
+/// packs a vocabulary-sized table this way without a second copy of it in its wasm heap.)
+fn tile_rows(section: &mut Vec<u32>, per_row: usize) {
     if per_row == 0 {
-        return Vec::new();
+        return;
     }
     let rows = section.len() / per_row;
-    let mut out = vec![0u32; padded_rows(rows as u64) as usize * per_row];
-    for (r, row) in section.chunks_exact(per_row).enumerate() {
-        for (j, &w) in row.iter().enumerate() {
-            out[tiled_index(r as u64, j as u64, per_row as u64) as usize] = w;
+    section.resize(padded_rows(rows as u64) as usize * per_row, 0);
+    let tile = ROW_TILE as usize;
+    let mut rows_major = vec![0u32; tile * per_row];
+    for chunk in section.chunks_exact_mut(tile * per_row) {
+        rows_major.copy_from_slice(chunk);
+        for (r, row) in rows_major.chunks_exact(per_row).enumerate() {
+            for (j, &w) in row.iter().enumerate() {
+                chunk[j * tile + r] = w;
+            }
         }
     }
-    out
 }
 
 /// Inverse of `tile_rows`: the first `rows` rows, row-major.
@@ -350,9 +357,10 @@ pub fn pack_for_gpu(
             }
         }
     }
-    let mut words = tile_rows(&words, sections.quant_row_words as usize);
+    tile_rows(&mut words, sections.quant_row_words as usize);
+    tile_rows(&mut plane, sections.plane_row_words as usize);
     let plane_offset = words.len() as u32;
-    words.extend(tile_rows(&plane, sections.plane_row_words as usize));
+    words.extend(plane);
     let scale_offset = words.len() as u32;
     words.extend(scales);
     Ok(GpuPacked {
