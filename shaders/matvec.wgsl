@@ -44,6 +44,15 @@ fn x4(first: u32) -> vec4<f32> {
     return x[first / 4u];
 }
 
+// (d, m) of the halves of the block starting at unit `first`: units 0-1 in .xy, 2-3 in .zw.
+fn block_scales(s: array<u32, SCALE_WORDS>, row: u32, first: u32) -> vec4<f32> {
+    let lo = unit_scale_of(s, row, first);
+    if (SCALE_PER_HALF_BLOCK) {
+        return vec4<f32>(lo, unit_scale_of(s, row, first + 2u));
+    }
+    return vec4<f32>(lo, lo);
+}
+
 fn silu(a: f32) -> f32 {
     return a / (1.0 + exp(-a));
 }
@@ -143,25 +152,32 @@ fn row_partials(rows: array<u32, R>, slice: u32) -> array<vec2<f32>, R> {
 #endif
             }
         }
+        // The block's plane words, and its (d, m) decoded once: one per half block (.xy for
+        // units 0-1, .zw for 2-3), the same unless the type scales 16 weights (Q6_K).
         var high: array<vec2<u32>, R>;
+        var scale: array<vec4<f32>, R>;
 #if SWIGLU
         var up_high: array<vec2<u32>, R>;
+        var up_scale: array<vec4<f32>, R>;
 #endif
         for (var i = 0u; i < R; i++) {
             high[i] = load_block_high(rows[i], first);
+            scale[i] = block_scales(scales[i], rows[i], first);
 #if SWIGLU
             up_high[i] = load_up_block_high(rows[i], first);
+            up_scale[i] = block_scales(up_scales[i], rows[i], first);
 #endif
         }
-        for (var u = first; u < first + 4u; u++) {
+        for (var k = 0u; k < 4u; k++) {
+            let u = first + k;
             let cols = unit_cols(u);
             let xlo = x4(cols.x);
             let xhi = x4(cols.y);
             for (var i = 0u; i < R; i++) {
-                let gate = load_unit_in(rows[i], u, scales[i], high[i]);
+                let gate = load_unit_in(rows[i], u, select(scale[i].xy, scale[i].zw, k >= 2u), high[i]);
                 sums[i].x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
 #if SWIGLU
-                let up = load_up_unit_in(rows[i], u, up_scales[i], up_high[i]);
+                let up = load_up_unit_in(rows[i], u, select(up_scale[i].xy, up_scale[i].zw, k >= 2u), up_high[i]);
                 sums[i].y += dot(up.lo, xlo) + dot(up.hi, xhi);
 #endif
             }

@@ -51,21 +51,27 @@ fn tiled(row: u32, j: u32, per_row: u32) -> u32 {
 }
 
 // SCALE_WORDS: scale-section words one unit reads (scale_index, unit_scale); the 4 units of a
-// 32-weight block read the same words.
+// 32-weight block read the same words. SCALE_PER_HALF_BLOCK: units 0-1 and 2-3 of a block have
+// different scales (Q6_K scales 16 weights); otherwise a block has one (d, m).
 #if DENSE
 const SCALE_WORDS: u32 = 1u;
+const SCALE_PER_HALF_BLOCK: bool = false;
 #endif
 #if SCALES_D
 const SCALE_WORDS: u32 = 1u;
+const SCALE_PER_HALF_BLOCK: bool = false;
 #endif
 #if SCALES_DM
 const SCALE_WORDS: u32 = 1u;
+const SCALE_PER_HALF_BLOCK: bool = false;
 #endif
 #if SCALES_K
 const SCALE_WORDS: u32 = 4u;
+const SCALE_PER_HALF_BLOCK: bool = false;
 #endif
 #if SCALES_Q6K
 const SCALE_WORDS: u32 = 2u;
+const SCALE_PER_HALF_BLOCK: bool = true;
 #endif
 
 #if WTYPE_F32
@@ -220,7 +226,8 @@ fn unit_high(block_high: vec2<u32>, u: u32) -> u32 {
 #endif
 }
 
-// (d, m) of unit `u` from its scale words; (1, 0) for dense types.
+// (d, m) of unit `u` from its scale words; (1, 0) for dense types. The same for the 4 units of a
+// 32-weight block, except where SCALE_PER_HALF_BLOCK (Q6_K: a scale per 16 weights).
 fn unit_scale_of(s: array<u32, SCALE_WORDS>, row: u32, u: u32) -> vec2<f32> {
 #if DENSE
     return vec2<f32>(1.0, 0.0);
@@ -325,18 +332,19 @@ fn load_block_high(row: u32, u: u32) -> vec2<u32> {
     return high;
 }
 
-// Weights of unit `u` of row `row` of `w`, given its block's scale and plane words.
-fn load_unit_in(row: u32, u: u32, s: array<u32, SCALE_WORDS>, block_high: vec2<u32>) -> Unit {
+// Weights of unit `u` of row `row` of `w`, given its (d, m) (`unit_scale_of`) and its block's
+// plane words.
+fn load_unit_in(row: u32, u: u32, scale: vec2<f32>, block_high: vec2<u32>) -> Unit {
     var q: array<u32, UNIT_WORDS>;
     for (var i = 0u; i < UNIT_WORDS; i++) {
         q[i] = w[tiled(row, u * UNIT_WORDS + i, params.row_words)];
     }
-    return decode_unit(q, unit_high(block_high, u), unit_scale_of(s, row, u));
+    return decode_unit(q, unit_high(block_high, u), scale);
 }
 
 // Weights of unit `u` of row `row` of `w`.
 fn load_unit(row: u32, u: u32) -> Unit {
-    return load_unit_in(row, u, load_scale_words(row, u), load_block_high(row, u));
+    return load_unit_in(row, u, unit_scale_of(load_scale_words(row, u), row, u), load_block_high(row, u));
 }
 
 #if SWIGLU
@@ -367,16 +375,16 @@ fn load_up_block_high(row: u32, u: u32) -> vec2<u32> {
     return high;
 }
 
-fn load_up_unit_in(row: u32, u: u32, s: array<u32, SCALE_WORDS>, block_high: vec2<u32>) -> Unit {
+fn load_up_unit_in(row: u32, u: u32, scale: vec2<f32>, block_high: vec2<u32>) -> Unit {
     var q: array<u32, UNIT_WORDS>;
     for (var i = 0u; i < UNIT_WORDS; i++) {
         q[i] = w_up[tiled(row, u * UNIT_WORDS + i, params.row_words)];
     }
-    return decode_unit(q, unit_high(block_high, u), unit_scale_of(s, row, u));
+    return decode_unit(q, unit_high(block_high, u), scale);
 }
 
 fn load_up_unit(row: u32, u: u32) -> Unit {
-    return load_up_unit_in(row, u, load_up_scale_words(row, u), load_up_block_high(row, u));
+    return load_up_unit_in(row, u, unit_scale_of(load_up_scale_words(row, u), row, u), load_up_block_high(row, u));
 }
 #endif
 
