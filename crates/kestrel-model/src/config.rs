@@ -80,7 +80,7 @@ impl ModelConfig {
         };
         let rope_base = md.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
         let rms_eps = md.get_f32(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5);
-        if !(rope_base.is_finite() && rope_base > 0.0) || !(rms_eps.is_finite() && rms_eps > 0.0) {
+        if !(rope_base.is_finite() && rope_base > 0.0 && rms_eps.is_finite() && rms_eps > 0.0) {
             return Err(bad_model(format!("rope.freq_base {rope_base} / rms epsilon {rms_eps} out of range")));
         }
         let rope_freq_scale = rope_freq_scale(header, &key)?;

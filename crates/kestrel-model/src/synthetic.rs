@@ -165,7 +165,7 @@ impl SyntheticShape {
 
     /// Generates the GGUF stream, handing it to `sink` in chunks of a few MiB.
     pub fn generate(&self, seed: u64, sink: &mut dyn FnMut(&[u8]) -> Result<(), ModelError>) -> Result<(), ModelError> {
-        if self.hidden % self.n_heads != 0 || self.n_heads % self.n_kv_heads != 0 {
+        if !self.hidden.is_multiple_of(self.n_heads) || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(bad_model(format!("synthetic shape {}: heads do not divide", self.name)));
         }
         let mut rng = SplitMix(seed);

@@ -45,7 +45,7 @@ pub fn load_synthetic(shape: &kestrel_model::synthetic::SyntheticShape, context:
 
 fn draw_bar(done: u64, total: u64) {
     const WIDTH: u64 = 30;
-    let filled = if total == 0 { WIDTH } else { (done.min(total) * WIDTH) / total };
+    let filled = (done.min(total) * WIDTH).checked_div(total).unwrap_or(WIDTH);
     let bar: String = (0..WIDTH).map(|i| if i < filled { '#' } else { '.' }).collect();
     eprint!("\rloading [{bar}] {:>4.0}/{:.0} MiB", done as f64 / 1048576.0, total as f64 / 1048576.0);
     let _ = std::io::stderr().flush();

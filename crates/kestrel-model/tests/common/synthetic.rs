@@ -71,7 +71,7 @@ pub const QWEN2_F32: SyntheticModel = SyntheticModel {
     qkv_bias: true,
     logprob_tolerance: 0.01,
     near_tie: 0.01,
-    seed: 0x5157_454e_32,
+    seed: 0x51_5745_4E32,
 };
 
 /// The same weights in Q8_0, the type of the products' fast path: llama.cpp quantizes the
