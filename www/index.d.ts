@@ -80,6 +80,8 @@ export interface Usage {
     decode_tokens_per_s: number;
     time_to_first_token_s: number;
     time_per_output_token_s: number;
+    /** Time the worker spent blocked waiting for decode steps' tokens, per token (steps run ahead keep the GPU busy meanwhile). */
+    host_wait_per_output_token_s: number;
     e2e_latency_s: number;
   };
 }

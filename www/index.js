@@ -70,6 +70,7 @@ function usageOf(r) {
       decode_tokens_per_s: t.decode_tok_s,
       time_to_first_token_s: t.ttft_ms / 1e3,
       time_per_output_token_s: t.decode_tokens > 0 ? t.decode_ms / 1e3 / t.decode_tokens : 0,
+      host_wait_per_output_token_s: t.host_wait_ms_per_token / 1e3,
       e2e_latency_s: t.e2e_ms / 1e3,
     },
   };

@@ -69,6 +69,10 @@ pub struct Timings {
     pub decode_tokens: usize,
     pub decode_ms: f64,
     pub decode_tok_s: f64,
+    /// Time the host spent blocked waiting for decode steps' tokens, per decode token. With
+    /// steps run ahead the device stays busy meanwhile; it is the GPU step time where the GPU is
+    /// the bottleneck, and near zero where the host is.
+    pub host_wait_ms_per_token: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -273,6 +277,7 @@ impl Model {
         // Steps submitted, and the step whose token `token` is (the prefill is step 0).
         let mut submitted = 0;
         let mut step = 0;
+        let mut host_wait = std::time::Duration::ZERO;
 
         let mut stops = StopMatcher::new(&options.stop);
         let mut decoder = StreamDecoder::new();
@@ -319,7 +324,9 @@ impl Model {
                 submitted += 1;
                 self.graph.submit_step(StepInput::Sampled, prompt.len() + submitted - 1, submitted as u32, &output, submitted)?;
             }
+            let wait = Instant::now();
             token = self.graph.read_token(step).await?.0;
+            host_wait += wait.elapsed();
         };
         if !stopped_by_string {
             let out = stops.push(&decoder.finish());
@@ -340,6 +347,7 @@ impl Model {
             decode_tokens,
             decode_ms: decode_secs * 1e3,
             decode_tok_s: if decode_tokens > 0 { decode_tokens as f64 / decode_secs.max(1e-9) } else { 0.0 },
+            host_wait_ms_per_token: if decode_tokens > 0 { host_wait.as_secs_f64() * 1e3 / decode_tokens as f64 } else { 0.0 },
         };
         Ok(Generation { prompt_tokens: prompt.to_vec(), tokens: generated, text, finish_reason, timings, logprobs })
     }

@@ -131,6 +131,10 @@ fn decode_steps_run_ahead_change_nothing() {
         let g = pollster::block_on(model.generate(&prompt, &greedy, &mut |_| true)).unwrap();
         let s = pollster::block_on(model.generate(&prompt, &sampled, &mut |_| true)).unwrap();
         assert_eq!((g.tokens.len(), s.tokens.len()), (10, 10), "{ahead} ahead: max_tokens is exact");
+        // The host's waits for tokens are part of the decode time.
+        let t = &g.timings;
+        let waited = t.host_wait_ms_per_token * t.decode_tokens as f64;
+        assert!(waited > 0.0 && waited <= t.decode_ms, "{ahead} ahead: waited {waited} ms of a {} ms decode", t.decode_ms);
         outputs.push((ahead, g.tokens, s.tokens));
     }
     for (ahead, g, s) in &outputs[1..] {

@@ -288,6 +288,7 @@ impl State {
                 "decode_tokens": t.decode_tokens,
                 "decode_ms": t.decode_ms,
                 "decode_tok_s": t.decode_tok_s,
+                "host_wait_ms_per_token": t.host_wait_ms_per_token,
             },
         })))
     }

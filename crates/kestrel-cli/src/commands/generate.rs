@@ -129,7 +129,7 @@ pub fn generate(model: &mut Model, ids: &[u32], options: &GenerateOptions, strea
 pub fn print_stats(g: &Generation, load_ms: f64) {
     let t = &g.timings;
     eprintln!(
-        "load {:.0} ms | TTFT {:.0} ms | prefill {} tok at {:.1} tok/s ({} reused) | decode {} tok at {:.1} tok/s | finish: {}",
+        "load {:.0} ms | TTFT {:.0} ms | prefill {} tok at {:.1} tok/s ({} reused) | decode {} tok at {:.1} tok/s, host waits {:.1} ms/tok | finish: {}",
         load_ms,
         t.ttft_ms,
         t.prefill_tokens,
@@ -137,6 +137,7 @@ pub fn print_stats(g: &Generation, load_ms: f64) {
         t.reused_tokens,
         t.decode_tokens,
         t.decode_tok_s,
+        t.host_wait_ms_per_token,
         g.finish_reason.as_str()
     );
 }
@@ -169,6 +170,7 @@ fn to_json(model: &Model, g: &Generation, load_ms: f64) -> serde_json::Value {
             "prefill_tok_s": t.prefill_tok_s,
             "decode_tokens": t.decode_tokens,
             "decode_tok_s": t.decode_tok_s,
+            "host_wait_ms_per_token": t.host_wait_ms_per_token,
         },
         "usage": { "prompt_tokens": g.prompt_tokens.len(), "completion_tokens": g.tokens.len() },
     })
