@@ -32,11 +32,7 @@ impl<'a> Cursor<'a> {
         if n <= self.remaining() {
             return Ok(());
         }
-        Err(GgufError::NeedMoreData {
-            needed: self.pos().saturating_add(n),
-            available: self.bytes.len() as u64,
-            context: context(),
-        })
+        Err(GgufError::NeedMoreData { needed: self.pos().saturating_add(n), available: self.bytes.len() as u64, context: context() })
     }
 
     pub fn take(&mut self, n: u64, context: impl Fn() -> String) -> Result<&'a [u8], GgufError> {
@@ -48,10 +44,7 @@ impl<'a> Cursor<'a> {
         Ok(slice)
     }
 
-    pub fn array<const N: usize>(
-        &mut self,
-        context: impl Fn() -> String,
-    ) -> Result<[u8; N], GgufError> {
+    pub fn array<const N: usize>(&mut self, context: impl Fn() -> String) -> Result<[u8; N], GgufError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N as u64, context)?);
         Ok(out)
@@ -70,17 +63,9 @@ impl<'a> Cursor<'a> {
         let offset = self.pos();
         let len = self.u64(&context)?;
         if len > MAX_STRING_LEN {
-            return Err(GgufError::StringTooLong {
-                context: context(),
-                len,
-                max: MAX_STRING_LEN,
-                offset,
-            });
+            return Err(GgufError::StringTooLong { context: context(), len, max: MAX_STRING_LEN, offset });
         }
         let bytes = self.take(len, &context)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::InvalidUtf8 {
-            context: context(),
-            offset: offset + 8,
-        })
+        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::InvalidUtf8 { context: context(), offset: offset + 8 })
     }
 }

@@ -12,10 +12,7 @@ use crate::stream::{EventSink, GgufStreamReader, StreamEvent};
 const CHUNK: usize = 1 << 20;
 
 pub(crate) fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> GgufError + '_ {
-    move |source| GgufError::Io {
-        path: path.display().to_string(),
-        source,
-    }
+    move |source| GgufError::Io { path: path.display().to_string(), source }
 }
 
 /// Streams the file at `path` through `on_event`. Knowing the file size, it rejects tensors
@@ -60,10 +57,6 @@ pub fn read_file(path: &Path) -> Result<(GgufHeader, Vec<Vec<u8>>), GgufError> {
         Ok(())
     })?;
     // A successful stream always starts with the header event.
-    let header = header.ok_or(GgufError::Truncated {
-        context: "header".into(),
-        offset: 0,
-        missing: 0,
-    })?;
+    let header = header.ok_or(GgufError::Truncated { context: "header".into(), offset: 0, missing: 0 })?;
     Ok((header, tensors))
 }

@@ -43,16 +43,9 @@ impl GgufHeader {
     /// Checks that every tensor's data lies within a file of `file_len` bytes.
     pub fn check_file_len(&self, file_len: u64) -> Result<(), GgufError> {
         for t in &self.tensors {
-            let end = self
-                .data_start
-                .saturating_add(t.offset)
-                .saturating_add(t.n_bytes());
+            let end = self.data_start.saturating_add(t.offset).saturating_add(t.n_bytes());
             if end > file_len {
-                return Err(GgufError::TensorOutOfBounds {
-                    name: t.name.clone(),
-                    end,
-                    file_len,
-                });
+                return Err(GgufError::TensorOutOfBounds { name: t.name.clone(), end, file_len });
             }
         }
         Ok(())
@@ -60,22 +53,18 @@ impl GgufHeader {
 
     /// The bytes of tensor `index` within the complete file `file`.
     pub fn tensor_bytes<'a>(&self, index: usize, file: &'a [u8]) -> Result<&'a [u8], GgufError> {
-        let t = self
-            .tensors
-            .get(index)
-            .ok_or_else(|| GgufError::SizeMismatch {
-                what: "tensor index".to_string(),
-                expected: self.tensors.len() as u64,
-                found: index as u64,
-            })?;
+        let t = self.tensors.get(index).ok_or_else(|| GgufError::SizeMismatch {
+            what: "tensor index".to_string(),
+            expected: self.tensors.len() as u64,
+            found: index as u64,
+        })?;
         self.check_file_len(file.len() as u64)?;
         let start = (self.data_start + t.offset) as usize;
-        file.get(start..start + t.n_bytes() as usize)
-            .ok_or_else(|| GgufError::TensorOutOfBounds {
-                name: t.name.clone(),
-                end: self.data_start + t.offset + t.n_bytes(),
-                file_len: file.len() as u64,
-            })
+        file.get(start..start + t.n_bytes() as usize).ok_or_else(|| GgufError::TensorOutOfBounds {
+            name: t.name.clone(),
+            end: self.data_start + t.offset + t.n_bytes(),
+            file_len: file.len() as u64,
+        })
     }
 }
 
@@ -92,9 +81,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, GgufError> {
     let version = c.u32(header_ctx)?;
     match version {
         2 | 3 => {}
-        v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
-            return Err(GgufError::BigEndian { raw: v })
-        }
+        v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => return Err(GgufError::BigEndian { raw: v }),
         v => return Err(GgufError::UnsupportedVersion { version: v }),
     }
     let n_tensors = read_count(&mut c, "tensor", MAX_TENSORS)?;
@@ -107,30 +94,16 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, GgufError> {
         Some(a) => return Err(GgufError::BadAlignment { value: a }),
     };
     let tensors = parse_tensor_infos(&mut c, n_tensors, alignment)?;
-    let data_start = c
-        .pos()
-        .checked_next_multiple_of(alignment)
-        .ok_or(GgufError::BadAlignment { value: alignment })?;
+    let data_start = c.pos().checked_next_multiple_of(alignment).ok_or(GgufError::BadAlignment { value: alignment })?;
     check_overlaps(&tensors)?;
-    Ok(GgufHeader {
-        version,
-        metadata,
-        tensors,
-        alignment,
-        data_start,
-    })
+    Ok(GgufHeader { version, metadata, tensors, alignment, data_start })
 }
 
 fn read_count(c: &mut Cursor, what: &str, max: u64) -> Result<u64, GgufError> {
     let offset = c.pos();
     let count = c.u64(|| format!("{what} count"))?;
     if count > max {
-        return Err(GgufError::TooMany {
-            what: what.to_string(),
-            count,
-            max,
-            offset,
-        });
+        return Err(GgufError::TooMany { what: what.to_string(), count, max, offset });
     }
     Ok(count)
 }
@@ -143,9 +116,7 @@ fn parse_metadata(c: &mut Cursor, n_kv: u64) -> Result<Metadata, GgufError> {
         let ctx = || format!("metadata key {key:?}");
         let type_id = c.u32(ctx)?;
         let value = parse_value(c, type_id, &ctx, 0)?;
-        metadata
-            .insert_new(key, value)
-            .map_err(|key| GgufError::DuplicateKey { key, offset })?;
+        metadata.insert_new(key, value).map_err(|key| GgufError::DuplicateKey { key, offset })?;
     }
     Ok(metadata)
 }
@@ -163,12 +134,7 @@ fn min_encoded_size(type_id: u32) -> Option<u64> {
     })
 }
 
-fn parse_value(
-    c: &mut Cursor,
-    type_id: u32,
-    ctx: &dyn Fn() -> String,
-    depth: u32,
-) -> Result<MetadataValue, GgufError> {
+fn parse_value(c: &mut Cursor, type_id: u32, ctx: &dyn Fn() -> String, depth: u32) -> Result<MetadataValue, GgufError> {
     // Offset of the type id just read (element types of arrays are checked in parse_array).
     let offset = c.pos().saturating_sub(4);
     Ok(match type_id {
@@ -197,44 +163,21 @@ fn parse_value(
         10 => MetadataValue::U64(c.u64(ctx)?),
         11 => MetadataValue::I64(i64::from_le_bytes(c.array(ctx)?)),
         12 => MetadataValue::F64(f64::from_le_bytes(c.array(ctx)?)),
-        _ => {
-            return Err(GgufError::UnknownValueType {
-                context: ctx(),
-                type_id,
-                offset,
-            })
-        }
+        _ => return Err(GgufError::UnknownValueType { context: ctx(), type_id, offset }),
     })
 }
 
-fn parse_array(
-    c: &mut Cursor,
-    ctx: &dyn Fn() -> String,
-    depth: u32,
-) -> Result<MetadataValue, GgufError> {
+fn parse_array(c: &mut Cursor, ctx: &dyn Fn() -> String, depth: u32) -> Result<MetadataValue, GgufError> {
     let offset = c.pos();
     if depth >= MAX_NESTING {
-        return Err(GgufError::NestingTooDeep {
-            context: ctx(),
-            max: MAX_NESTING,
-            offset,
-        });
+        return Err(GgufError::NestingTooDeep { context: ctx(), max: MAX_NESTING, offset });
     }
     let elem_type = c.u32(ctx)?;
-    let min_size = min_encoded_size(elem_type).ok_or_else(|| GgufError::UnknownValueType {
-        context: ctx(),
-        type_id: elem_type,
-        offset,
-    })?;
+    let min_size = min_encoded_size(elem_type).ok_or_else(|| GgufError::UnknownValueType { context: ctx(), type_id: elem_type, offset })?;
     let count_offset = c.pos();
     let count = c.u64(ctx)?;
     if count > MAX_ARRAY_LEN {
-        return Err(GgufError::TooMany {
-            what: format!("array element ({})", ctx()),
-            count,
-            max: MAX_ARRAY_LEN,
-            offset: count_offset,
-        });
+        return Err(GgufError::TooMany { what: format!("array element ({})", ctx()), count, max: MAX_ARRAY_LEN, offset: count_offset });
     }
     // Fails early (and without allocating) when the declared count cannot fit in what is left.
     c.require(count * min_size, ctx)?;
@@ -245,11 +188,7 @@ fn parse_array(
     Ok(MetadataValue::Array(items))
 }
 
-fn parse_tensor_infos(
-    c: &mut Cursor,
-    n_tensors: u64,
-    alignment: u64,
-) -> Result<Vec<TensorInfo>, GgufError> {
+fn parse_tensor_infos(c: &mut Cursor, n_tensors: u64, alignment: u64) -> Result<Vec<TensorInfo>, GgufError> {
     let mut tensors = Vec::new();
     let mut names = HashSet::new();
     for i in 0..n_tensors {
@@ -262,42 +201,20 @@ fn parse_tensor_infos(
         let dims_offset = c.pos();
         let n_dims = c.u32(ctx)?;
         if n_dims > MAX_DIMS {
-            return Err(GgufError::TooManyDims {
-                name,
-                n_dims,
-                max: MAX_DIMS,
-                offset: dims_offset,
-            });
+            return Err(GgufError::TooManyDims { name, n_dims, max: MAX_DIMS, offset: dims_offset });
         }
-        let dims = (0..n_dims)
-            .map(|_| c.u64(ctx))
-            .collect::<Result<Vec<_>, _>>()?;
+        let dims = (0..n_dims).map(|_| c.u64(ctx)).collect::<Result<Vec<_>, _>>()?;
         let type_offset = c.pos();
         let type_id = c.u32(ctx)?;
         let offset = c.u64(ctx)?;
-        let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
-            name: name.clone(),
-            type_id,
-            offset: type_offset,
-        })?;
-        let info = TensorInfo {
-            name,
-            dims,
-            ggml_type,
-            offset,
-        };
+        let ggml_type =
+            GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType { name: name.clone(), type_id, offset: type_offset })?;
+        let info = TensorInfo { name, dims, ggml_type, offset };
         let n_bytes = info.checked_n_bytes()?;
         if !offset.is_multiple_of(alignment) {
-            return Err(GgufError::MisalignedOffset {
-                name: info.name,
-                offset,
-                alignment,
-            });
+            return Err(GgufError::MisalignedOffset { name: info.name, offset, alignment });
         }
-        if offset
-            .checked_add(n_bytes)
-            .is_none_or(|end| end > i64::MAX as u64)
-        {
+        if offset.checked_add(n_bytes).is_none_or(|end| end > i64::MAX as u64) {
             return Err(GgufError::BadShape {
                 name: info.name,
                 dims: info.dims,
@@ -337,31 +254,15 @@ mod tests {
     use super::*;
 
     fn tensor(name: &str, cols: u64, offset: u64) -> TensorInfo {
-        TensorInfo {
-            name: name.into(),
-            dims: vec![cols],
-            ggml_type: GgmlType::F32,
-            offset,
-        }
+        TensorInfo { name: name.into(), dims: vec![cols], ggml_type: GgmlType::F32, offset }
     }
 
     #[test]
     fn zero_sized_tensor_does_not_hide_an_overlap() {
-        let ok = [
-            tensor("a", 16, 0),
-            tensor("empty", 0, 32),
-            tensor("b", 8, 64),
-        ];
+        let ok = [tensor("a", 16, 0), tensor("empty", 0, 32), tensor("b", 8, 64)];
         check_overlaps(&ok).unwrap();
-        let bad = [
-            tensor("a", 64, 0),
-            tensor("empty", 0, 32),
-            tensor("b", 8, 128),
-        ];
+        let bad = [tensor("a", 64, 0), tensor("empty", 0, 32), tensor("b", 8, 128)];
         let err = check_overlaps(&bad).unwrap_err();
-        assert!(
-            matches!(&err, GgufError::OverlappingTensors { first, second, .. } if first == "a" && second == "b"),
-            "{err}"
-        );
+        assert!(matches!(&err, GgufError::OverlappingTensors { first, second, .. } if first == "a" && second == "b"), "{err}");
     }
 }

@@ -60,11 +60,7 @@ fn fixed_size(type_id: u32) -> Option<u64> {
 
 impl HeaderScanner {
     pub fn new() -> Self {
-        Self {
-            pos: 0,
-            stack: vec![Item::Preamble],
-            gave_up: false,
-        }
+        Self { pos: 0, stack: vec![Item::Preamble], gave_up: false }
     }
 
     /// Advances over `buf` (all bytes received so far, from offset 0).
@@ -105,17 +101,14 @@ impl HeaderScanner {
                 self.pos += n;
             }
             Item::Preamble => {
-                let (Some(magic), Some(n_tensors), Some(n_kv)) =
-                    (self.read::<4>(buf, 0), u64_at(self, 8), u64_at(self, 16))
-                else {
+                let (Some(magic), Some(n_tensors), Some(n_kv)) = (self.read::<4>(buf, 0), u64_at(self, 8), u64_at(self, 16)) else {
                     return Step::Wait;
                 };
                 if magic != GGUF_MAGIC || n_tensors > MAX_TENSORS || n_kv > MAX_METADATA_KEYS {
                     return Step::GiveUp;
                 }
                 self.pos += 24;
-                self.stack
-                    .extend([Item::Tensors(n_tensors), Item::Kvs(n_kv)]);
+                self.stack.extend([Item::Tensors(n_tensors), Item::Kvs(n_kv)]);
             }
             Item::Str => {
                 let Some(len) = u64_at(self, 0) else {
@@ -157,21 +150,12 @@ impl HeaderScanner {
                 match fixed_size(elem) {
                     // Fixed-size elements are skipped in one go: count * size cannot overflow.
                     Some(n) => self.stack.push(Item::Skip(count * n)),
-                    None => self.stack.extend([
-                        Item::Values {
-                            elem,
-                            count: count - 1,
-                        },
-                        Item::Value(elem),
-                    ]),
+                    None => self.stack.extend([Item::Values { elem, count: count - 1 }, Item::Value(elem)]),
                 }
             }
             Item::Kvs(count) | Item::Tensors(count) if count == 0 => {}
             Item::Kvs(count) => self.stack.extend([Item::Kvs(count - 1), Item::Kv]),
-            Item::Tensors(count) => {
-                self.stack
-                    .extend([Item::Tensors(count - 1), Item::TensorRest, Item::Str])
-            }
+            Item::Tensors(count) => self.stack.extend([Item::Tensors(count - 1), Item::TensorRest, Item::Str]),
             Item::TensorRest => {
                 let Some(n_dims) = u32_at(self, 0) else {
                     return Step::Wait;

@@ -20,8 +20,7 @@ pub use cursor::MAX_STRING_LEN;
 pub use error::GgufError;
 pub use file::{read_file, stream_file};
 pub use header::{
-    parse_header, GgufHeader, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_LEN,
-    MAX_METADATA_KEYS, MAX_NESTING, MAX_TENSORS,
+    parse_header, GgufHeader, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_LEN, MAX_METADATA_KEYS, MAX_NESTING, MAX_TENSORS,
 };
 pub use metadata::{Metadata, MetadataValue};
 pub use quant::{dequantize, is_gpu_supported, pack_for_gpu, quantize, unpack_from_gpu, GpuPacked};

@@ -126,10 +126,7 @@ impl Metadata {
     }
 
     pub fn get(&self, key: &str) -> Option<&MetadataValue> {
-        self.index
-            .get(key)
-            .and_then(|&i| self.entries.get(i))
-            .map(|(_, v)| v)
+        self.index.get(key).and_then(|&i| self.entries.get(i)).map(|(_, v)| v)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &MetadataValue)> {
@@ -149,20 +146,14 @@ impl Metadata {
         let Some(value) = self.get(key) else {
             return Ok(None);
         };
-        let int = value
-            .as_i128()
-            .ok_or_else(|| type_error(key, "unsigned integer", value))?;
-        u64::try_from(int)
-            .map(Some)
-            .map_err(|_| range_error(key, int, "u64"))
+        let int = value.as_i128().ok_or_else(|| type_error(key, "unsigned integer", value))?;
+        u64::try_from(int).map(Some).map_err(|_| range_error(key, int, "u64"))
     }
 
     pub fn get_u32(&self, key: &str) -> Result<Option<u32>, GgufError> {
         match self.get_u64(key)? {
             None => Ok(None),
-            Some(v) => u32::try_from(v)
-                .map(Some)
-                .map_err(|_| range_error(key, v.into(), "u32")),
+            Some(v) => u32::try_from(v).map(Some).map_err(|_| range_error(key, v.into(), "u32")),
         }
     }
 
@@ -170,10 +161,7 @@ impl Metadata {
     pub fn get_f32(&self, key: &str) -> Result<Option<f32>, GgufError> {
         match self.get(key) {
             None => Ok(None),
-            Some(value) => value
-                .as_f64()
-                .map(|v| Some(v as f32))
-                .ok_or_else(|| type_error(key, "number", value)),
+            Some(value) => value.as_f64().map(|v| Some(v as f32)).ok_or_else(|| type_error(key, "number", value)),
         }
     }
 
@@ -212,9 +200,7 @@ impl Metadata {
 
     /// From any float or integer array.
     pub fn get_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>, GgufError> {
-        Ok(self
-            .get_array(key, "array of number", MetadataValue::as_f64)?
-            .map(|items| items.into_iter().map(|v| v as f32).collect()))
+        Ok(self.get_array(key, "array of number", MetadataValue::as_f64)?.map(|items| items.into_iter().map(|v| v as f32).collect()))
     }
 
     /// Maps every element of the array at `key` with `convert`; a non-array or an element
@@ -231,27 +217,16 @@ impl Metadata {
         let MetadataValue::Array(items) = value else {
             return Err(type_error(key, expected, value));
         };
-        items
-            .iter()
-            .map(|item| convert(item).ok_or_else(|| type_error(key, expected, value)))
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
+        items.iter().map(|item| convert(item).ok_or_else(|| type_error(key, expected, value))).collect::<Result<Vec<_>, _>>().map(Some)
     }
 }
 
 fn type_error(key: &str, expected: &'static str, found: &MetadataValue) -> GgufError {
-    GgufError::MetadataType {
-        key: key.to_string(),
-        expected,
-        found: found.type_name(),
-    }
+    GgufError::MetadataType { key: key.to_string(), expected, found: found.type_name() }
 }
 
 fn range_error(key: &str, value: i128, target: &str) -> GgufError {
-    GgufError::MetadataValue {
-        key: key.to_string(),
-        reason: format!("value {value} does not fit in {target}"),
-    }
+    GgufError::MetadataValue { key: key.to_string(), reason: format!("value {value} does not fit in {target}") }
 }
 
 #[cfg(test)]
@@ -264,18 +239,9 @@ mod tests {
         m.set("a", MetadataValue::I8(-1));
         m.set("s", MetadataValue::String("x".into()));
         m.set("f", MetadataValue::F64(0.5));
-        m.set(
-            "ints",
-            MetadataValue::Array(vec![MetadataValue::I64(-3), MetadataValue::I64(4)]),
-        );
-        m.set(
-            "big",
-            MetadataValue::Array(vec![MetadataValue::U64(1 << 40)]),
-        );
-        m.set(
-            "strs",
-            MetadataValue::Array(vec![MetadataValue::String("p".into())]),
-        );
+        m.set("ints", MetadataValue::Array(vec![MetadataValue::I64(-3), MetadataValue::I64(4)]));
+        m.set("big", MetadataValue::Array(vec![MetadataValue::U64(1 << 40)]));
+        m.set("strs", MetadataValue::Array(vec![MetadataValue::String("p".into())]));
         m
     }
 
@@ -286,26 +252,14 @@ mod tests {
         assert_eq!(keys, ["b", "a", "s", "f", "ints", "big", "strs"]);
         assert_eq!(m.get_u32("b").unwrap(), Some(7));
         assert_eq!(m.get_u64("missing").unwrap(), None);
-        assert!(matches!(
-            m.get_u64("a"),
-            Err(GgufError::MetadataValue { .. })
-        ));
-        assert!(matches!(
-            m.get_u32("s"),
-            Err(GgufError::MetadataType { .. })
-        ));
+        assert!(matches!(m.get_u64("a"), Err(GgufError::MetadataValue { .. })));
+        assert!(matches!(m.get_u32("s"), Err(GgufError::MetadataType { .. })));
         assert_eq!(m.get_f32("f").unwrap(), Some(0.5));
         assert_eq!(m.get_f32("b").unwrap(), Some(7.0));
         assert_eq!(m.get_str("s").unwrap(), Some("x"));
-        assert!(matches!(
-            m.get_bool("s"),
-            Err(GgufError::MetadataType { .. })
-        ));
+        assert!(matches!(m.get_bool("s"), Err(GgufError::MetadataType { .. })));
         assert_eq!(m.get_i32_array("ints").unwrap(), Some(vec![-3, 4]));
-        assert!(matches!(
-            m.get_i32_array("big"),
-            Err(GgufError::MetadataValue { .. })
-        ));
+        assert!(matches!(m.get_i32_array("big"), Err(GgufError::MetadataValue { .. })));
         assert_eq!(m.get_f32_array("ints").unwrap(), Some(vec![-3.0, 4.0]));
         assert_eq!(m.get_string_array("strs").unwrap(), Some(vec!["p"]));
         let err = m.get_string_array("ints").unwrap_err();

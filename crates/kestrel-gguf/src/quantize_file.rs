@@ -71,10 +71,7 @@ fn convert(
             StreamEvent::Header(header) => {
                 let mut metadata: Metadata = header.metadata.clone();
                 metadata.set(FILE_TYPE_KEY, MetadataValue::U32(file_type));
-                metadata.set(
-                    QUANTIZATION_VERSION_KEY,
-                    MetadataValue::U32(QUANTIZATION_VERSION),
-                );
+                metadata.set(QUANTIZATION_VERSION_KEY, MetadataValue::U32(QUANTIZATION_VERSION));
                 choices = plan(&header.metadata, &header.tensors, target)?;
                 // Tensors are written in the input's data order so that each one can be
                 // converted and written as soon as it is read.
@@ -82,11 +79,7 @@ fn convert(
                     .data_order()
                     .into_iter()
                     .filter_map(|i| Some((header.tensors.get(i)?, choices.get(i)?)))
-                    .map(|(t, choice)| TensorSpec {
-                        name: t.name.clone(),
-                        dims: t.dims.clone(),
-                        ggml_type: choice.ty,
-                    })
+                    .map(|(t, choice)| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: choice.ty })
                     .collect();
                 report.tensors = specs.len();
                 report.by_type = count_types(specs.iter().map(|s| s.ggml_type));
@@ -95,10 +88,7 @@ fn convert(
                 writer = Some(w.map_err(at_output(output))?);
             }
             StreamEvent::Tensor { index, info, bytes } => {
-                let choice = choices.get(index).copied().unwrap_or(Choice {
-                    ty: info.ggml_type,
-                    fallback: false,
-                });
+                let choice = choices.get(index).copied().unwrap_or(Choice { ty: info.ggml_type, fallback: false });
                 report.fallback += usize::from(choice.fallback);
                 let converted = if choice.ty == info.ggml_type {
                     report.copied += 1;
@@ -127,11 +117,7 @@ fn convert(
 
 /// How many of `types` are of each type, in ggml id order.
 fn count_types(types: impl Iterator<Item = GgmlType> + Clone) -> Vec<(GgmlType, usize)> {
-    GgmlType::ALL
-        .iter()
-        .map(|&ty| (ty, types.clone().filter(|&t| t == ty).count()))
-        .filter(|&(_, n)| n > 0)
-        .collect()
+    GgmlType::ALL.iter().map(|&ty| (ty, types.clone().filter(|&t| t == ty).count())).filter(|&(_, n)| n > 0).collect()
 }
 
 /// The writer does not know the output's path; this puts it into its I/O errors.
@@ -143,10 +129,7 @@ fn at_output(output: &Path) -> impl Fn(GgufError) -> GgufError + '_ {
 }
 
 fn convert_tensor(info: &TensorInfo, bytes: &[u8], to: GgmlType) -> Result<Vec<u8>, GgufError> {
-    let name_it = |e| GgufError::InTensor {
-        name: info.name.clone(),
-        source: Box::new(e),
-    };
+    let name_it = |e| GgufError::InTensor { name: info.name.clone(), source: Box::new(e) };
     let mut values = vec![0f32; info.n_elements() as usize];
     dequantize(info.ggml_type, bytes, &mut values).map_err(name_it)?;
     quantize(to, &values).map_err(name_it)

@@ -45,10 +45,7 @@ impl QuantizeTarget {
                 Q4_K => Ok(14),
                 Q5_K => Ok(16),
                 Q6_K => Ok(18),
-                _ => Err(GgufError::UnsupportedType {
-                    ty,
-                    operation: "model quantization",
-                }),
+                _ => Err(GgufError::UnsupportedType { ty, operation: "model quantization" }),
             },
         }
     }
@@ -80,10 +77,7 @@ fn use_more_bits(i_layer: usize, n_layers: usize) -> bool {
 /// of about the same size, then (like this crate for every other type) falls back to F16.
 fn fit_row_length(ty: GgmlType, cols: u64) -> Choice {
     if cols.is_multiple_of(ty.block_size()) {
-        return Choice {
-            ty,
-            fallback: false,
-        };
+        return Choice { ty, fallback: false };
     }
     let legacy = match ty {
         GgmlType::Q4_K => GgmlType::Q5_0,
@@ -91,11 +85,7 @@ fn fit_row_length(ty: GgmlType, cols: u64) -> Choice {
         GgmlType::Q6_K => GgmlType::Q8_0,
         _ => GgmlType::F16,
     };
-    let ty = if cols.is_multiple_of(legacy.block_size()) {
-        legacy
-    } else {
-        GgmlType::F16
-    };
+    let ty = if cols.is_multiple_of(legacy.block_size()) { legacy } else { GgmlType::F16 };
     Choice { ty, fallback: true }
 }
 
@@ -103,42 +93,21 @@ fn fit_row_length(ty: GgmlType, cols: u64) -> Choice {
 /// number of "blk.N." names (others first), then by name. The recipe's attn_v and ffn_down
 /// counters advance in this order.
 fn llama_order(name: &str) -> (i64, &str) {
-    let layer = name
-        .strip_prefix("blk.")
-        .and_then(|rest| rest.split('.').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(-1);
+    let layer = name.strip_prefix("blk.").and_then(|rest| rest.split('.').next()).and_then(|n| n.parse().ok()).unwrap_or(-1);
     (layer, name)
 }
 
 /// The output type of every tensor of `tensors` (same order).
-pub(crate) fn plan(
-    metadata: &Metadata,
-    tensors: &[TensorInfo],
-    target: QuantizeTarget,
-) -> Result<Vec<Choice>, GgufError> {
-    let keep = |t: &TensorInfo| Choice {
-        ty: t.ggml_type,
-        fallback: false,
-    };
+pub(crate) fn plan(metadata: &Metadata, tensors: &[TensorInfo], target: QuantizeTarget) -> Result<Vec<Choice>, GgufError> {
+    let keep = |t: &TensorInfo| Choice { ty: t.ggml_type, fallback: false };
     let cols = |t: &TensorInfo| t.dims.first().copied().unwrap_or(1);
     match target {
-        QuantizeTarget::Type(ty) => Ok(tensors
-            .iter()
-            .map(|t| {
-                if is_quantized(t) {
-                    fit_row_length(ty, cols(t))
-                } else {
-                    keep(t)
-                }
-            })
-            .collect()),
+        QuantizeTarget::Type(ty) => {
+            Ok(tensors.iter().map(|t| if is_quantized(t) { fit_row_length(ty, cols(t)) } else { keep(t) }).collect())
+        }
         QuantizeTarget::Q4KM => {
             let n_layers = block_count(metadata)?;
-            let n_attention_wv = tensors
-                .iter()
-                .filter(|t| t.name.contains("attn_v.weight"))
-                .count();
+            let n_attention_wv = tensors.iter().filter(|t| t.name.contains("attn_v.weight")).count();
             let has_output = tensors.iter().any(|t| t.name == "output.weight");
             let mut order: Vec<usize> = (0..tensors.len()).collect();
             order.sort_by(|&a, &b| {
@@ -155,8 +124,7 @@ pub(crate) fn plan(
                     continue;
                 }
                 let name = t.name.as_str();
-                let ty = if name == "output.weight" || (!has_output && name == "token_embd.weight")
-                {
+                let ty = if name == "output.weight" || (!has_output && name == "token_embd.weight") {
                     // Tied embeddings are also the output matrix. Q8_0 when the row is not
                     // whole super-blocks (llama.cpp decides this before the fallback).
                     if cols(t).is_multiple_of(256) {
@@ -196,15 +164,10 @@ fn block_count(metadata: &Metadata) -> Result<usize, GgufError> {
         reason: "missing; the Q4_K_M recipe needs the layer count".to_string(),
     };
     let arch_key = "general.architecture";
-    let arch = metadata
-        .get_str(arch_key)?
-        .ok_or_else(|| missing(arch_key))?;
+    let arch = metadata.get_str(arch_key)?.ok_or_else(|| missing(arch_key))?;
     let key = format!("{arch}.block_count");
     let n = metadata.get_u64(&key)?.ok_or_else(|| missing(&key))?;
-    usize::try_from(n).map_err(|_| GgufError::MetadataValue {
-        key,
-        reason: format!("{n} layers is more than this platform can index"),
-    })
+    usize::try_from(n).map_err(|_| GgufError::MetadataValue { key, reason: format!("{n} layers is more than this platform can index") })
 }
 
 #[cfg(test)]
@@ -214,22 +177,14 @@ mod tests {
     use GgmlType::*;
 
     fn tensor(name: &str, dims: &[u64]) -> TensorInfo {
-        TensorInfo {
-            name: name.to_string(),
-            dims: dims.to_vec(),
-            ggml_type: if dims.len() == 1 { F32 } else { F16 },
-            offset: 0,
-        }
+        TensorInfo { name: name.to_string(), dims: dims.to_vec(), ggml_type: if dims.len() == 1 { F32 } else { F16 }, offset: 0 }
     }
 
     /// A llama-architecture tensor list: `n_layers` layers, hidden size `n_embd`, feed-forward
     /// size `n_ff`, 3 KV heads of 64, tied embeddings unless `output` is set.
     fn model(n_layers: u32, n_embd: u64, n_ff: u64, output: bool) -> (Metadata, Vec<TensorInfo>) {
         let mut m = Metadata::new();
-        m.set(
-            "general.architecture",
-            MetadataValue::String("llama".into()),
-        );
+        m.set("general.architecture", MetadataValue::String("llama".into()));
         m.set("llama.block_count", MetadataValue::U32(n_layers));
         let mut t = vec![tensor("token_embd.weight", &[n_embd, 49152])];
         for i in 0..n_layers {
@@ -266,10 +221,7 @@ mod tests {
         let (m, t) = model(30, 576, 1536, false);
         let c = plan(&m, &t, QuantizeTarget::Q4KM).unwrap();
         let at = |name: &str| type_of(&t, &c, name);
-        let plain = |ty| Choice {
-            ty,
-            fallback: false,
-        };
+        let plain = |ty| Choice { ty, fallback: false };
         let fell_back = |ty| Choice { ty, fallback: true };
         // Tied embeddings are the output matrix: Q6_K wanted, Q8_0 for rows of 576.
         assert_eq!(at("token_embd.weight"), plain(Q8_0));
@@ -280,17 +232,9 @@ mod tests {
             assert_eq!(at(&name("attn_norm.weight")), plain(F32));
             assert_eq!(at(&name("ffn_norm.weight")), plain(F32));
             for s in ["attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"] {
-                assert_eq!(
-                    at(&name(&format!("{s}.weight"))),
-                    fell_back(Q5_0),
-                    "{i} {s}"
-                );
+                assert_eq!(at(&name(&format!("{s}.weight"))), fell_back(Q5_0), "{i} {s}");
             }
-            let v = if more {
-                fell_back(Q8_0)
-            } else {
-                fell_back(Q5_0)
-            };
+            let v = if more { fell_back(Q8_0) } else { fell_back(Q5_0) };
             assert_eq!(at(&name("attn_v.weight")), v, "layer {i}");
             let down = if more { plain(Q6_K) } else { plain(Q4_K) };
             assert_eq!(at(&name("ffn_down.weight")), down, "layer {i}");
@@ -324,30 +268,16 @@ mod tests {
             let c = plan(&m, &t, QuantizeTarget::Type(target)).unwrap();
             type_of(&t, &c, name)
         };
-        for (target, rows_576, rows_1536) in [
-            (Q4_K, Q5_0, Q4_K),
-            (Q5_K, Q5_1, Q5_K),
-            (Q6_K, Q8_0, Q6_K),
-            (Q5_0, Q5_0, Q5_0),
-            (Q8_0, Q8_0, Q8_0),
-        ] {
-            assert_eq!(
-                ty_of(target, "blk.1.attn_q.weight").ty,
-                rows_576,
-                "{target}"
-            );
+        for (target, rows_576, rows_1536) in
+            [(Q4_K, Q5_0, Q4_K), (Q5_K, Q5_1, Q5_K), (Q6_K, Q8_0, Q6_K), (Q5_0, Q5_0, Q5_0), (Q8_0, Q8_0, Q8_0)]
+        {
+            assert_eq!(ty_of(target, "blk.1.attn_q.weight").ty, rows_576, "{target}");
             assert_eq!(ty_of(target, "blk.1.ffn_down.weight").ty, rows_1536);
             assert_eq!(ty_of(target, "blk.1.ffn_norm.weight").ty, F32);
         }
         // Rows that are not even whole 32-blocks: F16.
         let odd = [tensor("x.weight", &[48, 4])];
-        assert_eq!(
-            plan(&m, &odd, Q4_K.into()).unwrap(),
-            [Choice {
-                ty: F16,
-                fallback: true
-            }]
-        );
+        assert_eq!(plan(&m, &odd, Q4_K.into()).unwrap(), [Choice { ty: F16, fallback: true }]);
     }
 
     #[test]
@@ -366,10 +296,7 @@ mod tests {
         assert!(plan(&m, &t, QuantizeTarget::Q4KM).is_err());
         let e = plan(&Metadata::new(), &t, QuantizeTarget::Q4KM).unwrap_err();
         assert!(matches!(e, GgufError::MetadataValue { .. }), "{e}");
-        assert!(matches!(
-            QuantizeTarget::Type(Q2_K).file_type(),
-            Err(GgufError::UnsupportedType { ty: Q2_K, .. })
-        ));
+        assert!(matches!(QuantizeTarget::Type(Q2_K).file_type(), Err(GgufError::UnsupportedType { ty: Q2_K, .. })));
         assert_eq!(QuantizeTarget::Q4KM.file_type().unwrap(), 15);
     }
 }

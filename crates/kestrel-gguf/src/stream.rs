@@ -15,11 +15,7 @@ pub enum StreamEvent<'a> {
     /// Sent once, before any tensor.
     Header(&'a GgufHeader),
     /// Tensors come in data-offset order; `index` is the position in `GgufHeader::tensors`.
-    Tensor {
-        index: usize,
-        info: &'a TensorInfo,
-        bytes: &'a [u8],
-    },
+    Tensor { index: usize, info: &'a TensorInfo, bytes: &'a [u8] },
 }
 
 pub type EventSink<'s> = dyn FnMut(StreamEvent<'_>) -> Result<(), GgufError> + 's;
@@ -59,13 +55,7 @@ impl Default for GgufStreamReader {
 
 impl GgufStreamReader {
     pub fn new() -> Self {
-        Self {
-            phase: Phase::Header {
-                buf: Vec::new(),
-                scanner: HeaderScanner::new(),
-            },
-            consumed: 0,
-        }
+        Self { phase: Phase::Header { buf: Vec::new(), scanner: HeaderScanner::new() }, consumed: 0 }
     }
 
     /// Total bytes pushed so far.
@@ -92,12 +82,7 @@ impl GgufStreamReader {
         result
     }
 
-    fn advance(
-        &mut self,
-        phase: Phase,
-        chunk: &[u8],
-        on_event: &mut EventSink<'_>,
-    ) -> Result<(), GgufError> {
+    fn advance(&mut self, phase: Phase, chunk: &[u8], on_event: &mut EventSink<'_>) -> Result<(), GgufError> {
         self.consumed += chunk.len() as u64;
         match phase {
             Phase::Failed => Err(GgufError::StreamFailed),
@@ -106,10 +91,7 @@ impl GgufStreamReader {
                 self.phase = Phase::Data(data);
                 result
             }
-            Phase::Header {
-                mut buf,
-                mut scanner,
-            } => {
+            Phase::Header { mut buf, mut scanner } => {
                 buf.extend_from_slice(chunk);
                 if let Scan::Incomplete = scanner.scan(&buf) {
                     return self.keep_buffering(buf, scanner);
@@ -117,13 +99,7 @@ impl GgufStreamReader {
                 match parse_header(&buf) {
                     Ok(header) => {
                         on_event(StreamEvent::Header(&header))?;
-                        let mut data = Box::new(DataPhase {
-                            order: header.data_order(),
-                            header,
-                            next: 0,
-                            pos: 0,
-                            pending: Vec::new(),
-                        });
+                        let mut data = Box::new(DataPhase { order: header.data_order(), header, next: 0, pos: 0, pending: Vec::new() });
                         // The buffer holds the header and maybe the first tensor bytes.
                         let result = data.feed(&buf, on_event);
                         self.phase = Phase::Data(data);
@@ -139,12 +115,7 @@ impl GgufStreamReader {
     fn keep_buffering(&mut self, buf: Vec<u8>, scanner: HeaderScanner) -> Result<(), GgufError> {
         let len = buf.len() as u64;
         if len > MAX_HEADER_BYTES {
-            return Err(GgufError::TooMany {
-                what: "header byte".to_string(),
-                count: len,
-                max: MAX_HEADER_BYTES,
-                offset: 0,
-            });
+            return Err(GgufError::TooMany { what: "header byte".to_string(), count: len, max: MAX_HEADER_BYTES, offset: 0 });
         }
         self.phase = Phase::Header { buf, scanner };
         Ok(())
@@ -155,15 +126,9 @@ impl GgufStreamReader {
         match self.phase {
             Phase::Failed => Err(GgufError::StreamFailed),
             Phase::Header { buf, .. } => match parse_header(&buf) {
-                Err(GgufError::NeedMoreData {
-                    needed,
-                    available,
-                    context,
-                }) => Err(GgufError::Truncated {
-                    context,
-                    offset: available,
-                    missing: needed - available,
-                }),
+                Err(GgufError::NeedMoreData { needed, available, context }) => {
+                    Err(GgufError::Truncated { context, offset: available, missing: needed - available })
+                }
                 Err(e) => Err(e),
                 // The scanner reports completion whenever the parse can succeed, so a complete
                 // header was already parsed and sent on: this arm is unreachable.
@@ -178,11 +143,7 @@ impl DataPhase {
     /// Consumes `chunk`, whose first byte is at absolute offset `self.pos`.
     fn feed(&mut self, mut chunk: &[u8], on_event: &mut EventSink<'_>) -> Result<(), GgufError> {
         loop {
-            let Some((index, info)) = self
-                .order
-                .get(self.next)
-                .and_then(|&i| self.header.tensors.get(i).map(|t| (i, t)))
-            else {
+            let Some((index, info)) = self.order.get(self.next).and_then(|&i| self.header.tensors.get(i).map(|t| (i, t))) else {
                 // All tensors delivered: whatever follows is trailing padding.
                 self.pos += chunk.len() as u64;
                 return Ok(());
@@ -209,14 +170,9 @@ impl DataPhase {
                 if have == 0 {
                     // Exactly the tensor's size, once, instead of doubling growth that could
                     // approach twice a large embedding. Fallible: the size comes from the file.
-                    let no_room = || GgufError::Allocation {
-                        context: format!("data of tensor {:?}", info.name),
-                        bytes: size,
-                    };
+                    let no_room = || GgufError::Allocation { context: format!("data of tensor {:?}", info.name), bytes: size };
                     let size = usize::try_from(size).map_err(|_| no_room())?;
-                    self.pending
-                        .try_reserve_exact(size)
-                        .map_err(|_| no_room())?;
+                    self.pending.try_reserve_exact(size).map_err(|_| no_room())?;
                 }
                 self.pending.extend_from_slice(part);
                 if (self.pending.len() as u64) < size {
@@ -233,12 +189,7 @@ impl DataPhase {
     }
 
     /// Ok if every tensor was delivered, else the truncation error for the first missing one.
-    fn incomplete(
-        header: &GgufHeader,
-        order: &[usize],
-        next: usize,
-        pos: u64,
-    ) -> Result<(), GgufError> {
+    fn incomplete(header: &GgufHeader, order: &[usize], next: usize, pos: u64) -> Result<(), GgufError> {
         let Some(t) = order.get(next).and_then(|&i| header.tensors.get(i)) else {
             return Ok(());
         };

@@ -30,10 +30,7 @@ pub struct GgufWriter<W: Write> {
 }
 
 fn write_error(source: std::io::Error) -> GgufError {
-    GgufError::Io {
-        path: "GGUF writer output".to_string(),
-        source,
-    }
+    GgufError::Io { path: "GGUF writer output".to_string(), source }
 }
 
 impl<W: Write> GgufWriter<W> {
@@ -66,12 +63,7 @@ impl<W: Write> GgufWriter<W> {
         }
         pad(&mut header, alignment);
         out.write_all(&header).map_err(write_error)?;
-        Ok(Self {
-            out,
-            tensors,
-            alignment,
-            next: 0,
-        })
+        Ok(Self { out, tensors, alignment, next: 0 })
     }
 
     /// The descriptors as they are written, offsets included.
@@ -97,9 +89,7 @@ impl<W: Write> GgufWriter<W> {
         }
         let padding = bytes.len().next_multiple_of(self.alignment as usize) - bytes.len();
         self.out.write_all(bytes).map_err(write_error)?;
-        self.out
-            .write_all(&vec![0u8; padding])
-            .map_err(write_error)?;
+        self.out.write_all(&vec![0u8; padding]).map_err(write_error)?;
         self.next += 1;
         Ok(())
     }
@@ -125,33 +115,18 @@ fn layout(specs: &[TensorSpec], alignment: u64) -> Result<Vec<TensorInfo>, GgufE
     let mut tensors = Vec::with_capacity(specs.len());
     for spec in specs {
         if !names.insert(spec.name.as_str()) {
-            return Err(GgufError::DuplicateTensor {
-                name: spec.name.clone(),
-                offset,
-            });
+            return Err(GgufError::DuplicateTensor { name: spec.name.clone(), offset });
         }
         if spec.dims.len() > MAX_DIMS as usize {
-            return Err(GgufError::TooManyDims {
-                name: spec.name.clone(),
-                n_dims: spec.dims.len() as u32,
-                max: MAX_DIMS,
-                offset,
-            });
+            return Err(GgufError::TooManyDims { name: spec.name.clone(), n_dims: spec.dims.len() as u32, max: MAX_DIMS, offset });
         }
-        let info = TensorInfo {
-            name: spec.name.clone(),
-            dims: spec.dims.clone(),
-            ggml_type: spec.ggml_type,
-            offset,
-        };
+        let info = TensorInfo { name: spec.name.clone(), dims: spec.dims.clone(), ggml_type: spec.ggml_type, offset };
         let end = offset.checked_add(info.checked_n_bytes()?);
-        offset = end
-            .and_then(|e| e.checked_next_multiple_of(alignment))
-            .ok_or_else(|| GgufError::BadShape {
-                name: info.name.clone(),
-                dims: info.dims.clone(),
-                reason: "data section size overflows".to_string(),
-            })?;
+        offset = end.and_then(|e| e.checked_next_multiple_of(alignment)).ok_or_else(|| GgufError::BadShape {
+            name: info.name.clone(),
+            dims: info.dims.clone(),
+            reason: "data section size overflows".to_string(),
+        })?;
         tensors.push(info);
     }
     Ok(tensors)

@@ -7,10 +7,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{stream_collect, synthetic_file, synthetic_metadata};
-use kestrel_gguf::{
-    parse_header, stream_file, GgmlType, GgufError, GgufStreamReader, GgufWriter, MetadataValue,
-    StreamEvent, TensorSpec,
-};
+use kestrel_gguf::{parse_header, stream_file, GgmlType, GgufError, GgufStreamReader, GgufWriter, MetadataValue, StreamEvent, TensorSpec};
 use rand::{Rng, SeedableRng};
 
 fn corpus_dir() -> PathBuf {
@@ -20,10 +17,7 @@ fn corpus_dir() -> PathBuf {
 }
 
 fn find(bytes: &[u8], needle: &[u8]) -> usize {
-    bytes
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .unwrap()
+    bytes.windows(needle.len()).position(|w| w == needle).unwrap()
 }
 
 fn put_u32(bytes: &mut [u8], at: usize, v: u32) {
@@ -54,10 +48,7 @@ fn check(name: &str, bytes: &[u8], expected: impl Fn(&GgufError) -> bool) {
     for size in [1, 7, usize::MAX] {
         match stream_collect(bytes, &mut || size) {
             Ok(_) => panic!("{name}: chunk size {size}: stream accepted a broken file"),
-            Err(e) => assert!(
-                expected(&e),
-                "{name}: chunk size {size}: unexpected error {e:?}"
-            ),
+            Err(e) => assert!(expected(&e), "{name}: chunk size {size}: unexpected error {e:?}"),
         }
     }
     let path = corpus_dir().join(format!("{name}.gguf"));
@@ -81,8 +72,7 @@ fn synthetic_file_is_valid_and_streams_identically() {
     assert_eq!(h.tensors.len(), 5);
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     let mut random = || rng.random_range(1..40);
-    let chunkings: [&mut dyn FnMut() -> usize; 4] =
-        [&mut || 1, &mut || 7, &mut || 4096, &mut random];
+    let chunkings: [&mut dyn FnMut() -> usize; 4] = [&mut || 1, &mut || 7, &mut || 4096, &mut random];
     for sizes in chunkings {
         let got = stream_collect(&bytes, sizes).unwrap();
         assert_eq!(got.header.as_ref(), Some(&h));
@@ -100,12 +90,7 @@ fn truncated_at_every_offset() {
     let h = parse_header(&bytes).unwrap();
     // The header ends with the last descriptor ("e.q4_1", 3 dims), before its padding.
     let header_end = tensor_fields(&bytes, "e.q4_1").3 + 8;
-    let data_end = h
-        .tensors
-        .iter()
-        .map(|t| h.data_start + t.offset + t.n_bytes())
-        .max()
-        .unwrap() as usize;
+    let data_end = h.tensors.iter().map(|t| h.data_start + t.offset + t.n_bytes()).max().unwrap() as usize;
     for len in 0..bytes.len() {
         let prefix = &bytes[..len];
         let streamed = stream_collect(prefix, &mut || 7);
@@ -115,25 +100,16 @@ fn truncated_at_every_offset() {
             continue;
         }
         let e = streamed.unwrap_err();
-        assert!(
-            matches!(e, GgufError::Truncated { .. }),
-            "prefix {len}: {e:?}"
-        );
+        assert!(matches!(e, GgufError::Truncated { .. }), "prefix {len}: {e:?}");
         if len < header_end {
-            assert!(
-                matches!(parse_header(prefix), Err(GgufError::NeedMoreData { .. })),
-                "prefix {len}"
-            );
+            assert!(matches!(parse_header(prefix), Err(GgufError::NeedMoreData { .. })), "prefix {len}");
         } else {
             assert!(e.to_string().contains("tensor"), "prefix {len}: {e}");
         }
     }
     // The file reader knows the size: a tensor past the end is caught from the header alone.
     let e = { check_truncated_file(&bytes[..data_end - 1]) };
-    assert!(
-        matches!(&e, GgufError::TensorOutOfBounds { name, .. } if name == "e.q4_1"),
-        "{e:?}"
-    );
+    assert!(matches!(&e, GgufError::TensorOutOfBounds { name, .. } if name == "e.q4_1"), "{e:?}");
 }
 
 fn check_truncated_file(bytes: &[u8]) -> GgufError {
@@ -147,10 +123,7 @@ fn check_truncated_file(bytes: &[u8]) -> GgufError {
         Ok(())
     })
     .unwrap_err();
-    assert_eq!(
-        tensors, 0,
-        "no tensor may be delivered from a file known to be short"
-    );
+    assert_eq!(tensors, 0, "no tensor may be delivered from a file known to be short");
     e
 }
 
@@ -159,25 +132,15 @@ fn bad_magic_and_versions() {
     let good = synthetic_file();
     let mut b = good.clone();
     b[3] = b'G';
-    check_header(
-        "bad_magic",
-        &b,
-        |e| matches!(e, GgufError::BadMagic { found } if found == b"GGUG"),
-    );
+    check_header("bad_magic", &b, |e| matches!(e, GgufError::BadMagic { found } if found == b"GGUG"));
     for (name, version) in [("version_1", 1u32), ("version_99", 99)] {
         let mut b = good.clone();
         put_u32(&mut b, 4, version);
-        check_header(
-            name,
-            &b,
-            |e| matches!(e, GgufError::UnsupportedVersion { version: v } if *v == version),
-        );
+        check_header(name, &b, |e| matches!(e, GgufError::UnsupportedVersion { version: v } if *v == version));
     }
     let mut b = good.clone();
     b[4..8].copy_from_slice(&3u32.to_be_bytes());
-    check_header("big_endian", &b, |e| {
-        matches!(e, GgufError::BigEndian { .. })
-    });
+    check_header("big_endian", &b, |e| matches!(e, GgufError::BigEndian { .. }));
     // Version 2 has the same layout as 3.
     let mut b = good;
     put_u32(&mut b, 4, 2);
@@ -196,48 +159,29 @@ fn absurd_counts_and_lengths() {
     );
     let mut b = good.clone();
     put_u64(&mut b, 16, u64::MAX);
-    check_header("absurd_kv_count", &b, |e| {
-        matches!(e, GgufError::TooMany { offset: 16, .. })
-    });
+    check_header("absurd_kv_count", &b, |e| matches!(e, GgufError::TooMany { offset: 16, .. }));
     // More tensors than described: the header runs into the data and ends in garbage or EOF.
     let mut b = good.clone();
     put_u64(&mut b, 8, 1000);
-    check_header("tensor_count_too_large", &b, |e| {
-        !matches!(e, GgufError::TooMany { .. })
-    });
+    check_header("tensor_count_too_large", &b, |e| !matches!(e, GgufError::TooMany { .. }));
 
     let mut b = good.clone();
     put_u64(&mut b, 24, 1 << 60);
-    check_header(
-        "absurd_string_length",
-        &b,
-        |e| matches!(e, GgufError::StringTooLong { len, offset: 24, .. } if *len == 1 << 60),
-    );
+    check_header("absurd_string_length", &b, |e| matches!(e, GgufError::StringTooLong { len, offset: 24, .. } if *len == 1 << 60));
     // Below the cap but past the end of the file: waits for data that never comes.
     let mut b = good.clone();
     put_u64(&mut b, 24, 1 << 20);
-    check("string_past_eof", &b, |e| {
-        matches!(e, GgufError::Truncated { .. })
-    });
+    check("string_past_eof", &b, |e| matches!(e, GgufError::Truncated { .. }));
 
     let count_at = after(&good, "t.strings") + 4 + 4;
     let mut b = good.clone();
     put_u64(&mut b, count_at, 1 << 40);
-    check_header(
-        "absurd_array_count",
-        &b,
-        |e| matches!(e, GgufError::TooMany { what, .. } if what.contains("t.strings")),
-    );
+    check_header("absurd_array_count", &b, |e| matches!(e, GgufError::TooMany { what, .. } if what.contains("t.strings")));
     // Within the cap: refused without allocating for 2^30 strings.
     let mut b = good;
     put_u64(&mut b, count_at, 1 << 30);
-    assert!(matches!(
-        parse_header(&b),
-        Err(GgufError::NeedMoreData { .. })
-    ));
-    check("array_count_past_eof", &b, |e| {
-        matches!(e, GgufError::Truncated { .. })
-    });
+    assert!(matches!(parse_header(&b), Err(GgufError::NeedMoreData { .. })));
+    check("array_count_past_eof", &b, |e| matches!(e, GgufError::Truncated { .. }));
 }
 
 #[test]
@@ -252,47 +196,27 @@ fn bad_metadata_values() {
     );
     let mut b = good.clone();
     put_u32(&mut b, after(&good, "t.strings") + 4, 77);
-    check_header("unknown_array_element_type", &b, |e| {
-        matches!(e, GgufError::UnknownValueType { type_id: 77, .. })
-    });
+    check_header("unknown_array_element_type", &b, |e| matches!(e, GgufError::UnknownValueType { type_id: 77, .. }));
     let mut b = good.clone();
     b[after(&good, "t.bool") + 4] = 2;
-    check_header(
-        "bool_out_of_range",
-        &b,
-        |e| matches!(e, GgufError::MetadataValue { key, .. } if key.contains("t.bool")),
-    );
+    check_header("bool_out_of_range", &b, |e| matches!(e, GgufError::MetadataValue { key, .. } if key.contains("t.bool")));
     let mut b = good.clone();
     b[after(&good, "t.i8") - 1] = 0xFF;
-    check_header("key_not_utf8", &b, |e| {
-        matches!(e, GgufError::InvalidUtf8 { .. })
-    });
+    check_header("key_not_utf8", &b, |e| matches!(e, GgufError::InvalidUtf8 { .. }));
     let mut b = good.clone();
     let at = after(&good, "t.u16") - 2;
     b[at..at + 2].copy_from_slice(b"32");
-    check_header(
-        "duplicate_key",
-        &b,
-        |e| matches!(e, GgufError::DuplicateKey { key, .. } if key == "t.u32"),
-    );
+    check_header("duplicate_key", &b, |e| matches!(e, GgufError::DuplicateKey { key, .. } if key == "t.u32"));
     for (name, alignment) in [("alignment_24", 24u32), ("alignment_0", 0)] {
         let mut b = good.clone();
         put_u32(&mut b, after(&good, "general.alignment") + 4, alignment);
-        check_header(
-            name,
-            &b,
-            |e| matches!(e, GgufError::BadAlignment { value } if *value == alignment.into()),
-        );
+        check_header(name, &b, |e| matches!(e, GgufError::BadAlignment { value } if *value == alignment.into()));
     }
     // Type f32 instead of u32: same size, so only the type is wrong.
     let at = after(&good, "general.alignment");
     let mut b = good;
     put_u32(&mut b, at, 6);
-    check_header(
-        "alignment_wrong_type",
-        &b,
-        |e| matches!(e, GgufError::MetadataType { key, .. } if key == "general.alignment"),
-    );
+    check_header("alignment_wrong_type", &b, |e| matches!(e, GgufError::MetadataType { key, .. } if key == "general.alignment"));
 
     // Arrays nested deeper than the cap, written by the writer (which does not judge depth).
     let mut deep = MetadataValue::U8(1);
@@ -301,15 +225,8 @@ fn bad_metadata_values() {
     }
     let mut m = synthetic_metadata();
     m.set("t.deep", deep);
-    let b = GgufWriter::new(Vec::new(), &m, &[])
-        .unwrap()
-        .finish()
-        .unwrap();
-    check_header(
-        "nesting_too_deep",
-        &b,
-        |e| matches!(e, GgufError::NestingTooDeep { context, .. } if context.contains("t.deep")),
-    );
+    let b = GgufWriter::new(Vec::new(), &m, &[]).unwrap().finish().unwrap();
+    check_header("nesting_too_deep", &b, |e| matches!(e, GgufError::NestingTooDeep { context, .. } if context.contains("t.deep")));
 }
 
 #[test]
@@ -329,24 +246,14 @@ fn bad_tensor_descriptors() {
     let mut b = good.clone();
     let offset = u64::from_le_bytes(good[b_offset..b_offset + 8].try_into().unwrap());
     put_u64(&mut b, b_offset, offset + 1);
-    check_header(
-        "misaligned_offset",
-        &b,
-        |e| matches!(e, GgufError::MisalignedOffset { name, alignment: 32, .. } if name == "b.q4_0"),
-    );
+    check_header("misaligned_offset", &b, |e| matches!(e, GgufError::MisalignedOffset { name, alignment: 32, .. } if name == "b.q4_0"));
     let mut b = good.clone();
     put_u64(&mut b, c_offset, offset);
-    check_header("overlapping_tensors", &b, |e| {
-        matches!(e, GgufError::OverlappingTensors { .. })
-    });
+    check_header("overlapping_tensors", &b, |e| matches!(e, GgufError::OverlappingTensors { .. }));
     let mut b = good.clone();
     put_u64(&mut b, a_dim0, 1 << 40);
     put_u64(&mut b, a_dim0 + 8, 1 << 40);
-    check_header(
-        "dims_product_overflow",
-        &b,
-        |e| matches!(e, GgufError::BadShape { name, .. } if name == "a.f32"),
-    );
+    check_header("dims_product_overflow", &b, |e| matches!(e, GgufError::BadShape { name, .. } if name == "a.f32"));
     let mut b = good.clone();
     put_u64(&mut b, b_dim0, 48);
     check_header(
@@ -356,26 +263,15 @@ fn bad_tensor_descriptors() {
     );
     let mut b = good.clone();
     put_u32(&mut b, a_ndims, 5);
-    check_header("too_many_dims", &b, |e| {
-        matches!(e, GgufError::TooManyDims { n_dims: 5, .. })
-    });
+    check_header("too_many_dims", &b, |e| matches!(e, GgufError::TooManyDims { n_dims: 5, .. }));
     let mut b = good.clone();
     let at = after(&good, "d.f16") - 5;
     b[at..at + 5].copy_from_slice(b"a.f32");
-    check_header(
-        "duplicate_tensor_name",
-        &b,
-        |e| matches!(e, GgufError::DuplicateTensor { name, .. } if name == "a.f32"),
-    );
+    check_header("duplicate_tensor_name", &b, |e| matches!(e, GgufError::DuplicateTensor { name, .. } if name == "a.f32"));
     // A huge data offset is accepted by the header alone, but not by the file reader.
     let mut b = good;
     put_u64(&mut b, c_offset, 1 << 40);
-    check("tensor_offset_past_eof", &b, |e| {
-        matches!(
-            e,
-            GgufError::Truncated { .. } | GgufError::TensorOutOfBounds { .. }
-        )
-    });
+    check("tensor_offset_past_eof", &b, |e| matches!(e, GgufError::Truncated { .. } | GgufError::TensorOutOfBounds { .. }));
 }
 
 #[test]
@@ -390,47 +286,24 @@ fn consumer_rejection_aborts_the_stream() {
     };
     let e = reader.push(&bytes, &mut reject).unwrap_err();
     assert_eq!(e.to_string(), "b.q4_0 not wanted");
-    assert!(matches!(
-        reader.push(&[0], &mut reject),
-        Err(GgufError::StreamFailed)
-    ));
+    assert!(matches!(reader.push(&[0], &mut reject), Err(GgufError::StreamFailed)));
     assert!(matches!(reader.finish(), Err(GgufError::StreamFailed)));
 }
 
 #[test]
 fn writer_rejects_bad_input() {
-    let spec = |dims: &[u64], ggml_type| TensorSpec {
-        name: "w".into(),
-        dims: dims.to_vec(),
-        ggml_type,
-    };
+    let spec = |dims: &[u64], ggml_type| TensorSpec { name: "w".into(), dims: dims.to_vec(), ggml_type };
     let m = synthetic_metadata();
+    assert!(matches!(GgufWriter::new(Vec::new(), &m, &[spec(&[33], GgmlType::Q8_0)]), Err(GgufError::BadShape { .. })));
     assert!(matches!(
-        GgufWriter::new(Vec::new(), &m, &[spec(&[33], GgmlType::Q8_0)]),
-        Err(GgufError::BadShape { .. })
-    ));
-    assert!(matches!(
-        GgufWriter::new(
-            Vec::new(),
-            &m,
-            &[spec(&[32], GgmlType::Q8_0), spec(&[1], GgmlType::F32)]
-        ),
+        GgufWriter::new(Vec::new(), &m, &[spec(&[32], GgmlType::Q8_0), spec(&[1], GgmlType::F32)]),
         Err(GgufError::DuplicateTensor { .. })
     ));
     let mut w = GgufWriter::new(Vec::new(), &m, &[spec(&[32], GgmlType::Q8_0)]).unwrap();
-    assert!(matches!(
-        w.write_tensor(&[0; 33]),
-        Err(GgufError::SizeMismatch { .. })
-    ));
+    assert!(matches!(w.write_tensor(&[0; 33]), Err(GgufError::SizeMismatch { .. })));
     let mut mixed = m.clone();
-    mixed.set(
-        "mixed",
-        MetadataValue::Array(vec![MetadataValue::U8(1), MetadataValue::Bool(true)]),
-    );
-    assert!(matches!(
-        GgufWriter::new(Vec::new(), &mixed, &[]),
-        Err(GgufError::MetadataType { .. })
-    ));
+    mixed.set("mixed", MetadataValue::Array(vec![MetadataValue::U8(1), MetadataValue::Bool(true)]));
+    assert!(matches!(GgufWriter::new(Vec::new(), &mixed, &[]), Err(GgufError::MetadataType { .. })));
     let w = GgufWriter::new(Vec::new(), &m, &[spec(&[32], GgmlType::Q8_0)]).unwrap();
     assert!(matches!(w.finish(), Err(GgufError::SizeMismatch { .. })));
 }

@@ -3,33 +3,23 @@
 
 mod common;
 
-use kestrel_gguf::{
-    dequantize, pack_for_gpu, parse_header, quantize, unpack_from_gpu, GgmlType, GgufError,
-};
+use kestrel_gguf::{dequantize, pack_for_gpu, parse_header, quantize, unpack_from_gpu, GgmlType, GgufError};
 use rand::{Rng, SeedableRng};
 
 fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
 /// Q8_0, amax 254 so d = 254 / 127 = 2.0 exactly (f16 0x4000) and id = 0.5. The odd values
 /// land on .5 after scaling: roundf rounds them away from zero (-14.5 -> -15, 15.5 -> 16).
 #[test]
 fn q8_0_hand_checked_block() {
-    let x: Vec<f32> = std::iter::once(254.0)
-        .chain((1..32).map(|j| (2 * j - 31) as f32))
-        .collect();
+    let x: Vec<f32> = std::iter::once(254.0).chain((1..32).map(|j| (2 * j - 31) as f32)).collect();
     let mut expected = vec![0x00, 0x40, 127];
     expected.extend((1..32).map(|j: i32| (if j <= 15 { j - 16 } else { j - 15 }) as i8 as u8));
     let q = quantize(GgmlType::Q8_0, &x).unwrap();
     assert_eq!(q, expected);
-    assert_eq!(
-        q,
-        hex("00407ff1f2f3f4f5f6f7f8f9fafbfcfdfeff0102030405060708090a0b0c0d0e0f10")
-    );
+    assert_eq!(q, hex("00407ff1f2f3f4f5f6f7f8f9fafbfcfdfeff0102030405060708090a0b0c0d0e0f10"));
     let mut back = [0f32; 32];
     dequantize(GgmlType::Q8_0, &q, &mut back).unwrap();
     assert_eq!(back[0], 254.0);
@@ -87,23 +77,14 @@ fn round_trip_within_format_error_bound() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(3);
     for _ in 0..200 {
         let scale = 10f32.powi(rng.random_range(-3..3));
-        let x: Vec<f32> = (0..32 * 4)
-            .map(|_| rng.random_range(-1.0..1.0) * scale)
-            .collect();
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::F16,
-            GgmlType::F32,
-        ] {
+        let x: Vec<f32> = (0..32 * 4).map(|_| rng.random_range(-1.0..1.0) * scale).collect();
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::F32] {
             let q = quantize(ty, &x).unwrap();
             let mut back = vec![0f32; x.len()];
             dequantize(ty, &q, &mut back).unwrap();
             for (block, (xs, ys)) in x.chunks(32).zip(back.chunks(32)).enumerate() {
                 let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let range = xs.iter().fold(f32::MIN, |m, &v| m.max(v))
-                    - xs.iter().fold(f32::MAX, |m, &v| m.min(v));
+                let range = xs.iter().fold(f32::MIN, |m, &v| m.max(v)) - xs.iter().fold(f32::MAX, |m, &v| m.min(v));
                 let min = xs.iter().fold(f32::MAX, |m, &v| m.min(v));
                 // Half a quantization step, plus the f16 rounding of the scale carried to the
                 // largest code (and of the minimum for Q4_1). Tiny scales are f16 subnormals,
@@ -112,17 +93,12 @@ fn round_trip_within_format_error_bound() {
                 let bound = match ty {
                     GgmlType::Q8_0 => amax / 127.0 * 0.5 + 127.0 * f16_err(amax / 127.0),
                     GgmlType::Q4_0 => amax / 8.0 + 8.0 * f16_err(amax / 8.0),
-                    GgmlType::Q4_1 => {
-                        range / 15.0 * 0.5 + 15.0 * f16_err(range / 15.0) + f16_err(min)
-                    }
+                    GgmlType::Q4_1 => range / 15.0 * 0.5 + 15.0 * f16_err(range / 15.0) + f16_err(min),
                     GgmlType::F16 => f16_err(amax),
                     _ => 0.0,
                 };
                 for (a, b) in xs.iter().zip(ys) {
-                    assert!(
-                        (a - b).abs() <= bound,
-                        "{ty} block {block}: {a} vs {b}, bound {bound}"
-                    );
+                    assert!((a - b).abs() <= bound, "{ty} block {block}: {a} vs {b}, bound {bound}");
                 }
             }
         }
@@ -143,14 +119,8 @@ fn f16_conversion_is_exact_for_every_pattern() {
         }
     }
     // Rounding to nearest even: 1 + 2^-11 is halfway between 1 and the next f16.
-    assert_eq!(
-        quantize(GgmlType::F16, &[1.0 + 2f32.powi(-11)]).unwrap(),
-        [0x00, 0x3C]
-    );
-    assert_eq!(
-        quantize(GgmlType::F16, &[1.0 + 3.0 * 2f32.powi(-11)]).unwrap(),
-        [0x02, 0x3C]
-    );
+    assert_eq!(quantize(GgmlType::F16, &[1.0 + 2f32.powi(-11)]).unwrap(), [0x00, 0x3C]);
+    assert_eq!(quantize(GgmlType::F16, &[1.0 + 3.0 * 2f32.powi(-11)]).unwrap(), [0x02, 0x3C]);
 }
 
 #[test]
@@ -158,57 +128,26 @@ fn size_and_type_errors() {
     let mut out = [0f32; 32];
     assert!(matches!(
         dequantize(GgmlType::IQ2_XXS, &[0; 66], &mut [0f32; 256]),
-        Err(GgufError::UnsupportedType {
-            ty: GgmlType::IQ2_XXS,
-            ..
-        })
+        Err(GgufError::UnsupportedType { ty: GgmlType::IQ2_XXS, .. })
     ));
-    assert!(matches!(
-        quantize(GgmlType::Q8_K, &[0.0; 256]),
-        Err(GgufError::UnsupportedType { .. })
-    ));
-    assert!(matches!(
-        quantize(GgmlType::Q6_K, &[0.0; 255]),
-        Err(GgufError::SizeMismatch { .. })
-    ));
-    assert!(matches!(
-        dequantize(GgmlType::Q4_K, &[0; 143], &mut [0f32; 256]),
-        Err(GgufError::SizeMismatch { .. })
-    ));
-    assert!(matches!(
-        dequantize(GgmlType::Q8_0, &[0; 33], &mut out),
-        Err(GgufError::SizeMismatch { .. })
-    ));
-    assert!(matches!(
-        dequantize(GgmlType::Q8_0, &[0; 34], &mut out[..31]),
-        Err(GgufError::SizeMismatch { .. })
-    ));
-    assert!(matches!(
-        quantize(GgmlType::Q4_1, &[0.0; 33]),
-        Err(GgufError::SizeMismatch { .. })
-    ));
+    assert!(matches!(quantize(GgmlType::Q8_K, &[0.0; 256]), Err(GgufError::UnsupportedType { .. })));
+    assert!(matches!(quantize(GgmlType::Q6_K, &[0.0; 255]), Err(GgufError::SizeMismatch { .. })));
+    assert!(matches!(dequantize(GgmlType::Q4_K, &[0; 143], &mut [0f32; 256]), Err(GgufError::SizeMismatch { .. })));
+    assert!(matches!(dequantize(GgmlType::Q8_0, &[0; 33], &mut out), Err(GgufError::SizeMismatch { .. })));
+    assert!(matches!(dequantize(GgmlType::Q8_0, &[0; 34], &mut out[..31]), Err(GgufError::SizeMismatch { .. })));
+    assert!(matches!(quantize(GgmlType::Q4_1, &[0.0; 33]), Err(GgufError::SizeMismatch { .. })));
 }
 
 #[test]
 fn gpu_pack_round_trips_random_blocks() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(4);
-    for ty in [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-    ] {
+    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
         for (rows, cols) in [(1, 32), (3, 32), (5, 96), (2, 64), (7, 160)] {
             // Random bytes: scales get arbitrary f16 bit patterns, NaN and infinity included.
             let n = ty.row_bytes(cols).unwrap() * rows;
             let bytes: Vec<u8> = (0..n).map(|_| rng.random()).collect();
             let packed = pack_for_gpu(ty, &bytes, rows, cols).unwrap();
-            assert_eq!(
-                unpack_from_gpu(ty, &packed, rows, cols).unwrap(),
-                bytes,
-                "{ty} {rows}x{cols}"
-            );
+            assert_eq!(unpack_from_gpu(ty, &packed, rows, cols).unwrap(), bytes, "{ty} {rows}x{cols}");
         }
     }
 }
@@ -241,34 +180,16 @@ fn gpu_layout_is_as_documented() {
     assert_eq!((p.scale_offset as usize, p.words[4 * tile]), (4 * tile, 0x5678_1234));
 
     // Q4_0 scales pair up like Q8_0's.
-    let p = pack_for_gpu(
-        GgmlType::Q4_0,
-        &[[0x01, 0x3C].as_slice(), &[0u8; 16]].concat(),
-        1,
-        32,
-    )
-    .unwrap();
+    let p = pack_for_gpu(GgmlType::Q4_0, &[[0x01, 0x3C].as_slice(), &[0u8; 16]].concat(), 1, 32).unwrap();
     assert_eq!((p.words.len(), p.scale_offset as usize, p.words[4 * tile]), (4 * tile + 1, 4 * tile, 0x3C01));
 
     // F16: element 2i low, 2i + 1 high; odd row length rejected.
     let p = pack_for_gpu(GgmlType::F16, &[0x01, 0x3C, 0x00, 0x40], 1, 2).unwrap();
     assert_eq!((p.words[0], p.words.len(), p.scale_offset as usize), (0x4000_3C01, tile, tile));
-    assert!(matches!(
-        pack_for_gpu(GgmlType::F16, &[0; 6], 1, 3),
-        Err(GgufError::SizeMismatch { .. })
-    ));
-    assert!(matches!(
-        pack_for_gpu(GgmlType::Q4_1, &[0; 20], 1, 16),
-        Err(GgufError::SizeMismatch { .. })
-    ));
-    assert!(matches!(
-        pack_for_gpu(GgmlType::Q4_1, &[0; 19], 1, 32),
-        Err(GgufError::SizeMismatch { .. })
-    ));
-    assert!(matches!(
-        pack_for_gpu(GgmlType::IQ2_XXS, &[0; 66], 1, 256),
-        Err(GgufError::UnsupportedType { .. })
-    ));
+    assert!(matches!(pack_for_gpu(GgmlType::F16, &[0; 6], 1, 3), Err(GgufError::SizeMismatch { .. })));
+    assert!(matches!(pack_for_gpu(GgmlType::Q4_1, &[0; 20], 1, 16), Err(GgufError::SizeMismatch { .. })));
+    assert!(matches!(pack_for_gpu(GgmlType::Q4_1, &[0; 19], 1, 32), Err(GgufError::SizeMismatch { .. })));
+    assert!(matches!(pack_for_gpu(GgmlType::IQ2_XXS, &[0; 66], 1, 256), Err(GgufError::UnsupportedType { .. })));
 }
 
 /// First 64 values of some tensors, as the `gguf` Python package dequantizes them

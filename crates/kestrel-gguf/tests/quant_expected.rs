@@ -15,9 +15,7 @@ struct Case {
 }
 
 fn f32s(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 /// Parses quant_expected.bin (format in the generator's docstring).
@@ -41,12 +39,7 @@ fn cases() -> Vec<Case> {
         let input = (kind == 1).then(|| f32s(take(4 * n).0));
         let bytes = take(n_bytes).0.to_vec();
         let (values, end) = take(4 * n);
-        out.push(Case {
-            ty,
-            input,
-            bytes,
-            values: f32s(values),
-        });
+        out.push(Case { ty, input, bytes, values: f32s(values) });
         if end {
             return out;
         }
@@ -57,25 +50,15 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-const NEW_TYPES: [GgmlType; 7] = [
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const NEW_TYPES: [GgmlType; 7] =
+    [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
 
 /// Every new type's dequantization of random blocks is bit-equal to gguf's numpy code.
 #[test]
 fn dequantize_matches_gguf_python() {
     let cases = cases();
     for ty in NEW_TYPES {
-        let case = cases
-            .iter()
-            .find(|c| c.ty == ty && c.input.is_none())
-            .unwrap_or_else(|| panic!("no {ty} case"));
+        let case = cases.iter().find(|c| c.ty == ty && c.input.is_none()).unwrap_or_else(|| panic!("no {ty} case"));
         let mut out = vec![0f32; case.values.len()];
         dequantize(ty, &case.bytes, &mut out).unwrap();
         assert_eq!(bits(&out), bits(&case.values), "{ty}");
@@ -160,10 +143,7 @@ fn k_quant_round_trip_error_is_within_one_step_of_the_span() {
                 let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let bound = span(xs, min_error.is_none()) / steps + amax * min_error.unwrap_or(0.0);
                 for (a, b_) in xs.iter().zip(ys) {
-                    assert!(
-                        (a - b_).abs() <= bound,
-                        "{ty} case {case} block {b}: {a} vs {b_}, bound {bound}"
-                    );
+                    assert!((a - b_).abs() <= bound, "{ty} case {case} block {b}: {a} vs {b_}, bound {bound}");
                 }
             }
         }
@@ -191,12 +171,8 @@ fn k_quant_special_blocks() {
 /// The largest sub-block scale code of each K-quant, and the (lowest, highest) level of its
 /// sub-blocks, as signed multiples of the sub-block scale. Q2_K is left out: its search
 /// minimizes absolute errors and re-fits a tiny nonzero minimum even for such blocks.
-const K_QUANT_GRIDS: [(GgmlType, f32, i32, i32); 4] = [
-    (GgmlType::Q3_K, 32.0, -4, 3),
-    (GgmlType::Q4_K, 63.0, 0, 15),
-    (GgmlType::Q5_K, 63.0, 0, 31),
-    (GgmlType::Q6_K, 128.0, -32, 31),
-];
+const K_QUANT_GRIDS: [(GgmlType, f32, i32, i32); 4] =
+    [(GgmlType::Q3_K, 32.0, -4, 3), (GgmlType::Q4_K, 63.0, 0, 15), (GgmlType::Q5_K, 63.0, 0, 31), (GgmlType::Q6_K, 128.0, -32, 31)];
 
 /// Idempotence, where it holds. ggml's search re-fits the scales of a dequantized block, so
 /// an arbitrary dequantized block is not a fixed point (it changes for 10-75% of random
@@ -208,11 +184,7 @@ const K_QUANT_GRIDS: [(GgmlType, f32, i32, i32); 4] = [
 fn k_quant_exactly_representable_blocks_are_reproduced() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(12);
     for (ty, max_code, lo, hi) in K_QUANT_GRIDS {
-        let sub = if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
-            32
-        } else {
-            16
-        };
+        let sub = if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) { 32 } else { 16 };
         for k in -6..6 {
             let step = max_code * 2f32.powi(k);
             let x: Vec<f32> = (0..256 * 4)
@@ -234,19 +206,10 @@ fn k_quant_exactly_representable_blocks_are_reproduced() {
 /// never a panic, and those bytes dequantize.
 #[test]
 fn hostile_inputs_do_not_panic() {
-    let specials = [
-        f32::NAN,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::MAX,
-        -f32::MAX,
-        1e-45,
-    ];
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -f32::MAX, 1e-45];
     for ty in NEW_TYPES {
         for &s in &specials {
-            let x: Vec<f32> = (0..256)
-                .map(|i| if i % 5 == 0 { s } else { i as f32 })
-                .collect();
+            let x: Vec<f32> = (0..256).map(|i| if i % 5 == 0 { s } else { i as f32 }).collect();
             let q = quantize(ty, &x).unwrap();
             let mut y = vec![0f32; 256];
             dequantize(ty, &q, &mut y).unwrap();

@@ -164,8 +164,7 @@ impl Gpu {
             .await
             .map_err(|e| GpuError::DeviceRequest(e.to_string()))?;
         let adapter_info = adapter.get_info();
-        let subgroups = required_features.contains(wgpu::Features::SUBGROUP)
-            && adapter_info.subgroup_min_size >= 4;
+        let subgroups = required_features.contains(wgpu::Features::SUBGROUP) && adapter_info.subgroup_min_size >= 4;
         let features = GpuFeatures {
             shader_f16: required_features.contains(wgpu::Features::SHADER_F16),
             subgroups,

@@ -29,12 +29,7 @@ impl PipelineCache {
     /// The pipeline for `entry` of shader file `shader` under `defines`, compiling it on first
     /// use. `SUBGROUPS` is defined from the device's features unless the caller set it (tests
     /// set it to "0" to exercise the workgroup-memory fallback on adapters that have subgroups).
-    pub async fn get(
-        &self,
-        shader: &str,
-        entry: &str,
-        defines: &Defines,
-    ) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+    pub async fn get(&self, shader: &str, entry: &str, defines: &Defines) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
         let mut defines = defines.clone();
         let subgroups = if self.features.subgroups { "1" } else { "0" };
         defines.entry("SUBGROUPS".into()).or_insert_with(|| subgroups.into());
@@ -74,10 +69,9 @@ impl PipelineCache {
         let source = preprocess(&key.shader, &key.defines)?;
         let label = format!("{}::{}", key.shader, key.entry);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(&label),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(&label), source: wgpu::ShaderSource::Wgsl(source.into()) });
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: None,

@@ -23,12 +23,7 @@ pub fn preprocess(name: &str, defines: &Defines) -> Result<String, GpuError> {
     Ok(out)
 }
 
-fn expand(
-    name: &str,
-    defines: &Defines,
-    included: &mut BTreeSet<String>,
-    out: &mut String,
-) -> Result<(), GpuError> {
+fn expand(name: &str, defines: &Defines, included: &mut BTreeSet<String>, out: &mut String) -> Result<(), GpuError> {
     if !included.insert(name.to_string()) {
         return Ok(());
     }

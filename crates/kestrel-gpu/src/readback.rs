@@ -57,10 +57,7 @@ impl Readback {
         #[cfg(target_arch = "wasm32")]
         let _ = (gpu, submission);
         signal.await.map_err(|e| GpuError::Readback(e.to_string()))?;
-        let bytes = slice
-            .get_mapped_range()
-            .map_err(|e| GpuError::Readback(e.to_string()))?
-            .to_vec();
+        let bytes = slice.get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
         self.buffer.unmap();
         Ok(bytes)
     }

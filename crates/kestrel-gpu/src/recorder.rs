@@ -24,11 +24,8 @@ impl Dispatch {
         resources: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
     ) -> Self {
-        let entries: Vec<wgpu::BindGroupEntry<'_>> = resources
-            .iter()
-            .enumerate()
-            .map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r.clone() })
-            .collect();
+        let entries: Vec<wgpu::BindGroupEntry<'_>> =
+            resources.iter().enumerate().map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r.clone() }).collect();
         let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),
             layout: &pipeline.get_bind_group_layout(0),
@@ -83,13 +80,7 @@ impl Recorder {
 
     /// Ends the current pass (its end timestamp is written then) and resolves `queries` of
     /// `query_set` into `destination` at `offset`, a buffer with `QUERY_RESOLVE` usage.
-    pub fn resolve_queries(
-        &mut self,
-        query_set: &wgpu::QuerySet,
-        queries: Range<u32>,
-        destination: &wgpu::Buffer,
-        offset: u64,
-    ) {
+    pub fn resolve_queries(&mut self, query_set: &wgpu::QuerySet, queries: Range<u32>, destination: &wgpu::Buffer, offset: u64) {
         self.pass = None;
         self.encoder().resolve_query_set(query_set, queries, destination, offset);
     }

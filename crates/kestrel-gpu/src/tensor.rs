@@ -90,14 +90,7 @@ pub struct WeightTensor {
 
 impl WeightTensor {
     /// Repacks GGUF block bytes and uploads them.
-    pub fn from_gguf_bytes(
-        gpu: &Gpu,
-        label: &str,
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        bytes: &[u8],
-    ) -> Result<Self, GpuError> {
+    pub fn from_gguf_bytes(gpu: &Gpu, label: &str, ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, GpuError> {
         if !quant::is_gpu_supported(ty) {
             return Err(GpuError::UnsupportedWeights(format!("{label}: {}", ty.name())));
         }

@@ -55,8 +55,7 @@ impl Layer {
         rec.submit();
         let got = pollster::block_on(self.out.read_f32(gpu)).unwrap();
         let want = attention(&self.shape, &q, &self.k, &self.v, pos, self.scale);
-        let what =
-            format!("attention {:?} n_tokens={n_tokens} pos={pos} subgroups={}", self.shape, gpu.features.subgroups);
+        let what = format!("attention {:?} n_tokens={n_tokens} pos={pos} subgroups={}", self.shape, gpu.features.subgroups);
         common::assert_close(&what, &got[..want.len()], &want, RTOL, ATOL);
     }
 }

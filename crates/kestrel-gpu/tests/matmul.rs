@@ -19,7 +19,6 @@ use kestrel_gpu::reference::matmul::{dequantize_weights, matmul, silu, swiglu};
 use kestrel_gpu::{Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor, WeightTensor};
 use rand::rngs::StdRng;
 
-
 /// Relative tolerance against Σ|x_k·w_k| (see the module comment).
 const REL: f32 = 2e-6;
 const ABS: f32 = 1e-6;
@@ -33,24 +32,13 @@ const SENTINEL: f32 = 1234.5;
 // 64) packs 32 short rows into each workgroup, the last only partly filled; (12289, 1024) gives
 // each workgroup 3 passes of 2 rows (tall matrices such as the LM head), the last workgroup one
 // row in its first pass and nothing after.
-const SHAPES: [(usize, usize); 10] = [
-    (1, 32),
-    (7, 96),
-    (33, 544),
-    (576, 576),
-    (1536, 576),
-    (576, 1536),
-    (3, 8192),
-    (100, 8192),
-    (20001, 64),
-    (12289, 1024),
-];
+const SHAPES: [(usize, usize); 10] =
+    [(1, 32), (7, 96), (33, 544), (576, 576), (1536, 576), (576, 1536), (3, 8192), (100, 8192), (20001, 64), (12289, 1024)];
 const DENSE_SHAPES: [(usize, usize); 3] = [(3, 2), (5, 38), (9, 70)];
 /// (N, K) for the K-quants, whose rows are whole super-blocks of 256: one, two, three (an odd
 /// count: Q6_K pairs super-blocks' scales) and six super-blocks, long rows, and tall matrices
 /// (several rows per matvec workgroup, several passes).
-const K_SHAPES: [(usize, usize); 8] =
-    [(1, 256), (7, 512), (33, 768), (576, 1536), (1536, 256), (3, 8192), (20001, 256), (12289, 1024)];
+const K_SHAPES: [(usize, usize); 8] = [(1, 256), (7, 512), (33, 768), (576, 1536), (1536, 256), (3, 8192), (20001, 256), (12289, 1024)];
 
 /// (N, K, M) for the matmul: every tile edge case, M up to 512 (K_MATMUL_SHAPES: the same for the
 /// K-quants).
@@ -66,15 +54,8 @@ const MATMUL_SHAPES: [(usize, usize, usize); 9] = [
     (33, 96, 512),
 ];
 const DENSE_MATMUL_SHAPES: [(usize, usize, usize); 2] = [(5, 38, 33), (70, 70, 3)];
-const K_MATMUL_SHAPES: [(usize, usize, usize); 7] = [
-    (1, 256, 1),
-    (7, 512, 3),
-    (33, 768, 17),
-    (576, 1536, 33),
-    (1536, 256, 130),
-    (100, 8192, 17),
-    (33, 256, 512),
-];
+const K_MATMUL_SHAPES: [(usize, usize, usize); 7] =
+    [(1, 256, 1), (7, 512, 3), (33, 768, 17), (576, 1536, 33), (1536, 256, 130), (100, 8192, 17), (33, 256, 512)];
 
 fn is_dense(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::F32 | GgmlType::F16)
@@ -367,8 +348,7 @@ fn bias_and_residual_epilogues() {
 
                 let kernel = pollster::block_on(MatmulKernel::new(&gpu, ty, epilogue)).unwrap();
                 let y = Tensor::from_f32(&gpu, "y", &[m, n], &residual).unwrap();
-                let dispatch =
-                    kernel.bind(&gpu, &weights, &x_t, &y, epilogue.bias.then_some(&b_t), &step, m as u32).unwrap();
+                let dispatch = kernel.bind(&gpu, &weights, &x_t, &y, epilogue.bias.then_some(&b_t), &step, m as u32).unwrap();
                 assert_within(&format!("matmul {what}"), &run_matmul(&gpu, &step, &dispatch, &y, m), &want, &bound);
             }
         }
@@ -398,7 +378,13 @@ fn products_write_their_output_columns() {
         for t in 0..m {
             for j in 0..n {
                 let i = t * stride + offset + j;
-                let add = if epilogue.bias { bias[j] } else if epilogue.accumulate { initial[i] } else { 0.0 };
+                let add = if epilogue.bias {
+                    bias[j]
+                } else if epilogue.accumulate {
+                    initial[i]
+                } else {
+                    0.0
+                };
                 want[i] = product[t * n + j] + add;
                 bound[i] = dot_bound[t * n + j] + 3e-7 * (want[i].abs() + 10.0);
             }
@@ -548,8 +534,5 @@ fn bind_rejects_mismatched_shapes() {
     let swm = pollster::block_on(SwigluMatmulKernel::new(&gpu, GgmlType::Q4_0)).unwrap();
     invalid(swm.bind(&gpu, &w, &other, &x4, &y4, &step, 4).map(drop), "swiglu matmul gate/up shapes");
 
-    assert!(matches!(
-        pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q2_K, Epilogue::NONE)),
-        Err(GpuError::UnsupportedWeights(_))
-    ));
+    assert!(matches!(pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q2_K, Epilogue::NONE)), Err(GpuError::UnsupportedWeights(_))));
 }

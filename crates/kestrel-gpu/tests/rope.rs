@@ -24,14 +24,7 @@ fn llama3_factors(head_dim: usize) -> Vec<f32> {
 
 /// Runs steps of (n_tokens, pos) through RoPE and checks each step's Q and, at the end, the
 /// whole cache (never-written positions must still be zero).
-fn check(
-    gpu: &Gpu,
-    kernel: &RopeKernel,
-    shape: AttentionShape,
-    config: &RopeConfig,
-    steps: &[(usize, usize)],
-    seed: u64,
-) {
+fn check(gpu: &Gpu, kernel: &RopeKernel, shape: AttentionShape, config: &RopeConfig, steps: &[(usize, usize)], seed: u64) {
     let mut rng = common::rng(seed);
     let hd = shape.head_dim;
     let (q_width, kv_width) = (shape.q_width(), shape.n_kv_heads * hd);
@@ -79,14 +72,7 @@ fn rope_matches_reference_and_fills_cache() {
         (small, RopeConfig::new(RopeMode::Norm, 10_000.0)),
         (small, RopeConfig::new(RopeMode::Neox, 100_000.0)),
         (big, RopeConfig::new(RopeMode::Neox, 10_000.0)),
-        (
-            big,
-            RopeConfig {
-                freq_scale: 0.25,
-                freq_factors: Some(llama3_factors(128)),
-                ..RopeConfig::new(RopeMode::Norm, 500_000.0)
-            },
-        ),
+        (big, RopeConfig { freq_scale: 0.25, freq_factors: Some(llama3_factors(128)), ..RopeConfig::new(RopeMode::Norm, 500_000.0) }),
         (small, RopeConfig { freq_factors: Some(llama3_factors(64)), ..RopeConfig::new(RopeMode::Neox, 100_000.0) }),
     ];
     for gpu in [common::gpu(), common::gpu_without_subgroups()] {
@@ -96,11 +82,7 @@ fn rope_matches_reference_and_fills_cache() {
             // up to the last one, 2047.
             let mut rng = common::rng(100 + i as u64);
             let mut steps = vec![(MAX_TOKENS, 0), (1, MAX_CTX - 1), (3, MAX_CTX - 4)];
-            steps.extend(
-                (0..4).map(|_| {
-                    (rng.random_range(1..=MAX_TOKENS), rng.random_range(MAX_TOKENS..MAX_CTX - 2 * MAX_TOKENS))
-                }),
-            );
+            steps.extend((0..4).map(|_| (rng.random_range(1..=MAX_TOKENS), rng.random_range(MAX_TOKENS..MAX_CTX - 2 * MAX_TOKENS))));
             check(&gpu, &kernel, *shape, config, &steps, i as u64);
         }
     }

@@ -63,10 +63,7 @@ fn shader_errors_are_reported_not_panics() {
         Err(other) => panic!("expected a shader error, got {other}"),
         Ok(_) => panic!("a missing entry point compiled"),
     }
-    assert!(matches!(
-        pollster::block_on(gpu.pipelines.get("nope", "main", &Defines::new())),
-        Err(GpuError::UnknownShader(_))
-    ));
+    assert!(matches!(pollster::block_on(gpu.pipelines.get("nope", "main", &Defines::new())), Err(GpuError::UnknownShader(_))));
 }
 
 #[test]

@@ -1,9 +1,7 @@
 //! GPU sampling and logit processing against `reference::sample`.
 mod common;
 
-use kestrel_gpu::kernels::sample::{
-    penalty_entries, PenaltyKernel, Penalties, SampleKernel, SamplingParams,
-};
+use kestrel_gpu::kernels::sample::{penalty_entries, Penalties, PenaltyKernel, SampleKernel, SamplingParams};
 use kestrel_gpu::reference::sample as reference;
 use kestrel_gpu::{DType, Gpu, Readback, Recorder, StepParams, StepUniform, Tensor};
 use rand::Rng;
@@ -111,7 +109,13 @@ fn check_distribution(gpu: &Gpu, kernel: &SampleKernel, logits: &[f32], params: 
         assert!((prob - probs[slot]).abs() <= 1e-4 * probs[slot] + 1e-7, "{params:?}: prob {prob} vs {}", probs[slot]);
         let u = reference::random_unit(params.seed, seed);
         let mut cum = 0.0f32;
-        let margin = probs.iter().map(|p| { cum += p; (cum - u).abs() }).fold(f32::INFINITY, f32::min);
+        let margin = probs
+            .iter()
+            .map(|p| {
+                cum += p;
+                (cum - u).abs()
+            })
+            .fold(f32::INFINITY, f32::min);
         if margin > 1e-4 {
             assert_eq!(token, reference::sample(logits, params, seed), "{params:?}: seed {seed}, u {u}");
             compared += 1;
@@ -282,7 +286,8 @@ fn banned_token_is_never_chosen() {
         let mut rec = Recorder::new(&gpu);
         processing.record(&mut rec);
         rec.submit();
-        let expect_greedy = reference::argmax(&reference::apply_penalties(&logits, &[], &[(banned, f32::NEG_INFINITY)], &Penalties::default()));
+        let expect_greedy =
+            reference::argmax(&reference::apply_penalties(&logits, &[], &[(banned, f32::NEG_INFINITY)], &Penalties::default()));
         assert_eq!(draws(&gpu, &sampler, &tensor, &SamplingParams::greedy(), &[0])[0].0 as usize, expect_greedy);
         let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7 };
         let seeds: Vec<u32> = (0..100).collect();

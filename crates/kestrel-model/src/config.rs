@@ -2,8 +2,8 @@
 //! them (`{arch}.embedding_length`, `{arch}.attention.head_count`, ...).
 
 use kestrel_gguf::GgufHeader;
-pub use kestrel_gpu::reference::rope::RopeMode;
 use kestrel_gpu::reference::rope::RopeConfig;
+pub use kestrel_gpu::reference::rope::RopeMode;
 
 use crate::error::{bad_model, ModelError};
 
@@ -14,7 +14,6 @@ pub enum Arch {
     /// Qwen2: Llama with biases on Q, K and V, NeoX RoPE.
     Qwen2,
 }
-
 
 #[derive(Clone, Debug)]
 pub struct ModelConfig {

@@ -87,7 +87,13 @@ impl Weights {
 
     pub fn total_bytes(&self) -> u64 {
         let vectors = |l: &LayerWeights| l.attn_norm.byte_size() + l.ffn_norm.byte_size() + l.qkv.bias_byte_size();
-        let layers: u64 = self.layers.iter().map(|l| vectors(l) + l.qkv.byte_size() + l.attn_output.byte_size() + l.gate.byte_size() + l.up.byte_size() + l.down.byte_size()).sum();
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                vectors(l) + l.qkv.byte_size() + l.attn_output.byte_size() + l.gate.byte_size() + l.up.byte_size() + l.down.byte_size()
+            })
+            .sum();
         layers + self.embedding.byte_size() + self.output_norm.byte_size() + self.output.as_ref().map_or(0, RowShards::byte_size)
     }
 }
@@ -224,9 +230,14 @@ impl Graph {
         let norm = RmsNormKernel::new(gpu).await?;
         let rope = RopeKernel::new(gpu).await?;
         let attention = AttentionKernel::new(gpu, c.head_dim).await?;
-        let embed = EmbeddingKernel::new(gpu, weights.embedding.ty)
-            .await?
-            .bind_shards(gpu, &weights.embedding, &act.token_ids, &act.x, &step, max_tokens)?;
+        let embed = EmbeddingKernel::new(gpu, weights.embedding.ty).await?.bind_shards(
+            gpu,
+            &weights.embedding,
+            &act.token_ids,
+            &act.x,
+            &step,
+            max_tokens,
+        )?;
 
         let mut caches = Vec::with_capacity(c.n_layers);
         let mut layers = Vec::with_capacity(c.n_layers);
@@ -248,17 +259,33 @@ impl Graph {
                 rope: rope.bind(gpu, &step, rope_config, &act.qkv, &act.q, &cache)?,
                 attn_decode: attention.bind_decode(gpu, &step, &act.q, &cache, &act.attn, scale)?,
                 attn_prefill: attention.bind_prefill(gpu, &step, &act.q, &cache, &act.attn, scale)?,
-                o_decode: MatvecKernel::new(gpu, w.attn_output.ty, Epilogue::ACCUMULATE)
-                    .await?
-                    .bind(gpu, &w.attn_output, &act.attn, &act.x, None)?,
-                o_prefill: MatmulKernel::new(gpu, w.attn_output.ty, Epilogue::ACCUMULATE)
-                    .await?
-                    .bind(gpu, &w.attn_output, &act.attn, &act.x, None, &step, max_tokens)?,
+                o_decode: MatvecKernel::new(gpu, w.attn_output.ty, Epilogue::ACCUMULATE).await?.bind(
+                    gpu,
+                    &w.attn_output,
+                    &act.attn,
+                    &act.x,
+                    None,
+                )?,
+                o_prefill: MatmulKernel::new(gpu, w.attn_output.ty, Epilogue::ACCUMULATE).await?.bind(
+                    gpu,
+                    &w.attn_output,
+                    &act.attn,
+                    &act.x,
+                    None,
+                    &step,
+                    max_tokens,
+                )?,
                 ffn_norm: norm.bind(gpu, &step, &act.x, &w.ffn_norm, &act.normed, c.rms_eps)?,
                 gate_up_decode: SwigluMatvecKernel::new(gpu, w.gate.ty).await?.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn)?,
-                gate_up_prefill: SwigluMatmulKernel::new(gpu, w.gate.ty)
-                    .await?
-                    .bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn, &step, max_tokens)?,
+                gate_up_prefill: SwigluMatmulKernel::new(gpu, w.gate.ty).await?.bind(
+                    gpu,
+                    &w.gate,
+                    &w.up,
+                    &act.normed,
+                    &act.ffn,
+                    &step,
+                    max_tokens,
+                )?,
                 down_decode: MatvecKernel::new(gpu, w.down.ty, Epilogue::ACCUMULATE).await?.bind(gpu, &w.down, &act.ffn, &act.x, None)?,
                 down_prefill: MatmulKernel::new(gpu, w.down.ty, Epilogue::ACCUMULATE)
                     .await?

@@ -16,10 +16,10 @@ pub mod tensors;
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};
-pub use load::{LoadOptions, LoadPhase, LoadProgress, ModelLoader};
-pub use model::{FinishReason, Generation, Model, Prompt, StepLogprobs, TokenEvent, Timings, DEFAULT_DECODE_RUN_AHEAD};
-pub use options::GenerateOptions;
 pub use kestrel_tokenizer::ChatMessage;
+pub use load::{LoadOptions, LoadPhase, LoadProgress, ModelLoader};
+pub use model::{FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD};
+pub use options::GenerateOptions;
 
 /// Native convenience: loads a GGUF file from disk, streaming it in chunks.
 #[cfg(not(target_arch = "wasm32"))]

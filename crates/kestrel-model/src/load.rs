@@ -215,7 +215,11 @@ impl Loading {
         let mut layers_w = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
             // Fused Q/K/V arrive as one matrix under Role::Q.
-            let qkv = if self.split_qkv.contains(&l) { vec![weight(Role::Q(l))?, weight(Role::K(l))?, weight(Role::V(l))?] } else { vec![weight(Role::Q(l))?] };
+            let qkv = if self.split_qkv.contains(&l) {
+                vec![weight(Role::Q(l))?, weight(Role::K(l))?, weight(Role::V(l))?]
+            } else {
+                vec![weight(Role::Q(l))?]
+            };
             layers_w.push((qkv, weight(Role::AttnOutput(l))?, weight(Role::Gate(l))?, weight(Role::Up(l))?, weight(Role::Down(l))?));
         }
         let mut table = |role: Role| self.tables.remove(&role).ok_or_else(|| bad_model(format!("tensor for {role:?} never arrived")));

@@ -241,14 +241,12 @@ impl Model {
             seed: (seed ^ (seed >> 32)) as u32,
         };
         self.graph.sampler.set_params(&gpu, &sampling)?;
-        let penalties = Penalties {
-            repeat: options.repetition_penalty,
-            frequency: options.frequency_penalty,
-            presence: options.presence_penalty,
-        };
+        let penalties =
+            Penalties { repeat: options.repetition_penalty, frequency: options.frequency_penalty, presence: options.presence_penalty };
         let penalize = penalties != Penalties::default() || !options.logit_bias.is_empty();
         let write_penalties = |graph: &Graph, history: &[u32]| -> Result<(), ModelError> {
-            let window = if penalties == Penalties::default() { &[][..] } else { &history[history.len().saturating_sub(options.penalty_last_n)..] };
+            let window =
+                if penalties == Penalties::default() { &[][..] } else { &history[history.len().saturating_sub(options.penalty_last_n)..] };
             graph.penalties.write(&gpu, &penalties, &penalty_entries(window, &options.logit_bias))?;
             Ok(())
         };
@@ -286,11 +284,8 @@ impl Model {
         let mut logprobs = Vec::new();
         let mut stopped_by_string = false;
         let finish_reason = loop {
-            let step_logprobs = if want_logits {
-                Some(top_logprobs(&self.graph.read_logits().await?, token, options.logprobs))
-            } else {
-                None
-            };
+            let step_logprobs =
+                if want_logits { Some(top_logprobs(&self.graph.read_logits().await?, token, options.logprobs)) } else { None };
             let is_end = (!options.ignore_eos && self.tokenizer.is_eog(token)) || options.stop_token_ids.contains(&token);
             if is_end {
                 break FinishReason::Stop;

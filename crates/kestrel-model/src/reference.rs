@@ -51,12 +51,8 @@ impl ReferenceModel {
             }
         }
         let mut take = |role: Role| weights.remove(&role).ok_or_else(|| bad_model(format!("missing {role:?}")));
-        let shape = attention::AttentionShape {
-            n_heads: config.n_heads,
-            n_kv_heads: config.n_kv_heads,
-            head_dim: config.head_dim,
-            max_ctx,
-        };
+        let shape =
+            attention::AttentionShape { n_heads: config.n_heads, n_kv_heads: config.n_kv_heads, head_dim: config.head_dim, max_ctx };
         let mut layers = Vec::with_capacity(config.n_layers);
         for l in 0..config.n_layers {
             let biased = config.arch == crate::config::Arch::Qwen2;

@@ -122,7 +122,17 @@ impl SyntheticShape {
         let fillers = self.vocab.saturating_sub(tokens.len());
         tokens.extend((0..fillers).map(|i| format!("\u{2581}w{i}")));
         let n = tokens.len();
-        let types = (0..n).map(|i| MetadataValue::I32(if i < 3 { 3 } else if i < 259 { 6 } else { 1 })).collect();
+        let types = (0..n)
+            .map(|i| {
+                MetadataValue::I32(if i < 3 {
+                    3
+                } else if i < 259 {
+                    6
+                } else {
+                    1
+                })
+            })
+            .collect();
         md.set("tokenizer.ggml.model", MetadataValue::String("llama".into()));
         md.set("tokenizer.ggml.tokens", MetadataValue::Array(tokens.into_iter().map(MetadataValue::String).collect()));
         md.set("tokenizer.ggml.scores", MetadataValue::Array((0..n).map(|i| MetadataValue::F32(-(i as f32))).collect()));
@@ -159,7 +169,11 @@ impl SyntheticShape {
     fn specs(&self) -> Vec<TensorSpec> {
         self.tensors()
             .into_iter()
-            .map(|(name, rows, cols, ty)| TensorSpec { name, dims: if rows == 1 { vec![cols as u64] } else { vec![cols as u64, rows as u64] }, ggml_type: ty })
+            .map(|(name, rows, cols, ty)| TensorSpec {
+                name,
+                dims: if rows == 1 { vec![cols as u64] } else { vec![cols as u64, rows as u64] },
+                ggml_type: ty,
+            })
             .collect()
     }
 
@@ -244,7 +258,12 @@ impl std::io::Write for ChunkedSink<'_> {
 }
 
 /// Generates `shape` with `seed` and loads it on `gpu`, as `load_file` loads a file.
-pub async fn load_synthetic(gpu: &kestrel_gpu::Gpu, shape: &SyntheticShape, seed: u64, options: crate::LoadOptions) -> Result<crate::Model, ModelError> {
+pub async fn load_synthetic(
+    gpu: &kestrel_gpu::Gpu,
+    shape: &SyntheticShape,
+    seed: u64,
+    options: crate::LoadOptions,
+) -> Result<crate::Model, ModelError> {
     let mut loader = crate::ModelLoader::new(gpu, options);
     shape.generate(seed, &mut |chunk| loader.push(chunk))?;
     loader.finish().await

@@ -62,11 +62,8 @@ fn header_with_types(retype: impl Fn(&str) -> Option<GgmlType>) -> Vec<u8> {
 fn header_with(edit: impl Fn(&mut Metadata, &mut Vec<TensorSpec>)) -> Vec<u8> {
     let (header, _) = kestrel_gguf::read_file(&common::default_model_path()).expect("read");
     let mut metadata = header.metadata.clone();
-    let mut specs: Vec<TensorSpec> = header
-        .tensors
-        .iter()
-        .map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type })
-        .collect();
+    let mut specs: Vec<TensorSpec> =
+        header.tensors.iter().map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type }).collect();
     edit(&mut metadata, &mut specs);
     let mut header_bytes = Vec::new();
     // The writer emits the header on creation.
@@ -99,7 +96,8 @@ fn unsupported_or_malformed_rope_scaling_is_refused() {
     let mut variant = common::ROPE_VARIANTS[0].clone();
     variant.factors = Some(|i| if i == 7 { 0.0 } else { 1.0 });
     variant.reference_dir = "reference-rope-zero-factor"; // names its file
-    let err = load_bytes(&std::fs::read(common::rope_variant(&variant)).expect("read"), 1 << 20).err().expect("a zero factor must be refused");
+    let err =
+        load_bytes(&std::fs::read(common::rope_variant(&variant)).expect("read"), 1 << 20).err().expect("a zero factor must be refused");
     assert!(err.to_string().contains("finite positive"), "{err}");
 }
 

@@ -14,7 +14,15 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
     let mut model = common::load(&common::default_model_path(), 256);
     let prompt = model.encode(&Prompt::Chat(&chat("Name a color."))).unwrap();
     let run = |model: &mut kestrel_model::Model, seed| {
-        let options = GenerateOptions { max_tokens: 6, seed: Some(seed), temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..GenerateOptions::default() };
+        let options = GenerateOptions {
+            max_tokens: 6,
+            seed: Some(seed),
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..GenerateOptions::default()
+        };
         pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).unwrap().tokens
     };
     let first = run(&mut model, 7);
@@ -27,7 +35,8 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
 fn stop_strings_stop_and_are_not_emitted() {
     let mut model = common::load(&common::default_model_path(), 256);
     let prompt = model.encode(&Prompt::Text("The capital of France is")).unwrap();
-    let free = pollster::block_on(model.generate(&prompt, &GenerateOptions { max_tokens: 12, ..GenerateOptions::greedy() }, &mut |_| true)).unwrap();
+    let free = pollster::block_on(model.generate(&prompt, &GenerateOptions { max_tokens: 12, ..GenerateOptions::greedy() }, &mut |_| true))
+        .unwrap();
     // Stop at the third word of what the model writes unconstrained.
     let words: Vec<&str> = free.text.split_whitespace().collect();
     assert!(words.len() >= 4, "too little text to pick a stop string from: {:?}", free.text);
@@ -58,7 +67,12 @@ fn abort_stops_at_the_next_token_and_the_engine_keeps_working() {
     .unwrap();
     assert_eq!(aborted.finish_reason, FinishReason::Abort);
     assert_eq!(aborted.tokens.len(), 3);
-    let after = pollster::block_on(model.generate(&prompt, &GenerateOptions { max_tokens: 5, ignore_eos: true, ..GenerateOptions::greedy() }, &mut |_| true)).unwrap();
+    let after = pollster::block_on(model.generate(
+        &prompt,
+        &GenerateOptions { max_tokens: 5, ignore_eos: true, ..GenerateOptions::greedy() },
+        &mut |_| true,
+    ))
+    .unwrap();
     assert_eq!(after.finish_reason, FinishReason::Length);
     assert_eq!(after.tokens[..3], aborted.tokens[..], "greedy output is the same after an abort");
 }
@@ -74,7 +88,12 @@ fn follow_up_turn_reuses_the_cached_prefix_and_matches_a_fresh_run() {
     messages.push(ChatMessage::new("user", "And goodbye?"));
     let second_prompt = model.encode(&Prompt::Chat(&messages)).unwrap();
     let second = pollster::block_on(model.generate(&second_prompt, &options, &mut |_| true)).unwrap();
-    assert!(second.timings.reused_tokens >= first_prompt.len(), "reused {} of the {}-token first prompt", second.timings.reused_tokens, first_prompt.len());
+    assert!(
+        second.timings.reused_tokens >= first_prompt.len(),
+        "reused {} of the {}-token first prompt",
+        second.timings.reused_tokens,
+        first_prompt.len()
+    );
     assert_eq!(second.timings.prefill_tokens, second_prompt.len() - second.timings.reused_tokens);
     model.reset();
     let fresh = pollster::block_on(model.generate(&second_prompt, &options, &mut |_| true)).unwrap();
@@ -90,7 +109,8 @@ fn prompt_longer_than_the_context_is_a_clear_error() {
     assert!(matches!(err, ModelError::ContextOverflow { needed: 41, context: 32 }), "{err}");
     assert_eq!(err.code(), "context_overflow");
     // The model still works.
-    let ok = pollster::block_on(model.generate(&prompt[..8], &GenerateOptions { max_tokens: 2, ..GenerateOptions::greedy() }, &mut |_| true));
+    let ok =
+        pollster::block_on(model.generate(&prompt[..8], &GenerateOptions { max_tokens: 2, ..GenerateOptions::greedy() }, &mut |_| true));
     assert!(ok.is_ok());
 }
 

@@ -108,7 +108,8 @@ fn check_greedy(model_path: &Path, reference: &Value, logprob_tolerance: f64, ne
 
         // Only the steps before llama.cpp's first near-tie are compared, so only those are run.
         let want = common::ids(&case["greedy_ids"]);
-        let margins: Vec<f64> = case["step_top1_top2_logit_margin"].as_array().expect("margins").iter().map(|m| m.as_f64().expect("margin")).collect();
+        let margins: Vec<f64> =
+            case["step_top1_top2_logit_margin"].as_array().expect("margins").iter().map(|m| m.as_f64().expect("margin")).collect();
         let comparable = margins.iter().position(|&m| m < near_tie).unwrap_or(want.len());
         let generated = if comparable == 0 {
             Vec::new()

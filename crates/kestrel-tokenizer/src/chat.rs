@@ -22,10 +22,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
 }
 
@@ -44,10 +41,7 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate")
-            .field("bos_token", &self.bos_token)
-            .field("eos_token", &self.eos_token)
-            .finish_non_exhaustive()
+        f.debug_struct("ChatTemplate").field("bos_token", &self.bos_token).field("eos_token", &self.eos_token).finish_non_exhaustive()
     }
 }
 
@@ -73,19 +67,11 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         // Bound the work a hostile template can make us do (a panic-free, hang-free render).
         env.set_fuel(Some(50_000_000));
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> std::result::Result<Value, Error> {
-                Err(Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.add_template_owned("chat", template_src.to_string())
-            .map_err(template_err)?;
-        Ok(Self {
-            env,
-            bos_token: bos_token.to_string(),
-            eos_token: eos_token.to_string(),
-        })
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned("chat", template_src.to_string()).map_err(template_err)?;
+        Ok(Self { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
     }
 
     /// The ChatML fallback ([`CHATML_TEMPLATE`]).

@@ -13,19 +13,13 @@ impl Vocabulary {
     /// Reads the `tokenizer.*` keys. Special-token ids outside the vocabulary are
     /// ignored (llama.cpp warns and ignores them too).
     pub fn from_metadata(md: &Metadata) -> Result<Self> {
-        let model_name = md
-            .get_str("tokenizer.ggml.model")
-            .map_err(meta_err)?
-            .ok_or(TokenizerError::MissingKey("tokenizer.ggml.model"))?;
+        let model_name = md.get_str("tokenizer.ggml.model").map_err(meta_err)?.ok_or(TokenizerError::MissingKey("tokenizer.ggml.model"))?;
         let model = match model_name {
             "gpt2" => VocabularyModel::Gpt2,
             "llama" => VocabularyModel::Llama,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
-        let pre = md
-            .get_str("tokenizer.ggml.pre")
-            .map_err(meta_err)?
-            .map(str::to_string);
+        let pre = md.get_str("tokenizer.ggml.pre").map_err(meta_err)?.map(str::to_string);
         let tokens: Vec<String> = md
             .get_string_array("tokenizer.ggml.tokens")
             .map_err(meta_err)?
@@ -34,10 +28,7 @@ impl Vocabulary {
             .map(str::to_string)
             .collect();
         let n = tokens.len();
-        let token_types = match md
-            .get_i32_array("tokenizer.ggml.token_type")
-            .map_err(meta_err)?
-        {
+        let token_types = match md.get_i32_array("tokenizer.ggml.token_type").map_err(meta_err)? {
             Some(t) => {
                 if t.len() != n {
                     return Err(TokenizerError::InvalidVocabulary(format!(
@@ -58,9 +49,7 @@ impl Vocabulary {
                     .map(|v| match v {
                         MetadataValue::F32(x) => Ok(*x),
                         MetadataValue::F64(x) => Ok(*x as f32),
-                        _ => Err(TokenizerError::Metadata(
-                            "tokenizer.ggml.scores is not an array of floats".into(),
-                        )),
+                        _ => Err(TokenizerError::Metadata("tokenizer.ggml.scores is not an array of floats".into())),
                     })
                     .collect::<Result<Vec<f32>>>()?;
                 if s.len() != n {
@@ -72,23 +61,14 @@ impl Vocabulary {
                 }
                 s
             }
-            Some(_) => {
-                return Err(TokenizerError::Metadata(
-                    "tokenizer.ggml.scores is not an array".into(),
-                ))
-            }
+            Some(_) => return Err(TokenizerError::Metadata("tokenizer.ggml.scores is not an array".into())),
         };
         let merges = md
             .get_string_array("tokenizer.ggml.merges")
             .map_err(meta_err)?
             .map(|m| m.into_iter().map(str::to_string).collect())
             .unwrap_or_default();
-        let id = |key: &str| -> Result<Option<u32>> {
-            Ok(md
-                .get_u32(key)
-                .map_err(meta_err)?
-                .filter(|&i| (i as usize) < n))
-        };
+        let id = |key: &str| -> Result<Option<u32>> { Ok(md.get_u32(key).map_err(meta_err)?.filter(|&i| (i as usize) < n)) };
         Ok(Vocabulary {
             model,
             pre,
@@ -101,19 +81,10 @@ impl Vocabulary {
             eom: id("tokenizer.ggml.eom_token_id")?,
             unk: id("tokenizer.ggml.unknown_token_id")?,
             pad: id("tokenizer.ggml.padding_token_id")?,
-            add_bos: md
-                .get_bool("tokenizer.ggml.add_bos_token")
-                .map_err(meta_err)?,
-            add_eos: md
-                .get_bool("tokenizer.ggml.add_eos_token")
-                .map_err(meta_err)?,
-            add_space_prefix: md
-                .get_bool("tokenizer.ggml.add_space_prefix")
-                .map_err(meta_err)?,
-            chat_template: md
-                .get_str("tokenizer.chat_template")
-                .map_err(meta_err)?
-                .map(str::to_string),
+            add_bos: md.get_bool("tokenizer.ggml.add_bos_token").map_err(meta_err)?,
+            add_eos: md.get_bool("tokenizer.ggml.add_eos_token").map_err(meta_err)?,
+            add_space_prefix: md.get_bool("tokenizer.ggml.add_space_prefix").map_err(meta_err)?,
+            chat_template: md.get_str("tokenizer.chat_template").map_err(meta_err)?.map(str::to_string),
             tokens,
         })
     }

@@ -111,14 +111,12 @@ impl PreTokenizerKind {
         };
         Ok(match name {
             "" | "default" => Self::Default,
-            "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "jina-es" | "jina-de" | "jina-v2-es"
-            | "jina-v2-de" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "gigachat"
-            | "mellum" | "exaone4" => Self::Gpt2,
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
-            | "midm-2.0" | "lfm2" | "dbrx" | "smaug-bpe" | "chatglm-bpe" | "glm4" => Self::Llama3,
+            "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "jina-es" | "jina-de" | "jina-v2-es" | "jina-v2-de" | "jina-v1-en"
+            | "jina-v2-code" | "roberta-bpe" | "gigachat" | "mellum" | "exaone4" => Self::Gpt2,
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "dbrx" | "smaug-bpe"
+            | "chatglm-bpe" | "glm4" => Self::Llama3,
             "qwen2" | "deepseek-r1-qwen" | "stablelm2" | "megrez" => Self::Qwen2,
-            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
-            | "minerva-7b" => Self::Smollm,
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b" => Self::Smollm,
             "falcon" => Self::Falcon,
             "deepseek-coder" => Self::DeepseekCoder,
             "poro-chat" | "bloom" | "gpt3-finnish" => Self::Poro,
@@ -138,13 +136,7 @@ impl PreTokenizerKind {
             Self::Qwen2 => &[QWEN2],
             Self::Smollm => &[r"\p{N}", GPT2],
             Self::Falcon => &[r"[\p{P}\$\+<=>\^~\|`]+", GPT2, r"[0-9][0-9][0-9]"],
-            Self::DeepseekCoder => &[
-                r"[\r\n]",
-                r"\s?\p{L}+",
-                r"\s?\p{P}+",
-                r"[一-龥ࠀ-一가-퟿]+",
-                r"\p{N}",
-            ],
+            Self::DeepseekCoder => &[r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"],
             Self::Poro => &[PORO],
             Self::Viking => &[PORO, r"\p{N}"],
             Self::Tekken => &[TEKKEN],

@@ -2,17 +2,10 @@
 
 use std::sync::OnceLock;
 
-use tokenizers::decoders::{
-    byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence as DecoderSequence, strip::Strip,
-    DecoderWrapper,
-};
+use tokenizers::decoders::{byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence as DecoderSequence, strip::Strip, DecoderWrapper};
 use tokenizers::models::bpe::{Merges, Vocab, BPE};
-use tokenizers::normalizers::{
-    prepend::Prepend, replace::Replace, utils::Sequence as NormalizerSequence, NormalizerWrapper,
-};
-use tokenizers::pre_tokenizers::{
-    byte_level::ByteLevel, sequence::Sequence as PreSequence, split::Split, PreTokenizerWrapper,
-};
+use tokenizers::normalizers::{prepend::Prepend, replace::Replace, utils::Sequence as NormalizerSequence, NormalizerWrapper};
+use tokenizers::pre_tokenizers::{byte_level::ByteLevel, sequence::Sequence as PreSequence, split::Split, PreTokenizerWrapper};
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::error::{Result, TokenizerError};
@@ -51,13 +44,7 @@ const EOT_TEXTS: &[&str] = &[
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
 /// FIM pad / repo / file-separator tokens: llama.cpp adds these to the EOG set.
 const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"];
-const FIM_REP_TEXTS: &[&str] = &[
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<fim-repo>",
-    "<REPO>",
-    "<reponame>",
-];
+const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
 
 /// How the text of a token is turned back into bytes.
@@ -121,21 +108,13 @@ impl Tokenizer {
     pub fn from_vocabulary(v: &Vocabulary) -> Result<Self> {
         let n = v.tokens.len();
         if n == 0 {
-            return Err(TokenizerError::InvalidVocabulary(
-                "the vocabulary has no tokens".into(),
-            ));
+            return Err(TokenizerError::InvalidVocabulary("the vocabulary has no tokens".into()));
         }
         if u32::try_from(n).is_err() {
-            return Err(TokenizerError::InvalidVocabulary(format!(
-                "{n} tokens is too many"
-            )));
+            return Err(TokenizerError::InvalidVocabulary(format!("{n} tokens is too many")));
         }
         if !v.token_types.is_empty() && v.token_types.len() != n {
-            return Err(TokenizerError::InvalidVocabulary(format!(
-                "{} token types for {} tokens",
-                v.token_types.len(),
-                n
-            )));
+            return Err(TokenizerError::InvalidVocabulary(format!("{} token types for {} tokens", v.token_types.len(), n)));
         }
         // First id wins for duplicated token texts (llama.cpp's token_to_id does the same
         // for the tokens it looks up by text).
@@ -179,9 +158,7 @@ impl Tokenizer {
                     )));
                 }
                 let merges = spm_merges(&v.tokens, &v.scores, &by_text);
-                let mut builder = BPE::builder()
-                    .vocab_and_merges(by_text.clone(), merges)
-                    .byte_fallback(true);
+                let mut builder = BPE::builder().vocab_and_merges(by_text.clone(), merges).byte_fallback(true);
                 if let Some(unk) = v.unk.and_then(|u| v.tokens.get(u as usize)) {
                     builder = builder.unk_token(unk.clone()).fuse_unk(true);
                 }
@@ -218,9 +195,7 @@ impl Tokenizer {
             .collect();
         hf.add_special_tokens(&specials);
 
-        let pieces = (0..n)
-            .map(|i| Some(token_piece(style, v.token_type(i), &v.tokens[i]).into_boxed_slice()))
-            .collect();
+        let pieces = (0..n).map(|i| Some(token_piece(style, v.token_type(i), &v.tokens[i]).into_boxed_slice())).collect();
 
         let find = |texts: &[&str]| texts.iter().find_map(|t| by_text.get(*t).copied());
         let eot = v.eot.or_else(|| find(EOT_TEXTS));
@@ -267,34 +242,19 @@ impl Tokenizer {
     /// `<|begin_of_text|>`, `<|endoftext|>`, ...). tokenizer.json carries no chat
     /// template: set one with [`Tokenizer::with_chat_template`].
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        let json: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| TokenizerError::Json(e.to_string()))?;
-        let hf = tokenizers::Tokenizer::from_bytes(bytes)
-            .map_err(|e| TokenizerError::Json(e.to_string()))?;
-        let decoder = json
-            .get("decoder")
-            .cloned()
-            .unwrap_or(serde_json::Value::Null);
+        let json: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| TokenizerError::Json(e.to_string()))?;
+        let hf = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError::Json(e.to_string()))?;
+        let decoder = json.get("decoder").cloned().unwrap_or(serde_json::Value::Null);
         let decoder_types = collect_types(&decoder);
-        let byte_fallback = json
-            .pointer("/model/byte_fallback")
-            .and_then(|b| b.as_bool())
-            .unwrap_or(false);
+        let byte_fallback = json.pointer("/model/byte_fallback").and_then(|b| b.as_bool()).unwrap_or(false);
         let style = if decoder_types.iter().any(|t| t == "ByteLevel") {
             Some(PieceStyle::ByteLevel)
-        } else if byte_fallback
-            || decoder_types
-                .iter()
-                .any(|t| t == "ByteFallback" || t == "Metaspace")
-        {
+        } else if byte_fallback || decoder_types.iter().any(|t| t == "ByteFallback" || t == "Metaspace") {
             Some(PieceStyle::SentencePiece)
         } else {
             None
         };
-        let strip_first_space = decoder_types
-            .iter()
-            .any(|t| t == "Strip" || t == "Metaspace")
-            && style == Some(PieceStyle::SentencePiece);
+        let strip_first_space = decoder_types.iter().any(|t| t == "Strip" || t == "Metaspace") && style == Some(PieceStyle::SentencePiece);
 
         let vocab = hf.get_vocab(true);
         let added = hf.get_added_tokens_decoder();
@@ -309,17 +269,10 @@ impl Tokenizer {
             } else {
                 match style {
                     Some(s) => {
-                        let ty = if s == PieceStyle::SentencePiece && is_byte_token(text) {
-                            TokenType::Byte
-                        } else {
-                            TokenType::Normal
-                        };
+                        let ty = if s == PieceStyle::SentencePiece && is_byte_token(text) { TokenType::Byte } else { TokenType::Normal };
                         token_piece(s, ty, text)
                     }
-                    None => hf
-                        .decode(&[id], false)
-                        .map_err(|e| TokenizerError::Json(e.to_string()))?
-                        .into_bytes(),
+                    None => hf.decode(&[id], false).map_err(|e| TokenizerError::Json(e.to_string()))?.into_bytes(),
                 }
             };
             if let Some(slot) = pieces.get_mut(id as usize) {
@@ -350,49 +303,23 @@ impl Tokenizer {
         }
         let find = |texts: &[&str]| texts.iter().find_map(|t| vocab.get(*t).copied());
         let bos = bos.or_else(|| find(&["<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"]));
-        let eos = eos.or_else(|| {
-            find(&[
-                "<|end_of_text|>",
-                "</s>",
-                "<eos>",
-                "<|endoftext|>",
-                "<|im_end|>",
-                "<|eot_id|>",
-            ])
-        });
+        let eos = eos.or_else(|| find(&["<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>"]));
         let eot = find(EOT_TEXTS);
-        let mut eog: Vec<u32> = EOG_TEXTS
-            .iter()
-            .filter_map(|t| vocab.get(*t).copied())
-            .collect();
+        let mut eog: Vec<u32> = EOG_TEXTS.iter().filter_map(|t| vocab.get(*t).copied()).collect();
         for id in [eos, eot, find(EOM_TEXTS)].into_iter().flatten() {
             if !eog.contains(&id) {
                 eog.push(id);
             }
         }
         eog.sort_unstable();
-        Ok(Tokenizer {
-            hf,
-            pieces,
-            bos,
-            eos,
-            eot,
-            eog,
-            add_bos,
-            add_eos,
-            manual_special: false,
-            strip_first_space,
-            chat_template: None,
-        })
+        Ok(Tokenizer { hf, pieces, bos, eos, eot, eog, add_bos, add_eos, manual_special: false, strip_first_space, chat_template: None })
     }
 
     /// The equivalent Hugging Face `tokenizer.json` (for a GGUF-built tokenizer: the
     /// vocabulary, merges, pre-tokenizer, special tokens and decoder; BOS/EOS
     /// insertion is not part of it).
     pub fn to_json(&self) -> Result<String> {
-        self.hf
-            .to_string(false)
-            .map_err(|e| TokenizerError::Json(e.to_string()))
+        self.hf.to_string(false).map_err(|e| TokenizerError::Json(e.to_string()))
     }
 
     /// Replaces the chat template (e.g. for a tokenizer.json, which has none).
@@ -405,10 +332,7 @@ impl Tokenizer {
     /// special token. `add_special` adds BOS / EOS as the model asks
     /// ([`Tokenizer::add_bos`], [`Tokenizer::add_eos`]), as llama.cpp's `add_special`.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .hf
-            .encode(text, add_special && !self.manual_special)
-            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        let enc = self.hf.encode(text, add_special && !self.manual_special).map_err(|e| TokenizerError::Encode(e.to_string()))?;
         let mut ids = Vec::with_capacity(enc.len() + 2);
         if add_special && self.manual_special && self.add_bos {
             ids.extend(self.bos);
@@ -425,10 +349,7 @@ impl Tokenizer {
     pub fn token_bytes(&self, id: u32) -> Result<&[u8]> {
         match self.pieces.get(id as usize) {
             Some(Some(b)) => Ok(b),
-            _ => Err(TokenizerError::IdOutOfRange {
-                id,
-                vocab_size: self.pieces.len(),
-            }),
+            _ => Err(TokenizerError::IdOutOfRange { id, vocab_size: self.pieces.len() }),
         }
     }
 
@@ -529,9 +450,7 @@ impl Tokenizer {
 /// `"left right"` merge strings to pairs.
 fn parse_merges(merges: &[String]) -> Result<Merges> {
     if merges.is_empty() {
-        return Err(TokenizerError::InvalidVocabulary(
-            "byte-level BPE vocabulary has no tokenizer.ggml.merges".into(),
-        ));
+        return Err(TokenizerError::InvalidVocabulary("byte-level BPE vocabulary has no tokenizer.ggml.merges".into()));
     }
     merges
         .iter()
@@ -539,9 +458,7 @@ fn parse_merges(merges: &[String]) -> Result<Merges> {
         .map(|(i, m)| {
             m.split_once(' ')
                 .map(|(a, b)| (a.to_string(), b.to_string()))
-                .ok_or_else(|| {
-                    TokenizerError::InvalidVocabulary(format!("merge {i} `{m}` has no space"))
-                })
+                .ok_or_else(|| TokenizerError::InvalidVocabulary(format!("merge {i} `{m}` has no space")))
         })
         .collect()
 }
@@ -556,11 +473,7 @@ fn spm_merges(tokens: &[String], scores: &[f32], by_text: &Vocab) -> Merges {
             continue; // a duplicate text: the first id owns it
         }
         let score = scores.get(id).copied().unwrap_or(0.0);
-        let score = if score.is_nan() {
-            f32::NEG_INFINITY
-        } else {
-            score
-        };
+        let score = if score.is_nan() { f32::NEG_INFINITY } else { score };
         for (pos, _) in t.char_indices().skip(1) {
             let (a, b) = t.split_at(pos);
             if by_text.contains_key(a) && by_text.contains_key(b) {
@@ -569,10 +482,7 @@ fn spm_merges(tokens: &[String], scores: &[f32], by_text: &Vocab) -> Merges {
         }
     }
     cands.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
-    cands
-        .into_iter()
-        .map(|(_, _, _, a, b)| (a.to_string(), b.to_string()))
-        .collect()
+    cands.into_iter().map(|(_, _, _, a, b)| (a.to_string(), b.to_string())).collect()
 }
 
 /// GPT-2's byte <-> printable character table, inverted: char -> byte. Bytes that
@@ -580,8 +490,7 @@ fn spm_merges(tokens: &[String], scores: &[f32], by_text: &Vocab) -> Merges {
 /// to U+0100, U+0101, ...
 fn byte_level_char_to_byte(c: char) -> Option<u8> {
     static TABLE: OnceLock<[u8; 68]> = OnceLock::new();
-    let printable =
-        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let cp = c as u32;
     if cp < 256 {
         return if printable(cp) { Some(cp as u8) } else { None };
@@ -614,9 +523,7 @@ fn parse_byte_token(text: &str) -> Option<u8> {
 /// What llama.cpp's `token_to_piece(special = true)` produces for a token.
 fn token_piece(style: PieceStyle, ty: TokenType, text: &str) -> Vec<u8> {
     match ty {
-        TokenType::Control | TokenType::UserDefined | TokenType::Unknown => {
-            text.as_bytes().to_vec()
-        }
+        TokenType::Control | TokenType::UserDefined | TokenType::Unknown => text.as_bytes().to_vec(),
         TokenType::Normal => match style {
             PieceStyle::ByteLevel => {
                 let mut out = Vec::with_capacity(text.len());
@@ -634,9 +541,7 @@ fn token_piece(style: PieceStyle, ty: TokenType, text: &str) -> Vec<u8> {
             PieceStyle::SentencePiece => text.replace('▁', " ").into_bytes(),
         },
         TokenType::Byte => match style {
-            PieceStyle::SentencePiece => {
-                parse_byte_token(text).map(|b| vec![b]).unwrap_or_default()
-            }
+            PieceStyle::SentencePiece => parse_byte_token(text).map(|b| vec![b]).unwrap_or_default(),
             PieceStyle::ByteLevel => Vec::new(),
         },
         TokenType::Unused | TokenType::Undefined => Vec::new(),

@@ -77,9 +77,6 @@ pub struct Vocabulary {
 impl Vocabulary {
     /// The type of token `id` (normal when the GGUF has no type array).
     pub fn token_type(&self, id: usize) -> TokenType {
-        self.token_types
-            .get(id)
-            .copied()
-            .unwrap_or(TokenType::Normal)
+        self.token_types.get(id).copied().unwrap_or(TokenType::Normal)
     }
 }

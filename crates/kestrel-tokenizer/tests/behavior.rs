@@ -3,27 +3,16 @@
 use std::sync::OnceLock;
 
 use kestrel_gguf::{Metadata, MetadataValue};
-use kestrel_tokenizer::{
-    ChatMessage, ChatTemplate, StreamDecoder, Tokenizer, TokenizerError, Vocabulary,
-    CHATML_TEMPLATE,
-};
+use kestrel_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer, TokenizerError, Vocabulary, CHATML_TEMPLATE};
 
-const MODEL: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
-);
+const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
 
 fn metadata() -> &'static Metadata {
     static M: OnceLock<Metadata> = OnceLock::new();
     M.get_or_init(|| {
-        let bytes = std::fs::read(MODEL).unwrap_or_else(|e| {
-            panic!(
-                "the default model is missing at {MODEL} ({e}): run scripts/fetch-model.sh first"
-            )
-        });
-        kestrel_gguf::parse_header(&bytes)
-            .expect("parse the GGUF header")
-            .metadata
+        let bytes = std::fs::read(MODEL)
+            .unwrap_or_else(|e| panic!("the default model is missing at {MODEL} ({e}): run scripts/fetch-model.sh first"));
+        kestrel_gguf::parse_header(&bytes).expect("parse the GGUF header").metadata
     })
 }
 
@@ -39,10 +28,7 @@ fn stream(t: &Tokenizer, ids: &[u32]) -> (String, usize) {
     let mut held = 0;
     for &id in ids {
         let chunk = sd.push(t, id).unwrap();
-        assert!(
-            !chunk.contains('\u{FFFD}'),
-            "push returned a replacement character for id {id}"
-        );
+        assert!(!chunk.contains('\u{FFFD}'), "push returned a replacement character for id {id}");
         if sd.pending_bytes() > 0 {
             held += 1;
         }
@@ -71,8 +57,7 @@ fn stream_never_splits_a_character() {
             // sure the test really exercised holding bytes back.
             assert!(held > 0, "{text:?}: no token held a partial character");
             assert!(
-                ids.iter()
-                    .any(|&id| std::str::from_utf8(t.token_bytes(id).unwrap()).is_err()),
+                ids.iter().any(|&id| std::str::from_utf8(t.token_bytes(id).unwrap()).is_err()),
                 "{text:?}: no token carries a partial character"
             );
         }
@@ -83,10 +68,7 @@ fn stream_never_splits_a_character() {
 fn stream_emits_a_character_as_soon_as_it_is_complete() {
     let t = tok();
     let ids = t.encode("🎉", false).unwrap();
-    assert!(
-        ids.len() > 1,
-        "🎉 should need several byte-level tokens, got {ids:?}"
-    );
+    assert!(ids.len() > 1, "🎉 should need several byte-level tokens, got {ids:?}");
     let mut sd = StreamDecoder::new();
     for &id in &ids[..ids.len() - 1] {
         assert_eq!(sd.push(t, id).unwrap(), "");
@@ -109,11 +91,7 @@ fn stream_finish_flushes_an_incomplete_tail_lossily() {
     let tail = sd.finish();
     assert_eq!(tail, "\u{FFFD}");
     out.push_str(&tail);
-    assert_eq!(
-        out,
-        t.decode(cut).unwrap(),
-        "stream + finish == decode, even when cut"
-    );
+    assert_eq!(out, t.decode(cut).unwrap(), "stream + finish == decode, even when cut");
     // finish() resets: the decoder can be reused.
     assert_eq!(sd.push(t, ids[0]).unwrap(), "a");
 }
@@ -130,10 +108,7 @@ fn out_of_range_ids_are_errors() {
         assert!(t.piece(bad).is_none());
         assert!(t.token_bytes(bad).is_err());
         let mut sd = StreamDecoder::new();
-        assert!(matches!(
-            sd.push(t, bad),
-            Err(TokenizerError::IdOutOfRange { .. })
-        ));
+        assert!(matches!(sd.push(t, bad), Err(TokenizerError::IdOutOfRange { .. })));
     }
     assert!(t.decode(&[n - 1]).is_ok());
     let msg = t.decode(&[n]).unwrap_err().to_string();
@@ -148,15 +123,9 @@ fn metadata_with(key: &str, value: MetadataValue) -> Metadata {
 
 #[test]
 fn unknown_pre_tokenizer_is_an_error_naming_it() {
-    let md = metadata_with(
-        "tokenizer.ggml.pre",
-        MetadataValue::String("no-such-pre".into()),
-    );
+    let md = metadata_with("tokenizer.ggml.pre", MetadataValue::String("no-such-pre".into()));
     let err = Tokenizer::from_gguf(&md).unwrap_err();
-    assert!(
-        matches!(&err, TokenizerError::UnsupportedPreTokenizer(p) if p == "no-such-pre"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, TokenizerError::UnsupportedPreTokenizer(p) if p == "no-such-pre"), "{err:?}");
     assert!(err.to_string().contains("no-such-pre"), "{err}");
 }
 
@@ -164,10 +133,7 @@ fn unknown_pre_tokenizer_is_an_error_naming_it() {
 fn unknown_model_is_an_error_naming_it() {
     let md = metadata_with("tokenizer.ggml.model", MetadataValue::String("bert".into()));
     let err = Tokenizer::from_gguf(&md).unwrap_err();
-    assert!(
-        matches!(&err, TokenizerError::UnsupportedModel(m) if m == "bert"),
-        "{err:?}"
-    );
+    assert!(matches!(&err, TokenizerError::UnsupportedModel(m) if m == "bert"), "{err:?}");
     assert!(err.to_string().contains("bert"));
 }
 
@@ -177,27 +143,15 @@ fn bad_metadata_is_an_error_not_a_panic() {
     let md = metadata_with("tokenizer.ggml.tokens", MetadataValue::U32(7));
     assert!(Tokenizer::from_gguf(&md).is_err());
     // Token types of the wrong length.
-    let md = metadata_with(
-        "tokenizer.ggml.token_type",
-        MetadataValue::Array(vec![MetadataValue::I32(1); 3]),
-    );
-    assert!(matches!(
-        Tokenizer::from_gguf(&md),
-        Err(TokenizerError::InvalidVocabulary(_))
-    ));
+    let md = metadata_with("tokenizer.ggml.token_type", MetadataValue::Array(vec![MetadataValue::I32(1); 3]));
+    assert!(matches!(Tokenizer::from_gguf(&md), Err(TokenizerError::InvalidVocabulary(_))));
     // A merge naming tokens that do not exist.
     let mut v = Vocabulary::from_metadata(metadata()).unwrap();
     v.merges.push("nosuch tokenpair".into());
-    assert!(matches!(
-        Tokenizer::from_vocabulary(&v),
-        Err(TokenizerError::Build(_))
-    ));
+    assert!(matches!(Tokenizer::from_vocabulary(&v), Err(TokenizerError::Build(_))));
     let mut v = Vocabulary::from_metadata(metadata()).unwrap();
     v.merges[0] = "nospace".into();
-    assert!(matches!(
-        Tokenizer::from_vocabulary(&v),
-        Err(TokenizerError::InvalidVocabulary(_))
-    ));
+    assert!(matches!(Tokenizer::from_vocabulary(&v), Err(TokenizerError::InvalidVocabulary(_))));
     // No model key.
     let mut v = Vocabulary::from_metadata(metadata()).unwrap();
     v.tokens.clear();
@@ -226,9 +180,7 @@ fn any_string_encodes_without_panicking() {
 #[test]
 fn special_tokens_are_single_ids_and_eog() {
     let t = tok();
-    let ids = t
-        .encode("<|im_start|>assistant\nHi<|im_end|><|endoftext|>", false)
-        .unwrap();
+    let ids = t.encode("<|im_start|>assistant\nHi<|im_end|><|endoftext|>", false).unwrap();
     assert_eq!(ids[0], 1);
     assert_eq!(&ids[ids.len() - 2..], &[2, 0]);
     assert!(t.is_eog(2) && t.is_eog(0) && !t.is_eog(1));
@@ -245,78 +197,36 @@ fn chat_template_python_methods_and_raise_exception() {
         "</s>",
     )
     .unwrap();
-    let msgs = vec![
-        ChatMessage::new("user", "  hi  "),
-        ChatMessage::new("assistant", "yo"),
-    ];
-    assert_eq!(
-        tpl.render(&msgs, true).unwrap(),
-        "[USER]hi(sp)|[ASSISTANT]yo|<s></s>>"
-    );
-    assert_eq!(
-        tpl.render(&msgs, false).unwrap(),
-        "[USER]hi(sp)|[ASSISTANT]yo|<s></s>"
-    );
-    let err = tpl
-        .render(&[ChatMessage::new("robot", "x")], true)
-        .unwrap_err();
-    assert!(
-        matches!(&err, TokenizerError::Template(m) if m.contains("bad role: robot")),
-        "{err}"
-    );
+    let msgs = vec![ChatMessage::new("user", "  hi  "), ChatMessage::new("assistant", "yo")];
+    assert_eq!(tpl.render(&msgs, true).unwrap(), "[USER]hi(sp)|[ASSISTANT]yo|<s></s>>");
+    assert_eq!(tpl.render(&msgs, false).unwrap(), "[USER]hi(sp)|[ASSISTANT]yo|<s></s>");
+    let err = tpl.render(&[ChatMessage::new("robot", "x")], true).unwrap_err();
+    assert!(matches!(&err, TokenizerError::Template(m) if m.contains("bad role: robot")), "{err}");
 }
 
 #[test]
 fn chat_template_errors_are_errors() {
-    assert!(matches!(
-        ChatTemplate::new("{% for %}", "", ""),
-        Err(TokenizerError::Template(_))
-    ));
+    assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(TokenizerError::Template(_))));
     let tpl = ChatTemplate::new("{{ messages[5].content }}", "", "").unwrap();
     // Undefined access renders empty (lenient, like jinja2) or errors; never panics.
     let _ = tpl.render(&[], true);
-    let tpl = ChatTemplate::new(
-        "{% for i in range(1000000000) %}{{ i }}{% endfor %}",
-        "",
-        "",
-    )
-    .unwrap();
-    assert!(
-        tpl.render(&[], true).is_err(),
-        "runaway templates are stopped"
-    );
+    let tpl = ChatTemplate::new("{% for i in range(1000000000) %}{{ i }}{% endfor %}", "", "").unwrap();
+    assert!(tpl.render(&[], true).is_err(), "runaway templates are stopped");
 }
 
 #[test]
 fn chatml_fallback_and_openai_json() {
-    let msgs: Vec<ChatMessage> = serde_json::from_str(
-        r#"[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]"#,
-    )
-    .unwrap();
+    let msgs: Vec<ChatMessage> =
+        serde_json::from_str(r#"[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]"#).unwrap();
     let out = ChatTemplate::chatml().render(&msgs, true).unwrap();
-    assert_eq!(
-        out,
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    );
-    assert_eq!(
-        ChatTemplate::new(CHATML_TEMPLATE, "", "")
-            .unwrap()
-            .render(&msgs, true)
-            .unwrap(),
-        out
-    );
+    assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(ChatTemplate::new(CHATML_TEMPLATE, "", "").unwrap().render(&msgs, true).unwrap(), out);
     // A model without a template falls back to ChatML.
     let mut v = Vocabulary::from_metadata(metadata()).unwrap();
     v.chat_template = None;
     let t = Tokenizer::from_vocabulary(&v).unwrap();
     assert_eq!(t.chat_template(), None);
-    assert_eq!(
-        ChatTemplate::for_tokenizer(&t)
-            .unwrap()
-            .render(&msgs, true)
-            .unwrap(),
-        out
-    );
+    assert_eq!(ChatTemplate::for_tokenizer(&t).unwrap().render(&msgs, true).unwrap(), out);
 }
 
 #[test]
@@ -327,18 +237,11 @@ fn tokenizer_json_round_trip() {
     let json = t.to_json().unwrap();
     let j = Tokenizer::from_json(json.as_bytes()).unwrap();
     assert_eq!(j.vocab_size(), t.vocab_size());
-    for text in [
-        "<|im_start|>user\nhi 🎉 日本<|im_end|>\n",
-        "  spaces  and 12345",
-        "Straße",
-    ] {
+    for text in ["<|im_start|>user\nhi 🎉 日本<|im_end|>\n", "  spaces  and 12345", "Straße"] {
         let ids = t.encode(text, true).unwrap();
         assert_eq!(j.encode(text, true).unwrap(), ids);
         assert_eq!(j.decode(&ids).unwrap(), text);
     }
     assert_eq!(j.eog_ids(), &[0, 2]); // no FIM detection from tokenizer.json
-    assert!(matches!(
-        Tokenizer::from_json(b"{not json"),
-        Err(TokenizerError::Json(_))
-    ));
+    assert!(matches!(Tokenizer::from_json(b"{not json"), Err(TokenizerError::Json(_))));
 }

@@ -7,20 +7,13 @@ use std::sync::OnceLock;
 use kestrel_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use serde::Deserialize;
 
-const MODEL: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
-);
+const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
 const REFERENCE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/reference");
 
 fn load_tokenizer() -> Tokenizer {
     let path = PathBuf::from(MODEL);
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| {
-        panic!(
-            "the default model is missing at {} ({e}): run scripts/fetch-model.sh first",
-            path.display()
-        )
-    });
+    let bytes = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("the default model is missing at {} ({e}): run scripts/fetch-model.sh first", path.display()));
     let header = kestrel_gguf::parse_header(&bytes).expect("parse the GGUF header");
     Tokenizer::from_gguf(&header.metadata).expect("build the tokenizer from GGUF metadata")
 }
@@ -32,8 +25,7 @@ fn tok() -> &'static Tokenizer {
 
 fn read_reference(name: &str) -> serde_json::Value {
     let path = PathBuf::from(REFERENCE_DIR).join(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
@@ -47,33 +39,19 @@ struct TokenizeCase {
 fn tokenize_matches_llama_cpp() {
     let t = tok();
     let reference = read_reference("tokenize.json");
-    let cases: Vec<TokenizeCase> =
-        serde_json::from_value(reference["cases"].clone()).expect("tokenize.json cases");
+    let cases: Vec<TokenizeCase> = serde_json::from_value(reference["cases"].clone()).expect("tokenize.json cases");
     assert_eq!(cases.len(), 20);
     let mut failures = Vec::new();
     for c in &cases {
         // llama_tokenize(add_special = true, parse_special = true)
         let ids = t.encode(&c.text, true).expect("encode");
         if ids != c.ids {
-            failures.push(format!(
-                "{:?}\n  llama.cpp: {:?}\n  kestrel:   {:?}",
-                c.text, c.ids, ids
-            ));
+            failures.push(format!("{:?}\n  llama.cpp: {:?}\n  kestrel:   {:?}", c.text, c.ids, ids));
         }
         // Byte-level BPE round-trips exactly.
-        assert_eq!(
-            t.decode(&ids).expect("decode"),
-            c.text,
-            "decode(encode(x)) != x"
-        );
+        assert_eq!(t.decode(&ids).expect("decode"), c.text, "decode(encode(x)) != x");
     }
-    assert!(
-        failures.is_empty(),
-        "{} of {} differ:\n{}",
-        failures.len(),
-        cases.len(),
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "{} of {} differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
 }
 
 #[test]
@@ -96,10 +74,7 @@ fn special_ids_match_llama_cpp() {
 fn chat_prompts_render_and_encode_like_llama_cpp() {
     let t = tok();
     let template = ChatTemplate::for_tokenizer(t).expect("compile the GGUF chat template");
-    assert!(
-        t.chat_template().is_some(),
-        "the default model carries a chat template"
-    );
+    assert!(t.chat_template().is_some(), "the default model carries a chat template");
     let prompts = read_reference("prompts.json");
     let greedy = read_reference("greedy.json");
     let mut n_chat = 0;
@@ -116,13 +91,9 @@ fn chat_prompts_render_and_encode_like_llama_cpp() {
             "chat" => {
                 n_chat += 1;
                 // OpenAI-style JSON messages deserialize straight into ChatMessage.
-                let messages: Vec<ChatMessage> =
-                    serde_json::from_value(p["messages"].clone()).unwrap();
+                let messages: Vec<ChatMessage> = serde_json::from_value(p["messages"].clone()).unwrap();
                 let rendered = template.render(&messages, true).expect("render");
-                assert_eq!(
-                    rendered, expected_text,
-                    "{id}: rendered chat prompt differs"
-                );
+                assert_eq!(rendered, expected_text, "{id}: rendered chat prompt differs");
                 rendered
             }
             _ => {
@@ -132,32 +103,16 @@ fn chat_prompts_render_and_encode_like_llama_cpp() {
             }
         };
         let expected_ids: Vec<u32> = serde_json::from_value(r["prompt_ids"].clone()).unwrap();
-        assert_eq!(
-            t.encode(&text, true).unwrap(),
-            expected_ids,
-            "{id}: prompt ids differ"
-        );
-        assert_eq!(
-            t.encode(&text, false).unwrap(),
-            expected_ids,
-            "{id}: prompt ids differ (no add_special)"
-        );
+        assert_eq!(t.encode(&text, true).unwrap(), expected_ids, "{id}: prompt ids differ");
+        assert_eq!(t.encode(&text, false).unwrap(), expected_ids, "{id}: prompt ids differ (no add_special)");
 
         // Decoding llama.cpp's generated ids gives llama.cpp's text, and so does streaming.
         let gen: Vec<u32> = serde_json::from_value(r["greedy_ids"].clone()).unwrap();
         let expected_gen = r["greedy_text"].as_str().unwrap();
-        assert_eq!(
-            t.decode(&gen).unwrap(),
-            expected_gen,
-            "{id}: decoded generation differs"
-        );
+        assert_eq!(t.decode(&gen).unwrap(), expected_gen, "{id}: decoded generation differs");
         let pieces: Vec<String> = serde_json::from_value(r["greedy_pieces"].clone()).unwrap();
         for (g, p) in gen.iter().zip(&pieces) {
-            assert_eq!(
-                t.piece(*g).as_deref(),
-                Some(p.as_str()),
-                "{id}: piece of {g}"
-            );
+            assert_eq!(t.piece(*g).as_deref(), Some(p.as_str()), "{id}: piece of {g}");
         }
         let mut sd = StreamDecoder::new();
         let mut streamed = String::new();

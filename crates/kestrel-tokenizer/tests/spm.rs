@@ -5,11 +5,8 @@
 use kestrel_tokenizer::{StreamDecoder, TokenType, Tokenizer, Vocabulary, VocabularyModel};
 
 fn vocab() -> Vocabulary {
-    let mut tokens: Vec<(String, f32, TokenType)> = vec![
-        ("<unk>".into(), 0.0, TokenType::Unknown),
-        ("<s>".into(), 0.0, TokenType::Control),
-        ("</s>".into(), 0.0, TokenType::Control),
-    ];
+    let mut tokens: Vec<(String, f32, TokenType)> =
+        vec![("<unk>".into(), 0.0, TokenType::Unknown), ("<s>".into(), 0.0, TokenType::Control), ("</s>".into(), 0.0, TokenType::Control)];
     for b in 0..=255u8 {
         tokens.push((format!("<0x{b:02X}>"), 0.0, TokenType::Byte));
     }
@@ -54,10 +51,7 @@ fn vocab() -> Vocabulary {
 fn spm_encode_decode() {
     let t = Tokenizer::from_vocabulary(&vocab()).unwrap();
     let id = |s: &str| t.token_to_id(s).unwrap();
-    assert!(
-        t.add_bos(),
-        "SentencePiece vocabularies add BOS by default, as in llama.cpp"
-    );
+    assert!(t.add_bos(), "SentencePiece vocabularies add BOS by default, as in llama.cpp");
     // "▁hello": ▁h (-8) > ll (-7)? no: ll has the higher score and merges first.
     assert_eq!(t.encode("hello", true).unwrap(), vec![1, id("▁hello")]);
     assert_eq!(t.encode("hello", false).unwrap(), vec![id("▁hello")]);

@@ -14,9 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use js_sys::{Function, Promise};
 use kestrel_gpu::{Gpu, GpuOptions};
-use kestrel_model::{
-    ChatMessage, GenerateOptions, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Prompt, TokenEvent,
-};
+use kestrel_model::{ChatMessage, GenerateOptions, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Prompt, TokenEvent};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
@@ -220,8 +218,7 @@ impl State {
 
     async fn generate(&self, request: &str, on_token: &Function) -> Result<JsValue, JsValue> {
         self.check_idle("generate")?;
-        let request: Request = serde_json::from_str(request)
-            .map_err(|e| js_error("invalid_option", &format!("invalid request: {e}")))?;
+        let request: Request = serde_json::from_str(request).map_err(|e| js_error("invalid_option", &format!("invalid request: {e}")))?;
         let options = request.options()?;
         let mut model = self.model.borrow_mut().take().ok_or_else(|| js_error("no_model", "no model is loaded"))?;
         self.busy.set(true);
@@ -326,7 +323,9 @@ impl Engine {
         }
         let mut gpu_options = GpuOptions::default();
         if options.is_object() {
-            let flag = |name: &str, default: bool| js_sys::Reflect::get(&options, &JsValue::from_str(name)).ok().and_then(|v| v.as_bool()).unwrap_or(default);
+            let flag = |name: &str, default: bool| {
+                js_sys::Reflect::get(&options, &JsValue::from_str(name)).ok().and_then(|v| v.as_bool()).unwrap_or(default)
+            };
             gpu_options.allow_f16 = flag("allow_f16", true);
             gpu_options.allow_subgroups = flag("allow_subgroups", true);
             gpu_options.allow_timestamps = flag("allow_timestamps", true);
@@ -337,7 +336,12 @@ impl Engine {
             if !context.is_undefined() && !context.is_null() {
                 match context.as_f64() {
                     Some(n) if n >= 1.0 && n.fract() == 0.0 && n <= 1e9 => load_options.context_length = Some(n as usize),
-                    _ => return Err(js_error("invalid_option", &format!("invalid option context_length: {context:?} must be a positive integer"))),
+                    _ => {
+                        return Err(js_error(
+                            "invalid_option",
+                            &format!("invalid option context_length: {context:?} must be a positive integer"),
+                        ))
+                    }
                 }
             }
         }

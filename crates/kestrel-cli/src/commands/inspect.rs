@@ -56,7 +56,11 @@ fn summarize(value: &MetadataValue) -> String {
     match value {
         MetadataValue::String(s) => {
             let one_line: String = s.chars().take(60).map(|c| if c == '\n' { ' ' } else { c }).collect();
-            if s.chars().count() > 60 { format!("{one_line:?}...") } else { format!("{one_line:?}") }
+            if s.chars().count() > 60 {
+                format!("{one_line:?}...")
+            } else {
+                format!("{one_line:?}")
+            }
         }
         MetadataValue::Array(items) => {
             let head: Vec<String> = items.iter().take(4).map(summarize).collect();

@@ -24,22 +24,37 @@ pub fn load(path: &Path, context: Option<usize>, quiet: bool) -> Result<Loaded, 
             draw_bar(p.bytes_received, total);
         }
     };
-    let model = pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut bar))
-        .map_err(|e| format!("{} [{}]", e, e.code()))?;
+    let model = pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut bar)).map_err(|e| format!("{} [{}]", e, e.code()))?;
     if !quiet {
-        eprintln!("\rloaded {} ({}, {} layers) on {} in {:.2} s", path.display(), model.config().name, model.config().n_layers, gpu.info.adapter_name, start.elapsed().as_secs_f64());
+        eprintln!(
+            "\rloaded {} ({}, {} layers) on {} in {:.2} s",
+            path.display(),
+            model.config().name,
+            model.config().n_layers,
+            gpu.info.adapter_name,
+            start.elapsed().as_secs_f64()
+        );
     }
     Ok(Loaded { model, load_ms: start.elapsed().as_secs_f64() * 1e3 })
 }
 
 /// A model of `shape` made in memory with random weights (`kestrel_model::synthetic`).
-pub fn load_synthetic(shape: &kestrel_model::synthetic::SyntheticShape, context: Option<usize>) -> Result<Loaded, Box<dyn std::error::Error>> {
+pub fn load_synthetic(
+    shape: &kestrel_model::synthetic::SyntheticShape,
+    context: Option<usize>,
+) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
     let gpu = Gpu::new_blocking(&GpuOptions::default())?;
     let options = LoadOptions { context_length: context, ..LoadOptions::default() };
     let model = pollster::block_on(kestrel_model::synthetic::load_synthetic(&gpu, shape, 1, options))
         .map_err(|e| format!("{} [{}]", e, e.code()))?;
-    eprintln!("made and loaded synthetic {} ({} layers) on {} in {:.2} s", shape.name, model.config().n_layers, gpu.info.adapter_name, start.elapsed().as_secs_f64());
+    eprintln!(
+        "made and loaded synthetic {} ({} layers) on {} in {:.2} s",
+        shape.name,
+        model.config().n_layers,
+        gpu.info.adapter_name,
+        start.elapsed().as_secs_f64()
+    );
     Ok(Loaded { model, load_ms: start.elapsed().as_secs_f64() * 1e3 })
 }
 

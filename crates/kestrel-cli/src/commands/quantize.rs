@@ -25,11 +25,7 @@ pub fn run(input: &Path, output: &Path, ty: &str) -> CliResult {
         eprint!("\rquantizing: {done}/{total} tensors");
     })?;
     eprintln!();
-    let by_type: Vec<String> = report
-        .by_type
-        .iter()
-        .map(|(ty, n)| format!("{n} {ty}"))
-        .collect();
+    let by_type: Vec<String> = report.by_type.iter().map(|(ty, n)| format!("{n} {ty}")).collect();
     println!(
         "wrote {}: {} tensors ({}; {} converted, {} kept, {} with a fallback type for their row length), {:.1} MiB -> {:.1} MiB",
         output.display(),

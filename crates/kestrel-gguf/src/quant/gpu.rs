@@ -129,10 +129,7 @@ impl GpuSections {
 
 /// Types the GPU kernels can read directly.
 pub fn is_gpu_supported(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1
-    ) || plane_format(ty).is_some()
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1) || plane_format(ty).is_some()
 }
 
 /// Where each weight's bits sit in a bit-plane type's GGUF block, from ggml's
@@ -170,24 +167,14 @@ fn plane_format(ty: GgmlType) -> Option<PlaneFormat> {
             block_bytes: q4_k::BLOCK_BYTES,
             weights: QK_K,
             high_bits: 0,
-            low: |e| {
-                (
-                    q4_k::OFFSET_QS + 32 * (e / 64) + e % 32,
-                    4 * (e / 32 % 2) as u32,
-                )
-            },
+            low: |e| (q4_k::OFFSET_QS + 32 * (e / 64) + e % 32, 4 * (e / 32 % 2) as u32),
             high: no_high,
         },
         GgmlType::Q5_K => PlaneFormat {
             block_bytes: q5_k::BLOCK_BYTES,
             weights: QK_K,
             high_bits: 1,
-            low: |e| {
-                (
-                    q5_k::OFFSET_QS + 32 * (e / 64) + e % 32,
-                    4 * (e / 32 % 2) as u32,
-                )
-            },
+            low: |e| (q5_k::OFFSET_QS + 32 * (e / 64) + e % 32, 4 * (e / 32 % 2) as u32),
             high: |e| (q5_k::OFFSET_QH + e % 32, (e / 32) as u32),
         },
         // Element 128 n + 32 s + l (n < 2, s < 4, l < 32): nibble s / 2 of ql[64 n + 32 (s % 2)
@@ -198,17 +185,9 @@ fn plane_format(ty: GgmlType) -> Option<PlaneFormat> {
             high_bits: 2,
             low: |e| {
                 let (n, s, l) = (e / 128, e / 32 % 4, e % 32);
-                (
-                    q6_k::OFFSET_QL + 64 * n + 32 * (s % 2) + l,
-                    4 * (s / 2) as u32,
-                )
+                (q6_k::OFFSET_QL + 64 * n + 32 * (s % 2) + l, 4 * (s / 2) as u32)
             },
-            high: |e| {
-                (
-                    q6_k::OFFSET_QH + 32 * (e / 128) + e % 32,
-                    2 * (e / 32 % 4) as u32,
-                )
-            },
+            high: |e| (q6_k::OFFSET_QH + 32 * (e / 128) + e % 32, 2 * (e / 32 % 4) as u32),
         },
         _ => return None,
     })
@@ -219,26 +198,13 @@ fn plane_format(ty: GgmlType) -> Option<PlaneFormat> {
 /// for u32 word indices.
 pub fn gpu_sections(ty: GgmlType, rows: u64, cols: u64) -> Result<GpuSections, GgufError> {
     if !is_gpu_supported(ty) {
-        return Err(GgufError::UnsupportedType {
-            ty,
-            operation: "GPU packing",
-        });
+        return Err(GgufError::UnsupportedType { ty, operation: "GPU packing" });
     }
-    let multiple = if ty == GgmlType::F16 {
-        2
-    } else {
-        ty.block_size()
-    };
+    let multiple = if ty == GgmlType::F16 { 2 } else { ty.block_size() };
     if !cols.is_multiple_of(multiple) {
-        let blocks = if ty == GgmlType::F16 {
-            "even".to_string()
-        } else {
-            format!("a multiple of {multiple} (whole {ty} blocks)")
-        };
+        let blocks = if ty == GgmlType::F16 { "even".to_string() } else { format!("a multiple of {multiple} (whole {ty} blocks)") };
         return Err(GgufError::SizeMismatch {
-            what: format!(
-                "GPU packing of a {rows}x{cols} {ty} tensor: row length must be {blocks}"
-            ),
+            what: format!("GPU packing of a {rows}x{cols} {ty} tensor: row length must be {blocks}"),
             expected: cols.next_multiple_of(multiple),
             found: cols,
         });
@@ -279,11 +245,7 @@ pub fn gpu_sections(ty: GgmlType, rows: u64, cols: u64) -> Result<GpuSections, G
 
 fn check_len(what: &str, expected: u64, found: usize) -> Result<(), GgufError> {
     if expected != found as u64 {
-        return Err(GgufError::SizeMismatch {
-            what: what.to_string(),
-            expected,
-            found: found as u64,
-        });
+        return Err(GgufError::SizeMismatch { what: what.to_string(), expected, found: found as u64 });
     }
     Ok(())
 }
@@ -308,22 +270,10 @@ fn halves(w: u32) -> [[u8; 2]; 2] {
 }
 
 /// Repacks a `rows` x `cols` tensor (GGUF bytes, row-major) into the GPU layout.
-pub fn pack_for_gpu(
-    ty: GgmlType,
-    bytes: &[u8],
-    rows: u64,
-    cols: u64,
-) -> Result<GpuPacked, GgufError> {
+pub fn pack_for_gpu(ty: GgmlType, bytes: &[u8], rows: u64, cols: u64) -> Result<GpuPacked, GgufError> {
     let sections = gpu_sections(ty, rows, cols)?;
-    let expected_bytes = ty
-        .row_bytes(cols)
-        .and_then(|r| r.checked_mul(rows))
-        .unwrap_or(u64::MAX);
-    check_len(
-        &format!("{ty} tensor data for {rows}x{cols} (bytes)"),
-        expected_bytes,
-        bytes.len(),
-    )?;
+    let expected_bytes = ty.row_bytes(cols).and_then(|r| r.checked_mul(rows)).unwrap_or(u64::MAX);
+    check_len(&format!("{ty} tensor data for {rows}x{cols} (bytes)"), expected_bytes, bytes.len())?;
     let mut words = Vec::with_capacity(sections.total() as usize);
     let mut plane = Vec::with_capacity(sections.plane_words as usize);
     let mut scales = Vec::with_capacity(sections.scale_words as usize);
@@ -363,11 +313,7 @@ pub fn pack_for_gpu(
     words.extend(plane);
     let scale_offset = words.len() as u32;
     words.extend(scales);
-    Ok(GpuPacked {
-        words,
-        plane_offset,
-        scale_offset,
-    })
+    Ok(GpuPacked { words, plane_offset, scale_offset })
 }
 
 /// (byte, shift) of every element of a block, computed once per tensor.
@@ -383,12 +329,7 @@ fn pack_planes(format: &PlaneFormat, bytes: &[u8], quants: &mut Vec<u32>, plane:
     let h = format.high_bits;
     let mask = (1u32 << h) - 1;
     let gather = |block: &[u8], chunk: &[(usize, u32)], bits: u32, mask: u32| {
-        chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |w, (i, &(byte, shift))| {
-                w | ((u32::from(block[byte]) >> shift) & mask) << (bits * i as u32)
-            })
+        chunk.iter().enumerate().fold(0u32, |w, (i, &(byte, shift))| w | ((u32::from(block[byte]) >> shift) & mask) << (bits * i as u32))
     };
     for block in bytes.chunks_exact(format.block_bytes) {
         quants.extend(low.chunks_exact(8).map(|c| gather(block, c, 4, 15)));
@@ -436,28 +377,11 @@ fn pack_scale_pairs(ds: &[[u8; 2]], out: &mut Vec<u32>) {
 }
 
 /// Inverse of `pack_for_gpu`: the GGUF bytes of the tensor.
-pub fn unpack_from_gpu(
-    ty: GgmlType,
-    packed: &GpuPacked,
-    rows: u64,
-    cols: u64,
-) -> Result<Vec<u8>, GgufError> {
+pub fn unpack_from_gpu(ty: GgmlType, packed: &GpuPacked, rows: u64, cols: u64) -> Result<Vec<u8>, GgufError> {
     let sections = gpu_sections(ty, rows, cols)?;
-    check_len(
-        &format!("packed {ty} tensor {rows}x{cols} (words)"),
-        sections.total(),
-        packed.words.len(),
-    )?;
-    check_len(
-        "packed plane offset",
-        sections.quant_words,
-        packed.plane_offset as usize,
-    )?;
-    check_len(
-        "packed scale offset",
-        sections.quant_words + sections.plane_words,
-        packed.scale_offset as usize,
-    )?;
+    check_len(&format!("packed {ty} tensor {rows}x{cols} (words)"), sections.total(), packed.words.len())?;
+    check_len("packed plane offset", sections.quant_words, packed.plane_offset as usize)?;
+    check_len("packed scale offset", sections.quant_words + sections.plane_words, packed.scale_offset as usize)?;
     let (quants, rest) = packed.words.split_at(sections.quant_words as usize);
     let (plane, scales) = rest.split_at(sections.plane_words as usize);
     let quants = &untile_rows(quants, rows as usize, sections.quant_row_words as usize)[..];
@@ -508,21 +432,9 @@ fn unpack_planes(format: &PlaneFormat, quants: &[u32], plane: &[u32], out: &mut 
     let quant_words = format.weights / 8;
     let plane_words = format.weights * h / 32;
     for (i, block) in out.chunks_exact_mut(format.block_bytes).enumerate() {
-        scatter(
-            block,
-            &quants[i * quant_words..][..quant_words],
-            &low,
-            4,
-            15,
-        );
+        scatter(block, &quants[i * quant_words..][..quant_words], &low, 4, 15);
         if h > 0 {
-            scatter(
-                block,
-                &plane[i * plane_words..][..plane_words],
-                &high,
-                h,
-                mask,
-            );
+            scatter(block, &plane[i * plane_words..][..plane_words], &high, h, mask);
         }
     }
 }
@@ -542,15 +454,9 @@ fn unpack_plane_scales(ty: GgmlType, block_bytes: usize, scales: &[u32], out: &m
                 block[at..at + 2].copy_from_slice(&d);
             }
         }
-        GgmlType::Q5_1 => blocks
-            .zip(scales)
-            .for_each(|(b, w)| put(b, q5_1::OFFSET_D, &[*w])),
-        GgmlType::Q4_K => blocks
-            .zip(scales.chunks_exact(4))
-            .for_each(|(b, w)| put(b, q4_k::OFFSET_D, w)),
-        GgmlType::Q5_K => blocks
-            .zip(scales.chunks_exact(4))
-            .for_each(|(b, w)| put(b, q5_k::OFFSET_D, w)),
+        GgmlType::Q5_1 => blocks.zip(scales).for_each(|(b, w)| put(b, q5_1::OFFSET_D, &[*w])),
+        GgmlType::Q4_K => blocks.zip(scales.chunks_exact(4)).for_each(|(b, w)| put(b, q4_k::OFFSET_D, w)),
+        GgmlType::Q5_K => blocks.zip(scales.chunks_exact(4)).for_each(|(b, w)| put(b, q5_k::OFFSET_D, w)),
         _ => {
             let (d, sc) = (q6_k::OFFSET_D, q6_k::OFFSET_SCALES);
             for group in scales.chunks(9) {
@@ -573,13 +479,7 @@ mod tests {
     use crate::quant::dequantize;
     use rand::{rngs::StdRng, Rng, SeedableRng};
 
-    const PLANE_TYPES: [GgmlType; 5] = [
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ];
+    const PLANE_TYPES: [GgmlType; 5] = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
 
     /// (rows, cols) in blocks: one block, odd and even block counts (Q6_K pairs its
     /// super-blocks' scales), several rows.
@@ -601,11 +501,7 @@ mod tests {
                 let packed = pack_for_gpu(ty, &bytes, rows, cols).unwrap();
                 let sections = gpu_sections(ty, rows, cols).unwrap();
                 assert_eq!(packed.words.len() as u64, sections.total(), "{ty}");
-                assert_eq!(
-                    unpack_from_gpu(ty, &packed, rows, cols).unwrap(),
-                    bytes,
-                    "{ty} {rows}x{cols}"
-                );
+                assert_eq!(unpack_from_gpu(ty, &packed, rows, cols).unwrap(), bytes, "{ty} {rows}x{cols}");
             }
         }
     }
@@ -661,8 +557,7 @@ mod tests {
                 let low = (p.words[at(col / 8, cols / 8)] >> (4 * (col % 8))) & 15;
                 let high = 32usize.checked_div(h).map_or(0, |per_word| {
                     let word = at(col / per_word, cols / per_word);
-                    (p.words[p.plane_offset as usize + word] >> (h * (col % per_word)))
-                        & ((1 << h) - 1)
+                    (p.words[p.plane_offset as usize + word] >> (h * (col % per_word))) & ((1 << h) - 1)
                 });
                 let q = (low | (high << 4)) as f32;
                 assert_eq!(q - offset, v, "{ty} weight {g}");
@@ -701,10 +596,7 @@ mod tests {
         for (b, block) in bytes.chunks_exact_mut(q6_k::BLOCK_BYTES).enumerate() {
             let b = b as u8;
             block[q6_k::OFFSET_D..].copy_from_slice(&[0x10 + b, 0xA0 + b]);
-            for (i, s) in block[q6_k::OFFSET_SCALES..q6_k::OFFSET_D]
-                .iter_mut()
-                .enumerate()
-            {
+            for (i, s) in block[q6_k::OFFSET_SCALES..q6_k::OFFSET_D].iter_mut().enumerate() {
                 *s = 16 * b + i as u8;
             }
         }
@@ -723,18 +615,12 @@ mod tests {
         let mut block = vec![0u8; q4_k::BLOCK_BYTES];
         block[..16].copy_from_slice(&core::array::from_fn::<u8, 16, _>(|i| i as u8 + 1));
         let p = pack_for_gpu(GgmlType::Q4_K, &block, 1, 256).unwrap();
-        assert_eq!(
-            (p.plane_offset, p.scale_offset, p.words.len()),
-            (32 * 32, 32 * 32, 32 * 32 + 4)
-        );
+        assert_eq!((p.plane_offset, p.scale_offset, p.words.len()), (32 * 32, 32 * 32, 32 * 32 + 4));
         assert_eq!(p.words[32 * 32], 0x0403_0201);
         assert_eq!(p.words[32 * 32 + 3], 0x100F_0E0D);
 
         // Q5_0: qh is the block's plane word as it is; d pairs up like Q4_0's.
-        let block = [0x01, 0x3C, 0x78, 0x56, 0x34, 0x12]
-            .into_iter()
-            .chain([0; 16])
-            .collect::<Vec<u8>>();
+        let block = [0x01, 0x3C, 0x78, 0x56, 0x34, 0x12].into_iter().chain([0; 16]).collect::<Vec<u8>>();
         let p = pack_for_gpu(GgmlType::Q5_0, &block, 1, 32).unwrap();
         assert_eq!((p.plane_offset, p.scale_offset), (32 * 4, 32 * 5));
         assert_eq!(p.words.len(), 32 * 5 + 1);
@@ -744,16 +630,11 @@ mod tests {
 
     #[test]
     fn rejects_rows_of_partial_blocks() {
-        let err = gpu_sections(GgmlType::Q4_K, 2, 576)
-            .unwrap_err()
-            .to_string();
+        let err = gpu_sections(GgmlType::Q4_K, 2, 576).unwrap_err().to_string();
         assert!(err.contains("multiple of 256"), "{err}");
         let err = gpu_sections(GgmlType::Q5_0, 2, 48).unwrap_err().to_string();
         assert!(err.contains("multiple of 32"), "{err}");
         assert!(gpu_sections(GgmlType::Q6_K, 2, 1536).is_ok());
-        assert!(matches!(
-            gpu_sections(GgmlType::Q2_K, 1, 256),
-            Err(GgufError::UnsupportedType { .. })
-        ));
+        assert!(matches!(gpu_sections(GgmlType::Q2_K, 1, 256), Err(GgufError::UnsupportedType { .. })));
     }
 }

@@ -17,7 +17,6 @@ pub(super) fn nearest_int(x: f32) -> i32 {
     (val.to_bits() as i32 & 0x007F_FFFF) - 0x0040_0000
 }
 
-
 /// `make_qx_quants` as the reference quantizers call it (rmse_type 1, no importance
 /// weights): symmetric levels -nmax..nmax-1 stored as level + nmax, weights x^2, and the
 /// least-squares scale of the best of 19 trial scales around -nmax / max.
@@ -69,10 +68,7 @@ pub(super) fn make_q3_quants(nmax: i32, x: &[f32], levels: &mut [u8]) -> f32 {
         return 0.0;
     }
     let iscale = -(nmax as f32) / max;
-    let mut ls: Vec<i32> = x
-        .iter()
-        .map(|&v| nearest_int(iscale * v).clamp(-nmax, nmax - 1))
-        .collect();
+    let mut ls: Vec<i32> = x.iter().map(|&v| nearest_int(iscale * v).clamp(-nmax, nmax - 1)).collect();
     let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
     for (&v, &l) in x.iter().zip(&ls) {
         let w = v * v;
@@ -125,13 +121,7 @@ pub(super) struct Search {
 /// `make_qkx2_quants`: asymmetric levels 0..=nmax with w = scale * l - min; returns
 /// (scale, min) and writes the levels. Tries `nstep + 1` scales and keeps the best weighted
 /// least-squares (scale, min) pair.
-pub(super) fn make_qkx2_quants(
-    nmax: i32,
-    x: &[f32],
-    weights: &[f32],
-    levels: &mut [u8],
-    search: &Search,
-) -> (f32, f32) {
+pub(super) fn make_qkx2_quants(nmax: i32, x: &[f32], weights: &[f32], levels: &mut [u8], search: &Search) -> (f32, f32) {
     let (Some(&x0), Some(&w0)) = (x.first(), weights.first()) else {
         return (0.0, 0.0);
     };
@@ -159,11 +149,7 @@ pub(super) fn make_qkx2_quants(
         let mut total = 0.0f32;
         for ((&v, &w), &l) in x.iter().zip(weights).zip(ls) {
             let diff = scale * f32::from(l) + min - v;
-            total += w * if search.use_mad {
-                diff.abs()
-            } else {
-                diff * diff
-            };
+            total += w * if search.use_mad { diff.abs() } else { diff * diff };
         }
         total
     };
@@ -218,10 +204,7 @@ pub(super) fn scale_min_k4(j: usize, q: &[u8; SCALE_MIN_BYTES]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        (
-            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
+        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
     }
 }
 
@@ -241,12 +224,7 @@ pub(super) fn quantize_scale_min(x: &[f32; QK_K], nmax: i32, search: &Search) ->
     let mut scales = [0f32; QK_K / 32];
     let mut mins = [0f32; QK_K / 32];
     let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
-    for (((xs, ls), scale), min) in x
-        .chunks_exact(32)
-        .zip(levels.chunks_exact_mut(32))
-        .zip(&mut scales)
-        .zip(&mut mins)
-    {
+    for (((xs, ls), scale), min) in x.chunks_exact(32).zip(levels.chunks_exact_mut(32)).zip(&mut scales).zip(&mut mins) {
         let sum_x2 = xs.iter().fold(0.0f32, |s, v| s + v * v);
         let av_x = (sum_x2 / 32.0).sqrt();
         let mut weights = [0f32; 32];
@@ -261,11 +239,7 @@ pub(super) fn quantize_scale_min(x: &[f32; QK_K], nmax: i32, search: &Search) ->
             max_min = *min;
         }
     }
-    let inv_scale = if max_scale > 0.0 {
-        63.0 / max_scale
-    } else {
-        0.0
-    };
+    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut packed = [0u8; SCALE_MIN_BYTES];
     for (j, (&scale, &min)) in scales.iter().zip(&mins).enumerate() {
@@ -283,11 +257,7 @@ pub(super) fn quantize_scale_min(x: &[f32; QK_K], nmax: i32, search: &Search) ->
     }
     let d = f16_bits(max_scale / 63.0);
     let dmin = f16_bits(max_min / 63.0);
-    for (j, (xs, ls)) in x
-        .chunks_exact(32)
-        .zip(levels.chunks_exact_mut(32))
-        .enumerate()
-    {
+    for (j, (xs, ls)) in x.chunks_exact(32).zip(levels.chunks_exact_mut(32)).enumerate() {
         let (sc, m) = scale_min_k4(j, &packed);
         let d = f16_value(d) * f32::from(sc);
         if d == 0.0 {
@@ -299,12 +269,7 @@ pub(super) fn quantize_scale_min(x: &[f32; QK_K], nmax: i32, search: &Search) ->
             *l = nearest_int((v + dm) / d).clamp(0, nmax) as u8;
         }
     }
-    ScaleMinBlock {
-        d,
-        dmin,
-        scales: packed,
-        levels,
-    }
+    ScaleMinBlock { d, dmin, scales: packed, levels }
 }
 
 /// Packs 2-bit levels (0..=3) as Q2_K and Q3_K store them: each 128-element half fills 32

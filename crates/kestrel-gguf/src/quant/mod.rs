@@ -16,10 +16,7 @@ mod q5_k;
 mod q6_k;
 mod q8_0;
 
-pub use gpu::{
-    gpu_sections, is_gpu_supported, pack_for_gpu, padded_rows, tiled_index, unpack_from_gpu, GpuPacked,
-    GpuSections, ROW_TILE,
-};
+pub use gpu::{gpu_sections, is_gpu_supported, pack_for_gpu, padded_rows, tiled_index, unpack_from_gpu, GpuPacked, GpuSections, ROW_TILE};
 
 use crate::error::GgufError;
 use crate::types::GgmlType;
@@ -54,12 +51,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), Ggu
         GgmlType::Q4_K => dequantize_blocks(bytes, out, q4_k::dequantize_block),
         GgmlType::Q5_K => dequantize_blocks(bytes, out, q5_k::dequantize_block),
         GgmlType::Q6_K => dequantize_blocks(bytes, out, q6_k::dequantize_block),
-        _ => {
-            return Err(GgufError::UnsupportedType {
-                ty,
-                operation: "dequantization",
-            })
-        }
+        _ => return Err(GgufError::UnsupportedType { ty, operation: "dequantization" }),
     }
     Ok(())
 }
@@ -82,12 +74,7 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
         GgmlType::Q4_K => quantize_blocks(values, &mut out, q4_k::quantize_block),
         GgmlType::Q5_K => quantize_blocks(values, &mut out, q5_k::quantize_block),
         GgmlType::Q6_K => quantize_blocks(values, &mut out, q6_k::quantize_block),
-        _ => {
-            return Err(GgufError::UnsupportedType {
-                ty,
-                operation: "quantization",
-            })
-        }
+        _ => return Err(GgufError::UnsupportedType { ty, operation: "quantization" }),
     }
     Ok(out)
 }
@@ -95,10 +82,7 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
 /// Byte size of `n` elements of `ty`, or an error if `n` is not a whole number of blocks.
 fn data_len(ty: GgmlType, n: u64, operation: &'static str) -> Result<u64, GgufError> {
     ty.row_bytes(n).ok_or_else(|| GgufError::SizeMismatch {
-        what: format!(
-            "{operation} as {ty}: element count must be a multiple of {}",
-            ty.block_size()
-        ),
+        what: format!("{operation} as {ty}: element count must be a multiple of {}", ty.block_size()),
         expected: n.next_multiple_of(ty.block_size()),
         found: n,
     })
@@ -112,28 +96,15 @@ pub(crate) fn blocks<const N: usize>(bytes: &[u8]) -> impl Iterator<Item = &[u8;
 
 /// Runs `block` over every (block bytes, output elements) pair; `E` is the format's
 /// elements per block (32 or 256), inferred from `block`.
-fn dequantize_blocks<const N: usize, const E: usize>(
-    bytes: &[u8],
-    out: &mut [f32],
-    block: fn(&[u8; N], &mut [f32; E]),
-) {
-    let outs = out
-        .chunks_exact_mut(E)
-        .filter_map(|c| <&mut [f32; E]>::try_from(c).ok());
+fn dequantize_blocks<const N: usize, const E: usize>(bytes: &[u8], out: &mut [f32], block: fn(&[u8; N], &mut [f32; E])) {
+    let outs = out.chunks_exact_mut(E).filter_map(|c| <&mut [f32; E]>::try_from(c).ok());
     for (src, dst) in blocks::<N>(bytes).zip(outs) {
         block(src, dst);
     }
 }
 
-fn quantize_blocks<const N: usize, const E: usize>(
-    values: &[f32],
-    out: &mut Vec<u8>,
-    block: fn(&[f32; E]) -> [u8; N],
-) {
-    for src in values
-        .chunks_exact(E)
-        .filter_map(|c| <&[f32; E]>::try_from(c).ok())
-    {
+fn quantize_blocks<const N: usize, const E: usize>(values: &[f32], out: &mut Vec<u8>, block: fn(&[f32; E]) -> [u8; N]) {
+    for src in values.chunks_exact(E).filter_map(|c| <&[f32; E]>::try_from(c).ok()) {
         out.extend_from_slice(&block(src));
     }
 }
@@ -188,72 +159,17 @@ mod tests {
     #[test]
     fn block_layouts_match_the_type_table() {
         let layouts: [(GgmlType, usize, &[usize]); 7] = [
-            (
-                GgmlType::Q5_0,
-                q5_0::BLOCK_BYTES,
-                &[q5_0::OFFSET_D, q5_0::OFFSET_QH, q5_0::OFFSET_QS],
-            ),
-            (
-                GgmlType::Q5_1,
-                q5_1::BLOCK_BYTES,
-                &[
-                    q5_1::OFFSET_D,
-                    q5_1::OFFSET_M,
-                    q5_1::OFFSET_QH,
-                    q5_1::OFFSET_QS,
-                ],
-            ),
-            (
-                GgmlType::Q2_K,
-                q2_k::BLOCK_BYTES,
-                &[
-                    q2_k::OFFSET_SCALES,
-                    q2_k::OFFSET_QS,
-                    q2_k::OFFSET_D,
-                    q2_k::OFFSET_DMIN,
-                ],
-            ),
-            (
-                GgmlType::Q3_K,
-                q3_k::BLOCK_BYTES,
-                &[
-                    q3_k::OFFSET_HMASK,
-                    q3_k::OFFSET_QS,
-                    q3_k::OFFSET_SCALES,
-                    q3_k::OFFSET_D,
-                ],
-            ),
-            (
-                GgmlType::Q4_K,
-                q4_k::BLOCK_BYTES,
-                &[
-                    q4_k::OFFSET_D,
-                    q4_k::OFFSET_DMIN,
-                    q4_k::OFFSET_SCALES,
-                    q4_k::OFFSET_QS,
-                ],
-            ),
+            (GgmlType::Q5_0, q5_0::BLOCK_BYTES, &[q5_0::OFFSET_D, q5_0::OFFSET_QH, q5_0::OFFSET_QS]),
+            (GgmlType::Q5_1, q5_1::BLOCK_BYTES, &[q5_1::OFFSET_D, q5_1::OFFSET_M, q5_1::OFFSET_QH, q5_1::OFFSET_QS]),
+            (GgmlType::Q2_K, q2_k::BLOCK_BYTES, &[q2_k::OFFSET_SCALES, q2_k::OFFSET_QS, q2_k::OFFSET_D, q2_k::OFFSET_DMIN]),
+            (GgmlType::Q3_K, q3_k::BLOCK_BYTES, &[q3_k::OFFSET_HMASK, q3_k::OFFSET_QS, q3_k::OFFSET_SCALES, q3_k::OFFSET_D]),
+            (GgmlType::Q4_K, q4_k::BLOCK_BYTES, &[q4_k::OFFSET_D, q4_k::OFFSET_DMIN, q4_k::OFFSET_SCALES, q4_k::OFFSET_QS]),
             (
                 GgmlType::Q5_K,
                 q5_k::BLOCK_BYTES,
-                &[
-                    q5_k::OFFSET_D,
-                    q5_k::OFFSET_DMIN,
-                    q5_k::OFFSET_SCALES,
-                    q5_k::OFFSET_QH,
-                    q5_k::OFFSET_QS,
-                ],
+                &[q5_k::OFFSET_D, q5_k::OFFSET_DMIN, q5_k::OFFSET_SCALES, q5_k::OFFSET_QH, q5_k::OFFSET_QS],
             ),
-            (
-                GgmlType::Q6_K,
-                q6_k::BLOCK_BYTES,
-                &[
-                    q6_k::OFFSET_QL,
-                    q6_k::OFFSET_QH,
-                    q6_k::OFFSET_SCALES,
-                    q6_k::OFFSET_D,
-                ],
-            ),
+            (GgmlType::Q6_K, q6_k::BLOCK_BYTES, &[q6_k::OFFSET_QL, q6_k::OFFSET_QH, q6_k::OFFSET_SCALES, q6_k::OFFSET_D]),
         ];
         for (ty, bytes, offsets) in layouts {
             assert_eq!(bytes as u64, ty.type_size(), "{ty}");

@@ -12,24 +12,14 @@ pub(crate) const OFFSET_D: usize = OFFSET_QS + QK_K / 4;
 pub(crate) const OFFSET_DMIN: usize = OFFSET_D + 2;
 
 /// quantize_row_q2_K_ref's trial scales for make_qkx2_quants.
-const SEARCH: Search = Search {
-    rmin: -0.5,
-    rdelta: 0.1,
-    nstep: 15,
-    use_mad: true,
-};
+const SEARCH: Search = Search { rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: true };
 
 pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
     let mut levels = [0u8; QK_K];
     let mut scales = [0f32; QK_K / 16];
     let mut mins = [0f32; QK_K / 16];
     let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
-    for (((xs, ls), scale), min) in x
-        .chunks_exact(16)
-        .zip(levels.chunks_exact_mut(16))
-        .zip(&mut scales)
-        .zip(&mut mins)
-    {
+    for (((xs, ls), scale), min) in x.chunks_exact(16).zip(levels.chunks_exact_mut(16)).zip(&mut scales).zip(&mut mins) {
         let mut weights = [0f32; 16];
         for (w, v) in weights.iter_mut().zip(xs) {
             *w = v.abs();
@@ -50,11 +40,7 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
             *s = nearest_int(iscale * scale) as u8;
         }
     }
-    let d = f16_bits(if max_scale > 0.0 {
-        max_scale / 15.0
-    } else {
-        0.0
-    });
+    let d = f16_bits(if max_scale > 0.0 { max_scale / 15.0 } else { 0.0 });
     if max_min > 0.0 {
         let iscale = 15.0 / max_min;
         for (s, &min) in out[OFFSET_SCALES..OFFSET_QS].iter_mut().zip(&mins) {
@@ -64,11 +50,7 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
     let dmin = f16_bits(if max_min > 0.0 { max_min / 15.0 } else { 0.0 });
     out[OFFSET_D..OFFSET_DMIN].copy_from_slice(&d);
     out[OFFSET_DMIN..].copy_from_slice(&dmin);
-    for ((xs, ls), &sc) in x
-        .chunks_exact(16)
-        .zip(levels.chunks_exact_mut(16))
-        .zip(&out[OFFSET_SCALES..OFFSET_QS])
-    {
+    for ((xs, ls), &sc) in x.chunks_exact(16).zip(levels.chunks_exact_mut(16)).zip(&out[OFFSET_SCALES..OFFSET_QS]) {
         let d = f16_value(d) * f32::from(sc & 0x0F);
         if d == 0.0 {
             // ggml keeps the levels of the first fit for a sub-block whose scale rounds to 0.

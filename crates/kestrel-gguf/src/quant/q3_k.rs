@@ -17,11 +17,7 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
     let mut levels = [0u8; QK_K];
     let mut scales = [0f32; QK_K / 16];
     let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
-    for ((xs, ls), scale) in x
-        .chunks_exact(16)
-        .zip(levels.chunks_exact_mut(16))
-        .zip(&mut scales)
-    {
+    for ((xs, ls), scale) in x.chunks_exact(16).zip(levels.chunks_exact_mut(16)).zip(&mut scales) {
         *scale = make_q3_quants(4, xs, ls);
         if scale.abs() > amax {
             amax = scale.abs();
@@ -48,11 +44,7 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
     };
     out[OFFSET_SCALES..OFFSET_D].copy_from_slice(&packed);
     out[OFFSET_D..].copy_from_slice(&d);
-    for (j, (xs, ls)) in x
-        .chunks_exact(16)
-        .zip(levels.chunks_exact_mut(16))
-        .enumerate()
-    {
+    for (j, (xs, ls)) in x.chunks_exact(16).zip(levels.chunks_exact_mut(16)).enumerate() {
         let d = f16_value(d) * f32::from(scale(&packed, j));
         if d == 0.0 {
             // ggml keeps make_q3_quants' levels for a sub-block whose scale rounds to 0.
@@ -75,11 +67,7 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
 
 /// Signed 6-bit scale `j` (0..16), already offset by -32.
 fn scale(packed: &[u8], j: usize) -> i8 {
-    let low = if j < 8 {
-        packed[j] & 0x0F
-    } else {
-        packed[j - 8] >> 4
-    };
+    let low = if j < 8 { packed[j] & 0x0F } else { packed[j - 8] >> 4 };
     let high = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
     (low | (high << 4)) as i8 - 32
 }

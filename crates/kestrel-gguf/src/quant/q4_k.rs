@@ -13,12 +13,7 @@ pub(crate) const OFFSET_SCALES: usize = 4;
 pub(crate) const OFFSET_QS: usize = OFFSET_SCALES + SCALE_MIN_BYTES;
 
 /// quantize_row_q4_K_ref's trial scales for make_qkx2_quants.
-const SEARCH: Search = Search {
-    rmin: -1.0,
-    rdelta: 0.1,
-    nstep: 20,
-    use_mad: false,
-};
+const SEARCH: Search = Search { rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };
 
 pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
     let b = kquant::quantize_scale_min(x, 15, &SEARCH);
@@ -26,11 +21,7 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
     out[OFFSET_D..OFFSET_DMIN].copy_from_slice(&b.d);
     out[OFFSET_DMIN..OFFSET_SCALES].copy_from_slice(&b.dmin);
     out[OFFSET_SCALES..OFFSET_QS].copy_from_slice(&b.scales);
-    for (chunk, qs) in b
-        .levels
-        .chunks_exact(64)
-        .zip(out[OFFSET_QS..].chunks_exact_mut(32))
-    {
+    for (chunk, qs) in b.levels.chunks_exact(64).zip(out[OFFSET_QS..].chunks_exact_mut(32)) {
         let (lo, hi) = chunk.split_at(32);
         for ((q, a), c) in qs.iter_mut().zip(lo).zip(hi) {
             *q = a | (c << 4);

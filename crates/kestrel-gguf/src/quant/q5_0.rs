@@ -29,20 +29,14 @@ pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
 
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK]) {
     let d = f16_at(block, OFFSET_D);
-    for (o, q) in out.iter_mut().zip(unpack_5bit(
-        &block[OFFSET_QH..OFFSET_QS],
-        &block[OFFSET_QS..],
-    )) {
+    for (o, q) in out.iter_mut().zip(unpack_5bit(&block[OFFSET_QH..OFFSET_QS], &block[OFFSET_QS..])) {
         *o = (i32::from(q) - 16) as f32 * d;
     }
 }
 
 /// 32 five-bit levels as Q5_0 and Q5_1 store them: (`qh`, `qs`).
 pub(super) fn pack_5bit(q: &[u8; QK]) -> ([u8; 4], [u8; QK / 2]) {
-    let qh = q
-        .iter()
-        .enumerate()
-        .fold(0u32, |qh, (j, &l)| qh | (u32::from((l >> 4) & 1) << j));
+    let qh = q.iter().enumerate().fold(0u32, |qh, (j, &l)| qh | (u32::from((l >> 4) & 1) << j));
     let mut qs = [0u8; QK / 2];
     let (lo, hi) = q.split_at(QK / 2);
     for ((b, a), c) in qs.iter_mut().zip(lo).zip(hi) {
@@ -53,10 +47,7 @@ pub(super) fn pack_5bit(q: &[u8; QK]) -> ([u8; 4], [u8; QK / 2]) {
 
 /// The inverse of `pack_5bit`.
 pub(super) fn unpack_5bit(qh: &[u8], qs: &[u8]) -> [u8; QK] {
-    let qh = qh
-        .iter()
-        .rev()
-        .fold(0u32, |qh, &b| (qh << 8) | u32::from(b));
+    let qh = qh.iter().rev().fold(0u32, |qh, &b| (qh << 8) | u32::from(b));
     let mut q = [0u8; QK];
     let (lo, hi) = q.split_at_mut(QK / 2);
     for (j, ((a, c), b)) in lo.iter_mut().zip(hi).zip(qs).enumerate() {

@@ -31,10 +31,7 @@ pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK]) {
     let d = f16_at(block, OFFSET_D);
     let m = f16_at(block, OFFSET_M);
-    for (o, q) in out.iter_mut().zip(unpack_5bit(
-        &block[OFFSET_QH..OFFSET_QS],
-        &block[OFFSET_QS..],
-    )) {
+    for (o, q) in out.iter_mut().zip(unpack_5bit(&block[OFFSET_QH..OFFSET_QS], &block[OFFSET_QS..])) {
         *o = f32::from(q) * d + m;
     }
 }

@@ -15,12 +15,7 @@ pub(crate) const OFFSET_QH: usize = OFFSET_SCALES + SCALE_MIN_BYTES;
 pub(crate) const OFFSET_QS: usize = OFFSET_QH + QK_K / 8;
 
 /// quantize_row_q5_K_ref's trial scales for make_qkx2_quants.
-const SEARCH: Search = Search {
-    rmin: -0.5,
-    rdelta: 0.1,
-    nstep: 15,
-    use_mad: false,
-};
+const SEARCH: Search = Search { rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: false };
 
 pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
     let b = kquant::quantize_scale_min(x, 31, &SEARCH);

@@ -17,11 +17,7 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
     let mut levels = [0u8; QK_K];
     let mut scales = [0f32; QK_K / 16];
     let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
-    for ((xs, ls), scale) in x
-        .chunks_exact(16)
-        .zip(levels.chunks_exact_mut(16))
-        .zip(&mut scales)
-    {
+    for ((xs, ls), scale) in x.chunks_exact(16).zip(levels.chunks_exact_mut(16)).zip(&mut scales) {
         *scale = make_qx_quants(32, xs, ls);
         if scale.abs() > max_abs_scale {
             max_abs_scale = scale.abs();
@@ -40,11 +36,7 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
         // MIN(127, ...) stored into an int8_t: -128 is reachable, +128 is not.
         *s = nearest_int(iscale * scale).min(127) as i8 as u8;
     }
-    for (j, (xs, ls)) in x
-        .chunks_exact(16)
-        .zip(levels.chunks_exact_mut(16))
-        .enumerate()
-    {
+    for (j, (xs, ls)) in x.chunks_exact(16).zip(levels.chunks_exact_mut(16)).enumerate() {
         let d = f16_value(d) * f32::from(out[OFFSET_SCALES + j] as i8);
         if d == 0.0 {
             // ggml keeps make_qx_quants' levels for a sub-block whose scale rounds to 0.

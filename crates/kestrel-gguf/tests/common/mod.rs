@@ -4,20 +4,12 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use kestrel_gguf::{
-    GgmlType, GgufError, GgufHeader, GgufStreamReader, GgufWriter, Metadata, MetadataValue,
-    StreamEvent, TensorSpec,
-};
+use kestrel_gguf::{GgmlType, GgufError, GgufHeader, GgufStreamReader, GgufWriter, Metadata, MetadataValue, StreamEvent, TensorSpec};
 
 /// The default model; tests that need it fail (never skip) when it is missing.
 pub fn model_path() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        path.exists(),
-        "default model missing at {}: run scripts/fetch-model.sh",
-        path.display()
-    );
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(path.exists(), "default model missing at {}: run scripts/fetch-model.sh", path.display());
     path
 }
 
@@ -35,14 +27,8 @@ pub struct Delivered {
 }
 
 /// Streams `bytes` in chunks whose sizes come from `sizes` (cycled), collecting everything.
-pub fn stream_collect(
-    bytes: &[u8],
-    sizes: &mut dyn FnMut() -> usize,
-) -> Result<Delivered, GgufError> {
-    let mut delivered = Delivered {
-        header: None,
-        tensors: Vec::new(),
-    };
+pub fn stream_collect(bytes: &[u8], sizes: &mut dyn FnMut() -> usize) -> Result<Delivered, GgufError> {
+    let mut delivered = Delivered { header: None, tensors: Vec::new() };
     let mut reader = GgufStreamReader::new();
     let mut rest = bytes;
     while !rest.is_empty() {
@@ -52,9 +38,7 @@ pub fn stream_collect(
         reader.push(chunk, &mut |event| {
             match event {
                 StreamEvent::Header(h) => delivered.header = Some(h.clone()),
-                StreamEvent::Tensor { index, bytes, .. } => {
-                    delivered.tensors.push((index, bytes.to_vec()))
-                }
+                StreamEvent::Tensor { index, bytes, .. } => delivered.tensors.push((index, bytes.to_vec())),
             }
             Ok(())
         })?;
@@ -81,32 +65,15 @@ pub fn synthetic_metadata() -> Metadata {
     m.set("t.f32", V::F32(1.5));
     m.set("t.f64", V::F64(-2.25));
     m.set("t.bool", V::Bool(true));
-    m.set(
-        "t.strings",
-        V::Array(vec![
-            V::String("a".into()),
-            V::String("ü€".into()),
-            V::String(String::new()),
-        ]),
-    );
+    m.set("t.strings", V::Array(vec![V::String("a".into()), V::String("ü€".into()), V::String(String::new())]));
     m.set("t.ints", V::Array(vec![V::I32(1), V::I32(-2), V::I32(3)]));
-    m.set(
-        "t.nested",
-        V::Array(vec![
-            V::Array(vec![V::U8(1), V::U8(2)]),
-            V::Array(vec![V::U8(3)]),
-        ]),
-    );
+    m.set("t.nested", V::Array(vec![V::Array(vec![V::U8(1), V::U8(2)]), V::Array(vec![V::U8(3)])]));
     m
 }
 
 /// Tensor specs of the synthetic file: one of each plain type the runtime supports.
 pub fn synthetic_specs() -> Vec<TensorSpec> {
-    let spec = |name: &str, dims: &[u64], ggml_type| TensorSpec {
-        name: name.into(),
-        dims: dims.to_vec(),
-        ggml_type,
-    };
+    let spec = |name: &str, dims: &[u64], ggml_type| TensorSpec { name: name.into(), dims: dims.to_vec(), ggml_type };
     vec![
         spec("a.f32", &[8, 2], GgmlType::F32),
         spec("b.q4_0", &[64, 2], GgmlType::Q4_0),
@@ -123,9 +90,7 @@ pub fn synthetic_file() -> Vec<u8> {
     let mut w = GgufWriter::new(Vec::new(), &synthetic_metadata(), &specs).expect("writer");
     let sizes: Vec<u64> = w.tensors().iter().map(|t| t.n_bytes()).collect();
     for (i, n) in sizes.into_iter().enumerate() {
-        let data: Vec<u8> = (0..n)
-            .map(|b| (b as u8).wrapping_mul(7).wrapping_add(i as u8 * 31))
-            .collect();
+        let data: Vec<u8> = (0..n).map(|b| (b as u8).wrapping_mul(7).wrapping_add(i as u8 * 31)).collect();
         w.write_tensor(&data).expect("write tensor");
     }
     w.finish().expect("finish")

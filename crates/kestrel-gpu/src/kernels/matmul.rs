@@ -6,8 +6,7 @@ use std::sync::Arc;
 use kestrel_gguf::GgmlType;
 
 use super::matvec::{
-    check_bias, check_distinct, check_same_layout, check_tensor, check_weight_type, weight_defines, Epilogue,
-    OutputColumns, WeightParams,
+    check_bias, check_distinct, check_same_layout, check_tensor, check_weight_type, weight_defines, Epilogue, OutputColumns, WeightParams,
 };
 use crate::{DType, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor, WeightTensor};
 
@@ -148,7 +147,14 @@ impl SwigluMatmulKernel {
 
 /// Checks that x holds `max_tokens` rows of K and y `max_tokens` rows of `out`, in distinct
 /// buffers.
-fn check_activations(kernel: &str, params: &WeightParams, x: &Tensor, y: &Tensor, out: OutputColumns, max_tokens: u32) -> Result<(), GpuError> {
+fn check_activations(
+    kernel: &str,
+    params: &WeightParams,
+    x: &Tensor,
+    y: &Tensor,
+    out: OutputColumns,
+    max_tokens: u32,
+) -> Result<(), GpuError> {
     if max_tokens == 0 {
         return Err(GpuError::InvalidArgs(format!("{kernel}: max_tokens must be at least 1")));
     }

@@ -251,11 +251,7 @@ pub(crate) fn check_tensor(kernel: &str, what: &str, t: &Tensor, dtype: DType, l
         return Err(GpuError::InvalidArgs(format!("{kernel}: {what} must be {dtype:?}, got {:?}", t.dtype)));
     }
     if (t.len() as u64) < len {
-        return Err(GpuError::InvalidArgs(format!(
-            "{kernel}: {what} has {} values ({:?}), needs at least {len}",
-            t.len(),
-            t.shape
-        )));
+        return Err(GpuError::InvalidArgs(format!("{kernel}: {what} has {} values ({:?}), needs at least {len}", t.len(), t.shape)));
     }
     Ok(())
 }
@@ -310,14 +306,7 @@ impl MatvecKernel {
         Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, epilogue, rows_per_thread })
     }
 
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        w: &WeightTensor,
-        x: &Tensor,
-        y: &Tensor,
-        bias: Option<&Tensor>,
-    ) -> Result<Dispatch, GpuError> {
+    pub fn bind(&self, gpu: &Gpu, w: &WeightTensor, x: &Tensor, y: &Tensor, bias: Option<&Tensor>) -> Result<Dispatch, GpuError> {
         self.bind_columns(gpu, w, x, y, OutputColumns::whole(w.rows as u32), bias)
     }
 
@@ -338,12 +327,8 @@ impl MatvecKernel {
         check_tensor(kernel, "y", y, DType::F32, out.needed_len(kernel, params.rows, 1)?)?;
         check_distinct(kernel, &[("x", &x.buffer), ("y", &y.buffer)])?;
         let uniform = params.uniform(gpu, "matvec.params");
-        let mut resources = vec![
-            uniform.as_entire_binding(),
-            x.buffer.as_entire_binding(),
-            y.buffer.as_entire_binding(),
-            w.buffer.as_entire_binding(),
-        ];
+        let mut resources =
+            vec![uniform.as_entire_binding(), x.buffer.as_entire_binding(), y.buffer.as_entire_binding(), w.buffer.as_entire_binding()];
         if let Some(b) = check_bias(kernel, self.epilogue, bias, params.rows, y)? {
             resources.push(b.buffer.as_entire_binding());
         }
@@ -369,14 +354,7 @@ impl SwigluMatvecKernel {
         Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, rows_per_thread })
     }
 
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        gate: &WeightTensor,
-        up: &WeightTensor,
-        x: &Tensor,
-        out: &Tensor,
-    ) -> Result<Dispatch, GpuError> {
+    pub fn bind(&self, gpu: &Gpu, gate: &WeightTensor, up: &WeightTensor, x: &Tensor, out: &Tensor) -> Result<Dispatch, GpuError> {
         let kernel = "swiglu matvec";
         check_weight_type(kernel, self.ty, gate)?;
         check_same_layout(kernel, gate, up)?;

@@ -121,14 +121,12 @@ impl SampleKernel {
                 out.dtype, out.shape
             )));
         }
-        let n_vocab = u32::try_from(logits.len())
-            .map_err(|_| GpuError::InvalidArgs(format!("sample: vocabulary of {} entries", logits.len())))?;
+        let n_vocab =
+            u32::try_from(logits.len()).map_err(|_| GpuError::InvalidArgs(format!("sample: vocabulary of {} entries", logits.len())))?;
         let n_partials = n_vocab.div_ceil(ARGMAX_CHUNK);
         let partials = gpu.storage_buffer("sample.partials", u64::from(n_partials) * PARTIAL_WORDS * 4)?;
 
-        let uniform = |label: &str, n: u32, p: &SamplingParams| {
-            gpu.uniform_buffer(label, bytemuck::bytes_of(&SampleUniform::new(n, p)))
-        };
+        let uniform = |label: &str, n: u32, p: &SamplingParams| gpu.uniform_buffer(label, bytemuck::bytes_of(&SampleUniform::new(n, p)));
         let greedy = SamplingParams::greedy();
         let partials_params = uniform("sample.argmax_partials.params", n_vocab, &greedy);
         let final_params = uniform("sample.argmax_final.params", n_partials, &greedy);
@@ -266,8 +264,8 @@ impl PenaltyKernel {
                 logits.dtype, logits.shape
             )));
         }
-        let n_vocab = u32::try_from(logits.len())
-            .map_err(|_| GpuError::InvalidArgs(format!("penalties: vocabulary of {} entries", logits.len())))?;
+        let n_vocab =
+            u32::try_from(logits.len()).map_err(|_| GpuError::InvalidArgs(format!("penalties: vocabulary of {} entries", logits.len())))?;
         let capacity = capacity.max(1);
         if capacity.div_ceil(PENALTY_WORKGROUP) > gpu.limits.max_compute_workgroups_per_dimension {
             return Err(GpuError::InvalidArgs(format!("penalties: capacity {capacity} is too large")));
@@ -299,11 +297,7 @@ impl PenaltyBinding {
     /// Queues the penalties and the entries (see [`penalty_entries`]) for the next submit.
     pub fn write(&self, gpu: &Gpu, penalties: &Penalties, entries: &[PenaltyEntry]) -> Result<(), GpuError> {
         if entries.len() > self.capacity as usize {
-            return Err(GpuError::InvalidArgs(format!(
-                "penalties: {} entries, the binding holds {}",
-                entries.len(),
-                self.capacity
-            )));
+            return Err(GpuError::InvalidArgs(format!("penalties: {} entries, the binding holds {}", entries.len(), self.capacity)));
         }
         if !(penalties.repeat > 0.0 && penalties.repeat.is_finite()) {
             return Err(GpuError::InvalidArgs(format!("penalties: repeat penalty must be > 0, got {}", penalties.repeat)));

@@ -32,19 +32,9 @@ impl AttentionShape {
 /// `scale`. Returns `[n_tokens][n_heads * head_dim]`.
 ///
 /// Panics on inconsistent shapes or a position beyond the cache (bugs of the caller).
-pub fn attention(
-    shape: &AttentionShape,
-    q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    pos: usize,
-    scale: f32,
-) -> Vec<f32> {
+pub fn attention(shape: &AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: usize, scale: f32) -> Vec<f32> {
     let AttentionShape { n_heads, n_kv_heads, head_dim: hd, max_ctx } = *shape;
-    assert!(
-        n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
-        "attention: {n_heads} heads over {n_kv_heads} kv heads"
-    );
+    assert!(n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads), "attention: {n_heads} heads over {n_kv_heads} kv heads");
     assert!(q.len().is_multiple_of(shape.q_width()), "attention: q is not rows of n_heads * head_dim");
     assert!(k_cache.len() == shape.cache_len() && v_cache.len() == shape.cache_len(), "attention: cache size");
     let n_tokens = q.len() / shape.q_width();

@@ -53,11 +53,7 @@ impl RopeConfig {
 /// Panics if `head_dim` is odd or does not divide `x.len()`, or if the config's freq factors
 /// do not have `head_dim / 2` values (shape bugs of the caller).
 pub fn rope(x: &[f32], head_dim: usize, pos: usize, config: &RopeConfig) -> Vec<f32> {
-    assert!(
-        head_dim.is_multiple_of(2) && x.len().is_multiple_of(head_dim),
-        "rope: {} values, head_dim {head_dim}",
-        x.len()
-    );
+    assert!(head_dim.is_multiple_of(2) && x.len().is_multiple_of(head_dim), "rope: {} values, head_dim {head_dim}", x.len());
     if let Some(f) = &config.freq_factors {
         assert_eq!(f.len(), head_dim / 2, "rope: freq_factors must have head_dim / 2 values");
     }

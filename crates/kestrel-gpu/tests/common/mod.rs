@@ -55,10 +55,5 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32)
         }
     }
     let i = worst.0;
-    assert!(
-        worst.1 <= 0.0,
-        "{what}: element {i}: got {}, want {} (rtol {rtol}, atol {atol})",
-        got[i],
-        want[i]
-    );
+    assert!(worst.1 <= 0.0, "{what}: element {i}: got {}, want {} (rtol {rtol}, atol {atol})", got[i], want[i]);
 }

@@ -25,9 +25,8 @@ pub fn gpu() -> Gpu {
 }
 
 pub fn gpu_with(options: &GpuOptions) -> Gpu {
-    Gpu::new_blocking(options).unwrap_or_else(|e| {
-        panic!("no GPU adapter ({e}); install Mesa's lavapipe: apt-get install mesa-vulkan-drivers")
-    })
+    Gpu::new_blocking(options)
+        .unwrap_or_else(|e| panic!("no GPU adapter ({e}); install Mesa's lavapipe: apt-get install mesa-vulkan-drivers"))
 }
 
 pub fn load(path: &std::path::Path, context: usize) -> Model {
@@ -101,7 +100,12 @@ pub struct RopeVariant {
 /// with linear RoPE scaling by 2.
 pub const ROPE_VARIANTS: [RopeVariant; 2] = [
     RopeVariant { label: "rope_freqs", reference_dir: "reference-rope-freqs", metadata: &[], factors: Some(|i| 0.5 * (1 + i % 4) as f32) },
-    RopeVariant { label: "linear x2", reference_dir: "reference-rope-linear", metadata: &[("llama.rope.scaling.factor", 2.0)], factors: None },
+    RopeVariant {
+        label: "linear x2",
+        reference_dir: "reference-rope-linear",
+        metadata: &[("llama.rope.scaling.factor", 2.0)],
+        factors: None,
+    },
 ];
 
 /// Writes `variant` of the default model to the test target directory (deterministic: the same

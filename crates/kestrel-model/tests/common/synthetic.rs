@@ -192,7 +192,8 @@ impl SyntheticModel {
         }
         let sha = self.write_to(&path);
         assert_eq!(
-            sha, self.sha256,
+            sha,
+            self.sha256,
             "{}: the generator wrote {} with another sha256 than llama.cpp's reference was made from; \
              remake tests/data/{}/ (see its README)",
             self.label,

@@ -42,9 +42,8 @@ pub fn copy(gpu: &Gpu, bytes: u64) -> Result<Prepared, GpuError> {
 /// Fails with the error allocating `matrix` in `ty` would give when it exceeds the binding
 /// limit, without spending any work on it.
 pub fn check_fits(gpu: &Gpu, matrix: &Matrix, ty: GgmlType) -> Result<(), GpuError> {
-    let needed = matrix_bytes(ty, matrix.rows, matrix.cols).ok_or_else(|| {
-        GpuError::InvalidArgs(format!("{}: {} columns are not whole {} blocks", matrix.name, matrix.cols, ty.name()))
-    })?;
+    let needed = matrix_bytes(ty, matrix.rows, matrix.cols)
+        .ok_or_else(|| GpuError::InvalidArgs(format!("{}: {} columns are not whole {} blocks", matrix.name, matrix.cols, ty.name())))?;
     let limit = gpu.max_binding_size();
     if needed > limit {
         return Err(GpuError::Limit { what: matrix.name.to_string(), needed, limit });
@@ -57,9 +56,7 @@ pub fn weights(gpu: &Gpu, matrix: &Matrix, ty: GgmlType) -> Result<Vec<WeightTen
     check_fits(gpu, matrix, ty)?;
     let count = if matrix.product == Product::Swiglu { 2 } else { 1 };
     let values = random_values(matrix.rows * matrix.cols);
-    (0..count)
-        .map(|_| WeightTensor::from_f32(gpu, matrix.name, ty, matrix.rows, matrix.cols, &values))
-        .collect()
+    (0..count).map(|_| WeightTensor::from_f32(gpu, matrix.name, ty, matrix.rows, matrix.cols, &values)).collect()
 }
 
 /// One token through the matrix (decode). Bytes: weights + x (K f32) + y (N f32, twice when
@@ -88,8 +85,9 @@ pub fn matmul(gpu: &Gpu, matrix: &Matrix, weights: &[WeightTensor], tokens: u32)
     let step = step_uniform(gpu, StepParams::new(tokens, 0, 0));
     let dispatch = match matrix.product {
         Product::Swiglu => block_on(SwigluMatmulKernel::new(gpu, ty))?.bind(gpu, w, &weights[1], &x, &y, &step, tokens)?,
-        Product::Plain | Product::Accumulate => block_on(MatmulKernel::new(gpu, ty, epilogue(matrix.product)))?
-            .bind(gpu, w, &x, &y, None, &step, tokens)?,
+        Product::Plain | Product::Accumulate => {
+            block_on(MatmulKernel::new(gpu, ty, epilogue(matrix.product)))?.bind(gpu, w, &x, &y, None, &step, tokens)?
+        }
     };
     let bytes = weight_bytes(weights) + product_activation_bytes(matrix, m);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, tokens)) })

@@ -219,7 +219,14 @@ fn markdown(r: &ModelReport) -> String {
     for w in &r.workloads {
         let med = |s: Option<super::stats::Spread>| s.map_or("-".to_string(), |s| format!("{:.1} ({:.1}–{:.1})", s.median, s.min, s.max));
         let itl = w.itl_ms.map_or("-".to_string(), |p| format!("{:.1} / {:.1} / {:.1}", p.p50, p.p90, p.p99));
-        out += &format!("| {} | {} | {} | {} | {} | {itl} |\n", w.prompt_tokens, w.decode_tokens, med(w.ttft_ms), med(w.prefill_tok_s), med(w.decode_tok_s));
+        out += &format!(
+            "| {} | {} | {} | {} | {} | {itl} |\n",
+            w.prompt_tokens,
+            w.decode_tokens,
+            med(w.ttft_ms),
+            med(w.prefill_tok_s),
+            med(w.decode_tok_s)
+        );
     }
     if let Some(roof) = &r.roofline {
         out += &format!(

@@ -41,8 +41,7 @@ pub const DEFAULT_MODEL: ModelShape =
     ModelShape { name: "135M", hidden: 576, ffn: 1536, n_heads: 9, n_kv_heads: 3, head_dim: 64, vocab: 49152 };
 
 /// A 1B-class model (Llama 3.2 1B).
-pub const ONE_B: ModelShape =
-    ModelShape { name: "1B", hidden: 2048, ffn: 8192, n_heads: 32, n_kv_heads: 8, head_dim: 64, vocab: 128_256 };
+pub const ONE_B: ModelShape = ModelShape { name: "1B", hidden: 2048, ffn: 8192, n_heads: 32, n_kv_heads: 8, head_dim: 64, vocab: 128_256 };
 
 /// What the model does with a matrix product, which picks the kernel variant it uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

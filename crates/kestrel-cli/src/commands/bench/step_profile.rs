@@ -60,10 +60,8 @@ pub fn profile(model: &mut Model, timer: &Timer, pos: usize, token: u32) -> Benc
         timed.push((family.name, ms));
     }
     let families_sum_gpu_ms: f64 = timed.iter().map(|(_, ms)| ms).sum();
-    let families = timed
-        .into_iter()
-        .map(|(family, gpu_ms)| FamilyTime { family, gpu_ms, share: gpu_ms / families_sum_gpu_ms.max(1e-12) })
-        .collect();
+    let families =
+        timed.into_iter().map(|(family, gpu_ms)| FamilyTime { family, gpu_ms, share: gpu_ms / families_sum_gpu_ms.max(1e-12) }).collect();
     Ok(StepProfile { pos, timing: timer.method(), families, families_sum_gpu_ms, host_encode_submit_ms, host_step_ms })
 }
 

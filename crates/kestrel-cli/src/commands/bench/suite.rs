@@ -14,8 +14,7 @@ use super::timing::Timer;
 use super::BenchResult;
 
 /// The order of the kernels in the table (rows of one kernel keep the order they ran in).
-const KERNELS: [&str; 10] =
-    ["copy", "matvec", "matmul", "embedding", "rmsnorm", "rope", "attn decode", "attn prefill", "argmax", "sample"];
+const KERNELS: [&str; 10] = ["copy", "matvec", "matmul", "embedding", "rmsnorm", "rope", "attn decode", "attn prefill", "argmax", "sample"];
 
 pub struct Suite<'a> {
     gpu: &'a Gpu,
