@@ -104,6 +104,10 @@ gpu_check_smoke() {
 browser_tests() {
   cargo build -p kestrel-cli
   build_wasm
+  # The random-weight qwen3 model the suite serves: written by the native test that uses it
+  # (which checks its sha256 against the file llama.cpp's reference was made from).
+  cargo test -p kestrel-model --test greedy synthetic_model_features_change_llama_cpp_output
+  cp "$target_dir/tmp/synthetic-qwen3-f32.gguf" models/
   (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" node --test --test-concurrency=1 --test-reporter=spec)
 }
 

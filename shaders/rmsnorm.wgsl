@@ -1,6 +1,8 @@
-// RMSNorm: out[t][i] = x[t][i] / sqrt(mean(x[t]^2) + eps) * weight[i], one workgroup per row,
-// rows 0..step.n_tokens of the bound buffers. The sum of squares is reduced with subgroup adds
-// where the device has them, else by a tree in workgroup memory.
+// RMSNorm: out[r][i] = x[r][i] / sqrt(mean(x[r]^2) + eps) * weight[i], one workgroup per row r
+// of n values. A token has `rows_per_token` rows: 1 for a whole activation row, the head count
+// for a per-head norm (Qwen3's Q/K norm, which normalizes the heads of the fused QKV row in
+// place: IN_PLACE). Tokens 0..step.n_tokens are normalized. The sum of squares is reduced with
+// subgroup adds where the device has them, else by a tree in workgroup memory.
 #if SUBGROUPS
 #if WGSL_ENABLE_SUBGROUPS
 enable subgroups;
@@ -11,13 +13,23 @@ enable subgroups;
 struct Params {
     n: u32,
     eps: f32,
+    rows_per_token: u32,
+    // Values from one token's first row to the next token's.
+    token_stride: u32,
+    // Where a token's first row starts.
+    offset: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> params: Params;
+#if IN_PLACE
+@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+@group(0) @binding(3) var<storage, read> weight: array<f32>;
+#else
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> weight: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+#endif
 
 const WG: u32 = 256u;
 
@@ -70,10 +82,11 @@ fn main(
     sg_size = size;
 #endif
     let row = wg.x + wg.y * nwg.x;
-    if (row >= step.n_tokens) {
+    if (row >= step.n_tokens * params.rows_per_token) {
         return;
     }
-    let base = row * params.n;
+    let token = row / params.rows_per_token;
+    let base = token * params.token_stride + params.offset + (row % params.rows_per_token) * params.n;
     var sum_sq = 0.0;
     for (var i = lid; i < params.n; i += WG) {
         let v = x[base + i];
@@ -81,6 +94,10 @@ fn main(
     }
     let inv_rms = inverseSqrt(workgroup_sum(sum_sq, lid) / f32(params.n) + params.eps);
     for (var i = lid; i < params.n; i += WG) {
+#if IN_PLACE
+        x[base + i] = x[base + i] * inv_rms * weight[i];
+#else
         out[base + i] = x[base + i] * inv_rms * weight[i];
+#endif
     }
 }

@@ -1,6 +1,8 @@
 // RoPE for n_tokens rows of the fused QKV output ([q heads | k heads | v heads] per token):
 // rotates Q into `q_out` ([t][n_heads][head_dim]) and K into the KV cache at positions
-// step.pos + t, and copies V into the cache unrotated. One thread per pair of values.
+// step.pos + t, and copies V into the cache unrotated. One thread per pair of values. Rotated
+// values are scaled by `mscale` (the attention factor; YaRN's magnitude correction). A layer
+// without RoPE (SmolLM3's every fourth) has `rotate` 0: Q and K are copied unchanged.
 //
 // The angle pos * inv_freq[i] reaches thousands of radians, where an f32 product loses ~1e-3 rad
 // and WGSL's sin/cos promise nothing outside [-pi, pi]. So each pair's frequency arrives as a
@@ -15,6 +17,8 @@ struct Params {
     max_ctx: u32,
     // 0: pairs (2i, 2i + 1) as ggml's NORM mode; 1: pairs (i, i + head_dim / 2) as NEOX.
     neox: u32,
+    rotate: u32,
+    mscale: f32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -71,10 +75,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let src = (t * heads + head) * params.head_dim;
     var x0 = qkv[src + a];
     var x1 = qkv[src + b];
-    if (!is_v) {
+    if (!is_v && params.rotate != 0u) {
         let theta = angle(i, pos);
-        let c = cos(theta);
-        let s = sin(theta);
+        let c = cos(theta) * params.mscale;
+        let s = sin(theta) * params.mscale;
         let r0 = x0 * c - x1 * s;
         x1 = x0 * s + x1 * c;
         x0 = r0;

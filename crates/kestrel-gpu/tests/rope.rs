@@ -4,7 +4,7 @@ mod common;
 
 use kestrel_gpu::kernels::attention::{AttentionShape, KvCache};
 use kestrel_gpu::kernels::rope::RopeKernel;
-use kestrel_gpu::reference::rope::{rope, RopeConfig, RopeMode};
+use kestrel_gpu::reference::rope::{rope, RopeConfig, RopeMode, YarnRamp};
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor};
 use rand::Rng;
 
@@ -23,8 +23,10 @@ fn llama3_factors(head_dim: usize) -> Vec<f32> {
 }
 
 /// Runs steps of (n_tokens, pos) through RoPE and checks each step's Q and, at the end, the
-/// whole cache (never-written positions must still be zero).
-fn check(gpu: &Gpu, kernel: &RopeKernel, shape: AttentionShape, config: &RopeConfig, steps: &[(usize, usize)], seed: u64) {
+/// whole cache (never-written positions must still be zero). No config: a layer without RoPE,
+/// whose Q and K are copied unrotated.
+fn check(gpu: &Gpu, kernel: &RopeKernel, shape: AttentionShape, config: Option<&RopeConfig>, steps: &[(usize, usize)], seed: u64) {
+    let rope = |x: &[f32], hd: usize, p: usize| config.map_or_else(|| x.to_vec(), |c| rope(x, hd, p, c));
     let mut rng = common::rng(seed);
     let hd = shape.head_dim;
     let (q_width, kv_width) = (shape.q_width(), shape.n_kv_heads * hd);
@@ -47,9 +49,9 @@ fn check(gpu: &Gpu, kernel: &RopeKernel, shape: AttentionShape, config: &RopeCon
         let got_q = pollster::block_on(q_out.read_f32(gpu)).unwrap();
         for (t, row) in rows.chunks_exact(qkv_width).enumerate() {
             let p = pos + t;
-            let want_q = rope(&row[..q_width], hd, p, config);
+            let want_q = rope(&row[..q_width], hd, p);
             common::assert_close(&format!("{what} q pos {p}"), &got_q[t * q_width..][..q_width], &want_q, 0.0, ATOL);
-            let k = rope(&row[q_width..][..kv_width], hd, p, config);
+            let k = rope(&row[q_width..][..kv_width], hd, p);
             let v = &row[q_width + kv_width..];
             for h in 0..shape.n_kv_heads {
                 let at = (h * shape.max_ctx + p) * hd;
@@ -74,7 +76,20 @@ fn rope_matches_reference_and_fills_cache() {
         (big, RopeConfig::new(RopeMode::Neox, 10_000.0)),
         (big, RopeConfig { freq_scale: 0.25, freq_factors: Some(llama3_factors(128)), ..RopeConfig::new(RopeMode::Norm, 500_000.0) }),
         (small, RopeConfig { freq_factors: Some(llama3_factors(64)), ..RopeConfig::new(RopeMode::Neox, 100_000.0) }),
+        // Phi-3's attention factor with its long factors; YaRN with factor 4 from 4096 positions.
+        (small, RopeConfig { freq_factors: Some(llama3_factors(64)), mscale: 1.19, ..RopeConfig::new(RopeMode::Neox, 10_000.0) }),
+        (
+            big,
+            RopeConfig {
+                freq_scale: 0.25,
+                yarn: Some(YarnRamp::new(128, 4096, 1e6, 32.0, 1.0)),
+                mscale: 1.0 + 0.1 * 4f32.ln(),
+                ..RopeConfig::new(RopeMode::Neox, 1e6)
+            },
+        ),
     ];
+    let configs: Vec<(AttentionShape, Option<RopeConfig>)> =
+        configs.into_iter().map(|(shape, c)| (shape, Some(c))).chain([(small, None)]).collect();
     for gpu in [common::gpu(), common::gpu_without_subgroups()] {
         let kernel = pollster::block_on(RopeKernel::new(&gpu)).unwrap();
         for (i, (shape, config)) in configs.iter().enumerate() {
@@ -83,7 +98,7 @@ fn rope_matches_reference_and_fills_cache() {
             let mut rng = common::rng(100 + i as u64);
             let mut steps = vec![(MAX_TOKENS, 0), (1, MAX_CTX - 1), (3, MAX_CTX - 4)];
             steps.extend((0..4).map(|_| (rng.random_range(1..=MAX_TOKENS), rng.random_range(MAX_TOKENS..MAX_CTX - 2 * MAX_TOKENS))));
-            check(&gpu, &kernel, *shape, config, &steps, i as u64);
+            check(&gpu, &kernel, *shape, config.as_ref(), &steps, i as u64);
         }
     }
 }
@@ -98,11 +113,14 @@ fn rope_rejects_bad_config() {
     let cache = KvCache::new(&gpu, "cache", shape).unwrap();
     let step = StepUniform::new(&gpu);
     let bad_factors = RopeConfig { freq_factors: Some(vec![1.0; 3]), ..RopeConfig::new(RopeMode::Norm, 10_000.0) };
-    assert!(matches!(kernel.bind(&gpu, &step, &bad_factors, &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(kernel.bind(&gpu, &step, Some(&bad_factors), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
     let bad_base = RopeConfig::new(RopeMode::Norm, 0.0);
-    assert!(matches!(kernel.bind(&gpu, &step, &bad_base, &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(kernel.bind(&gpu, &step, Some(&bad_base), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
     let q_wrong = Tensor::zeros(&gpu, "q", &[3, 16], DType::F32).unwrap();
     let good = RopeConfig::new(RopeMode::Norm, 10_000.0);
-    assert!(matches!(kernel.bind(&gpu, &step, &good, &qkv, &q_wrong, &cache), Err(GpuError::InvalidArgs(_))));
-    assert!(kernel.bind(&gpu, &step, &good, &qkv, &q, &cache).is_ok());
+    assert!(matches!(kernel.bind(&gpu, &step, Some(&good), &qkv, &q_wrong, &cache), Err(GpuError::InvalidArgs(_))));
+    let bad_mscale = RopeConfig { mscale: f32::NAN, ..RopeConfig::new(RopeMode::Norm, 10_000.0) };
+    assert!(matches!(kernel.bind(&gpu, &step, Some(&bad_mscale), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(kernel.bind(&gpu, &step, Some(&good), &qkv, &q, &cache).is_ok());
+    assert!(kernel.bind(&gpu, &step, None, &qkv, &q, &cache).is_ok());
 }

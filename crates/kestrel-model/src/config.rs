@@ -2,17 +2,55 @@
 //! them (`{arch}.embedding_length`, `{arch}.attention.head_count`, ...).
 
 use kestrel_gguf::GgufHeader;
-use kestrel_gpu::reference::rope::RopeConfig;
 pub use kestrel_gpu::reference::rope::RopeMode;
+use kestrel_gpu::reference::rope::{RopeConfig, YarnRamp};
 
 use crate::error::{bad_model, ModelError};
+use crate::tensors::Role;
 
+/// The architectures of the one Llama-family graph; each differs from `llama` only by the
+/// flags its `ModelConfig` sets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
     /// Llama 2/3, SmolLM2, TinyLlama, Mistral.
     Llama,
-    /// Qwen2: Llama with biases on Q, K and V, NeoX RoPE.
+    /// Qwen2 / Qwen2.5: biases on Q, K and V, NeoX RoPE.
     Qwen2,
+    /// Qwen3: per-head RMSNorm of Q and K before RoPE, NeoX RoPE, head_dim x heads != hidden.
+    Qwen3,
+    /// SmolLM3: Llama without RoPE in every fourth layer.
+    SmolLm3,
+    /// Phi-3 / Phi-3.5 mini: fused Q|K|V and gate|up tensors, NeoX RoPE, long/short factors.
+    Phi3,
+}
+
+impl Arch {
+    fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "llama" => Self::Llama,
+            "qwen2" => Self::Qwen2,
+            "qwen3" => Self::Qwen3,
+            "smollm3" => Self::SmolLm3,
+            "phi3" => Self::Phi3,
+            _ => return None,
+        })
+    }
+
+    /// The architecture names Kestrel runs, as GGUF's `general.architecture` spells them.
+    pub const NAMES: [&'static str; 5] = ["llama", "qwen2", "qwen3", "smollm3", "phi3"];
+
+    fn rope_mode(self) -> RopeMode {
+        match self {
+            Self::Llama | Self::SmolLm3 => RopeMode::Norm,
+            Self::Qwen2 | Self::Qwen3 | Self::Phi3 => RopeMode::Neox,
+        }
+    }
+
+    /// Every how many layers one has no RoPE (llama.cpp's `n_no_rope_layer_step`, fixed at 4
+    /// for SmolLM3 and not read from the file).
+    fn no_rope_layer_step(self) -> Option<usize> {
+        (self == Self::SmolLm3).then_some(4)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -37,17 +75,32 @@ pub struct ModelConfig {
     pub train_context: usize,
     /// The LM head reuses `token_embd.weight` (no `output.weight` tensor).
     pub tied_embeddings: bool,
+    /// The file has Q, K and V biases (Qwen2 always; llama.cpp takes them in any architecture).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of Q and K before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Q, K and V are one `attn_qkv` tensor in the file (Phi-3).
+    pub fused_qkv_tensor: bool,
+    /// Gate and up are one `ffn_up` tensor of `2 * ffn` rows, gate first (Phi-3).
+    pub fused_gate_up_tensor: bool,
+    /// Every how many layers one has no RoPE (SmolLM3: layers 3, 7, ...).
+    pub no_rope_layer_step: Option<usize>,
+    /// YaRN's ramp when the file asks for YaRN scaling.
+    pub rope_yarn: Option<YarnRamp>,
+    /// ggml's `mscale`: `rope.scaling.attn_factor` (Phi-3.5), times YaRN's magnitude correction.
+    pub rope_mscale: f32,
+    /// Context the RoPE scaling was trained from (`rope.scaling.original_context_length`, else
+    /// the training context): Phi-3's long factors apply beyond it.
+    pub rope_original_context: usize,
+    /// The file has Phi-3's long/short RoPE factors (`rope_factors_{long,short}.weight`).
+    pub rope_long_short_factors: bool,
 }
 
 impl ModelConfig {
     pub fn from_header(header: &GgufHeader) -> Result<Self, ModelError> {
         let md = &header.metadata;
         let arch_name = md.get_str("general.architecture")?.ok_or_else(|| bad_model("missing general.architecture"))?;
-        let arch = match arch_name {
-            "llama" => Arch::Llama,
-            "qwen2" => Arch::Qwen2,
-            other => return Err(ModelError::UnsupportedArch(other.to_string())),
-        };
+        let arch = Arch::from_name(arch_name).ok_or_else(|| ModelError::UnsupportedArch(arch_name.to_string()))?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let need = |k: &str| -> Result<usize, ModelError> {
             let full = key(k);
@@ -67,8 +120,18 @@ impl ModelConfig {
             Some(v) => usize::try_from(v).map_err(|_| bad_model("key_length out of range"))?,
             None => hidden / n_heads,
         };
-        if head_dim * n_heads != hidden {
+        // Qwen3 (0.6B: 16 heads of 128 over a hidden size of 1024) is the architecture where they
+        // differ; elsewhere llama.cpp asserts they agree.
+        if head_dim * n_heads != hidden && arch != Arch::Qwen3 {
             return Err(bad_model(format!("head_dim {head_dim} x {n_heads} heads != embedding_length {hidden}")));
+        }
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
+            return Err(bad_model(format!("head_dim {head_dim} must be even")));
+        }
+        if let Some(v) = md.get_u64(&key("attention.value_length"))? {
+            if v as usize != head_dim {
+                return Err(bad_model(format!("value_length {v} != key_length {head_dim} is not supported")));
+            }
         }
         let vocab = match md.get_u64(&key("vocab_size"))? {
             Some(v) => usize::try_from(v).map_err(|_| bad_model("vocab_size out of range"))?,
@@ -82,12 +145,32 @@ impl ModelConfig {
         if !(rope_base.is_finite() && rope_base > 0.0 && rms_eps.is_finite() && rms_eps > 0.0) {
             return Err(bad_model(format!("rope.freq_base {rope_base} / rms epsilon {rms_eps} out of range")));
         }
-        let rope_freq_scale = rope_freq_scale(header, &key)?;
+        let train_context = need("context_length")?;
+        let rope_original_context = match md.get_u64(&key("rope.scaling.original_context_length"))? {
+            Some(v) => usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| bad_model(format!("original_context_length {v}")))?,
+            None => train_context,
+        };
+        let scaling = rope_scaling(header, &key)?;
+        let attn_factor = md.get_f32(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
+        if !(attn_factor.is_finite() && attn_factor > 0.0) {
+            return Err(bad_model(format!("rope.scaling.attn_factor {attn_factor} is out of range")));
+        }
+        let (rope_freq_scale, rope_yarn, rope_mscale) = match scaling {
+            RopeScaling::Linear(freq_scale) => (freq_scale, None, attn_factor),
+            // llama.cpp: ext_factor 1, beta_fast 32, beta_slow 1 for these architectures, and the
+            // magnitude correction 1 + 0.1 ln(factor) (llama-context cancels its own copy of it
+            // in yarn_attn_factor, so the rope kernel's is the one applied).
+            RopeScaling::Yarn(freq_scale) => {
+                let ramp = YarnRamp::new(head_dim, rope_original_context, rope_base, 32.0, 1.0);
+                (freq_scale, Some(ramp), attn_factor * (1.0 + 0.1 * (1.0 / freq_scale).ln()))
+            }
+        };
         if let Some(dims) = md.get_u64(&key("rope.dimension_count"))? {
             if dims as usize != head_dim {
                 return Err(bad_model(format!("partial RoPE (rope.dimension_count {dims} < head_dim {head_dim}) is not supported")));
             }
         }
+        let has = |name: &str| header.tensors.iter().any(|t| t.name == name);
         Ok(Self {
             arch,
             name: md.get_str("general.name")?.unwrap_or(arch_name).to_string(),
@@ -99,16 +182,32 @@ impl ModelConfig {
             head_dim,
             vocab,
             rope_base,
-            rope_mode: match arch {
-                Arch::Llama => RopeMode::Norm,
-                Arch::Qwen2 => RopeMode::Neox,
-            },
+            rope_mode: arch.rope_mode(),
             rope_freq_scale,
-            rope_factors: header.tensors.iter().any(|t| t.name == ROPE_FACTORS_TENSOR),
+            rope_factors: has(ROPE_FACTORS_TENSOR),
             rms_eps,
-            train_context: need("context_length")?,
-            tied_embeddings: !header.tensors.iter().any(|t| t.name == "output.weight"),
+            train_context,
+            tied_embeddings: !has("output.weight"),
+            qkv_bias: arch == Arch::Qwen2 || has("blk.0.attn_q.bias") || has("blk.0.attn_qkv.bias"),
+            qk_norm: arch == Arch::Qwen3,
+            fused_qkv_tensor: has("blk.0.attn_qkv.weight"),
+            fused_gate_up_tensor: arch == Arch::Phi3 && !has("blk.0.ffn_gate.weight"),
+            no_rope_layer_step: arch.no_rope_layer_step(),
+            rope_yarn,
+            rope_mscale,
+            rope_original_context,
+            rope_long_short_factors: has(ROPE_FACTORS_LONG_TENSOR) || has(ROPE_FACTORS_SHORT_TENSOR),
         })
+    }
+
+    /// Whether layer `l` rotates Q and K.
+    pub fn layer_has_rope(&self, l: usize) -> bool {
+        self.no_rope_layer_step.is_none_or(|step| !(l + 1).is_multiple_of(step))
+    }
+
+    /// Width of Q (the heads' total, which Qwen3 makes differ from `hidden`).
+    pub fn q_width(&self) -> usize {
+        self.n_heads * self.head_dim
     }
 
     /// Width of the fused Q|K|V projection.
@@ -123,21 +222,35 @@ impl ModelConfig {
 
 /// The tensor of Llama 3.1+'s per-pair RoPE frequency factors.
 pub(crate) const ROPE_FACTORS_TENSOR: &str = "rope_freqs.weight";
+/// Phi-3's factors for contexts beyond `rope_original_context`, and for those within it.
+pub(crate) const ROPE_FACTORS_LONG_TENSOR: &str = "rope_factors_long.weight";
+pub(crate) const ROPE_FACTORS_SHORT_TENSOR: &str = "rope_factors_short.weight";
 
-/// ggml's `freq_scale` from the file's RoPE scaling keys, as llama.cpp reads them: the factor
-/// from `rope.scaling.factor` (or the older `rope.scale_linear`), the type from
-/// `rope.scaling.type`, linear when absent; type "none" never scales. YaRN and other types
-/// change the angles in ways Kestrel does not implement: run as plain RoPE they would give
-/// plausible but wrong text, so they are refused with an error that says so.
-fn rope_freq_scale(header: &GgufHeader, key: &dyn Fn(&str) -> String) -> Result<f32, ModelError> {
+/// The file's RoPE scaling type, with ggml's `freq_scale` (1 / factor).
+enum RopeScaling {
+    Linear(f32),
+    Yarn(f32),
+}
+
+/// The RoPE scaling as llama.cpp reads it: the factor from `rope.scaling.factor` (or the older
+/// `rope.scale_linear`; 0 or absent is unscaled), the type from `rope.scaling.type`, linear when
+/// absent; "none" never scales. Other types (LongRoPE by name, ...) change the angles in ways
+/// Kestrel does not implement: run as plain RoPE they would give plausible but wrong text, so
+/// they are refused with an error that says so.
+fn rope_scaling(header: &GgufHeader, key: &dyn Fn(&str) -> String) -> Result<RopeScaling, ModelError> {
     let md = &header.metadata;
     let factor = md.get_f32(&key("rope.scaling.factor"))?.or(md.get_f32(&key("rope.scale_linear"))?);
-    match (md.get_str(&key("rope.scaling.type"))?.unwrap_or("linear"), factor) {
-        // llama.cpp reads a factor of 0 as unscaled.
-        ("none", _) | ("linear", None | Some(0.0)) => Ok(1.0),
-        ("linear", Some(f)) if f.is_finite() && f > 0.0 => Ok(1.0 / f),
-        ("linear", Some(f)) => Err(bad_model(format!("rope.scaling.factor {f} is out of range"))),
-        (kind, factor) => {
+    let freq_scale = match factor {
+        None | Some(0.0) => 1.0,
+        Some(f) if f.is_finite() && f > 0.0 => 1.0 / f,
+        Some(f) => return Err(bad_model(format!("rope.scaling.factor {f} is out of range"))),
+    };
+    match md.get_str(&key("rope.scaling.type"))?.unwrap_or("linear") {
+        "none" => Ok(RopeScaling::Linear(1.0)),
+        "linear" => Ok(RopeScaling::Linear(freq_scale)),
+        // llama.cpp's YaRN at a factor of 1 (or none) is exactly plain RoPE.
+        "yarn" => Ok(if freq_scale == 1.0 { RopeScaling::Linear(1.0) } else { RopeScaling::Yarn(freq_scale) }),
+        kind => {
             let factor = factor.map_or(String::new(), |f| format!(" with factor {f}"));
             Err(bad_model(format!("RoPE scaling {kind:?}{factor} is not supported yet; run without it the model would give wrong output")))
         }
@@ -145,6 +258,19 @@ fn rope_freq_scale(header: &GgufHeader, key: &dyn Fn(&str) -> String) -> Result<
 }
 
 impl ModelConfig {
+    /// The tensor whose RoPE frequency factors apply at a context of `max_ctx`: Llama 3's one
+    /// table, or Phi-3's long factors beyond the original context and short ones within it (as
+    /// llama.cpp chooses by its context length).
+    pub fn rope_factors_role(&self, max_ctx: usize) -> Option<Role> {
+        if self.rope_factors {
+            Some(Role::RopeFreqs)
+        } else if self.rope_long_short_factors {
+            Some(if max_ctx > self.rope_original_context { Role::RopeFactorsLong } else { Role::RopeFactorsShort })
+        } else {
+            None
+        }
+    }
+
     /// The RoPE parameters of this model, with the file's frequency factors when it has them
     /// (checked: `head_dim / 2` finite, positive values).
     pub fn rope_config(&self, factors: Option<Vec<f32>>) -> Result<RopeConfig, ModelError> {
@@ -153,6 +279,13 @@ impl ModelConfig {
                 return Err(bad_model(format!("{ROPE_FACTORS_TENSOR} must hold {} finite positive values", self.head_dim / 2)));
             }
         }
-        Ok(RopeConfig { mode: self.rope_mode, base: self.rope_base, freq_scale: self.rope_freq_scale, freq_factors: factors })
+        Ok(RopeConfig {
+            mode: self.rope_mode,
+            base: self.rope_base,
+            freq_scale: self.rope_freq_scale,
+            freq_factors: factors,
+            yarn: self.rope_yarn,
+            mscale: self.rope_mscale,
+        })
     }
 }

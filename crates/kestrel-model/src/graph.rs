@@ -6,7 +6,7 @@ use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, DecodeAtt
 use kestrel_gpu::kernels::embedding::{EmbeddingDispatch, EmbeddingKernel};
 use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
 use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, OutputColumns, SwigluMatvecKernel};
-use kestrel_gpu::kernels::rmsnorm::{RmsNormDispatch, RmsNormKernel};
+use kestrel_gpu::kernels::rmsnorm::{HeadNormKernel, HeadSpan, RmsNormDispatch, RmsNormKernel};
 use kestrel_gpu::kernels::rope::{RopeDispatch, RopeKernel};
 use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel};
 use kestrel_gpu::reference::rope::RopeConfig;
@@ -53,6 +53,8 @@ impl QkvWeights {
 pub struct LayerWeights {
     pub attn_norm: Tensor,
     pub qkv: QkvWeights,
+    /// Qwen3's per-head RMSNorm weights of Q and of K.
+    pub qk_norm: Option<[Tensor; 2]>,
     pub attn_output: WeightTensor,
     pub ffn_norm: Tensor,
     pub gate: WeightTensor,
@@ -86,7 +88,10 @@ impl Weights {
     }
 
     pub fn total_bytes(&self) -> u64 {
-        let vectors = |l: &LayerWeights| l.attn_norm.byte_size() + l.ffn_norm.byte_size() + l.qkv.bias_byte_size();
+        let vectors = |l: &LayerWeights| {
+            let qk_norm: u64 = l.qk_norm.iter().flatten().map(Tensor::byte_size).sum();
+            l.attn_norm.byte_size() + l.ffn_norm.byte_size() + l.qkv.bias_byte_size() + qk_norm
+        };
         let layers: u64 = self
             .layers
             .iter()
@@ -134,6 +139,8 @@ struct LayerDispatches {
     attn_norm: RmsNormDispatch,
     qkv_decode: QkvDecode,
     qkv_prefill: QkvPrefill,
+    /// Qwen3's per-head norms of Q and of K, in place on the QKV rows (empty elsewhere).
+    qk_norm: Vec<RmsNormDispatch>,
     rope: RopeDispatch,
     attn_decode: DecodeAttention,
     attn_prefill: PrefillAttention,
@@ -215,8 +222,8 @@ impl Graph {
             x: f32t("x", &[chunk, c.hidden])?,
             normed: f32t("normed", &[chunk, c.hidden])?,
             qkv: f32t("qkv", &[chunk, c.qkv_width()])?,
-            q: f32t("q", &[chunk, c.n_heads * c.head_dim])?,
-            attn: f32t("attn", &[chunk, c.n_heads * c.head_dim])?,
+            q: f32t("q", &[chunk, c.q_width()])?,
+            attn: f32t("attn", &[chunk, c.q_width()])?,
             ffn: f32t("ffn", &[chunk, c.ffn])?,
             last_normed: f32t("last_normed", &[c.hidden])?,
             logits: f32t("logits", &[c.vocab])?,
@@ -229,6 +236,7 @@ impl Graph {
 
         let norm = RmsNormKernel::new(gpu).await?;
         let rope = RopeKernel::new(gpu).await?;
+        let head_norm = if c.qk_norm { Some(HeadNormKernel::new(gpu).await?) } else { None };
         let attention = AttentionKernel::new(gpu, c.head_dim).await?;
         let embed = EmbeddingKernel::new(gpu, weights.embedding.ty).await?.bind_shards(
             gpu,
@@ -252,11 +260,20 @@ impl Graph {
                 let matmul = MatmulKernel::new(gpu, weight.ty, epilogue).await?;
                 qkv_prefill.push(matmul.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias, &step, max_tokens)?);
             }
+            let mut qk_norm = Vec::new();
+            if let (Some(kernel), Some([q_norm, k_norm])) = (&head_norm, &w.qk_norm) {
+                let q_span = HeadSpan { offset: 0, heads: c.n_heads, head_dim: c.head_dim };
+                let k_span = HeadSpan { offset: c.q_width(), heads: c.n_kv_heads, head_dim: c.head_dim };
+                qk_norm.push(kernel.bind(gpu, &step, &act.qkv, q_norm, q_span, c.rms_eps)?);
+                qk_norm.push(kernel.bind(gpu, &step, &act.qkv, k_norm, k_span, c.rms_eps)?);
+            }
+            let layer_rope = c.layer_has_rope(l).then_some(rope_config);
             layers.push(LayerDispatches {
                 attn_norm: norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?,
                 qkv_decode: QkvDecode(qkv_decode),
                 qkv_prefill: QkvPrefill(qkv_prefill),
-                rope: rope.bind(gpu, &step, rope_config, &act.qkv, &act.q, &cache)?,
+                qk_norm,
+                rope: rope.bind(gpu, &step, layer_rope, &act.qkv, &act.q, &cache)?,
                 attn_decode: attention.bind_decode(gpu, &step, &act.q, &cache, &act.attn, scale)?,
                 attn_prefill: attention.bind_prefill(gpu, &step, &act.q, &cache, &act.attn, scale)?,
                 o_decode: MatvecKernel::new(gpu, w.attn_output.ty, Epilogue::ACCUMULATE).await?.bind(
@@ -361,6 +378,7 @@ impl Graph {
             } else {
                 l.qkv_prefill.record(&mut rec, n32);
             }
+            l.qk_norm.iter().for_each(|d| d.record(&mut rec, n32));
             l.rope.record(&mut rec, n32);
             if decode {
                 l.attn_decode.record(&mut rec, params.kv_len);

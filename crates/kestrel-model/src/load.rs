@@ -138,7 +138,7 @@ impl Loading {
                 .collect();
             types.windows(2).any(|w| w[0] != w[1]).then_some(types)
         };
-        for l in 0..config.n_layers {
+        for l in (0..config.n_layers).filter(|_| !config.fused_gate_up_tensor) {
             if let Some(types) = types_differ(&[Role::Gate(l), Role::Up(l)]) {
                 return Err(ModelError::UnsupportedQuant {
                     tensor: format!("blk.{l}.ffn_gate/ffn_up"),
@@ -146,7 +146,9 @@ impl Loading {
                 });
             }
         }
-        let split_qkv = (0..config.n_layers).filter(|&l| types_differ(&[Role::Q(l), Role::K(l), Role::V(l)]).is_some()).collect();
+        let split_qkv = (0..config.n_layers)
+            .filter(|&l| !config.fused_qkv_tensor && types_differ(&[Role::Q(l), Role::K(l), Role::V(l)]).is_some())
+            .collect();
         let tokenizer = Tokenizer::from_gguf(&header.metadata)?;
         if tokenizer.vocab_size() != config.vocab {
             return Err(bad_model(format!("tokenizer has {} tokens, the model {}", tokenizer.vocab_size(), config.vocab)));
@@ -186,6 +188,22 @@ impl Loading {
                     self.weights.insert(Role::Q(l), w);
                     self.qkv_parts.remove(&l);
                 }
+            }
+            // Already the fused matrix: it takes the place of the one Kestrel builds.
+            Role::Qkv(l) => {
+                let w = WeightTensor::from_gguf_bytes(gpu, &e.name, ty, e.rows, e.cols, bytes)?;
+                self.weights.insert(Role::Q(l), w);
+            }
+            // Rows are whole blocks, so the gate rows and the up rows are the two halves.
+            Role::GateUp(l) => {
+                let half = ty.row_bytes(e.cols as u64).map(|row| row * (e.rows / 2) as u64).and_then(|b| usize::try_from(b).ok());
+                let (gate, up) = match half {
+                    Some(half) if 2 * half == bytes.len() => bytes.split_at(half),
+                    _ => return Err(bad_model(format!("{}: {} bytes are not two halves of {} rows", e.name, bytes.len(), e.rows))),
+                };
+                let (gate_name, up_name) = (format!("blk.{l}.ffn_gate"), format!("blk.{l}.ffn_up"));
+                self.weights.insert(Role::Gate(l), WeightTensor::from_gguf_bytes(gpu, &gate_name, ty, e.rows / 2, e.cols, gate)?);
+                self.weights.insert(Role::Up(l), WeightTensor::from_gguf_bytes(gpu, &up_name, ty, e.rows / 2, e.cols, up)?);
             }
             _ if e.rows == 1 => {
                 let mut values = vec![0.0; e.cols];
@@ -230,18 +248,35 @@ impl Loading {
         let upload = |label: &str, values: Vec<f32>| Tensor::from_f32(gpu, label, &[values.len()], &values);
         let mut layers = Vec::with_capacity(c.n_layers);
         for (l, (qkv, attn_output, gate, up, down)) in layers_w.into_iter().enumerate() {
-            // Biases (Qwen2) follow the weights: one vector for fused Q/K/V, else one per part.
-            let biases = if c.arch == crate::config::Arch::Qwen2 {
-                let parts = [take_vector(Role::QBias(l))?, take_vector(Role::KBias(l))?, take_vector(Role::VBias(l))?];
-                let vectors = if qkv.len() == 1 { vec![parts.concat()] } else { parts.to_vec() };
-                vectors.into_iter().map(|v| upload(&format!("blk.{l}.qkv_bias"), v).map(Some)).collect::<Result<Vec<_>, _>>()?
-            } else {
+            // Biases follow the weights: one vector for fused Q/K/V, else one per part.
+            let biases = if !c.qkv_bias {
                 (0..qkv.len()).map(|_| None).collect()
+            } else {
+                let vectors = if c.fused_qkv_tensor {
+                    vec![take_vector(Role::QkvBias(l))?]
+                } else {
+                    let parts = [take_vector(Role::QBias(l))?, take_vector(Role::KBias(l))?, take_vector(Role::VBias(l))?];
+                    if qkv.len() == 1 {
+                        vec![parts.concat()]
+                    } else {
+                        parts.to_vec()
+                    }
+                };
+                vectors.into_iter().map(|v| upload(&format!("blk.{l}.qkv_bias"), v).map(Some)).collect::<Result<Vec<_>, _>>()?
+            };
+            let qk_norm = if c.qk_norm {
+                Some([
+                    upload(&format!("blk.{l}.attn_q_norm"), take_vector(Role::QNorm(l))?)?,
+                    upload(&format!("blk.{l}.attn_k_norm"), take_vector(Role::KNorm(l))?)?,
+                ])
+            } else {
+                None
             };
             let parts = qkv.into_iter().zip(biases).map(|(weight, bias)| Projection { weight, bias }).collect();
             layers.push(LayerWeights {
                 attn_norm: upload(&format!("blk.{l}.attn_norm"), take_vector(Role::AttnNorm(l))?)?,
                 qkv: QkvWeights { parts },
+                qk_norm,
                 attn_output,
                 ffn_norm: upload(&format!("blk.{l}.ffn_norm"), take_vector(Role::FfnNorm(l))?)?,
                 gate,
@@ -249,7 +284,7 @@ impl Loading {
                 down,
             });
         }
-        let rope = c.rope_config(if c.rope_factors { Some(take_vector(Role::RopeFreqs)?) } else { None })?;
+        let rope = c.rope_config(c.rope_factors_role(max_ctx).map(&mut take_vector).transpose()?)?;
         let weights = Weights { embedding, output_norm: upload("output_norm", take_vector(Role::OutputNorm)?)?, output, layers };
         let graph = Graph::new(gpu, c, weights, &rope, max_ctx, options.max_chunk.min(max_ctx)).await?;
         Model::new(graph, self.tokenizer)

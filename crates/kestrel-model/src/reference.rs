@@ -1,6 +1,8 @@
 //! The whole model on the CPU in plain f32, built from the kernels' CPU references. Slow and
 //! simple on purpose: the tests check the GPU forward pass's logits against it.
 
+use std::collections::HashMap;
+
 use kestrel_gguf::GgufHeader;
 use kestrel_gpu::reference::{attention, embedding, matmul, norm, rope};
 
@@ -16,6 +18,11 @@ struct Layer {
     q_bias: Option<Vec<f32>>,
     k_bias: Option<Vec<f32>>,
     v_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights of Q and K (Qwen3).
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    /// Whether the layer rotates Q and K (SmolLM3 leaves every fourth layer unrotated).
+    rope: bool,
     attn_output: Vec<f32>,
     ffn_norm: Vec<f32>,
     gate: Vec<f32>,
@@ -41,21 +48,27 @@ pub struct ReferenceModel {
 impl ReferenceModel {
     /// Dequantizes every weight of a parsed file (`tensors[i]` = bytes of `header.tensors[i]`).
     pub fn new(header: &GgufHeader, tensors: &[Vec<u8>], max_ctx: usize) -> Result<Self, ModelError> {
-        let config = ModelConfig::from_header(header)?;
+        Self::with_config(ModelConfig::from_header(header)?, header, tensors, max_ctx)
+    }
+
+    /// The same with a config other than the file's: the tests turn one architectural feature
+    /// off (a norm, YaRN, the layers without RoPE) to show that llama.cpp's output depends on it.
+    pub fn with_config(config: ModelConfig, header: &GgufHeader, tensors: &[Vec<u8>], max_ctx: usize) -> Result<Self, ModelError> {
         let roles = assign_roles(header, &config)?;
-        let mut weights = std::collections::HashMap::new();
+        let mut weights = HashMap::new();
         for ((info, role), bytes) in header.tensors.iter().zip(&roles).zip(tensors) {
             if let Some(e) = role {
                 let values = matmul::dequantize_weights(info.ggml_type, bytes, e.rows, e.cols)?;
                 weights.insert(e.role, values);
             }
         }
+        split_fused(&config, &mut weights);
         let mut take = |role: Role| weights.remove(&role).ok_or_else(|| bad_model(format!("missing {role:?}")));
         let shape =
             attention::AttentionShape { n_heads: config.n_heads, n_kv_heads: config.n_kv_heads, head_dim: config.head_dim, max_ctx };
         let mut layers = Vec::with_capacity(config.n_layers);
         for l in 0..config.n_layers {
-            let biased = config.arch == crate::config::Arch::Qwen2;
+            let (biased, normed) = (config.qkv_bias, config.qk_norm);
             layers.push(Layer {
                 attn_norm: take(Role::AttnNorm(l))?,
                 q: take(Role::Q(l))?,
@@ -64,6 +77,9 @@ impl ReferenceModel {
                 q_bias: if biased { Some(take(Role::QBias(l))?) } else { None },
                 k_bias: if biased { Some(take(Role::KBias(l))?) } else { None },
                 v_bias: if biased { Some(take(Role::VBias(l))?) } else { None },
+                q_norm: if normed { Some(take(Role::QNorm(l))?) } else { None },
+                k_norm: if normed { Some(take(Role::KNorm(l))?) } else { None },
+                rope: config.layer_has_rope(l),
                 attn_output: take(Role::AttnOutput(l))?,
                 ffn_norm: take(Role::FfnNorm(l))?,
                 gate: take(Role::Gate(l))?,
@@ -77,7 +93,7 @@ impl ReferenceModel {
             embedding: take(Role::TokenEmbedding)?,
             output_norm: take(Role::OutputNorm)?,
             output: if config.tied_embeddings { None } else { Some(take(Role::Output)?) },
-            rope: config.rope_config(if config.rope_factors { Some(take(Role::RopeFreqs)?) } else { None })?,
+            rope: config.rope_config(config.rope_factors_role(max_ctx).map(&mut take).transpose()?)?,
             config,
             layers,
             shape,
@@ -96,18 +112,28 @@ impl ReferenceModel {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
             return Err(ModelError::InvalidOption { name: "tokens", reason: format!("id {bad} >= vocab {}", c.vocab) });
         }
-        let (hidden, hd, q_width, kv_width) = (c.hidden, c.head_dim, c.n_heads * c.head_dim, c.kv_width());
+        let (hidden, hd, q_width, kv_width) = (c.hidden, c.head_dim, c.q_width(), c.kv_width());
         let mut x = embedding::embedding(&self.embedding, c.vocab, hidden, tokens);
         for layer in &mut self.layers {
             let h = norm::rmsnorm(&x, &layer.attn_norm, c.rms_eps);
             let q = add_bias(matmul::matmul(&h, n, &layer.q, q_width, hidden), layer.q_bias.as_deref());
             let k = add_bias(matmul::matmul(&h, n, &layer.k, kv_width, hidden), layer.k_bias.as_deref());
             let v = add_bias(matmul::matmul(&h, n, &layer.v, kv_width, hidden), layer.v_bias.as_deref());
+            // Each head is a row of head_dim values for the per-head norms.
+            let q = match &layer.q_norm {
+                Some(w) => norm::rmsnorm(&q, w, c.rms_eps),
+                None => q,
+            };
+            let k = match &layer.k_norm {
+                Some(w) => norm::rmsnorm(&k, w, c.rms_eps),
+                None => k,
+            };
+            let rotate = |x: &[f32], p: usize| if layer.rope { rope::rope(x, hd, p, &self.rope) } else { x.to_vec() };
             let mut q_roped = Vec::with_capacity(q.len());
             for t in 0..n {
                 let p = self.pos + t;
-                q_roped.extend(rope::rope(&q[t * q_width..][..q_width], hd, p, &self.rope));
-                let k_roped = rope::rope(&k[t * kv_width..][..kv_width], hd, p, &self.rope);
+                q_roped.extend(rotate(&q[t * q_width..][..q_width], p));
+                let k_roped = rotate(&k[t * kv_width..][..kv_width], p);
                 for kvh in 0..c.n_kv_heads {
                     let at = (kvh * self.shape.max_ctx + p) * hd;
                     layer.k_cache[at..at + hd].copy_from_slice(&k_roped[kvh * hd..][..hd]);
@@ -127,6 +153,34 @@ impl ReferenceModel {
         let last = norm::rmsnorm(&x[(n - 1) * hidden..], &self.output_norm, c.rms_eps);
         let lm_head = self.output.as_deref().unwrap_or(&self.embedding);
         Ok(matmul::matmul(&last, 1, lm_head, c.vocab, hidden))
+    }
+}
+
+/// Splits the file's fused tensors into the parts the forward pass reads: Phi-3's Q|K|V matrix
+/// and bias into Q, K and V, its gate|up matrix into gate and up (row blocks of row-major
+/// matrices).
+fn split_fused(c: &ModelConfig, weights: &mut HashMap<Role, Vec<f32>>) {
+    let (q, kv) = (c.q_width(), c.kv_width());
+    for l in 0..c.n_layers {
+        for (fused, parts) in [
+            (Role::Qkv(l), [(Role::Q(l), q), (Role::K(l), kv), (Role::V(l), kv)]),
+            (Role::QkvBias(l), [(Role::QBias(l), q), (Role::KBias(l), kv), (Role::VBias(l), kv)]),
+        ] {
+            if let Some(values) = weights.remove(&fused) {
+                let cols = values.len() / c.qkv_width();
+                let mut rest = values.as_slice();
+                for (role, rows) in parts {
+                    let (part, tail) = rest.split_at(rows * cols);
+                    weights.insert(role, part.to_vec());
+                    rest = tail;
+                }
+            }
+        }
+        if let Some(values) = weights.remove(&Role::GateUp(l)) {
+            let (gate, up) = values.split_at(values.len() / 2);
+            weights.insert(Role::Gate(l), gate.to_vec());
+            weights.insert(Role::Up(l), up.to_vec());
+        }
     }
 }
 

@@ -4,7 +4,7 @@
 
 use kestrel_gguf::{GgufHeader, TensorInfo};
 
-use crate::config::{Arch, ModelConfig, ROPE_FACTORS_TENSOR};
+use crate::config::{ModelConfig, ROPE_FACTORS_LONG_TENSOR, ROPE_FACTORS_SHORT_TENSOR, ROPE_FACTORS_TENSOR};
 use crate::error::{bad_model, ModelError};
 
 /// What one tensor of the model is.
@@ -17,16 +17,27 @@ pub enum Role {
     Q(usize),
     K(usize),
     V(usize),
+    /// Q, K and V as one tensor of their concatenated rows (Phi-3).
+    Qkv(usize),
     QBias(usize),
     KBias(usize),
     VBias(usize),
+    QkvBias(usize),
+    /// Qwen3's per-head RMSNorm weights of Q and of K (`head_dim` values each).
+    QNorm(usize),
+    KNorm(usize),
     AttnOutput(usize),
     FfnNorm(usize),
     Gate(usize),
     Up(usize),
+    /// Gate and up as one tensor, gate rows first (Phi-3's `ffn_up`).
+    GateUp(usize),
     Down(usize),
     /// Llama 3.1+'s RoPE frequency factors, one per pair of a head's dimensions.
     RopeFreqs,
+    /// Phi-3's factors beyond the original context, and within it.
+    RopeFactorsLong,
+    RopeFactorsShort,
 }
 
 /// A tensor the model needs: its name and shape as rows x cols (vectors have rows = 1).
@@ -40,7 +51,7 @@ pub struct Expected {
 
 /// Every tensor the config requires, in no particular order.
 pub fn expected_tensors(c: &ModelConfig) -> Vec<Expected> {
-    let q = c.n_heads * c.head_dim;
+    let q = c.q_width();
     let kv = c.kv_width();
     let mut out = vec![
         expected(Role::TokenEmbedding, "token_embd.weight", c.vocab, c.hidden),
@@ -52,24 +63,52 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<Expected> {
     if c.rope_factors {
         out.push(expected(Role::RopeFreqs, ROPE_FACTORS_TENSOR, 1, c.head_dim / 2));
     }
+    if c.rope_long_short_factors {
+        out.push(expected(Role::RopeFactorsLong, ROPE_FACTORS_LONG_TENSOR, 1, c.head_dim / 2));
+        out.push(expected(Role::RopeFactorsShort, ROPE_FACTORS_SHORT_TENSOR, 1, c.head_dim / 2));
+    }
     for l in 0..c.n_layers {
         let name = |s: &str| format!("blk.{l}.{s}");
         out.extend([
             expected(Role::AttnNorm(l), &name("attn_norm.weight"), 1, c.hidden),
-            expected(Role::Q(l), &name("attn_q.weight"), q, c.hidden),
-            expected(Role::K(l), &name("attn_k.weight"), kv, c.hidden),
-            expected(Role::V(l), &name("attn_v.weight"), kv, c.hidden),
             expected(Role::AttnOutput(l), &name("attn_output.weight"), c.hidden, q),
             expected(Role::FfnNorm(l), &name("ffn_norm.weight"), 1, c.hidden),
-            expected(Role::Gate(l), &name("ffn_gate.weight"), c.ffn, c.hidden),
-            expected(Role::Up(l), &name("ffn_up.weight"), c.ffn, c.hidden),
             expected(Role::Down(l), &name("ffn_down.weight"), c.hidden, c.ffn),
         ]);
-        if c.arch == Arch::Qwen2 {
+        match (c.fused_qkv_tensor, c.qkv_bias) {
+            (true, bias) => {
+                out.push(expected(Role::Qkv(l), &name("attn_qkv.weight"), c.qkv_width(), c.hidden));
+                if bias {
+                    out.push(expected(Role::QkvBias(l), &name("attn_qkv.bias"), 1, c.qkv_width()));
+                }
+            }
+            (false, bias) => {
+                out.extend([
+                    expected(Role::Q(l), &name("attn_q.weight"), q, c.hidden),
+                    expected(Role::K(l), &name("attn_k.weight"), kv, c.hidden),
+                    expected(Role::V(l), &name("attn_v.weight"), kv, c.hidden),
+                ]);
+                if bias {
+                    out.extend([
+                        expected(Role::QBias(l), &name("attn_q.bias"), 1, q),
+                        expected(Role::KBias(l), &name("attn_k.bias"), 1, kv),
+                        expected(Role::VBias(l), &name("attn_v.bias"), 1, kv),
+                    ]);
+                }
+            }
+        }
+        if c.qk_norm {
             out.extend([
-                expected(Role::QBias(l), &name("attn_q.bias"), 1, q),
-                expected(Role::KBias(l), &name("attn_k.bias"), 1, kv),
-                expected(Role::VBias(l), &name("attn_v.bias"), 1, kv),
+                expected(Role::QNorm(l), &name("attn_q_norm.weight"), 1, c.head_dim),
+                expected(Role::KNorm(l), &name("attn_k_norm.weight"), 1, c.head_dim),
+            ]);
+        }
+        if c.fused_gate_up_tensor {
+            out.push(expected(Role::GateUp(l), &name("ffn_up.weight"), 2 * c.ffn, c.hidden));
+        } else {
+            out.extend([
+                expected(Role::Gate(l), &name("ffn_gate.weight"), c.ffn, c.hidden),
+                expected(Role::Up(l), &name("ffn_up.weight"), c.ffn, c.hidden),
             ]);
         }
     }

@@ -75,8 +75,8 @@ fn header_with(edit: impl Fn(&mut Metadata, &mut Vec<TensorSpec>)) -> Vec<u8> {
 /// malformed RoPE factors and scaling are bad models.
 #[test]
 fn unsupported_or_malformed_rope_scaling_is_refused() {
-    let yarn = header_with(|md, _| {
-        md.set("llama.rope.scaling.type", MetadataValue::String("yarn".into()));
+    let longrope = header_with(|md, _| {
+        md.set("llama.rope.scaling.type", MetadataValue::String("longrope".into()));
         md.set("llama.rope.scaling.factor", MetadataValue::F32(4.0));
     });
     let negative = header_with(|md, _| md.set("llama.rope.scaling.factor", MetadataValue::F32(-2.0)));
@@ -84,7 +84,7 @@ fn unsupported_or_malformed_rope_scaling_is_refused() {
         specs.insert(0, TensorSpec { name: "rope_freqs.weight".into(), dims: vec![16], ggml_type: GgmlType::F32 });
     });
     for (what, bytes, says) in [
-        ("yarn", yarn, "\"yarn\" with factor 4 is not supported"),
+        ("longrope", longrope, "\"longrope\" with factor 4 is not supported"),
         ("negative factor", negative, "factor -2 is out of range"),
         ("16 factors for 32 pairs", misshapen, "rope_freqs.weight"),
     ] {

@@ -139,6 +139,59 @@ fn check_greedy(model_path: &Path, reference: &Value, logprob_tolerance: f64, ne
 #[test]
 fn synthetic_models_match_llama_cpp_up_to_near_ties() {
     for model in &common::synthetic::SYNTHETIC_MODELS {
+        eprintln!("== {}", model.label);
         check_greedy(&model.write(), &common::greedy_reference_in(model.reference_dir), model.logprob_tolerance, model.near_tie);
     }
+}
+
+/// Each architectural feature matters to llama.cpp's output: Kestrel's CPU reference with the
+/// feature turned off (the per-head norms, YaRN, the layers without RoPE) is more than ten times
+/// the model's tolerance (0.01) away from llama.cpp's first-step log-probabilities, where with it
+/// on (the test above) it is within the tolerance; and the long-factor Phi-3 model's llama.cpp
+/// output is as far from the short-factor one's (same weights).
+/// Without this, a feature llama.cpp ignored for these files would pass unnoticed.
+#[test]
+fn synthetic_model_features_change_llama_cpp_output() {
+    use common::synthetic::{PHI3_F32, PHI3_LONG_F32, QWEN3_F32, QWEN3_YARN_F32, SMOLLM3_F32};
+    use kestrel_model::{reference::ReferenceModel, ModelConfig};
+    type Edit = fn(&mut ModelConfig);
+    let features: [(&str, _, Edit); 5] = [
+        ("qwen3 without Q/K norms", QWEN3_F32, |c| c.qk_norm = false),
+        ("qwen3 without YaRN", QWEN3_YARN_F32, |c| {
+            c.rope_yarn = None;
+            c.rope_freq_scale = 1.0;
+            c.rope_mscale = 1.0;
+        }),
+        // Every pair interpolated, as linear scaling does: YaRN's ramp is what differs.
+        ("qwen3 YaRN without its ramp", QWEN3_YARN_F32, |c| c.rope_yarn = None),
+        ("smollm3 with RoPE in every layer", SMOLLM3_F32, |c| c.no_rope_layer_step = None),
+        ("phi3 without its attention factor", PHI3_F32, |c| c.rope_mscale = 1.0),
+    ];
+    let prompts = common::prompts_reference();
+    for (what, model, edit) in features {
+        let (header, tensors) = kestrel_gguf::read_file(&model.write()).expect("read");
+        let reference = common::greedy_reference_in(model.reference_dir);
+        let mut moved = 0f64;
+        for case in reference["prompts"].as_array().expect("prompts").iter().filter(|c| c["kind"] == "raw") {
+            let mut config = ModelConfig::from_header(&header).expect("config");
+            edit(&mut config);
+            let mut cpu = ReferenceModel::with_config(config, &header, &tensors, 1024).expect("reference");
+            let spec = prompts["prompts"].as_array().expect("prompts").iter().find(|p| p["id"] == case["id"]).expect("spec");
+            assert!(spec["text"].is_string(), "raw prompt");
+            let logprobs = common::log_softmax(&cpu.forward(&common::ids(&case["prompt_ids"])).expect("forward"));
+            for pair in case["top5_logprobs_last_prompt_pos"].as_array().expect("top5") {
+                let (tok, want) = (pair[0].as_u64().expect("id") as usize, pair[1].as_f64().expect("logprob"));
+                moved = moved.max((logprobs[tok] - want).abs());
+            }
+        }
+        eprintln!("{what}: llama.cpp's top-5 log-probabilities differ by up to {moved:.3}");
+        let bound = 10.0 * model.logprob_tolerance;
+        assert!(moved > bound, "{what}: llama.cpp's output is within {moved:.3} (< {bound}) of the model without the feature");
+    }
+    let (short, long) = (common::greedy_reference_in(PHI3_F32.reference_dir), common::greedy_reference_in(PHI3_LONG_F32.reference_dir));
+    let pairs = short["prompts"].as_array().expect("prompts").iter().zip(long["prompts"].as_array().expect("prompts"));
+    let moved = pairs.flat_map(|(a, b)| top5_shifts(a, b)).fold(0f64, f64::max);
+    eprintln!("phi3 long vs short factors: llama.cpp's top-5 log-probabilities differ by up to {moved:.3}");
+    let bound = 10.0 * PHI3_F32.logprob_tolerance;
+    assert!(moved > bound, "llama.cpp's long-factor output is within {moved:.3} (< {bound}) of the short-factor one");
 }

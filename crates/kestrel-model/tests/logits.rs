@@ -19,18 +19,20 @@ use kestrel_model::Model;
 
 const RELATIVE_TOLERANCE: f32 = 1e-4;
 
+const CONTEXT: usize = 512;
+
 fn check_file(path: &Path, label: &str, lengths: &[usize]) {
-    check_model(common::load(path, 512), path, label, lengths);
+    check_model(common::load(path, CONTEXT), path, label, lengths, CONTEXT);
 }
 
-/// `model`, loaded from `path`, against the reference.
-fn check_model(mut model: Model, path: &Path, label: &str, lengths: &[usize]) {
+/// `model`, loaded from `path` with a context of `context`, against the reference.
+fn check_model(mut model: Model, path: &Path, label: &str, lengths: &[usize], context: usize) {
     let bench_ids = common::ids(&common::greedy_reference()["bench_prompt"]["ids"]);
     let (header, tensors) = kestrel_gguf::read_file(path).expect("read the model");
     for &n in lengths {
         let prompt = &bench_ids[..n];
         let gpu = pollster::block_on(model.prompt_logits(prompt)).expect("gpu logits");
-        let mut reference = ReferenceModel::new(&header, &tensors, 512).expect("reference model");
+        let mut reference = ReferenceModel::new(&header, &tensors, context).expect("reference model");
         let want = reference.forward(prompt).expect("reference logits");
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = gpu.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
@@ -59,7 +61,7 @@ fn row_sharded_tables_match_cpu_reference() {
     let options = GpuOptions { max_storage_binding: Some(4 << 20), ..GpuOptions::default() };
     let gpu = common::gpu_with(&options);
     let path = common::default_model_path();
-    check_model(common::load_on(&gpu, &path, 512), &path, "Q4_1 in 4 MiB bindings", &[1, 7]);
+    check_model(common::load_on(&gpu, &path, CONTEXT), &path, "Q4_1 in 4 MiB bindings", &[1, 7], CONTEXT);
 }
 
 /// RoPE frequency factors (`rope_freqs.weight`) and linear RoPE scaling: both passes rotate by
@@ -81,10 +83,13 @@ fn requantized_models_match_cpu_reference() {
     }
 }
 
-/// Random-weight models of other architectures (`common::synthetic`): the same bound.
+/// Random-weight models of other architectures (`common::synthetic`): the same bound, at the
+/// greedy tests' context of 1024 (past the long-factor Phi-3 model's original context of 512,
+/// so that its long RoPE factors are the ones checked).
 #[test]
 fn synthetic_models_match_cpu_reference() {
     for model in &common::synthetic::SYNTHETIC_MODELS {
-        check_file(&model.write(), model.label, &[1, 7, 130]);
+        let path = model.write();
+        check_model(common::load(&path, 1024), &path, model.label, &[1, 7, 130], 1024);
     }
 }

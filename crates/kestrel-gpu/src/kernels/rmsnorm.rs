@@ -1,4 +1,5 @@
-//! RMSNorm over the rows of an activation tensor (`shaders/rmsnorm.wgsl`).
+//! RMSNorm over the rows of an activation tensor, and over the heads of a fused QKV row in
+//! place (Qwen3's per-head Q/K norm) (`shaders/rmsnorm.wgsl`).
 
 use std::sync::Arc;
 
@@ -12,6 +13,9 @@ use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepUniform
 struct Params {
     n: u32,
     eps: f32,
+    rows_per_token: u32,
+    token_stride: u32,
+    offset: u32,
 }
 
 /// `out[t][i] = x[t][i] / sqrt(mean(x[t]^2) + eps) * weight[i]`, one workgroup per row.
@@ -19,10 +23,33 @@ pub struct RmsNormKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
 }
 
-/// An RMSNorm bound to its buffers; normalizes rows `0..n_tokens` when recorded.
+/// An RMSNorm bound to its buffers; normalizes the rows of tokens `0..n_tokens` when recorded.
 pub struct RmsNormDispatch {
     dispatch: Dispatch,
+    rows_per_token: u32,
     max_per_dim: u32,
+}
+
+/// The per-head RMSNorm, in place: `heads` consecutive heads of `head_dim` values, starting at
+/// value `offset` of every token's row, each normalized with the same `head_dim` weights.
+pub struct HeadNormKernel {
+    pipeline: Arc<wgpu::ComputePipeline>,
+}
+
+/// Which heads of a row a `HeadNormKernel` normalizes.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadSpan {
+    pub offset: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+}
+
+fn check_eps(eps: f32) -> Result<(), GpuError> {
+    if eps.is_finite() && eps >= 0.0 {
+        Ok(())
+    } else {
+        Err(GpuError::InvalidArgs(format!("rmsnorm: eps {eps} must be finite and >= 0")))
+    }
 }
 
 impl RmsNormKernel {
@@ -59,10 +86,9 @@ impl RmsNormKernel {
         if out.buffer == x.buffer {
             return invalid("out must be a different buffer than x".into());
         }
-        if !(eps.is_finite() && eps >= 0.0) {
-            return invalid(format!("eps {eps} must be finite and >= 0"));
-        }
-        let params = gpu.uniform_buffer("rmsnorm.params", bytemuck::bytes_of(&Params { n: n as u32, eps }));
+        check_eps(eps)?;
+        let params = Params { n: n as u32, eps, rows_per_token: 1, token_stride: n as u32, offset: 0 };
+        let params = gpu.uniform_buffer("rmsnorm.params", bytemuck::bytes_of(&params));
         let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
         let rows = (x.len() / n) as u32;
         let dispatch = Dispatch::new(
@@ -78,17 +104,62 @@ impl RmsNormKernel {
             ],
             grid(rows, max_per_dim),
         );
-        Ok(RmsNormDispatch { dispatch, max_per_dim })
+        Ok(RmsNormDispatch { dispatch, rows_per_token: 1, max_per_dim })
+    }
+}
+
+impl HeadNormKernel {
+    pub async fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        let defines = Defines::from([("IN_PLACE".to_string(), "1".to_string())]);
+        Ok(Self { pipeline: gpu.pipelines.get("rmsnorm", "main", &defines).await? })
+    }
+
+    /// Binds `x` (f32 `[rows, width]`), normalizing `span` of each token's row in place with
+    /// `weight` (f32, `span.head_dim` values). Tokens `0..step.n_tokens` are normalized.
+    pub fn bind(
+        &self,
+        gpu: &Gpu,
+        step: &StepUniform,
+        x: &Tensor,
+        weight: &Tensor,
+        span: HeadSpan,
+        eps: f32,
+    ) -> Result<RmsNormDispatch, GpuError> {
+        let width = x.shape.last().copied().unwrap_or(0);
+        let invalid = |why: String| Err(GpuError::InvalidArgs(format!("head rmsnorm: {why}")));
+        if [x.dtype, weight.dtype] != [DType::F32; 2] {
+            return invalid("x and weight must be f32".into());
+        }
+        let HeadSpan { offset, heads, head_dim } = span;
+        if head_dim == 0 || heads == 0 || width == 0 || offset + heads * head_dim > width {
+            return invalid(format!("{heads} heads of {head_dim} at {offset} do not fit rows of {width}"));
+        }
+        if weight.len() != head_dim {
+            return invalid(format!("weight has {} values, heads have {head_dim}", weight.len()));
+        }
+        check_eps(eps)?;
+        let params = Params { n: head_dim as u32, eps, rows_per_token: heads as u32, token_stride: width as u32, offset: offset as u32 };
+        let params = gpu.uniform_buffer("head_rmsnorm.params", bytemuck::bytes_of(&params));
+        let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
+        let rows = (x.len() / width * heads) as u32;
+        let dispatch = Dispatch::new(
+            gpu,
+            "head_rmsnorm",
+            self.pipeline.clone(),
+            &[step.buffer.as_entire_binding(), params.as_entire_binding(), x.buffer.as_entire_binding(), weight.buffer.as_entire_binding()],
+            grid(rows, max_per_dim),
+        );
+        Ok(RmsNormDispatch { dispatch, rows_per_token: heads as u32, max_per_dim })
     }
 }
 
 impl RmsNormDispatch {
-    /// The grid for `n_tokens` rows (one workgroup each).
+    /// The grid for `n_tokens` tokens (one workgroup per row).
     pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
-        grid(n_tokens, self.max_per_dim)
+        grid(n_tokens * self.rows_per_token, self.max_per_dim)
     }
 
-    /// Records the normalization of rows `0..n_tokens` (which must equal `step.n_tokens`).
+    /// Records the normalization of tokens `0..n_tokens` (which must equal `step.n_tokens`).
     pub fn record(&self, rec: &mut Recorder, n_tokens: u32) {
         self.dispatch.record_with(rec, self.workgroups(n_tokens));
     }

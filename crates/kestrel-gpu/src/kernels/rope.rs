@@ -21,6 +21,8 @@ struct Params {
     head_dim: u32,
     max_ctx: u32,
     neox: u32,
+    rotate: u32,
+    mscale: f32,
 }
 
 pub struct RopeKernel {
@@ -43,12 +45,13 @@ impl RopeKernel {
     /// `[q heads | k heads | v heads]`), `q_out` (f32 `[max_tokens, n_heads * head_dim]`) and the
     /// layer's cache. Token `t` of a step is at position `step.pos + t`; its rotated K and plain V
     /// land in the cache at that position (tokens at or past `max_ctx` are skipped: the caller
-    /// checks the context length).
+    /// checks the context length). Without a `config` (a layer without RoPE) Q and K are copied
+    /// unrotated.
     pub fn bind(
         &self,
         gpu: &Gpu,
         step: &StepUniform,
-        config: &RopeConfig,
+        config: Option<&RopeConfig>,
         qkv: &Tensor,
         q_out: &Tensor,
         cache: &KvCache,
@@ -70,13 +73,18 @@ impl RopeKernel {
         if q_out.shape.last() != Some(&shape.q_width()) || q_out.len() / shape.q_width() != rows {
             return invalid(format!("q_out shape {:?} must be [{rows}, {}]", q_out.shape, shape.q_width()));
         }
-        let turns = turns_per_position(config, hd)?;
+        let turns = match config {
+            Some(config) => turns_per_position(config, hd)?,
+            None => vec![[0, 0]; hd / 2],
+        };
         let params = Params {
             n_heads: shape.n_heads as u32,
             n_kv_heads: shape.n_kv_heads as u32,
             head_dim: hd as u32,
             max_ctx: shape.max_ctx as u32,
-            neox: u32::from(config.mode == RopeMode::Neox),
+            neox: u32::from(config.is_some_and(|c| c.mode == RopeMode::Neox)),
+            rotate: u32::from(config.is_some()),
+            mscale: config.map_or(1.0, |c| c.mscale),
         };
         let params = gpu.uniform_buffer("rope.params", bytemuck::bytes_of(&params));
         let turns = gpu.storage_buffer_init("rope.turns", bytemuck::cast_slice(&turns))?;
@@ -118,8 +126,11 @@ impl RopeDispatch {
 fn turns_per_position(config: &RopeConfig, head_dim: usize) -> Result<Vec<[u32; 2]>, GpuError> {
     let invalid = |why: String| Err(GpuError::InvalidArgs(format!("rope: {why}")));
     let positive = |v: f32| v.is_finite() && v > 0.0;
-    if !positive(config.base) || !positive(config.freq_scale) {
-        return invalid(format!("base {} and freq_scale {} must be finite and > 0", config.base, config.freq_scale));
+    if !positive(config.base) || !positive(config.freq_scale) || !positive(config.mscale) {
+        return invalid(format!(
+            "base {}, freq_scale {} and mscale {} must be finite and > 0",
+            config.base, config.freq_scale, config.mscale
+        ));
     }
     if let Some(factors) = &config.freq_factors {
         if factors.len() != head_dim / 2 {

@@ -1,10 +1,12 @@
-//! Rotary position embedding with llama.cpp's definitions (`ggml_rope_ext` with
-//! `ext_factor = 0`, i.e. no YaRN extrapolation ramp, and `attn_factor = 1`), rotating all
+//! Rotary position embedding with llama.cpp's definitions (`ggml_rope_ext`), rotating all
 //! `head_dim` dimensions of each head.
 //!
-//! Pair `i` (of `head_dim / 2`) of a head at position `p` is rotated by
-//! `theta_i = p * freq_scale * base^(-2i / head_dim) / freq_factors[i]`:
-//! `(x0, x1) -> (x0 cos - x1 sin, x0 sin + x1 cos)`.
+//! Pair `i` (of `head_dim / 2`) of a head at position `p` is rotated by `theta_i = p * w_i` with
+//! `e_i = base^(-2i / head_dim) / freq_factors[i]` (the extrapolated frequency) and
+//! `w_i = e_i * (freq_scale * (1 - mix_i) + mix_i)`, where `mix_i` is YaRN's ramp (0 without
+//! YaRN: plain or linearly scaled RoPE), and scaled by `mscale`:
+//! `(x0, x1) -> mscale * (x0 cos - x1 sin, x0 sin + x1 cos)`. ggml computes the same angle as
+//! `theta_interp * (1 - mix) + theta_extrap * mix` per position; per pair it is linear in `p`.
 
 /// Which dimensions form a rotated pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,7 +18,8 @@ pub enum RopeMode {
 }
 
 /// The model's rotary parameters (GGUF `rope.freq_base`, `rope.scaling.factor` as
-/// `freq_scale = 1 / factor`, and the `rope_freqs.weight` tensor of Llama 3.x).
+/// `freq_scale = 1 / factor`, the `rope_freqs.weight` tensor of Llama 3.x or Phi-3's long/short
+/// factors, YaRN's ramp, and the magnitude scale).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeConfig {
     pub mode: RopeMode,
@@ -24,19 +27,49 @@ pub struct RopeConfig {
     pub freq_scale: f32,
     /// One divisor per pair (`head_dim / 2` values); `None` means all ones.
     pub freq_factors: Option<Vec<f32>>,
+    /// YaRN's correction dimensions (ggml's `corr_dims`); `None` without YaRN.
+    pub yarn: Option<YarnRamp>,
+    /// Multiplies the rotated values (ggml's `mscale`: the attention factor, times YaRN's
+    /// magnitude correction).
+    pub mscale: f32,
+}
+
+/// Where YaRN's ramp goes from extrapolation (pairs below `low`) to interpolation (above
+/// `high`), as `ggml_rope_yarn_corr_dims` computes them, with `ext_factor` 1.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnRamp {
+    pub low: f32,
+    pub high: f32,
+}
+
+impl YarnRamp {
+    /// `ggml_rope_yarn_corr_dims(head_dim, n_ctx_orig, base, beta_fast, beta_slow)`, in f32 as
+    /// ggml computes it (the floor and ceil make the result a pair of whole numbers).
+    pub fn new(head_dim: usize, n_ctx_orig: usize, base: f32, beta_fast: f32, beta_slow: f32) -> Self {
+        let corr_dim = |n_rot: f32| head_dim as f32 * (n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)).ln() / (2.0 * base.ln());
+        Self { low: corr_dim(beta_fast).floor().max(0.0), high: corr_dim(beta_slow).ceil().min(head_dim as f32 - 1.0) }
+    }
+
+    /// ggml's `rope_yarn_ramp` for pair `i`: 1 below `low` (extrapolate), 0 above `high`.
+    pub fn mix(&self, i: usize) -> f64 {
+        let y = (i as f32 - self.low) / (self.high - self.low).max(0.001);
+        f64::from(1.0 - y.clamp(0.0, 1.0))
+    }
 }
 
 impl RopeConfig {
     /// Plain RoPE: no frequency scaling, no factors.
     pub fn new(mode: RopeMode, base: f32) -> Self {
-        Self { mode, base, freq_scale: 1.0, freq_factors: None }
+        Self { mode, base, freq_scale: 1.0, freq_factors: None, yarn: None, mscale: 1.0 }
     }
 
     /// Angle per position step of pair `i` (radians), in f64 so that the GPU's angle tables and
     /// this reference are exact to well below f32 precision.
     pub fn inv_freq(&self, head_dim: usize, i: usize) -> f64 {
         let factor = self.freq_factors.as_ref().map_or(1.0, |f| f64::from(f[i]));
-        f64::from(self.freq_scale) * f64::from(self.base).powf(-2.0 * i as f64 / head_dim as f64) / factor
+        let extrapolated = f64::from(self.base).powf(-2.0 * i as f64 / head_dim as f64) / factor;
+        let mix = self.yarn.map_or(0.0, |ramp| ramp.mix(i));
+        extrapolated * (f64::from(self.freq_scale) * (1.0 - mix) + mix)
     }
 
     /// The two indices within a head that pair `i` rotates.
@@ -61,7 +94,7 @@ pub fn rope(x: &[f32], head_dim: usize, pos: usize, config: &RopeConfig) -> Vec<
     for head in out.chunks_exact_mut(head_dim) {
         for i in 0..head_dim / 2 {
             let theta = pos as f64 * config.inv_freq(head_dim, i);
-            let (sin, cos) = (theta.sin() as f32, theta.cos() as f32);
+            let (sin, cos) = (theta.sin() as f32 * config.mscale, theta.cos() as f32 * config.mscale);
             let (a, b) = config.pair(head_dim, i);
             let (x0, x1) = (head[a], head[b]);
             head[a] = x0 * cos - x1 * sin;

@@ -41,6 +41,7 @@ impl Graph {
                 Box::new(|rec| {
                     self.layers.iter().for_each(|l| {
                         l.attn_norm.record(rec, 1);
+                        l.qk_norm.iter().for_each(|d| d.record(rec, 1));
                         l.ffn_norm.record(rec, 1);
                     });
                     self.output_norm.record(rec, 1);

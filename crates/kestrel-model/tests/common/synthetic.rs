@@ -40,11 +40,33 @@ pub struct SyntheticModel {
     pub untied_output: bool,
     /// Q, K and V biases (`attn_{q,k,v}.bias`), as Qwen2 has.
     pub qkv_bias: bool,
+    /// Qwen3's per-head Q and K norms (`attn_{q,k}_norm.weight`).
+    pub qk_norm: bool,
+    /// Phi-3's layout: one `attn_qkv` tensor and one `ffn_up` tensor holding gate and up.
+    pub fused_tensors: bool,
+    pub rope: SyntheticRope,
     /// The largest allowed |Kestrel - llama.cpp| of the first step's top-5 log-probabilities.
     pub logprob_tolerance: f64,
     /// Greedy steps are compared up to llama.cpp's first top-two margin below this.
     pub near_tie: f64,
     pub seed: u64,
+}
+
+/// How a test model scales RoPE.
+#[derive(Clone, Copy, Debug)]
+pub enum SyntheticRope {
+    Plain,
+    /// `rope.scaling.type` yarn with this factor from `original_context` positions.
+    Yarn {
+        factor: f32,
+        original_context: u32,
+    },
+    /// Phi-3.5's long and short factor tables (`rope_factors_{long,short}.weight`, long ones
+    /// beyond `original_context`) and attention factor.
+    LongShort {
+        attn_factor: f32,
+        original_context: u32,
+    },
 }
 
 /// Qwen2.5-0.5B's proportions, scaled down: head_dim 32 (not the default model's 64), 8 query
@@ -69,6 +91,9 @@ pub const QWEN2_F32: SyntheticModel = SyntheticModel {
     matrix_type: GgmlType::F32,
     untied_output: true,
     qkv_bias: true,
+    qk_norm: false,
+    fused_tensors: false,
+    rope: SyntheticRope::Plain,
     logprob_tolerance: 0.01,
     near_tie: 0.01,
     seed: 0x51_5745_4E32,
@@ -89,8 +114,116 @@ pub const QWEN2_Q8_0: SyntheticModel = SyntheticModel {
     ..QWEN2_F32
 };
 
+/// Qwen3-0.6B's proportions, scaled down: 4 query heads of 128 dimensions (Q is twice as wide
+/// as the hidden size of 256, as 16 x 128 over 1024 is in the real model) sharing 2 KV heads,
+/// per-head RMSNorm of Q and K, no biases, tied embeddings, RoPE base 1e6 (NeoX), eps 1e-6.
+pub const QWEN3_F32: SyntheticModel = SyntheticModel {
+    label: "qwen3 F32",
+    arch: "qwen3",
+    reference_dir: "reference-qwen3-f32",
+    sha256: "b88dcca07154f817702f9f3ea147f7ac6e458f44e821e66e928cbeadc975d7d6",
+    n_layers: 4,
+    hidden: 256,
+    n_heads: 4,
+    n_kv_heads: 2,
+    head_dim: 128,
+    ffn: 768,
+    rope_base: 1_000_000.0,
+    rms_eps: 1e-6,
+    matrix_type: GgmlType::F32,
+    untied_output: false,
+    qkv_bias: false,
+    qk_norm: true,
+    fused_tensors: false,
+    rope: SyntheticRope::Plain,
+    logprob_tolerance: 0.01,
+    near_tie: 0.01,
+    seed: 0x51_5745_4E33,
+};
+
+/// The Qwen3 layout with YaRN scaling by 4 from 512 positions and RoPE base 1e4: YaRN's ramp then
+/// runs from pair 6 to pair 31 of 64 (`YarnRamp`), so the prompts' positions reach angles where
+/// extrapolated, mixed and interpolated pairs all differ, and its magnitude factor
+/// (1 + 0.1 ln 4) scales every attention score by 1.3.
+pub const QWEN3_YARN_F32: SyntheticModel = SyntheticModel {
+    label: "qwen3 YaRN F32",
+    reference_dir: "reference-qwen3-yarn-f32",
+    sha256: "f0a58a663b98ef90ebde63cdc755f14ae025fb60b7e53f8b4a6c9a924fbf24f6",
+    rope_base: 10_000.0,
+    rope: SyntheticRope::Yarn { factor: 4.0, original_context: 512 },
+    seed: 0x5941_524E,
+    ..QWEN3_F32
+};
+
+/// SmolLM3-3B's proportions, scaled down: 4 layers of which the fourth has no RoPE (llama.cpp's
+/// fixed `n_no_rope_layer_step` of 4), 4 query heads of 64 sharing 1 KV head, hidden 256, tied
+/// embeddings, RoPE base 5e6 (normal mode), eps 1e-6.
+pub const SMOLLM3_F32: SyntheticModel = SyntheticModel {
+    label: "smollm3 F32",
+    arch: "smollm3",
+    reference_dir: "reference-smollm3-f32",
+    sha256: "4032a60403e95d067e7d0adde4ce96df1168ab8aad5aca69fbf09443a8020367",
+    n_layers: 4,
+    hidden: 256,
+    n_heads: 4,
+    n_kv_heads: 1,
+    head_dim: 64,
+    ffn: 1376,
+    rope_base: 5_000_000.0,
+    rms_eps: 1e-6,
+    matrix_type: GgmlType::F32,
+    untied_output: false,
+    qkv_bias: false,
+    qk_norm: false,
+    fused_tensors: false,
+    rope: SyntheticRope::Plain,
+    logprob_tolerance: 0.01,
+    near_tie: 0.01,
+    seed: 0x53_4D4F_4C33,
+};
+
+/// Phi-3.5-mini's layout, scaled down: fused `attn_qkv` and gate|up `ffn_up` tensors, 8 heads of
+/// 32 without GQA, hidden 256, a separate output matrix, RoPE base 1e4 (NeoX), eps 1e-5, and its
+/// LongRoPE tables with attention factor 1.19 from 4096 original positions: at the tests'
+/// contexts (llama.cpp 2048, Kestrel 1024) both use the short factors. The label (written as
+/// `general.name`) avoids "phi3" and "phi-3": llama.cpp gives a model so named Phi-3's special
+/// token attributes, which needs Phi-3's vocabulary (it fails on "</s>" missing from this one).
+pub const PHI3_F32: SyntheticModel = SyntheticModel {
+    label: "Phi 3 F32",
+    arch: "phi3",
+    reference_dir: "reference-phi3-f32",
+    sha256: "5806c2750466823b59a9ad0a125863dcccfea1e60e66ee732d55a3c10bc6acd2",
+    n_layers: 4,
+    hidden: 256,
+    n_heads: 8,
+    n_kv_heads: 8,
+    head_dim: 32,
+    ffn: 704,
+    rope_base: 10_000.0,
+    rms_eps: 1e-5,
+    matrix_type: GgmlType::F32,
+    untied_output: true,
+    qkv_bias: false,
+    qk_norm: false,
+    fused_tensors: true,
+    rope: SyntheticRope::LongShort { attn_factor: 1.19, original_context: 4096 },
+    logprob_tolerance: 0.01,
+    near_tie: 0.01,
+    seed: 0x5048_4933,
+};
+
+/// The same Phi-3 layout from 512 original positions: both engines' contexts exceed it, so both
+/// use the long factors.
+pub const PHI3_LONG_F32: SyntheticModel = SyntheticModel {
+    label: "Phi 3 long-factor F32",
+    reference_dir: "reference-phi3-long-f32",
+    sha256: "2691c1d88a1e58c0e2b65aa59a5497ff081f0a752cdf35de4ede503edfc5fdc0",
+    rope: SyntheticRope::LongShort { attn_factor: 1.19, original_context: 512 },
+    ..PHI3_F32
+};
+
 /// Every synthetic model the tests run.
-pub const SYNTHETIC_MODELS: [SyntheticModel; 2] = [QWEN2_F32, QWEN2_Q8_0];
+pub const SYNTHETIC_MODELS: [SyntheticModel; 7] = [QWEN2_F32, QWEN2_Q8_0, QWEN3_F32, QWEN3_YARN_F32, SMOLLM3_F32, PHI3_F32, PHI3_LONG_F32];
 
 /// Uniform values with standard deviation `std` (uniform on [-a, a] has std a / sqrt(3)).
 fn uniform(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
@@ -130,6 +263,18 @@ impl SyntheticModel {
         md.set(format!("{arch}.attention.value_length"), u32v(self.head_dim));
         md.set(format!("{arch}.rope.freq_base"), MetadataValue::F32(self.rope_base));
         md.set(format!("{arch}.attention.layer_norm_rms_epsilon"), MetadataValue::F32(self.rms_eps));
+        match self.rope {
+            SyntheticRope::Plain => {}
+            SyntheticRope::Yarn { factor, original_context } => {
+                md.set(format!("{arch}.rope.scaling.type"), MetadataValue::String("yarn".into()));
+                md.set(format!("{arch}.rope.scaling.factor"), MetadataValue::F32(factor));
+                md.set(format!("{arch}.rope.scaling.original_context_length"), MetadataValue::U32(original_context));
+            }
+            SyntheticRope::LongShort { attn_factor, original_context } => {
+                md.set(format!("{arch}.rope.scaling.attn_factor"), MetadataValue::F32(attn_factor));
+                md.set(format!("{arch}.rope.scaling.original_context_length"), MetadataValue::U32(original_context));
+            }
+        }
         for (key, value) in tokenizer.iter() {
             md.set(key, value.clone());
         }
@@ -150,25 +295,49 @@ impl SyntheticModel {
             out.push((spec, uniform(rng, n, std).into_iter().map(|v| v + mean).collect()));
         };
         // Embedding rows of unit scale; every product's weights of std 1/sqrt(cols), so each
-        // output has about the scale of its input; the LM head a few times larger, so that the
-        // logits spread over several units and most greedy steps have clear margins.
-        matrix(&mut out, &mut rng, "token_embd.weight".into(), vocab, h, 1.0);
+        // output has about the scale of its input; the LM head of std 4/sqrt(hidden), so that the
+        // logits spread over several units and most greedy steps have clear margins. A tied
+        // embedding is that LM head (at unit scale its logits would reach +-100 and every
+        // distribution would be one-hot, comparing nothing).
+        let embedding_std = if self.untied_output { 1.0 } else { 4.0 / (h as f32).sqrt() };
+        matrix(&mut out, &mut rng, "token_embd.weight".into(), vocab, h, embedding_std);
+        if let SyntheticRope::LongShort { .. } = self.rope {
+            // Shaped like Phi-3.5's: short factors near 1, long ones growing to ~8 for the
+            // low frequencies.
+            let pairs = self.head_dim / 2;
+            let ramp = |top: f32| (0..pairs).map(move |i| 1.0 + (top - 1.0) * (i as f32 / (pairs - 1) as f32).powi(2)).collect();
+            let vector_of = |name: &str| TensorSpec { name: name.into(), dims: vec![pairs as u64], ggml_type: GgmlType::F32 };
+            out.push((vector_of("rope_factors_long.weight"), ramp(8.0)));
+            out.push((vector_of("rope_factors_short.weight"), ramp(1.5)));
+        }
         for l in 0..self.n_layers {
             let name = |s: &str| format!("blk.{l}.{s}");
             let std = |cols: usize| 1.0 / (cols as f32).sqrt();
             vector(&mut out, &mut rng, name("attn_norm.weight"), h, 1.0, 0.2);
-            matrix(&mut out, &mut rng, name("attn_q.weight"), q, h, std(h));
-            matrix(&mut out, &mut rng, name("attn_k.weight"), kv, h, std(h));
-            matrix(&mut out, &mut rng, name("attn_v.weight"), kv, h, std(h));
+            if self.fused_tensors {
+                matrix(&mut out, &mut rng, name("attn_qkv.weight"), q + 2 * kv, h, std(h));
+            } else {
+                matrix(&mut out, &mut rng, name("attn_q.weight"), q, h, std(h));
+                matrix(&mut out, &mut rng, name("attn_k.weight"), kv, h, std(h));
+                matrix(&mut out, &mut rng, name("attn_v.weight"), kv, h, std(h));
+            }
             if self.qkv_bias {
                 vector(&mut out, &mut rng, name("attn_q.bias"), q, 0.0, 0.5);
                 vector(&mut out, &mut rng, name("attn_k.bias"), kv, 0.0, 0.5);
                 vector(&mut out, &mut rng, name("attn_v.bias"), kv, 0.0, 0.5);
             }
+            if self.qk_norm {
+                vector(&mut out, &mut rng, name("attn_q_norm.weight"), self.head_dim, 1.0, 0.2);
+                vector(&mut out, &mut rng, name("attn_k_norm.weight"), self.head_dim, 1.0, 0.2);
+            }
             matrix(&mut out, &mut rng, name("attn_output.weight"), h, q, std(q));
             vector(&mut out, &mut rng, name("ffn_norm.weight"), h, 1.0, 0.2);
-            matrix(&mut out, &mut rng, name("ffn_gate.weight"), f, h, std(h));
-            matrix(&mut out, &mut rng, name("ffn_up.weight"), f, h, std(h));
+            if self.fused_tensors {
+                matrix(&mut out, &mut rng, name("ffn_up.weight"), 2 * f, h, std(h));
+            } else {
+                matrix(&mut out, &mut rng, name("ffn_gate.weight"), f, h, std(h));
+                matrix(&mut out, &mut rng, name("ffn_up.weight"), f, h, std(h));
+            }
             matrix(&mut out, &mut rng, name("ffn_down.weight"), h, f, std(f));
         }
         vector(&mut out, &mut rng, "output_norm.weight".into(), h, 1.0, 0.2);

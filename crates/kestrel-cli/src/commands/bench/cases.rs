@@ -131,7 +131,7 @@ pub fn rope(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, GpuE
     let cache = KvCache::new(gpu, "bench.cache", attention_shape(model, MAX_CTX))?;
     let step = step_uniform(gpu, StepParams::new(tokens, (MAX_CTX - t) as u32, 0));
     let config = RopeConfig::new(RopeMode::Norm, 10_000.0);
-    let dispatch = block_on(RopeKernel::new(gpu))?.bind(gpu, &step, &config, &qkv, &q, &cache)?;
+    let dispatch = block_on(RopeKernel::new(gpu))?.bind(gpu, &step, Some(&config), &qkv, &q, &cache)?;
     let angle_table = (model.head_dim / 2) as u64 * 8;
     let bytes = 2 * qkv.byte_size() + angle_table;
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, tokens)) })

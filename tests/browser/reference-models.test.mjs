@@ -1,0 +1,83 @@
+// Files other than the default model in the browser, each streaming llama.cpp's greedy tokens for
+// the same file up to llama.cpp's first near-tie:
+// - llama.cpp's own Q4_K_M of the default model (Q5_0, Q8_0, Q4_K and Q6_K tensors; Q, K and V of
+//   different types; tests/data/reference-q4_k_m);
+// - the random-weight Qwen3 test model (per-head Q/K RMSNorm, 128-dimension heads, Q twice as wide
+//   as the hidden size; crates/kestrel-model/tests/common/synthetic.rs, QWEN3_F32;
+//   tests/data/reference-qwen3-f32), written by the native tests and copied to models/ by
+//   `./build.sh test-browser`: an architecture other than the default model's `llama`.
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { CONTEXT_LENGTH, launch, openTestPage, ROOT, startServer } from './harness.mjs';
+
+const MINUTES = 60_000;
+
+describe('Reference models in Chromium', { timeout: 40 * MINUTES }, () => {
+  let server;
+  let browser;
+
+  before(async () => {
+    server = await startServer();
+    browser = await launch();
+  });
+
+  after(async () => {
+    await browser?.close();
+    await server?.close();
+  });
+
+  // Streams `steps` greedy tokens of the raw prompt `promptId` from `modelUrl` and checks them
+  // against `referenceDir`'s, which must have no near-tie (top-2 logit margin under `nearTie`)
+  // in those steps. Returns the engine's info.
+  async function checkGreedy({ label, modelUrl, referenceDir, promptId, steps, nearTie }) {
+    const reference = JSON.parse(readFileSync(join(ROOT, 'tests/data', referenceDir, 'greedy.json'), 'utf8'));
+    const prompts = JSON.parse(readFileSync(join(ROOT, 'tests/data/reference/prompts.json'), 'utf8'));
+    const want = reference.prompts.find((p) => p.id === promptId);
+    const text = prompts.prompts.find((p) => p.id === promptId).text;
+    const firstTie = want.step_top1_top2_logit_margin.findIndex((m) => m < nearTie);
+    assert.ok(firstTie === -1 || firstTie >= steps, `${label}: the reference has a near-tie at step ${firstTie}`);
+
+    const page = await openTestPage(browser.context, server.url);
+    page.setDefaultTimeout(20 * MINUTES);
+    const out = await page.evaluate(async ({ modelUrl, prompt, steps, contextLength }) => {
+      const engine = await window.kestrel.createEngine({ model: modelUrl, context_length: contextLength });
+      const info = engine.info;
+      const r = await engine.completions.create({ prompt, temperature: 0, max_tokens: steps, ignore_eos: true });
+      await engine.unload();
+      return { r, info };
+    }, { modelUrl, prompt: text, steps, contextLength: CONTEXT_LENGTH });
+    console.log(`${label}: ${JSON.stringify(out.r.choices[0].text)}; usage ${JSON.stringify(out.r.usage)}`);
+    assert.deepEqual(out.r.kestrel.prompt_token_ids, want.prompt_ids);
+    assert.deepEqual(out.r.kestrel.token_ids, want.greedy_ids.slice(0, steps));
+    await page.close();
+    return out.info;
+  }
+
+  test("(g) llama.cpp's Q4_K_M streams llama.cpp's greedy tokens", { timeout: 25 * MINUTES }, async () => {
+    await checkGreedy({
+      label: 'Q4_K_M',
+      modelUrl: '/models/SmolLM2-135M-Instruct.Q4_K_M.gguf',
+      referenceDir: 'reference-q4_k_m',
+      promptId: 'pub_raw_json',
+      steps: 6,
+      nearTie: 0.1,
+    });
+  });
+
+  test("(h) a qwen3 model streams llama.cpp's greedy tokens", { timeout: 15 * MINUTES }, async () => {
+    const info = await checkGreedy({
+      label: 'qwen3',
+      modelUrl: '/models/synthetic-qwen3-f32.gguf',
+      referenceDir: 'reference-qwen3-f32',
+      promptId: 'pub_raw_recipe',
+      steps: 8,
+      // As in the native test of this model (QWEN3_F32.near_tie): F32 matrices leave only
+      // llama.cpp's f16 KV cache and summation order between the engines.
+      nearTie: 0.01,
+    });
+    assert.equal(info.model.arch, 'qwen3');
+    assert.equal(info.model.head_dim * info.model.n_heads, 2 * info.model.hidden);
+  });
+});
