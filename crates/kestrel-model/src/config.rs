@@ -2,6 +2,7 @@
 //! them (`{arch}.embedding_length`, `{arch}.attention.head_count`, ...).
 
 use kestrel_gguf::GgufHeader;
+use kestrel_gpu::kernels::attention::HEAD_DIMS;
 pub use kestrel_gpu::reference::rope::RopeMode;
 use kestrel_gpu::reference::rope::{RopeConfig, YarnRamp};
 
@@ -125,8 +126,10 @@ impl ModelConfig {
         if head_dim * n_heads != hidden && arch != Arch::Qwen3 {
             return Err(bad_model(format!("head_dim {head_dim} x {n_heads} heads != embedding_length {hidden}")));
         }
-        if head_dim == 0 || !head_dim.is_multiple_of(2) {
-            return Err(bad_model(format!("head_dim {head_dim} must be even")));
+        // Refused here, before any weight is downloaded, rather than when the kernels are built
+        // (Phi-3-mini's 96 and Gemma's 256 are not built yet).
+        if !HEAD_DIMS.contains(&head_dim) {
+            return Err(ModelError::UnsupportedArch(format!("{arch_name} with head_dim {head_dim} (attention runs {HEAD_DIMS:?})")));
         }
         if let Some(v) = md.get_u64(&key("attention.value_length"))? {
             if v as usize != head_dim {

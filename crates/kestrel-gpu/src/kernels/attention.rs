@@ -15,7 +15,8 @@ const DECODE_CHUNK: u32 = 256;
 const PREFILL_QUERIES: u32 = 8;
 /// Head sizes the shader is written for: powers of two dividing the workgroup's 256 threads,
 /// whose prefill tiles fit WebGPU's 16 KiB of workgroup memory.
-const HEAD_DIMS: [usize; 3] = [32, 64, 128];
+/// The head dimensions the attention kernels are built for.
+pub const HEAD_DIMS: [usize; 3] = [32, 64, 128];
 
 /// Mirrors `Params` in `shaders/attention.wgsl`.
 #[repr(C)]
