@@ -7,12 +7,15 @@
 //   (chunk of CHUNK positions, head) writes its chunk's (max, sum, acc[HD]) to `partials`;
 // - DECODE_COMBINE: one workgroup per head merges the chunks' partials into the output;
 // - PREFILL: one workgroup per (tile of BQ queries, head) walks the keys in blocks of BK.
+// Scores are q.k * scale, soft-capped to cap * tanh(s / cap) when `softcap` > 0 (Gemma 2); with a
+// sliding window (`window` > 0) the query at position p sees keys p - window + 1..=p.
 #if SUBGROUPS
 #if WGSL_ENABLE_SUBGROUPS
 enable subgroups;
 #endif
 #endif
 #include "step"
+#include "activation"
 
 struct Params {
     n_heads: u32,
@@ -21,6 +24,8 @@ struct Params {
     // Chunks reserved per head in `partials` (max_ctx / CHUNK rounded up).
     max_chunks: u32,
     scale: f32,
+    softcap: f32,
+    window: u32,
 }
 
 const HD: u32 = {{HD}}u;
@@ -31,6 +36,19 @@ const NEG_BIG: f32 = -1.0e30;
 
 fn kv_head(h: u32) -> u32 {
     return h / (params.n_heads / params.n_kv_heads);
+}
+
+fn score_of(qk: f32) -> f32 {
+    let s = qk * params.scale;
+    if (params.softcap > 0.0) {
+        return soft_cap(s, params.softcap);
+    }
+    return s;
+}
+
+// Whether the query at `query_pos` sees the key at `key_pos <= query_pos` (the window's side).
+fn in_window(query_pos: u32, key_pos: u32) -> bool {
+    return params.window == 0u || query_pos - key_pos < params.window;
 }
 
 #if DECODE_PARTIAL
@@ -44,7 +62,9 @@ fn kv_head(h: u32) -> u32 {
 
 var<workgroup> q_head: array<vec4<f32>, HD4>;
 var<workgroup> weights: array<f32, CHUNK>;
-// The V sum is split over CHUNK / HD groups of threads, one position in every group count.
+// The V sum is split over V_GROUPS groups of HD threads, one position in every V_GROUPS (the
+// CHUNK - V_GROUPS * HD threads left over when HD does not divide CHUNK sit it out).
+const V_GROUPS: u32 = CHUNK / HD;
 var<workgroup> v_parts: array<f32, CHUNK>;
 
 #if SUBGROUPS
@@ -137,7 +157,7 @@ fn decode_partial(
 
     // Scores: one position per thread, its K row read as vec4s.
     let p = start + lid;
-    let valid = p < n_keys;
+    let valid = p < n_keys && in_window(step.pos, p);
     var score = NEG_BIG;
     if (valid) {
         let row = (kvh * params.max_ctx + p) * HD4;
@@ -145,7 +165,7 @@ fn decode_partial(
         for (var d = 0u; d < HD4; d++) {
             qk += dot(q_head[d], k_cache[row + d]);
         }
-        score = qk * params.scale;
+        score = score_of(qk);
     }
     let m = workgroup_max(score, lid);
     var w = 0.0;
@@ -161,14 +181,16 @@ fn decode_partial(
     let group = lid / HD;
     let n_here = min(CHUNK, max(n_keys, start) - start);
     var acc = 0.0;
-    for (var j = group; j < n_here; j += CHUNK / HD) {
-        acc += weights[j] * v_cache[(kvh * params.max_ctx + start + j) * HD + d];
+    if (group < V_GROUPS) {
+        for (var j = group; j < n_here; j += V_GROUPS) {
+            acc += weights[j] * v_cache[(kvh * params.max_ctx + start + j) * HD + d];
+        }
     }
     v_parts[lid] = acc;
     workgroupBarrier();
     if (lid < HD) {
         var total = 0.0;
-        for (var g = 0u; g < CHUNK / HD; g++) {
+        for (var g = 0u; g < V_GROUPS; g++) {
             total += v_parts[g * HD + lid];
         }
         let base = (h * params.max_chunks + chunk) * (2u + HD);
@@ -218,8 +240,10 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 const WG: u32 = 256u;
-const BQ: u32 = 8u;
-const BK: u32 = 16u;
+// Queries and keys per block (the Rust side's `prefill_tile`: smaller for large heads so that
+// the tiles fit 16 KiB of workgroup memory).
+const BQ: u32 = {{BQ}}u;
+const BK: u32 = {{BK}}u;
 // In the softmax/V phase each query row is owned by COLS threads, each with HD / COLS outputs.
 const COLS: u32 = WG / BQ;
 const PER_THREAD: u32 = HD / COLS;
@@ -271,19 +295,25 @@ fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     var m = NEG_BIG;
     var l = 0.0;
     var acc: array<f32, PER_THREAD>;
-    for (var kb = 0u; kb < kv_end; kb += BK) {
+    // With a window, blocks before the first key of the tile's first query are skipped.
+    var first_key = 0u;
+    if (params.window != 0u && step.pos + t0 + 1u > params.window) {
+        first_key = (step.pos + t0 + 1u - params.window) / BK * BK;
+    }
+    for (var kb = first_key; kb < kv_end; kb += BK) {
         load_block(false, kvh, kb, kv_end, lid);
         workgroupBarrier();
         if (lid < BQ * BK) {
             let sr = lid / BK;
             let sj = lid % BK;
             var s = NEG_BIG;
-            if (kb + sj <= step.pos + t0 + sr && kb + sj < kv_end) {
+            let query_pos = step.pos + t0 + sr;
+            if (kb + sj <= query_pos && kb + sj < kv_end && in_window(query_pos, kb + sj)) {
                 var qk = 0.0;
                 for (var d = 0u; d < HD; d++) {
                     qk += q_tile[sr * HD + d] * kv_tile[sj * ROW + d];
                 }
-                s = qk * params.scale;
+                s = score_of(qk);
             }
             scores[lid] = s;
         }
@@ -302,7 +332,7 @@ fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             acc[i] *= rescale;
         }
         for (var j = 0u; j < BK; j++) {
-            if (kb + j <= row_pos && kb + j < kv_end) {
+            if (kb + j <= row_pos && kb + j < kv_end && in_window(row_pos, kb + j)) {
                 let p = exp(scores[r * BK + j] - m_new);
                 l += p;
                 for (var i = 0u; i < PER_THREAD; i++) {

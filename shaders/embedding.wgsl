@@ -3,7 +3,8 @@
 // over the row in units of 8 weights. A table too large for one binding is split into row shards
 // (`first_row`, `total_rows`), one dispatch each, and each writes only the ids in its rows. An id
 // past the vocabulary yields a row of zeros, written by the first shard (the model validates ids
-// before; this only keeps a bad id from reading out of bounds).
+// before; this only keeps a bad id from reading out of bounds). Rows are multiplied by SCALE
+// (Gemma's sqrt(hidden); 1 elsewhere, which is exact).
 #include "quant"
 #include "step"
 
@@ -14,6 +15,7 @@
 @group(0) @binding(4) var<storage, read> w: array<u32>;
 
 const WG: u32 = 64u;
+const SCALE: f32 = {{SCALE}};
 
 @compute @workgroup_size(WG)
 fn main(
@@ -41,15 +43,15 @@ fn main(
         }
         let cols = unit_cols(u);
         for (var i = 0u; i < 4u; i++) {
-            embeddings[out_row + cols.x + i] = unit.lo[i];
-            embeddings[out_row + cols.y + i] = unit.hi[i];
+            embeddings[out_row + cols.x + i] = unit.lo[i] * SCALE;
+            embeddings[out_row + cols.y + i] = unit.hi[i] * SCALE;
         }
     }
 #if DENSE
     // The columns after the last whole unit (fewer than 8), one per thread.
     let col = units * 8u + lid;
     if (col < params.cols) {
-        embeddings[out_row + col] = select(0.0, load_dense(row, col), valid);
+        embeddings[out_row + col] = select(0.0, load_dense(row, col), valid) * SCALE;
     }
 #endif
 }

@@ -10,6 +10,7 @@
 // read then written by the same invocation), SWIGLU (gate `w`, up `w_up`; the tile is then only
 // 32 features wide so that both weight tiles fit in 16 KiB of workgroup memory).
 #include "quant"
+#include "activation"
 #include "step"
 
 @group(0) @binding(0) var<uniform> params: WeightParams;
@@ -43,10 +44,6 @@ var<workgroup> w_tile: array<f32, BN * STRIDE>;
 #if SWIGLU
 var<workgroup> up_tile: array<f32, BN * STRIDE>;
 #endif
-
-fn silu(a: f32) -> f32 {
-    return a / (1.0 + exp(-a));
-}
 
 fn store_unit(tile_row: u32, cols: vec2<u32>, unit: Unit, is_up: bool) {
     for (var i = 0u; i < 4u; i++) {
@@ -162,7 +159,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             }
             let index = m * params.out_stride + params.out_offset + n;
 #if SWIGLU
-            var value = silu(acc[j][i]) * acc_up[j][i];
+            var value = gate_activation(acc[j][i]) * acc_up[j][i];
 #else
             var value = acc[j][i];
 #endif

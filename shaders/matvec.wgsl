@@ -13,8 +13,10 @@
 //
 // Epilogues (defines): BIAS adds bias[n]; ACCUMULATE adds the old y[n] (the in-place residual
 // add, y += W x: each y[n] is read then written by the same invocation); SWIGLU computes
-// y[n] = silu(Wg[n] . x) * (Wu[n] . x) with the gate in `w` and the up projection in `w_up`.
+// y[n] = act(Wg[n] . x) * (Wu[n] . x) with the gate in `w` and the up projection in `w_up`
+// (act: SiLU, or GELU with the GELU define; shaders/activation.wgsl).
 #include "quant"
+#include "activation"
 
 @group(0) @binding(0) var<uniform> params: WeightParams;
 // Read as vec4s: one load per 4 activations (every buffer is a whole number of vec4s).
@@ -51,10 +53,6 @@ fn block_scales(s: array<u32, SCALE_WORDS>, row: u32, first: u32) -> vec4<f32> {
         return vec4<f32>(lo, unit_scale_of(s, row, first + 2u));
     }
     return vec4<f32>(lo, lo);
-}
-
-fn silu(a: f32) -> f32 {
-    return a / (1.0 + exp(-a));
 }
 
 @compute @workgroup_size(LANES * SLICES)
@@ -189,12 +187,15 @@ fn row_partials(rows: array<u32, R>, slice: u32) -> array<vec2<f32>, R> {
 
 fn store(row: u32, total: vec2<f32>) {
 #if SWIGLU
-    var value = silu(total.x) * total.y;
+    var value = gate_activation(total.x) * total.y;
 #else
     var value = total.x;
 #endif
 #if BIAS
     value += bias[row];
+#endif
+#if SOFTCAP
+    value = soft_cap(value, {{SOFTCAP}});
 #endif
     let index = params.out_offset + row;
 #if ACCUMULATE

@@ -1,7 +1,8 @@
 // RMSNorm: out[r][i] = x[r][i] / sqrt(mean(x[r]^2) + eps) * weight[i], one workgroup per row r
 // of n values. A token has `rows_per_token` rows: 1 for a whole activation row, the head count
 // for a per-head norm (Qwen3's Q/K norm, which normalizes the heads of the fused QKV row in
-// place: IN_PLACE). Tokens 0..step.n_tokens are normalized. The sum of squares is reduced with
+// place: IN_PLACE). Tokens 0..step.n_tokens are normalized. With ACCUMULATE the result is added
+// to `out` (Gemma's post-attention and post-FFN norms, added into the hidden state). The sum of squares is reduced with
 // subgroup adds where the device has them, else by a tree in workgroup memory.
 #if SUBGROUPS
 #if WGSL_ENABLE_SUBGROUPS
@@ -97,7 +98,11 @@ fn main(
 #if IN_PLACE
         x[base + i] = x[base + i] * inv_rms * weight[i];
 #else
+#if ACCUMULATE
+        out[base + i] += x[base + i] * inv_rms * weight[i];
+#else
         out[base + i] = x[base + i] * inv_rms * weight[i];
+#endif
 #endif
     }
 }

@@ -12,5 +12,17 @@ macro_rules! shaders {
     };
 }
 
-const SHADERS: &[(&str, &str)] =
-    shaders!["attention", "copy", "embedding", "matmul", "matvec", "penalties", "quant", "rmsnorm", "rope", "sample", "step",];
+const SHADERS: &[(&str, &str)] = shaders![
+    "activation",
+    "attention",
+    "copy",
+    "embedding",
+    "matmul",
+    "matvec",
+    "penalties",
+    "quant",
+    "rmsnorm",
+    "rope",
+    "sample",
+    "step",
+];

@@ -2,14 +2,16 @@
 
 mod common;
 
-use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, KvCache};
+use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, KvCache, Scores};
 use kestrel_gpu::reference::attention::attention;
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor};
 
 // Outputs are convex combinations of V values in [-1, 1]. The GPU differs from the f64
 // reference by f32 dot products (|score| up to ~6), exp's few-ULP error and f32 sums over up
 // to 2048 weights and chunk rescalings: an error of a few 1e-7 absolute on the output
-// (3.2e-7 measured on lavapipe), mostly independent of the output's size. ~6x margin.
+// (3.2e-7 measured on lavapipe), mostly independent of the output's size. ~6x margin. The
+// score's f32 error grows with the score: the capped case's scores, 16x larger, get 16x the
+// absolute bound.
 const RTOL: f32 = 1e-5;
 const ATOL: f32 = 2e-6;
 
@@ -28,11 +30,11 @@ struct Layer {
     q: Tensor,
     out: Tensor,
     step: StepUniform,
-    scale: f32,
+    scores: Scores,
 }
 
 impl Layer {
-    fn new(gpu: &Gpu, shape: AttentionShape, seed: u64) -> Self {
+    fn new(gpu: &Gpu, shape: AttentionShape, scores: Scores, seed: u64) -> Self {
         let mut rng = common::rng(seed);
         let k = common::random_vec(&mut rng, shape.cache_len(), 1.0);
         let v = common::random_vec(&mut rng, shape.cache_len(), 1.0);
@@ -41,8 +43,7 @@ impl Layer {
         gpu.write(&cache.v.buffer, 0, bytemuck::cast_slice(&v));
         let q = Tensor::zeros(gpu, "q", &[MAX_TOKENS, shape.q_width()], DType::F32).unwrap();
         let out = Tensor::zeros(gpu, "out", &[MAX_TOKENS, shape.q_width()], DType::F32).unwrap();
-        let scale = 1.0 / (shape.head_dim as f32).sqrt();
-        Self { shape, cache, k, v, q, out, step: StepUniform::new(gpu), scale }
+        Self { shape, cache, k, v, q, out, step: StepUniform::new(gpu), scores }
     }
 
     /// Writes `n_tokens` random queries at `pos`, runs `record` and compares with the reference.
@@ -54,26 +55,32 @@ impl Layer {
         record(&mut rec);
         rec.submit();
         let got = pollster::block_on(self.out.read_f32(gpu)).unwrap();
-        let want = attention(&self.shape, &q, &self.k, &self.v, pos, self.scale);
-        let what = format!("attention {:?} n_tokens={n_tokens} pos={pos} subgroups={}", self.shape, gpu.features.subgroups);
-        common::assert_close(&what, &got[..want.len()], &want, RTOL, ATOL);
+        let want = attention(&self.shape, &q, &self.k, &self.v, pos, &self.scores);
+        let what =
+            format!("attention {:?} {:?} n_tokens={n_tokens} pos={pos} subgroups={}", self.shape, self.scores, gpu.features.subgroups);
+        let atol = if self.scores.softcap.is_some() { 16.0 * ATOL } else { ATOL };
+        common::assert_close(&what, &got[..want.len()], &want, RTOL, atol);
     }
 }
 
-fn decode(gpu: &Gpu, shape: AttentionShape, kv_lens: &[usize]) {
+fn plain(shape: AttentionShape) -> Scores {
+    Scores::scaled(1.0 / (shape.head_dim as f32).sqrt())
+}
+
+fn decode(gpu: &Gpu, shape: AttentionShape, scores: Scores, kv_lens: &[usize]) {
     let kernel = pollster::block_on(AttentionKernel::new(gpu, shape.head_dim)).unwrap();
-    let layer = Layer::new(gpu, shape, 1);
-    let attn = kernel.bind_decode(gpu, &layer.step, &layer.q, &layer.cache, &layer.out, layer.scale).unwrap();
+    let layer = Layer::new(gpu, shape, scores, 1);
+    let attn = kernel.bind_decode(gpu, &layer.step, &layer.q, &layer.cache, &layer.out, &layer.scores).unwrap();
     for &kv_len in kv_lens {
         layer.check(gpu, 1, kv_len - 1, kv_len as u64, |rec| attn.record(rec, kv_len as u32));
     }
 }
 
 /// Chunks of (n_tokens, pos): each sees the cache up to its own positions.
-fn prefill(gpu: &Gpu, shape: AttentionShape, chunks: &[(usize, usize)]) {
+fn prefill(gpu: &Gpu, shape: AttentionShape, scores: Scores, chunks: &[(usize, usize)]) {
     let kernel = pollster::block_on(AttentionKernel::new(gpu, shape.head_dim)).unwrap();
-    let layer = Layer::new(gpu, shape, 2);
-    let attn = kernel.bind_prefill(gpu, &layer.step, &layer.q, &layer.cache, &layer.out, layer.scale).unwrap();
+    let layer = Layer::new(gpu, shape, scores, 2);
+    let attn = kernel.bind_prefill(gpu, &layer.step, &layer.q, &layer.cache, &layer.out, &layer.scores).unwrap();
     for &(n_tokens, pos) in chunks {
         layer.check(gpu, n_tokens, pos, (n_tokens + pos) as u64, |rec| attn.record(rec, n_tokens as u32));
     }
@@ -81,12 +88,26 @@ fn prefill(gpu: &Gpu, shape: AttentionShape, chunks: &[(usize, usize)]) {
 
 const SMALL: AttentionShape = AttentionShape { n_heads: 9, n_kv_heads: 3, head_dim: 64, max_ctx: MAX_CTX };
 const BIG: AttentionShape = AttentionShape { n_heads: 32, n_kv_heads: 8, head_dim: 128, max_ctx: MAX_CTX };
+/// Phi-3-mini's 96-dimension heads (which do not divide the decode chunk's 256 threads).
+const PHI3: AttentionShape = AttentionShape { n_heads: 4, n_kv_heads: 4, head_dim: 96, max_ctx: MAX_CTX };
+/// Gemma's 256-dimension heads (smaller prefill tiles).
+const GEMMA: AttentionShape = AttentionShape { n_heads: 4, n_kv_heads: 1, head_dim: 256, max_ctx: MAX_CTX };
+
+/// Gemma 2's soft cap of 50, on scores scaled up 16x so that it bends them (a score of 20 caps
+/// to 19), with a 300-key window: the window cuts through chunks and prefill blocks at every
+/// tested length past it.
+fn capped_window(shape: AttentionShape) -> Scores {
+    Scores { scale: 16.0 / (shape.head_dim as f32).sqrt(), softcap: Some(50.0), window: Some(300) }
+}
 
 #[test]
 fn decode_matches_reference() {
     for gpu in [common::gpu(), common::gpu_without_subgroups()] {
-        decode(&gpu, SMALL, &[1, 2, 31, 255, 256, 257, 1000, 2048]);
-        decode(&gpu, BIG, &[1, 257, 2048]);
+        decode(&gpu, SMALL, plain(SMALL), &[1, 2, 31, 255, 256, 257, 1000, 2048]);
+        decode(&gpu, BIG, plain(BIG), &[1, 257, 2048]);
+        decode(&gpu, PHI3, plain(PHI3), &[1, 257, 700]);
+        decode(&gpu, GEMMA, plain(GEMMA), &[1, 257, 700]);
+        decode(&gpu, SMALL, capped_window(SMALL), &[1, 299, 300, 301, 555, 2048]);
     }
 }
 
@@ -94,8 +115,11 @@ fn decode_matches_reference() {
 fn prefill_matches_reference() {
     let chunks = [(1, 0), (7, 0), (64, 0), (200, 0), (57, 200), (1, 2047)];
     for gpu in [common::gpu(), common::gpu_without_subgroups()] {
-        prefill(&gpu, SMALL, &chunks);
-        prefill(&gpu, BIG, &[(37, 0), (13, 300)]);
+        prefill(&gpu, SMALL, plain(SMALL), &chunks);
+        prefill(&gpu, BIG, plain(BIG), &[(37, 0), (13, 300)]);
+        prefill(&gpu, PHI3, plain(PHI3), &[(37, 0), (13, 300)]);
+        prefill(&gpu, GEMMA, plain(GEMMA), &[(37, 0), (13, 300)]);
+        prefill(&gpu, SMALL, capped_window(SMALL), &[(200, 0), (200, 200), (57, 420), (1, 2047)]);
     }
 }
 
@@ -103,16 +127,20 @@ fn prefill_matches_reference() {
 fn attention_rejects_bad_shapes() {
     let gpu = common::gpu();
     assert!(matches!(pollster::block_on(AttentionKernel::new(&gpu, 80)), Err(GpuError::InvalidArgs(_))));
+    let scores = Scores::scaled(0.125);
     let kernel = pollster::block_on(AttentionKernel::new(&gpu, 64)).unwrap();
     let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 64, max_ctx: 16 };
     let cache = KvCache::new(&gpu, "cache", shape).unwrap();
     let step = StepUniform::new(&gpu);
     let q = Tensor::zeros(&gpu, "q", &[2, 256], DType::F32).unwrap();
     let wrong = Tensor::zeros(&gpu, "out", &[2, 128], DType::F32).unwrap();
-    assert!(matches!(kernel.bind_decode(&gpu, &step, &q, &cache, &wrong, 0.125), Err(GpuError::InvalidArgs(_))));
-    assert!(matches!(kernel.bind_prefill(&gpu, &step, &wrong, &cache, &wrong, 0.125), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(kernel.bind_decode(&gpu, &step, &q, &cache, &wrong, &scores), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(kernel.bind_prefill(&gpu, &step, &wrong, &cache, &wrong, &scores), Err(GpuError::InvalidArgs(_))));
     let out = Tensor::zeros(&gpu, "out", &[2, 256], DType::F32).unwrap();
-    assert!(kernel.bind_decode(&gpu, &step, &q, &cache, &out, 0.125).is_ok());
+    assert!(kernel.bind_decode(&gpu, &step, &q, &cache, &out, &scores).is_ok());
+    for bad in [Scores { window: Some(0), ..scores }, Scores { softcap: Some(-1.0), ..scores }, Scores::scaled(f32::NAN)] {
+        assert!(matches!(kernel.bind_decode(&gpu, &step, &q, &cache, &out, &bad), Err(GpuError::InvalidArgs(_))), "{bad:?}");
+    }
     let bad_cache = AttentionShape { n_heads: 4, n_kv_heads: 3, ..shape };
     assert!(matches!(KvCache::new(&gpu, "bad", bad_cache), Err(GpuError::InvalidArgs(_))));
 }

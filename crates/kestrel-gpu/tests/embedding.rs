@@ -36,7 +36,7 @@ fn gathers_rows_of_every_type() {
             let bytes = quant::quantize(ty, &common::random_vec(&mut rng, vocab * hidden, 1.0)).unwrap();
             let table = dequantize_weights(ty, &bytes, vocab, hidden).unwrap();
             let weights = WeightTensor::from_gguf_bytes(&gpu, "table", ty, vocab, hidden, &bytes).unwrap();
-            let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, ty)).unwrap();
+            let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, ty, 1.0)).unwrap();
             // The first and last ids, a repeat, ids past the vocabulary (zeros), and two slots
             // past this step's n_tokens whose output must stay untouched.
             let ids = [0, vocab as u32 - 1, 3, 3, vocab as u32, u32::MAX, 1, 0, 0];
@@ -77,7 +77,7 @@ fn gathers_rows_of_a_row_sharded_table() {
     let ids_t = Tensor::from_u32(&gpu, "ids", &[ids.len()], &ids).unwrap();
     let out = Tensor::from_f32(&gpu, "out", &[ids.len(), hidden], &vec![SENTINEL; ids.len() * hidden]).unwrap();
     let step = StepUniform::new(&gpu);
-    let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, ty)).unwrap();
+    let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, ty, 1.0)).unwrap();
     let dispatches = kernel.bind_shards(&gpu, &shards, &ids_t, &out, &step, ids.len() as u32).unwrap();
     step.write(&gpu, &StepParams::new(ids.len() as u32, 0, 0));
     let mut rec = Recorder::new(&gpu);
@@ -92,6 +92,35 @@ fn gathers_rows_of_a_row_sharded_table() {
     }
 }
 
+/// Gemma's scaled embedding: every gathered row times sqrt(hidden), as the f32 product of the
+/// dequantized value and the scale (exactly what llama.cpp's ggml_scale computes).
+#[test]
+fn scaled_gather_multiplies_each_row() {
+    let gpu = common::gpu();
+    let mut rng = common::rng(4);
+    let (ty, vocab, hidden) = (GgmlType::Q8_0, 50, 640);
+    let scale = (hidden as f32).sqrt();
+    let bytes = quant::quantize(ty, &common::random_vec(&mut rng, vocab * hidden, 1.0)).unwrap();
+    let table = dequantize_weights(ty, &bytes, vocab, hidden).unwrap();
+    let weights = WeightTensor::from_gguf_bytes(&gpu, "table", ty, vocab, hidden, &bytes).unwrap();
+    let ids = [0, 49, 7];
+    let ids_t = Tensor::from_u32(&gpu, "ids", &[ids.len()], &ids).unwrap();
+    let out = Tensor::zeros(&gpu, "out", &[ids.len(), hidden], DType::F32).unwrap();
+    let step = StepUniform::new(&gpu);
+    let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, ty, scale)).unwrap();
+    let dispatch = kernel.bind(&gpu, &weights, &ids_t, &out, &step, ids.len() as u32).unwrap();
+    step.write(&gpu, &StepParams::new(ids.len() as u32, 0, 0));
+    let mut rec = Recorder::new(&gpu);
+    dispatch.record(&mut rec, ids.len() as u32);
+    rec.submit();
+    let got = pollster::block_on(out.read_f32(&gpu)).unwrap();
+    let want: Vec<f32> = embedding(&table, vocab, hidden, &ids).iter().map(|v| v * scale).collect();
+    assert!(got == want, "scaled rows differ");
+    for bad in [0.0, f32::NAN, -1.0] {
+        assert!(matches!(pollster::block_on(EmbeddingKernel::new(&gpu, ty, bad)), Err(GpuError::InvalidArgs(_))), "scale {bad}");
+    }
+}
+
 #[test]
 fn bind_rejects_mismatched_shapes() {
     let gpu = common::gpu();
@@ -100,7 +129,7 @@ fn bind_rejects_mismatched_shapes() {
     let bytes = quant::quantize(GgmlType::Q8_0, &common::random_vec(&mut rng, vocab * hidden, 1.0)).unwrap();
     let table = WeightTensor::from_gguf_bytes(&gpu, "table", GgmlType::Q8_0, vocab, hidden, &bytes).unwrap();
     let step = StepUniform::new(&gpu);
-    let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, GgmlType::Q8_0)).unwrap();
+    let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, GgmlType::Q8_0, 1.0)).unwrap();
     let ids = Tensor::zeros(&gpu, "ids", &[4], DType::U32).unwrap();
     let out = Tensor::zeros(&gpu, "out", &[4, hidden], DType::F32).unwrap();
     let ids_f32 = Tensor::zeros(&gpu, "ids", &[4], DType::F32).unwrap();

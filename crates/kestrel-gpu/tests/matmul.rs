@@ -15,7 +15,7 @@ mod common;
 use kestrel_gguf::{quant, GgmlType};
 use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
 use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, OutputColumns, SwigluMatvecKernel};
-use kestrel_gpu::reference::matmul::{dequantize_weights, matmul, silu, swiglu};
+use kestrel_gpu::reference::matmul::{dequantize_weights, gated, matmul, GateActivation};
 use kestrel_gpu::{Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor, WeightTensor};
 use rand::rngs::StdRng;
 
@@ -431,16 +431,18 @@ fn products_write_their_output_columns() {
     }
 }
 
-/// Bound for silu(g)·u given the bounds eg, eu on g and u: |silu'| <= 1.1, plus the rounding of
-/// exp, the division and the product (a few ε of the result).
-fn swiglu_bound(g: f32, u: f32, eg: f32, eu: f32) -> f32 {
-    1.1 * eg * u.abs() + silu(g).abs() * eu + eg * eu + 1e-6 * (silu(g) * u).abs()
+/// Bound for act(g)·u given the bounds eg, eu on g and u: |act'| <= 1.13 (SiLU and GELU), plus
+/// the rounding of exp, the division and the product (a few ε of the result).
+fn gated_bound(act: GateActivation, g: f32, u: f32, eg: f32, eu: f32) -> f32 {
+    let a = act.apply(g);
+    GateActivation::MAX_SLOPE * eg * u.abs() + a.abs() * eu + eg * eu + 1e-6 * (a * u).abs()
 }
 
+/// The fused gate/up products with SiLU (SwiGLU) on every type, and with GELU (GeGLU) on a few.
 #[test]
 fn swiglu_matvec_and_matmul() {
     let mut rng = common::rng(8);
-    for (ty, n, k, m) in [
+    let silu = [
         (GgmlType::Q4_1, 100, 576, 130),
         (GgmlType::Q8_0, 33, 544, 17),
         (GgmlType::F32, 7, 70, 3),
@@ -449,32 +451,61 @@ fn swiglu_matvec_and_matmul() {
         (GgmlType::Q4_K, 100, 768, 130),
         (GgmlType::Q5_K, 33, 512, 17),
         (GgmlType::Q6_K, 100, 768, 33),
-    ] {
+    ]
+    .map(|c| (c, GateActivation::Silu));
+    let gelu =
+        [(GgmlType::Q8_0, 33, 544, 17), (GgmlType::Q4_K, 100, 768, 130), (GgmlType::F32, 7, 70, 3)].map(|c| (c, GateActivation::Gelu));
+    for ((ty, n, k, m), act) in silu.into_iter().chain(gelu) {
         let gate = Weights::random(&mut rng, ty, n, k);
         let up = Weights::random(&mut rng, ty, n, k);
         let x = common::random_vec(&mut rng, m * k, 1.0);
-        let want = swiglu(&x, m, &gate.values, &up.values, n, k);
+        let want = gated(&x, m, &gate.values, &up.values, n, k, act);
         let g = matmul(&x, m, &gate.values, n, k);
         let u = matmul(&x, m, &up.values, n, k);
         let g_scale = matmul(&abs(&x), m, &gate.abs(), n, k);
         let u_scale = matmul(&abs(&x), m, &up.abs(), n, k);
         let (g_bound, u_bound) = (dot_bounds(&g_scale), dot_bounds(&u_scale));
-        let bound: Vec<f32> = (0..m * n).map(|i| swiglu_bound(g[i], u[i], g_bound[i], u_bound[i])).collect();
+        let bound: Vec<f32> = (0..m * n).map(|i| gated_bound(act, g[i], u[i], g_bound[i], u_bound[i])).collect();
         for (device, gpu) in devices() {
             let (gate_w, up_w) = (gate.upload(&gpu), up.upload(&gpu));
             let x_t = Tensor::from_f32(&gpu, "x", &[m, k], &x).unwrap();
-            let what = format!("{ty} M={m} {n}x{k} ({device})");
+            let what = format!("{act:?} {ty} M={m} {n}x{k} ({device})");
 
-            let kernel = pollster::block_on(SwigluMatvecKernel::new(&gpu, ty)).unwrap();
+            let kernel = pollster::block_on(SwigluMatvecKernel::new(&gpu, ty, act)).unwrap();
             let out = Tensor::zeros(&gpu, "out", &[n], kestrel_gpu::DType::F32).unwrap();
             let dispatch = kernel.bind(&gpu, &gate_w, &up_w, &x_t, &out).unwrap();
             assert_within(&format!("swiglu matvec {what}"), &run(&gpu, &dispatch, &out, n), &want[..n], &bound[..n]);
 
-            let kernel = pollster::block_on(SwigluMatmulKernel::new(&gpu, ty)).unwrap();
+            let kernel = pollster::block_on(SwigluMatmulKernel::new(&gpu, ty, act)).unwrap();
             let step = StepUniform::new(&gpu);
             let out = Tensor::zeros(&gpu, "out", &[m, n], kestrel_gpu::DType::F32).unwrap();
             let dispatch = kernel.bind(&gpu, &gate_w, &up_w, &x_t, &out, &step, m as u32).unwrap();
             assert_within(&format!("swiglu matmul {what}"), &run_matmul(&gpu, &step, &dispatch, &out, m), &want, &bound);
+        }
+    }
+}
+
+/// Gemma 2's LM head with its final soft cap: `cap * tanh(y / cap)` of each product. tanh's slope
+/// is at most 1, so the product's bound holds, plus tanh's own few-ULP error of the result.
+#[test]
+fn soft_capped_matvec() {
+    let mut rng = common::rng(12);
+    let cap = 30.0f32;
+    for ty in [GgmlType::Q8_0, GgmlType::F32] {
+        let (n, k) = (300, 256);
+        let w = Weights::random(&mut rng, ty, n, k);
+        // Inputs of 8: products spread over +-60, well into the cap's bend.
+        let x = common::random_vec(&mut rng, k, 8.0);
+        let y = matmul(&x, 1, &w.values, n, k);
+        let want: Vec<f32> = y.iter().map(|v| cap * (v / cap).tanh()).collect();
+        assert!(y.iter().any(|v| v.abs() > cap), "no product reaches the cap");
+        let bound: Vec<f32> = dot_bounds(&matmul(&abs(&x), 1, &w.abs(), n, k)).iter().zip(&want).map(|(b, v)| b + 1e-6 * v.abs()).collect();
+        for (device, gpu) in devices() {
+            let kernel = pollster::block_on(MatvecKernel::soft_capped(&gpu, ty, cap)).unwrap();
+            let x_t = Tensor::from_f32(&gpu, "x", &[k], &x).unwrap();
+            let out = Tensor::zeros(&gpu, "out", &[n], kestrel_gpu::DType::F32).unwrap();
+            let dispatch = kernel.bind(&gpu, &w.upload(&gpu), &x_t, &out, None).unwrap();
+            assert_within(&format!("soft-capped matvec {ty} ({device})"), &run(&gpu, &dispatch, &out, n), &want, &bound);
         }
     }
 }
@@ -518,7 +549,7 @@ fn bind_rejects_mismatched_shapes() {
     w5.scale_offset += 4;
     invalid(mv5.bind(&gpu, &w5, &x, &y, None).map(drop), "scale section past the buffer");
 
-    let sw = pollster::block_on(SwigluMatvecKernel::new(&gpu, GgmlType::Q4_0)).unwrap();
+    let sw = pollster::block_on(SwigluMatvecKernel::new(&gpu, GgmlType::Q4_0, GateActivation::Silu)).unwrap();
     assert!(sw.bind(&gpu, &w, &w, &x, &y).is_ok());
     invalid(sw.bind(&gpu, &w, &other, &x, &y).map(drop), "gate/up shapes");
     invalid(sw.bind(&gpu, &w, &q8, &x, &y).map(drop), "gate/up types");
@@ -531,7 +562,7 @@ fn bind_rejects_mismatched_shapes() {
     invalid(mm.bind(&gpu, &w, &x4, &y, None, &step, 4).map(drop), "y too small for max_tokens");
     invalid(mm.bind(&gpu, &w, &x4, &y4, None, &step, 0).map(drop), "max_tokens 0");
 
-    let swm = pollster::block_on(SwigluMatmulKernel::new(&gpu, GgmlType::Q4_0)).unwrap();
+    let swm = pollster::block_on(SwigluMatmulKernel::new(&gpu, GgmlType::Q4_0, GateActivation::Silu)).unwrap();
     invalid(swm.bind(&gpu, &w, &other, &x4, &y4, &step, 4).map(drop), "swiglu matmul gate/up shapes");
 
     assert!(matches!(pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q2_K, Epilogue::NONE)), Err(GpuError::UnsupportedWeights(_))));

@@ -47,6 +47,37 @@ fn rmsnorm_matches_reference() {
     }
 }
 
+/// The accumulating norm (Gemma's post-norms): `out += norm(x) * w` over `n_tokens` rows; rows
+/// past `n_tokens` keep their values.
+#[test]
+fn accumulating_rmsnorm_adds_into_out() {
+    for gpu in [common::gpu(), common::gpu_without_subgroups()] {
+        let kernel = pollster::block_on(RmsNormKernel::accumulating(&gpu)).unwrap();
+        let (n, max_rows, n_tokens) = (640, 4, 3);
+        let mut rng = common::rng(60);
+        let x = common::random_vec(&mut rng, max_rows * n, 2.0);
+        let w = common::random_vec(&mut rng, n, 1.5);
+        let residual = common::random_vec(&mut rng, max_rows * n, 3.0);
+        let eps = 1e-6;
+        let x_gpu = Tensor::from_f32(&gpu, "x", &[max_rows, n], &x).unwrap();
+        let w_gpu = Tensor::from_f32(&gpu, "w", &[n], &w).unwrap();
+        let out = Tensor::from_f32(&gpu, "residual", &[max_rows, n], &residual).unwrap();
+        let step = StepUniform::new(&gpu);
+        let norm = kernel.bind(&gpu, &step, &x_gpu, &w_gpu, &out, eps).unwrap();
+        step.write(&gpu, &StepParams::new(n_tokens as u32, 0, 0));
+        let mut rec = Recorder::new(&gpu);
+        norm.record(&mut rec, n_tokens as u32);
+        rec.submit();
+        let got = pollster::block_on(out.read_f32(&gpu)).unwrap();
+        let normed = rmsnorm(&x[..n_tokens * n], &w, eps);
+        let want: Vec<f32> = residual.iter().zip(&normed).map(|(r, v)| r + v).collect();
+        let what = format!("accumulating rmsnorm subgroups={}", gpu.features.subgroups);
+        // One more rounding (the add) on top of the norm's bound, relative to the sum.
+        common::assert_close(&what, &got[..n_tokens * n], &want, RTOL, 4.0 * ATOL);
+        assert_eq!(got[n_tokens * n..], residual[n_tokens * n..], "{what}: rows past n_tokens changed");
+    }
+}
+
 #[test]
 fn rmsnorm_rejects_bad_shapes() {
     let gpu = common::gpu();

@@ -1,8 +1,9 @@
 //! Hyper-parameters of a Llama-family model, read from GGUF metadata the way llama.cpp reads
 //! them (`{arch}.embedding_length`, `{arch}.attention.head_count`, ...).
 
-use kestrel_gguf::GgufHeader;
-use kestrel_gpu::kernels::attention::HEAD_DIMS;
+use kestrel_gguf::{GgufHeader, Metadata, MetadataValue};
+use kestrel_gpu::kernels::attention::{Scores, HEAD_DIMS};
+pub use kestrel_gpu::reference::matmul::GateActivation;
 pub use kestrel_gpu::reference::rope::RopeMode;
 use kestrel_gpu::reference::rope::{RopeConfig, YarnRamp};
 
@@ -23,6 +24,12 @@ pub enum Arch {
     SmolLm3,
     /// Phi-3 / Phi-3.5 mini: fused Q|K|V and gate|up tensors, NeoX RoPE, long/short factors.
     Phi3,
+    /// Gemma 2: GeGLU, embedding scaled by sqrt(hidden), post-attention and post-FFN norms,
+    /// soft-capped attention scores and logits, sliding-window attention in every other layer.
+    Gemma2,
+    /// Gemma 3 (text): Gemma 2 without the soft caps, with per-head Q/K norms, sliding windows
+    /// in five layers of six, and their own RoPE base.
+    Gemma3,
 }
 
 impl Arch {
@@ -33,18 +40,24 @@ impl Arch {
             "qwen3" => Self::Qwen3,
             "smollm3" => Self::SmolLm3,
             "phi3" => Self::Phi3,
+            "gemma2" => Self::Gemma2,
+            "gemma3" => Self::Gemma3,
             _ => return None,
         })
     }
 
     /// The architecture names Kestrel runs, as GGUF's `general.architecture` spells them.
-    pub const NAMES: [&'static str; 5] = ["llama", "qwen2", "qwen3", "smollm3", "phi3"];
+    pub const NAMES: [&'static str; 7] = ["llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma2", "gemma3"];
 
     fn rope_mode(self) -> RopeMode {
         match self {
             Self::Llama | Self::SmolLm3 => RopeMode::Norm,
-            Self::Qwen2 | Self::Qwen3 | Self::Phi3 => RopeMode::Neox,
+            Self::Qwen2 | Self::Qwen3 | Self::Phi3 | Self::Gemma2 | Self::Gemma3 => RopeMode::Neox,
         }
+    }
+
+    fn is_gemma(self) -> bool {
+        matches!(self, Self::Gemma2 | Self::Gemma3)
     }
 
     /// Every how many layers one has no RoPE (llama.cpp's `n_no_rope_layer_step`, fixed at 4
@@ -95,6 +108,25 @@ pub struct ModelConfig {
     pub rope_original_context: usize,
     /// The file has Phi-3's long/short RoPE factors (`rope_factors_{long,short}.weight`).
     pub rope_long_short_factors: bool,
+    /// The FFN's gate activation (GELU for Gemma).
+    pub gate_activation: GateActivation,
+    /// Multiplies the token embeddings (Gemma: sqrt(hidden)).
+    pub embedding_scale: f32,
+    /// RMSNorm of the attention and FFN outputs before their residual adds (Gemma).
+    pub post_norms: bool,
+    /// Multiplies q.k (1 / sqrt(head_dim), or Gemma 27B's 1 / sqrt(hidden / heads)).
+    pub attention_scale: f32,
+    /// Gemma 2's soft cap of the attention scores.
+    pub attn_softcap: Option<f32>,
+    /// Gemma 2's soft cap of the final logits.
+    pub final_softcap: Option<f32>,
+    /// The sliding window of the layers that have one (`swa_layers`).
+    pub sliding_window: Option<usize>,
+    /// Which layers attend through the sliding window (empty: none).
+    pub swa_layers: Vec<bool>,
+    /// RoPE base and linear scale of the sliding-window layers (Gemma).
+    pub rope_base_swa: f32,
+    pub rope_freq_scale_swa: f32,
 }
 
 impl ModelConfig {
@@ -121,13 +153,13 @@ impl ModelConfig {
             Some(v) => usize::try_from(v).map_err(|_| bad_model("key_length out of range"))?,
             None => hidden / n_heads,
         };
-        // Qwen3 (0.6B: 16 heads of 128 over a hidden size of 1024) is the architecture where they
-        // differ; elsewhere llama.cpp asserts they agree.
-        if head_dim * n_heads != hidden && arch != Arch::Qwen3 {
+        // Qwen3 (0.6B: 16 heads of 128 over a hidden size of 1024) and Gemma (3 270M: 4 heads of
+        // 256 over 640) are the architectures where they differ; elsewhere llama.cpp asserts
+        // they agree.
+        if head_dim * n_heads != hidden && !matches!(arch, Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3) {
             return Err(bad_model(format!("head_dim {head_dim} x {n_heads} heads != embedding_length {hidden}")));
         }
-        // Refused here, before any weight is downloaded, rather than when the kernels are built
-        // (Phi-3-mini's 96 and Gemma's 256 are not built yet).
+        // Refused here, before any weight is downloaded, rather than when the kernels are built.
         if !HEAD_DIMS.contains(&head_dim) {
             return Err(ModelError::UnsupportedArch(format!("{arch_name} with head_dim {head_dim} (attention runs {HEAD_DIMS:?})")));
         }
@@ -174,10 +206,15 @@ impl ModelConfig {
             }
         }
         let has = |name: &str| header.tensors.iter().any(|t| t.name == name);
+        let n_layers = need("block_count")?;
+        let gemma = gemma_params(arch, md, &key, n_layers, rope_base, rope_freq_scale)?;
+        // llama.cpp's gemma 27B rule (by layer count): scores scaled by hidden / heads.
+        let is_27b = matches!((arch, n_layers), (Arch::Gemma2, 46) | (Arch::Gemma3, 62));
+        let attention_scale = 1.0 / if is_27b { (hidden / n_heads) as f32 } else { head_dim as f32 }.sqrt();
         Ok(Self {
             arch,
             name: md.get_str("general.name")?.unwrap_or(arch_name).to_string(),
-            n_layers: need("block_count")?,
+            n_layers,
             hidden,
             ffn: need("feed_forward_length")?,
             n_heads,
@@ -190,9 +227,10 @@ impl ModelConfig {
             rope_factors: has(ROPE_FACTORS_TENSOR),
             rms_eps,
             train_context,
-            tied_embeddings: !has("output.weight"),
+            // Gemma 2's LM head is always the embedding (llama.cpp ignores an output tensor).
+            tied_embeddings: arch == Arch::Gemma2 || !has("output.weight"),
             qkv_bias: arch == Arch::Qwen2 || has("blk.0.attn_q.bias") || has("blk.0.attn_qkv.bias"),
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
             fused_qkv_tensor: has("blk.0.attn_qkv.weight"),
             fused_gate_up_tensor: arch == Arch::Phi3 && !has("blk.0.ffn_gate.weight"),
             no_rope_layer_step: arch.no_rope_layer_step(),
@@ -200,7 +238,36 @@ impl ModelConfig {
             rope_mscale,
             rope_original_context,
             rope_long_short_factors: has(ROPE_FACTORS_LONG_TENSOR) || has(ROPE_FACTORS_SHORT_TENSOR),
+            gate_activation: if arch.is_gemma() { GateActivation::Gelu } else { GateActivation::Silu },
+            embedding_scale: if arch.is_gemma() { (hidden as f32).sqrt() } else { 1.0 },
+            post_norms: arch.is_gemma(),
+            attention_scale,
+            attn_softcap: gemma.attn_softcap,
+            final_softcap: gemma.final_softcap,
+            sliding_window: gemma.sliding_window,
+            swa_layers: gemma.swa_layers,
+            rope_base_swa: gemma.rope_base_swa,
+            rope_freq_scale_swa: gemma.rope_freq_scale_swa,
         })
+    }
+
+    /// How layer `l` scores its keys: the scale, Gemma 2's cap, and the window of a
+    /// sliding-window layer.
+    pub fn layer_scores(&self, l: usize) -> Scores {
+        let window = if self.swa_layers.get(l).copied().unwrap_or(false) { self.sliding_window } else { None };
+        Scores { scale: self.attention_scale, softcap: self.attn_softcap, window }
+    }
+
+    /// Layer `l`'s RoPE: none (SmolLM3's unrotated layers), the model's, or (a sliding-window
+    /// layer of Gemma) the model's with the sliding-window base and scale.
+    pub fn layer_rope(&self, l: usize, rope: &RopeConfig) -> Option<RopeConfig> {
+        if !self.layer_has_rope(l) {
+            return None;
+        }
+        if self.swa_layers.get(l).copied().unwrap_or(false) {
+            return Some(RopeConfig { base: self.rope_base_swa, freq_scale: self.rope_freq_scale_swa, ..rope.clone() });
+        }
+        Some(rope.clone())
     }
 
     /// Whether layer `l` rotates Q and K.
@@ -221,6 +288,93 @@ impl ModelConfig {
     pub fn kv_width(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+}
+
+/// What Gemma adds to the Llama graph, read as llama.cpp reads it.
+struct GemmaParams {
+    attn_softcap: Option<f32>,
+    final_softcap: Option<f32>,
+    sliding_window: Option<usize>,
+    swa_layers: Vec<bool>,
+    rope_base_swa: f32,
+    rope_freq_scale_swa: f32,
+}
+
+/// llama.cpp's Gemma hyper-parameters. Gemma 2: soft caps 50 (scores) and 30 (logits) unless
+/// the file says otherwise, a window of 4096 unless `attention.sliding_window` says otherwise,
+/// in every other layer (pattern 2, the first of each pair), and the sliding layers' RoPE base
+/// and scale equal to the model's unless `rope.freq_base_swa` is set. Gemma 3: no score cap, a
+/// logit cap only from the file, a window only when the file has one, in five layers of six
+/// (pattern 6), the sliding layers' base from `rope.freq_base_swa` (else 10000) and unscaled.
+/// `attention.sliding_window_pattern` (a period, or one bool per layer) overrides the pattern.
+fn gemma_params(
+    arch: Arch,
+    md: &Metadata,
+    key: &dyn Fn(&str) -> String,
+    n_layers: usize,
+    rope_base: f32,
+    rope_freq_scale: f32,
+) -> Result<GemmaParams, ModelError> {
+    let none = GemmaParams {
+        attn_softcap: None,
+        final_softcap: None,
+        sliding_window: None,
+        swa_layers: Vec::new(),
+        rope_base_swa: rope_base,
+        rope_freq_scale_swa: rope_freq_scale,
+    };
+    let positive = |name: &str, v: f32| {
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(bad_model(format!("{name} {v} is out of range")))
+        }
+    };
+    let cap = |name: &str, default: Option<f32>| -> Result<Option<f32>, ModelError> {
+        match md.get_f32(&key(name))?.or(default) {
+            None | Some(0.0) => Ok(None),
+            Some(v) => positive(name, v).map(Some),
+        }
+    };
+    let window = md.get_u64(&key("attention.sliding_window"))?;
+    let (attn_softcap, final_softcap, window, default_pattern, rope_base_swa, rope_freq_scale_swa) = match arch {
+        Arch::Gemma2 => (
+            cap("attn_logit_softcapping", Some(50.0))?,
+            cap("final_logit_softcapping", Some(30.0))?,
+            window.or(Some(4096)),
+            2,
+            rope_base,
+            rope_freq_scale,
+        ),
+        Arch::Gemma3 => (None, cap("final_logit_softcapping", None)?, window, 6, 10_000.0, 1.0),
+        _ => return Ok(none),
+    };
+    let rope_base_swa = positive("rope.freq_base_swa", md.get_f32(&key("rope.freq_base_swa"))?.unwrap_or(rope_base_swa))?;
+    let sliding_window = match window {
+        None | Some(0) => None,
+        Some(w) => Some(usize::try_from(w).map_err(|_| bad_model(format!("sliding_window {w} is out of range")))?),
+    };
+    let swa_layers = match (sliding_window, md.get(&key("attention.sliding_window_pattern"))) {
+        (None, _) => Vec::new(),
+        (Some(_), Some(MetadataValue::Array(items))) => {
+            let flags: Option<Vec<bool>> = items.iter().map(|v| if let MetadataValue::Bool(b) = v { Some(*b) } else { None }).collect();
+            match flags {
+                Some(flags) if flags.len() == n_layers => flags,
+                _ => return Err(bad_model(format!("attention.sliding_window_pattern must hold {n_layers} bools"))),
+            }
+        }
+        (Some(_), value) => {
+            let period = match value {
+                Some(v) => {
+                    v.as_i128().and_then(|p| usize::try_from(p).ok()).ok_or_else(|| bad_model("sliding_window_pattern out of range"))?
+                }
+                None => default_pattern,
+            };
+            // llama.cpp's set_swa_pattern: a period of 0 makes every layer sliding.
+            (0..n_layers).map(|l| period == 0 || l % period < period - 1).collect()
+        }
+    };
+    Ok(GemmaParams { attn_softcap, final_softcap, sliding_window, swa_layers, rope_base_swa, rope_freq_scale_swa })
 }
 
 /// The tensor of Llama 3.1+'s per-pair RoPE frequency factors.

@@ -8,7 +8,7 @@ pub enum ModelError {
     BadModel(String),
     #[error("unsupported quantization: tensor {tensor:?} has type {ty}, which Kestrel cannot run on the GPU")]
     UnsupportedQuant { tensor: String, ty: String },
-    #[error("unsupported architecture {0:?} (supported: llama, qwen2, qwen3, smollm3, phi3)")]
+    #[error("unsupported architecture {0:?} (supported: llama, qwen2, qwen3, smollm3, phi3, gemma2, gemma3)")]
     UnsupportedArch(String),
     #[error("the prompt and generation need {needed} tokens but the context holds {context}")]
     ContextOverflow { needed: usize, context: usize },

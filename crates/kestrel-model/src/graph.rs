@@ -55,6 +55,8 @@ pub struct LayerWeights {
     pub qkv: QkvWeights,
     /// Qwen3's per-head RMSNorm weights of Q and of K.
     pub qk_norm: Option<[Tensor; 2]>,
+    /// Gemma's norms of the attention output and of the FFN output.
+    pub post_norms: Option<[Tensor; 2]>,
     pub attn_output: WeightTensor,
     pub ffn_norm: Tensor,
     pub gate: WeightTensor,
@@ -89,8 +91,8 @@ impl Weights {
 
     pub fn total_bytes(&self) -> u64 {
         let vectors = |l: &LayerWeights| {
-            let qk_norm: u64 = l.qk_norm.iter().flatten().map(Tensor::byte_size).sum();
-            l.attn_norm.byte_size() + l.ffn_norm.byte_size() + l.qkv.bias_byte_size() + qk_norm
+            let extra: u64 = l.qk_norm.iter().chain(&l.post_norms).flatten().map(Tensor::byte_size).sum();
+            l.attn_norm.byte_size() + l.ffn_norm.byte_size() + l.qkv.bias_byte_size() + extra
         };
         let layers: u64 = self
             .layers
@@ -146,11 +148,14 @@ struct LayerDispatches {
     attn_prefill: PrefillAttention,
     o_decode: Dispatch,
     o_prefill: MatmulDispatch,
+    /// Gemma: the O projection writes `normed`, whose norm this adds into the hidden state.
+    attn_post_norm: Option<RmsNormDispatch>,
     ffn_norm: RmsNormDispatch,
     gate_up_decode: Dispatch,
     gate_up_prefill: MatmulDispatch,
     down_decode: Dispatch,
     down_prefill: MatmulDispatch,
+    ffn_post_norm: Option<RmsNormDispatch>,
 }
 
 pub struct Graph {
@@ -232,13 +237,15 @@ impl Graph {
         let step = StepUniform::new(gpu);
         let max_tokens = chunk as u32;
         let shape = AttentionShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim, max_ctx };
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
-
         let norm = RmsNormKernel::new(gpu).await?;
+        let post_norm = if c.post_norms { Some(RmsNormKernel::accumulating(gpu).await?) } else { None };
+        // Without post norms the O and down products add straight into the hidden state; with
+        // them they write `normed` (free by then), and the post norm adds its norm into `x`.
+        let (residual_out, residual_epilogue) = if c.post_norms { (&act.normed, Epilogue::NONE) } else { (&act.x, Epilogue::ACCUMULATE) };
         let rope = RopeKernel::new(gpu).await?;
         let head_norm = if c.qk_norm { Some(HeadNormKernel::new(gpu).await?) } else { None };
         let attention = AttentionKernel::new(gpu, c.head_dim).await?;
-        let embed = EmbeddingKernel::new(gpu, weights.embedding.ty).await?.bind_shards(
+        let embed = EmbeddingKernel::new(gpu, weights.embedding.ty, c.embedding_scale).await?.bind_shards(
             gpu,
             &weights.embedding,
             &act.token_ids,
@@ -267,34 +274,51 @@ impl Graph {
                 qk_norm.push(kernel.bind(gpu, &step, &act.qkv, q_norm, q_span, c.rms_eps)?);
                 qk_norm.push(kernel.bind(gpu, &step, &act.qkv, k_norm, k_span, c.rms_eps)?);
             }
-            let layer_rope = c.layer_has_rope(l).then_some(rope_config);
+            let layer_rope = c.layer_rope(l, rope_config);
+            let scores = c.layer_scores(l);
+            let bind_post_norm = |weights: Option<&Tensor>| match (&post_norm, weights) {
+                (Some(kernel), Some(w)) => kernel.bind(gpu, &step, &act.normed, w, &act.x, c.rms_eps).map(Some),
+                _ => Ok(None),
+            };
+            let [attn_post_norm, ffn_post_norm] = match &w.post_norms {
+                Some([attn, ffn]) => [bind_post_norm(Some(attn))?, bind_post_norm(Some(ffn))?],
+                None => [None, None],
+            };
+            let activation = c.gate_activation;
             layers.push(LayerDispatches {
                 attn_norm: norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?,
                 qkv_decode: QkvDecode(qkv_decode),
                 qkv_prefill: QkvPrefill(qkv_prefill),
                 qk_norm,
-                rope: rope.bind(gpu, &step, layer_rope, &act.qkv, &act.q, &cache)?,
-                attn_decode: attention.bind_decode(gpu, &step, &act.q, &cache, &act.attn, scale)?,
-                attn_prefill: attention.bind_prefill(gpu, &step, &act.q, &cache, &act.attn, scale)?,
-                o_decode: MatvecKernel::new(gpu, w.attn_output.ty, Epilogue::ACCUMULATE).await?.bind(
+                rope: rope.bind(gpu, &step, layer_rope.as_ref(), &act.qkv, &act.q, &cache)?,
+                attn_decode: attention.bind_decode(gpu, &step, &act.q, &cache, &act.attn, &scores)?,
+                attn_prefill: attention.bind_prefill(gpu, &step, &act.q, &cache, &act.attn, &scores)?,
+                o_decode: MatvecKernel::new(gpu, w.attn_output.ty, residual_epilogue).await?.bind(
                     gpu,
                     &w.attn_output,
                     &act.attn,
-                    &act.x,
+                    residual_out,
                     None,
                 )?,
-                o_prefill: MatmulKernel::new(gpu, w.attn_output.ty, Epilogue::ACCUMULATE).await?.bind(
+                o_prefill: MatmulKernel::new(gpu, w.attn_output.ty, residual_epilogue).await?.bind(
                     gpu,
                     &w.attn_output,
                     &act.attn,
-                    &act.x,
+                    residual_out,
                     None,
                     &step,
                     max_tokens,
                 )?,
+                attn_post_norm,
                 ffn_norm: norm.bind(gpu, &step, &act.x, &w.ffn_norm, &act.normed, c.rms_eps)?,
-                gate_up_decode: SwigluMatvecKernel::new(gpu, w.gate.ty).await?.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn)?,
-                gate_up_prefill: SwigluMatmulKernel::new(gpu, w.gate.ty).await?.bind(
+                gate_up_decode: SwigluMatvecKernel::new(gpu, w.gate.ty, activation).await?.bind(
+                    gpu,
+                    &w.gate,
+                    &w.up,
+                    &act.normed,
+                    &act.ffn,
+                )?,
+                gate_up_prefill: SwigluMatmulKernel::new(gpu, w.gate.ty, activation).await?.bind(
                     gpu,
                     &w.gate,
                     &w.up,
@@ -303,16 +327,32 @@ impl Graph {
                     &step,
                     max_tokens,
                 )?,
-                down_decode: MatvecKernel::new(gpu, w.down.ty, Epilogue::ACCUMULATE).await?.bind(gpu, &w.down, &act.ffn, &act.x, None)?,
-                down_prefill: MatmulKernel::new(gpu, w.down.ty, Epilogue::ACCUMULATE)
-                    .await?
-                    .bind(gpu, &w.down, &act.ffn, &act.x, None, &step, max_tokens)?,
+                down_decode: MatvecKernel::new(gpu, w.down.ty, residual_epilogue).await?.bind(
+                    gpu,
+                    &w.down,
+                    &act.ffn,
+                    residual_out,
+                    None,
+                )?,
+                down_prefill: MatmulKernel::new(gpu, w.down.ty, residual_epilogue).await?.bind(
+                    gpu,
+                    &w.down,
+                    &act.ffn,
+                    residual_out,
+                    None,
+                    &step,
+                    max_tokens,
+                )?,
+                ffn_post_norm,
             });
             caches.push(cache);
         }
         let output_norm = norm.bind(gpu, &step, &act.x, &weights.output_norm, &act.normed, c.rms_eps)?;
         let lm = weights.lm_head();
-        let lm_kernel = MatvecKernel::new(gpu, lm.ty, Epilogue::NONE).await?;
+        let lm_kernel = match c.final_softcap {
+            Some(cap) => MatvecKernel::soft_capped(gpu, lm.ty, cap).await?,
+            None => MatvecKernel::new(gpu, lm.ty, Epilogue::NONE).await?,
+        };
         let lm_head = lm
             .shards
             .iter()
@@ -387,6 +427,7 @@ impl Graph {
                 l.attn_prefill.record(&mut rec, n32);
                 l.o_prefill.record(&mut rec, n32);
             }
+            l.attn_post_norm.iter().for_each(|d| d.record(&mut rec, n32));
             l.ffn_norm.record(&mut rec, n32);
             if decode {
                 l.gate_up_decode.record(&mut rec);
@@ -395,6 +436,7 @@ impl Graph {
                 l.gate_up_prefill.record(&mut rec, n32);
                 l.down_prefill.record(&mut rec, n32);
             }
+            l.ffn_post_norm.iter().for_each(|d| d.record(&mut rec, n32));
         }
         let slot = slot % TOKEN_SLOTS;
         let samples = !matches!(output, StepOutput::None);

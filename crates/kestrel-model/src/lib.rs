@@ -13,7 +13,7 @@ pub mod stop;
 pub mod synthetic;
 pub mod tensors;
 
-pub use config::{Arch, ModelConfig};
+pub use config::{Arch, GateActivation, ModelConfig};
 pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};
 pub use kestrel_tokenizer::ChatMessage;

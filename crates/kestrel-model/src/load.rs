@@ -264,19 +264,23 @@ impl Loading {
                 };
                 vectors.into_iter().map(|v| upload(&format!("blk.{l}.qkv_bias"), v).map(Some)).collect::<Result<Vec<_>, _>>()?
             };
-            let qk_norm = if c.qk_norm {
-                Some([
-                    upload(&format!("blk.{l}.attn_q_norm"), take_vector(Role::QNorm(l))?)?,
-                    upload(&format!("blk.{l}.attn_k_norm"), take_vector(Role::KNorm(l))?)?,
-                ])
-            } else {
-                None
-            };
             let parts = qkv.into_iter().zip(biases).map(|(weight, bias)| Projection { weight, bias }).collect();
+            // Two norm vectors of the layer, uploaded when the architecture has them.
+            let mut norm_pair = |present: bool, roles: [(Role, &str); 2]| -> Result<Option<[Tensor; 2]>, ModelError> {
+                if !present {
+                    return Ok(None);
+                }
+                let [a, b] = roles.map(|(role, name)| take_vector(role).and_then(|v| Ok(upload(&format!("blk.{l}.{name}"), v)?)));
+                Ok(Some([a?, b?]))
+            };
+            let qk_norm = norm_pair(c.qk_norm, [(Role::QNorm(l), "attn_q_norm"), (Role::KNorm(l), "attn_k_norm")])?;
+            let post_norms =
+                norm_pair(c.post_norms, [(Role::AttnPostNorm(l), "post_attention_norm"), (Role::FfnPostNorm(l), "post_ffw_norm")])?;
             layers.push(LayerWeights {
                 attn_norm: upload(&format!("blk.{l}.attn_norm"), take_vector(Role::AttnNorm(l))?)?,
                 qkv: QkvWeights { parts },
                 qk_norm,
+                post_norms,
                 attn_output,
                 ffn_norm: upload(&format!("blk.{l}.ffn_norm"), take_vector(Role::FfnNorm(l))?)?,
                 gate,

@@ -21,8 +21,12 @@ struct Layer {
     /// Per-head RMSNorm weights of Q and K (Qwen3).
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    /// Whether the layer rotates Q and K (SmolLM3 leaves every fourth layer unrotated).
-    rope: bool,
+    /// The layer's RoPE (none: SmolLM3's every fourth layer; Gemma's sliding layers have their
+    /// own base) and how it scores keys (scale, soft cap, window).
+    rope: Option<rope::RopeConfig>,
+    scores: attention::Scores,
+    /// Gemma's norms of the attention and FFN outputs.
+    post_norms: Option<[Vec<f32>; 2]>,
     attn_output: Vec<f32>,
     ffn_norm: Vec<f32>,
     gate: Vec<f32>,
@@ -40,7 +44,6 @@ pub struct ReferenceModel {
     output: Option<Vec<f32>>,
     layers: Vec<Layer>,
     shape: attention::AttentionShape,
-    rope: rope::RopeConfig,
     /// Tokens already in the caches.
     pub pos: usize,
 }
@@ -66,6 +69,7 @@ impl ReferenceModel {
         let mut take = |role: Role| weights.remove(&role).ok_or_else(|| bad_model(format!("missing {role:?}")));
         let shape =
             attention::AttentionShape { n_heads: config.n_heads, n_kv_heads: config.n_kv_heads, head_dim: config.head_dim, max_ctx };
+        let model_rope = config.rope_config(config.rope_factors_role(max_ctx).map(&mut take).transpose()?)?;
         let mut layers = Vec::with_capacity(config.n_layers);
         for l in 0..config.n_layers {
             let (biased, normed) = (config.qkv_bias, config.qk_norm);
@@ -79,7 +83,9 @@ impl ReferenceModel {
                 v_bias: if biased { Some(take(Role::VBias(l))?) } else { None },
                 q_norm: if normed { Some(take(Role::QNorm(l))?) } else { None },
                 k_norm: if normed { Some(take(Role::KNorm(l))?) } else { None },
-                rope: config.layer_has_rope(l),
+                rope: config.layer_rope(l, &model_rope),
+                scores: config.layer_scores(l),
+                post_norms: if config.post_norms { Some([take(Role::AttnPostNorm(l))?, take(Role::FfnPostNorm(l))?]) } else { None },
                 attn_output: take(Role::AttnOutput(l))?,
                 ffn_norm: take(Role::FfnNorm(l))?,
                 gate: take(Role::Gate(l))?,
@@ -93,7 +99,6 @@ impl ReferenceModel {
             embedding: take(Role::TokenEmbedding)?,
             output_norm: take(Role::OutputNorm)?,
             output: if config.tied_embeddings { None } else { Some(take(Role::Output)?) },
-            rope: config.rope_config(config.rope_factors_role(max_ctx).map(&mut take).transpose()?)?,
             config,
             layers,
             shape,
@@ -114,6 +119,9 @@ impl ReferenceModel {
         }
         let (hidden, hd, q_width, kv_width) = (c.hidden, c.head_dim, c.q_width(), c.kv_width());
         let mut x = embedding::embedding(&self.embedding, c.vocab, hidden, tokens);
+        if c.embedding_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.embedding_scale);
+        }
         for layer in &mut self.layers {
             let h = norm::rmsnorm(&x, &layer.attn_norm, c.rms_eps);
             let q = add_bias(matmul::matmul(&h, n, &layer.q, q_width, hidden), layer.q_bias.as_deref());
@@ -128,7 +136,7 @@ impl ReferenceModel {
                 Some(w) => norm::rmsnorm(&k, w, c.rms_eps),
                 None => k,
             };
-            let rotate = |x: &[f32], p: usize| if layer.rope { rope::rope(x, hd, p, &self.rope) } else { x.to_vec() };
+            let rotate = |x: &[f32], p: usize| layer.rope.as_ref().map_or_else(|| x.to_vec(), |config| rope::rope(x, hd, p, config));
             let mut q_roped = Vec::with_capacity(q.len());
             for t in 0..n {
                 let p = self.pos + t;
@@ -140,19 +148,26 @@ impl ReferenceModel {
                     layer.v_cache[at..at + hd].copy_from_slice(&v[t * kv_width + kvh * hd..][..hd]);
                 }
             }
-            let scale = 1.0 / (hd as f32).sqrt();
-            let attn = attention::attention(&self.shape, &q_roped, &layer.k_cache, &layer.v_cache, self.pos, scale);
+            let attn = attention::attention(&self.shape, &q_roped, &layer.k_cache, &layer.v_cache, self.pos, &layer.scores);
             let o = matmul::matmul(&attn, n, &layer.attn_output, hidden, q_width);
-            x.iter_mut().zip(&o).for_each(|(x, o)| *x += o);
+            let post_norm = |y: Vec<f32>, i: usize| match &layer.post_norms {
+                Some(weights) => norm::rmsnorm(&y, &weights[i], c.rms_eps),
+                None => y,
+            };
+            x.iter_mut().zip(&post_norm(o, 0)).for_each(|(x, o)| *x += o);
             let h = norm::rmsnorm(&x, &layer.ffn_norm, c.rms_eps);
-            let act = matmul::swiglu(&h, n, &layer.gate, &layer.up, c.ffn, hidden);
+            let act = matmul::gated(&h, n, &layer.gate, &layer.up, c.ffn, hidden, c.gate_activation);
             let d = matmul::matmul(&act, n, &layer.down, hidden, c.ffn);
-            x.iter_mut().zip(&d).for_each(|(x, d)| *x += d);
+            x.iter_mut().zip(&post_norm(d, 1)).for_each(|(x, d)| *x += d);
         }
         self.pos += n;
         let last = norm::rmsnorm(&x[(n - 1) * hidden..], &self.output_norm, c.rms_eps);
         let lm_head = self.output.as_deref().unwrap_or(&self.embedding);
-        Ok(matmul::matmul(&last, 1, lm_head, c.vocab, hidden))
+        let logits = matmul::matmul(&last, 1, lm_head, c.vocab, hidden);
+        Ok(match c.final_softcap {
+            Some(cap) => logits.into_iter().map(|v| cap * (v / cap).tanh()).collect(),
+            None => logits,
+        })
     }
 }
 

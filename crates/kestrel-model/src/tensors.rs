@@ -27,6 +27,9 @@ pub enum Role {
     QNorm(usize),
     KNorm(usize),
     AttnOutput(usize),
+    /// Gemma's norms of the attention and FFN outputs, before their residual adds.
+    AttnPostNorm(usize),
+    FfnPostNorm(usize),
     FfnNorm(usize),
     Gate(usize),
     Up(usize),
@@ -96,6 +99,12 @@ pub fn expected_tensors(c: &ModelConfig) -> Vec<Expected> {
                     ]);
                 }
             }
+        }
+        if c.post_norms {
+            out.extend([
+                expected(Role::AttnPostNorm(l), &name("post_attention_norm.weight"), 1, c.hidden),
+                expected(Role::FfnPostNorm(l), &name("post_ffw_norm.weight"), 1, c.hidden),
+            ]);
         }
         if c.qk_norm {
             out.extend([

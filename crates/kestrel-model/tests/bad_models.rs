@@ -101,18 +101,18 @@ fn unsupported_or_malformed_rope_scaling_is_refused() {
     assert!(err.to_string().contains("finite positive"), "{err}");
 }
 
-/// A head size the attention kernels are not built for (Phi-3-mini's 96: 6 heads of 96 over the
-/// default model's 576) is refused from the header, before any weight is fetched.
+/// A head size the attention kernels are not built for (4 heads of 144 over the default model's
+/// 576) is refused from the header, before any weight is fetched.
 #[test]
 fn unsupported_head_dim_is_refused_from_the_header() {
     let bytes = header_with(|md, _| {
-        md.set("llama.attention.head_count", MetadataValue::U32(6));
-        md.set("llama.attention.head_count_kv", MetadataValue::U32(3));
-        md.set("llama.attention.key_length", MetadataValue::U32(96));
+        md.set("llama.attention.head_count", MetadataValue::U32(4));
+        md.set("llama.attention.head_count_kv", MetadataValue::U32(2));
+        md.set("llama.attention.key_length", MetadataValue::U32(144));
     });
-    let err = load_bytes(&bytes, 1 << 20).err().expect("head_dim 96 must be refused");
+    let err = load_bytes(&bytes, 1 << 20).err().expect("head_dim 144 must be refused");
     assert_eq!(err.code(), "bad_model", "{err}");
-    assert!(err.to_string().contains("unsupported architecture") && err.to_string().contains("head_dim 96"), "{err}");
+    assert!(err.to_string().contains("unsupported architecture") && err.to_string().contains("head_dim 144"), "{err}");
 }
 
 #[test]

@@ -145,17 +145,18 @@ fn synthetic_models_match_llama_cpp_up_to_near_ties() {
 }
 
 /// Each architectural feature matters to llama.cpp's output: Kestrel's CPU reference with the
-/// feature turned off (the per-head norms, YaRN, the layers without RoPE) is more than ten times
+/// feature turned off (the per-head norms, YaRN, the layers without RoPE, Gemma's soft caps,
+/// windows, GELU, post norms, embedding scale, sliding-layer RoPE base) is more than ten times
 /// the model's tolerance (0.01) away from llama.cpp's first-step log-probabilities, where with it
 /// on (the test above) it is within the tolerance; and the long-factor Phi-3 model's llama.cpp
 /// output is as far from the short-factor one's (same weights).
 /// Without this, a feature llama.cpp ignored for these files would pass unnoticed.
 #[test]
 fn synthetic_model_features_change_llama_cpp_output() {
-    use common::synthetic::{PHI3_F32, PHI3_LONG_F32, QWEN3_F32, QWEN3_YARN_F32, SMOLLM3_F32};
-    use kestrel_model::{reference::ReferenceModel, ModelConfig};
+    use common::synthetic::{GEMMA2_F32, GEMMA3_F32, PHI3_F32, PHI3_LONG_F32, QWEN3_F32, QWEN3_YARN_F32, SMOLLM3_F32};
+    use kestrel_model::{reference::ReferenceModel, GateActivation, ModelConfig};
     type Edit = fn(&mut ModelConfig);
-    let features: [(&str, _, Edit); 5] = [
+    let features: [(&str, _, Edit); 14] = [
         ("qwen3 without Q/K norms", QWEN3_F32, |c| c.qk_norm = false),
         ("qwen3 without YaRN", QWEN3_YARN_F32, |c| {
             c.rope_yarn = None;
@@ -166,6 +167,15 @@ fn synthetic_model_features_change_llama_cpp_output() {
         ("qwen3 YaRN without its ramp", QWEN3_YARN_F32, |c| c.rope_yarn = None),
         ("smollm3 with RoPE in every layer", SMOLLM3_F32, |c| c.no_rope_layer_step = None),
         ("phi3 without its attention factor", PHI3_F32, |c| c.rope_mscale = 1.0),
+        ("gemma2 without the score soft cap", GEMMA2_F32, |c| c.attn_softcap = None),
+        ("gemma2 without the logit soft cap", GEMMA2_F32, |c| c.final_softcap = None),
+        ("gemma2 without sliding windows", GEMMA2_F32, |c| c.sliding_window = None),
+        ("gemma2 with SiLU for GELU", GEMMA2_F32, |c| c.gate_activation = GateActivation::Silu),
+        ("gemma2 without post norms", GEMMA2_F32, |c| c.post_norms = false),
+        ("gemma2 without the embedding scale", GEMMA2_F32, |c| c.embedding_scale = 1.0),
+        ("gemma3 without sliding windows", GEMMA3_F32, |c| c.sliding_window = None),
+        ("gemma3 with the global RoPE base everywhere", GEMMA3_F32, |c| c.rope_base_swa = c.rope_base),
+        ("gemma3 without Q/K norms", GEMMA3_F32, |c| c.qk_norm = false),
     ];
     let prompts = common::prompts_reference();
     for (what, model, edit) in features {

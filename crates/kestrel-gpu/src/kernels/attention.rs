@@ -6,17 +6,25 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-pub use crate::reference::attention::AttentionShape;
+pub use crate::reference::attention::{AttentionShape, Scores};
 use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor};
 
 /// KV positions per decode workgroup (`CHUNK` in the shader).
 const DECODE_CHUNK: u32 = 256;
-/// Queries per prefill workgroup (`BQ` in the shader).
-const PREFILL_QUERIES: u32 = 8;
-/// Head sizes the shader is written for: powers of two dividing the workgroup's 256 threads,
-/// whose prefill tiles fit WebGPU's 16 KiB of workgroup memory.
-/// The head dimensions the attention kernels are built for.
-pub const HEAD_DIMS: [usize; 3] = [32, 64, 128];
+/// The head dimensions the attention kernels are built for: multiples of the prefill tile's 32
+/// columns whose tiles fit WebGPU's 16 KiB of workgroup memory (Phi-3's 96, Gemma's 256).
+pub const HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
+
+/// The prefill tile for a head size: (queries, keys) per block (`BQ`, `BK` in the shader). The
+/// query tile, the padded key/value block and the scores take 4 * (BQ * HD + BK * (HD + 1) +
+/// BQ * BK) bytes: 12.9 KiB at 128 with (8, 16); 256 needs (4, 8) for 12.2 KiB.
+fn prefill_tile(head_dim: usize) -> (u32, u32) {
+    if head_dim > 128 {
+        (4, 8)
+    } else {
+        (8, 16)
+    }
+}
 
 /// Mirrors `Params` in `shaders/attention.wgsl`.
 #[repr(C)]
@@ -27,6 +35,10 @@ struct Params {
     max_ctx: u32,
     max_chunks: u32,
     scale: f32,
+    // 0: no soft cap.
+    softcap: f32,
+    // 0: no sliding window.
+    window: u32,
 }
 
 /// One layer's KV cache: K and V in separate f32 buffers, each `[n_kv_heads][max_ctx][head_dim]`
@@ -55,6 +67,7 @@ impl KvCache {
 /// The attention kernels specialized for one head size.
 pub struct AttentionKernel {
     head_dim: usize,
+    prefill_queries: u32,
     decode_partial: Arc<wgpu::ComputePipeline>,
     decode_combine: Arc<wgpu::ComputePipeline>,
     prefill: Arc<wgpu::ComputePipeline>,
@@ -71,22 +84,27 @@ pub struct DecodeAttention {
 pub struct PrefillAttention {
     dispatch: Dispatch,
     n_heads: u32,
+    queries_per_tile: u32,
 }
 
 impl AttentionKernel {
-    /// Compiles the kernels for `head_dim` (32, 64 or 128).
+    /// Compiles the kernels for `head_dim` (one of `HEAD_DIMS`).
     pub async fn new(gpu: &Gpu, head_dim: usize) -> Result<Self, GpuError> {
         if !HEAD_DIMS.contains(&head_dim) {
             return Err(GpuError::InvalidArgs(format!("attention: head_dim {head_dim} is not one of {HEAD_DIMS:?}")));
         }
+        let (bq, bk) = prefill_tile(head_dim);
         let pipeline = |kind: &str, entry: &'static str| {
             let mut defines = Defines::new();
             defines.insert("HD".into(), head_dim.to_string());
+            defines.insert("BQ".into(), bq.to_string());
+            defines.insert("BK".into(), bk.to_string());
             defines.insert(kind.into(), "1".into());
             async move { gpu.pipelines.get("attention", entry, &defines).await }
         };
         Ok(Self {
             head_dim,
+            prefill_queries: bq,
             decode_partial: pipeline("DECODE_PARTIAL", "decode_partial").await?,
             decode_combine: pipeline("DECODE_COMBINE", "decode_combine").await?,
             prefill: pipeline("PREFILL", "prefill").await?,
@@ -103,9 +121,9 @@ impl AttentionKernel {
         q: &Tensor,
         cache: &KvCache,
         out: &Tensor,
-        scale: f32,
+        scores: &Scores,
     ) -> Result<DecodeAttention, GpuError> {
-        let params = self.params(q, cache, out, scale)?;
+        let params = self.params(q, cache, out, scores)?;
         let partials_len = params.n_heads as usize * params.max_chunks as usize * (2 + self.head_dim);
         let partials = Tensor::zeros(gpu, "attention.partials", &[partials_len], DType::F32)?;
         let params = gpu.uniform_buffer("attention.params", bytemuck::bytes_of(&params));
@@ -149,9 +167,9 @@ impl AttentionKernel {
         q: &Tensor,
         cache: &KvCache,
         out: &Tensor,
-        scale: f32,
+        scores: &Scores,
     ) -> Result<PrefillAttention, GpuError> {
-        let params = self.params(q, cache, out, scale)?;
+        let params = self.params(q, cache, out, scores)?;
         let params = gpu.uniform_buffer("attention.params", bytemuck::bytes_of(&params));
         let n_heads = cache.shape.n_heads as u32;
         let rows = (q.len() / cache.shape.q_width()) as u32;
@@ -167,12 +185,12 @@ impl AttentionKernel {
                 cache.v.buffer.as_entire_binding(),
                 out.buffer.as_entire_binding(),
             ],
-            [rows.div_ceil(PREFILL_QUERIES), n_heads, 1],
+            [rows.div_ceil(self.prefill_queries), n_heads, 1],
         );
-        Ok(PrefillAttention { dispatch, n_heads })
+        Ok(PrefillAttention { dispatch, n_heads, queries_per_tile: self.prefill_queries })
     }
 
-    fn params(&self, q: &Tensor, cache: &KvCache, out: &Tensor, scale: f32) -> Result<Params, GpuError> {
+    fn params(&self, q: &Tensor, cache: &KvCache, out: &Tensor, scores: &Scores) -> Result<Params, GpuError> {
         let shape = cache.shape;
         let invalid = |why: String| Err(GpuError::InvalidArgs(format!("attention: {why}")));
         if shape.head_dim != self.head_dim {
@@ -187,8 +205,9 @@ impl AttentionKernel {
         if out.shape != q.shape {
             return invalid(format!("out shape {:?} differs from q shape {:?}", out.shape, q.shape));
         }
-        if !scale.is_finite() {
-            return invalid(format!("scale {scale} must be finite"));
+        let Scores { scale, softcap, window } = *scores;
+        if !scale.is_finite() || softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) || window == Some(0) {
+            return invalid(format!("scores {scores:?}: a finite scale, a finite positive cap and a window of 1 or more"));
         }
         Ok(Params {
             n_heads: shape.n_heads as u32,
@@ -196,6 +215,8 @@ impl AttentionKernel {
             max_ctx: shape.max_ctx as u32,
             max_chunks: (shape.max_ctx as u32).div_ceil(DECODE_CHUNK),
             scale,
+            softcap: softcap.unwrap_or(0.0),
+            window: window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
         })
     }
 }
@@ -216,7 +237,7 @@ impl DecodeAttention {
 impl PrefillAttention {
     /// The grid for `n_tokens` queries.
     pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
-        [n_tokens.div_ceil(PREFILL_QUERIES), self.n_heads, 1]
+        [n_tokens.div_ceil(self.queries_per_tile), self.n_heads, 1]
     }
 
     /// Records attention of queries `0..n_tokens` (which must equal `step.n_tokens`).

@@ -40,8 +40,10 @@ impl EmbeddingDispatch {
 }
 
 impl EmbeddingKernel {
-    pub async fn new(gpu: &Gpu, ty: GgmlType) -> Result<Self, GpuError> {
-        let defines = weight_defines("embedding", ty)?;
+    /// A gather whose rows are multiplied by `scale` (Gemma's sqrt(hidden); 1 elsewhere).
+    pub async fn new(gpu: &Gpu, ty: GgmlType, scale: f32) -> Result<Self, GpuError> {
+        let mut defines = weight_defines("embedding", ty)?;
+        defines.insert("SCALE".into(), super::float_define("embedding", "scale", scale)?);
         Ok(Self { pipeline: gpu.pipelines.get("embedding", "main", &defines).await?, ty })
     }
 

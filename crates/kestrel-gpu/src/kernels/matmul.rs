@@ -6,7 +6,8 @@ use std::sync::Arc;
 use kestrel_gguf::GgmlType;
 
 use super::matvec::{
-    check_bias, check_distinct, check_same_layout, check_tensor, check_weight_type, weight_defines, Epilogue, OutputColumns, WeightParams,
+    add_gate_defines, check_bias, check_distinct, check_same_layout, check_tensor, check_weight_type, weight_defines, Epilogue,
+    GateActivation, OutputColumns, WeightParams,
 };
 use crate::{DType, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor, WeightTensor};
 
@@ -110,9 +111,9 @@ pub struct SwigluMatmulKernel {
 }
 
 impl SwigluMatmulKernel {
-    pub async fn new(gpu: &Gpu, ty: GgmlType) -> Result<Self, GpuError> {
+    pub async fn new(gpu: &Gpu, ty: GgmlType, act: GateActivation) -> Result<Self, GpuError> {
         let mut defines = weight_defines("swiglu matmul", ty)?;
-        defines.insert("SWIGLU".into(), "1".into());
+        add_gate_defines(&mut defines, act);
         Ok(Self { pipeline: gpu.pipelines.get("matmul", "main", &defines).await?, ty })
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytemuck::{Pod, Zeroable};
 use kestrel_gguf::{quant, GgmlType};
 
+pub use crate::reference::matmul::GateActivation;
 use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Tensor, WeightTensor};
 
 /// What a matvec or matmul kernel does with `x·Wᵀ` before storing it. Fixed when the kernel is
@@ -190,6 +191,14 @@ fn family_defines(ty: GgmlType) -> Option<&'static [&'static str]> {
 }
 
 /// The defines that select `ty`'s decoder in quant.wgsl.
+/// The defines of a fused gate/up kernel with activation `act` (shaders/activation.wgsl).
+pub(crate) fn add_gate_defines(defines: &mut Defines, act: GateActivation) {
+    defines.insert("SWIGLU".into(), "1".into());
+    if act == GateActivation::Gelu {
+        defines.insert("GELU".into(), "1".into());
+    }
+}
+
 pub(crate) fn weight_defines(kernel: &str, ty: GgmlType) -> Result<Defines, GpuError> {
     let family = family_defines(ty).ok_or_else(|| GpuError::UnsupportedWeights(format!("{kernel}: {ty}")))?;
     let mut defines = Defines::new();
@@ -300,9 +309,21 @@ pub struct MatvecKernel {
 
 impl MatvecKernel {
     pub async fn new(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue) -> Result<Self, GpuError> {
+        Self::build(gpu, ty, epilogue, None).await
+    }
+
+    /// The LM head of a model with a final soft cap (Gemma 2: 30): `y = cap * tanh(x·Wᵀ / cap)`.
+    pub async fn soft_capped(gpu: &Gpu, ty: GgmlType, cap: f32) -> Result<Self, GpuError> {
+        Self::build(gpu, ty, Epilogue::NONE, Some(cap)).await
+    }
+
+    async fn build(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue, softcap: Option<f32>) -> Result<Self, GpuError> {
         let rows_per_thread = matvec_rows_per_thread(gpu, false);
         let mut defines = matvec_defines(gpu, "matvec", ty, rows_per_thread)?;
         epilogue.add_defines(&mut defines);
+        if let Some(cap) = softcap {
+            defines.insert("SOFTCAP".into(), super::float_define("matvec", "soft cap", cap)?);
+        }
         Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, epilogue, rows_per_thread })
     }
 
@@ -337,9 +358,9 @@ impl MatvecKernel {
     }
 }
 
-/// The fused gate/up projection of a SwiGLU FFN for one token:
-/// `out[n] = silu(Wg[n]·x) * (Wu[n]·x)` with `silu(a) = a / (1 + e^-a)`; `Wg`, `Wu` of the same
-/// type and shape (N x K), x f32 (>= K values), out f32 (>= N values).
+/// The fused gate/up projection of a gated FFN (SwiGLU, or GeGLU) for one token:
+/// `out[n] = act(Wg[n]·x) * (Wu[n]·x)` (`reference::matmul::GateActivation`); `Wg`, `Wu` of the
+/// same type and shape (N x K), x f32 (>= K values), out f32 (>= N values).
 pub struct SwigluMatvecKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     ty: GgmlType,
@@ -347,10 +368,10 @@ pub struct SwigluMatvecKernel {
 }
 
 impl SwigluMatvecKernel {
-    pub async fn new(gpu: &Gpu, ty: GgmlType) -> Result<Self, GpuError> {
+    pub async fn new(gpu: &Gpu, ty: GgmlType, act: GateActivation) -> Result<Self, GpuError> {
         let rows_per_thread = matvec_rows_per_thread(gpu, true);
         let mut defines = matvec_defines(gpu, "swiglu matvec", ty, rows_per_thread)?;
-        defines.insert("SWIGLU".into(), "1".into());
+        add_gate_defines(&mut defines, act);
         Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, rows_per_thread })
     }
 

@@ -12,3 +12,15 @@ pub mod rope;
 pub mod sample;
 
 pub use copy::CopyKernel;
+
+use crate::GpuError;
+
+/// A model constant baked into a kernel as a WGSL float literal (a `{{NAME}}` define): Rust's
+/// shortest round-trip form, which WGSL reads back to the same f32. Finite and positive only.
+pub(crate) fn float_define(kernel: &str, what: &str, v: f32) -> Result<String, GpuError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(format!("{v:?}"))
+    } else {
+        Err(GpuError::InvalidArgs(format!("{kernel}: {what} {v} must be finite and > 0")))
+    }
+}

@@ -57,6 +57,13 @@ impl RmsNormKernel {
         Ok(Self { pipeline: gpu.pipelines.get("rmsnorm", "main", &Defines::new()).await? })
     }
 
+    /// The same norm added into `out` instead of stored (`out += norm(x) * weight`): Gemma's
+    /// post-attention and post-FFN norms, added into the hidden state.
+    pub async fn accumulating(gpu: &Gpu) -> Result<Self, GpuError> {
+        let defines = Defines::from([("ACCUMULATE".to_string(), "1".to_string())]);
+        Ok(Self { pipeline: gpu.pipelines.get("rmsnorm", "main", &defines).await? })
+    }
+
     /// Binds `x` (f32, `[rows, n]`: the last dimension is normalized), `weight` (f32, `n` values)
     /// and `out` (same shape as `x`, a different buffer). The row count of a step is
     /// `step.n_tokens`, read by the kernel; the grid is chosen at record time.

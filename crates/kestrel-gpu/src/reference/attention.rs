@@ -27,12 +27,42 @@ impl AttentionShape {
     }
 }
 
+/// How a layer turns `q . k` into the softmax's scores and which keys it sees.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scores {
+    /// Multiplies `q . k` (1 / sqrt(head_dim) in most models).
+    pub scale: f32,
+    /// Gemma 2's soft cap: `score -> cap * tanh(score / cap)`; `None` leaves scores as they are.
+    pub softcap: Option<f32>,
+    /// Sliding-window attention: a query at position `p` sees keys at `p - window + 1..=p`
+    /// (llama.cpp's standard SWA masks a key when `p - key >= window`); `None` sees all.
+    pub window: Option<usize>,
+}
+
+impl Scores {
+    /// Plain scaled scores over every earlier key.
+    pub fn scaled(scale: f32) -> Self {
+        Self { scale, softcap: None, window: None }
+    }
+
+    /// Whether the query at `query_pos` sees the key at `key_pos` (causal, and in the window).
+    pub fn sees(&self, query_pos: usize, key_pos: usize) -> bool {
+        key_pos <= query_pos && self.window.is_none_or(|w| query_pos - key_pos < w)
+    }
+
+    /// The score of a dot product `qk`, computed in f64.
+    pub fn score(&self, qk: f64) -> f64 {
+        let s = f64::from(self.scale) * qk;
+        self.softcap.map_or(s, |cap| f64::from(cap) * (s / f64::from(cap)).tanh())
+    }
+}
+
 /// Attention of the queries `q` (`[n_tokens][n_heads * head_dim]`, token `t` at position
-/// `pos + t`) over the caches: query `t` attends to positions `0..=pos + t`, scores scaled by
-/// `scale`. Returns `[n_tokens][n_heads * head_dim]`.
+/// `pos + t`) over the caches: query `t` attends to the positions `0..=pos + t` that `scores`
+/// lets it see. Returns `[n_tokens][n_heads * head_dim]`.
 ///
 /// Panics on inconsistent shapes or a position beyond the cache (bugs of the caller).
-pub fn attention(shape: &AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: usize, scale: f32) -> Vec<f32> {
+pub fn attention(shape: &AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: usize, scores: &Scores) -> Vec<f32> {
     let AttentionShape { n_heads, n_kv_heads, head_dim: hd, max_ctx } = *shape;
     assert!(n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads), "attention: {n_heads} heads over {n_kv_heads} kv heads");
     assert!(q.len().is_multiple_of(shape.q_width()), "attention: q is not rows of n_heads * head_dim");
@@ -41,21 +71,23 @@ pub fn attention(shape: &AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[
     assert!(pos + n_tokens <= max_ctx, "attention: positions up to {} beyond max_ctx {max_ctx}", pos + n_tokens);
     let mut out = vec![0f32; q.len()];
     for t in 0..n_tokens {
-        let n_keys = pos + t + 1;
+        let query_pos = pos + t;
+        let keys: Vec<usize> = (0..=query_pos).filter(|&p| scores.sees(query_pos, p)).collect();
         for h in 0..n_heads {
             let qh = &q[(t * n_heads + h) * hd..][..hd];
             let cache_row = |p: usize| (shape.kv_head(h) * max_ctx + p) * hd;
-            let scores: Vec<f64> = (0..n_keys)
-                .map(|p| {
+            let key_scores: Vec<f64> = keys
+                .iter()
+                .map(|&p| {
                     let k = &k_cache[cache_row(p)..][..hd];
-                    f64::from(scale) * qh.iter().zip(k).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>()
+                    scores.score(qh.iter().zip(k).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum::<f64>())
                 })
                 .collect();
-            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let max = key_scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = key_scores.iter().map(|s| (s - max).exp()).collect();
             let total: f64 = weights.iter().sum();
             for (d, o) in out[(t * n_heads + h) * hd..][..hd].iter_mut().enumerate() {
-                let acc: f64 = weights.iter().enumerate().map(|(p, w)| w * f64::from(v_cache[cache_row(p) + d])).sum();
+                let acc: f64 = weights.iter().zip(&keys).map(|(w, &p)| w * f64::from(v_cache[cache_row(p) + d])).sum();
                 *o = (acc / total) as f32;
             }
         }

@@ -1,5 +1,5 @@
 //! Reference matrix products: `y = x·Wᵀ` with W dequantized to f32 (N rows of K), and the
-//! SwiGLU gate/up projection.
+//! gated (SwiGLU, GeGLU) gate/up projection.
 
 use kestrel_gguf::{quant, GgmlType};
 
@@ -18,16 +18,36 @@ pub fn matmul(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
     y
 }
 
-/// `a / (1 + e^-a)`.
-pub fn silu(a: f32) -> f32 {
-    a / (1.0 + (-a).exp())
+/// The activation of a gated FFN's gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateActivation {
+    /// SwiGLU (Llama, Qwen, Phi): `a / (1 + e^-a)`.
+    Silu,
+    /// GeGLU (Gemma): ggml's tanh approximation `0.5 a (1 + tanh(sqrt(2 / pi) (a + 0.044715 a^3)))`.
+    Gelu,
 }
 
-/// `out[m][n] = silu(x[m]·gate[n]) * (x[m]·up[n])`.
-pub fn swiglu(x: &[f32], m: usize, gate: &[f32], up: &[f32], n: usize, k: usize) -> Vec<f32> {
+impl GateActivation {
+    /// The largest slope of the activation (SiLU 1.0998, GELU 1.1289): a bound's error factor.
+    pub const MAX_SLOPE: f32 = 1.13;
+
+    pub fn apply(self, a: f32) -> f32 {
+        match self {
+            Self::Silu => a / (1.0 + (-a).exp()),
+            Self::Gelu => {
+                let a64 = f64::from(a);
+                let u = (2.0 / std::f64::consts::PI).sqrt() * a64 * (1.0 + 0.044715 * a64 * a64);
+                (0.5 * a64 * (1.0 + u.tanh())) as f32
+            }
+        }
+    }
+}
+
+/// `out[m][n] = act(x[m]·gate[n]) * (x[m]·up[n])`.
+pub fn gated(x: &[f32], m: usize, gate: &[f32], up: &[f32], n: usize, k: usize, act: GateActivation) -> Vec<f32> {
     let g = matmul(x, m, gate, n, k);
     let u = matmul(x, m, up, n, k);
-    g.into_iter().zip(u).map(|(g, u)| silu(g) * u).collect()
+    g.into_iter().zip(u).map(|(g, u)| act.apply(g) * u).collect()
 }
 
 /// The f32 values of a `rows` x `cols` weight matrix stored as GGUF bytes of type `ty`.

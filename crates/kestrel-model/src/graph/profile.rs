@@ -42,7 +42,9 @@ impl Graph {
                     self.layers.iter().for_each(|l| {
                         l.attn_norm.record(rec, 1);
                         l.qk_norm.iter().for_each(|d| d.record(rec, 1));
+                        l.attn_post_norm.iter().for_each(|d| d.record(rec, 1));
                         l.ffn_norm.record(rec, 1);
+                        l.ffn_post_norm.iter().for_each(|d| d.record(rec, 1));
                     });
                     self.output_norm.record(rec, 1);
                 }),

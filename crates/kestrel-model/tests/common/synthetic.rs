@@ -45,11 +45,22 @@ pub struct SyntheticModel {
     /// Phi-3's layout: one `attn_qkv` tensor and one `ffn_up` tensor holding gate and up.
     pub fused_tensors: bool,
     pub rope: SyntheticRope,
+    /// Gemma's post-attention and post-FFN norms, and its other metadata.
+    pub gemma: Option<SyntheticGemma>,
     /// The largest allowed |Kestrel - llama.cpp| of the first step's top-5 log-probabilities.
     pub logprob_tolerance: f64,
     /// Greedy steps are compared up to llama.cpp's first top-two margin below this.
     pub near_tie: f64,
     pub seed: u64,
+}
+
+/// Gemma's metadata: soft caps, sliding window, the sliding layers' RoPE base.
+#[derive(Clone, Copy, Debug)]
+pub struct SyntheticGemma {
+    pub attn_softcap: Option<f32>,
+    pub final_softcap: Option<f32>,
+    pub sliding_window: u32,
+    pub rope_base_swa: f32,
 }
 
 /// How a test model scales RoPE.
@@ -69,6 +80,34 @@ pub enum SyntheticRope {
     },
 }
 
+/// What the test models share unless they say otherwise: 4 layers of hidden size 256, F32
+/// matrices (see `QWEN2_F32` for what F32 leaves between the engines), tied embeddings, eps 1e-6,
+/// no biases, extra norms or fused tensors, plain RoPE, and the F32 agreement bounds.
+const BASE: SyntheticModel = SyntheticModel {
+    label: "",
+    arch: "",
+    reference_dir: "",
+    sha256: "",
+    n_layers: 4,
+    hidden: 256,
+    n_heads: 4,
+    n_kv_heads: 2,
+    head_dim: 64,
+    ffn: 768,
+    rope_base: 10_000.0,
+    rms_eps: 1e-6,
+    matrix_type: GgmlType::F32,
+    untied_output: false,
+    qkv_bias: false,
+    qk_norm: false,
+    fused_tensors: false,
+    rope: SyntheticRope::Plain,
+    gemma: None,
+    logprob_tolerance: 0.01,
+    near_tie: 0.01,
+    seed: 0,
+};
+
 /// Qwen2.5-0.5B's proportions, scaled down: head_dim 32 (not the default model's 64), 8 query
 /// heads sharing 2 KV heads, Q/K/V biases, a separate output matrix, RoPE base 1e6, eps 1e-6.
 /// F32 matrices: llama.cpp multiplies them in f32 (no 8-bit activations), so only its f16 KV
@@ -80,23 +119,15 @@ pub const QWEN2_F32: SyntheticModel = SyntheticModel {
     arch: "qwen2",
     reference_dir: "reference-qwen2-f32",
     sha256: "d2c0b1a2caf9419515bb760ab9eb6ce2611e7754edc677910295419b19020bce",
-    n_layers: 4,
-    hidden: 256,
     n_heads: 8,
     n_kv_heads: 2,
     head_dim: 32,
     ffn: 704,
     rope_base: 1_000_000.0,
-    rms_eps: 1e-6,
-    matrix_type: GgmlType::F32,
     untied_output: true,
     qkv_bias: true,
-    qk_norm: false,
-    fused_tensors: false,
-    rope: SyntheticRope::Plain,
-    logprob_tolerance: 0.01,
-    near_tie: 0.01,
     seed: 0x51_5745_4E32,
+    ..BASE
 };
 
 /// The same weights in Q8_0, the type of the products' fast path: llama.cpp quantizes the
@@ -122,23 +153,14 @@ pub const QWEN3_F32: SyntheticModel = SyntheticModel {
     arch: "qwen3",
     reference_dir: "reference-qwen3-f32",
     sha256: "b88dcca07154f817702f9f3ea147f7ac6e458f44e821e66e928cbeadc975d7d6",
-    n_layers: 4,
-    hidden: 256,
     n_heads: 4,
     n_kv_heads: 2,
     head_dim: 128,
     ffn: 768,
     rope_base: 1_000_000.0,
-    rms_eps: 1e-6,
-    matrix_type: GgmlType::F32,
-    untied_output: false,
-    qkv_bias: false,
     qk_norm: true,
-    fused_tensors: false,
-    rope: SyntheticRope::Plain,
-    logprob_tolerance: 0.01,
-    near_tie: 0.01,
     seed: 0x51_5745_4E33,
+    ..BASE
 };
 
 /// The Qwen3 layout with YaRN scaling by 4 from 512 positions and RoPE base 1e4: YaRN's ramp then
@@ -163,27 +185,18 @@ pub const SMOLLM3_F32: SyntheticModel = SyntheticModel {
     arch: "smollm3",
     reference_dir: "reference-smollm3-f32",
     sha256: "4032a60403e95d067e7d0adde4ce96df1168ab8aad5aca69fbf09443a8020367",
-    n_layers: 4,
-    hidden: 256,
     n_heads: 4,
     n_kv_heads: 1,
     head_dim: 64,
     ffn: 1376,
     rope_base: 5_000_000.0,
-    rms_eps: 1e-6,
-    matrix_type: GgmlType::F32,
-    untied_output: false,
-    qkv_bias: false,
-    qk_norm: false,
-    fused_tensors: false,
-    rope: SyntheticRope::Plain,
-    logprob_tolerance: 0.01,
-    near_tie: 0.01,
     seed: 0x53_4D4F_4C33,
+    ..BASE
 };
 
-/// Phi-3.5-mini's layout, scaled down: fused `attn_qkv` and gate|up `ffn_up` tensors, 8 heads of
-/// 32 without GQA, hidden 256, a separate output matrix, RoPE base 1e4 (NeoX), eps 1e-5, and its
+/// Phi-3.5-mini's layout, scaled down: fused `attn_qkv` and gate|up `ffn_up` tensors, 4 heads of
+/// 96 (the real head size) without GQA, hidden 384, a separate output matrix, RoPE base 1e4
+/// (NeoX), eps 1e-5, and its
 /// LongRoPE tables with attention factor 1.19 from 4096 original positions: at the tests'
 /// contexts (llama.cpp 2048, Kestrel 1024) both use the short factors. The label (written as
 /// `general.name`) avoids "phi3" and "phi-3": llama.cpp gives a model so named Phi-3's special
@@ -192,24 +205,19 @@ pub const PHI3_F32: SyntheticModel = SyntheticModel {
     label: "Phi 3 F32",
     arch: "phi3",
     reference_dir: "reference-phi3-f32",
-    sha256: "5806c2750466823b59a9ad0a125863dcccfea1e60e66ee732d55a3c10bc6acd2",
-    n_layers: 4,
-    hidden: 256,
-    n_heads: 8,
-    n_kv_heads: 8,
-    head_dim: 32,
-    ffn: 704,
+    sha256: "863dd2b8ead60394c7b9a6b5d4e0763021a8a0d7f0231f2eda15f4f139e3d403",
+    hidden: 384,
+    n_heads: 4,
+    n_kv_heads: 4,
+    head_dim: 96,
+    ffn: 1024,
     rope_base: 10_000.0,
     rms_eps: 1e-5,
-    matrix_type: GgmlType::F32,
     untied_output: true,
-    qkv_bias: false,
-    qk_norm: false,
     fused_tensors: true,
     rope: SyntheticRope::LongShort { attn_factor: 1.19, original_context: 4096 },
-    logprob_tolerance: 0.01,
-    near_tie: 0.01,
     seed: 0x5048_4933,
+    ..BASE
 };
 
 /// The same Phi-3 layout from 512 original positions: both engines' contexts exceed it, so both
@@ -217,13 +225,57 @@ pub const PHI3_F32: SyntheticModel = SyntheticModel {
 pub const PHI3_LONG_F32: SyntheticModel = SyntheticModel {
     label: "Phi 3 long-factor F32",
     reference_dir: "reference-phi3-long-f32",
-    sha256: "2691c1d88a1e58c0e2b65aa59a5497ff081f0a752cdf35de4ede503edfc5fdc0",
+    sha256: "03bf4b42dcb583896f85c6af17ad8d3c968a0a2e9e8181d176d9a0e12b01a5b2",
     rope: SyntheticRope::LongShort { attn_factor: 1.19, original_context: 512 },
     ..PHI3_F32
 };
 
+/// Gemma-2-2B's layout, scaled down: 4 query heads of 128 (Q wider than the hidden size of 256,
+/// as 8 x 256 is over 2304) sharing 2 KV heads, GeGLU FFN 1024, embeddings scaled by
+/// sqrt(hidden) and tied, post-attention and post-FFN norms, sliding windows of 16 in layers 0
+/// and 2 (llama.cpp's pattern 2), RoPE base 1e4 (NeoX), eps 1e-6, and logits soft-capped at 30
+/// as in the real model. The score cap is 3 instead of the real 50: these random scores are of
+/// order 1 and never come near 50 (at 10 the cap moved llama.cpp's log-probabilities by only
+/// 0.06); at 3 it bends them measurably.
+pub const GEMMA2_F32: SyntheticModel = SyntheticModel {
+    label: "gemma2 F32",
+    arch: "gemma2",
+    reference_dir: "reference-gemma2-f32",
+    sha256: "8054c29be69b323c9babefa529618102c398901ceb855ec7771518b9e205edc3",
+    n_heads: 4,
+    n_kv_heads: 2,
+    head_dim: 128,
+    ffn: 1024,
+    rope_base: 10_000.0,
+    gemma: Some(SyntheticGemma { attn_softcap: Some(3.0), final_softcap: Some(30.0), sliding_window: 16, rope_base_swa: 10_000.0 }),
+    seed: 0x4745_4D32,
+    ..BASE
+};
+
+/// Gemma-3-270M's layout, scaled down: 6 layers (five with a sliding window of 16, then one
+/// global: llama.cpp's pattern 6), 2 query heads of 256 (the real head size) sharing 1 KV head,
+/// per-head Q/K norms, GeGLU FFN 768, embeddings scaled by sqrt(hidden) and tied, post norms,
+/// RoPE base 1e6 for the global layer and 1e4 for the sliding ones, no soft caps, eps 1e-6.
+pub const GEMMA3_F32: SyntheticModel = SyntheticModel {
+    label: "gemma3 F32",
+    arch: "gemma3",
+    reference_dir: "reference-gemma3-f32",
+    sha256: "243c68795a41052712a8f70556825417a491db710087b9d557eb2f557cb744f1",
+    n_layers: 6,
+    n_heads: 2,
+    n_kv_heads: 1,
+    head_dim: 256,
+    ffn: 768,
+    rope_base: 1_000_000.0,
+    qk_norm: true,
+    gemma: Some(SyntheticGemma { attn_softcap: None, final_softcap: None, sliding_window: 16, rope_base_swa: 10_000.0 }),
+    seed: 0x4745_4D33,
+    ..BASE
+};
+
 /// Every synthetic model the tests run.
-pub const SYNTHETIC_MODELS: [SyntheticModel; 7] = [QWEN2_F32, QWEN2_Q8_0, QWEN3_F32, QWEN3_YARN_F32, SMOLLM3_F32, PHI3_F32, PHI3_LONG_F32];
+pub const SYNTHETIC_MODELS: [SyntheticModel; 9] =
+    [QWEN2_F32, QWEN2_Q8_0, QWEN3_F32, QWEN3_YARN_F32, SMOLLM3_F32, PHI3_F32, PHI3_LONG_F32, GEMMA2_F32, GEMMA3_F32];
 
 /// Uniform values with standard deviation `std` (uniform on [-a, a] has std a / sqrt(3)).
 fn uniform(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
@@ -263,6 +315,16 @@ impl SyntheticModel {
         md.set(format!("{arch}.attention.value_length"), u32v(self.head_dim));
         md.set(format!("{arch}.rope.freq_base"), MetadataValue::F32(self.rope_base));
         md.set(format!("{arch}.attention.layer_norm_rms_epsilon"), MetadataValue::F32(self.rms_eps));
+        if let Some(g) = self.gemma {
+            md.set(format!("{arch}.attention.sliding_window"), u32v(g.sliding_window as usize));
+            md.set(format!("{arch}.rope.freq_base_swa"), MetadataValue::F32(g.rope_base_swa));
+            if let Some(cap) = g.attn_softcap {
+                md.set(format!("{arch}.attn_logit_softcapping"), MetadataValue::F32(cap));
+            }
+            if let Some(cap) = g.final_softcap {
+                md.set(format!("{arch}.final_logit_softcapping"), MetadataValue::F32(cap));
+            }
+        }
         match self.rope {
             SyntheticRope::Plain => {}
             SyntheticRope::Yarn { factor, original_context } => {
@@ -331,6 +393,9 @@ impl SyntheticModel {
                 vector(&mut out, &mut rng, name("attn_k_norm.weight"), self.head_dim, 1.0, 0.2);
             }
             matrix(&mut out, &mut rng, name("attn_output.weight"), h, q, std(q));
+            if self.gemma.is_some() {
+                vector(&mut out, &mut rng, name("post_attention_norm.weight"), h, 1.0, 0.2);
+            }
             vector(&mut out, &mut rng, name("ffn_norm.weight"), h, 1.0, 0.2);
             if self.fused_tensors {
                 matrix(&mut out, &mut rng, name("ffn_up.weight"), 2 * f, h, std(h));
@@ -339,6 +404,9 @@ impl SyntheticModel {
                 matrix(&mut out, &mut rng, name("ffn_up.weight"), f, h, std(h));
             }
             matrix(&mut out, &mut rng, name("ffn_down.weight"), h, f, std(f));
+            if self.gemma.is_some() {
+                vector(&mut out, &mut rng, name("post_ffw_norm.weight"), h, 1.0, 0.2);
+            }
         }
         vector(&mut out, &mut rng, "output_norm.weight".into(), h, 1.0, 0.2);
         if self.untied_output {

@@ -4,10 +4,10 @@
 //! a kernel chooses to make are its own cost, which is what the GB/s figure exposes).
 
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, KvCache};
+use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, KvCache, Scores};
 use kestrel_gpu::kernels::embedding::EmbeddingKernel;
 use kestrel_gpu::kernels::matmul::{MatmulKernel, SwigluMatmulKernel};
-use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, SwigluMatvecKernel};
+use kestrel_gpu::kernels::matvec::{Epilogue, GateActivation, MatvecKernel, SwigluMatvecKernel};
 use kestrel_gpu::kernels::rmsnorm::RmsNormKernel;
 use kestrel_gpu::kernels::rope::RopeKernel;
 use kestrel_gpu::kernels::sample::{SampleKernel, SamplingParams};
@@ -66,7 +66,7 @@ pub fn matvec(gpu: &Gpu, matrix: &Matrix, weights: &[WeightTensor]) -> Result<Pr
     let x = random_tensor(gpu, "bench.x", &[matrix.cols])?;
     let y = Tensor::zeros(gpu, "bench.y", &[matrix.rows], DType::F32)?;
     let dispatch = match matrix.product {
-        Product::Swiglu => block_on(SwigluMatvecKernel::new(gpu, ty))?.bind(gpu, w, &weights[1], &x, &y)?,
+        Product::Swiglu => block_on(SwigluMatvecKernel::new(gpu, ty, GateActivation::Silu))?.bind(gpu, w, &weights[1], &x, &y)?,
         Product::Plain | Product::Accumulate => {
             block_on(MatvecKernel::new(gpu, ty, epilogue(matrix.product)))?.bind(gpu, w, &x, &y, None)?
         }
@@ -84,7 +84,9 @@ pub fn matmul(gpu: &Gpu, matrix: &Matrix, weights: &[WeightTensor], tokens: u32)
     let y = Tensor::zeros(gpu, "bench.y", &[m, matrix.rows], DType::F32)?;
     let step = step_uniform(gpu, StepParams::new(tokens, 0, 0));
     let dispatch = match matrix.product {
-        Product::Swiglu => block_on(SwigluMatmulKernel::new(gpu, ty))?.bind(gpu, w, &weights[1], &x, &y, &step, tokens)?,
+        Product::Swiglu => {
+            block_on(SwigluMatmulKernel::new(gpu, ty, GateActivation::Silu))?.bind(gpu, w, &weights[1], &x, &y, &step, tokens)?
+        }
         Product::Plain | Product::Accumulate => {
             block_on(MatmulKernel::new(gpu, ty, epilogue(matrix.product)))?.bind(gpu, w, &x, &y, None, &step, tokens)?
         }
@@ -104,7 +106,7 @@ pub fn embedding(gpu: &Gpu, model: &ModelShape, ty: GgmlType, tokens: u32) -> Re
     let ids = Tensor::from_u32(gpu, "bench.ids", &[t], &ids)?;
     let out = Tensor::zeros(gpu, "bench.embedding", &[t, model.hidden], DType::F32)?;
     let step = step_uniform(gpu, StepParams::new(tokens, 0, 0));
-    let dispatch = block_on(EmbeddingKernel::new(gpu, ty))?.bind(gpu, &table, &ids, &out, &step, tokens)?;
+    let dispatch = block_on(EmbeddingKernel::new(gpu, ty, 1.0))?.bind(gpu, &table, &ids, &out, &step, tokens)?;
     let row_bytes = table.byte_size() / model.vocab as u64;
     let bytes = t as u64 * (F32 + row_bytes + model.hidden as u64 * F32);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, tokens)) })
@@ -145,7 +147,7 @@ pub fn attention_decode(gpu: &Gpu, model: &ModelShape, kv_len: u32) -> Result<Pr
     let out = Tensor::zeros(gpu, "bench.attn", &[1, model.q_width()], DType::F32)?;
     let step = step_uniform(gpu, StepParams::new(1, kv_len - 1, 0));
     let kernel = block_on(AttentionKernel::new(gpu, model.head_dim))?;
-    let dispatch = kernel.bind_decode(gpu, &step, &q, &cache, &out, attention_scale(model))?;
+    let dispatch = kernel.bind_decode(gpu, &step, &q, &cache, &out, &attention_scores(model))?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, kv_len);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, kv_len)) })
 }
@@ -159,7 +161,7 @@ pub fn attention_prefill(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<P
     let out = Tensor::zeros(gpu, "bench.attn", &[t, model.q_width()], DType::F32)?;
     let step = step_uniform(gpu, StepParams::new(tokens, 0, 0));
     let kernel = block_on(AttentionKernel::new(gpu, model.head_dim))?;
-    let dispatch = kernel.bind_prefill(gpu, &step, &q, &cache, &out, attention_scale(model))?;
+    let dispatch = kernel.bind_prefill(gpu, &step, &q, &cache, &out, &attention_scores(model))?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, tokens);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, tokens)) })
 }
@@ -200,8 +202,8 @@ fn attention_shape(model: &ModelShape, max_ctx: usize) -> AttentionShape {
     AttentionShape { n_heads: model.n_heads, n_kv_heads: model.n_kv_heads, head_dim: model.head_dim, max_ctx }
 }
 
-fn attention_scale(model: &ModelShape) -> f32 {
-    1.0 / (model.head_dim as f32).sqrt()
+fn attention_scores(model: &ModelShape) -> Scores {
+    Scores::scaled(1.0 / (model.head_dim as f32).sqrt())
 }
 
 /// K and V of `positions` positions, f32.
