@@ -26,13 +26,23 @@ target_dir=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 cmd=${1:-run}
 [ $# -gt 0 ] && shift
 
+# `apt_install PACKAGE...`: installs Debian packages (through sudo when not root), where apt exists.
+apt_install() {
+  command -v apt-get >/dev/null || return 0
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
 setup() {
   # A Vulkan driver: Mesa's lavapipe runs the WGSL kernels on the CPU where there is no GPU.
-  if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && command -v apt-get >/dev/null; then
-    local sudo=""
-    [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mesa-vulkan-drivers >/dev/null
+  if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+    apt_install mesa-vulkan-drivers
+  fi
+  # The linter `./build.sh test` runs (part of rustup's default profile, missing from minimal ones).
+  if command -v rustup >/dev/null && ! rustup component list --installed 2>/dev/null | grep -q '^clippy'; then
+    rustup component add clippy
   fi
   scripts/fetch-model.sh
 }
@@ -42,8 +52,12 @@ build_cli() {
 }
 
 # The wasm-bindgen CLI must be exactly the version of the wasm-bindgen crate in Cargo.lock.
-wasm_bindgen_version() {
-  awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock
+ensure_wasm_bindgen() {
+  local want
+  want=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock)
+  if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $want" ]; then
+    cargo install wasm-bindgen-cli --version "$want"
+  fi
 }
 
 # What the wasm build and the browser tests need: the wasm target, wasm-bindgen-cli, Chromium
@@ -53,16 +67,9 @@ setup_web() {
   if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
     rustup target add wasm32-unknown-unknown
   fi
-  local want
-  want=$(wasm_bindgen_version)
-  if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $want" ]; then
-    cargo install wasm-bindgen-cli --version "$want"
-  fi
-  if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
-    local sudo=""
-    [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  ensure_wasm_bindgen
+  if [ ! -x /usr/bin/chromium ]; then
+    apt_install chromium
   fi
   if [ ! -d tests/browser/node_modules/playwright-core ]; then
     (cd tests/browser && npm ci --no-audit --no-fund)
@@ -72,11 +79,7 @@ setup_web() {
 build_wasm() {
   export PATH="$HOME/.cargo/bin:$PATH"
   cargo build -p kestrel-wasm --target wasm32-unknown-unknown --release
-  local want
-  want=$(wasm_bindgen_version)
-  if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $want" ]; then
-    cargo install wasm-bindgen-cli --version "$want"
-  fi
+  ensure_wasm_bindgen
   wasm-bindgen --target web --out-dir www/pkg "$target_dir/wasm32-unknown-unknown/release/kestrel_wasm.wasm"
   local wasm=www/pkg/kestrel_wasm_bg.wasm
   echo "$wasm: $(stat -c %s "$wasm") bytes, $(gzip -9c "$wasm" | wc -c) gzipped"
@@ -152,6 +155,8 @@ case "$cmd" in
     timed "llama.cpp's Q4_K_M" scripts/make-q4-k-m.sh
     timed "setup-web" setup_web
     timed "format" cargo fmt --check || status=1
+    # Before the tests, and sharing their dependencies' builds: only the workspace is linted.
+    timed "clippy" cargo clippy --workspace --all-targets --no-deps -- -D warnings || status=1
     timed "native tests" cargo test --workspace --no-fail-fast || status=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "browser tests" browser_tests || status=1

@@ -2,29 +2,20 @@
 // the worker, greedy output equal to the native CLI's, abort, queueing, main-thread
 // responsiveness, the Cache API on a second load.
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
-import { CONTEXT_LENGTH, launch, MODEL_URL, nativeGreedy, openTestPage, startServer } from './harness.mjs';
+import { before, describe, test } from 'node:test';
+import { CONTEXT_LENGTH, MINUTES, MODEL_URL, nativeGreedy, openTestPage, serveAndLaunch } from './harness.mjs';
 
 const PROMPT = 'Hi';
 const MAX_TOKENS = 12;
-const MINUTES = 60_000;
 
 describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
-  let server;
-  let browser;
+  const env = serveAndLaunch();
   let page;
   let firstTurn; // (a)'s prompt and reply, for the follow-up turn
 
   before(async () => {
-    server = await startServer();
-    browser = await launch();
-    page = await openTestPage(browser.context, server.url);
+    page = await openTestPage(env.browser.context, env.server.url);
     page.setDefaultTimeout(20 * MINUTES);
-  });
-
-  after(async () => {
-    await browser?.close();
-    await server?.close();
   });
 
   test('(a) loads the default model in its worker and streams the native greedy tokens', { timeout: 30 * MINUTES }, async () => {
@@ -153,8 +144,8 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
   test('(d) a second page load reads the model from the Cache API, not the server', { timeout: 30 * MINUTES }, async () => {
     await page.evaluate(() => window.engine.unload());
     await page.close();
-    const before = server.log.length;
-    page = await openTestPage(browser.context, server.url);
+    const before = env.server.log.length;
+    page = await openTestPage(env.browser.context, env.server.url);
     const r = await page.evaluate(async ({ modelUrl, contextLength }) => {
       const cached = await window.kestrel.hasModelInCache(modelUrl);
       const phases = [];
@@ -167,7 +158,7 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
       const out = await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], temperature: 0, max_tokens: 2 });
       return { cached, phases, ids: out.kestrel.token_ids };
     }, { modelUrl: MODEL_URL, contextLength: CONTEXT_LENGTH });
-    const requests = server.log.slice(before).map((e) => e.path);
+    const requests = env.server.log.slice(before).map((e) => e.path);
     assert.equal(r.cached, true);
     assert.deepEqual(r.phases, ['cache', 'compile', 'ready']);
     assert.ok(!requests.includes(MODEL_URL), `the model was requested again: ${requests.join(', ')}`);

@@ -3,27 +3,14 @@
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, before, describe, test } from 'node:test';
-import { ARTIFACTS, CONTEXT_LENGTH, launch, MODEL_URL, openTestPage, startServer } from './harness.mjs';
-
-const MINUTES = 60_000;
+import { describe, test } from 'node:test';
+import { ARTIFACTS, CONTEXT_LENGTH, launch, MINUTES, MODEL_URL, openTestPage, serveAndLaunch } from './harness.mjs';
 
 describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
-  let server;
-  let browser;
-
-  before(async () => {
-    server = await startServer();
-    browser = await launch();
-  });
-
-  after(async () => {
-    await browser?.close();
-    await server?.close();
-  });
+  const env = serveAndLaunch();
 
   test('(e) a corrupt or truncated model gives bad_model and the page keeps working', { timeout: 30 * MINUTES }, async () => {
-    const page = await openTestPage(browser.context, server.url);
+    const page = await openTestPage(env.browser.context, env.server.url);
     page.setDefaultTimeout(20 * MINUTES);
     const r = await page.evaluate(async ({ modelUrl, contextLength }) => {
       const attempt = async (model) => {
@@ -78,7 +65,7 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
 
   test('(e) without WebGPU: no_webgpu, and the page keeps working', { timeout: 10 * MINUTES }, async () => {
     // navigator.gpu missing in the page.
-    const page = await openTestPage(browser.context, server.url);
+    const page = await openTestPage(env.browser.context, env.server.url);
     const r = await page.evaluate(async (modelUrl) => {
       Object.defineProperty(Navigator.prototype, 'gpu', { value: undefined, configurable: true });
       try {
@@ -96,7 +83,7 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
     // wasm engine reports it).
     const plain = await launch({ webgpu: false });
     try {
-      const p = await openTestPage(plain.context, server.url);
+      const p = await openTestPage(plain.context, env.server.url);
       const r2 = await p.evaluate(async () => {
         try {
           await window.kestrel.createEngine({ model: new Blob([new Uint8Array(16)]) });
@@ -114,9 +101,9 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
   });
 
   test('(f) the demo streams a reply with TTFT and tok/s (screenshot in tests/artifacts/)', { timeout: 30 * MINUTES }, async () => {
-    const page = await browser.context.newPage();
+    const page = await env.browser.context.newPage();
     page.setDefaultTimeout(20 * MINUTES);
-    await page.goto(`${server.url}/www/demo/?max_tokens=16&context_length=${CONTEXT_LENGTH}`);
+    await page.goto(`${env.server.url}/www/demo/?max_tokens=16&context_length=${CONTEXT_LENGTH}`);
     await page.waitForSelector('body[data-ready="true"]');
     assert.match(await page.textContent('#adapter'), /\S/);
     await page.fill('#input', 'Tell me about kestrels.');

@@ -3,6 +3,7 @@
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join, resolve } from 'node:path';
+import { after, before } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { chromium } from 'playwright-core';
 import { launchChromium } from '../../www/chromium.mjs';
@@ -22,7 +23,24 @@ export function launch({ webgpu = true } = {}) {
   return launchChromium(chromium, { webgpu: webgpu ? 'swiftshader' : null });
 }
 
-export { startServer };
+export const MINUTES = 60_000;
+
+/**
+ * Starts the static server and Chromium before a suite's tests and closes both after them.
+ * Returns `{ server, browser }`, filled in once the suite's first `before` has run.
+ */
+export function serveAndLaunch() {
+  const env = { server: null, browser: null };
+  before(async () => {
+    env.server = await startServer();
+    env.browser = await launch();
+  });
+  after(async () => {
+    await env.browser?.close();
+    await env.server?.close();
+  });
+  return env;
+}
 
 /** Opens the test page (which exposes the package as window.kestrel); forwards console errors. */
 export async function openTestPage(context, baseUrl, path = '/tests/browser/page.html') {

@@ -9,24 +9,11 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { after, before, describe, test } from 'node:test';
-import { CONTEXT_LENGTH, launch, openTestPage, ROOT, startServer } from './harness.mjs';
-
-const MINUTES = 60_000;
+import { describe, test } from 'node:test';
+import { CONTEXT_LENGTH, MINUTES, openTestPage, ROOT, serveAndLaunch } from './harness.mjs';
 
 describe('Reference models in Chromium', { timeout: 40 * MINUTES }, () => {
-  let server;
-  let browser;
-
-  before(async () => {
-    server = await startServer();
-    browser = await launch();
-  });
-
-  after(async () => {
-    await browser?.close();
-    await server?.close();
-  });
+  const env = serveAndLaunch();
 
   // Streams `steps` greedy tokens of the raw prompt `promptId` from `modelUrl` and checks them
   // against `referenceDir`'s, which must have no near-tie (top-2 logit margin under `nearTie`)
@@ -39,7 +26,7 @@ describe('Reference models in Chromium', { timeout: 40 * MINUTES }, () => {
     const firstTie = want.step_top1_top2_logit_margin.findIndex((m) => m < nearTie);
     assert.ok(firstTie === -1 || firstTie >= steps, `${label}: the reference has a near-tie at step ${firstTie}`);
 
-    const page = await openTestPage(browser.context, server.url);
+    const page = await openTestPage(env.browser.context, env.server.url);
     page.setDefaultTimeout(20 * MINUTES);
     const out = await page.evaluate(async ({ modelUrl, prompt, steps, contextLength }) => {
       const engine = await window.kestrel.createEngine({ model: modelUrl, context_length: contextLength });
