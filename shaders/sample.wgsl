@@ -9,7 +9,7 @@
 //   Every filter keeps the tokens whose logit is >= a threshold, so the allowed set is
 //   {i : logit_i >= T}; T is found by a 16-way search over the f32 order (count for top-k,
 //   softmax mass for top-p, closed form for min-p). Tokens tied with a threshold are all kept.
-//   Then one uniform u in [0,1) from a PCG hash of (params.seed, step.seed) selects the first
+//   Then one uniform u in [0,1) from a PCG hash of (params.seed, step.draw) selects the first
 //   allowed token, in index order, whose cumulative weight exp((logit - max) / temperature)
 //   exceeds u * total. dst[0] = token, dst[1] = its probability under that distribution.
 #include "step"
@@ -313,7 +313,7 @@ fn sample(@builtin(local_invocation_index) t: u32) {
         threshold = max(threshold, key(max_v + log(params.min_p)));
     }
 
-    let u = f32(pcg(params.seed + pcg(step.seed)) >> 8u) * (1.0 / 16777216.0);
+    let u = f32(pcg(params.seed + pcg(step.draw)) >> 8u) * (1.0 / 16777216.0);
     // Draw: narrow [a, b) to the 256-way chunk where the cumulative weight crosses the target,
     // until chunks are single tokens.
     var a = 0u;

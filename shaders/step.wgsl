@@ -5,5 +5,5 @@ struct Step {
     n_tokens: u32,
     pos: u32,
     kv_len: u32,
-    seed: u32,
+    draw: u32,
 }

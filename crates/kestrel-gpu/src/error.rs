@@ -17,8 +17,6 @@ pub enum GpuError {
     UnknownShader(String),
     #[error("GPU readback failed: {0}")]
     Readback(String),
-    #[error("GPU validation error in {context}: {message}")]
-    Validation { context: String, message: String },
     #[error("unsupported weight type {0} on the GPU")]
     UnsupportedWeights(String),
     #[error("invalid kernel arguments: {0}")]

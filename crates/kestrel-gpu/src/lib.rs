@@ -1,12 +1,12 @@
-//! Kestrel's GPU runtime: device and limits, tensors, a buffer pool, a pipeline cache built from
-//! the WGSL files in `shaders/`, a recorder that batches dispatches into one submit, and async
-//! readback. It also holds the kernels (`kernels`) and their plain-f32 CPU references
-//! (`reference`). It knows nothing about language models beyond the shapes of its kernels.
+//! Kestrel's GPU runtime: device and limits, tensors, a pipeline cache built from the WGSL files
+//! in `shaders/`, a recorder that batches dispatches into one submit, the per-step uniform and
+//! the `StepOp`s that record from it, and async readback. It also holds the kernels (`kernels`)
+//! and their plain-f32 CPU references (`reference`). It knows nothing about language models
+//! beyond the shapes of its kernels.
 
 mod device;
 mod error;
 mod pipeline;
-mod pool;
 mod preprocess;
 mod readback;
 mod recorder;
@@ -16,18 +16,18 @@ mod step;
 mod tensor;
 
 pub mod kernels;
+pub mod params;
 pub mod reference;
 
 pub use device::{Gpu, GpuFeatures, GpuInfo, GpuOptions, KernelChoice, MatvecVariant};
 pub use error::GpuError;
 pub use pipeline::{PipelineCache, PipelineKey};
-pub use pool::BufferPool;
 pub use preprocess::{preprocess, Defines};
 pub use readback::Readback;
 pub use recorder::{grid, Dispatch, Recorder};
 pub use shaders::shader_source;
 pub use shards::{RowShard, RowShards};
-pub use step::{StepParams, StepUniform};
+pub use step::{StepOp, StepParams, StepUniform};
 pub use tensor::{DType, Tensor, WeightTensor};
 
 pub use wgpu;

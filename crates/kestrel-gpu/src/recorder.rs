@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::Gpu;
+use crate::{Gpu, StepOp, StepParams};
 
 /// One prepared kernel invocation: a pipeline, a bind group built once (buffers never move),
 /// and its default grid. Recording it again costs no allocation.
@@ -41,6 +41,13 @@ impl Dispatch {
     /// Records with a grid decided at record time (prefill chunks of varying length).
     pub fn record_with(&self, rec: &mut Recorder, workgroups: [u32; 3]) {
         rec.dispatch(self, workgroups);
+    }
+}
+
+impl StepOp for Dispatch {
+    /// The fixed grid: a kernel whose work does not depend on the step (a decode matvec).
+    fn record(&self, rec: &mut Recorder, _step: &StepParams) {
+        rec.dispatch(self, self.workgroups);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::Gpu;
+use crate::{Gpu, Recorder};
 
 /// Mirrors `struct Step` in `shaders/step.wgsl`.
 #[repr(C)]
@@ -15,13 +15,14 @@ pub struct StepParams {
     pub pos: u32,
     /// Valid KV cache length after this step: `pos + n_tokens`.
     pub kv_len: u32,
-    /// Seed of this step's random draw (the sampler hashes it).
-    pub seed: u32,
+    /// Number of this step's random draw: the sampler hashes it with the request's seed, so
+    /// successive steps draw different values.
+    pub draw: u32,
 }
 
 impl StepParams {
-    pub fn new(n_tokens: u32, pos: u32, seed: u32) -> Self {
-        Self { n_tokens, pos, kv_len: pos + n_tokens, seed }
+    pub fn new(n_tokens: u32, pos: u32, draw: u32) -> Self {
+        Self { n_tokens, pos, kv_len: pos + n_tokens, draw }
     }
 }
 
@@ -39,4 +40,12 @@ impl StepUniform {
     pub fn write(&self, gpu: &Gpu, params: &StepParams) {
         gpu.write(&self.buffer, 0, bytemuck::bytes_of(params));
     }
+}
+
+/// A prepared part of a forward step that records itself from that step's parameters: the same
+/// values written to the [`StepUniform`] before the submit, so a grid sized by the chunk length
+/// or the KV length always agrees with what the shaders read. Kernels with a fixed grid ignore
+/// them. A model builds its step as a list of these once, at load.
+pub trait StepOp: wgpu::WasmNotSendSync {
+    fn record(&self, rec: &mut Recorder, step: &StepParams);
 }

@@ -2,9 +2,10 @@
 
 mod common;
 
-use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, KvCache, Scores};
+use kestrel_gpu::kernels::attention::{AttentionKernel, KvCache};
+use kestrel_gpu::params::{AttentionShape, Scores};
 use kestrel_gpu::reference::attention::attention;
-use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor};
+use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 // Outputs are convex combinations of V values in [-1, 1]. The GPU differs from the f64
 // reference by f32 dot products (|score| up to ~6), exp's few-ULP error and f32 sums over up
@@ -47,12 +48,13 @@ impl Layer {
     }
 
     /// Writes `n_tokens` random queries at `pos`, runs `record` and compares with the reference.
-    fn check(&self, gpu: &Gpu, n_tokens: usize, pos: usize, seed: u64, record: impl FnOnce(&mut Recorder)) {
+    fn check(&self, gpu: &Gpu, n_tokens: usize, pos: usize, seed: u64, attn: &impl StepOp) {
         let q = common::random_vec(&mut common::rng(seed), n_tokens * self.shape.q_width(), Q_SCALE);
         gpu.write(&self.q.buffer, 0, bytemuck::cast_slice(&q));
-        self.step.write(gpu, &StepParams::new(n_tokens as u32, pos as u32, 0));
+        let params = StepParams::new(n_tokens as u32, pos as u32, 0);
+        self.step.write(gpu, &params);
         let mut rec = Recorder::new(gpu);
-        record(&mut rec);
+        attn.record(&mut rec, &params);
         rec.submit();
         let got = pollster::block_on(self.out.read_f32(gpu)).unwrap();
         let want = attention(&self.shape, &q, &self.k, &self.v, pos, &self.scores);
@@ -72,7 +74,7 @@ fn decode(gpu: &Gpu, shape: AttentionShape, scores: Scores, kv_lens: &[usize]) {
     let layer = Layer::new(gpu, shape, scores, 1);
     let attn = kernel.bind_decode(gpu, &layer.step, &layer.q, &layer.cache, &layer.out, &layer.scores).unwrap();
     for &kv_len in kv_lens {
-        layer.check(gpu, 1, kv_len - 1, kv_len as u64, |rec| attn.record(rec, kv_len as u32));
+        layer.check(gpu, 1, kv_len - 1, kv_len as u64, &attn);
     }
 }
 
@@ -82,7 +84,7 @@ fn prefill(gpu: &Gpu, shape: AttentionShape, scores: Scores, chunks: &[(usize, u
     let layer = Layer::new(gpu, shape, scores, 2);
     let attn = kernel.bind_prefill(gpu, &layer.step, &layer.q, &layer.cache, &layer.out, &layer.scores).unwrap();
     for &(n_tokens, pos) in chunks {
-        layer.check(gpu, n_tokens, pos, (n_tokens + pos) as u64, |rec| attn.record(rec, n_tokens as u32));
+        layer.check(gpu, n_tokens, pos, (n_tokens + pos) as u64, &attn);
     }
 }
 

@@ -9,7 +9,7 @@ use kestrel_gguf::{quant, GgmlType};
 use kestrel_gpu::kernels::embedding::EmbeddingKernel;
 use kestrel_gpu::reference::embedding::embedding;
 use kestrel_gpu::reference::matmul::dequantize_weights;
-use kestrel_gpu::{DType, GpuError, GpuOptions, Recorder, RowShards, StepParams, StepUniform, Tensor, WeightTensor};
+use kestrel_gpu::{DType, GpuError, GpuOptions, Recorder, RowShards, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 
 const SENTINEL: f32 = 1234.5;
 
@@ -44,9 +44,10 @@ fn gathers_rows_of_every_type() {
             let ids_t = Tensor::from_u32(&gpu, "ids", &[ids.len()], &ids).unwrap();
             let out = Tensor::from_f32(&gpu, "out", &[ids.len(), hidden], &vec![SENTINEL; ids.len() * hidden]).unwrap();
             let dispatch = kernel.bind(&gpu, &weights, &ids_t, &out, &step, ids.len() as u32).unwrap();
-            step.write(&gpu, &StepParams::new(n_tokens as u32, 0, 0));
+            let params = StepParams::new(n_tokens as u32, 0, 0);
+            step.write(&gpu, &params);
             let mut rec = Recorder::new(&gpu);
-            dispatch.record(&mut rec, n_tokens as u32);
+            dispatch.record(&mut rec, &params);
             rec.submit();
             let got = pollster::block_on(out.read_f32(&gpu)).unwrap();
             let what = format!("embedding {ty} {vocab}x{hidden} ({device})");
@@ -79,9 +80,10 @@ fn gathers_rows_of_a_row_sharded_table() {
     let step = StepUniform::new(&gpu);
     let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, ty, 1.0)).unwrap();
     let dispatches = kernel.bind_shards(&gpu, &shards, &ids_t, &out, &step, ids.len() as u32).unwrap();
-    step.write(&gpu, &StepParams::new(ids.len() as u32, 0, 0));
+    let params = StepParams::new(ids.len() as u32, 0, 0);
+    step.write(&gpu, &params);
     let mut rec = Recorder::new(&gpu);
-    dispatches.iter().for_each(|d| d.record(&mut rec, ids.len() as u32));
+    dispatches.iter().for_each(|d| d.record(&mut rec, &params));
     rec.submit();
     let got = pollster::block_on(out.read_f32(&gpu)).unwrap();
     assert!(got == embedding(&table, vocab, hidden, &ids), "sharded gather differs from the whole table's");
@@ -109,9 +111,10 @@ fn scaled_gather_multiplies_each_row() {
     let step = StepUniform::new(&gpu);
     let kernel = pollster::block_on(EmbeddingKernel::new(&gpu, ty, scale)).unwrap();
     let dispatch = kernel.bind(&gpu, &weights, &ids_t, &out, &step, ids.len() as u32).unwrap();
-    step.write(&gpu, &StepParams::new(ids.len() as u32, 0, 0));
+    let params = StepParams::new(ids.len() as u32, 0, 0);
+    step.write(&gpu, &params);
     let mut rec = Recorder::new(&gpu);
-    dispatch.record(&mut rec, ids.len() as u32);
+    dispatch.record(&mut rec, &params);
     rec.submit();
     let got = pollster::block_on(out.read_f32(&gpu)).unwrap();
     let want: Vec<f32> = embedding(&table, vocab, hidden, &ids).iter().map(|v| v * scale).collect();

@@ -14,9 +14,11 @@ mod common;
 
 use kestrel_gguf::{quant, GgmlType};
 use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
-use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, OutputColumns, SwigluMatvecKernel};
-use kestrel_gpu::reference::matmul::{dequantize_weights, gated, matmul, GateActivation};
-use kestrel_gpu::{Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor, WeightTensor};
+use kestrel_gpu::kernels::matvec::{MatvecKernel, SwigluMatvecKernel};
+use kestrel_gpu::kernels::{Epilogue, OutputColumns};
+use kestrel_gpu::params::GateActivation;
+use kestrel_gpu::reference::matmul::{dequantize_weights, gated, matmul};
+use kestrel_gpu::{Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 use rand::rngs::StdRng;
 
 /// Relative tolerance against Σ|x_k·w_k| (see the module comment).
@@ -125,9 +127,10 @@ fn run(gpu: &Gpu, dispatch: &kestrel_gpu::Dispatch, y: &Tensor, n: usize) -> Vec
 
 /// Runs a bound matmul for `m` tokens; returns all of y.
 fn run_matmul(gpu: &Gpu, step: &StepUniform, dispatch: &MatmulDispatch, y: &Tensor, m: usize) -> Vec<f32> {
-    step.write(gpu, &StepParams::new(m as u32, 0, 0));
+    let params = StepParams::new(m as u32, 0, 0);
+    step.write(gpu, &params);
     let mut rec = Recorder::new(gpu);
-    dispatch.record(&mut rec, m as u32);
+    dispatch.record(&mut rec, &params);
     rec.submit();
     pollster::block_on(y.read_f32(gpu)).unwrap()
 }
@@ -406,7 +409,7 @@ fn products_write_their_output_columns() {
             let weights = w.upload(&gpu);
             let mm = pollster::block_on(MatmulKernel::new(&gpu, ty, epilogue)).unwrap();
             let mm = mm.bind_columns(&gpu, &weights, &x_t, &y, out, bias, &step, m as u32).unwrap();
-            mm.record(&mut rec_matmul, m as u32);
+            mm.record(&mut rec_matmul, &StepParams::new(m as u32, 0, 0));
             let mv = pollster::block_on(MatvecKernel::new(&gpu, ty, epilogue)).unwrap();
             let mv = mv.bind_columns(&gpu, &weights, &x_t, &y_one, out, bias).unwrap();
             mv.record(&mut rec_matvec);

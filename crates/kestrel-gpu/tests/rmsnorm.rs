@@ -4,7 +4,7 @@ mod common;
 
 use kestrel_gpu::kernels::rmsnorm::{HeadNormKernel, HeadSpan, RmsNormKernel};
 use kestrel_gpu::reference::norm::rmsnorm;
-use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor};
+use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 // Each output is x * inv_rms * w: two roundings of the products plus inverseSqrt (2 ULP) and the
 // f32 tree sum of squares (relative error ~ log2(n) * 2^-24 for n <= 2048, halved by the sqrt).
@@ -24,9 +24,10 @@ fn check(gpu: &Gpu, kernel: &RmsNormKernel, n: usize, max_rows: usize, n_tokens:
     let out = Tensor::zeros(gpu, "out", &[max_rows, n], DType::F32).unwrap();
     let step = StepUniform::new(gpu);
     let norm = kernel.bind(gpu, &step, &x_gpu, &w_gpu, &out, eps).unwrap();
-    step.write(gpu, &StepParams::new(n_tokens as u32, 0, 0));
+    let params = StepParams::new(n_tokens as u32, 0, 0);
+    step.write(gpu, &params);
     let mut rec = Recorder::new(gpu);
-    norm.record(&mut rec, n_tokens as u32);
+    norm.record(&mut rec, &params);
     rec.submit();
     let got = pollster::block_on(out.read_f32(gpu)).unwrap();
     let want = rmsnorm(&x[..n_tokens * n], &w, eps);
@@ -64,9 +65,10 @@ fn accumulating_rmsnorm_adds_into_out() {
         let out = Tensor::from_f32(&gpu, "residual", &[max_rows, n], &residual).unwrap();
         let step = StepUniform::new(&gpu);
         let norm = kernel.bind(&gpu, &step, &x_gpu, &w_gpu, &out, eps).unwrap();
-        step.write(&gpu, &StepParams::new(n_tokens as u32, 0, 0));
+        let params = StepParams::new(n_tokens as u32, 0, 0);
+        step.write(&gpu, &params);
         let mut rec = Recorder::new(&gpu);
-        norm.record(&mut rec, n_tokens as u32);
+        norm.record(&mut rec, &params);
         rec.submit();
         let got = pollster::block_on(out.read_f32(&gpu)).unwrap();
         let normed = rmsnorm(&x[..n_tokens * n], &w, eps);
@@ -112,9 +114,10 @@ fn head_rmsnorm_normalizes_its_span_in_place() {
             // The K heads: they sit between Q and V, so both neighbours must stay untouched.
             let span = HeadSpan { offset: nq * hd, heads: nkv, head_dim: hd };
             let norm = kernel.bind(&gpu, &step, &x_gpu, &w_gpu, span, eps).unwrap();
-            step.write(&gpu, &StepParams::new(n_tokens as u32, 0, 0));
+            let params = StepParams::new(n_tokens as u32, 0, 0);
+            step.write(&gpu, &params);
             let mut rec = Recorder::new(&gpu);
-            norm.record(&mut rec, n_tokens as u32);
+            norm.record(&mut rec, &params);
             rec.submit();
             let got = pollster::block_on(x_gpu.read_f32(&gpu)).unwrap();
             let what = format!("head rmsnorm hd={hd} heads={nkv} rows={n_tokens}/{max_rows} subgroups={}", gpu.features.subgroups);

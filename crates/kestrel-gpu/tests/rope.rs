@@ -2,10 +2,11 @@
 
 mod common;
 
-use kestrel_gpu::kernels::attention::{AttentionShape, KvCache};
+use kestrel_gpu::kernels::attention::KvCache;
 use kestrel_gpu::kernels::rope::RopeKernel;
-use kestrel_gpu::reference::rope::{rope, RopeConfig, RopeMode, YarnRamp};
-use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor};
+use kestrel_gpu::params::{AttentionShape, RopeConfig, RopeMode, YarnRamp};
+use kestrel_gpu::reference::rope::rope;
+use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 use rand::Rng;
 
 // The shader's angle is exact to ~2e-7 rad (fixed-point turns, reduced to [-pi, pi) before
@@ -42,9 +43,10 @@ fn check(gpu: &Gpu, kernel: &RopeKernel, shape: AttentionShape, config: Option<&
     for &(n_tokens, pos) in steps {
         let rows = common::random_vec(&mut rng, n_tokens * qkv_width, 1.0);
         gpu.write(&qkv.buffer, 0, bytemuck::cast_slice(&rows));
-        step.write(gpu, &StepParams::new(n_tokens as u32, pos as u32, 0));
+        let params = StepParams::new(n_tokens as u32, pos as u32, 0);
+        step.write(gpu, &params);
         let mut rec = Recorder::new(gpu);
-        dispatch.record(&mut rec, n_tokens as u32);
+        dispatch.record(&mut rec, &params);
         rec.submit();
         let got_q = pollster::block_on(q_out.read_f32(gpu)).unwrap();
         for (t, row) in rows.chunks_exact(qkv_width).enumerate() {

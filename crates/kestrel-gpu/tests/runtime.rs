@@ -1,9 +1,9 @@
-//! The runtime itself: device limits and features, pipeline cache, recorder, readback, pool.
+//! The runtime itself: device limits and features, pipeline cache, recorder, readback.
 
 mod common;
 
 use kestrel_gpu::kernels::CopyKernel;
-use kestrel_gpu::{BufferPool, Defines, GpuError, Readback, Recorder, Tensor};
+use kestrel_gpu::{Defines, GpuError, Readback, Recorder, Tensor};
 
 #[test]
 fn device_reports_real_limits_not_webgpu_defaults() {
@@ -71,17 +71,4 @@ fn buffers_beyond_the_binding_limit_are_refused() {
     let gpu = common::gpu();
     let too_big = gpu.max_binding_size() + 4;
     assert!(matches!(gpu.storage_buffer("huge", too_big), Err(GpuError::Limit { .. })));
-}
-
-#[test]
-fn pool_reuses_released_buffers() {
-    let gpu = common::gpu();
-    let pool = BufferPool::new();
-    let a = pool.acquire(&gpu, 1000).unwrap();
-    assert_eq!(a.size(), 1024);
-    pool.release(a);
-    assert_eq!(pool.idle_bytes(), 1024);
-    let b = pool.acquire(&gpu, 900).unwrap();
-    assert_eq!(b.size(), 1024);
-    assert_eq!(pool.idle_bytes(), 0);
 }

@@ -1,9 +1,10 @@
 //! GPU sampling and logit processing against `reference::sample`.
 mod common;
 
-use kestrel_gpu::kernels::sample::{penalty_entries, Penalties, PenaltyKernel, SampleKernel, SamplingParams};
+use kestrel_gpu::kernels::sample::{PenaltyKernel, SampleKernel};
+use kestrel_gpu::params::{Penalties, PenaltyEntry, SamplingParams};
 use kestrel_gpu::reference::sample as reference;
-use kestrel_gpu::{DType, Gpu, Readback, Recorder, StepParams, StepUniform, Tensor};
+use kestrel_gpu::{DType, Gpu, Readback, Recorder, StepOp, StepParams, StepUniform, Tensor};
 use rand::Rng;
 
 fn devices() -> [Gpu; 2] {
@@ -19,11 +20,12 @@ fn draws(gpu: &Gpu, kernel: &SampleKernel, logits: &Tensor, params: &SamplingPar
     let mut bound = Vec::new();
     for (j, &seed) in seeds.iter().enumerate() {
         let step = StepUniform::new(gpu);
-        step.write(gpu, &StepParams::new(1, 0, seed));
+        let step_params = StepParams::new(1, 0, seed);
+        step.write(gpu, &step_params);
         let out = Tensor::zeros(gpu, "out", &[2], DType::U32).unwrap();
-        let mut binding = kernel.bind(gpu, logits, &step, &out).unwrap();
+        let binding = kernel.bind(gpu, logits, &step, &out).unwrap();
         binding.set_params(gpu, params).unwrap();
-        binding.record(&mut rec);
+        binding.record(&mut rec, &step_params);
         rec.copy(&out.buffer, 0, readback.buffer(), 8 * j as u64, 8);
         bound.push((step, out, binding));
     }
@@ -224,17 +226,16 @@ fn tiny_temperature_behaves_as_argmax() {
 
 /// Reads the logits after the penalty kernel ran on `logits` (with 16 guard values past the
 /// vocabulary that must stay untouched).
-fn penalized(gpu: &Gpu, logits: &[f32], recent: &[u32], bias: &[(u32, f32)], penalties: &Penalties) -> Vec<f32> {
+fn penalized(gpu: &Gpu, logits: &[f32], entries: &[PenaltyEntry], penalties: &Penalties) -> Vec<f32> {
     let kernel = pollster::block_on(PenaltyKernel::new(gpu)).unwrap();
     let guard = [7.25f32; 16];
     let padded: Vec<f32> = logits.iter().chain(&guard).copied().collect();
     let mut tensor = Tensor::from_f32(gpu, "logits", &[padded.len()], &padded).unwrap();
     tensor.shape = vec![logits.len()];
-    let entries = penalty_entries(recent, bias);
     let binding = kernel.bind(gpu, &tensor, entries.len() as u32).unwrap();
-    binding.write(gpu, penalties, &entries).unwrap();
+    binding.write(gpu, penalties, entries).unwrap();
     let mut rec = Recorder::new(gpu);
-    binding.record(&mut rec);
+    binding.record(&mut rec, &StepParams::new(1, 0, 0));
     rec.submit();
     tensor.shape = vec![padded.len()];
     let out = pollster::block_on(tensor.read_f32(gpu)).unwrap();
@@ -249,17 +250,23 @@ fn penalties_and_bias_match_reference() {
             let mut rng = common::rng(seed);
             let mut logits = common::random_vec(&mut rng, n, 6.0);
             logits[0] = 0.0;
-            // Ids drawn from a small range so that the window repeats tokens; two out of range.
-            let mut recent: Vec<u32> = (0..64).map(|_| rng.random_range(0..40)).collect();
-            recent.extend([0, n as u32, u32::MAX]);
-            let bias = [(5, 1.5), (7, f32::NEG_INFINITY), (5, -0.25), (39, -2.0), (n as u32 + 3, 4.0), (600, 0.75)];
+            // Distinct ids with counts 0 to 3 and biases (0: a penalty only; counted, biased,
+            // banned), two past the vocabulary.
+            let mut entries: Vec<PenaltyEntry> = (0..40u32)
+                .map(|token| {
+                    let bias = if rng.random_range(0..3) == 0 { 0.0 } else { rng.random_range(-2.0..2.0) };
+                    PenaltyEntry::new(token, rng.random_range(0..4), bias)
+                })
+                .collect();
+            entries[7] = PenaltyEntry::new(7, 2, f32::NEG_INFINITY);
+            entries.extend([PenaltyEntry::new(600, 0, 0.75), PenaltyEntry::new(n as u32 + 3, 1, 4.0), PenaltyEntry::new(u32::MAX, 2, 1.0)]);
             for penalties in [
                 Penalties { repeat: 1.3, frequency: 0.2, presence: 0.5 },
                 Penalties { repeat: 0.8, frequency: 0.0, presence: 0.0 },
                 Penalties::default(),
             ] {
-                let got = penalized(&gpu, &logits, &recent, &bias, &penalties);
-                let want = reference::apply_penalties(&logits, &recent, &bias, &penalties);
+                let got = penalized(&gpu, &logits, &entries, &penalties);
+                let want = reference::apply_penalties(&logits, &entries, &penalties);
                 // Exact arithmetic on both sides; 1 ulp for a GPU compiler fusing
                 // count * frequency + presence into one fma.
                 for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
@@ -280,14 +287,13 @@ fn banned_token_is_never_chosen() {
         let logits = peaked_logits(6, 2000);
         let banned = reference::argmax(&logits) as u32;
         let tensor = Tensor::from_f32(&gpu, "logits", &[2000], &logits).unwrap();
-        let entries = penalty_entries(&[], &[(banned, f32::NEG_INFINITY)]);
+        let entries = [PenaltyEntry::new(banned, 0, f32::NEG_INFINITY)];
         let processing = penalty.bind(&gpu, &tensor, 4).unwrap();
         processing.write(&gpu, &Penalties::default(), &entries).unwrap();
         let mut rec = Recorder::new(&gpu);
-        processing.record(&mut rec);
+        processing.record(&mut rec, &StepParams::new(1, 0, 0));
         rec.submit();
-        let expect_greedy =
-            reference::argmax(&reference::apply_penalties(&logits, &[], &[(banned, f32::NEG_INFINITY)], &Penalties::default()));
+        let expect_greedy = reference::argmax(&reference::apply_penalties(&logits, &entries, &Penalties::default()));
         assert_eq!(draws(&gpu, &sampler, &tensor, &SamplingParams::greedy(), &[0])[0].0 as usize, expect_greedy);
         let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 7 };
         let seeds: Vec<u32> = (0..100).collect();
@@ -306,7 +312,7 @@ fn invalid_arguments_are_errors() {
     let small = Tensor::zeros(&gpu, "out", &[1], DType::U32).unwrap();
     assert!(kernel.bind(&gpu, &logits, &step, &small).is_err());
     let out = Tensor::zeros(&gpu, "out", &[2], DType::U32).unwrap();
-    let mut binding = kernel.bind(&gpu, &logits, &step, &out).unwrap();
+    let binding = kernel.bind(&gpu, &logits, &step, &out).unwrap();
     for bad in [
         SamplingParams { top_p: 1.5, ..Default::default() },
         SamplingParams { min_p: -0.1, ..Default::default() },
@@ -316,7 +322,7 @@ fn invalid_arguments_are_errors() {
     }
     let penalty = pollster::block_on(PenaltyKernel::new(&gpu)).unwrap();
     let processing = penalty.bind(&gpu, &logits, 2).unwrap();
-    let entries = penalty_entries(&[1, 2, 3], &[]);
+    let entries = [PenaltyEntry::new(1, 1, 0.0), PenaltyEntry::new(2, 1, 0.0), PenaltyEntry::new(3, 1, 0.0)];
     assert!(processing.write(&gpu, &Penalties::default(), &entries).is_err());
     assert!(processing.write(&gpu, &Penalties { repeat: 0.0, ..Default::default() }, &entries[..1]).is_err());
 }

@@ -2,10 +2,9 @@
 //! them (`{arch}.embedding_length`, `{arch}.attention.head_count`, ...).
 
 use kestrel_gguf::{GgufHeader, Metadata, MetadataValue};
-use kestrel_gpu::kernels::attention::{Scores, HEAD_DIMS};
-pub use kestrel_gpu::reference::matmul::GateActivation;
-pub use kestrel_gpu::reference::rope::RopeMode;
-use kestrel_gpu::reference::rope::{RopeConfig, YarnRamp};
+use kestrel_gpu::kernels::attention::HEAD_DIMS;
+pub use kestrel_gpu::params::{GateActivation, RopeMode};
+use kestrel_gpu::params::{RopeConfig, Scores, YarnRamp};
 
 use crate::error::{bad_model, ModelError};
 use crate::tensors::Role;

@@ -2,19 +2,24 @@
 //! chunk, and every kernel bound once at load. A forward pass only records prebuilt dispatches
 //! and writes the step uniform, so a decode step allocates nothing and submits once.
 
-use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, DecodeAttention, KvCache, PrefillAttention};
-use kestrel_gpu::kernels::embedding::{EmbeddingDispatch, EmbeddingKernel};
-use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
-use kestrel_gpu::kernels::matvec::{Epilogue, MatvecKernel, OutputColumns, SwigluMatvecKernel};
-use kestrel_gpu::kernels::rmsnorm::{HeadNormKernel, HeadSpan, RmsNormDispatch, RmsNormKernel};
-use kestrel_gpu::kernels::rope::{RopeDispatch, RopeKernel};
+use std::sync::Arc;
+
+use kestrel_gpu::kernels::attention::{AttentionKernel, KvCache};
+use kestrel_gpu::kernels::embedding::EmbeddingKernel;
+use kestrel_gpu::kernels::matmul::{MatmulKernel, SwigluMatmulKernel};
+use kestrel_gpu::kernels::matvec::{MatvecKernel, SwigluMatvecKernel};
+use kestrel_gpu::kernels::rmsnorm::{HeadNormKernel, HeadSpan, RmsNormKernel};
+use kestrel_gpu::kernels::rope::RopeKernel;
 use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel};
-use kestrel_gpu::reference::rope::RopeConfig;
-use kestrel_gpu::{DType, Dispatch, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepUniform, Tensor, WeightTensor};
+use kestrel_gpu::kernels::{Epilogue, OutputColumns};
+use kestrel_gpu::params::{AttentionShape, RopeConfig};
+use kestrel_gpu::{DType, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepUniform, Tensor, WeightTensor};
 
 use crate::config::ModelConfig;
 
+mod plan;
 mod profile;
+use plan::{LastRowCopy, PlannedOp, StepPlan};
 pub use profile::{KernelFamily, StepHostTime};
 
 /// A weight matrix and its optional bias vector.
@@ -119,45 +124,6 @@ struct Activations {
     sampled: Tensor,
 }
 
-/// The products of the Q, K and V parts (one when fused) for one token.
-struct QkvDecode(Vec<Dispatch>);
-
-impl QkvDecode {
-    fn record(&self, rec: &mut Recorder) {
-        self.0.iter().for_each(|d| d.record(rec));
-    }
-}
-
-/// The products of the Q, K and V parts (one when fused) for a chunk of tokens.
-struct QkvPrefill(Vec<MatmulDispatch>);
-
-impl QkvPrefill {
-    fn record(&self, rec: &mut Recorder, n_tokens: u32) {
-        self.0.iter().for_each(|d| d.record(rec, n_tokens));
-    }
-}
-
-struct LayerDispatches {
-    attn_norm: RmsNormDispatch,
-    qkv_decode: QkvDecode,
-    qkv_prefill: QkvPrefill,
-    /// Qwen3's per-head norms of Q and of K, in place on the QKV rows (empty elsewhere).
-    qk_norm: Vec<RmsNormDispatch>,
-    rope: RopeDispatch,
-    attn_decode: DecodeAttention,
-    attn_prefill: PrefillAttention,
-    o_decode: Dispatch,
-    o_prefill: MatmulDispatch,
-    /// Gemma: the O projection writes `normed`, whose norm this adds into the hidden state.
-    attn_post_norm: Option<RmsNormDispatch>,
-    ffn_norm: RmsNormDispatch,
-    gate_up_decode: Dispatch,
-    gate_up_prefill: MatmulDispatch,
-    down_decode: Dispatch,
-    down_prefill: MatmulDispatch,
-    ffn_post_norm: Option<RmsNormDispatch>,
-}
-
 pub struct Graph {
     pub gpu: Gpu,
     pub config: ModelConfig,
@@ -168,14 +134,11 @@ pub struct Graph {
     act: Activations,
     /// Kept alive: the dispatches' bind groups reference them.
     _caches: Vec<KvCache>,
-    /// One gather per shard of the embedding table.
-    embed: Vec<EmbeddingDispatch>,
-    layers: Vec<LayerDispatches>,
-    output_norm: RmsNormDispatch,
-    /// One matvec per shard of the LM head, each writing its rows' logits.
-    lm_head: Vec<Dispatch>,
-    pub penalties: PenaltyBinding,
-    pub sampler: SampleBinding,
+    /// Every kernel of a step, bound once.
+    plan: StepPlan,
+    /// Also in `plan.sample`; requests write their options here.
+    pub penalties: Arc<PenaltyBinding>,
+    pub sampler: Arc<SampleBinding>,
     /// One per slot, with the submission that last copied into it (`TOKEN_SLOTS`).
     token_readbacks: Vec<Readback>,
     token_submissions: std::sync::Mutex<Vec<Option<kestrel_gpu::wgpu::SubmissionIndex>>>,
@@ -245,124 +208,93 @@ impl Graph {
         let rope = RopeKernel::new(gpu).await?;
         let head_norm = if c.qk_norm { Some(HeadNormKernel::new(gpu).await?) } else { None };
         let attention = AttentionKernel::new(gpu, c.head_dim).await?;
-        let embed = EmbeddingKernel::new(gpu, weights.embedding.ty, c.embedding_scale).await?.bind_shards(
-            gpu,
-            &weights.embedding,
-            &act.token_ids,
-            &act.x,
-            &step,
-            max_tokens,
-        )?;
+        let mut plan = StepPlan::default();
+        let embedding = EmbeddingKernel::new(gpu, weights.embedding.ty, c.embedding_scale).await?;
+        for gather in embedding.bind_shards(gpu, &weights.embedding, &act.token_ids, &act.x, &step, max_tokens)? {
+            plan.both("embedding", gather);
+        }
 
         let mut caches = Vec::with_capacity(c.n_layers);
-        let mut layers = Vec::with_capacity(c.n_layers);
         for (l, w) in weights.layers.iter().enumerate() {
             let cache = KvCache::new(gpu, &format!("blk.{l}.kv"), shape)?;
-            let (mut qkv_decode, mut qkv_prefill) = (Vec::new(), Vec::new());
+            plan.both("rmsnorm", norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?);
             for (part, out) in w.qkv.with_columns(c.qkv_width()) {
                 let (weight, bias) = (&part.weight, part.bias.as_ref());
                 let epilogue = if bias.is_some() { Epilogue::BIAS } else { Epilogue::NONE };
                 let matvec = MatvecKernel::new(gpu, weight.ty, epilogue).await?;
-                qkv_decode.push(matvec.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias)?);
                 let matmul = MatmulKernel::new(gpu, weight.ty, epilogue).await?;
-                qkv_prefill.push(matmul.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias, &step, max_tokens)?);
+                plan.split(
+                    "matvec qkv",
+                    matvec.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias)?,
+                    matmul.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias, &step, max_tokens)?,
+                );
             }
-            let mut qk_norm = Vec::new();
             if let (Some(kernel), Some([q_norm, k_norm])) = (&head_norm, &w.qk_norm) {
                 let q_span = HeadSpan { offset: 0, heads: c.n_heads, head_dim: c.head_dim };
                 let k_span = HeadSpan { offset: c.q_width(), heads: c.n_kv_heads, head_dim: c.head_dim };
-                qk_norm.push(kernel.bind(gpu, &step, &act.qkv, q_norm, q_span, c.rms_eps)?);
-                qk_norm.push(kernel.bind(gpu, &step, &act.qkv, k_norm, k_span, c.rms_eps)?);
+                plan.both("rmsnorm", kernel.bind(gpu, &step, &act.qkv, q_norm, q_span, c.rms_eps)?);
+                plan.both("rmsnorm", kernel.bind(gpu, &step, &act.qkv, k_norm, k_span, c.rms_eps)?);
             }
-            let layer_rope = c.layer_rope(l, rope_config);
+            plan.both("rope", rope.bind(gpu, &step, c.layer_rope(l, rope_config).as_ref(), &act.qkv, &act.q, &cache)?);
             let scores = c.layer_scores(l);
-            let bind_post_norm = |weights: Option<&Tensor>| match (&post_norm, weights) {
-                (Some(kernel), Some(w)) => kernel.bind(gpu, &step, &act.normed, w, &act.x, c.rms_eps).map(Some),
-                _ => Ok(None),
-            };
-            let [attn_post_norm, ffn_post_norm] = match &w.post_norms {
-                Some([attn, ffn]) => [bind_post_norm(Some(attn))?, bind_post_norm(Some(ffn))?],
-                None => [None, None],
-            };
-            let activation = c.gate_activation;
-            layers.push(LayerDispatches {
-                attn_norm: norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?,
-                qkv_decode: QkvDecode(qkv_decode),
-                qkv_prefill: QkvPrefill(qkv_prefill),
-                qk_norm,
-                rope: rope.bind(gpu, &step, layer_rope.as_ref(), &act.qkv, &act.q, &cache)?,
-                attn_decode: attention.bind_decode(gpu, &step, &act.q, &cache, &act.attn, &scores)?,
-                attn_prefill: attention.bind_prefill(gpu, &step, &act.q, &cache, &act.attn, &scores)?,
-                o_decode: MatvecKernel::new(gpu, w.attn_output.ty, residual_epilogue).await?.bind(
+            plan.split(
+                "attention",
+                attention.bind_decode(gpu, &step, &act.q, &cache, &act.attn, &scores)?,
+                attention.bind_prefill(gpu, &step, &act.q, &cache, &act.attn, &scores)?,
+            );
+            let o = &w.attn_output;
+            plan.split(
+                "matvec o",
+                MatvecKernel::new(gpu, o.ty, residual_epilogue).await?.bind(gpu, o, &act.attn, residual_out, None)?,
+                MatmulKernel::new(gpu, o.ty, residual_epilogue).await?.bind(gpu, o, &act.attn, residual_out, None, &step, max_tokens)?,
+            );
+            let post_norms = post_norm.as_ref().zip(w.post_norms.as_ref());
+            if let Some((kernel, [attn_post, _])) = post_norms {
+                plan.both("rmsnorm", kernel.bind(gpu, &step, &act.normed, attn_post, &act.x, c.rms_eps)?);
+            }
+            plan.both("rmsnorm", norm.bind(gpu, &step, &act.x, &w.ffn_norm, &act.normed, c.rms_eps)?);
+            let (act_fn, ty) = (c.gate_activation, w.gate.ty);
+            plan.split(
+                "matvec gate+up swiglu",
+                SwigluMatvecKernel::new(gpu, ty, act_fn).await?.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn)?,
+                SwigluMatmulKernel::new(gpu, ty, act_fn).await?.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn, &step, max_tokens)?,
+            );
+            let down = &w.down;
+            plan.split(
+                "matvec down",
+                MatvecKernel::new(gpu, down.ty, residual_epilogue).await?.bind(gpu, down, &act.ffn, residual_out, None)?,
+                MatmulKernel::new(gpu, down.ty, residual_epilogue).await?.bind(
                     gpu,
-                    &w.attn_output,
-                    &act.attn,
-                    residual_out,
-                    None,
-                )?,
-                o_prefill: MatmulKernel::new(gpu, w.attn_output.ty, residual_epilogue).await?.bind(
-                    gpu,
-                    &w.attn_output,
-                    &act.attn,
-                    residual_out,
-                    None,
-                    &step,
-                    max_tokens,
-                )?,
-                attn_post_norm,
-                ffn_norm: norm.bind(gpu, &step, &act.x, &w.ffn_norm, &act.normed, c.rms_eps)?,
-                gate_up_decode: SwigluMatvecKernel::new(gpu, w.gate.ty, activation).await?.bind(
-                    gpu,
-                    &w.gate,
-                    &w.up,
-                    &act.normed,
-                    &act.ffn,
-                )?,
-                gate_up_prefill: SwigluMatmulKernel::new(gpu, w.gate.ty, activation).await?.bind(
-                    gpu,
-                    &w.gate,
-                    &w.up,
-                    &act.normed,
-                    &act.ffn,
-                    &step,
-                    max_tokens,
-                )?,
-                down_decode: MatvecKernel::new(gpu, w.down.ty, residual_epilogue).await?.bind(
-                    gpu,
-                    &w.down,
-                    &act.ffn,
-                    residual_out,
-                    None,
-                )?,
-                down_prefill: MatmulKernel::new(gpu, w.down.ty, residual_epilogue).await?.bind(
-                    gpu,
-                    &w.down,
+                    down,
                     &act.ffn,
                     residual_out,
                     None,
                     &step,
                     max_tokens,
                 )?,
-                ffn_post_norm,
-            });
+            );
+            if let Some((kernel, [_, ffn_post])) = post_norms {
+                plan.both("rmsnorm", kernel.bind(gpu, &step, &act.normed, ffn_post, &act.x, c.rms_eps)?);
+            }
             caches.push(cache);
         }
+
         let output_norm = norm.bind(gpu, &step, &act.x, &weights.output_norm, &act.normed, c.rms_eps)?;
+        plan.logits.push(PlannedOp { family: "rmsnorm", op: Arc::new(output_norm) });
+        let last_row = LastRowCopy { src: act.normed.buffer.clone(), dst: act.last_normed.buffer.clone(), row_bytes: 4 * c.hidden as u64 };
+        plan.logits.push(PlannedOp { family: plan::COPY, op: Arc::new(last_row) });
         let lm = weights.lm_head();
         let lm_kernel = match c.final_softcap {
             Some(cap) => MatvecKernel::soft_capped(gpu, lm.ty, cap).await?,
             None => MatvecKernel::new(gpu, lm.ty, Epilogue::NONE).await?,
         };
-        let lm_head = lm
-            .shards
-            .iter()
-            .map(|s| {
-                let out = OutputColumns { offset: s.first_row as u32, stride: c.vocab as u32 };
-                lm_kernel.bind_columns(gpu, &s.weight, &act.last_normed, &act.logits, out, None)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let penalties = PenaltyKernel::new(gpu).await?.bind(gpu, &act.logits, PENALTY_CAPACITY)?;
-        let sampler = SampleKernel::new(gpu).await?.bind(gpu, &act.logits, &step, &act.sampled)?;
+        for shard in lm_kernel.bind_shards(gpu, lm, &act.last_normed, &act.logits)? {
+            plan.logits.push(PlannedOp { family: "matvec lm head", op: Arc::new(shard) });
+        }
+        let penalties = Arc::new(PenaltyKernel::new(gpu).await?.bind(gpu, &act.logits, PENALTY_CAPACITY)?);
+        let sampler = Arc::new(SampleKernel::new(gpu).await?.bind(gpu, &act.logits, &step, &act.sampled)?);
+        plan.sample.push(PlannedOp { family: "penalties+sample", op: penalties.clone() });
+        plan.sample.push(PlannedOp { family: "penalties+sample", op: sampler.clone() });
         let token_readbacks = (0..TOKEN_SLOTS).map(|_| Readback::new(gpu, 8)).collect();
         let logits_readback = Readback::new(gpu, act.logits.byte_size());
         Ok(Self {
@@ -374,10 +306,7 @@ impl Graph {
             step,
             act,
             _caches: caches,
-            embed,
-            layers,
-            output_norm,
-            lm_head,
+            plan,
             penalties,
             sampler,
             token_readbacks,
@@ -388,9 +317,9 @@ impl Graph {
 
     /// Records and submits one step: its tokens (at most `max_chunk`) at positions `pos..`, then,
     /// unless `output` is `None`, the LM head on the last token and the sampler, whose token goes
-    /// to readback slot `slot % TOKEN_SLOTS` (`read_token`). `seed` is the step's random value
-    /// for the sampler.
-    pub fn submit_step(&self, input: StepInput, pos: usize, seed: u32, output: &StepOutput, slot: usize) -> Result<(), GpuError> {
+    /// to readback slot `slot % TOKEN_SLOTS` (`read_token`). `draw` numbers the step's random
+    /// draw (`StepParams::draw`).
+    pub fn submit_step(&self, input: StepInput, pos: usize, draw: u32, output: &StepOutput, slot: usize) -> Result<(), GpuError> {
         let n = match input {
             StepInput::Tokens(tokens) => tokens.len(),
             StepInput::Sampled => 1,
@@ -402,55 +331,23 @@ impl Graph {
             )));
         }
         let gpu = &self.gpu;
-        let (n32, params) = (n as u32, StepParams::new(n as u32, pos as u32, seed));
-        self.step.write(gpu, &params);
+        let step = StepParams::new(n as u32, pos as u32, draw);
+        self.step.write(gpu, &step);
         let mut rec = Recorder::new(gpu);
         match input {
             StepInput::Tokens(tokens) => gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(tokens)),
             StepInput::Sampled => rec.copy(&self.act.sampled.buffer, 0, &self.act.token_ids.buffer, 0, 4),
         }
-        let decode = n == 1;
-        self.embed.iter().for_each(|e| e.record(&mut rec, n32));
-        for l in &self.layers {
-            l.attn_norm.record(&mut rec, n32);
-            if decode {
-                l.qkv_decode.record(&mut rec);
-            } else {
-                l.qkv_prefill.record(&mut rec, n32);
-            }
-            l.qk_norm.iter().for_each(|d| d.record(&mut rec, n32));
-            l.rope.record(&mut rec, n32);
-            if decode {
-                l.attn_decode.record(&mut rec, params.kv_len);
-                l.o_decode.record(&mut rec);
-            } else {
-                l.attn_prefill.record(&mut rec, n32);
-                l.o_prefill.record(&mut rec, n32);
-            }
-            l.attn_post_norm.iter().for_each(|d| d.record(&mut rec, n32));
-            l.ffn_norm.record(&mut rec, n32);
-            if decode {
-                l.gate_up_decode.record(&mut rec);
-                l.down_decode.record(&mut rec);
-            } else {
-                l.gate_up_prefill.record(&mut rec, n32);
-                l.down_prefill.record(&mut rec, n32);
-            }
-            l.ffn_post_norm.iter().for_each(|d| d.record(&mut rec, n32));
-        }
+        plan::record(&mut rec, if n == 1 { &self.plan.decode } else { &self.plan.prefill }, &step);
         let slot = slot % TOKEN_SLOTS;
         let samples = !matches!(output, StepOutput::None);
         if samples {
-            self.output_norm.record(&mut rec, n32);
-            let row_bytes = 4 * self.config.hidden as u64;
-            rec.copy(&self.act.normed.buffer, (n as u64 - 1) * row_bytes, &self.act.last_normed.buffer, 0, row_bytes);
-            self.lm_head.iter().for_each(|d| d.record(&mut rec));
+            plan::record(&mut rec, &self.plan.logits, &step);
             if matches!(output, StepOutput::TokenAndLogits) {
                 let size = self.act.logits.byte_size();
                 rec.copy(&self.act.logits.buffer, 0, self.logits_readback.buffer(), 0, size);
             }
-            self.penalties.record(&mut rec);
-            self.sampler.record(&mut rec);
+            plan::record(&mut rec, &self.plan.sample, &step);
             rec.copy(&self.act.sampled.buffer, 0, self.token_readbacks[slot].buffer(), 0, 8);
         }
         let submission = rec.submit();

@@ -8,6 +8,7 @@ mod graph;
 mod load;
 mod model;
 pub mod options;
+mod penalties;
 pub mod reference;
 pub mod stop;
 pub mod synthetic;

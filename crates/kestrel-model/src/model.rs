@@ -2,7 +2,7 @@
 //! reuse of the KV cache across requests, chunked prefill, decode with GPU sampling, stop
 //! conditions and streamed text.
 
-use kestrel_gpu::kernels::sample::{penalty_entries, Penalties, SamplingParams};
+use kestrel_gpu::params::{Penalties, SamplingParams};
 use kestrel_gpu::Gpu;
 use kestrel_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use web_time::Instant;
@@ -10,6 +10,7 @@ use web_time::Instant;
 use crate::config::ModelConfig;
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
 use crate::options::GenerateOptions;
+use crate::penalties::PenaltyPolicy;
 use crate::stop::StopMatcher;
 use crate::ModelError;
 
@@ -241,20 +242,17 @@ impl Model {
             seed: (seed ^ (seed >> 32)) as u32,
         };
         self.graph.sampler.set_params(&gpu, &sampling)?;
-        let penalties =
-            Penalties { repeat: options.repetition_penalty, frequency: options.frequency_penalty, presence: options.presence_penalty };
-        let penalize = penalties != Penalties::default() || !options.logit_bias.is_empty();
+        let policy = PenaltyPolicy::new(options);
+        let penalize = policy.is_active();
         let write_penalties = |graph: &Graph, history: &[u32]| -> Result<(), ModelError> {
-            let window =
-                if penalties == Penalties::default() { &[][..] } else { &history[history.len().saturating_sub(options.penalty_last_n)..] };
-            graph.penalties.write(&gpu, &penalties, &penalty_entries(window, &options.logit_bias))?;
+            graph.penalties.write(&gpu, &policy.penalties, &policy.entries(history))?;
             Ok(())
         };
         // Keep the longest cached prefix, but always run the last prompt token for its logits.
         let reused = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
         self.cached.truncate(reused);
         let mut history = prompt.to_vec();
-        write_penalties(&self.graph, if penalize { &history } else { &[] })?;
+        write_penalties(&self.graph, &history)?;
         let want_logits = options.logprobs > 0;
         self.prefill(prompt, reused, want_logits)?;
         let mut token = self.graph.read_token(0).await?.0;

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use kestrel_gguf::GgufHeader;
+use kestrel_gpu::params::{AttentionShape, RopeConfig, Scores};
 use kestrel_gpu::reference::{attention, embedding, matmul, norm, rope};
 
 use crate::config::ModelConfig;
@@ -23,8 +24,8 @@ struct Layer {
     k_norm: Option<Vec<f32>>,
     /// The layer's RoPE (none: SmolLM3's every fourth layer; Gemma's sliding layers have their
     /// own base) and how it scores keys (scale, soft cap, window).
-    rope: Option<rope::RopeConfig>,
-    scores: attention::Scores,
+    rope: Option<RopeConfig>,
+    scores: Scores,
     /// Gemma's norms of the attention and FFN outputs.
     post_norms: Option<[Vec<f32>; 2]>,
     attn_output: Vec<f32>,
@@ -43,7 +44,7 @@ pub struct ReferenceModel {
     /// None when tied to the embedding.
     output: Option<Vec<f32>>,
     layers: Vec<Layer>,
-    shape: attention::AttentionShape,
+    shape: AttentionShape,
     /// Tokens already in the caches.
     pub pos: usize,
 }
@@ -67,8 +68,7 @@ impl ReferenceModel {
         }
         split_fused(&config, &mut weights);
         let mut take = |role: Role| weights.remove(&role).ok_or_else(|| bad_model(format!("missing {role:?}")));
-        let shape =
-            attention::AttentionShape { n_heads: config.n_heads, n_kv_heads: config.n_kv_heads, head_dim: config.head_dim, max_ctx };
+        let shape = AttentionShape { n_heads: config.n_heads, n_kv_heads: config.n_kv_heads, head_dim: config.head_dim, max_ctx };
         let model_rope = config.rope_config(config.rope_factors_role(max_ctx).map(&mut take).transpose()?)?;
         let mut layers = Vec::with_capacity(config.n_layers);
         for l in 0..config.n_layers {

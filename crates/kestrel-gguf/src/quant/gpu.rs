@@ -127,9 +127,48 @@ impl GpuSections {
     }
 }
 
+/// The scale section of a packed type, as the kernels decode it (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuScales {
+    /// F32 and F16: the values themselves, no scales.
+    Dense,
+    /// One f16 `d` per 32-weight block (Q8_0, Q4_0, Q5_0).
+    D,
+    /// `d` and `m` per 32-weight block (Q4_1, Q5_1).
+    Dm,
+    /// `d`, `dmin` and 6-bit sub-block scales and mins per super-block (Q4_K, Q5_K).
+    K,
+    /// `d` and 16 int8 scales per super-block, super-blocks in pairs (Q6_K).
+    Q6K,
+}
+
+/// How the GPU kernels read a packed type: its scale layout and whether it has a plane of high
+/// bits. The one list of the types the GPU runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuFormat {
+    pub scales: GpuScales,
+    pub planes: bool,
+}
+
+/// The GPU format of `ty`; `None` for the types the kernels cannot read.
+pub fn gpu_format(ty: GgmlType) -> Option<GpuFormat> {
+    use GpuScales::*;
+    let (scales, planes) = match ty {
+        GgmlType::F32 | GgmlType::F16 => (Dense, false),
+        GgmlType::Q8_0 | GgmlType::Q4_0 => (D, false),
+        GgmlType::Q4_1 => (Dm, false),
+        GgmlType::Q5_0 => (D, true),
+        GgmlType::Q5_1 => (Dm, true),
+        GgmlType::Q4_K | GgmlType::Q5_K => (K, true),
+        GgmlType::Q6_K => (Q6K, true),
+        _ => return None,
+    };
+    Some(GpuFormat { scales, planes })
+}
+
 /// Types the GPU kernels can read directly.
 pub fn is_gpu_supported(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1) || plane_format(ty).is_some()
+    gpu_format(ty).is_some()
 }
 
 /// Where each weight's bits sit in a bit-plane type's GGUF block, from ggml's
@@ -484,6 +523,17 @@ mod tests {
     /// (rows, cols) in blocks: one block, odd and even block counts (Q6_K pairs its
     /// super-blocks' scales), several rows.
     const SHAPES: [(u64, u64); 5] = [(1, 1), (3, 1), (2, 2), (5, 3), (1, 7)];
+
+    #[test]
+    fn gpu_formats_agree_with_the_packer() {
+        for ty in GgmlType::ALL {
+            let format = gpu_format(ty);
+            assert_eq!(format.is_some_and(|f| f.planes), plane_format(ty).is_some(), "{ty}");
+            // Every type the kernels read packs (256 columns: whole blocks of every type); the
+            // others are refused by the packer.
+            assert_eq!(gpu_sections(ty, 1, 256).is_ok(), format.is_some(), "{ty}");
+        }
+    }
 
     fn random_bytes(rng: &mut StdRng, ty: GgmlType, rows: u64, cols: u64) -> Vec<u8> {
         let n = ty.row_bytes(cols).unwrap() * rows;

@@ -16,7 +16,10 @@ mod q5_k;
 mod q6_k;
 mod q8_0;
 
-pub use gpu::{gpu_sections, is_gpu_supported, pack_for_gpu, padded_rows, tiled_index, unpack_from_gpu, GpuPacked, GpuSections, ROW_TILE};
+pub use gpu::{
+    gpu_format, gpu_sections, is_gpu_supported, pack_for_gpu, padded_rows, tiled_index, unpack_from_gpu, GpuFormat, GpuPacked, GpuScales,
+    GpuSections, ROW_TILE,
+};
 
 use crate::error::GgufError;
 use crate::types::GgmlType;

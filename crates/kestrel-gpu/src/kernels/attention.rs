@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-pub use crate::reference::attention::{AttentionShape, Scores};
-use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor};
+use crate::params::{AttentionShape, Scores};
+use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 /// KV positions per decode workgroup (`CHUNK` in the shader).
 const DECODE_CHUNK: u32 = 256;
@@ -226,10 +226,12 @@ impl DecodeAttention {
     pub fn workgroups(&self, kv_len: u32) -> [u32; 3] {
         [kv_len.div_ceil(DECODE_CHUNK), self.n_heads, 1]
     }
+}
 
-    /// Records the partial and combine kernels for `kv_len` (= `step.kv_len` of this decode step).
-    pub fn record(&self, rec: &mut Recorder, kv_len: u32) {
-        self.partial.record_with(rec, self.workgroups(kv_len));
+impl StepOp for DecodeAttention {
+    /// The partial kernel over the step's `kv_len` cached positions, then the combine.
+    fn record(&self, rec: &mut Recorder, step: &StepParams) {
+        self.partial.record_with(rec, self.workgroups(step.kv_len));
         self.combine.record(rec);
     }
 }
@@ -239,9 +241,11 @@ impl PrefillAttention {
     pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
         [n_tokens.div_ceil(self.queries_per_tile), self.n_heads, 1]
     }
+}
 
-    /// Records attention of queries `0..n_tokens` (which must equal `step.n_tokens`).
-    pub fn record(&self, rec: &mut Recorder, n_tokens: u32) {
-        self.dispatch.record_with(rec, self.workgroups(n_tokens));
+impl StepOp for PrefillAttention {
+    /// Attention of the step's `n_tokens` queries.
+    fn record(&self, rec: &mut Recorder, step: &StepParams) {
+        self.dispatch.record_with(rec, self.workgroups(step.n_tokens));
     }
 }

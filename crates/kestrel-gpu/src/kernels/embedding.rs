@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use kestrel_gguf::GgmlType;
 
-use super::matvec::{check_distinct, check_tensor, check_weight_type, weight_defines, WeightParams};
-use crate::{grid, DType, Dispatch, Gpu, GpuError, Recorder, RowShards, StepUniform, Tensor, WeightTensor};
+use super::weights::{check_distinct, check_tensor, check_weight_type, weight_defines, WeightParams};
+use crate::{grid, DType, Dispatch, Gpu, GpuError, Recorder, RowShards, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 
 /// `out[t][:] = table[ids[t]][:]` for the step's `n_tokens` ids; an id >= rows gives zeros.
 ///
@@ -32,10 +32,12 @@ impl EmbeddingDispatch {
             n => grid(n, self.max_per_dim),
         }
     }
+}
 
-    /// Records the gather of `n_tokens` ids, which must equal the step uniform's `n_tokens`.
-    pub fn record(&self, rec: &mut Recorder, n_tokens: u32) {
-        self.dispatch.record_with(rec, self.workgroups(n_tokens));
+impl StepOp for EmbeddingDispatch {
+    /// The gather of the step's `n_tokens` ids.
+    fn record(&self, rec: &mut Recorder, step: &StepParams) {
+        self.dispatch.record_with(rec, self.workgroups(step.n_tokens));
     }
 }
 

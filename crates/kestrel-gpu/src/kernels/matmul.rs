@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use kestrel_gguf::GgmlType;
 
-use super::matvec::{
+use super::weights::{
     add_gate_defines, check_bias, check_distinct, check_same_layout, check_tensor, check_weight_type, weight_defines, Epilogue,
-    GateActivation, OutputColumns, WeightParams,
+    OutputColumns, WeightParams,
 };
-use crate::{DType, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor, WeightTensor};
+use crate::params::GateActivation;
+use crate::{DType, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 
 /// Tokens per workgroup tile (shaders/matmul.wgsl `BM`).
 const TILE_TOKENS: u32 = 32;
@@ -30,11 +31,12 @@ impl MatmulDispatch {
     pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
         [self.feature_tiles, n_tokens.min(self.max_tokens).div_ceil(TILE_TOKENS), 1]
     }
+}
 
-    /// Records the dispatch for a chunk of `n_tokens`, which must equal the step uniform's
-    /// `n_tokens` for this submit.
-    pub fn record(&self, rec: &mut Recorder, n_tokens: u32) {
-        self.dispatch.record_with(rec, self.workgroups(n_tokens));
+impl StepOp for MatmulDispatch {
+    /// The product for the step's chunk of `n_tokens`.
+    fn record(&self, rec: &mut Recorder, step: &StepParams) {
+        self.dispatch.record_with(rec, self.workgroups(step.n_tokens));
     }
 }
 

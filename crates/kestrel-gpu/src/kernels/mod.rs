@@ -10,8 +10,10 @@ pub mod matvec;
 pub mod rmsnorm;
 pub mod rope;
 pub mod sample;
+mod weights;
 
 pub use copy::CopyKernel;
+pub use weights::{Epilogue, OutputColumns};
 
 use crate::GpuError;
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor};
+use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 /// Mirrors `Params` in `shaders/rmsnorm.wgsl`.
 #[repr(C)]
@@ -95,24 +95,31 @@ impl RmsNormKernel {
         }
         check_eps(eps)?;
         let params = Params { n: n as u32, eps, rows_per_token: 1, token_stride: n as u32, offset: 0 };
-        let params = gpu.uniform_buffer("rmsnorm.params", bytemuck::bytes_of(&params));
-        let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
-        let rows = (x.len() / n) as u32;
-        let dispatch = Dispatch::new(
-            gpu,
-            "rmsnorm",
-            self.pipeline.clone(),
-            &[
-                step.buffer.as_entire_binding(),
-                params.as_entire_binding(),
-                x.buffer.as_entire_binding(),
-                weight.buffer.as_entire_binding(),
-                out.buffer.as_entire_binding(),
-            ],
-            grid(rows, max_per_dim),
-        );
-        Ok(RmsNormDispatch { dispatch, rows_per_token: 1, max_per_dim })
+        Ok(bind_rows(gpu, "rmsnorm", &self.pipeline, step, &params, x, weight, Some(out)))
     }
+}
+
+/// The dispatch of either norm: one workgroup per normalized row of all of `x`'s tokens (the
+/// step's token count trims the grid when recorded).
+#[allow(clippy::too_many_arguments)]
+fn bind_rows(
+    gpu: &Gpu,
+    label: &str,
+    pipeline: &Arc<wgpu::ComputePipeline>,
+    step: &StepUniform,
+    params: &Params,
+    x: &Tensor,
+    weight: &Tensor,
+    out: Option<&Tensor>,
+) -> RmsNormDispatch {
+    let uniform = gpu.uniform_buffer(&format!("{label}.params"), bytemuck::bytes_of(params));
+    let mut resources =
+        vec![step.buffer.as_entire_binding(), uniform.as_entire_binding(), x.buffer.as_entire_binding(), weight.buffer.as_entire_binding()];
+    resources.extend(out.map(|o| o.buffer.as_entire_binding()));
+    let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
+    let rows = (x.len() as u32 / params.token_stride) * params.rows_per_token;
+    let dispatch = Dispatch::new(gpu, label, pipeline.clone(), &resources, grid(rows, max_per_dim));
+    RmsNormDispatch { dispatch, rows_per_token: params.rows_per_token, max_per_dim }
 }
 
 impl HeadNormKernel {
@@ -146,17 +153,7 @@ impl HeadNormKernel {
         }
         check_eps(eps)?;
         let params = Params { n: head_dim as u32, eps, rows_per_token: heads as u32, token_stride: width as u32, offset: offset as u32 };
-        let params = gpu.uniform_buffer("head_rmsnorm.params", bytemuck::bytes_of(&params));
-        let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
-        let rows = (x.len() / width * heads) as u32;
-        let dispatch = Dispatch::new(
-            gpu,
-            "head_rmsnorm",
-            self.pipeline.clone(),
-            &[step.buffer.as_entire_binding(), params.as_entire_binding(), x.buffer.as_entire_binding(), weight.buffer.as_entire_binding()],
-            grid(rows, max_per_dim),
-        );
-        Ok(RmsNormDispatch { dispatch, rows_per_token: heads as u32, max_per_dim })
+        Ok(bind_rows(gpu, "head_rmsnorm", &self.pipeline, step, &params, x, weight, None))
     }
 }
 
@@ -165,9 +162,11 @@ impl RmsNormDispatch {
     pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
         grid(n_tokens * self.rows_per_token, self.max_per_dim)
     }
+}
 
-    /// Records the normalization of tokens `0..n_tokens` (which must equal `step.n_tokens`).
-    pub fn record(&self, rec: &mut Recorder, n_tokens: u32) {
-        self.dispatch.record_with(rec, self.workgroups(n_tokens));
+impl StepOp for RmsNormDispatch {
+    /// The normalization of the step's `n_tokens` tokens.
+    fn record(&self, rec: &mut Recorder, step: &StepParams) {
+        self.dispatch.record_with(rec, self.workgroups(step.n_tokens));
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use bytemuck::{Pod, Zeroable};
 
 use super::attention::KvCache;
-use crate::reference::rope::{RopeConfig, RopeMode};
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor};
+use crate::params::{RopeConfig, RopeMode};
+use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 const WORKGROUP: u32 = 256;
 
@@ -114,10 +114,12 @@ impl RopeDispatch {
     pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
         grid((n_tokens * self.pairs_per_token).div_ceil(WORKGROUP), self.max_per_dim)
     }
+}
 
-    /// Records RoPE of tokens `0..n_tokens` (which must equal `step.n_tokens`).
-    pub fn record(&self, rec: &mut Recorder, n_tokens: u32) {
-        self.dispatch.record_with(rec, self.workgroups(n_tokens));
+impl StepOp for RopeDispatch {
+    /// RoPE of the step's `n_tokens` tokens.
+    fn record(&self, rec: &mut Recorder, step: &StepParams) {
+        self.dispatch.record_with(rec, self.workgroups(step.n_tokens));
     }
 }
 

@@ -11,12 +11,13 @@
 //! enabled top-k / top-p search (16-way narrowing of the 32-bit f32 order), 1 for the top-p mass,
 //! and the draw (one pass, then a few tiny ones). The logits of one row stay in L2 on real GPUs.
 
-use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepUniform, Tensor};
+use crate::params::{Penalties, PenaltyEntry, SamplingParams};
+use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 /// Logits reduced per `argmax_partials` workgroup (`CHUNK` in shaders/sample.wgsl).
 const ARGMAX_CHUNK: u32 = 1024;
@@ -24,49 +25,6 @@ const ARGMAX_CHUNK: u32 = 1024;
 const PARTIAL_WORDS: u64 = 3;
 /// `@workgroup_size` of shaders/penalties.wgsl.
 const PENALTY_WORKGROUP: u32 = 64;
-
-/// Options of one request's sampler. `temperature <= 0` is greedy; `top_k == 0`, `top_p >= 1`
-/// and `min_p == 0` disable their filters.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SamplingParams {
-    pub temperature: f32,
-    pub top_k: u32,
-    pub top_p: f32,
-    pub min_p: f32,
-    /// Mixed with the per-step `StepParams::seed` by the RNG hash.
-    pub seed: u32,
-}
-
-impl SamplingParams {
-    pub fn greedy() -> Self {
-        Self { temperature: 0.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 }
-    }
-
-    pub fn is_greedy(&self) -> bool {
-        self.temperature <= 0.0
-    }
-
-    fn validate(&self) -> Result<(), GpuError> {
-        let bad = |what: &str| Err(GpuError::InvalidArgs(format!("sampling: {what} ({self:?})")));
-        if !self.temperature.is_finite() {
-            return bad("temperature must be finite");
-        }
-        if !(0.0..=1.0).contains(&self.top_p) {
-            return bad("top_p must be in [0, 1]");
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min_p must be in [0, 1]");
-        }
-        Ok(())
-    }
-}
-
-impl Default for SamplingParams {
-    /// llama.cpp's common defaults.
-    fn default() -> Self {
-        Self { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, seed: 0 }
-    }
-}
 
 /// Mirrors `struct Params` in shaders/sample.wgsl.
 #[repr(C)]
@@ -106,7 +64,7 @@ impl SampleKernel {
 
     /// Binds sampling of `logits` (f32, one row: every element is a vocabulary entry) into
     /// `out` (u32, at least 2 elements: `out[0]` = token id, `out[1]` = f32 bits of its
-    /// probability). The per-step random value comes from `step`'s `seed`. Starts greedy; call
+    /// probability). The per-step random value mixes in `step`'s `draw`. Starts greedy; call
     /// [`SampleBinding::set_params`] to change.
     pub fn bind(&self, gpu: &Gpu, logits: &Tensor, step: &StepUniform, out: &Tensor) -> Result<SampleBinding, GpuError> {
         if logits.dtype != DType::F32 || logits.is_empty() {
@@ -158,7 +116,7 @@ impl SampleKernel {
             ],
             [1, 1, 1],
         );
-        Ok(SampleBinding { argmax_partials, argmax_final, sample, params, n_vocab, greedy: true })
+        Ok(SampleBinding { argmax_partials, argmax_final, sample, params, n_vocab, greedy: AtomicBool::new(true) })
     }
 }
 
@@ -170,67 +128,30 @@ pub struct SampleBinding {
     sample: Dispatch,
     params: wgpu::Buffer,
     n_vocab: u32,
-    greedy: bool,
+    /// Set between submits by `set_params` (so the binding can be shared with a step's plan).
+    greedy: AtomicBool,
 }
 
 impl SampleBinding {
     /// Writes a request's options (queued: effective from the next submit).
-    pub fn set_params(&mut self, gpu: &Gpu, params: &SamplingParams) -> Result<(), GpuError> {
+    pub fn set_params(&self, gpu: &Gpu, params: &SamplingParams) -> Result<(), GpuError> {
         params.validate()?;
         gpu.write(&self.params, 0, bytemuck::bytes_of(&SampleUniform::new(self.n_vocab, params)));
-        self.greedy = params.is_greedy();
+        self.greedy.store(params.is_greedy(), Ordering::Relaxed);
         Ok(())
     }
+}
 
-    pub fn record(&self, rec: &mut Recorder) {
-        if self.greedy {
+impl StepOp for SampleBinding {
+    /// The draw; its random value mixes the step's `draw` number into the request's seed.
+    fn record(&self, rec: &mut Recorder, _step: &StepParams) {
+        if self.greedy.load(Ordering::Relaxed) {
             self.argmax_partials.record(rec);
             self.argmax_final.record(rec);
         } else {
             self.sample.record(rec);
         }
     }
-}
-
-/// llama.cpp's penalties: `repeat` divides positive / multiplies non-positive logits of tokens in
-/// the window; `frequency` is subtracted per occurrence and `presence` once.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Penalties {
-    pub repeat: f32,
-    pub frequency: f32,
-    pub presence: f32,
-}
-
-impl Default for Penalties {
-    /// No penalty.
-    fn default() -> Self {
-        Self { repeat: 1.0, frequency: 0.0, presence: 0.0 }
-    }
-}
-
-/// One distinct token's logit processing, as uploaded (`struct Entry` in penalties.wgsl).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
-pub struct PenaltyEntry {
-    pub token: u32,
-    /// Occurrences in the recent-token window (0: bias only).
-    pub count: u32,
-    /// Sum of the logit biases given for this token (`f32::NEG_INFINITY` bans it).
-    pub bias: f32,
-    _pad: u32,
-}
-
-/// Merges the recent-token window and the logit-bias list into one entry per distinct id (in
-/// ascending id order), so that the GPU applies each token's processing exactly once.
-pub fn penalty_entries(recent: &[u32], bias: &[(u32, f32)]) -> Vec<PenaltyEntry> {
-    let mut merged: BTreeMap<u32, PenaltyEntry> = BTreeMap::new();
-    for &token in recent {
-        merged.entry(token).or_insert_with(|| PenaltyEntry { token, ..Default::default() }).count += 1;
-    }
-    for &(token, b) in bias {
-        merged.entry(token).or_insert_with(|| PenaltyEntry { token, ..Default::default() }).bias += b;
-    }
-    merged.into_values().collect()
 }
 
 /// Mirrors `struct Params` in shaders/penalties.wgsl.
@@ -294,7 +215,7 @@ pub struct PenaltyBinding {
 }
 
 impl PenaltyBinding {
-    /// Queues the penalties and the entries (see [`penalty_entries`]) for the next submit.
+    /// Queues the penalties and the entries (at most one per token) for the next submit.
     pub fn write(&self, gpu: &Gpu, penalties: &Penalties, entries: &[PenaltyEntry]) -> Result<(), GpuError> {
         if entries.len() > self.capacity as usize {
             return Err(GpuError::InvalidArgs(format!("penalties: {} entries, the binding holds {}", entries.len(), self.capacity)));
@@ -314,8 +235,10 @@ impl PenaltyBinding {
         gpu.write(&self.params, 0, bytemuck::bytes_of(&uniform));
         Ok(())
     }
+}
 
-    pub fn record(&self, rec: &mut Recorder) {
+impl StepOp for PenaltyBinding {
+    fn record(&self, rec: &mut Recorder, _step: &StepParams) {
         self.dispatch.record(rec);
     }
 }

@@ -1,7 +1,7 @@
 //! CPU sampling, mirroring `shaders/sample.wgsl` and `shaders/penalties.wgsl`, written the way
 //! llama.cpp's sampler chain reads: sort, truncate, renormalize, draw.
 
-use crate::kernels::sample::{Penalties, SamplingParams};
+use crate::params::{Penalties, PenaltyEntry, SamplingParams};
 
 /// Index of the largest logit; the first one when several are equal (NaN is never chosen unless
 /// every value is NaN, then 0).
@@ -15,28 +15,16 @@ pub fn argmax(logits: &[f32]) -> usize {
     best
 }
 
-/// Logit bias (several biases for one token are summed first), then llama.cpp's repetition,
-/// frequency and presence penalties for every token of `recent` (counted with repeats). Ids past
-/// the vocabulary are ignored.
-pub fn apply_penalties(logits: &[f32], recent: &[u32], bias: &[(u32, f32)], penalties: &Penalties) -> Vec<f32> {
-    let n = logits.len();
-    let mut count = vec![0u32; n];
-    let mut total_bias = vec![0f32; n];
-    let mut touched = vec![false; n];
-    for &t in recent.iter().filter(|&&t| (t as usize) < n) {
-        count[t as usize] += 1;
-        touched[t as usize] = true;
-    }
-    for &(t, b) in bias.iter().filter(|&&(t, _)| (t as usize) < n) {
-        total_bias[t as usize] += b;
-        touched[t as usize] = true;
-    }
+/// Each entry's logit bias, then, for a token counted in the window, llama.cpp's repetition,
+/// frequency and presence penalties. Ids past the vocabulary are ignored.
+pub fn apply_penalties(logits: &[f32], entries: &[PenaltyEntry], penalties: &Penalties) -> Vec<f32> {
     let mut out = logits.to_vec();
-    for (i, l) in out.iter_mut().enumerate().filter(|(i, _)| touched[*i]) {
-        *l += total_bias[i];
-        if count[i] > 0 {
+    for e in entries {
+        let Some(l) = out.get_mut(e.token as usize) else { continue };
+        *l += e.bias;
+        if e.count > 0 {
             *l = if *l <= 0.0 { *l * penalties.repeat } else { *l / penalties.repeat };
-            *l -= count[i] as f32 * penalties.frequency + penalties.presence;
+            *l -= e.count as f32 * penalties.frequency + penalties.presence;
         }
     }
     out
@@ -86,21 +74,21 @@ pub fn distribution(logits: &[f32], params: &SamplingParams) -> (Vec<u32>, Vec<f
     (ids, probs)
 }
 
-/// The draw's uniform value in [0, 1): a PCG hash of the request seed and the step seed, as the
+/// The draw's uniform value in [0, 1): a PCG hash of the request seed and the step's draw number, as the
 /// GPU computes it (24 random bits).
-pub fn random_unit(seed: u32, step_seed: u32) -> f32 {
-    (pcg(seed.wrapping_add(pcg(step_seed))) >> 8) as f32 * (1.0 / 16_777_216.0)
+pub fn random_unit(seed: u32, draw: u32) -> f32 {
+    (pcg(seed.wrapping_add(pcg(draw))) >> 8) as f32 * (1.0 / 16_777_216.0)
 }
 
 /// One draw: greedy when `temperature <= 0`, else the first allowed token (ascending ids) whose
 /// cumulative weight exp((logit - max) / temperature) exceeds `u * total`.
-pub fn sample(logits: &[f32], params: &SamplingParams, step_seed: u32) -> u32 {
+pub fn sample(logits: &[f32], params: &SamplingParams, draw: u32) -> u32 {
     if params.is_greedy() || logits.is_empty() {
         return argmax(logits) as u32;
     }
     let ids = allowed_tokens(logits, params);
     let weights = draw_weights(logits, &ids, params.temperature);
-    let target = random_unit(params.seed, step_seed) * weights.iter().sum::<f32>();
+    let target = random_unit(params.seed, draw) * weights.iter().sum::<f32>();
     let mut cum = 0.0;
     for (&id, &w) in ids.iter().zip(&weights) {
         cum += w;

@@ -1,14 +1,15 @@
-//! Benchmark hooks into a decode step (`kestrel bench model`): the step's dispatches grouped by
-//! kernel family, to be timed one family at a time, and the host time to encode and submit a
-//! step. Kept apart from `submit_step` so the hot path carries no instrumentation.
+//! Benchmark hooks into a decode step (`kestrel bench model`): the step's plan grouped by kernel
+//! family, to be timed one family at a time, and the host time to encode and submit a step.
+//! Kept apart from `submit_step` so the hot path carries no instrumentation.
 
 use kestrel_gpu::{GpuError, Recorder, StepParams};
 use web_time::Instant;
 
+use super::plan::{self, PlannedOp};
 use super::{Graph, StepInput, StepOutput};
 
-/// One kernel family of a decode step: `record` records that family's dispatches for every
-/// layer, exactly as the step binds them.
+/// One kernel family of a decode step: `record` records that family's parts of the step's
+/// plan, every layer's, exactly as the step records them.
 pub struct KernelFamily<'a> {
     pub name: &'static str,
     pub record: Box<dyn Fn(&mut Recorder) + 'a>,
@@ -24,46 +25,27 @@ pub struct StepHostTime {
 }
 
 impl Graph {
-    /// Writes the step uniform of a one-token step at `pos` and returns that step's dispatches
-    /// by family (copies excluded: they end a compute pass, which per-pass timestamps cannot
-    /// span). Running them overwrites activations and the KV cache at `pos`.
+    /// Writes the step uniform of a one-token step at `pos` and returns that step's plan grouped
+    /// by family, in the order each family first runs (copies excluded: they end a compute
+    /// pass, which per-pass timestamps cannot span). Running them overwrites activations and the
+    /// KV cache at `pos`.
     pub fn decode_families(&self, pos: usize) -> Result<Vec<KernelFamily<'_>>, GpuError> {
         if pos >= self.max_ctx {
             return Err(GpuError::InvalidArgs(format!("decode position {pos} is outside the context of {}", self.max_ctx)));
         }
-        let params = StepParams::new(1, pos as u32, 0);
-        self.step.write(&self.gpu, &params);
-        let kv_len = params.kv_len;
-        Ok(vec![
-            family("embedding", Box::new(|rec| self.embed.iter().for_each(|e| e.record(rec, 1)))),
-            family(
-                "rmsnorm",
-                Box::new(|rec| {
-                    self.layers.iter().for_each(|l| {
-                        l.attn_norm.record(rec, 1);
-                        l.qk_norm.iter().for_each(|d| d.record(rec, 1));
-                        l.attn_post_norm.iter().for_each(|d| d.record(rec, 1));
-                        l.ffn_norm.record(rec, 1);
-                        l.ffn_post_norm.iter().for_each(|d| d.record(rec, 1));
-                    });
-                    self.output_norm.record(rec, 1);
-                }),
-            ),
-            family("matvec qkv", Box::new(|rec| self.layers.iter().for_each(|l| l.qkv_decode.record(rec)))),
-            family("rope", Box::new(|rec| self.layers.iter().for_each(|l| l.rope.record(rec, 1)))),
-            family("attention", Box::new(move |rec| self.layers.iter().for_each(|l| l.attn_decode.record(rec, kv_len)))),
-            family("matvec o", Box::new(|rec| self.layers.iter().for_each(|l| l.o_decode.record(rec)))),
-            family("matvec gate+up swiglu", Box::new(|rec| self.layers.iter().for_each(|l| l.gate_up_decode.record(rec)))),
-            family("matvec down", Box::new(|rec| self.layers.iter().for_each(|l| l.down_decode.record(rec)))),
-            family("matvec lm head", Box::new(|rec| self.lm_head.iter().for_each(|d| d.record(rec)))),
-            family(
-                "penalties+sample",
-                Box::new(|rec| {
-                    self.penalties.record(rec);
-                    self.sampler.record(rec);
-                }),
-            ),
-        ])
+        let step = StepParams::new(1, pos as u32, 0);
+        self.step.write(&self.gpu, &step);
+        let mut groups: Vec<(&'static str, Vec<PlannedOp>)> = Vec::new();
+        for op in self.plan.decode.iter().chain(&self.plan.logits).chain(&self.plan.sample).filter(|p| p.family != plan::COPY) {
+            match groups.iter_mut().find(|(family, _)| *family == op.family) {
+                Some((_, ops)) => ops.push(op.clone()),
+                None => groups.push((op.family, vec![op.clone()])),
+            }
+        }
+        Ok(groups
+            .into_iter()
+            .map(|(name, ops)| KernelFamily { name, record: Box::new(move |rec: &mut Recorder| plan::record(rec, &ops, &step)) })
+            .collect())
     }
 
     /// Runs one decode step of `token` at `pos` and times its host side.
@@ -74,8 +56,4 @@ impl Graph {
         self.read_token(0).await?;
         Ok(StepHostTime { encode_submit_ms, total_ms: start.elapsed().as_secs_f64() * 1e3 })
     }
-}
-
-fn family<'a>(name: &'static str, record: Box<dyn Fn(&mut Recorder) + 'a>) -> KernelFamily<'a> {
-    KernelFamily { name, record }
 }

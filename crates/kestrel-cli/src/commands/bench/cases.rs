@@ -4,16 +4,17 @@
 //! a kernel chooses to make are its own cost, which is what the GB/s figure exposes).
 
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionShape, KvCache, Scores};
+use kestrel_gpu::kernels::attention::{AttentionKernel, KvCache};
 use kestrel_gpu::kernels::embedding::EmbeddingKernel;
 use kestrel_gpu::kernels::matmul::{MatmulKernel, SwigluMatmulKernel};
-use kestrel_gpu::kernels::matvec::{Epilogue, GateActivation, MatvecKernel, SwigluMatvecKernel};
+use kestrel_gpu::kernels::matvec::{MatvecKernel, SwigluMatvecKernel};
 use kestrel_gpu::kernels::rmsnorm::RmsNormKernel;
 use kestrel_gpu::kernels::rope::RopeKernel;
-use kestrel_gpu::kernels::sample::{SampleKernel, SamplingParams};
+use kestrel_gpu::kernels::sample::SampleKernel;
 use kestrel_gpu::kernels::CopyKernel;
-use kestrel_gpu::reference::rope::{RopeConfig, RopeMode};
-use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepParams, StepUniform, Tensor, WeightTensor};
+use kestrel_gpu::kernels::Epilogue;
+use kestrel_gpu::params::{AttentionShape, GateActivation, RopeConfig, RopeMode, SamplingParams, Scores};
+use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 use pollster::block_on;
 
 use super::shapes::{matrix_bytes, Matrix, ModelShape, Product};
@@ -82,7 +83,8 @@ pub fn matmul(gpu: &Gpu, matrix: &Matrix, weights: &[WeightTensor], tokens: u32)
     let m = tokens as usize;
     let x = random_tensor(gpu, "bench.x", &[m, matrix.cols])?;
     let y = Tensor::zeros(gpu, "bench.y", &[m, matrix.rows], DType::F32)?;
-    let step = step_uniform(gpu, StepParams::new(tokens, 0, 0));
+    let params = StepParams::new(tokens, 0, 0);
+    let step = step_uniform(gpu, params);
     let dispatch = match matrix.product {
         Product::Swiglu => {
             block_on(SwigluMatmulKernel::new(gpu, ty, GateActivation::Silu))?.bind(gpu, w, &weights[1], &x, &y, &step, tokens)?
@@ -92,7 +94,7 @@ pub fn matmul(gpu: &Gpu, matrix: &Matrix, weights: &[WeightTensor], tokens: u32)
         }
     };
     let bytes = weight_bytes(weights) + product_activation_bytes(matrix, m);
-    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, tokens)) })
+    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
 
 /// Rows of a `vocab` x `hidden` table for `tokens` random ids. Bytes: ids + the gathered rows
@@ -105,11 +107,12 @@ pub fn embedding(gpu: &Gpu, model: &ModelShape, ty: GgmlType, tokens: u32) -> Re
     let ids: Vec<u32> = random_values(t).iter().map(|v| ((v.abs() * vocab as f32) as u32).min(vocab - 1)).collect();
     let ids = Tensor::from_u32(gpu, "bench.ids", &[t], &ids)?;
     let out = Tensor::zeros(gpu, "bench.embedding", &[t, model.hidden], DType::F32)?;
-    let step = step_uniform(gpu, StepParams::new(tokens, 0, 0));
+    let params = StepParams::new(tokens, 0, 0);
+    let step = step_uniform(gpu, params);
     let dispatch = block_on(EmbeddingKernel::new(gpu, ty, 1.0))?.bind(gpu, &table, &ids, &out, &step, tokens)?;
     let row_bytes = table.byte_size() / model.vocab as u64;
     let bytes = t as u64 * (F32 + row_bytes + model.hidden as u64 * F32);
-    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, tokens)) })
+    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
 
 /// RMSNorm of `tokens` rows of `hidden`. Bytes: x + weight + out.
@@ -118,10 +121,11 @@ pub fn rmsnorm(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, G
     let x = random_tensor(gpu, "bench.x", &shape)?;
     let weight = random_tensor(gpu, "bench.norm", &[model.hidden])?;
     let out = Tensor::zeros(gpu, "bench.normed", &shape, DType::F32)?;
-    let step = step_uniform(gpu, StepParams::new(tokens, 0, 0));
+    let params = StepParams::new(tokens, 0, 0);
+    let step = step_uniform(gpu, params);
     let dispatch = block_on(RmsNormKernel::new(gpu))?.bind(gpu, &step, &x, &weight, &out, 1e-5)?;
     let bytes = (2 * x.len() + model.hidden) as u64 * F32;
-    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, tokens)) })
+    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
 
 /// RoPE of `tokens` fused QKV rows ending at position `MAX_CTX`, Q to its buffer and K, V into
@@ -131,12 +135,13 @@ pub fn rope(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, GpuE
     let qkv = random_tensor(gpu, "bench.qkv", &[t, model.qkv_width()])?;
     let q = Tensor::zeros(gpu, "bench.q", &[t, model.q_width()], DType::F32)?;
     let cache = KvCache::new(gpu, "bench.cache", attention_shape(model, MAX_CTX))?;
-    let step = step_uniform(gpu, StepParams::new(tokens, (MAX_CTX - t) as u32, 0));
+    let params = StepParams::new(tokens, (MAX_CTX - t) as u32, 0);
+    let step = step_uniform(gpu, params);
     let config = RopeConfig::new(RopeMode::Norm, 10_000.0);
     let dispatch = block_on(RopeKernel::new(gpu))?.bind(gpu, &step, Some(&config), &qkv, &q, &cache)?;
     let angle_table = (model.head_dim / 2) as u64 * 8;
     let bytes = 2 * qkv.byte_size() + angle_table;
-    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, tokens)) })
+    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
 
 /// Decode attention of one query over `kv_len` cached positions. Bytes: q + K and V of the
@@ -145,11 +150,12 @@ pub fn attention_decode(gpu: &Gpu, model: &ModelShape, kv_len: u32) -> Result<Pr
     let cache = random_cache(gpu, model, kv_len as usize)?;
     let q = random_tensor(gpu, "bench.q", &[1, model.q_width()])?;
     let out = Tensor::zeros(gpu, "bench.attn", &[1, model.q_width()], DType::F32)?;
-    let step = step_uniform(gpu, StepParams::new(1, kv_len - 1, 0));
+    let params = StepParams::new(1, kv_len - 1, 0);
+    let step = step_uniform(gpu, params);
     let kernel = block_on(AttentionKernel::new(gpu, model.head_dim))?;
     let dispatch = kernel.bind_decode(gpu, &step, &q, &cache, &out, &attention_scores(model))?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, kv_len);
-    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, kv_len)) })
+    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
 
 /// Causal prefill attention of `tokens` queries at positions `0..tokens`. Bytes: q + K and V
@@ -159,11 +165,12 @@ pub fn attention_prefill(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<P
     let cache = random_cache(gpu, model, t)?;
     let q = random_tensor(gpu, "bench.q", &[t, model.q_width()])?;
     let out = Tensor::zeros(gpu, "bench.attn", &[t, model.q_width()], DType::F32)?;
-    let step = step_uniform(gpu, StepParams::new(tokens, 0, 0));
+    let params = StepParams::new(tokens, 0, 0);
+    let step = step_uniform(gpu, params);
     let kernel = block_on(AttentionKernel::new(gpu, model.head_dim))?;
     let dispatch = kernel.bind_prefill(gpu, &step, &q, &cache, &out, &attention_scores(model))?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, tokens);
-    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, tokens)) })
+    Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
 
 /// Token selection over `vocab` random logits with `params` (greedy: the argmax kernels).
@@ -172,11 +179,12 @@ pub fn attention_prefill(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<P
 pub fn sample(gpu: &Gpu, model: &ModelShape, params: &SamplingParams) -> Result<Prepared, GpuError> {
     let logits = random_tensor(gpu, "bench.logits", &[model.vocab])?;
     let out = Tensor::zeros(gpu, "bench.token", &[2], DType::U32)?;
-    let step = step_uniform(gpu, StepParams::new(1, 0, 1));
-    let mut binding = block_on(SampleKernel::new(gpu))?.bind(gpu, &logits, &step, &out)?;
+    let step_params = StepParams::new(1, 0, 1);
+    let step = step_uniform(gpu, step_params);
+    let binding = block_on(SampleKernel::new(gpu))?.bind(gpu, &logits, &step, &out)?;
     binding.set_params(gpu, params)?;
     let bytes = logits.byte_size() + out.byte_size();
-    Ok(Prepared { bytes, record: Box::new(move |rec| binding.record(rec)) })
+    Ok(Prepared { bytes, record: Box::new(move |rec| binding.record(rec, &step_params)) })
 }
 
 fn epilogue(product: Product) -> Epilogue {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::kernels::sample::SamplingParams;
+use kestrel_gpu::params::SamplingParams;
 use kestrel_gpu::{Gpu, GpuError};
 
 use super::cases::{self, Prepared};

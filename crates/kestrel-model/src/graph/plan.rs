@@ -1,0 +1,68 @@
+//! A step as data: the labelled lists of prepared kernels a forward step records, built once at
+//! load. `Graph::submit_step` records one list after another, and the profiler
+//! (`graph::profile`) times the same lists grouped by label, so the two cannot drift apart.
+
+use std::sync::Arc;
+
+use kestrel_gpu::{Recorder, StepOp, StepParams};
+
+/// The family label of copies: they end a compute pass, so per-pass timing skips them.
+pub const COPY: &str = "copy";
+
+/// One part of a step and the kernel family it is reported under.
+#[derive(Clone)]
+pub struct PlannedOp {
+    pub family: &'static str,
+    pub op: Arc<dyn StepOp>,
+}
+
+/// Every part of a step, in the order it runs. The decode and prefill lists share the kernels
+/// that serve both (norms, RoPE: the same bound dispatch) and differ in the products and the
+/// attention: matvecs and split-KV attention for one token, tiled matmuls and tiled attention
+/// for a chunk.
+#[derive(Default)]
+pub struct StepPlan {
+    /// The embedding gather and every layer, for a one-token step.
+    pub decode: Vec<PlannedOp>,
+    /// The same for a chunk of tokens.
+    pub prefill: Vec<PlannedOp>,
+    /// The final norm, the last token's row and the LM head: the logits.
+    pub logits: Vec<PlannedOp>,
+    /// Logit bias and penalties, then the draw.
+    pub sample: Vec<PlannedOp>,
+}
+
+impl StepPlan {
+    /// Appends `op` to both the decode and the prefill list.
+    pub fn both(&mut self, family: &'static str, op: impl StepOp + 'static) {
+        let op: Arc<dyn StepOp> = Arc::new(op);
+        self.decode.push(PlannedOp { family, op: op.clone() });
+        self.prefill.push(PlannedOp { family, op });
+    }
+
+    /// Appends the one-token and the chunk variant of a part.
+    pub fn split(&mut self, family: &'static str, decode: impl StepOp + 'static, prefill: impl StepOp + 'static) {
+        self.decode.push(PlannedOp { family, op: Arc::new(decode) });
+        self.prefill.push(PlannedOp { family, op: Arc::new(prefill) });
+    }
+}
+
+/// Records every part of `ops` for `step`.
+pub fn record(rec: &mut Recorder, ops: &[PlannedOp], step: &StepParams) {
+    ops.iter().for_each(|p| p.op.record(rec, step));
+}
+
+/// Copies the last token's row of a `[tokens][row]` activation to a one-row buffer: the LM head
+/// runs on the last token only.
+pub struct LastRowCopy {
+    pub src: kestrel_gpu::wgpu::Buffer,
+    pub dst: kestrel_gpu::wgpu::Buffer,
+    pub row_bytes: u64,
+}
+
+impl StepOp for LastRowCopy {
+    fn record(&self, rec: &mut Recorder, step: &StepParams) {
+        let last = u64::from(step.n_tokens.max(1) - 1);
+        rec.copy(&self.src, last * self.row_bytes, &self.dst, 0, self.row_bytes);
+    }
+}
