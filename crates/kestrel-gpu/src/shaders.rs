@@ -1,5 +1,5 @@
 //! The WGSL sources, embedded at compile time. One kernel family per file in `shaders/`; shared
-//! helpers (quant block decoding) are files that others `#include`.
+//! helpers (quant block decoding and its loaders) are files that others `#include`.
 
 /// Returns the source of the shader file `name` (without the `.wgsl` extension).
 pub fn shader_source(name: &str) -> Option<&'static str> {
@@ -21,6 +21,7 @@ const SHADERS: &[(&str, &str)] = shaders![
     "matvec",
     "penalties",
     "quant",
+    "quant_loaders",
     "rmsnorm",
     "rope",
     "sample",
