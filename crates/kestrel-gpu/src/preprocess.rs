@@ -4,9 +4,9 @@
 //! constructs:
 //!
 //! - `#include "name"` inlines another file of `shaders/` (once; later includes of it are no-ops),
-//! - `#include "name" KEY=VALUE ...` inlines it with those defines added for that file only (they
-//!   shadow the caller's), once per distinct set of arguments: one text instantiated for several
-//!   buffers, e.g. the weight loaders of `w` and of `w_up`,
+//! - `#include "name" KEY=VALUE ...` inlines it with those defines added for that file and what
+//!   it includes (they shadow the caller's), once per distinct set of arguments: one text
+//!   instantiated for several buffers, e.g. the weight loaders of `w` and of `w_up`,
 //! - `#if COND` / `#elif COND` / `#else` / `#endif` keep or drop lines, where COND is `NAME` (true
 //!   when defined and not "0" or "false") or `!NAME`; the first true branch of a chain is kept,
 //! - `{{NAME}}` is replaced by the define's value.
