@@ -9,11 +9,7 @@
 // - PREFILL: one workgroup per (tile of BQ queries, head) walks the keys in blocks of BK.
 // Scores are q.k * scale, soft-capped to cap * tanh(s / cap) when `softcap` > 0 (Gemma 2); with a
 // sliding window (`window` > 0) the query at position p sees keys p - window + 1..=p.
-#if SUBGROUPS
-#if WGSL_ENABLE_SUBGROUPS
-enable subgroups;
-#endif
-#endif
+#include "subgroups"
 #include "step"
 #include "activation"
 
@@ -67,70 +63,9 @@ var<workgroup> weights: array<f32, CHUNK>;
 const V_GROUPS: u32 = CHUNK / HD;
 var<workgroup> v_parts: array<f32, CHUNK>;
 
-#if SUBGROUPS
-// One slot per subgroup; the device's subgroups have at least 4 lanes (see GpuFeatures).
-var<workgroup> reduce_slots: array<f32, 64>;
-var<private> sg_lane: u32;
-var<private> sg_size: u32;
-
-fn workgroup_max(v: f32, lid: u32) -> f32 {
-    let s = subgroupMax(v);
-    if (sg_lane == 0u) {
-        reduce_slots[lid / sg_size] = s;
-    }
-    workgroupBarrier();
-    var r = NEG_BIG;
-    for (var i = 0u; i < CHUNK / sg_size; i++) {
-        r = max(r, reduce_slots[i]);
-    }
-    workgroupBarrier();
-    return r;
-}
-
-fn workgroup_sum(v: f32, lid: u32) -> f32 {
-    let s = subgroupAdd(v);
-    if (sg_lane == 0u) {
-        reduce_slots[lid / sg_size] = s;
-    }
-    workgroupBarrier();
-    var r = 0.0;
-    for (var i = 0u; i < CHUNK / sg_size; i++) {
-        r += reduce_slots[i];
-    }
-    workgroupBarrier();
-    return r;
-}
-#else
-var<workgroup> reduce_slots: array<f32, CHUNK>;
-
-fn workgroup_max(v: f32, lid: u32) -> f32 {
-    reduce_slots[lid] = v;
-    for (var stride = CHUNK / 2u; stride > 0u; stride >>= 1u) {
-        workgroupBarrier();
-        if (lid < stride) {
-            reduce_slots[lid] = max(reduce_slots[lid], reduce_slots[lid + stride]);
-        }
-    }
-    workgroupBarrier();
-    let r = reduce_slots[0];
-    workgroupBarrier();
-    return r;
-}
-
-fn workgroup_sum(v: f32, lid: u32) -> f32 {
-    reduce_slots[lid] = v;
-    for (var stride = CHUNK / 2u; stride > 0u; stride >>= 1u) {
-        workgroupBarrier();
-        if (lid < stride) {
-            reduce_slots[lid] += reduce_slots[lid + stride];
-        }
-    }
-    workgroupBarrier();
-    let r = reduce_slots[0];
-    workgroupBarrier();
-    return r;
-}
-#endif
+// One thread per position of the chunk.
+const WG: u32 = CHUNK;
+#include "reduce"
 
 @compute @workgroup_size(256)
 fn decode_partial(

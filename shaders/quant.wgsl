@@ -21,7 +21,7 @@
 // 32 columns is 4 whole units. A weight is (q - Q_OFFSET) * d + m with (d, m) its unit's scale.
 //
 // The including kernel declares `params: WeightParams` and the weight buffer `w: array<u32>`
-// (and `w_up` under SWIGLU), which the loaders at the end read.
+// (and `w_up` under SWIGLU), which the loaders at the end (quant_loaders.wgsl) read.
 
 // Mirrors `WeightParams` in crates/kestrel-gpu/src/kernels/matvec.rs.
 struct WeightParams {
@@ -53,62 +53,45 @@ fn tiled(row: u32, j: u32, per_row: u32) -> u32 {
 // SCALE_WORDS: scale-section words one unit reads (scale_index, unit_scale); the 4 units of a
 // 32-weight block read the same words. SCALE_PER_HALF_BLOCK: units 0-1 and 2-3 of a block have
 // different scales (Q6_K scales 16 weights); otherwise a block has one (d, m).
-#if DENSE
-const SCALE_WORDS: u32 = 1u;
-const SCALE_PER_HALF_BLOCK: bool = false;
-#endif
-#if SCALES_D
-const SCALE_WORDS: u32 = 1u;
-const SCALE_PER_HALF_BLOCK: bool = false;
-#endif
-#if SCALES_DM
-const SCALE_WORDS: u32 = 1u;
-const SCALE_PER_HALF_BLOCK: bool = false;
-#endif
 #if SCALES_K
 const SCALE_WORDS: u32 = 4u;
 const SCALE_PER_HALF_BLOCK: bool = false;
-#endif
-#if SCALES_Q6K
+#elif SCALES_Q6K
 const SCALE_WORDS: u32 = 2u;
 const SCALE_PER_HALF_BLOCK: bool = true;
+#else
+// DENSE (no scale word is read, but an array needs a length), SCALES_D and SCALES_DM.
+const SCALE_WORDS: u32 = 1u;
+const SCALE_PER_HALF_BLOCK: bool = false;
 #endif
 
 #if WTYPE_F32
 const UNIT_WORDS: u32 = 8u;
-#endif
-#if WTYPE_F16
+#elif WTYPE_F16
 const UNIT_WORDS: u32 = 4u;
-#endif
-#if WTYPE_Q8_0
+#elif WTYPE_Q8_0
 const UNIT_WORDS: u32 = 2u;
-#endif
-#if WTYPE_Q4_0
+#elif WTYPE_Q4_0
+const UNIT_WORDS: u32 = 1u;
+#elif WTYPE_Q4_1
+const UNIT_WORDS: u32 = 1u;
+#elif PLANES
 const UNIT_WORDS: u32 = 1u;
 #endif
-#if WTYPE_Q4_1
-const UNIT_WORDS: u32 = 1u;
-#endif
-#if PLANES
-const UNIT_WORDS: u32 = 1u;
-#endif
+
 #if WTYPE_Q5_0
 const HIGH_BITS: u32 = 1u;
 const Q_OFFSET: f32 = 16.0;
-#endif
-#if WTYPE_Q5_1
+#elif WTYPE_Q5_1
 const HIGH_BITS: u32 = 1u;
 const Q_OFFSET: f32 = 0.0;
-#endif
-#if WTYPE_Q4_K
+#elif WTYPE_Q4_K
 const HIGH_BITS: u32 = 0u;
 const Q_OFFSET: f32 = 0.0;
-#endif
-#if WTYPE_Q5_K
+#elif WTYPE_Q5_K
 const HIGH_BITS: u32 = 1u;
 const Q_OFFSET: f32 = 0.0;
-#endif
-#if WTYPE_Q6_K
+#elif WTYPE_Q6_K
 const HIGH_BITS: u32 = 2u;
 const Q_OFFSET: f32 = 32.0;
 #endif
@@ -118,18 +101,15 @@ fn unit_cols(u: u32) -> vec2<u32> {
 #if WTYPE_Q4_0
     let first = (u >> 2u) * 32u + (u & 3u) * 4u;
     return vec2<u32>(first, first + 16u);
-#else
-#if WTYPE_Q4_1
+#elif WTYPE_Q4_1
     let first = (u >> 2u) * 32u + (u & 3u) * 4u;
     return vec2<u32>(first, first + 16u);
 #else
     return vec2<u32>(8u * u, 8u * u + 4u);
 #endif
-#endif
 }
 
-#if DENSE
-#else
+#if !DENSE
 // Number of the block of `size` weights (32, or 256 for a K-quant super-block) that holds unit
 // `u` of row `row`; blocks are numbered row-major as in the file.
 fn block_of(row: u32, u: u32, size: u32) -> u32 {
@@ -141,16 +121,13 @@ fn scale_index(row: u32, u: u32, i: u32) -> u32 {
 #if SCALES_D
     // One f16 d per block, two blocks per word.
     return params.scale_offset + block_of(row, u, 32u) / 2u;
-#endif
-#if SCALES_DM
+#elif SCALES_DM
     // One word (d, m) per block.
     return params.scale_offset + block_of(row, u, 32u);
-#endif
-#if SCALES_K
+#elif SCALES_K
     // 4 words per super-block: d | dmin << 16, then the 12 bytes of packed 6-bit scales/mins.
     return params.scale_offset + 4u * block_of(row, u, 256u) + i;
-#endif
-#if SCALES_Q6K
+#elif SCALES_Q6K
     // 9 words per pair of super-blocks: d_a | d_b << 16, then 16 int8 scales of each. Word 0 is
     // the d word, word 1 the one holding the scale of the unit's 16-weight sub-block.
     let sb = block_of(row, u, 256u);
@@ -169,11 +146,9 @@ fn byte_of(word: u32, k: u32) -> u32 {
 fn unit_scale(s: array<u32, SCALE_WORDS>, row: u32, u: u32) -> vec2<f32> {
 #if SCALES_D
     return vec2<f32>(unpack2x16float(s[0])[block_of(row, u, 32u) & 1u], 0.0);
-#endif
-#if SCALES_DM
+#elif SCALES_DM
     return unpack2x16float(s[0]);
-#endif
-#if SCALES_K
+#elif SCALES_K
     // ggml's get_scale_min_k4 for sub-block j of the super-block: scales bytes 0..3 hold the
     // scales of sub-blocks 0..3 (low 6 bits) and bytes 4..7 their mins; sub-blocks 4..7 take
     // their low 4 bits from bytes 8..11 and their top 2 bits from the top of bytes 0..7.
@@ -190,8 +165,7 @@ fn unit_scale(s: array<u32, SCALE_WORDS>, row: u32, u: u32) -> vec2<f32> {
     }
     let dm = unpack2x16float(s[0]);
     return vec2<f32>(dm.x * f32(sc), -(dm.y * f32(mn)));
-#endif
-#if SCALES_Q6K
+#elif SCALES_Q6K
     let d = unpack2x16float(s[0])[block_of(row, u, 256u) & 1u];
     let sc = extractBits(bitcast<i32>(s[1]), 8u * ((u / 2u) % 4u), 8u);
     return vec2<f32>(d * f32(sc), 0.0);
@@ -253,24 +227,19 @@ fn decode_unit(q: array<u32, UNIT_WORDS>, high: u32, scale: vec2<f32>) -> Unit {
 #if WTYPE_F32
     return Unit(bitcast<vec4<f32>>(vec4<u32>(q[0], q[1], q[2], q[3])),
                 bitcast<vec4<f32>>(vec4<u32>(q[4], q[5], q[6], q[7])));
-#endif
-#if WTYPE_F16
+#elif WTYPE_F16
     return Unit(vec4<f32>(unpack2x16float(q[0]), unpack2x16float(q[1])),
                 vec4<f32>(unpack2x16float(q[2]), unpack2x16float(q[3])));
-#endif
-#if WTYPE_Q8_0
+#elif WTYPE_Q8_0
     return Unit(int8x4(q[0]) * scale.x, int8x4(q[1]) * scale.x);
-#endif
-#if WTYPE_Q4_0
+#elif WTYPE_Q4_0
     let b = bytes4(q[0]);
     return Unit((vec4<f32>(b & vec4<u32>(15u)) - 8.0) * scale.x, (vec4<f32>(b >> vec4<u32>(4u)) - 8.0) * scale.x);
-#endif
-#if WTYPE_Q4_1
+#elif WTYPE_Q4_1
     let b = bytes4(q[0]);
     return Unit(fma(vec4<f32>(b & vec4<u32>(15u)), vec4<f32>(scale.x), vec4<f32>(scale.y)),
                 fma(vec4<f32>(b >> vec4<u32>(4u)), vec4<f32>(scale.x), vec4<f32>(scale.y)));
-#endif
-#if PLANES
+#elif PLANES
     let nibble = vec4<u32>(0u, 4u, 8u, 12u);
     let bit = HIGH_BITS * vec4<u32>(0u, 1u, 2u, 3u);
     let mask = vec4<u32>((1u << HIGH_BITS) - 1u);
@@ -302,101 +271,9 @@ fn dense_value(word: u32, col: u32) -> f32 {
 
 // A 32-weight block's 4 units share their scale words and their plane words, so a kernel that
 // reads whole blocks loads those once per block (`load_scale_words`, `load_block_high`) and
-// decodes its units with `load_unit_in`; `load_unit` reads one unit on its own.
-
-// The scale words of unit `u` of row `row` of `w` (none for dense types).
-fn load_scale_words(row: u32, u: u32) -> array<u32, SCALE_WORDS> {
-    var s: array<u32, SCALE_WORDS>;
-#if DENSE
-#else
-    for (var i = 0u; i < SCALE_WORDS; i++) {
-        s[i] = w[scale_index(row, u, i)];
-    }
-#endif
-    return s;
-}
-
-// The plane words of the block of unit `u` of row `row` of `w`: HIGH_BITS words (units 0-1 and
-// 2-3 of the block when HIGH_BITS is 2); zeros for types without a plane.
-fn load_block_high(row: u32, u: u32) -> vec2<u32> {
-    var high = vec2<u32>(0u);
-#if PLANES
-    let first = u - u % 4u;
-    if (HIGH_BITS > 0u) {
-        high.x = w[high_index(row, first)];
-    }
-    if (HIGH_BITS > 1u) {
-        high.y = w[high_index(row, first + 2u)];
-    }
-#endif
-    return high;
-}
-
-// Weights of unit `u` of row `row` of `w`, given its (d, m) (`unit_scale_of`) and its block's
-// plane words.
-fn load_unit_in(row: u32, u: u32, scale: vec2<f32>, block_high: vec2<u32>) -> Unit {
-    var q: array<u32, UNIT_WORDS>;
-    for (var i = 0u; i < UNIT_WORDS; i++) {
-        q[i] = w[tiled(row, u * UNIT_WORDS + i, params.row_words)];
-    }
-    return decode_unit(q, unit_high(block_high, u), scale);
-}
-
-// Weights of unit `u` of row `row` of `w`.
-fn load_unit(row: u32, u: u32) -> Unit {
-    return load_unit_in(row, u, unit_scale_of(load_scale_words(row, u), row, u), load_block_high(row, u));
-}
-
+// decodes its units with `load_unit_in`; `load_unit` reads one unit on its own. The loaders of the
+// up projection `w_up` (same type and shape as `w`) are the same text with `load_up_` names.
+#include "quant_loaders" WEIGHTS=w LOAD=load_
 #if SWIGLU
-// The same for the up projection `w_up` (same type and shape as `w`). Copies because WGSL cannot
-// pass a storage buffer to a function.
-fn load_up_scale_words(row: u32, u: u32) -> array<u32, SCALE_WORDS> {
-    var s: array<u32, SCALE_WORDS>;
-#if DENSE
-#else
-    for (var i = 0u; i < SCALE_WORDS; i++) {
-        s[i] = w_up[scale_index(row, u, i)];
-    }
-#endif
-    return s;
-}
-
-fn load_up_block_high(row: u32, u: u32) -> vec2<u32> {
-    var high = vec2<u32>(0u);
-#if PLANES
-    let first = u - u % 4u;
-    if (HIGH_BITS > 0u) {
-        high.x = w_up[high_index(row, first)];
-    }
-    if (HIGH_BITS > 1u) {
-        high.y = w_up[high_index(row, first + 2u)];
-    }
-#endif
-    return high;
-}
-
-fn load_up_unit_in(row: u32, u: u32, scale: vec2<f32>, block_high: vec2<u32>) -> Unit {
-    var q: array<u32, UNIT_WORDS>;
-    for (var i = 0u; i < UNIT_WORDS; i++) {
-        q[i] = w_up[tiled(row, u * UNIT_WORDS + i, params.row_words)];
-    }
-    return decode_unit(q, unit_high(block_high, u), scale);
-}
-
-fn load_up_unit(row: u32, u: u32) -> Unit {
-    return load_up_unit_in(row, u, unit_scale_of(load_up_scale_words(row, u), row, u), load_up_block_high(row, u));
-}
-#endif
-
-#if DENSE
-// Weight at column `col` of row `row` of `w`, for the columns after the last whole unit.
-fn load_dense(row: u32, col: u32) -> f32 {
-    return dense_value(w[dense_word(params.row_words, row, col)], col);
-}
-
-#if SWIGLU
-fn load_up_dense(row: u32, col: u32) -> f32 {
-    return dense_value(w_up[dense_word(params.row_words, row, col)], col);
-}
-#endif
+#include "quant_loaders" WEIGHTS=w_up LOAD=load_up_
 #endif

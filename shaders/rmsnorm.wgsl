@@ -4,11 +4,7 @@
 // place: IN_PLACE). Tokens 0..step.n_tokens are normalized. With ACCUMULATE the result is added
 // to `out` (Gemma's post-attention and post-FFN norms, added into the hidden state). The sum of squares is reduced with
 // subgroup adds where the device has them, else by a tree in workgroup memory.
-#if SUBGROUPS
-#if WGSL_ENABLE_SUBGROUPS
-enable subgroups;
-#endif
-#endif
+#include "subgroups"
 #include "step"
 
 struct Params {
@@ -34,39 +30,7 @@ struct Params {
 
 const WG: u32 = 256u;
 
-#if SUBGROUPS
-// One slot per subgroup; the device's subgroups have at least 4 lanes (see GpuFeatures).
-var<workgroup> partial: array<f32, 64>;
-var<private> sg_lane: u32;
-var<private> sg_size: u32;
-
-fn workgroup_sum(v: f32, lid: u32) -> f32 {
-    let s = subgroupAdd(v);
-    if (sg_lane == 0u) {
-        partial[lid / sg_size] = s;
-    }
-    workgroupBarrier();
-    var total = 0.0;
-    for (var i = 0u; i < WG / sg_size; i++) {
-        total += partial[i];
-    }
-    return total;
-}
-#else
-var<workgroup> partial: array<f32, WG>;
-
-fn workgroup_sum(v: f32, lid: u32) -> f32 {
-    partial[lid] = v;
-    for (var stride = WG / 2u; stride > 0u; stride >>= 1u) {
-        workgroupBarrier();
-        if (lid < stride) {
-            partial[lid] += partial[lid + stride];
-        }
-    }
-    workgroupBarrier();
-    return partial[0];
-}
-#endif
+#include "reduce"
 
 @compute @workgroup_size(256)
 fn main(
@@ -97,12 +61,10 @@ fn main(
     for (var i = lid; i < params.n; i += WG) {
 #if IN_PLACE
         x[base + i] = x[base + i] * inv_rms * weight[i];
-#else
-#if ACCUMULATE
+#elif ACCUMULATE
         out[base + i] += x[base + i] * inv_rms * weight[i];
 #else
         out[base + i] = x[base + i] * inv_rms * weight[i];
-#endif
 #endif
     }
 }

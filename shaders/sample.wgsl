@@ -13,6 +13,9 @@
 //   allowed token, in index order, whose cumulative weight exp((logit - max) / temperature)
 //   exceeds u * total. dst[0] = token, dst[1] = its probability under that distribution.
 #include "step"
+// The tree reductions on every device (the entry points take no subgroup built-ins): the sums
+// are added in one order everywhere.
+#include "reduce" SUBGROUPS=0
 
 struct Params {
     // Elements of src: the vocabulary, or the number of partial records for argmax_final.
@@ -83,19 +86,6 @@ fn exp_or_zero(x: f32) -> f32 {
     return select(exp(x), 0.0, x != x || x < -0x1.fffffep+127f);
 }
 
-fn reduce_sum(t: u32, v: f32) -> f32 {
-    red_f[t] = v;
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        workgroupBarrier();
-        if (t < s) {
-            red_f[t] += red_f[t + s];
-        }
-    }
-    let r = workgroupUniformLoad(&red_f[0]);
-    workgroupBarrier();
-    return r;
-}
-
 fn reduce_min_u32(t: u32, v: u32) -> u32 {
     red_u[t] = v;
     for (var s = WG / 2u; s > 0u; s = s >> 1u) {
@@ -157,7 +147,7 @@ fn argmax_partials(
     for (var e = 0u; e < 4u; e++) {
         s += exp_or_zero(vals[e] - m);
     }
-    let total = reduce_sum(t, s);
+    let total = workgroup_sum(s, t);
     if (t == 0u) {
         dst[3u * group] = best.x;
         dst[3u * group + 1u] = best.y;
@@ -184,7 +174,7 @@ fn argmax_final(@builtin(local_invocation_index) t: u32) {
     for (var g = t; g < params.n; g += WG) {
         z += bitcast<f32>(src[3u * g + 2u]) * exp_or_zero(bitcast<f32>(src[3u * g]) - m);
     }
-    let total = reduce_sum(t, z);
+    let total = workgroup_sum(z, t);
     if (t == 0u) {
         dst[0] = best.y;
         dst[1] = bitcast<u32>(1.0 / total);
@@ -305,7 +295,7 @@ fn sample(@builtin(local_invocation_index) t: u32) {
                 z += exp_or_zero(v - max_v);
             }
         }
-        let mass = reduce_sum(t, z);
+        let mass = workgroup_sum(z, t);
         threshold = search(t, top_k_key, max_key, top_k_key, true, max_v, params.top_p * mass);
     }
     // min-p: p_i >= min_p * p_max  <=>  logit_i >= max + ln(min_p).

@@ -1,5 +1,6 @@
 //! The WGSL sources, embedded at compile time. One kernel family per file in `shaders/`; shared
-//! helpers (quant block decoding) are files that others `#include`.
+//! helpers (quant block decoding and its loaders, workgroup reductions, the subgroup preamble,
+//! activations, the step uniform) are files that others `#include`.
 
 /// Returns the source of the shader file `name` (without the `.wgsl` extension).
 pub fn shader_source(name: &str) -> Option<&'static str> {
@@ -21,8 +22,11 @@ const SHADERS: &[(&str, &str)] = shaders![
     "matvec",
     "penalties",
     "quant",
+    "quant_loaders",
+    "reduce",
     "rmsnorm",
     "rope",
     "sample",
     "step",
+    "subgroups",
 ];
