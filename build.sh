@@ -152,6 +152,7 @@ case "$cmd" in
     timed "llama.cpp's Q4_K_M" scripts/make-q4-k-m.sh
     timed "setup-web" setup_web
     timed "format" cargo fmt --check || status=1
+    timed "typescript" npm --prefix tests/browser run --silent typecheck || status=1
     timed "native tests" cargo test --workspace --no-fail-fast || status=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "browser tests" browser_tests || status=1
