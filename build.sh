@@ -157,6 +157,7 @@ case "$cmd" in
     timed "format" cargo fmt --check || status=1
     # Before the tests, and sharing their dependencies' builds: only the workspace is linted.
     timed "clippy" cargo clippy --workspace --all-targets --no-deps -- -D warnings || status=1
+    timed "typescript" npm --prefix tests/browser run --silent typecheck || status=1
     timed "native tests" cargo test --workspace --no-fail-fast || status=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "browser tests" browser_tests || status=1

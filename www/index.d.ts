@@ -29,6 +29,8 @@ export interface EngineInfo {
     software: boolean;
     /** Kernel variants chosen for this adapter: the decode matvec's threads per row and rows per thread. */
     kernels: { matvec_slices: number; matvec_rows_per_thread: number };
+    /** The browser's own description of the adapter (GPUAdapterInfo), where it gives one. */
+    adapter_info?: { vendor: string; architecture: string; device: string; description: string };
   } | null;
   model: {
     name: string; arch: string; n_layers: number; hidden: number; ffn: number; n_heads: number;
@@ -43,25 +45,44 @@ export interface ChatMessage {
   content: string;
 }
 
-/** Sampling options; absent ones take llama.cpp's defaults (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05). */
+/**
+ * Generation options (kestrel_model::GenerateOptions, under the same names); absent ones take
+ * llama.cpp's defaults (max_tokens 256, temperature 0.8, top_k 40, top_p 0.95, min_p 0.05,
+ * penalty_last_n 64, no penalties). An option out of range, or past one of the limits below,
+ * fails the request with code `invalid_option` and a message naming the option.
+ */
 export interface SamplingOptions {
+  /** Most tokens to generate (at least 1; generation also ends when the context is full, finish_reason "length"). */
   max_tokens?: number;
   /** 0 is greedy. */
   temperature?: number;
+  /** In (0, 1]; 1 disables it. */
   top_p?: number;
+  /** 0 disables it. */
   top_k?: number;
+  /** In [0, 1]; 0 disables it. */
   min_p?: number;
+  /** Same seed, same tokens (default: drawn from the clock). */
   seed?: number;
+  /** Stop when the text contains one of these (not part of the output); at most 16, each 1 to 512 bytes. */
   stop?: string | string[];
+  /** Stop after one of these tokens (at most 1024). */
   stop_token_ids?: number[];
-  /** `{ "token id": bias }`. */
+  /** `{ "token id": bias }`, at most 1024 entries; `-Infinity` bans the token. */
   logit_bias?: Record<string, number>;
+  /** > 0; 1 disables it. */
   repetition_penalty?: number;
+  /** In [-2, 2]. */
   frequency_penalty?: number;
+  /** In [-2, 2]. */
   presence_penalty?: number;
+  /** How many recent tokens the penalties look at (at most 4096). */
   penalty_last_n?: number;
+  /** Keep going past the model's end-of-generation tokens. */
   ignore_eos?: boolean;
+  /** Report log-probabilities (in `kestrel.logprobs`). */
   logprobs?: boolean;
+  /** With `logprobs`: how many of the most likely tokens each step reports (default 1, at most 20). */
   top_logprobs?: number;
   /** Aborting stops generation at the next token, with finish_reason "abort". */
   signal?: AbortSignal;
@@ -86,11 +107,27 @@ export interface Usage {
   };
 }
 
+/** The engine's own timings of one generation. */
+export interface Timings {
+  prompt_tokens: number;
+  /** Prompt tokens run (the rest were reused from the KV cache). */
+  prefill_tokens: number;
+  reused_tokens: number;
+  ttft_ms: number;
+  prefill_tok_s: number;
+  decode_tokens: number;
+  decode_ms: number;
+  decode_tok_s: number;
+  host_wait_ms_per_token: number;
+  /** From the worker receiving the request to the result. */
+  e2e_ms: number;
+}
+
 /** Non-standard details of the generation. */
 export interface KestrelDetails {
   prompt_token_ids: number[];
   token_ids: number[];
-  timings: Record<string, number>;
+  timings: Timings;
   logprobs: { token_id: number; logprob: number; top: [number, number][] }[];
 }
 

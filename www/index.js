@@ -1,47 +1,106 @@
 // Kestrel's browser package: an OpenAI-style API over the wasm engine, which runs in a module
 // Web Worker (worker.js) so the page's main thread never waits on it.
 
+// Typed by index.d.ts (the package's declared API), checked with `tsc --checkJs` (www/tsconfig.json).
+/**
+ * @import {
+ *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEngineOptions,
+ *   Engine as EngineApi, EngineInfo, FinishReason, KestrelDetails, KestrelError, LoadProgress, Timings, Usage,
+ * } from './index.d.ts'
+ */
+
+/**
+ * What the wasm engine's `generate` resolves to (kestrel_model::Generation's wire form), with the
+ * worker's end-to-end time added to its timings.
+ * @typedef {{
+ *   text: string, prompt_token_ids: number[], token_ids: number[], finish_reason: FinishReason,
+ *   logprobs: KestrelDetails['logprobs'], timings: Timings,
+ * }} GenerateResult
+ */
+
+/**
+ * A message from the worker (worker.js).
+ * @typedef {{ id: number } & (
+ *   | { type: 'progress', progress: LoadProgress }
+ *   | { type: 'token', text: string, tokenId?: number }
+ *   | { type: 'result', value: any }
+ *   | { type: 'error', error: { code: string, message: string } }
+ * )} WorkerMessage
+ */
+
+/**
+ * Handlers of one pending request.
+ * @typedef {{
+ *   onStart?: (id: number) => void,
+ *   onProgress?: ((progress: LoadProgress) => void) | null,
+ *   onToken?: ((text: string, tokenId: number | undefined) => void) | null,
+ * }} Handlers
+ */
+
 const CACHE_NAME = 'kestrel-models';
 
+/**
+ * @param {string} code
+ * @param {string} message
+ * @returns {KestrelError}
+ */
 function kestrelError(code, message) {
   return Object.assign(new Error(message), { code });
 }
 
-/** Whether the Cache API holds the model at `url` (stored by an earlier load). */
+/**
+ * Whether the Cache API holds the model at `url` (stored by an earlier load).
+ * @param {string} url
+ * @returns {Promise<boolean>}
+ */
 export async function hasModelInCache(url) {
   if (!globalThis.caches) return false;
   const cache = await caches.open(CACHE_NAME);
   return Boolean(await cache.match(new URL(url, location.href).href));
 }
 
-/** Removes the model at `url` from the Cache API; true when there was one. */
+/**
+ * Removes the model at `url` from the Cache API; true when there was one.
+ * @param {string} url
+ * @returns {Promise<boolean>}
+ */
 export async function deleteModelFromCache(url) {
   if (!globalThis.caches) return false;
   const cache = await caches.open(CACHE_NAME);
   return cache.delete(new URL(url, location.href).href);
 }
 
-/** A queue of values consumed with `for await`; `onCancel` runs when the consumer stops early. */
+/**
+ * A queue of values consumed with `for await`; `onCancel` runs when the consumer stops early.
+ * @template T
+ * @param {() => void} [onCancel]
+ */
 function channel(onCancel) {
+  /** @type {T[]} */
   const items = [];
+  /** @type {(() => void) | null} */
   let wake = null;
   let done = false;
+  /** @type {unknown} */
   let failure = null;
   const notify = () => {
     if (wake) wake();
     wake = null;
   };
   return {
+    /** @param {T} v */
     push(v) { items.push(v); notify(); },
     end() { done = true; notify(); },
+    /** @param {unknown} e */
     fail(e) { failure = e; done = true; notify(); },
+    /** @returns {AsyncGenerator<T, void, undefined>} */
     async *[Symbol.asyncIterator]() {
       try {
         for (;;) {
-          if (items.length) yield items.shift();
+          if (items.length) yield /** @type {T} */ (items.shift());
           else if (failure) throw failure;
           else if (done) return;
-          else await new Promise((r) => (wake = r));
+          else await new Promise((r) => (wake = () => r(undefined)));
         }
       } finally {
         if (!done) onCancel?.();
@@ -50,12 +109,18 @@ function channel(onCancel) {
   };
 }
 
+/** The request fields passed on to the engine as they are (`logprobs` is mapped). */
+/** @type {(keyof import('./index.d.ts').SamplingOptions)[]} */
 const SAMPLING_KEYS = [
   'max_tokens', 'temperature', 'top_p', 'top_k', 'min_p', 'seed', 'stop', 'stop_token_ids',
   'logit_bias', 'repetition_penalty', 'frequency_penalty', 'presence_penalty', 'penalty_last_n',
   'ignore_eos',
 ];
 
+/**
+ * @param {GenerateResult} r
+ * @returns {Usage}
+ */
 function usageOf(r) {
   const t = r.timings;
   const completion = r.token_ids.length;
@@ -76,24 +141,35 @@ function usageOf(r) {
   };
 }
 
+/** @implements {EngineApi} */
 class Engine {
+  /** @type {Worker} */
   #worker;
   #nextId = 1;
-  #pending = new Map(); // id -> {resolve, reject, onToken, onProgress}
+  /** @type {Map<number, Handlers & { resolve: (value: any) => void, reject: (error: unknown) => void }>} */
+  #pending = new Map();
+  /** @type {Promise<unknown>} */
   #queue = Promise.resolve();
+  /** @type {KestrelError | null} */
   #closed = null;
-  /** `{gpu: {adapter, backend, driver, features, limits}, model: {...}, version}` once loaded. */
-  info = null;
+  /**
+   * `{gpu: {adapter, backend, driver, features, limits}, model: {...}, version}` once loaded.
+   * @type {EngineInfo}
+   */
+  info = /** @type {EngineInfo} */ (/** @type {unknown} */ (null));
 
+  /** @param {Worker} worker */
   constructor(worker) {
     this.#worker = worker;
     worker.onmessage = ({ data }) => this.#onMessage(data);
     worker.onerror = (e) => this.#fail(kestrelError('worker_error', `the engine's worker failed: ${e.message || 'could not start it'}`));
-    const completions = (kind) => ({ create: (request) => this.#create(kind, request) });
-    this.chat = { completions: completions('chat') };
-    this.completions = completions('text');
+    /** @type {EngineApi['chat']} */
+    this.chat = { completions: { create: /** @type {any} */ ((/** @type {ChatCompletionRequest} */ request) => this.#create('chat', request)) } };
+    /** @type {EngineApi['completions']} */
+    this.completions = { create: /** @type {any} */ ((/** @type {CompletionRequest} */ request) => this.#create('text', request)) };
   }
 
+  /** @param {WorkerMessage} msg */
   #onMessage(msg) {
     const p = this.#pending.get(msg.id);
     if (!p) return;
@@ -106,19 +182,26 @@ class Engine {
     }
   }
 
+  /** @param {KestrelError} error */
   #fail(error) {
     this.#closed ??= error;
     for (const p of this.#pending.values()) p.reject(error);
     this.#pending.clear();
   }
 
-  /** Sends one message and waits for its answer; requests run one at a time, in order. */
+  /**
+   * Sends one message and waits for its answer; requests run one at a time, in order.
+   * @param {{ type: string, [key: string]: unknown }} msg
+   * @param {Handlers} [handlers]
+   * @param {Transferable[]} [transfer]
+   * @returns {Promise<any>}
+   */
   #call(msg, handlers = {}, transfer) {
     const run = () => {
       if (this.#closed) return Promise.reject(this.#closed);
       const id = this.#nextId++;
       handlers.onStart?.(id);
-      return new Promise((resolve, reject) => {
+      return new Promise((/** @type {(value: any) => void} */ resolve, reject) => {
         this.#pending.set(id, { resolve, reject, ...handlers });
         this.#worker.postMessage({ ...msg, id }, transfer ?? []);
       });
@@ -128,13 +211,24 @@ class Engine {
     return result;
   }
 
+  /**
+   * @param {string | Blob} model
+   * @param {CreateEngineOptions['onProgress']} onProgress
+   * @param {CreateEngineOptions['gpu'] & { context_length?: number }} gpu
+   */
   async _load(model, onProgress, gpu) {
     this.info = await this.#call({ type: 'load', model, gpu }, { onProgress });
     return this.info;
   }
 
+  /**
+   * @param {'chat' | 'text'} kind
+   * @param {Partial<ChatCompletionRequest & CompletionRequest>} request
+   * @returns {Promise<AsyncIterable<ChatCompletionChunk | Completion> | ChatCompletion | Completion>}
+   */
   #create(kind, request) {
     const { messages, prompt, stream = false, signal, logprobs, top_logprobs } = request ?? {};
+    /** @type {Record<string, unknown>} */
     const body = {};
     for (const k of SAMPLING_KEYS) if (request?.[k] != null) body[k] = request[k];
     if (kind === 'chat') body.messages = messages;
@@ -142,17 +236,27 @@ class Engine {
     if (logprobs) body.logprobs = top_logprobs ?? 1;
     const created = Math.floor(Date.now() / 1000);
     const model = this.info?.model?.name ?? 'kestrel';
-    const object = kind === 'chat' ? 'chat.completion' : 'text_completion';
+    /** @type {number | null} */
     let requestId = null;
     let cancelled = false;
     // Leaving a `for await` early (break, throw) aborts the generation like the signal does.
+    /** @type {ReturnType<typeof channel<ChatCompletionChunk | Completion>>} */
     const out = channel(() => {
       cancelled = true;
       onAbort();
     });
+    /**
+     * @param {string | null} text
+     * @param {{ finish_reason: FinishReason | null, token_id?: number | null }} extra
+     */
     const choice = (text, extra) =>
       kind === 'chat' ? { index: 0, delta: text === null ? {} : { role: 'assistant', content: text }, logprobs: null, ...extra }
         : { index: 0, text: text ?? '', logprobs: null, ...extra };
+    /**
+     * @param {any[]} choices
+     * @param {{ usage?: Usage, kestrel?: KestrelDetails }} [more]
+     * @returns {ChatCompletionChunk | Completion}
+     */
     const chunk = (choices, more) => ({ id: `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${requestId}`, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created, model, choices, ...more });
 
     function onAbort() {
@@ -166,10 +270,15 @@ class Engine {
         // Aborted while queued: the worker drops it before its first token.
         if (signal?.aborted || cancelled) queueMicrotask(onAbort);
       },
-      onToken: stream ? (text, tokenId) => out.push(chunk([choice(text, { finish_reason: null, token_id: tokenId ?? null })])) : null,
+      onToken: stream ? (/** @type {string} */ text, /** @type {number | undefined} */ tokenId) => out.push(chunk([choice(text, { finish_reason: null, token_id: tokenId ?? null })])) : null,
     }).finally(() => signal?.removeEventListener('abort', onAbort));
 
+    /**
+     * @param {GenerateResult} r
+     * @returns {{ usage: Usage, kestrel: KestrelDetails }}
+     */
     const final = (r) => {
+      /** @type {KestrelDetails} */
       const kestrel = { prompt_token_ids: r.prompt_token_ids, token_ids: r.token_ids, timings: r.timings, logprobs: r.logprobs };
       return { usage: usageOf(r), kestrel };
     };
@@ -183,11 +292,13 @@ class Engine {
       );
       return Promise.resolve(out);
     }
-    return result.then((r) => {
-      const c = kind === 'chat'
-        ? { index: 0, message: { role: 'assistant', content: r.text }, finish_reason: r.finish_reason, logprobs: null }
-        : { index: 0, text: r.text, finish_reason: r.finish_reason, logprobs: null };
-      return { id: `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${requestId}`, object, created, model, choices: [c], ...final(r) };
+    return result.then((/** @type {GenerateResult} */ r) => {
+      const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${requestId}`;
+      /** @type {ChatCompletion | Completion} */
+      const completion = kind === 'chat'
+        ? { id, object: 'chat.completion', created, model, choices: [{ index: 0, message: { role: 'assistant', content: r.text }, finish_reason: r.finish_reason, logprobs: null }], ...final(r) }
+        : { id, object: 'text_completion', created, model, choices: [{ index: 0, text: r.text, finish_reason: r.finish_reason, logprobs: null }], ...final(r) };
+      return completion;
     });
   }
 
@@ -211,8 +322,11 @@ class Engine {
  * phase 'download' | 'cache' | 'upload' (a local File/Blob) | 'compile' | 'ready'.
  * `gpu: {allow_f16, allow_subgroups, allow_timestamps}` forces optional GPU features off;
  * `context_length` sizes the KV cache (default: the model's context, at most 4096).
+ * @param {CreateEngineOptions} options
+ * @returns {Promise<EngineApi>}
  */
-export async function createEngine({ model, onProgress, gpu, context_length } = {}) {
+export async function createEngine(options) {
+  const { model, onProgress, gpu, context_length } = options ?? {};
   if (!globalThis.navigator?.gpu) {
     throw kestrelError('no_webgpu', 'WebGPU is not available in this browser (navigator.gpu is missing)');
   }

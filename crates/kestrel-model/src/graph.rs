@@ -16,6 +16,7 @@ use kestrel_gpu::params::{AttentionShape, RopeConfig};
 use kestrel_gpu::{DType, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepUniform, Tensor, WeightTensor};
 
 use crate::config::ModelConfig;
+use crate::options::{MAX_LOGIT_BIAS, MAX_PENALTY_WINDOW};
 
 mod plan;
 mod profile;
@@ -155,8 +156,9 @@ pub enum StepOutput {
     TokenAndLogits,
 }
 
-/// Room in the penalty entry buffer: the recent-token window plus a logit-bias list.
-pub const PENALTY_CAPACITY: u32 = 4096 + 1024;
+/// Room in the penalty entry buffer: the longest recent-token window plus the longest logit-bias
+/// list a request may ask for (`GenerateOptions::validate` refuses more).
+pub const PENALTY_CAPACITY: u32 = (MAX_PENALTY_WINDOW + MAX_LOGIT_BIAS) as u32;
 
 /// Token readback buffers: the step with number `s` copies its sampled token into slot
 /// `s % TOKEN_SLOTS`, so up to this many steps can be in flight, each read after its own submit.

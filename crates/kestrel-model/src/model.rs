@@ -5,6 +5,7 @@
 use kestrel_gpu::params::{Penalties, SamplingParams};
 use kestrel_gpu::Gpu;
 use kestrel_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
+use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
 use crate::config::ModelConfig;
@@ -22,8 +23,10 @@ pub enum Prompt<'a> {
     Chat(&'a [ChatMessage]),
 }
 
-/// Why generation ended, named as OpenAI's API names it ("abort" for a cancelled request).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Why generation ended, named as OpenAI's API names it ("abort" for a cancelled request); on
+/// the wire the lowercase name ("stop", "length", "abort").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FinishReason {
     Stop,
     Length,
@@ -40,9 +43,11 @@ impl FinishReason {
     }
 }
 
-/// Log-probabilities of one generated step.
-#[derive(Clone, Debug)]
+/// Log-probabilities of one generated step. On the wire `{token_id, logprob, top: [[id,
+/// logprob], ...]}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepLogprobs {
+    #[serde(rename = "token_id")]
     pub token: u32,
     pub logprob: f32,
     /// The most likely tokens, best first.
@@ -50,7 +55,7 @@ pub struct StepLogprobs {
 }
 
 /// One generated token, as streamed to the caller.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenEvent {
     /// None for the final flush of text held back (a split character or a stop-string prefix).
     pub id: Option<u32>,
@@ -59,8 +64,10 @@ pub struct TokenEvent {
     pub logprobs: Option<StepLogprobs>,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timings {
+    /// Tokens in the prompt (prefilled plus reused).
+    pub prompt_tokens: usize,
     /// Prompt tokens actually run (the rest were reused from the KV cache).
     pub prefill_tokens: usize,
     pub reused_tokens: usize,
@@ -76,9 +83,13 @@ pub struct Timings {
     pub host_wait_ms_per_token: f64,
 }
 
-#[derive(Clone, Debug)]
+/// A finished generation. On the wire (what the wasm engine resolves to) `{text,
+/// prompt_token_ids, token_ids, finish_reason, logprobs, timings}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Generation {
+    #[serde(rename = "prompt_token_ids")]
     pub prompt_tokens: Vec<u32>,
+    #[serde(rename = "token_ids")]
     pub tokens: Vec<u32>,
     pub text: String,
     pub finish_reason: FinishReason,
@@ -333,6 +344,7 @@ impl Model {
         let prefill_tokens = prompt.len() - reused;
         let decode_tokens = generated.len().saturating_sub(1);
         let timings = Timings {
+            prompt_tokens: prompt.len(),
             prefill_tokens,
             reused_tokens: reused,
             ttft_ms: ttft.as_secs_f64() * 1e3,
@@ -367,4 +379,47 @@ fn top_logprobs(logits: &[f32], token: u32, n: usize) -> StepLogprobs {
     let mut top: Vec<(u32, f32)> = order[..n].iter().map(|&i| (i, logprob(logits[i as usize]))).collect();
     top.sort_by(|a, b| b.1.total_cmp(&a.1));
     StepLogprobs { token, logprob: logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)), top }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The result as the wasm engine hands it to the browser package (www/index.js reads these
+    /// names).
+    #[test]
+    fn generation_wire_format() {
+        let g = Generation {
+            prompt_tokens: vec![1, 2],
+            tokens: vec![3],
+            text: "hi".into(),
+            finish_reason: FinishReason::Length,
+            timings: Timings { prompt_tokens: 2, decode_tokens: 1, ..Timings::default() },
+            logprobs: vec![StepLogprobs { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, f32::NEG_INFINITY)] }],
+        };
+        let json = serde_json::to_value(&g).unwrap();
+        assert_eq!(json["prompt_token_ids"], serde_json::json!([1, 2]));
+        assert_eq!(json["token_ids"], serde_json::json!([3]));
+        assert_eq!(json["finish_reason"], "length");
+        assert_eq!(json["logprobs"], serde_json::json!([{ "token_id": 3, "logprob": -0.5, "top": [[3, -0.5], [4, null]] }]));
+        let timings = json["timings"].as_object().unwrap();
+        for key in [
+            "prompt_tokens",
+            "prefill_tokens",
+            "reused_tokens",
+            "ttft_ms",
+            "prefill_tok_s",
+            "decode_tokens",
+            "decode_ms",
+            "decode_tok_s",
+            "host_wait_ms_per_token",
+        ] {
+            assert!(timings.contains_key(key), "timings.{key}");
+        }
+        assert_eq!(timings.len(), 9);
+        for (reason, name) in [(FinishReason::Stop, "stop"), (FinishReason::Length, "length"), (FinishReason::Abort, "abort")] {
+            assert_eq!(serde_json::to_value(reason).unwrap(), name);
+            assert_eq!(reason.as_str(), name);
+        }
+    }
 }

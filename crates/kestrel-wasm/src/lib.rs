@@ -8,13 +8,14 @@
 //! `abort()` can be called while `generate()` is awaiting the GPU.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
 use js_sys::{Function, Promise};
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::{ChatMessage, GenerateOptions, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Prompt, TokenEvent};
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
@@ -54,71 +55,41 @@ fn take_uncaptured() -> Option<String> {
     UNCAPTURED.lock().ok()?.take()
 }
 
+/// A generation request: a raw `prompt` or chat `messages`, and the generation options in
+/// their wire form ([`GenerateOptions`]'s serde names; absent options take
+/// [`GenerateOptions::default`], llama.cpp's defaults).
 #[derive(Deserialize)]
-#[serde(untagged)]
-enum StopField {
-    One(String),
-    Many(Vec<String>),
-}
-
-/// A generation request: a raw `prompt` or chat `messages`, and OpenAI-style sampling options.
-/// Absent options take [`GenerateOptions::default`] (llama.cpp's defaults).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Request {
     prompt: Option<String>,
     messages: Option<Vec<ChatMessage>>,
-    max_tokens: Option<usize>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<u32>,
-    min_p: Option<f32>,
-    seed: Option<u64>,
-    stop: Option<StopField>,
-    stop_token_ids: Option<Vec<u32>>,
-    /// `{"token id": bias}`, as OpenAI's API has it.
-    logit_bias: Option<HashMap<String, f32>>,
-    repetition_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    presence_penalty: Option<f32>,
-    penalty_last_n: Option<usize>,
-    ignore_eos: Option<bool>,
-    logprobs: Option<usize>,
+    #[serde(flatten)]
+    options: GenerateOptions,
+    /// Fields neither of the above knows: refused (`deny_unknown_fields` does not work with
+    /// `flatten`).
+    #[serde(flatten)]
+    unknown: BTreeMap<String, IgnoredAny>,
 }
 
 impl Request {
-    fn options(&self) -> Result<GenerateOptions, JsValue> {
-        let d = GenerateOptions::default();
-        let mut logit_bias = Vec::new();
-        for (id, &bias) in self.logit_bias.iter().flatten() {
-            let id = id
-                .trim()
-                .parse::<u32>()
-                .map_err(|_| js_error("invalid_option", &format!("invalid option logit_bias: key {id:?} is not a token id")))?;
-            logit_bias.push((id, bias));
+    /// Parses a request; the error is the `invalid_option` message. A field set to `null` is
+    /// the same as an absent one.
+    fn parse(json: &str) -> Result<Request, String> {
+        let invalid = |e: &dyn std::fmt::Display| format!("invalid request: {e}");
+        let mut value: Value = serde_json::from_str(json).map_err(|e| invalid(&e))?;
+        if let Some(fields) = value.as_object_mut() {
+            fields.retain(|_, v| !v.is_null());
         }
-        logit_bias.sort_by_key(|&(id, _)| id);
-        Ok(GenerateOptions {
-            max_tokens: self.max_tokens.unwrap_or(d.max_tokens),
-            temperature: self.temperature.unwrap_or(d.temperature),
-            top_k: self.top_k.unwrap_or(d.top_k),
-            top_p: self.top_p.unwrap_or(d.top_p),
-            min_p: self.min_p.unwrap_or(d.min_p),
-            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
-            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
-            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
-            penalty_last_n: self.penalty_last_n.unwrap_or(d.penalty_last_n),
-            logit_bias,
-            seed: self.seed,
-            stop: match &self.stop {
-                None => Vec::new(),
-                Some(StopField::One(s)) => vec![s.clone()],
-                Some(StopField::Many(v)) => v.clone(),
-            },
-            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
-            ignore_eos: self.ignore_eos.unwrap_or(false),
-            logprobs: self.logprobs.unwrap_or(0),
-        })
+        let request = Request::deserialize(value).map_err(|e| invalid(&e))?;
+        if let Some(field) = request.unknown.keys().next() {
+            let known = serde_json::to_value(GenerateOptions::default()).map_err(|e| invalid(&e))?;
+            let expected: Vec<String> = ["prompt", "messages"]
+                .into_iter()
+                .chain(known.as_object().into_iter().flat_map(|o| o.keys().map(String::as_str)))
+                .map(|k| format!("`{k}`"))
+                .collect();
+            return Err(invalid(&format!("unknown field `{field}`, expected one of {}", expected.join(", "))));
+        }
+        Ok(request)
     }
 }
 
@@ -218,12 +189,11 @@ impl State {
 
     async fn generate(&self, request: &str, on_token: &Function) -> Result<JsValue, JsValue> {
         self.check_idle("generate")?;
-        let request: Request = serde_json::from_str(request).map_err(|e| js_error("invalid_option", &format!("invalid request: {e}")))?;
-        let options = request.options()?;
+        let request = Request::parse(request).map_err(|message| js_error("invalid_option", &message))?;
         let mut model = self.model.borrow_mut().take().ok_or_else(|| js_error("no_model", "no model is loaded"))?;
         self.busy.set(true);
         self.abort.set(false);
-        let result = self.run(&mut model, &request, &options, on_token).await;
+        let result = self.run(&mut model, &request, on_token).await;
         self.busy.set(false);
         if self.unload_pending.replace(false) {
             drop(model);
@@ -234,12 +204,15 @@ impl State {
         result
     }
 
-    async fn run(&self, model: &mut Model, request: &Request, options: &GenerateOptions, on_token: &Function) -> Result<JsValue, JsValue> {
+    async fn run(&self, model: &mut Model, request: &Request, on_token: &Function) -> Result<JsValue, JsValue> {
+        let options = &request.options;
         let prompt = match (&request.prompt, &request.messages) {
             (Some(text), None) => Prompt::Text(text),
             (None, Some(messages)) => Prompt::Chat(messages),
             _ => return Err(js_error("invalid_option", "invalid option prompt: give exactly one of prompt and messages")),
         };
+        // Every option and request limit, before the prompt is encoded.
+        options.validate(model.config().vocab).map_err(|e| model_error(&e))?;
         let tokens = model.encode(&prompt).map_err(|e| model_error(&e))?;
         let mut thrown: Option<JsValue> = None;
         let abort = &self.abort;
@@ -264,30 +237,9 @@ impl State {
             return Err(js_error("gpu", &format!("GPU error during generation: {message}")));
         }
         let g = generation.map_err(|e| model_error(&e))?;
-        let t = &g.timings;
-        let logprobs: Vec<Value> = g
-            .logprobs
-            .iter()
-            .map(|s| json!({ "token_id": s.token, "logprob": s.logprob, "top": s.top.iter().map(|&(id, lp)| json!([id, lp])).collect::<Vec<_>>() }))
-            .collect();
-        Ok(to_js(&json!({
-            "text": g.text,
-            "prompt_token_ids": g.prompt_tokens,
-            "token_ids": g.tokens,
-            "finish_reason": g.finish_reason.as_str(),
-            "logprobs": logprobs,
-            "timings": {
-                "prompt_tokens": g.prompt_tokens.len(),
-                "prefill_tokens": t.prefill_tokens,
-                "reused_tokens": t.reused_tokens,
-                "ttft_ms": t.ttft_ms,
-                "prefill_tok_s": t.prefill_tok_s,
-                "decode_tokens": t.decode_tokens,
-                "decode_ms": t.decode_ms,
-                "decode_tok_s": t.decode_tok_s,
-                "host_wait_ms_per_token": t.host_wait_ms_per_token,
-            },
-        })))
+        // `{text, prompt_token_ids, token_ids, finish_reason, logprobs, timings}`: Generation's
+        // wire form.
+        Ok(to_js(&serde_json::to_value(&g).map_err(|e| js_error("internal", &format!("could not encode the result: {e}")))?))
     }
 }
 
@@ -445,5 +397,72 @@ impl Engine {
     #[wasm_bindgen(getter)]
     pub fn loaded(&self) -> bool {
         self.state.model_info.borrow().is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<Request, String> {
+        Request::parse(json)
+    }
+
+    #[test]
+    fn requests_take_the_option_defaults_and_wire_names() {
+        let Ok(r) = parse(r#"{"prompt": "hi"}"#) else { panic!() };
+        assert_eq!(r.prompt.as_deref(), Some("hi"));
+        assert_eq!(r.options, GenerateOptions::default());
+        let Ok(r) = parse(
+            r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "temperature": 0, "top_k": 1, "stop": "\n",
+                "logit_bias": {"5": -2, "1": null}, "seed": 7, "penalty_last_n": 10, "ignore_eos": true, "logprobs": 2, "min_p": null}"#,
+        ) else {
+            panic!()
+        };
+        assert_eq!(r.messages.map(|m| m.len()), Some(1));
+        let o = r.options;
+        assert_eq!(
+            (o.max_tokens, o.temperature, o.top_k, o.seed, o.penalty_last_n, o.ignore_eos, o.logprobs),
+            (3, 0.0, 1, Some(7), 10, true, 2)
+        );
+        assert_eq!(o.stop, ["\n"]);
+        assert_eq!(o.logit_bias, [(1, f32::NEG_INFINITY), (5, -2.0)]);
+        // null is the same as absent.
+        assert_eq!(o.min_p, GenerateOptions::default().min_p);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_refused() {
+        let err = |json: &str| match parse(json) {
+            Ok(_) => panic!("{json} parsed"),
+            Err(e) => e,
+        };
+        let e = err(r#"{"prompt": "hi", "max_token": 3}"#);
+        assert!(e.contains("unknown field `max_token`") && e.contains("`max_tokens`") && e.contains("`prompt`"), "{e}");
+        let e = err(r#"{"prompt": "hi", "logit_bias": {"x": 1}}"#);
+        assert!(e.contains("logit_bias"), "{e}");
+        err(r#"{"prompt": "hi", "max_tokens": -1}"#);
+        err(r#"{"prompt": "hi", "stop": 5}"#);
+        err(r#"["hi"]"#);
+        err("not json");
+    }
+
+    /// The npm package declares (index.d.ts) and passes on (index.js) every generation option
+    /// under its wire name. `logprobs` is the package's `logprobs` + `top_logprobs`.
+    #[test]
+    fn the_package_names_every_option() {
+        let dts = include_str!("../../../www/index.d.ts");
+        let declared = &dts[dts.find("export interface SamplingOptions").unwrap()..];
+        let declared = &declared[..declared.find("\n}").unwrap()];
+        let js = include_str!("../../../www/index.js");
+        let passed = &js[js.find("const SAMPLING_KEYS = [").unwrap()..];
+        let passed = &passed[..passed.find("];").unwrap()];
+        let options = serde_json::to_value(GenerateOptions::default()).unwrap();
+        for key in options.as_object().unwrap().keys() {
+            assert!(declared.contains(&format!("  {key}?: ")), "index.d.ts SamplingOptions lacks {key}");
+            if key != "logprobs" {
+                assert!(passed.contains(&format!("'{key}'")), "index.js SAMPLING_KEYS lacks {key}");
+            }
+        }
     }
 }

@@ -8,26 +8,39 @@ use serde_json::json;
 use super::load::load;
 use super::CliResult;
 
+/// The defaults of the sampling flags: [`GenerateOptions::default`], llama.cpp's.
+fn defaults() -> GenerateOptions {
+    GenerateOptions::default()
+}
+
 #[derive(Args)]
 pub struct SamplingArgs {
     /// Most tokens to generate.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = defaults().max_tokens)]
     pub max_tokens: usize,
     /// 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = defaults().temperature)]
     pub temperature: f32,
-    #[arg(long, default_value_t = 40)]
+    /// 0 disables top-k.
+    #[arg(long, default_value_t = defaults().top_k)]
     pub top_k: u32,
-    #[arg(long, default_value_t = 0.95)]
+    /// 1 disables top-p.
+    #[arg(long, default_value_t = defaults().top_p)]
     pub top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
+    /// 0 disables min-p.
+    #[arg(long, default_value_t = defaults().min_p)]
     pub min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
+    /// 1 disables the repetition penalty.
+    #[arg(long, default_value_t = defaults().repetition_penalty)]
     pub repetition_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = defaults().frequency_penalty)]
     pub frequency_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = defaults().presence_penalty)]
     pub presence_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    #[arg(long, default_value_t = defaults().penalty_last_n)]
+    pub penalty_last_n: usize,
+    /// Same seed, same tokens (default: drawn from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Stop when the text contains this (repeatable).
@@ -52,10 +65,11 @@ impl SamplingArgs {
             repetition_penalty: self.repetition_penalty,
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
+            penalty_last_n: self.penalty_last_n,
             seed: self.seed,
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
-            ..GenerateOptions::default()
+            ..defaults()
         }
     }
 }
@@ -76,7 +90,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub json: bool,
     /// With --json: the top-N log-probabilities of each generated step.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults().logprobs)]
     pub logprobs: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
@@ -174,4 +188,30 @@ fn to_json(model: &Model, g: &Generation, load_ms: f64) -> serde_json::Value {
         },
         "usage": { "prompt_tokens": g.prompt_tokens.len(), "completion_tokens": g.tokens.len() },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        generate: GenerateArgs,
+    }
+
+    /// No flags: exactly the library's defaults (one source of truth).
+    #[test]
+    fn flag_defaults_are_the_option_defaults() {
+        let cli = Cli::try_parse_from(["kestrel", "hi"]).unwrap();
+        let mut options = cli.generate.sampling.options();
+        options.logprobs = cli.generate.logprobs;
+        assert_eq!(options, GenerateOptions::default());
+        let cli =
+            Cli::try_parse_from(["kestrel", "hi", "--temperature", "0", "--stop", "a", "--stop", "b", "--penalty-last-n", "8"]).unwrap();
+        let options = cli.generate.sampling.options();
+        assert_eq!((options.temperature, options.stop, options.penalty_last_n), (0.0, vec!["a".to_string(), "b".to_string()], 8));
+    }
 }
