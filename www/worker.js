@@ -153,9 +153,6 @@ self.onmessage = async ({ data }) => {
       case 'unload':
         engine?.unload();
         break;
-      case 'info':
-        value = engine ? engine.info() : null;
-        break;
       default:
         throw Object.assign(new Error(`unknown message ${type}`), { code: 'internal' });
     }

@@ -14,8 +14,6 @@ pub enum ModelError {
     ContextOverflow { needed: usize, context: usize },
     #[error("invalid option {name}: {reason}")]
     InvalidOption { name: &'static str, reason: String },
-    #[error("generation aborted")]
-    Aborted,
     #[error(transparent)]
     Gguf(#[from] kestrel_gguf::GgufError),
     #[error(transparent)]
@@ -33,7 +31,6 @@ impl ModelError {
             Self::UnsupportedQuant { .. } => "unsupported_quant",
             Self::ContextOverflow { .. } => "context_overflow",
             Self::InvalidOption { .. } => "invalid_option",
-            Self::Aborted => "aborted",
             Self::Tokenizer(_) => "tokenizer",
             Self::Gpu(G::NoAdapter(_)) => "no_webgpu",
             Self::Gpu(G::Limit { .. }) | Self::Gpu(G::DeviceRequest(_)) => "device_limits",

@@ -18,7 +18,7 @@ pub use config::{Arch, GateActivation, ModelConfig};
 pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};
 pub use kestrel_tokenizer::ChatMessage;
-pub use load::{LoadOptions, LoadPhase, LoadProgress, ModelLoader};
+pub use load::{LoadOptions, LoadProgress, ModelLoader};
 pub use model::{FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD};
 pub use options::GenerateOptions;
 

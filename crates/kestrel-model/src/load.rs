@@ -29,18 +29,9 @@ impl Default for LoadOptions {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LoadPhase {
-    /// Receiving and uploading tensor bytes.
-    Upload,
-    /// Binding kernels and compiling pipelines.
-    Compile,
-    Ready,
-}
-
+/// How far the upload of a model has come (binding and compiling follow in `finish`).
 #[derive(Clone, Copy, Debug)]
 pub struct LoadProgress {
-    pub phase: LoadPhase,
     pub bytes_received: u64,
     pub tensors_loaded: usize,
     pub tensors_total: usize,
@@ -103,7 +94,7 @@ impl ModelLoader {
 
     pub fn progress(&self) -> LoadProgress {
         let (loaded, total) = self.state.as_ref().map_or((0, 0), |s| (s.tensors_loaded, s.tensors_total));
-        LoadProgress { phase: LoadPhase::Upload, bytes_received: self.bytes_received, tensors_loaded: loaded, tensors_total: total }
+        LoadProgress { bytes_received: self.bytes_received, tensors_loaded: loaded, tensors_total: total }
     }
 
     /// Ends the stream (an incomplete file is an error naming the tensor) and builds the model.

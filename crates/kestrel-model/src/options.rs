@@ -259,7 +259,8 @@ mod tests {
         let vocab = 10_000;
         let bias = |n: usize| (0..n as u32).map(|id| (id, -1.0)).collect::<Vec<_>>();
         let stops = |n: usize| (0..n).map(|i| format!("stop{i}")).collect::<Vec<_>>();
-        let limits: Vec<(&str, Box<dyn Fn(usize) -> GenerateOptions>, usize)> = vec![
+        type Make = Box<dyn Fn(usize) -> GenerateOptions>;
+        let limits: Vec<(&str, Make, usize)> = vec![
             ("penalty_last_n", Box::new(|n| GenerateOptions { penalty_last_n: n, ..Default::default() }), MAX_PENALTY_WINDOW),
             ("logit_bias", Box::new(move |n| GenerateOptions { logit_bias: bias(n), ..Default::default() }), MAX_LOGIT_BIAS),
             ("stop", Box::new(move |n| GenerateOptions { stop: stops(n), ..Default::default() }), MAX_STOP_STRINGS),

@@ -245,7 +245,6 @@ impl State {
 
 fn progress_js(p: &LoadProgress) -> JsValue {
     to_js(&json!({
-        "phase": format!("{:?}", p.phase).to_lowercase(),
         "bytes_received": p.bytes_received,
         "tensors_loaded": p.tensors_loaded,
         "tensors_total": p.tensors_total,
@@ -313,7 +312,7 @@ impl Engine {
 
     /// Feeds the next bytes of a GGUF file. The first chunk starts a new load (dropping any
     /// loaded model first, so its GPU memory is free). Returns the progress:
-    /// `{phase, bytes_received, tensors_loaded, tensors_total}`. After an error the load is
+    /// `{bytes_received, tensors_loaded, tensors_total}`. After an error the load is
     /// abandoned; the next chunk starts a new one.
     #[wasm_bindgen(js_name = loadChunk)]
     pub fn load_chunk(&self, bytes: &[u8]) -> Result<JsValue, JsValue> {
@@ -386,17 +385,6 @@ impl Engine {
             s.unload_pending.set(true);
         }
         s.drop_model();
-    }
-
-    /// `{gpu: {adapter, backend, driver, features, limits}, model: {...} | null, version}`.
-    pub fn info(&self) -> JsValue {
-        self.state.info()
-    }
-
-    /// Whether a model is loaded.
-    #[wasm_bindgen(getter)]
-    pub fn loaded(&self) -> bool {
-        self.state.model_info.borrow().is_some()
     }
 }
 
