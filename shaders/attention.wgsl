@@ -47,6 +47,16 @@ fn in_window(query_pos: u32, key_pos: u32) -> bool {
     return params.window == 0u || query_pos - key_pos < params.window;
 }
 
+// The first chunk of CHUNK positions holding a key the decode query (at step.pos) sees: chunks
+// wholly before a sliding window are neither dispatched nor combined (the Rust side's
+// `DecodeAttention::workgroups` counts the same chunks).
+fn first_decode_chunk() -> u32 {
+    if (params.window == 0u || step.pos + 1u <= params.window) {
+        return 0u;
+    }
+    return (step.pos + 1u - params.window) / CHUNK;
+}
+
 #if DECODE_PARTIAL
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> params: Params;
@@ -80,7 +90,7 @@ fn decode_partial(
     sg_lane = lane;
     sg_size = size;
 #endif
-    let chunk = wg.x;
+    let chunk = first_decode_chunk() + wg.x;
     let h = wg.y;
     let kvh = kv_head(h);
     let n_keys = min(step.pos + 1u, params.max_ctx);
@@ -150,13 +160,14 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let h = wg.x;
     let n_chunks = (min(step.pos + 1u, params.max_ctx) + CHUNK - 1u) / CHUNK;
     let first = h * params.max_chunks;
+    let first_chunk = first_decode_chunk();
     var m = NEG_BIG;
-    for (var c = 0u; c < n_chunks; c++) {
+    for (var c = first_chunk; c < n_chunks; c++) {
         m = max(m, partials[(first + c) * (2u + HD)]);
     }
     var l = 0.0;
     var acc = 0.0;
-    for (var c = 0u; c < n_chunks; c++) {
+    for (var c = first_chunk; c < n_chunks; c++) {
         let base = (first + c) * (2u + HD);
         let rescale = exp(partials[base] - m);
         l += partials[base + 1u] * rescale;

@@ -2,8 +2,8 @@
 // of n values. A token has `rows_per_token` rows: 1 for a whole activation row, the head count
 // for a per-head norm (Qwen3's Q/K norm, which normalizes the heads of the fused QKV row in
 // place: IN_PLACE). Tokens 0..step.n_tokens are normalized. With ACCUMULATE the result is added
-// to `out` (Gemma's post-attention and post-FFN norms, added into the hidden state). The sum of squares is reduced with
-// subgroup adds where the device has them, else by a tree in workgroup memory.
+// to `out` (Gemma's post-attention and post-FFN norms, added into the hidden state). The sum of
+// squares is reduced by `workgroup_sum` (reduce.wgsl).
 #include "subgroups"
 #include "step"
 

@@ -78,6 +78,8 @@ pub struct DecodeAttention {
     partial: Dispatch,
     combine: Dispatch,
     n_heads: u32,
+    /// The sliding window, in positions.
+    window: Option<u32>,
 }
 
 /// Prefill attention bound to one layer: one workgroup per (tile of queries, head).
@@ -124,6 +126,7 @@ impl AttentionKernel {
         scores: &Scores,
     ) -> Result<DecodeAttention, GpuError> {
         let params = self.params(q, cache, out, scores)?;
+        let window = (params.window > 0).then_some(params.window);
         let partials_len = params.n_heads as usize * params.max_chunks as usize * (2 + self.head_dim);
         let partials = Tensor::zeros(gpu, "attention.partials", &[partials_len], DType::F32)?;
         let params = gpu.uniform_buffer("attention.params", bytemuck::bytes_of(&params));
@@ -154,7 +157,7 @@ impl AttentionKernel {
             ],
             [n_heads, 1, 1],
         );
-        Ok(DecodeAttention { partial, combine, n_heads })
+        Ok(DecodeAttention { partial, combine, n_heads, window })
     }
 
     /// Binds the prefill kernel: query row `t` of `q` (f32 `[rows, n_heads * head_dim]`, at
@@ -222,9 +225,12 @@ impl AttentionKernel {
 }
 
 impl DecodeAttention {
-    /// The grid of the partial kernel for a cache of `kv_len` valid positions (`step.pos + 1`).
+    /// The grid of the partial kernel for a cache of `kv_len` valid positions (`step.pos + 1`):
+    /// the chunks from the one holding the sliding window's first key (shaders/attention.wgsl
+    /// `first_decode_chunk`) to the last.
     pub fn workgroups(&self, kv_len: u32) -> [u32; 3] {
-        [kv_len.div_ceil(DECODE_CHUNK), self.n_heads, 1]
+        let first = self.window.map_or(0, |w| kv_len.saturating_sub(w) / DECODE_CHUNK);
+        [kv_len.div_ceil(DECODE_CHUNK) - first, self.n_heads, 1]
     }
 }
 
