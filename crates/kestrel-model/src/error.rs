@@ -31,6 +31,9 @@ impl ModelError {
             Self::UnsupportedQuant { .. } => "unsupported_quant",
             Self::ContextOverflow { .. } => "context_overflow",
             Self::InvalidOption { .. } => "invalid_option",
+            // The model's chat template failed while rendering a request: its own code, so that a
+            // page can tell a hostile or broken template from a tokenizer fault.
+            Self::Tokenizer(kestrel_tokenizer::TokenizerError::Template(_)) => "template",
             Self::Tokenizer(_) => "tokenizer",
             Self::Gpu(G::NoAdapter(_)) => "no_webgpu",
             Self::Gpu(G::Limit { .. }) | Self::Gpu(G::DeviceRequest(_)) => "device_limits",

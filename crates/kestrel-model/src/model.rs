@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
 use crate::config::ModelConfig;
+use crate::error::bad_model;
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
 use crate::options::GenerateOptions;
 use crate::penalties::PenaltyPolicy;
@@ -113,7 +114,8 @@ pub const DEFAULT_DECODE_RUN_AHEAD: usize = 3;
 
 impl Model {
     pub(crate) fn new(graph: Graph, tokenizer: Tokenizer) -> Result<Self, ModelError> {
-        let template = ChatTemplate::for_tokenizer(&tokenizer)?;
+        // A template that does not even compile is a broken file, found before any request.
+        let template = ChatTemplate::for_tokenizer(&tokenizer).map_err(|e| bad_model(e.to_string()))?;
         Ok(Self { graph, tokenizer, template, cached: Vec::new(), run_ahead: DEFAULT_DECODE_RUN_AHEAD })
     }
 

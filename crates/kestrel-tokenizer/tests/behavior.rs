@@ -210,8 +210,67 @@ fn chat_template_errors_are_errors() {
     let tpl = ChatTemplate::new("{{ messages[5].content }}", "", "").unwrap();
     // Undefined access renders empty (lenient, like jinja2) or errors; never panics.
     let _ = tpl.render(&[], true);
-    let tpl = ChatTemplate::new("{% for i in range(1000000000) %}{{ i }}{% endfor %}", "", "").unwrap();
-    assert!(tpl.render(&[], true).is_err(), "runaway templates are stopped");
+}
+
+/// Renders `src` over a short conversation and returns the template error's message; any other
+/// outcome fails the test.
+fn hostile_render_error(src: &str) -> String {
+    let tpl = ChatTemplate::new(src, "<s>", "</s>").unwrap_or_else(|e| panic!("{src:?} should compile: {e}"));
+    let msgs = [ChatMessage::new("user", "hello")];
+    match tpl.render(&msgs, true) {
+        Err(TokenizerError::Template(msg)) => msg,
+        Err(other) => panic!("{src:?}: not a template error: {other}"),
+        Ok(out) => panic!("{src:?} rendered {} bytes instead of failing", out.len()),
+    }
+}
+
+#[test]
+fn hostile_templates_fail_with_a_template_error() {
+    // Runaway loops run out of fuel, however they are nested.
+    let msg = hostile_render_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}");
+    assert!(msg.contains("fuel"), "{msg}");
+    let msg = hostile_render_error("{% for m in messages * 100000 %}{% for c in m.content * 100000 %}{% endfor %}{% endfor %}");
+    assert!(msg.contains("fuel") || msg.contains("too large"), "{msg}");
+    // Unbounded recursion, through a macro or through the template including itself, stops at the
+    // recursion limit.
+    let msg = hostile_render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+    assert!(msg.contains("recursion"), "{msg}");
+    let msg = hostile_render_error("x{% include 'chat' %}");
+    assert!(msg.contains("recursion"), "{msg}");
+    // A huge string in one operation is refused by minijinja; many big strings written out are
+    // refused by the output bound, long before they exhaust memory.
+    let msg = hostile_render_error("{{ 'x' * 1000000000000 }}");
+    assert!(msg.contains("too large"), "{msg}");
+    let msg = hostile_render_error("{% for i in range(1000) %}{{ 'x' * 10000000 }}{% endfor %}");
+    assert!(msg.contains("exceed"), "{msg}");
+    // Reading through something undefined is an error (printing an undefined name alone renders
+    // nothing, as in jinja2, which real templates rely on for optional variables like `tools`).
+    let msg = hostile_render_error("{{ messages[7].content.strip() }}");
+    assert!(msg.contains("undefined"), "{msg}");
+    assert_eq!(ChatTemplate::new("[{{ tools }}]", "", "").unwrap().render(&[], false).unwrap(), "[]");
+}
+
+#[test]
+fn template_recursion_limit_fits_a_wasm_worker_stack() {
+    // A wasm worker has a 1 MiB stack: the deepest recursion a template is allowed must fit in
+    // it. Natively in a debug build (larger frames than wasm's release build) on a 1 MiB thread.
+    let handle = std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(|| hostile_render_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"))
+        .expect("spawn a thread with a 1 MiB stack");
+    let msg = handle.join().expect("the render returned instead of overflowing the stack");
+    assert!(msg.contains("recursion"), "{msg}");
+}
+
+#[test]
+fn real_template_fuel_and_output_are_far_from_the_limits() {
+    // The default model's template over a long conversation stays within the bounds that stop
+    // hostile templates: 2,000 messages of 1 KiB.
+    let tpl = ChatTemplate::for_tokenizer(tok()).unwrap();
+    let msgs: Vec<ChatMessage> =
+        (0..2000).map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "word ".repeat(205))).collect();
+    let out = tpl.render(&msgs, true).expect("a long real conversation renders");
+    assert!(out.len() > 2000 * 1024);
 }
 
 #[test]
