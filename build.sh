@@ -110,7 +110,8 @@ browser_tests() {
   # The random-weight qwen3 model the suite serves: written by the native test that uses it
   # (which checks its sha256 against the file llama.cpp's reference was made from).
   cargo test -p kestrel-model --test greedy synthetic_model_features_change_llama_cpp_output
-  cp "$target_dir/tmp/synthetic-qwen3-f32.gguf" models/
+  cargo test -p kestrel-model --test bad_models hostile_chat_template_fails_the_request_not_the_model
+  cp "$target_dir/tmp/synthetic-qwen3-f32.gguf" "$target_dir/tmp/synthetic-qwen3-runaway-template.gguf" models/
   (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" node --test --test-concurrency=1 --test-reporter=spec)
 }
 

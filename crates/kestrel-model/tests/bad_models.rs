@@ -154,7 +154,11 @@ fn synthetic_with_template(template: &str) -> Vec<u8> {
 fn hostile_chat_template_fails_the_request_not_the_model() {
     use kestrel_model::{ChatMessage, GenerateOptions, Prompt};
     let runaway = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
-    let mut model = load_bytes(&synthetic_with_template(runaway), 1 << 20).expect("the file itself is sound");
+    let bytes = synthetic_with_template(runaway);
+    // The browser suite serves the same file (./build.sh copies it from here).
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("synthetic-qwen3-runaway-template.gguf");
+    std::fs::write(&path, &bytes).expect("write the runaway-template model for the browser suite");
+    let mut model = load_bytes(&bytes, 1 << 20).expect("the file itself is sound");
     let err = model.encode(&Prompt::Chat(&[ChatMessage::new("user", "hi")])).expect_err("a runaway template must fail");
     assert_eq!(err.code(), "template", "{err}");
     assert!(err.to_string().contains("fuel"), "{err}");
