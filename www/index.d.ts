@@ -4,7 +4,7 @@
 export interface KestrelError extends Error {
   code:
     | 'no_webgpu' | 'bad_model' | 'unsupported_quant' | 'device_limits' | 'context_overflow'
-    | 'invalid_option' | 'tokenizer' | 'template' | 'gpu' | 'fetch_failed' | 'no_model' | 'busy'
+    | 'invalid_option' | 'tokenizer' | 'template' | 'gpu' | 'device_lost' | 'out_of_memory' | 'fetch_failed' | 'no_model' | 'busy'
     | 'worker_error' | 'unloaded' | 'internal' | (string & {});
 }
 

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::faults::DeviceFaults;
 use crate::{GpuError, PipelineCache};
 
 /// What the caller allows the runtime to use. Tests force features off to cover the fallbacks.
@@ -109,6 +110,7 @@ pub struct Gpu {
     pub features: GpuFeatures,
     pub info: Arc<GpuInfo>,
     pub pipelines: PipelineCache,
+    faults: DeviceFaults,
 }
 
 impl Gpu {
@@ -190,7 +192,14 @@ impl Gpu {
             kernels,
         };
         let pipelines = PipelineCache::new(device.clone(), features);
-        Ok(Self { device, queue, limits, features, info: Arc::new(info), pipelines })
+        let faults = DeviceFaults::install(&device);
+        Ok(Self { device, queue, limits, features, info: Arc::new(info), pipelines, faults })
+    }
+
+    /// Fails with the fault the device reported since the last check, if any: `DeviceLost` (on
+    /// every check from then on), `OutOfMemory` or `Device` (once).
+    pub fn check_faults(&self) -> Result<(), GpuError> {
+        self.faults.check()
     }
 
     /// Largest byte size one storage binding may have on this device.

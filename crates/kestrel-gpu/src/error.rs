@@ -21,6 +21,12 @@ pub enum GpuError {
     UnsupportedWeights(String),
     #[error("invalid kernel arguments: {0}")]
     InvalidArgs(String),
+    #[error("the GPU device was lost ({0}); load the model again")]
+    DeviceLost(String),
+    #[error("the GPU is out of memory: {0}")]
+    OutOfMemory(String),
+    #[error("GPU error: {0}")]
+    Device(String),
     #[error(transparent)]
     Weights(#[from] kestrel_gguf::GgufError),
 }

@@ -6,6 +6,7 @@
 
 mod device;
 mod error;
+mod faults;
 mod pipeline;
 mod preprocess;
 mod readback;

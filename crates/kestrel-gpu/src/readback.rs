@@ -56,7 +56,13 @@ impl Readback {
             .map_err(|e| GpuError::Readback(e.to_string()))?;
         #[cfg(target_arch = "wasm32")]
         let _ = (gpu, submission);
-        signal.await.map_err(|e| GpuError::Readback(e.to_string()))?;
+        if let Err(e) = signal.await {
+            // A map fails when the device is lost; natively wgpu reports the loss only once the
+            // queue has drained, so drain it: the caller's fault check then names the loss.
+            #[cfg(not(target_arch = "wasm32"))]
+            let _ = gpu.device.poll(wgpu::PollType::wait_indefinitely());
+            return Err(GpuError::Readback(e.to_string()));
+        }
         let bytes = slice.get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?.to_vec();
         self.buffer.unmap();
         Ok(bytes)

@@ -38,6 +38,8 @@ impl ModelError {
             Self::Gpu(G::NoAdapter(_)) => "no_webgpu",
             Self::Gpu(G::Limit { .. }) | Self::Gpu(G::DeviceRequest(_)) => "device_limits",
             Self::Gpu(G::Weights(_)) => "bad_model",
+            Self::Gpu(G::DeviceLost(_)) => "device_lost",
+            Self::Gpu(G::OutOfMemory(_)) => "out_of_memory",
             Self::Gpu(G::UnsupportedWeights(_)) => "unsupported_quant",
             Self::Gpu(_) => "gpu",
         }

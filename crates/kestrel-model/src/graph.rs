@@ -366,7 +366,10 @@ impl Graph {
     pub async fn read_token(&self, slot: usize) -> Result<(u32, f32), GpuError> {
         let slot = slot % TOKEN_SLOTS;
         let submission = self.token_submissions.lock().ok().and_then(|s| s[slot].clone());
-        let bytes = self.token_readbacks[slot].read_after(&self.gpu, 8, submission).await?;
+        let read = self.token_readbacks[slot].read_after(&self.gpu, 8, submission).await;
+        // A fault on the device explains a failed read, and makes a successful one untrustworthy.
+        self.gpu.check_faults()?;
+        let bytes = read?;
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
         match words.as_slice() {
             [id, prob] => Ok((*id, f32::from_bits(*prob))),
@@ -376,6 +379,8 @@ impl Graph {
 
     /// The logits copied by the last `TokenAndLogits` step.
     pub async fn read_logits(&self) -> Result<Vec<f32>, GpuError> {
-        self.logits_readback.read_f32(&self.gpu, self.act.logits.byte_size()).await
+        let read = self.logits_readback.read_f32(&self.gpu, self.act.logits.byte_size()).await;
+        self.gpu.check_faults()?;
+        read
     }
 }

@@ -282,6 +282,9 @@ impl Loading {
         let rope = c.rope_config(c.rope_factors_role(max_ctx).map(&mut take_vector).transpose()?)?;
         let weights = Weights { embedding, output_norm: upload("output_norm", take_vector(Role::OutputNorm)?)?, output, layers };
         let graph = Graph::new(gpu, c, weights, &rope, max_ctx, options.max_chunk.min(max_ctx)).await?;
+        // A buffer the device failed to allocate, or a loss during the upload, fails the load here
+        // rather than the first request.
+        gpu.check_faults()?;
         Model::new(graph, self.tokenizer)
     }
 }

@@ -242,6 +242,20 @@ impl Model {
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Generation, ModelError> {
+        let generation = self.run_generation(prompt, options, on_token).await;
+        if generation.is_err() {
+            // The failed steps may have left KV rows unwritten: the next request prefills anew.
+            self.cached.clear();
+        }
+        generation
+    }
+
+    async fn run_generation(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_token: &mut dyn FnMut(&TokenEvent) -> bool,
+    ) -> Result<Generation, ModelError> {
         options.validate(self.graph.config.vocab)?;
         self.check_prompt(prompt)?;
         let gpu = self.graph.gpu.clone();
@@ -342,6 +356,9 @@ impl Model {
                 on_token(&TokenEvent { id: None, text: rest, logprobs: None });
             }
         }
+        // A fault reported after the last read (the browser delivers them as events) still fails
+        // this request rather than the next.
+        gpu.check_faults()?;
         let decode_secs = decode_start.elapsed().as_secs_f64();
         let prefill_tokens = prompt.len() - reused;
         let decode_tokens = generated.len().saturating_sub(1);

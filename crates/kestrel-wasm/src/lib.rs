@@ -10,7 +10,6 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
 
 use js_sys::{Function, Promise};
 use kestrel_gpu::{Gpu, GpuOptions};
@@ -45,14 +44,6 @@ fn install_panic_hook() {
             web_sys::console::error_1(&JsValue::from_str(&format!("kestrel panicked (a bug, please report it): {info}")));
         }));
     });
-}
-
-/// GPU errors nobody captured (validation errors outside an error scope). Recorded here and
-/// turned into a `gpu` error at the end of the call that caused them.
-static UNCAPTURED: Mutex<Option<String>> = Mutex::new(None);
-
-fn take_uncaptured() -> Option<String> {
-    UNCAPTURED.lock().ok()?.take()
 }
 
 /// A generation request: a raw `prompt` or chat `messages`, and the generation options in
@@ -127,9 +118,6 @@ impl State {
     async fn finish_load(&self) -> Result<JsValue, JsValue> {
         let loader = self.loader.borrow_mut().take().ok_or_else(|| js_error("bad_model", "bad model file: no bytes were loaded"))?;
         let model = loader.finish().await.map_err(|e| model_error(&e))?;
-        if let Some(message) = take_uncaptured() {
-            return Err(js_error("gpu", &format!("GPU error while loading: {message}")));
-        }
         let c = model.config();
         let info = json!({
             "name": c.name,
@@ -233,9 +221,6 @@ impl State {
         if let Some(e) = thrown {
             return Err(e);
         }
-        if let Some(message) = take_uncaptured() {
-            return Err(js_error("gpu", &format!("GPU error during generation: {message}")));
-        }
         let g = generation.map_err(|e| model_error(&e))?;
         // `{text, prompt_token_ids, token_ids, finish_reason, logprobs, timings}`: Generation's
         // wire form.
@@ -297,13 +282,6 @@ impl Engine {
             }
         }
         let gpu = Gpu::new(&gpu_options).await.map_err(|e| model_error(&ModelError::Gpu(e)))?;
-        gpu.device.on_uncaptured_error(Arc::new(|error: wgpu::Error| {
-            let message = error.to_string();
-            web_sys::console::error_1(&JsValue::from_str(&format!("kestrel: uncaptured GPU error: {message}")));
-            if let Ok(mut slot) = UNCAPTURED.lock() {
-                slot.get_or_insert(message);
-            }
-        }));
         let state = State::default();
         *state.gpu.borrow_mut() = Some(gpu);
         *state.load_options.borrow_mut() = load_options;
