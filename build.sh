@@ -6,6 +6,8 @@
 #   ./build.sh bench [options]   the benchmark suite: Kestrel native and in headless Chrome, llama.cpp
 #                                and wllama on the same GGUF (bench/run.mjs; options: see its header)
 #   ./build.sh test-native       the native tests only (`cargo test --workspace`)
+#   ./build.sh soak [N] [C]      the long reliability runs: N requests (default 1000) from two clients
+#                                with aborts, C load/unload cycles (default 100); `test` runs short ones
 #   ./build.sh test-browser      the browser end-to-end tests only
 #   ./build.sh setup             install what building and testing needs (system packages)
 #   ./build.sh setup-web         install what the wasm build and browser tests need
@@ -176,6 +178,11 @@ case "$cmd" in
     setup_web
     browser_tests
     ;;
+  soak)
+    setup
+    KESTREL_SOAK_REQUESTS=${1:-1000} KESTREL_LEAK_CYCLES=${2:-100} \
+      cargo test --workspace --test soak --test leaks -- --nocapture --test-threads=1
+    ;;
   bench)
     # `kestrel bench kernels` times each kernel on its own; this runs the models end to end.
     setup
@@ -185,7 +192,7 @@ case "$cmd" in
     bench "$@"
     ;;
   *)
-    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | bench | setup | setup-web | wasm | demo [port]]" >&2
+    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | soak [requests] [cycles] | bench | setup | setup-web | wasm | demo [port]]" >&2
     exit 2
     ;;
 esac

@@ -202,6 +202,13 @@ impl Gpu {
         self.faults.check()
     }
 
+    /// Bytes of device memory held by live allocations, as the backend's allocator reports it;
+    /// None where the backend keeps no report (the browser's WebGPU). Dropped buffers are freed
+    /// when the device is next polled.
+    pub fn allocated_bytes(&self) -> Option<u64> {
+        self.device.generate_allocator_report().map(|report| report.total_allocated_bytes)
+    }
+
     /// Largest byte size one storage binding may have on this device.
     pub fn max_binding_size(&self) -> u64 {
         self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)

@@ -115,6 +115,15 @@ fn unsupported_head_dim_is_refused_from_the_header() {
     assert!(err.to_string().contains("unsupported architecture") && err.to_string().contains("head_dim 144"), "{err}");
 }
 
+/// An architecture Kestrel does not run is refused from the header, naming it and the ones it runs.
+#[test]
+fn unknown_architecture_is_refused_from_the_header() {
+    let bytes = header_with(|md, _| md.set("general.architecture", MetadataValue::String("mamba".into())));
+    let err = load_bytes(&bytes, 1 << 20).err().expect("an unknown architecture must be refused");
+    assert_eq!(err.code(), "bad_model", "{err}");
+    assert!(err.to_string().contains("\"mamba\"") && err.to_string().contains("qwen3"), "{err}");
+}
+
 #[test]
 fn unsupported_tensor_type_is_refused_before_upload() {
     // An i-quant, which no GPU kernel reads.

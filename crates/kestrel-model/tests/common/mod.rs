@@ -39,6 +39,19 @@ pub fn load_on(gpu: &Gpu, path: &std::path::Path, context: usize) -> Model {
     pollster::block_on(kestrel_model::load_file(gpu, path, options, &mut |_| {})).expect("load the model")
 }
 
+/// The process's resident memory in bytes (Linux: /proc/self/statm, in pages of 4 KiB).
+pub fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
+    let pages: u64 = statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("the resident page count");
+    pages * 4096
+}
+
+/// Device memory in live allocations once the buffers already dropped are freed.
+pub fn settled_gpu_bytes(gpu: &Gpu) -> u64 {
+    gpu.device.poll(kestrel_gpu::wgpu::PollType::wait_indefinitely()).expect("poll the device");
+    gpu.allocated_bytes().expect("lavapipe's Vulkan backend reports its allocations")
+}
+
 /// llama.cpp's Q4_K_M of the default model, made by scripts/make-q4-k-m.sh.
 pub fn q4_k_m_model_path() -> PathBuf {
     let path = repo_root().join("models/SmolLM2-135M-Instruct.Q4_K_M.gguf");
