@@ -6,7 +6,7 @@ use kestrel_model::{ChatMessage, Prompt};
 
 use super::generate::{generate, print_stats, SamplingArgs};
 use super::load::load;
-use super::CliResult;
+use super::{coded, CliResult};
 
 #[derive(Args)]
 pub struct ChatArgs {
@@ -35,7 +35,7 @@ pub fn run(args: ChatArgs) -> CliResult {
             return Ok(());
         }
         messages.push(ChatMessage::new("user", line.trim_end()));
-        let ids = loaded.model.encode(&Prompt::Chat(&messages))?;
+        let ids = loaded.model.encode(&Prompt::Chat(&messages)).map_err(coded)?;
         let generation = generate(&mut loaded.model, &ids, &options, true)?;
         println!();
         print_stats(&generation, loaded.load_ms);

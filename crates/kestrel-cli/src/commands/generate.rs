@@ -6,7 +6,7 @@ use kestrel_model::{ChatMessage, GenerateOptions, Generation, Model, Prompt};
 use serde_json::json;
 
 use super::load::load;
-use super::CliResult;
+use super::{coded, CliResult};
 
 /// The defaults of the sampling flags: [`GenerateOptions::default`], llama.cpp's.
 fn defaults() -> GenerateOptions {
@@ -112,7 +112,7 @@ pub fn run(args: GenerateArgs) -> CliResult {
         (None, true) => Prompt::Text(&text),
         (None, false) => Prompt::Chat(&user),
     };
-    let ids = loaded.model.encode(&prompt)?;
+    let ids = loaded.model.encode(&prompt).map_err(coded)?;
     let mut options = args.sampling.options();
     options.logprobs = args.logprobs;
     let stream = !args.json;
@@ -136,7 +136,7 @@ pub fn generate(model: &mut Model, ids: &[u32], options: &GenerateOptions, strea
         }
         true
     }))
-    .map_err(|e| format!("{e} [{}]", e.code()))?;
+    .map_err(coded)?;
     Ok(generation)
 }
 

@@ -8,6 +8,8 @@ use std::time::Instant;
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::{LoadOptions, LoadProgress, Model};
 
+use super::coded;
+
 pub struct Loaded {
     pub model: Model,
     pub load_ms: f64,
@@ -15,7 +17,7 @@ pub struct Loaded {
 
 pub fn load(path: &Path, context: Option<usize>, quiet: bool) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
-    let gpu = Gpu::new_blocking(&GpuOptions::default())?;
+    let gpu = Gpu::new_blocking(&GpuOptions::default()).map_err(|e| coded(e.into()))?;
     let total = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
     let options = LoadOptions { context_length: context, ..LoadOptions::default() };
     let show_bar = !quiet && std::io::stderr().is_terminal();
@@ -24,7 +26,7 @@ pub fn load(path: &Path, context: Option<usize>, quiet: bool) -> Result<Loaded, 
             draw_bar(p.bytes_received, total);
         }
     };
-    let model = pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut bar)).map_err(|e| format!("{} [{}]", e, e.code()))?;
+    let model = pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut bar)).map_err(coded)?;
     if !quiet {
         eprintln!(
             "\rloaded {} ({}, {} layers) on {} in {:.2} s",
@@ -44,10 +46,9 @@ pub fn load_synthetic(
     context: Option<usize>,
 ) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
-    let gpu = Gpu::new_blocking(&GpuOptions::default())?;
+    let gpu = Gpu::new_blocking(&GpuOptions::default()).map_err(|e| coded(e.into()))?;
     let options = LoadOptions { context_length: context, ..LoadOptions::default() };
-    let model = pollster::block_on(kestrel_model::synthetic::load_synthetic(&gpu, shape, 1, options))
-        .map_err(|e| format!("{} [{}]", e, e.code()))?;
+    let model = pollster::block_on(kestrel_model::synthetic::load_synthetic(&gpu, shape, 1, options)).map_err(coded)?;
     eprintln!(
         "made and loaded synthetic {} ({} layers) on {} in {:.2} s",
         shape.name,

@@ -8,3 +8,8 @@ pub mod tokenize;
 
 /// Errors of the CLI are shown to a person: a message is all they need.
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A model error as the CLI shows it: the message, then its stable code in brackets.
+pub fn coded(e: kestrel_model::ModelError) -> String {
+    format!("{e} [{}]", e.code())
+}

@@ -1,0 +1,59 @@
+//! The CLI as a person runs it: a bad model or request ends the command with a message that
+//! carries the error's stable code, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kestrel_gguf::{GgufWriter, MetadataValue, TensorSpec};
+
+fn default_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// The default model with its chat template replaced by `template`, written to the test folder.
+fn with_template(template: &str, name: &str) -> PathBuf {
+    let (header, tensors) = kestrel_gguf::read_file(&default_model()).expect("read the default model (./build.sh setup)");
+    let mut metadata = header.metadata.clone();
+    metadata.set("tokenizer.chat_template", MetadataValue::String(template.into()));
+    let specs: Vec<TensorSpec> =
+        header.tensors.iter().map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type }).collect();
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let file = std::io::BufWriter::new(std::fs::File::create(&path).expect("create the model file"));
+    let mut writer = GgufWriter::new(file, &metadata, &specs).expect("write the header");
+    for data in &tensors {
+        writer.write_tensor(data).expect("write a tensor");
+    }
+    writer.finish().expect("finish the file");
+    path
+}
+
+/// Runs `kestrel generate` with `args`; returns whether it succeeded and its stderr.
+fn generate(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kestrel")).arg("generate").args(args).output().expect("run kestrel");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn runaway_chat_template_is_a_template_error_and_raw_prompts_still_run() {
+    let model =
+        with_template("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "cli-runaway-template.gguf");
+    let model = model.to_str().expect("a UTF-8 path");
+    let (ok, stderr) = generate(&["-m", model, "--max-tokens", "2", "Hello"]);
+    assert!(!ok, "a runaway template must fail the command");
+    assert!(stderr.contains("[template]") && stderr.contains("fuel"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // The same file with a raw prompt needs no template.
+    let (ok, stderr) = generate(&["-m", model, "--raw", "--max-tokens", "2", "--temperature", "0", "Hello"]);
+    assert!(ok, "{stderr}");
+}
+
+#[test]
+fn broken_files_and_bad_options_carry_their_codes() {
+    let garbage = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-garbage.gguf");
+    std::fs::write(&garbage, b"not a gguf file at all").expect("write the garbage file");
+    let (ok, stderr) = generate(&["-m", garbage.to_str().expect("a UTF-8 path"), "Hello"]);
+    assert!(!ok && stderr.contains("[bad_model]"), "{stderr}");
+    let model = default_model();
+    let (ok, stderr) = generate(&["-m", model.to_str().expect("a UTF-8 path"), "--top-p", "1.5", "Hello"]);
+    assert!(!ok && stderr.contains("[invalid_option]") && stderr.contains("top_p"), "{stderr}");
+}
