@@ -10,6 +10,7 @@ use kestrel_tokenizer::{ChatMessage, ChatTemplate};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    kestrel_fuzz::report_stack_overflows();
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };

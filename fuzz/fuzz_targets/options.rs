@@ -38,6 +38,7 @@ fn check(options: &GenerateOptions) {
 }
 
 fuzz_target!(|data: &[u8]| {
+    kestrel_fuzz::report_stack_overflows();
     if let Ok(options) = serde_json::from_slice::<GenerateOptions>(data) {
         check(&options);
     }

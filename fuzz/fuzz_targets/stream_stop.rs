@@ -47,6 +47,7 @@ fn case(u: &mut Unstructured<'_>, vocab: usize) -> Result<Case> {
 }
 
 fuzz_target!(|data: &[u8]| {
+    kestrel_fuzz::report_stack_overflows();
     let tok = kestrel_fuzz::tokenizer();
     let Ok(Case { ids, stops }) = case(&mut Unstructured::new(data), tok.vocab_size()) else {
         return;

@@ -3,9 +3,10 @@
 //!
 //! Byte-level BPE normalizes nothing, and special-token text (`<|im_start|>`...) becomes the
 //! special token, which decodes to that same text; but a byte has a token only if the
-//! vocabulary has one, and SmolLM2's lacks 21 of the 256 (six control characters, 0xC0, 0xC1
-//! and 0xF1-0xFF, i.e. the lead bytes of planes 4-16). Encoding drops such a byte, as the BPE
-//! model does for a symbol with no token and no unknown token (llama.cpp drops it too). So the
+//! vocabulary has one, and SmolLM2's lacks 21 of the 256: six control characters (U+0004,
+//! U+0006, U+0013, U+0014, U+0016, U+001D), the lead bytes 0xF1 and 0xF2 (planes 4 to 11, all
+//! unassigned) and bytes no UTF-8 text holds. Encoding drops such a byte, as the BPE model does
+//! for a symbol with no token and no unknown token (llama.cpp drops it too). So the
 //! strongest true property, asserted here: decoding gives back exactly the text's bytes less
 //! the ones with no token (then read as UTF-8, invalid sequences as U+FFFD); the text itself
 //! when it has no such byte.
@@ -31,6 +32,7 @@ fn byte_has_token(tok: &Tokenizer) -> &'static [bool; 256] {
 }
 
 fuzz_target!(|data: &[u8]| {
+    kestrel_fuzz::report_stack_overflows();
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };

@@ -41,6 +41,34 @@ fn read_header() -> Result<GgufHeader, String> {
     }
 }
 
+/// Makes a stack overflow a reported crash. libFuzzer's SIGSEGV handler runs on the stack that
+/// overflowed, so it faults again and the process dies without saving the input; on a stack of
+/// its own (`sigaltstack`, with `SA_ONSTACK` added to libFuzzer's handler) it reports the crash
+/// and writes the input to the artifacts. Call it from the target: libFuzzer installs its
+/// handlers after `LLVMFuzzerInitialize`.
+pub fn report_stack_overflows() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // The alternate stack lives as long as the process: leaked on purpose.
+        let stack: &'static mut [u8] = Box::leak(vec![0u8; 1 << 20].into_boxed_slice());
+        // SAFETY: `stack` outlives every signal; the sigaction structs are plain data that
+        // `sigaction` fills or reads.
+        unsafe {
+            let alt = libc::stack_t { ss_sp: stack.as_mut_ptr().cast(), ss_flags: 0, ss_size: stack.len() };
+            if libc::sigaltstack(&alt, std::ptr::null_mut()) != 0 {
+                return;
+            }
+            for signal in [libc::SIGSEGV, libc::SIGBUS] {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(signal, std::ptr::null(), &mut action) == 0 && action.sa_sigaction != libc::SIG_DFL {
+                    action.sa_flags |= libc::SA_ONSTACK;
+                    libc::sigaction(signal, &action, std::ptr::null_mut());
+                }
+            }
+        }
+    });
+}
+
 /// The default model's tokenizer, built on first use. A fuzz run without the model is
 /// a setup error, so this panics (once, at the first input) rather than fuzz nothing.
 pub fn tokenizer() -> &'static Tokenizer {
