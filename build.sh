@@ -13,6 +13,8 @@
 #   ./build.sh setup-web         install what the wasm build and browser tests need
 #   ./build.sh wasm              build the wasm engine into www/pkg (the npm package's binary)
 #   ./build.sh demo              build everything, fetch the model, serve the chat demo on 127.0.0.1
+#   ./build.sh fuzz [seconds]    build the fuzz targets (fuzz/, on stable Rust) and run each for
+#                                `seconds` (default 60); crashes land in fuzz/artifacts/<target>/
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -46,6 +48,8 @@ setup() {
   if command -v rustup >/dev/null && ! rustup component list --installed 2>/dev/null | grep -q '^clippy'; then
     rustup component add clippy
   fi
+  # libfuzzer-sys compiles libFuzzer (C++) for `./build.sh fuzz`.
+  command -v c++ >/dev/null || apt_install g++
   scripts/fetch-model.sh
 }
 
@@ -117,6 +121,66 @@ browser_tests() {
   (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" node --test --test-concurrency=1 --test-reporter=spec)
 }
 
+# Fuzzing (fuzz/, its own cargo workspace) on stable Rust: libfuzzer-sys builds libFuzzer with the
+# C++ compiler, and rustc's stable `-C passes` / `-C llvm-args` add the coverage instrumentation
+# cargo-fuzz adds with `--sanitizer none` (no -Z flag, so no nightly). `--target` keeps the
+# instrumentation off build scripts and proc macros, which run without libFuzzer.
+fuzz_targets=(gguf_stream tokenizer stream_stop chat_template options)
+fuzz_rustflags="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+-Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks"
+
+fuzz_host() {
+  rustc -vV | sed -n 's/^host: //p'
+}
+
+# `build_fuzz PROFILE`: release for fuzzing, smoke (less optimised, quicker to build) for CI.
+build_fuzz() {
+  (cd fuzz && CARGO_TARGET_DIR=target RUSTFLAGS="$fuzz_rustflags" cargo build --profile "$1" --target "$(fuzz_host)" --bins)
+}
+
+# Seeds made from files that are not committed: the first 4 KiB of the default model (the
+# start of its metadata) and the broken-file corpus that kestrel-gguf's tests write.
+fuzz_seeds() {
+  local dir=fuzz/target/seeds/gguf_stream model=models/SmolLM2-135M-Instruct.Q4_1.gguf
+  mkdir -p "$dir"
+  head -c 4096 "$model" >"$dir/smollm2-head.gguf" || return
+  if ! ls "$target_dir"/tmp/broken/*.gguf >/dev/null 2>&1; then
+    cargo test -p kestrel-gguf --test broken >/dev/null || return
+  fi
+  cp "$target_dir"/tmp/broken/*.gguf "$dir/"
+}
+
+# `fuzz_one PROFILE TARGET SECONDS`: runs one target on its corpus (fuzz/corpus/TARGET, kept between
+# runs) and seeds (fuzz/seeds/TARGET, which also holds every input that once crashed it, and
+# fuzz/target/seeds/TARGET); prints its executions and coverage. Fails on a crash.
+fuzz_one() {
+  local profile=$1 target=$2 seconds=$3 log=fuzz/target/$2.log rc=0 dir seeds=()
+  mkdir -p "fuzz/corpus/$target" "fuzz/artifacts/$target"
+  for dir in "fuzz/seeds/$target" "fuzz/target/seeds/$target"; do
+    [ -d "$dir" ] && seeds+=("$dir")
+  done
+  # -timeout: an input running 10 s is a hang; -rss_limit_mb: a runaway allocation is a bug.
+  "fuzz/target/$(fuzz_host)/$profile/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="fuzz/artifacts/$target/" "fuzz/corpus/$target" "${seeds[@]}" >"$log" 2>&1 || rc=$?
+  [ $rc -eq 0 ] || tail -n 40 "$log"
+  printf '%-14s %11s executions in %4s s, %s%s\n' "$target" "$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")" \
+    "$seconds" "$(grep -o 'cov: [0-9]*' "$log" | tail -n 1)" "$([ $rc -eq 0 ] || echo ", FAILED: see $log")"
+  return $rc
+}
+
+# `fuzz [SECONDS] [PROFILE]`: builds the targets and runs each for SECONDS (default 60), one at a
+# time. (`|| return`: called as `timed ... || status=1`, the function runs without `set -e`.)
+fuzz() {
+  local status=0 target seconds=${1:-60} profile=${2:-release}
+  build_fuzz "$profile" || return
+  fuzz_seeds || return
+  for target in "${fuzz_targets[@]}"; do
+    fuzz_one "$profile" "$target" "$seconds" || status=1
+  done
+  return $status
+}
+
 # `timed LABEL CMD...`: runs CMD, records and prints its wall time; returns its status.
 timings=()
 timed() {
@@ -164,6 +228,7 @@ case "$cmd" in
     timed "native tests" cargo test --workspace --no-fail-fast || status=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "browser tests" browser_tests || status=1
+    timed "fuzz smoke" fuzz 10 smoke || status=1
     echo "== time of each part:"
     printf '%s\n' "${timings[@]}"
     exit $status
@@ -183,6 +248,10 @@ case "$cmd" in
     KESTREL_SOAK_REQUESTS=${1:-1000} KESTREL_LEAK_CYCLES=${2:-100} \
       cargo test --workspace --test soak --test leaks -- --nocapture --test-threads=1
     ;;
+  fuzz)
+    setup
+    fuzz "$@"
+    ;;
   bench)
     # `kestrel bench kernels` times each kernel on its own; this runs the models end to end.
     setup
@@ -192,7 +261,7 @@ case "$cmd" in
     bench "$@"
     ;;
   *)
-    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | soak [requests] [cycles] | bench | setup | setup-web | wasm | demo [port]]" >&2
+    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port]]" >&2
     exit 2
     ;;
 esac

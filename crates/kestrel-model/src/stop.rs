@@ -78,6 +78,21 @@ mod tests {
         assert_eq!(m.finish(), "S");
     }
 
+    /// Stop strings are looked for as the text grows: the first one to complete ends the
+    /// text, even when a longer one had begun before it (found by fuzzing the stream with the
+    /// decoder, fuzz/fuzz_targets/stream_stop.rs, whose expectation had this wrong). In one
+    /// push, the one that begins first wins.
+    #[test]
+    fn first_stop_string_to_complete_wins() {
+        let stops = ["ftext|>Bet insoluble".to_string(), "b".to_string()];
+        let mut m = StopMatcher::new(&stops);
+        assert_eq!(m.push("<|endoftext|>Bet inso").text, "<|endo");
+        assert_eq!(m.push("lu").text, "");
+        assert_eq!(m.push("b"), StopOutput { text: "ftext|>Bet insolu".into(), stopped: true });
+        let mut m = StopMatcher::new(&stops);
+        assert_eq!(m.push("<|endoftext|>Bet insoluble"), StopOutput { text: "<|endo".into(), stopped: true });
+    }
+
     #[test]
     fn multibyte_stop_strings() {
         let mut m = StopMatcher::new(&["é!".to_string()]);
