@@ -113,12 +113,27 @@ gpu_check_smoke() {
 browser_tests() {
   cargo build -p kestrel-cli
   build_wasm
-  # The random-weight qwen3 model the suite serves: written by the native test that uses it
-  # (which checks its sha256 against the file llama.cpp's reference was made from).
+  browser_models
+  # The soak at a size that takes about 3 minutes on SwiftShader on a busy 2-core machine;
+  # soak_browser runs the full one.
+  (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" SOAK_REQUESTS=${SOAK_REQUESTS:-12} node --test --test-concurrency=1 --test-reporter=spec)
+}
+
+# The random-weight qwen3 models the browser tests serve: written by the native tests that use
+# them (which check the plain one's sha256 against the file llama.cpp's reference was made from).
+browser_models() {
   cargo test -p kestrel-model --test greedy synthetic_model_features_change_llama_cpp_output
   cargo test -p kestrel-model --test bad_models hostile_chat_template_fails_the_request_not_the_model
   cp "$target_dir/tmp/synthetic-qwen3-f32.gguf" "$target_dir/tmp/synthetic-qwen3-runaway-template.gguf" models/
-  (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" node --test --test-concurrency=1 --test-reporter=spec)
+}
+
+# The browser's reliability tests (tests/browser/reliability.test.mjs) with the soak at its full
+# size, SOAK_REQUESTS requests (default 100; SOAK_SEED replays another random plan).
+soak_browser() {
+  setup_web
+  build_wasm
+  browser_models
+  (cd tests/browser && SOAK_REQUESTS=${SOAK_REQUESTS:-100} node --test --test-reporter=spec reliability.test.mjs)
 }
 
 # Fuzzing (fuzz/, its own cargo workspace) on stable Rust: libfuzzer-sys builds libFuzzer with the

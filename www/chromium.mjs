@@ -16,7 +16,7 @@ const COMMON_FLAGS = ['--no-sandbox', '--disable-background-networking', '--disa
  * Launches Chromium ($CHROMIUM, else /usr/bin/chromium) through playwright-core's `chromium`
  * with a fresh profile. `webgpu`:
  * 'swiftshader', 'gpu', or null for WebGPU off; `flags`: more command-line switches.
- * Resolves to {context, close()}; close() also removes the profile.
+ * Resolves to {context, userDataDir, close()}; close() also removes the profile.
  */
 export async function launchChromium(chromium, { webgpu = 'swiftshader', flags = [] } = {}) {
   const userDataDir = mkdtempSync(join(tmpdir(), 'kestrel-chromium-'));
@@ -27,6 +27,7 @@ export async function launchChromium(chromium, { webgpu = 'swiftshader', flags =
   });
   return {
     context,
+    userDataDir,
     async close() {
       await context.close();
       rmSync(userDataDir, { recursive: true, force: true });

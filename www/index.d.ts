@@ -194,8 +194,19 @@ export interface Engine {
   };
   /** Forgets the conversation cached on the GPU. */
   reset(): Promise<void>;
+  /** What the engine holds now (answered after the requests queued before it). */
+  memory(): Promise<EngineMemory>;
   /** Frees the model's GPU memory and stops the worker. */
   unload(): Promise<void>;
+}
+
+/** Memory held by the engine's worker, to watch for leaks. */
+export interface EngineMemory {
+  /** Size of the wasm instance's memory (it grows, never shrinks). */
+  wasm_bytes: number;
+  /** GPU buffers created and neither destroyed nor yet garbage-collected (dropped ones wait for the collector). */
+  gpu_buffers: number;
+  gpu_buffer_bytes: number;
 }
 
 export interface CreateEngineOptions {

@@ -5,7 +5,7 @@
 /**
  * @import {
  *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEngineOptions,
- *   Engine as EngineApi, EngineInfo, FinishReason, KestrelDetails, KestrelError, LoadProgress, Timings, Usage,
+ *   Engine as EngineApi, EngineInfo, EngineMemory, FinishReason, KestrelDetails, KestrelError, LoadProgress, Timings, Usage,
  * } from './index.d.ts'
  */
 
@@ -267,7 +267,7 @@ class Engine {
     const result = this.#call({ type: 'generate', request: body }, {
       onStart: (id) => {
         requestId = id;
-        // Aborted while queued: the worker drops it before its first token.
+        // Aborted while queued: the worker stops it at its first token.
         if (signal?.aborted || cancelled) queueMicrotask(onAbort);
       },
       onToken: stream ? (/** @type {string} */ text, /** @type {number | undefined} */ tokenId) => out.push(chunk([choice(text, { finish_reason: null, token_id: tokenId ?? null })])) : null,
@@ -305,6 +305,14 @@ class Engine {
   /** Forgets the conversation cached on the GPU (the next request prefills from scratch). */
   reset() {
     return this.#call({ type: 'reset' });
+  }
+
+  /**
+   * What the engine's worker holds now: its wasm memory and its live GPU buffers.
+   * @returns {Promise<EngineMemory>}
+   */
+  memory() {
+    return this.#call({ type: 'memory' });
   }
 
   /** Drops the model (freeing its GPU memory) and stops the worker; the engine is unusable after. */

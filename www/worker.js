@@ -5,8 +5,34 @@ import init, { Engine } from './pkg/kestrel_wasm.js';
 
 const CACHE_NAME = 'kestrel-models';
 let engine = null;
+let wasmMemory = null; // the wasm instance's WebAssembly.Memory, once initialised
 let current = null; // id of the running generation
 const aborted = new Set();
+
+// The GPUBuffers this worker holds, for `memory()`: created, and neither destroyed nor garbage
+// collected. Counted here, where every buffer passes, because wgpu cannot: on the web it drops a
+// buffer without destroying it and leaves it to the garbage collector.
+const gpuBuffers = { count: 0, bytes: 0 };
+if (globalThis.GPUDevice && globalThis.GPUBuffer) {
+  const forget = (size) => {
+    gpuBuffers.count--;
+    gpuBuffers.bytes -= size;
+  };
+  const collected = new FinalizationRegistry(forget);
+  const createBuffer = GPUDevice.prototype.createBuffer;
+  GPUDevice.prototype.createBuffer = function (descriptor) {
+    const buffer = createBuffer.call(this, descriptor);
+    gpuBuffers.count++;
+    gpuBuffers.bytes += buffer.size;
+    collected.register(buffer, buffer.size, buffer);
+    return buffer;
+  };
+  const destroy = GPUBuffer.prototype.destroy;
+  GPUBuffer.prototype.destroy = function () {
+    if (collected.unregister(this)) forget(this.size);
+    return destroy.call(this);
+  };
+}
 
 const post = (msg) => self.postMessage(msg);
 const errorOf = (e) => ({
@@ -16,7 +42,7 @@ const errorOf = (e) => ({
 
 async function getEngine(gpuOptions) {
   if (!engine) {
-    await init({ module_or_path: new URL('./pkg/kestrel_wasm_bg.wasm', import.meta.url) });
+    wasmMemory = (await init({ module_or_path: new URL('./pkg/kestrel_wasm_bg.wasm', import.meta.url) })).memory;
     engine = await Engine.create(gpuOptions ?? null);
   }
   return engine;
@@ -152,6 +178,9 @@ self.onmessage = async ({ data }) => {
         break;
       case 'unload':
         engine?.unload();
+        break;
+      case 'memory':
+        value = { wasm_bytes: wasmMemory?.buffer.byteLength ?? 0, gpu_buffers: gpuBuffers.count, gpu_buffer_bytes: gpuBuffers.bytes };
         break;
       default:
         throw Object.assign(new Error(`unknown message ${type}`), { code: 'internal' });

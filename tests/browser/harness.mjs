@@ -1,7 +1,7 @@
 // Shared set-up of the browser tests: the static server, headless Chromium with WebGPU through
 // SwiftShader, and the native CLI's greedy output to compare with.
 import { execFileSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { after, before } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -67,4 +67,25 @@ export function nativeGreedy(prompt, maxTokens) {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   return JSON.parse(out);
+}
+
+/**
+ * Resident memory of `browser`'s GPU process in bytes, read from /proc (Linux): where WebGPU's
+ * buffers live when SwiftShader runs them, so GPU memory nobody frees shows up here.
+ */
+export function gpuProcessBytes(browser) {
+  for (const pid of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
+    let command;
+    try {
+      // Chromium rewrites its command line into one space-separated string.
+      command = ` ${readFileSync(`/proc/${pid}/cmdline`, 'utf8').replaceAll('\0', ' ')} `;
+    } catch {
+      continue; // the process ended while listing
+    }
+    if (command.includes(' --type=gpu-process ') && command.includes(` --user-data-dir=${browser.userDataDir} `)) {
+      const kib = readFileSync(`/proc/${pid}/status`, 'utf8').match(/^VmRSS:\s+(\d+) kB$/m);
+      if (kib) return Number(kib[1]) * 1024;
+    }
+  }
+  throw new Error(`no GPU process of the browser with profile ${browser.userDataDir}`);
 }

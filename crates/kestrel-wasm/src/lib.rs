@@ -204,8 +204,10 @@ impl State {
         let tokens = model.encode(&prompt).map_err(|e| model_error(&e))?;
         let mut thrown: Option<JsValue> = None;
         let abort = &self.abort;
+        // Every token of the result reaches `on_token`, even one generated after an abort: the
+        // stream then carries exactly the result's tokens and text.
         let mut callback = |event: &TokenEvent| -> bool {
-            if abort.get() || thrown.is_some() {
+            if thrown.is_some() {
                 return false;
             }
             let id = event.id.map_or(JsValue::UNDEFINED, JsValue::from);
