@@ -6,8 +6,9 @@
 #   ./build.sh bench [options]   the benchmark suite: Kestrel native and in headless Chrome, llama.cpp
 #                                and wllama on the same GGUF (bench/run.mjs; options: see its header)
 #   ./build.sh test-native       the native tests only (`cargo test --workspace`)
-#   ./build.sh soak [N] [C]      the long reliability runs: N requests (default 1000) from two clients
-#                                with aborts, C load/unload cycles (default 100); `test` runs short ones
+#   ./build.sh soak [N] [C]      the long reliability runs: natively N requests (default 1000) from two
+#                                clients with aborts and C load/unload cycles (default 100), then the
+#                                browser's (SOAK_REQUESTS, default 100); `test` runs short ones
 #   ./build.sh test-browser      the browser end-to-end tests only
 #   ./build.sh setup             install what building and testing needs (system packages)
 #   ./build.sh setup-web         install what the wasm build and browser tests need
@@ -262,6 +263,7 @@ case "$cmd" in
     setup
     KESTREL_SOAK_REQUESTS=${1:-1000} KESTREL_LEAK_CYCLES=${2:-100} \
       cargo test --workspace --test soak --test leaks -- --nocapture --test-threads=1
+    soak_browser
     ;;
   fuzz)
     setup

@@ -3,7 +3,7 @@
 //! be lost or stuck, every text must be its tokens' decode, the KV prefix bookkeeping must stay
 //! consistent (a request afterwards equals the same request on a fresh model) and memory flat.
 //!
-//! `KESTREL_SOAK_REQUESTS` sets the number of requests (default 40, CI's smoke); `./build.sh
+//! `KESTREL_SOAK_REQUESTS` sets the number of requests (default 30, CI's smoke); `./build.sh
 //! soak` runs 1,000. `KESTREL_SOAK_SEED` replays a run (each run prints its seed).
 
 mod common;
@@ -142,7 +142,7 @@ struct Tally {
 
 #[test]
 fn soak_two_clients_with_aborts_loses_nothing() {
-    let requests: usize = std::env::var("KESTREL_SOAK_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(40);
+    let requests: usize = std::env::var("KESTREL_SOAK_REQUESTS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
     let seed: u64 = std::env::var("KESTREL_SOAK_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(rand::random);
     println!("soak: {requests} requests, seed {seed} (KESTREL_SOAK_SEED={seed} replays it)");
     let path = common::synthetic::QWEN3_F32.write();
