@@ -246,14 +246,23 @@ fn soak_two_clients_with_aborts_loses_nothing() {
     // soak, so a leak of any request's state (its prompt, tokens, text) would show.
     assert!(rss_end <= rss_warm + (16 << 20), "process memory grew from {rss_warm} to {rss_end} bytes during the soak");
 
-    // The cached prefix after all that gives what a fresh model gives.
-    let chat = [ChatMessage::new("system", "You are a terse assistant."), ChatMessage::new("user", "river stone")];
+    // The cached prefix after all that gives what a fresh model gives: a first request (whatever
+    // it reuses of the soak's last prompt), then a second that reuses the first's system prompt.
+    // The fresh model runs them in the other order, so each is compared with a run that reused
+    // something else.
+    let first = [ChatMessage::new("system", "You are a terse assistant."), ChatMessage::new("user", "river")];
+    let second = [ChatMessage::new("system", "You are a terse assistant."), ChatMessage::new("user", "river stone")];
     let options = GenerateOptions { max_tokens: 24, ignore_eos: true, ..GenerateOptions::greedy() };
     let never = AtomicBool::new(false);
-    let after = run(&mut model, &PromptSpec::Chat(chat.to_vec()), &options, &never).expect("the request after the soak");
-    assert!(after.generation.timings.reused_tokens > 0, "the request after the soak should reuse the shared system prompt");
+    let mut answer = |model: &mut Model, chat: &[ChatMessage]| {
+        run(model, &PromptSpec::Chat(chat.to_vec()), &options, &never).expect("a request after the soak").generation
+    };
+    let (soaked_first, soaked_second) = (answer(&mut model, &first), answer(&mut model, &second));
+    assert!(soaked_second.timings.reused_tokens > 0, "the second request should reuse the shared system prompt");
     let mut fresh = common::load_on(&gpu, &path, CONTEXT);
-    let reference = run(&mut fresh, &PromptSpec::Chat(chat.to_vec()), &options, &never).expect("the same request on a fresh model");
-    assert_eq!(after.generation.tokens, reference.generation.tokens, "the soaked engine drifted from a fresh one");
-    assert_eq!(after.generation.text, reference.generation.text);
+    let (fresh_second, fresh_first) = (answer(&mut fresh, &second), answer(&mut fresh, &first));
+    assert_eq!(fresh_second.timings.reused_tokens, 0);
+    for (soaked, fresh) in [(&soaked_first, &fresh_first), (&soaked_second, &fresh_second)] {
+        assert_eq!((&soaked.tokens, &soaked.text), (&fresh.tokens, &fresh.text), "the soaked engine drifted from a fresh one");
+    }
 }
