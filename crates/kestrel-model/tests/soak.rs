@@ -254,7 +254,7 @@ fn soak_two_clients_with_aborts_loses_nothing() {
     let second = [ChatMessage::new("system", "You are a terse assistant."), ChatMessage::new("user", "river stone")];
     let options = GenerateOptions { max_tokens: 24, ignore_eos: true, ..GenerateOptions::greedy() };
     let never = AtomicBool::new(false);
-    let mut answer = |model: &mut Model, chat: &[ChatMessage]| {
+    let answer = |model: &mut Model, chat: &[ChatMessage]| {
         run(model, &PromptSpec::Chat(chat.to_vec()), &options, &never).expect("a request after the soak").generation
     };
     let (soaked_first, soaked_second) = (answer(&mut model, &first), answer(&mut model, &second));
