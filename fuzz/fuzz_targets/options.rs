@@ -1,26 +1,17 @@
 //! Parses arbitrary JSON as generation options, the way requests reach the engine: as
-//! `GenerateOptions` itself and flattened into a request beside other fields (the wasm
-//! engine's request: serde then buffers the fields, another deserializer path).
+//! `GenerateOptions` itself and as a `Request` (the browser engine's and the server's: the
+//! options flattened beside other fields, so serde buffers them, another deserializer path).
 //!
 //! Asserted: parsing either fails or gives options that validate, or fail validation with
 //! an `invalid_option` error naming the option; valid options survive their wire format
 //! (serialize, parse back: the same options).
 #![no_main]
 
-use kestrel_model::{GenerateOptions, ModelError};
+use kestrel_model::{GenerateOptions, ModelError, Request};
 use libfuzzer_sys::fuzz_target;
-use serde::Deserialize;
 
 /// The default model's vocabulary size (token ids in options are checked against it).
 const VOCAB: usize = 49152;
-
-#[derive(Deserialize)]
-struct Request {
-    #[serde(rename = "prompt")]
-    _prompt: Option<String>,
-    #[serde(flatten)]
-    options: GenerateOptions,
-}
 
 fn check(options: &GenerateOptions) {
     match options.validate(VOCAB) {
@@ -42,7 +33,9 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(options) = serde_json::from_slice::<GenerateOptions>(data) {
         check(&options);
     }
-    if let Ok(request) = serde_json::from_slice::<Request>(data) {
-        check(&request.options);
+    match std::str::from_utf8(data).map(Request::parse) {
+        Ok(Ok(request)) => check(&request.options),
+        Ok(Err(e)) => assert_eq!(e.code(), "invalid_option", "{e}"),
+        Err(_) => {}
     }
 });

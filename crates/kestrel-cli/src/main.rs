@@ -21,6 +21,9 @@ enum Command {
     Generate(commands::generate::GenerateArgs),
     /// An interactive chat with the model's chat template.
     Chat(commands::chat::ChatArgs),
+    /// A local OpenAI-compatible HTTP server (chat and text completions, streamed or whole;
+    /// /v1/models, /health, /metrics).
+    Serve(commands::serve::ServeArgs),
     /// Show a GGUF file's metadata and tensor table.
     Inspect {
         /// The GGUF file (default: the default model).
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => commands::generate::run(args),
         Command::Chat(args) => commands::chat::run(args),
+        Command::Serve(args) => commands::serve::run(args),
         Command::Inspect { model, tensors } => commands::inspect::run(&model_path::resolve(model), tensors),
         Command::Tokenize { text, model, json, add_special } => {
             commands::tokenize::run(&model_path::resolve(model), &text, json, add_special)

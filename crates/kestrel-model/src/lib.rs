@@ -10,6 +10,7 @@ mod model;
 pub mod options;
 mod penalties;
 pub mod reference;
+pub mod request;
 pub mod stop;
 pub mod synthetic;
 pub mod tensors;
@@ -21,6 +22,7 @@ pub use kestrel_tokenizer::ChatMessage;
 pub use load::{LoadOptions, LoadProgress, ModelLoader};
 pub use model::{FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD};
 pub use options::GenerateOptions;
+pub use request::Request;
 
 /// Native convenience: loads a GGUF file from disk, streaming it in chunks.
 #[cfg(not(target_arch = "wasm32"))]

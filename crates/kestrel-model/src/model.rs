@@ -184,6 +184,12 @@ impl Model {
         Ok(self.tokenizer.encode(&text, add_special)?)
     }
 
+    /// Tokens whose keys and values the KV cache holds for reuse (the last request's prompt and
+    /// output).
+    pub fn cached_tokens(&self) -> usize {
+        self.cached.len()
+    }
+
     /// Forgets the cached prefix: the next request prefills from position 0.
     pub fn reset(&mut self) {
         self.cached.clear();

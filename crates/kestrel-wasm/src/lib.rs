@@ -8,14 +8,11 @@
 //! `abort()` can be called while `generate()` is awaiting the GPU.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use js_sys::{Function, Promise};
 use kestrel_gpu::{Gpu, GpuOptions};
-use kestrel_model::{ChatMessage, GenerateOptions, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Prompt, TokenEvent};
-use serde::de::IgnoredAny;
-use serde::Deserialize;
+use kestrel_model::{LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, TokenEvent};
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -44,44 +41,6 @@ fn install_panic_hook() {
             web_sys::console::error_1(&JsValue::from_str(&format!("kestrel panicked (a bug, please report it): {info}")));
         }));
     });
-}
-
-/// A generation request: a raw `prompt` or chat `messages`, and the generation options in
-/// their wire form ([`GenerateOptions`]'s serde names; absent options take
-/// [`GenerateOptions::default`], llama.cpp's defaults).
-#[derive(Deserialize)]
-struct Request {
-    prompt: Option<String>,
-    messages: Option<Vec<ChatMessage>>,
-    #[serde(flatten)]
-    options: GenerateOptions,
-    /// Fields neither of the above knows: refused (`deny_unknown_fields` does not work with
-    /// `flatten`).
-    #[serde(flatten)]
-    unknown: BTreeMap<String, IgnoredAny>,
-}
-
-impl Request {
-    /// Parses a request; the error is the `invalid_option` message. A field set to `null` is
-    /// the same as an absent one.
-    fn parse(json: &str) -> Result<Request, String> {
-        let invalid = |e: &dyn std::fmt::Display| format!("invalid request: {e}");
-        let mut value: Value = serde_json::from_str(json).map_err(|e| invalid(&e))?;
-        if let Some(fields) = value.as_object_mut() {
-            fields.retain(|_, v| !v.is_null());
-        }
-        let request = Request::deserialize(value).map_err(|e| invalid(&e))?;
-        if let Some(field) = request.unknown.keys().next() {
-            let known = serde_json::to_value(GenerateOptions::default()).map_err(|e| invalid(&e))?;
-            let expected: Vec<String> = ["prompt", "messages"]
-                .into_iter()
-                .chain(known.as_object().into_iter().flat_map(|o| o.keys().map(String::as_str)))
-                .map(|k| format!("`{k}`"))
-                .collect();
-            return Err(invalid(&format!("unknown field `{field}`, expected one of {}", expected.join(", "))));
-        }
-        Ok(request)
-    }
 }
 
 #[derive(Default)]
@@ -177,7 +136,7 @@ impl State {
 
     async fn generate(&self, request: &str, on_token: &Function) -> Result<JsValue, JsValue> {
         self.check_idle("generate")?;
-        let request = Request::parse(request).map_err(|message| js_error("invalid_option", &message))?;
+        let request = Request::parse(request).map_err(|e| model_error(&e))?;
         let mut model = self.model.borrow_mut().take().ok_or_else(|| js_error("no_model", "no model is loaded"))?;
         self.busy.set(true);
         self.abort.set(false);
@@ -194,11 +153,7 @@ impl State {
 
     async fn run(&self, model: &mut Model, request: &Request, on_token: &Function) -> Result<JsValue, JsValue> {
         let options = &request.options;
-        let prompt = match (&request.prompt, &request.messages) {
-            (Some(text), None) => Prompt::Text(text),
-            (None, Some(messages)) => Prompt::Chat(messages),
-            _ => return Err(js_error("invalid_option", "invalid option prompt: give exactly one of prompt and messages")),
-        };
+        let prompt = request.prompt().map_err(|e| model_error(&e))?;
         // Every option and request limit, before the prompt is encoded.
         options.validate(model.config().vocab).map_err(|e| model_error(&e))?;
         let tokens = model.encode(&prompt).map_err(|e| model_error(&e))?;
@@ -370,50 +325,7 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    fn parse(json: &str) -> Result<Request, String> {
-        Request::parse(json)
-    }
-
-    #[test]
-    fn requests_take_the_option_defaults_and_wire_names() {
-        let Ok(r) = parse(r#"{"prompt": "hi"}"#) else { panic!() };
-        assert_eq!(r.prompt.as_deref(), Some("hi"));
-        assert_eq!(r.options, GenerateOptions::default());
-        let Ok(r) = parse(
-            r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "temperature": 0, "top_k": 1, "stop": "\n",
-                "logit_bias": {"5": -2, "1": null}, "seed": 7, "penalty_last_n": 10, "ignore_eos": true, "logprobs": 2, "min_p": null}"#,
-        ) else {
-            panic!()
-        };
-        assert_eq!(r.messages.map(|m| m.len()), Some(1));
-        let o = r.options;
-        assert_eq!(
-            (o.max_tokens, o.temperature, o.top_k, o.seed, o.penalty_last_n, o.ignore_eos, o.logprobs),
-            (3, 0.0, 1, Some(7), 10, true, 2)
-        );
-        assert_eq!(o.stop, ["\n"]);
-        assert_eq!(o.logit_bias, [(1, f32::NEG_INFINITY), (5, -2.0)]);
-        // null is the same as absent.
-        assert_eq!(o.min_p, GenerateOptions::default().min_p);
-    }
-
-    #[test]
-    fn unknown_fields_and_bad_values_are_refused() {
-        let err = |json: &str| match parse(json) {
-            Ok(_) => panic!("{json} parsed"),
-            Err(e) => e,
-        };
-        let e = err(r#"{"prompt": "hi", "max_token": 3}"#);
-        assert!(e.contains("unknown field `max_token`") && e.contains("`max_tokens`") && e.contains("`prompt`"), "{e}");
-        let e = err(r#"{"prompt": "hi", "logit_bias": {"x": 1}}"#);
-        assert!(e.contains("logit_bias"), "{e}");
-        err(r#"{"prompt": "hi", "max_tokens": -1}"#);
-        err(r#"{"prompt": "hi", "stop": 5}"#);
-        err(r#"["hi"]"#);
-        err("not json");
-    }
+    use kestrel_model::GenerateOptions;
 
     /// The npm package declares (index.d.ts) and passes on (index.js) every generation option
     /// under its wire name. `logprobs` is the package's `logprobs` + `top_logprobs`.

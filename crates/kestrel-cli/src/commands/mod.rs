@@ -4,6 +4,7 @@ pub mod generate;
 pub mod inspect;
 mod load;
 pub mod quantize;
+pub mod serve;
 pub mod tokenize;
 
 /// Errors of the CLI are shown to a person: a message is all they need.

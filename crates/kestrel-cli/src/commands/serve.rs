@@ -1,0 +1,69 @@
+//! `kestrel serve`: the OpenAI-compatible local server (`kestrel-server`) over one model.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use kestrel_server::ServerConfig;
+
+use super::load::load;
+use super::CliResult;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The GGUF file (default: the default model).
+    #[arg(long, short)]
+    pub model: Option<PathBuf>,
+    /// Address to listen on. Only this machine can connect unless told otherwise.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port to listen on (0: any free port; the one chosen is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// KV cache length (default: the model's context, at most 4096).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Require `Authorization: Bearer KEY` on every request but /health (default: the
+    /// KESTREL_API_KEY environment variable, else none).
+    #[arg(long, env = "KESTREL_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Requests that may wait while the engine is busy; more get HTTP 429.
+    #[arg(long, default_value_t = ServerConfig::default().queue)]
+    pub queue: usize,
+    /// Size of the exact-response cache for deterministic requests, in MiB (0: off).
+    #[arg(long, default_value_t = ServerConfig::default().response_cache_bytes >> 20)]
+    pub response_cache_mb: usize,
+    /// Largest request body, in MiB.
+    #[arg(long, default_value_t = ServerConfig::default().max_body_bytes >> 20)]
+    pub max_body_mb: usize,
+    /// Seconds running requests may take to finish after SIGINT/SIGTERM before they are aborted.
+    #[arg(long, default_value_t = ServerConfig::default().shutdown_grace.as_secs())]
+    pub shutdown_grace: u64,
+}
+
+pub fn run(args: ServeArgs) -> CliResult {
+    let path = crate::model_path::resolve(args.model);
+    let loaded = load(&path, args.context, false)?;
+    let model_name = path.file_stem().map_or_else(|| "kestrel".into(), |s| s.to_string_lossy().into_owned());
+    let config = ServerConfig {
+        model_name,
+        api_key: args.api_key.filter(|k| !k.is_empty()),
+        queue: args.queue,
+        response_cache_bytes: args.response_cache_mb << 20,
+        max_body_bytes: args.max_body_mb << 20,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.host, args.port))
+            .await
+            .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
+        let address = listener.local_addr()?;
+        // Tests and scripts read this line for the port.
+        eprintln!("kestrel serve: listening on http://{address} (OpenAI API at http://{address}/v1)");
+        kestrel_server::serve(loaded.model, config, listener, kestrel_server::shutdown_signal()).await?;
+        eprintln!("kestrel serve: stopped");
+        Ok(())
+    })
+}

@@ -1,0 +1,112 @@
+//! `kestrel serve`: a local OpenAI-compatible HTTP server (axum on tokio) over one loaded model.
+//! `POST /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent events or
+//! whole), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus). Requests share the
+//! CLI's and the npm package's options, defaults and error codes (`kestrel_model::Request`);
+//! errors are OpenAI-shaped JSON. One engine thread generates; requests beyond it wait in a
+//! bounded queue, and past the queue get 429 with `Retry-After`.
+
+mod cache;
+mod engine;
+mod error;
+mod metrics;
+mod openai;
+mod routes;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kestrel_model::Model;
+use tokio::net::TcpListener;
+
+pub use engine::SLOTS;
+pub use error::ApiError;
+pub use routes::CACHE_HEADER;
+
+pub struct ServerConfig {
+    /// The id `/v1/models` lists (requests may name any model: there is one).
+    pub model_name: String,
+    /// With a key, every request but `/health` needs `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// Requests that may wait for the engine; more get 429.
+    pub queue: usize,
+    /// The exact-response cache's bound (0 turns it off).
+    pub response_cache_bytes: usize,
+    /// Larger request bodies get 413.
+    pub max_body_bytes: usize,
+    /// After a shutdown signal, how long running requests may take to finish before they are
+    /// aborted.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            model_name: "kestrel".into(),
+            api_key: None,
+            queue: 16,
+            response_cache_bytes: 8 << 20,
+            max_body_bytes: 4 << 20,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves `model` on `listener` until `shutdown` completes; then stops accepting, lets running
+/// requests finish within the grace period (aborting them after it), refuses queued ones, and
+/// drops the model.
+pub async fn serve(
+    model: Model,
+    config: ServerConfig,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let metrics = Arc::new(metrics::Metrics::new(SLOTS));
+    let engine = Arc::new(engine::Engine::start(model, config.queue, metrics.clone())?);
+    let cache = cache::ResponseCache::new(config.response_cache_bytes);
+    let state = Arc::new(routes::AppState::new(engine.clone(), metrics, cache, config.api_key, config.model_name));
+    let app = routes::router(state.clone(), config.max_body_bytes);
+    let grace = config.shutdown_grace;
+    let draining = {
+        let state = state.clone();
+        async move {
+            shutdown.await;
+            state.draining.store(true, std::sync::atomic::Ordering::Relaxed);
+            let engine = state.engine.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                engine.abort_all();
+            });
+        }
+    };
+    axum::serve(listener, app).with_graceful_shutdown(draining).await?;
+    engine.abort_all();
+    drop(state);
+    // The last holder joins the engine thread (a stream still being dropped may hold one).
+    if let Ok(engine) = Arc::try_unwrap(engine) {
+        tokio::task::spawn_blocking(move || engine.join()).await.map_err(std::io::Error::other)?;
+    }
+    Ok(())
+}
+
+/// Completes on Ctrl-C (SIGINT) or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+}
