@@ -10,6 +10,7 @@
 #                                clients with aborts and C load/unload cycles (default 100), then the
 #                                browser's (SOAK_REQUESTS, default 100); `test` runs short ones
 #   ./build.sh test-browser      the browser end-to-end tests only
+#   ./build.sh test-server       the `kestrel serve` end-to-end tests only (OpenAI's Python client)
 #   ./build.sh setup             install what building and testing needs (system packages)
 #   ./build.sh setup-web         install what the wasm build and browser tests need
 #   ./build.sh wasm              build the wasm engine into www/pkg (the npm package's binary)
@@ -197,6 +198,23 @@ fuzz() {
   return $status
 }
 
+# The `kestrel serve` tests' Python clients (tests/server/requirements.txt) in their own venv.
+setup_server_tests() {
+  local venv=tests/server/.venv
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv" 2>/dev/null || { apt_install python3-venv && python3 -m venv "$venv"; }
+  fi
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/server/requirements.txt
+}
+
+# `kestrel serve` driven by OpenAI's official Python client, with the dev-profile CLI that
+# `cargo test` already compiled.
+server_tests() {
+  cargo build -p kestrel-cli
+  setup_server_tests
+  KESTREL_CLI="$target_dir/debug/kestrel" tests/server/.venv/bin/python -m unittest -v tests/server/test_server.py
+}
+
 # `timed LABEL CMD...`: runs CMD, records and prints its wall time; returns its status.
 timings=()
 timed() {
@@ -243,6 +261,7 @@ case "$cmd" in
     timed "typescript" npm --prefix tests/browser run --silent typecheck || status=1
     timed "native tests" cargo test --workspace --no-fail-fast || status=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
+    timed "server tests" server_tests || status=1
     timed "browser tests" browser_tests || status=1
     timed "fuzz smoke" fuzz 10 smoke || status=1
     echo "== time of each part:"
@@ -258,6 +277,10 @@ case "$cmd" in
     setup
     setup_web
     browser_tests
+    ;;
+  test-server)
+    setup
+    server_tests
     ;;
   soak)
     setup
@@ -278,7 +301,7 @@ case "$cmd" in
     bench "$@"
     ;;
   *)
-    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port]]" >&2
+    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | test-server | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port]]" >&2
     exit 2
     ;;
 esac

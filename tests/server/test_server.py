@@ -1,0 +1,275 @@
+"""End-to-end tests of `kestrel serve` with clients this project did not write: OpenAI's official
+Python client streams and completes chat and text from it, raw HTTP sends what a client library
+would refuse to, and the official Prometheus client's OpenMetrics parser reads /metrics.
+
+Run by `./build.sh test` (`server_tests`); `KESTREL_CLI` names the binary (default: the dev
+build). Generations are a few tokens long: the model runs on lavapipe here.
+"""
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import unittest
+from pathlib import Path
+
+import openai
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = os.environ.get("KESTREL_CLI", str(ROOT / "target/debug/kestrel"))
+API_KEY = "test-key"
+PROMPT = "The capital of France is"
+ENV = {"XDG_RUNTIME_DIR": "/tmp", **os.environ}
+
+
+def start_server(*args):
+    """Starts `kestrel serve` on a free port; returns (process, "host:port")."""
+    process = subprocess.Popen(
+        [CLI, "serve", "--port", "0", "--context", "512", *args],
+        cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    for line in process.stderr:
+        found = re.search(r"listening on http://(\S+) ", line)
+        if found:
+            # Keep draining stderr so the server never blocks on a full pipe.
+            threading.Thread(target=lambda: [None for _ in process.stderr], daemon=True).start()
+            return process, found.group(1)
+    raise RuntimeError(f"kestrel serve exited with {process.wait()} before listening")
+
+
+def native_greedy(prompt, max_tokens):
+    """The CLI's own greedy generation: what the server must reproduce."""
+    out = subprocess.run(
+        [CLI, "generate", "--raw", "--json", "--temperature", "0", "--max-tokens", str(max_tokens), prompt],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def request(address, method, path, body=None, headers=None, key=API_KEY):
+    """A raw HTTP request; returns (status, headers, parsed JSON or text)."""
+    connection = http.client.HTTPConnection(address, timeout=120)
+    headers = dict(headers or {})
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    payload = body if isinstance(body, (bytes, str)) or body is None else json.dumps(body)
+    connection.request(method, path, body=payload, headers=headers)
+    response = connection.getresponse()
+    text = response.read().decode()
+    connection.close()
+    try:
+        return response.status, response.headers, json.loads(text)
+    except json.JSONDecodeError:
+        return response.status, response.headers, text
+
+
+def metrics(address):
+    """/metrics parsed by the OpenMetrics parser: {(sample name, frozenset(labels)): value}."""
+    status, headers, text = request(address, "GET", "/metrics")
+    assert status == 200, text
+    assert headers["Content-Type"].startswith("application/openmetrics-text"), headers["Content-Type"]
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def sample(samples, name, **labels):
+    return samples.get((name, frozenset(labels.items())), 0)
+
+
+class ServerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.process, cls.address = start_server("--api-key", API_KEY, "--queue", "1", "--max-body-mb", "1", "--response-cache-mb", "1")
+        cls.client = openai.OpenAI(base_url=f"http://{cls.address}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.process.send_signal(signal.SIGTERM)
+        cls.process.wait(timeout=60)
+        cls.process.stderr.close()
+        cls.client.close()
+
+    def test_the_openai_client_streams_what_the_cli_generates(self):
+        expected = native_greedy(PROMPT, 6)
+        chunks = list(self.client.completions.create(
+            model="any", prompt=PROMPT, max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True},
+            extra_headers={"Cache-Control": "no-store"},
+        ))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        self.assertEqual(text, expected["text"])
+        self.assertEqual(chunks[-2].choices[0].finish_reason, expected["finish_reason"])
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.completion_tokens, len(expected["token_ids"]))
+        self.assertEqual(chunks[-1].usage.prompt_tokens, len(expected["prompt_token_ids"]))
+        self.assertEqual(chunks[-2].model_extra["kestrel"]["token_ids"], expected["token_ids"])
+        streamed_ids = [c.choices[0].model_extra["token_id"] for c in chunks[:-2]]
+        self.assertTrue(set(streamed_ids) <= set(expected["token_ids"]), streamed_ids)
+
+        whole = self.client.completions.create(model="any", prompt=PROMPT, max_tokens=6, temperature=0, extra_headers={"Cache-Control": "no-store"})
+        self.assertEqual(whole.choices[0].text, expected["text"])
+        self.assertEqual(whole.model_extra["kestrel"]["token_ids"], expected["token_ids"])
+        self.assertEqual(whole.usage.total_tokens, len(expected["prompt_token_ids"]) + len(expected["token_ids"]))
+
+    def test_chat_streams_as_openai_sends_it(self):
+        messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a colour."}]
+        stream = self.client.chat.completions.create(model="any", messages=messages, max_tokens=5, temperature=0, stream=True)
+        chunks = list(stream)
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        self.assertTrue(all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        self.assertIn(chunks[-1].choices[0].finish_reason, ("stop", "length"))
+        whole = self.client.chat.completions.create(model="any", messages=messages, max_tokens=5, temperature=0, extra_headers={"Cache-Control": "no-store"})
+        self.assertEqual(whole.choices[0].message.content, text)
+        self.assertEqual(whole.choices[0].message.role, "assistant")
+        self.assertEqual(self.client.models.list().data[0].id, "SmolLM2-135M-Instruct.Q4_1")
+
+    def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(self):
+        def refused(status, code, call):
+            with self.assertRaises(openai.APIStatusError) as caught:
+                call()
+            self.assertEqual(caught.exception.status_code, status)
+            self.assertEqual(caught.exception.code, code, caught.exception.body)
+            return caught.exception
+
+        create = self.client.chat.completions.create
+        refused(400, "invalid_option", lambda: create(model="m", messages=[{"role": "user", "content": "x"}], n=2))
+        refused(400, "invalid_option", lambda: create(model="m", messages=[{"role": "wizard", "content": "x"}]))
+        e = refused(400, "invalid_option", lambda: create(model="m", messages=[{"role": "user", "content": "x"}], temperature=-1))
+        self.assertEqual(e.param, "temperature")
+        refused(400, "invalid_option", lambda: create(model="m", messages=[{"role": "user", "content": "x"}], tools=[{"type": "function", "function": {"name": "f"}}]))
+        refused(400, "context_length_exceeded", lambda: self.client.completions.create(model="m", prompt="word " * 600, max_tokens=1))
+        bad_key = openai.OpenAI(base_url=f"http://{self.address}/v1", api_key="wrong", max_retries=0)
+        refused(401, "invalid_api_key", lambda: bad_key.models.list())
+
+        for body, status, code in [
+            ("{not json", 400, "invalid_json"),
+            ("[1, 2]", 400, "invalid_json"),
+            ({"prompt": 5}, 400, "invalid_option"),
+            ({"prompt": "x", "stream": "yes"}, 400, "invalid_option"),
+            ({"prompt": "x", "max_tokens": "many"}, 400, "invalid_option"),
+            ("x" * (2 << 20), 413, "request_too_large"),
+        ]:
+            got, _, error = request(self.address, "POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            self.assertEqual((got, error["error"]["code"]), (status, code), error)
+            self.assertEqual(error["error"]["type"], "invalid_request_error")
+        self.assertEqual(request(self.address, "GET", "/v1/models", key=None)[0], 401)
+        self.assertEqual(request(self.address, "GET", "/health", key=None)[0], 200, "/health is open for probes")
+        status, _, error = request(self.address, "GET", "/v2/nothing")
+        self.assertEqual((status, error["error"]["code"]), (404, "not_found"))
+        status, _, error = request(self.address, "GET", "/v1/completions")
+        self.assertEqual((status, error["error"]["code"]), (405, "method_not_allowed"))
+        # Still serving.
+        ok = self.client.completions.create(model="m", prompt=PROMPT, max_tokens=2, temperature=0, extra_headers={"Cache-Control": "no-store"})
+        self.assertEqual(ok.usage.completion_tokens, 2)
+
+    def test_deterministic_requests_are_answered_from_the_response_cache(self):
+        before = metrics(self.address)
+        body = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+        status, headers, first = request(self.address, "POST", "/v1/completions", body)
+        self.assertEqual((status, headers["x-kestrel-response-cache"]), (200, "miss"))
+        status, headers, second = request(self.address, "POST", "/v1/completions", {**body, "stop": None})
+        self.assertEqual((status, headers["x-kestrel-response-cache"]), (200, "hit"))
+        self.assertTrue(second["usage"]["response_cache_hit"])
+        self.assertFalse(first["usage"]["response_cache_hit"])
+        self.assertEqual(second["choices"][0]["text"], first["choices"][0]["text"])
+        self.assertEqual(second["kestrel"]["token_ids"], first["kestrel"]["token_ids"])
+        # Streamed from the cache: the same text.
+        chunks = list(self.client.completions.create(model="m", stream=True, **body))
+        self.assertEqual("".join(c.choices[0].text for c in chunks), first["choices"][0]["text"])
+        # Asked not to be cached, or sampled from the clock: run by the model.
+        _, headers, unstored = request(self.address, "POST", "/v1/completions", body, {"Cache-Control": "no-store"})
+        self.assertNotIn("x-kestrel-response-cache", headers)
+        self.assertEqual(unstored["kestrel"]["token_ids"], first["kestrel"]["token_ids"])
+        _, headers, sampled = request(self.address, "POST", "/v1/completions", {**body, "temperature": 0.7})
+        self.assertNotIn("x-kestrel-response-cache", headers)
+        after = metrics(self.address)
+        self.assertEqual(sample(after, "kestrel_response_cache_hits_total") - sample(before, "kestrel_response_cache_hits_total"), 2)
+        generated = sample(after, "kestrel_generated_tokens_total") - sample(before, "kestrel_generated_tokens_total")
+        runs = [first, unstored, sampled]
+        self.assertEqual(generated, sum(r["usage"]["completion_tokens"] for r in runs), "only the three model runs generated tokens")
+
+    def test_a_full_queue_gets_429_and_a_client_that_leaves_frees_its_slot(self):
+        before = metrics(self.address)
+        # A long generation holds the engine; one request may wait; the next is refused.
+        long = http.client.HTTPConnection(self.address, timeout=120)
+        long.request("POST", "/v1/completions", json.dumps({"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}),
+                     {"Authorization": f"Bearer {API_KEY}"})
+        stream = long.getresponse()
+        self.assertEqual(stream.status, 200)
+        self.assertTrue(stream.readline().startswith(b"data: "), "the long request is generating")
+        queued = {}
+        waiter = threading.Thread(target=lambda: queued.update(result=request(
+            self.address, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0}, {"Cache-Control": "no-store"})))
+        waiter.start()
+        deadline = time.time() + 30
+        while request(self.address, "GET", "/health")[2]["pending_requests"] < 2:
+            self.assertLess(time.time(), deadline, "the second request never queued")
+            time.sleep(0.05)
+        status, headers, error = request(self.address, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+        self.assertEqual((status, error["error"]["code"]), (429, "rate_limit_exceeded"))
+        self.assertGreaterEqual(int(headers["Retry-After"]), 1)
+        # The long request's client goes away: generation stops at its next token and the
+        # queued request runs.
+        started = time.time()
+        long.close()
+        waiter.join(timeout=120)
+        status, _, done = queued["result"]
+        self.assertEqual(status, 200, done)
+        self.assertLess(time.time() - started, 60, "the abandoned request kept the engine")
+        after = metrics(self.address)
+        self.assertEqual(sample(after, "kestrel_requests_total", endpoint="completions", outcome="client_gone")
+                         - sample(before, "kestrel_requests_total", endpoint="completions", outcome="client_gone"), 1)
+        self.assertEqual(sample(after, "kestrel_requests_total", endpoint="completions", outcome="rate_limit_exceeded")
+                         - sample(before, "kestrel_requests_total", endpoint="completions", outcome="rate_limit_exceeded"), 1)
+        self.assertEqual(sample(after, "kestrel_slots_in_use"), 0)
+        self.assertEqual(sample(after, "kestrel_queue_depth"), 0)
+        self.assertEqual(request(self.address, "GET", "/health")[2]["pending_requests"], 0)
+
+    def test_metrics_count_what_happened(self):
+        before = metrics(self.address)
+        result = self.client.completions.create(model="m", prompt=PROMPT, max_tokens=3, temperature=0, extra_headers={"Cache-Control": "no-store"})
+        after = metrics(self.address)
+        delta = lambda name, **labels: sample(after, name, **labels) - sample(before, name, **labels)
+        self.assertEqual(delta("kestrel_requests_total", endpoint="completions", outcome=result.choices[0].finish_reason), 1)
+        self.assertEqual(delta("kestrel_time_to_first_token_seconds_count"), 1)
+        self.assertEqual(delta("kestrel_inter_token_latency_seconds_count"), result.usage.completion_tokens - 1)
+        self.assertEqual(delta("kestrel_request_duration_seconds_count"), 1)
+        self.assertEqual(delta("kestrel_queue_wait_seconds_count"), 1)
+        self.assertEqual(delta("kestrel_prompt_tokens_total"), result.usage.prompt_tokens)
+        self.assertEqual(delta("kestrel_generated_tokens_total"), result.usage.completion_tokens)
+        self.assertEqual(delta("kestrel_batch_size_count"), result.usage.completion_tokens)
+        self.assertGreater(sample(after, "kestrel_gpu_memory_bytes"), 10 << 20, "the model's weights are on the GPU")
+        self.assertEqual(sample(after, "kestrel_kv_cache_tokens"), result.usage.total_tokens - 1,
+                         "the cache holds the prompt and every generated token but the last")
+
+
+class ShutdownTest(unittest.TestCase):
+    def test_sigterm_finishes_running_requests_within_the_grace_and_exits(self):
+        process, address = start_server("--shutdown-grace", "1")
+        connection = http.client.HTTPConnection(address, timeout=120)
+        connection.request("POST", "/v1/completions", json.dumps({"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}))
+        stream = connection.getresponse()
+        self.assertTrue(stream.readline().startswith(b"data: "))
+        process.send_signal(signal.SIGTERM)
+        events = [line[6:] for line in stream.read().decode().splitlines() if line.startswith("data: ")]
+        self.assertEqual(events[-1], "[DONE]")
+        final = json.loads(events[-2])
+        self.assertEqual(final["choices"][0]["finish_reason"], "abort", "aborted after the grace period")
+        self.assertLess(len(final["kestrel"]["token_ids"]), 400)
+        connection.close()
+        self.assertEqual(process.wait(timeout=60), 0)
+        process.stderr.close()
+        with self.assertRaises(ConnectionRefusedError):
+            request(address, "GET", "/health")
+
+
+if __name__ == "__main__":
+    unittest.main()
