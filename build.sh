@@ -11,6 +11,8 @@
 #                                browser's (SOAK_REQUESTS, default 100); `test` runs short ones
 #   ./build.sh test-browser      the browser end-to-end tests only
 #   ./build.sh test-server       the `kestrel serve` end-to-end tests only (OpenAI's Python client)
+#   ./build.sh load [N] [C]      `kestrel serve` under N streamed requests (default 64) from C
+#                                concurrent clients (default 16), some abandoned: P50/P99 latencies
 #   ./build.sh setup             install what building and testing needs (system packages)
 #   ./build.sh setup-web         install what the wasm build and browser tests need
 #   ./build.sh wasm              build the wasm engine into www/pkg (the npm package's binary)
@@ -212,7 +214,9 @@ setup_server_tests() {
 server_tests() {
   cargo build -p kestrel-cli
   setup_server_tests
-  KESTREL_CLI="$target_dir/debug/kestrel" tests/server/.venv/bin/python -m unittest -v tests/server/test_server.py
+  (cd tests/server && KESTREL_CLI="$target_dir/debug/kestrel" .venv/bin/python -m unittest -v test_server)
+  # The load test at a size that takes under a minute here; `./build.sh load` runs the full one.
+  (cd tests/server && KESTREL_CLI="$target_dir/debug/kestrel" .venv/bin/python load.py --requests ${LOAD_REQUESTS:-8} --clients ${LOAD_CLIENTS:-4})
 }
 
 # `timed LABEL CMD...`: runs CMD, records and prints its wall time; returns its status.
@@ -282,6 +286,12 @@ case "$cmd" in
     setup
     server_tests
     ;;
+  load)
+    setup
+    cargo build --release -p kestrel-cli
+    setup_server_tests
+    (cd tests/server && KESTREL_CLI="$target_dir/release/kestrel" .venv/bin/python load.py --requests "${1:-64}" --clients "${2:-16}")
+    ;;
   soak)
     setup
     KESTREL_SOAK_REQUESTS=${1:-1000} KESTREL_LEAK_CYCLES=${2:-100} \
@@ -301,7 +311,7 @@ case "$cmd" in
     bench "$@"
     ;;
   *)
-    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | test-server | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port]]" >&2
+    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | test-server | load [requests] [clients] | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port]]" >&2
     exit 2
     ;;
 esac
