@@ -21,7 +21,8 @@ from harness import API_KEY, PROMPT, metrics, native_greedy, request, sample, st
 class ServerTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.process, cls.address = start_server("--api-key", API_KEY, "--queue", "1", "--max-body-mb", "1", "--response-cache-mb", "1")
+        cls.process, cls.address = start_server(
+            "--api-key", API_KEY, "--queue", "1", "--max-body-mb", "1", "--response-cache-mb", "1", "--cors-origin", "http://page.example")
         cls.client = openai.OpenAI(base_url=f"http://{cls.address}/v1", api_key=API_KEY, max_retries=0, timeout=300)
 
     @classmethod
@@ -103,6 +104,18 @@ class ServerTest(unittest.TestCase):
         # Still serving.
         ok = self.client.completions.create(model="m", prompt=PROMPT, max_tokens=2, temperature=0, extra_headers={"Cache-Control": "no-store"})
         self.assertEqual(ok.usage.completion_tokens, 2)
+
+    def test_pages_of_the_allowed_origin_may_call_it_and_others_may_not(self):
+        preflight = {"Origin": "http://page.example", "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization, content-type"}
+        status, headers, _ = request(self.address, "OPTIONS", "/v1/chat/completions", headers=preflight, key=None)
+        self.assertEqual(status, 200, "a preflight needs no API key")
+        self.assertEqual(headers["Access-Control-Allow-Origin"], "http://page.example")
+        self.assertIn("authorization", headers["Access-Control-Allow-Headers"].lower())
+        _, headers, _ = request(self.address, "GET", "/v1/models", headers={"Origin": "http://page.example"})
+        self.assertEqual(headers["Access-Control-Allow-Origin"], "http://page.example")
+        _, headers, _ = request(self.address, "GET", "/v1/models", headers={"Origin": "http://elsewhere.example"})
+        self.assertNotIn("Access-Control-Allow-Origin", headers)
 
     def test_deterministic_requests_are_answered_from_the_response_cache(self):
         before = metrics(self.address)

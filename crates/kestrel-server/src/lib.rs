@@ -37,6 +37,9 @@ pub struct ServerConfig {
     /// After a shutdown signal, how long running requests may take to finish before they are
     /// aborted.
     pub shutdown_grace: Duration,
+    /// Web page origins allowed to call the API from a browser (CORS); `*` allows any. Empty:
+    /// no CORS headers, so pages of other origins cannot read the answers.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -48,6 +51,7 @@ impl Default for ServerConfig {
             response_cache_bytes: 8 << 20,
             max_body_bytes: 4 << 20,
             shutdown_grace: Duration::from_secs(10),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -65,7 +69,7 @@ pub async fn serve(
     let engine = Arc::new(engine::Engine::start(model, config.queue, metrics.clone())?);
     let cache = cache::ResponseCache::new(config.response_cache_bytes);
     let state = Arc::new(routes::AppState::new(engine.clone(), metrics, cache, config.api_key, config.model_name));
-    let app = routes::router(state.clone(), config.max_body_bytes);
+    let app = routes::router(state.clone(), config.max_body_bytes, &config.cors_origins)?;
     let grace = config.shutdown_grace;
     let draining = {
         let state = state.clone();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -19,6 +19,7 @@ use axum::{Json, Router};
 use futures_util::stream;
 use kestrel_model::Generation;
 use serde_json::{json, Value};
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::cache::{self, ResponseCache};
 use crate::engine::{Engine, Event, Ticket};
@@ -47,8 +48,8 @@ impl AppState {
     }
 }
 
-pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
-    Router::new()
+pub fn router(state: Arc<AppState>, max_body_bytes: usize, cors_origins: &[String]) -> std::io::Result<Router> {
+    let router = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -58,7 +59,27 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), check_api_key))
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .with_state(state)
+        .with_state(state);
+    if cors_origins.is_empty() {
+        return Ok(router);
+    }
+    Ok(router.layer(cors(cors_origins)?))
+}
+
+/// CORS for pages of `origins` (`*`: any): the methods, headers and response header the API
+/// uses. Outermost, so preflight requests need no API key.
+fn cors(origins: &[String]) -> std::io::Result<CorsLayer> {
+    let allowed = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        let values: Result<Vec<HeaderValue>, _> = origins.iter().map(|o| HeaderValue::from_str(o)).collect();
+        AllowOrigin::list(values.map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("bad CORS origin: {e}")))?)
+    };
+    Ok(CorsLayer::new()
+        .allow_origin(allowed)
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION, header::CACHE_CONTROL])
+        .expose_headers([HeaderName::from_static(CACHE_HEADER)]))
 }
 
 /// The metrics label of a path (a fixed set, so clients cannot grow the label space).

@@ -40,6 +40,11 @@ pub struct ServeArgs {
     /// Seconds running requests may take to finish after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = ServerConfig::default().shutdown_grace.as_secs())]
     pub shutdown_grace: u64,
+    /// A web page origin (e.g. https://app.example) allowed to call the API from the browser
+    /// (repeatable; `*` for any). Without it browsers keep other origins' pages from reading
+    /// answers.
+    #[arg(long = "cors-origin")]
+    pub cors_origins: Vec<String>,
 }
 
 pub fn run(args: ServeArgs) -> CliResult {
@@ -53,6 +58,7 @@ pub fn run(args: ServeArgs) -> CliResult {
         response_cache_bytes: args.response_cache_mb << 20,
         max_body_bytes: args.max_body_mb << 20,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
+        cors_origins: args.cors_origins,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {
