@@ -19,6 +19,12 @@ export interface LoadProgress {
 }
 
 export interface EngineInfo {
+  /** Where generation runs: this browser's GPU, or the `remote` server of createEngine. */
+  backend: 'webgpu' | 'remote';
+  /** With backend 'remote': why the model does not run here (`no_webgpu`, `device_limits`, `out_of_memory`). */
+  fallback?: { code: string; message: string };
+  /** With backend 'remote': the server and the model asked of it. */
+  remote?: { baseURL: string; model: string };
   gpu: {
     adapter: string;
     backend: string;
@@ -37,7 +43,8 @@ export interface EngineInfo {
     n_kv_heads: number; head_dim: number; vocab: number; train_context: number; context_length: number;
     tied_embeddings: boolean; weight_bytes: number; weight_bytes_per_token: number; chat_template: boolean;
   } | null;
-  version: string;
+  /** The wasm engine's version (null with backend 'remote'). */
+  version: string | null;
 }
 
 export interface ChatMessage {
@@ -186,11 +193,15 @@ export interface Engine {
     completions: {
       create(request: ChatCompletionRequest & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
       create(request: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+      /** `stream` known only at run time: narrow the result with `Symbol.asyncIterator in result`. */
+      create(request: ChatCompletionRequest): Promise<AsyncIterable<ChatCompletionChunk> | ChatCompletion>;
     };
   };
   completions: {
     create(request: CompletionRequest & { stream: true }): Promise<AsyncIterable<Completion>>;
     create(request: CompletionRequest & { stream?: false }): Promise<Completion>;
+    /** `stream` known only at run time: narrow the result with `Symbol.asyncIterator in result`. */
+    create(request: CompletionRequest): Promise<AsyncIterable<Completion> | Completion>;
   };
   /** Forgets the conversation cached on the GPU. */
   reset(): Promise<void>;
@@ -217,6 +228,21 @@ export interface CreateEngineOptions {
   gpu?: { allow_f16?: boolean; allow_subgroups?: boolean; allow_timestamps?: boolean };
   /** KV cache length in tokens (default: the model's training context, at most 4096). */
   context_length?: number;
+  /**
+   * An OpenAI-compatible server (kestrel serve, llama-server, vLLM) to send the same requests to
+   * when this browser has no WebGPU or the model does not fit its GPU. Without it the package
+   * makes no request but the model's and its own files.
+   */
+  remote?: RemoteOptions;
+}
+
+export interface RemoteOptions {
+  /** The API's base URL, e.g. `http://127.0.0.1:8080/v1` (the server must allow the page's origin: `kestrel serve --cors-origin`). */
+  baseURL: string;
+  /** Sent as `Authorization: Bearer <apiKey>`. */
+  apiKey?: string;
+  /** The `model` field of the requests (default 'kestrel'). */
+  model?: string;
 }
 
 /** Starts the engine's worker and loads the model; resolves when it is ready. */

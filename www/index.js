@@ -7,16 +7,10 @@
  *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEngineOptions,
  *   Engine as EngineApi, EngineInfo, EngineMemory, FinishReason, KestrelDetails, KestrelError, LoadProgress, Timings, Usage,
  * } from './index.d.ts'
+ * @import { GenerateResult } from './remote.js'
  */
 
-/**
- * What the wasm engine's `generate` resolves to (kestrel_model::Generation's wire form), with the
- * worker's end-to-end time added to its timings.
- * @typedef {{
- *   text: string, prompt_token_ids: number[], token_ids: number[], finish_reason: FinishReason,
- *   logprobs: KestrelDetails['logprobs'], timings: Timings,
- * }} GenerateResult
- */
+import { RemoteBackend, kestrelError } from './remote.js';
 
 /**
  * A message from the worker (worker.js).
@@ -38,15 +32,6 @@
  */
 
 const CACHE_NAME = 'kestrel-models';
-
-/**
- * @param {string} code
- * @param {string} message
- * @returns {KestrelError}
- */
-function kestrelError(code, message) {
-  return Object.assign(new Error(message), { code });
-}
 
 /**
  * Whether the Cache API holds the model at `url` (stored by an earlier load).
@@ -123,7 +108,7 @@ const SAMPLING_KEYS = [
  */
 function usageOf(r) {
   const t = r.timings;
-  const completion = r.token_ids.length;
+  const completion = r.completion_tokens ?? r.token_ids.length;
   return {
     prompt_tokens: t.prompt_tokens,
     completion_tokens: completion,
@@ -139,6 +124,97 @@ function usageOf(r) {
       e2e_latency_s: t.e2e_ms / 1e3,
     },
   };
+}
+
+/**
+ * Where an engine's generations run: the worker (local) or an OpenAI-compatible server (remote).
+ * @typedef {{
+ *   generate: (body: Record<string, unknown>, handlers: Handlers) => Promise<GenerateResult>,
+ *   abort: (id: number) => void,
+ * }} Backend
+ */
+
+/**
+ * One OpenAI-style request on `backend`: its chunks as an async iterable when streamed, else the
+ * whole completion. Local and remote engines answer in the same shapes through this.
+ * @param {'chat' | 'text'} kind
+ * @param {Partial<ChatCompletionRequest & CompletionRequest>} request
+ * @param {Backend} backend
+ * @param {string} model
+ * @returns {Promise<AsyncIterable<ChatCompletionChunk | Completion> | ChatCompletion | Completion>}
+ */
+function openaiRequest(kind, request, backend, model) {
+  const { messages, prompt, stream = false, signal, logprobs, top_logprobs } = request ?? {};
+  /** @type {Record<string, unknown>} */
+  const body = {};
+  for (const k of SAMPLING_KEYS) if (request?.[k] != null) body[k] = request[k];
+  if (kind === 'chat') body.messages = messages;
+  else body.prompt = prompt;
+  if (logprobs) body.logprobs = top_logprobs ?? 1;
+  const created = Math.floor(Date.now() / 1000);
+  /** @type {number | null} */
+  let requestId = null;
+  let cancelled = false;
+  // Leaving a `for await` early (break, throw) aborts the generation like the signal does.
+  /** @type {ReturnType<typeof channel<ChatCompletionChunk | Completion>>} */
+  const out = channel(() => {
+    cancelled = true;
+    onAbort();
+  });
+  /**
+   * @param {string | null} text
+   * @param {{ finish_reason: FinishReason | null, token_id?: number | null }} extra
+   */
+  const choice = (text, extra) =>
+    kind === 'chat' ? { index: 0, delta: text === null ? {} : { role: 'assistant', content: text }, logprobs: null, ...extra }
+      : { index: 0, text: text ?? '', logprobs: null, ...extra };
+  /**
+   * @param {any[]} choices
+   * @param {{ usage?: Usage, kestrel?: KestrelDetails }} [more]
+   * @returns {ChatCompletionChunk | Completion}
+   */
+  const chunk = (choices, more) => ({ id: `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${requestId}`, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created, model, choices, ...more });
+
+  function onAbort() {
+    if (requestId !== null) backend.abort(requestId);
+  }
+  signal?.addEventListener('abort', onAbort, { once: true });
+  const result = backend.generate(body, {
+    onStart: (id) => {
+      requestId = id;
+      // Aborted while queued: the worker stops it at its first token.
+      if (signal?.aborted || cancelled) queueMicrotask(onAbort);
+    },
+    onToken: stream ? (/** @type {string} */ text, /** @type {number | undefined} */ tokenId) => out.push(chunk([choice(text, { finish_reason: null, token_id: tokenId ?? null })])) : null,
+  }).finally(() => signal?.removeEventListener('abort', onAbort));
+
+  /**
+   * @param {GenerateResult} r
+   * @returns {{ usage: Usage, kestrel: KestrelDetails }}
+   */
+  const final = (r) => {
+    /** @type {KestrelDetails} */
+    const kestrel = { prompt_token_ids: r.prompt_token_ids, token_ids: r.token_ids, timings: r.timings, logprobs: r.logprobs };
+    return { usage: usageOf(r), kestrel };
+  };
+  if (stream) {
+    result.then(
+      (r) => {
+        out.push(chunk([choice(null, { finish_reason: r.finish_reason })], final(r)));
+        out.end();
+      },
+      (e) => out.fail(e),
+    );
+    return Promise.resolve(out);
+  }
+  return result.then((/** @type {GenerateResult} */ r) => {
+    const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${requestId}`;
+    /** @type {ChatCompletion | Completion} */
+    const completion = kind === 'chat'
+      ? { id, object: 'chat.completion', created, model, choices: [{ index: 0, message: { role: 'assistant', content: r.text }, finish_reason: r.finish_reason, logprobs: null }], ...final(r) }
+      : { id, object: 'text_completion', created, model, choices: [{ index: 0, text: r.text, finish_reason: r.finish_reason, logprobs: null }], ...final(r) };
+    return completion;
+  });
 }
 
 /** @implements {EngineApi} */
@@ -224,82 +300,15 @@ class Engine {
   /**
    * @param {'chat' | 'text'} kind
    * @param {Partial<ChatCompletionRequest & CompletionRequest>} request
-   * @returns {Promise<AsyncIterable<ChatCompletionChunk | Completion> | ChatCompletion | Completion>}
    */
   #create(kind, request) {
-    const { messages, prompt, stream = false, signal, logprobs, top_logprobs } = request ?? {};
-    /** @type {Record<string, unknown>} */
-    const body = {};
-    for (const k of SAMPLING_KEYS) if (request?.[k] != null) body[k] = request[k];
-    if (kind === 'chat') body.messages = messages;
-    else body.prompt = prompt;
-    if (logprobs) body.logprobs = top_logprobs ?? 1;
-    const created = Math.floor(Date.now() / 1000);
-    const model = this.info?.model?.name ?? 'kestrel';
-    /** @type {number | null} */
-    let requestId = null;
-    let cancelled = false;
-    // Leaving a `for await` early (break, throw) aborts the generation like the signal does.
-    /** @type {ReturnType<typeof channel<ChatCompletionChunk | Completion>>} */
-    const out = channel(() => {
-      cancelled = true;
-      onAbort();
-    });
-    /**
-     * @param {string | null} text
-     * @param {{ finish_reason: FinishReason | null, token_id?: number | null }} extra
-     */
-    const choice = (text, extra) =>
-      kind === 'chat' ? { index: 0, delta: text === null ? {} : { role: 'assistant', content: text }, logprobs: null, ...extra }
-        : { index: 0, text: text ?? '', logprobs: null, ...extra };
-    /**
-     * @param {any[]} choices
-     * @param {{ usage?: Usage, kestrel?: KestrelDetails }} [more]
-     * @returns {ChatCompletionChunk | Completion}
-     */
-    const chunk = (choices, more) => ({ id: `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${requestId}`, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created, model, choices, ...more });
-
-    function onAbort() {
-      if (requestId !== null) worker.postMessage({ type: 'abort', id: requestId });
-    }
     const worker = this.#worker;
-    signal?.addEventListener('abort', onAbort, { once: true });
-    const result = this.#call({ type: 'generate', request: body }, {
-      onStart: (id) => {
-        requestId = id;
-        // Aborted while queued: the worker stops it at its first token.
-        if (signal?.aborted || cancelled) queueMicrotask(onAbort);
-      },
-      onToken: stream ? (/** @type {string} */ text, /** @type {number | undefined} */ tokenId) => out.push(chunk([choice(text, { finish_reason: null, token_id: tokenId ?? null })])) : null,
-    }).finally(() => signal?.removeEventListener('abort', onAbort));
-
-    /**
-     * @param {GenerateResult} r
-     * @returns {{ usage: Usage, kestrel: KestrelDetails }}
-     */
-    const final = (r) => {
-      /** @type {KestrelDetails} */
-      const kestrel = { prompt_token_ids: r.prompt_token_ids, token_ids: r.token_ids, timings: r.timings, logprobs: r.logprobs };
-      return { usage: usageOf(r), kestrel };
+    /** @type {Backend} */
+    const backend = {
+      generate: (body, handlers) => this.#call({ type: 'generate', request: body }, handlers),
+      abort: (id) => worker.postMessage({ type: 'abort', id }),
     };
-    if (stream) {
-      result.then(
-        (r) => {
-          out.push(chunk([choice(null, { finish_reason: r.finish_reason })], final(r)));
-          out.end();
-        },
-        (e) => out.fail(e),
-      );
-      return Promise.resolve(out);
-    }
-    return result.then((/** @type {GenerateResult} */ r) => {
-      const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${requestId}`;
-      /** @type {ChatCompletion | Completion} */
-      const completion = kind === 'chat'
-        ? { id, object: 'chat.completion', created, model, choices: [{ index: 0, message: { role: 'assistant', content: r.text }, finish_reason: r.finish_reason, logprobs: null }], ...final(r) }
-        : { id, object: 'text_completion', created, model, choices: [{ index: 0, text: r.text, finish_reason: r.finish_reason, logprobs: null }], ...final(r) };
-      return completion;
-    });
+    return openaiRequest(kind, request, backend, this.info?.model?.name ?? 'kestrel');
   }
 
   /** Forgets the conversation cached on the GPU (the next request prefills from scratch). */
@@ -325,21 +334,81 @@ class Engine {
 }
 
 /**
+ * An engine whose requests go to an OpenAI-compatible server (createEngine's `remote`), chosen
+ * when this browser cannot run the model. Same API; nothing is held locally.
+ * @implements {EngineApi}
+ */
+class RemoteEngine {
+  /** @type {RemoteBackend} */
+  #backend;
+  #closed = false;
+
+  /**
+   * @param {RemoteBackend} backend
+   * @param {KestrelError} reason why the model does not run here
+   */
+  constructor(backend, reason) {
+    this.#backend = backend;
+    /** @type {EngineInfo} */
+    this.info = {
+      backend: 'remote', fallback: { code: reason.code, message: reason.message },
+      remote: { baseURL: backend.baseURL, model: backend.model }, gpu: null, model: null, version: null,
+    };
+    /** @type {EngineApi['chat']} */
+    this.chat = { completions: { create: /** @type {any} */ ((/** @type {ChatCompletionRequest} */ request) => this.#create('chat', request)) } };
+    /** @type {EngineApi['completions']} */
+    this.completions = { create: /** @type {any} */ ((/** @type {CompletionRequest} */ request) => this.#create('text', request)) };
+  }
+
+  /**
+   * @param {'chat' | 'text'} kind
+   * @param {Partial<ChatCompletionRequest & CompletionRequest>} request
+   */
+  #create(kind, request) {
+    if (this.#closed) return Promise.reject(kestrelError('unloaded', 'the engine was unloaded'));
+    return openaiRequest(kind, request, this.#backend, this.#backend.model);
+  }
+
+  /** The server keeps its own cache: nothing to forget here. */
+  async reset() {}
+
+  /** @returns {Promise<EngineMemory>} */
+  async memory() {
+    return { wasm_bytes: 0, gpu_buffers: 0, gpu_buffer_bytes: 0 };
+  }
+
+  /** Aborts the requests in flight; the engine is unusable after. */
+  async unload() {
+    this.#closed = true;
+    this.#backend.abortAll();
+  }
+}
+
+/** Errors that mean this browser cannot run the model, where `remote` takes over. */
+const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
+
+/**
  * Starts a worker, creates the GPU device in it and loads `model` (a URL, a File or a Blob).
  * Resolves once the model is ready. `onProgress({phase, loaded, total})` follows the load:
  * phase 'download' | 'cache' | 'upload' (a local File/Blob) | 'compile' | 'ready'.
  * `gpu: {allow_f16, allow_subgroups, allow_timestamps}` forces optional GPU features off;
  * `context_length` sizes the KV cache (default: the model's context, at most 4096).
+ * `remote: {baseURL, apiKey, model}`: where this browser has no WebGPU or the model does not fit
+ * its GPU (`no_webgpu`, `device_limits`, `out_of_memory`), the engine sends the same requests to
+ * that OpenAI-compatible server instead (`engine.info.backend` is then 'remote').
  * @param {CreateEngineOptions} options
  * @returns {Promise<EngineApi>}
  */
 export async function createEngine(options) {
-  const { model, onProgress, gpu, context_length } = options ?? {};
-  if (!globalThis.navigator?.gpu) {
-    throw kestrelError('no_webgpu', 'WebGPU is not available in this browser (navigator.gpu is missing)');
-  }
+  const { model, onProgress, gpu, context_length, remote } = options ?? {};
   if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
     throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
+  }
+  const remoteBackend = remote == null ? null : new RemoteBackend(remote);
+  if (!globalThis.navigator?.gpu) {
+    const error = kestrelError('no_webgpu', 'WebGPU is not available in this browser (navigator.gpu is missing)');
+    if (remoteBackend) return new RemoteEngine(remoteBackend, error);
+    throw error;
   }
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   const engine = new Engine(worker);
@@ -347,7 +416,10 @@ export async function createEngine(options) {
     await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, context_length });
   } catch (e) {
     worker.terminate();
+    const code = /** @type {KestrelError} */ (e)?.code;
+    if (remoteBackend && FALL_THROUGH.has(code)) return new RemoteEngine(remoteBackend, /** @type {KestrelError} */ (e));
     throw e;
   }
+  engine.info.backend = 'webgpu';
   return engine;
 }

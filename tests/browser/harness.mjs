@@ -1,6 +1,6 @@
 // Shared set-up of the browser tests: the static server, headless Chromium with WebGPU through
 // SwiftShader, and the native CLI's greedy output to compare with.
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { after, before } from 'node:test';
@@ -54,12 +54,18 @@ export async function openTestPage(context, baseUrl, path = '/tests/browser/page
   return page;
 }
 
-/** The native CLI's greedy generation for a chat prompt: {prompt_token_ids, token_ids, text}. */
-export function nativeGreedy(prompt, maxTokens) {
+/** The native CLI: $KESTREL_CLI, else the dev build. */
+function cliPath() {
   // build.sh builds the CLI in the dev profile, which shares its compiled dependencies with
   // `cargo test` (a release build would compile everything a second time).
   const cli = process.env.KESTREL_CLI ?? join(ROOT, 'target/debug/kestrel');
   if (!existsSync(cli)) throw new Error(`${cli} is missing: build it with \`cargo build -p kestrel-cli\` or set KESTREL_CLI`);
+  return cli;
+}
+
+/** The native CLI's greedy generation for a chat prompt: {prompt_token_ids, token_ids, text}. */
+export function nativeGreedy(prompt, maxTokens) {
+  const cli = cliPath();
   const out = execFileSync(cli, ['generate', '--json', '--temperature', '0', '--max-tokens', String(maxTokens), prompt], {
     cwd: ROOT,
     env: { XDG_RUNTIME_DIR: '/tmp', ...process.env },
@@ -67,6 +73,32 @@ export function nativeGreedy(prompt, maxTokens) {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   return JSON.parse(out);
+}
+
+/**
+ * Starts `kestrel serve` (the default model) on a free port with `args`; resolves to
+ * `{ url, close }` once it listens (`url` is the API's base, ending in /v1).
+ */
+export function startKestrelServe(args = []) {
+  const child = spawn(cliPath(), ['serve', '--port', '0', '--context', String(CONTEXT_LENGTH), ...args], {
+    cwd: ROOT,
+    env: { XDG_RUNTIME_DIR: '/tmp', ...process.env },
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
+  return new Promise((resolveStart, reject) => {
+    let seen = '';
+    child.stderr.setEncoding('utf8');
+    child.stderr.on('data', (text) => {
+      seen += text;
+      const found = seen.match(/listening on (http:\/\/\S+) /);
+      if (found) {
+        seen = '';
+        const close = () => new Promise((done) => { child.once('exit', done); child.kill('SIGTERM'); });
+        resolveStart({ url: `${found[1]}/v1`, close });
+      }
+    });
+    child.once('exit', (code) => reject(new Error(`kestrel serve exited with ${code} before listening: ${seen}`)));
+  });
 }
 
 /**

@@ -1,0 +1,193 @@
+// The remote fall-through: the same requests sent to an OpenAI-compatible server (kestrel serve,
+// llama-server, vLLM) when this browser cannot run the model. Only used when the page passes
+// `remote` to createEngine; the package makes no other requests.
+
+/**
+ * @import { FinishReason, KestrelDetails, KestrelError, RemoteOptions, Timings } from './index.d.ts'
+ */
+
+/**
+ * What a generation resolves to, local or remote (kestrel_model::Generation's wire form, with
+ * the end-to-end time); `completion_tokens` where the server counted tokens it did not list.
+ * @typedef {{
+ *   text: string, prompt_token_ids: number[], token_ids: number[], finish_reason: FinishReason,
+ *   logprobs: KestrelDetails['logprobs'], timings: Timings, completion_tokens?: number,
+ * }} GenerateResult
+ */
+
+/**
+ * @param {string} code
+ * @param {string} message
+ * @returns {KestrelError}
+ */
+export function kestrelError(code, message) {
+  return Object.assign(new Error(message), { code });
+}
+
+/**
+ * The error an OpenAI-compatible server answered with, under its own code (`error.code`, else
+ * its type, else `http_<status>`).
+ * @param {number} status
+ * @param {string} body
+ */
+function serverError(status, body) {
+  let error;
+  try {
+    error = JSON.parse(body)?.error;
+  } catch {
+    error = null;
+  }
+  const code = error?.code ?? error?.type ?? `http_${status}`;
+  return kestrelError(String(code), `the remote server answered ${status}: ${error?.message ?? body.slice(0, 200)}`);
+}
+
+/**
+ * The `data:` payloads of a server-sent event stream, as they complete.
+ * @param {ReadableStream<Uint8Array>} body
+ */
+async function* sseData(body) {
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = '';
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = buffer.search(/\r?\n\r?\n/)) >= 0) {
+        const event = buffer.slice(0, end);
+        buffer = buffer.slice(end).replace(/^\r?\n\r?\n/, '');
+        const data = event.split(/\r?\n/).filter((l) => l.startsWith('data:')).map((l) => l.slice(5).replace(/^ /, '')).join('\n');
+        if (data) yield data;
+      }
+    }
+  } finally {
+    reader.releaseLock();
+  }
+}
+
+/** Runs generation requests on an OpenAI-compatible server, streamed, with per-request abort. */
+export class RemoteBackend {
+  /** @type {RemoteOptions} */
+  #options;
+  /** @type {Map<number, AbortController>} */
+  #running = new Map();
+  #nextId = 1;
+
+  /** @param {RemoteOptions} options */
+  constructor(options) {
+    if (typeof options?.baseURL !== 'string' || !options.baseURL) {
+      throw kestrelError('invalid_option', 'invalid option remote.baseURL: expected the server\'s API URL, such as http://127.0.0.1:8080/v1');
+    }
+    this.#options = options;
+  }
+
+  get baseURL() {
+    return this.#options.baseURL.replace(/\/+$/, '');
+  }
+
+  get model() {
+    return this.#options.model ?? 'kestrel';
+  }
+
+  /**
+   * Sends one request (the worker's request body: `prompt` or `messages` and the options) as a
+   * stream, calling `onToken` per text piece; resolves like the local engine, with finish_reason
+   * "abort" when aborted.
+   * @param {Record<string, unknown>} body
+   * @param {{ onStart?: (id: number) => void, onToken?: ((text: string, tokenId: number | undefined) => void) | null }} handlers
+   * @returns {Promise<GenerateResult>}
+   */
+  async generate(body, handlers) {
+    const id = this.#nextId++;
+    const controller = new AbortController();
+    this.#running.set(id, controller);
+    handlers.onStart?.(id);
+    const start = performance.now();
+    const chat = 'messages' in body;
+    const { logprobs, ...rest } = body;
+    /** @type {Record<string, unknown>} */
+    const request = { ...rest, model: this.model, stream: true, stream_options: { include_usage: true } };
+    if (typeof logprobs === 'number' && logprobs > 0) {
+      if (chat) Object.assign(request, { logprobs: true, top_logprobs: logprobs });
+      else request.logprobs = logprobs;
+    }
+    /** @type {Record<string, string>} */
+    const headers = { 'Content-Type': 'application/json' };
+    if (this.#options.apiKey) headers.Authorization = `Bearer ${this.#options.apiKey}`;
+    let text = '';
+    /** @type {number[]} */
+    const tokenIds = [];
+    /** @type {FinishReason | null} */
+    let finish = null;
+    /** @type {any} */
+    let usage = null;
+    /** @type {any} */
+    let details = null;
+    let firstToken = 0;
+    try {
+      const response = await fetch(`${this.baseURL}/${chat ? 'chat/completions' : 'completions'}`, {
+        method: 'POST', headers, body: JSON.stringify(request), signal: controller.signal,
+      });
+      if (!response.ok || !response.body) throw serverError(response.status, await response.text());
+      for await (const data of sseData(response.body)) {
+        if (data === '[DONE]') break;
+        const chunk = JSON.parse(data);
+        if (chunk.error) throw kestrelError(String(chunk.error.code ?? chunk.error.type ?? 'remote_error'), `the remote server failed: ${chunk.error.message}`);
+        if (chunk.usage) usage = chunk.usage;
+        if (chunk.kestrel) details = chunk.kestrel;
+        const choice = chunk.choices?.[0];
+        if (!choice) continue;
+        const piece = chat ? choice.delta?.content : choice.text;
+        const tokenId = typeof choice.token_id === 'number' ? choice.token_id : undefined;
+        if (tokenId !== undefined) tokenIds.push(tokenId);
+        if (piece) {
+          firstToken ||= performance.now();
+          text += piece;
+          handlers.onToken?.(piece, tokenId);
+        }
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+    } catch (e) {
+      if (!controller.signal.aborted) {
+        throw /** @type {any} */ (e)?.code ? e : kestrelError('remote_error', `the remote server could not be reached: ${/** @type {Error} */ (e).message}`);
+      }
+      finish = 'abort';
+    } finally {
+      this.#running.delete(id);
+    }
+    if (controller.signal.aborted) finish = 'abort';
+    if (!finish) throw kestrelError('remote_error', 'the remote server ended the stream without a finish reason');
+    const end = performance.now();
+    const promptTokens = usage?.prompt_tokens ?? details?.prompt_token_ids?.length ?? 0;
+    const completionTokens = usage?.completion_tokens ?? details?.token_ids?.length ?? tokenIds.length;
+    const ttft = (firstToken || end) - start;
+    /** @type {Timings} */
+    const timings = details?.timings ?? {
+      prompt_tokens: promptTokens, prefill_tokens: promptTokens, reused_tokens: 0, ttft_ms: ttft,
+      prefill_tok_s: promptTokens / Math.max(ttft / 1e3, 1e-9), decode_tokens: Math.max(completionTokens - 1, 0),
+      decode_ms: end - (firstToken || end), decode_tok_s: completionTokens > 1 ? (completionTokens - 1) / Math.max((end - firstToken) / 1e3, 1e-9) : 0,
+      host_wait_ms_per_token: 0,
+    };
+    timings.e2e_ms = end - start;
+    return {
+      text,
+      prompt_token_ids: details?.prompt_token_ids ?? [],
+      token_ids: details?.token_ids ?? tokenIds,
+      finish_reason: finish,
+      logprobs: details?.logprobs ?? [],
+      timings,
+      completion_tokens: completionTokens,
+    };
+  }
+
+  /** @param {number} id */
+  abort(id) {
+    this.#running.get(id)?.abort();
+  }
+
+  abortAll() {
+    for (const controller of this.#running.values()) controller.abort();
+  }
+}
