@@ -12,7 +12,7 @@ export interface LoadProgress {
   phase: 'download' | 'cache' | 'upload' | 'compile' | 'ready';
   /** Bytes read so far. */
   loaded: number;
-  /** Bytes in the file (0 when the server did not say). */
+  /** Bytes in the file: the Content-Length, else the size its header declares once that has arrived (0 before). */
   total: number;
   tensors?: number;
   tensorsTotal?: number;

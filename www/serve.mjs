@@ -23,8 +23,11 @@ const MIME = {
   '.gguf': 'application/octet-stream',
 };
 
-/** Starts the server; resolves to {url, port, log, close}. `log` lists every request's path. */
-export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet = true } = {}) {
+/**
+ * Starts the server; resolves to {url, port, log, close}. `log` lists every request's path.
+ * `omitLength` sends files without a Content-Length (chunked), as hosts that compress on the fly do.
+ */
+export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet = true, omitLength = false } = {}) {
   const log = [];
   const server = createServer(async (req, res) => {
     const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
@@ -58,7 +61,7 @@ export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet =
       res.writeHead(200, {
         ...headers,
         'Content-Type': MIME[extname(file)] ?? 'application/octet-stream',
-        'Content-Length': stat.size,
+        ...(omitLength ? {} : { 'Content-Length': stat.size }),
       });
       if (req.method === 'HEAD') return res.end();
       createReadStream(file).pipe(res);

@@ -112,6 +112,8 @@ async function load(id, model, useCache, gpuOptions) {
       if (done) break;
       loaded += value.byteLength;
       progress = eng.loadChunk(value);
+      // Without a Content-Length (a host compressing on the fly) the header gives the size.
+      if (!total && progress.file_bytes) total = progress.file_bytes;
       const now = performance.now();
       if (now - lastReport > 50) {
         lastReport = now;

@@ -103,6 +103,9 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
   test('(f) the demo streams a reply with TTFT and tok/s (screenshot in tests/artifacts/)', { timeout: 30 * MINUTES }, async () => {
     const page = await env.browser.context.newPage();
     page.setDefaultTimeout(20 * MINUTES);
+    // Every request the demo makes (its worker's included) stays on the page's origin.
+    const requests = [];
+    page.on('request', (r) => requests.push(r.url()));
     await page.goto(`${env.server.url}/www/demo/?max_tokens=16&context_length=${CONTEXT_LENGTH}`);
     await page.waitForSelector('body[data-ready="true"]');
     assert.match(await page.textContent('#adapter'), /\S/);
@@ -123,5 +126,8 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
     await page.click('#stop');
     await page.waitForFunction(() => !document.querySelector('.streaming'));
     await page.close();
+    assert.ok(requests.some((u) => u.endsWith('.gguf')), `the worker's model fetch is among the recorded requests: ${requests}`);
+    const elsewhere = requests.filter((u) => new URL(u).origin !== env.server.url);
+    assert.deepEqual(elsewhere, [], 'requests to other origins');
   });
 });

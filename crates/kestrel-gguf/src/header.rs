@@ -40,6 +40,13 @@ impl GgufHeader {
         order
     }
 
+    /// Where the last tensor's data ends: the bytes a reader needs, which is the file's size
+    /// (less any padding after the last tensor). Known once the header is read, so a download
+    /// without a `Content-Length` still has a total.
+    pub fn data_end(&self) -> u64 {
+        self.tensors.iter().map(|t| self.data_start.saturating_add(t.offset).saturating_add(t.n_bytes())).max().unwrap_or(self.data_start)
+    }
+
     /// Checks that every tensor's data lies within a file of `file_len` bytes.
     pub fn check_file_len(&self, file_len: u64) -> Result<(), GgufError> {
         for t in &self.tensors {

@@ -55,6 +55,8 @@ fn real_model_header_matches_gguf_python() {
     assert_eq!((down.dims.as_slice(), down.ggml_type), ([1536, 576].as_slice(), GgmlType::Q4_1));
     assert_eq!((down.offset + h.data_start, down.n_bytes()), (31_868_992, 552_960));
     h.check_file_len(model_bytes().len() as u64).unwrap();
+    // The header alone tells the download's size: the file ends where its last tensor does.
+    assert_eq!(h.data_end(), model_bytes().len() as u64);
 }
 
 /// Streams the model with the given chunk sizes and checks every tensor against the

@@ -35,6 +35,9 @@ pub struct LoadProgress {
     pub bytes_received: u64,
     pub tensors_loaded: usize,
     pub tensors_total: usize,
+    /// The file's size as its header declares it (where its last tensor ends), once the header
+    /// has arrived.
+    pub file_bytes: Option<u64>,
 }
 
 pub struct ModelLoader {
@@ -94,7 +97,8 @@ impl ModelLoader {
 
     pub fn progress(&self) -> LoadProgress {
         let (loaded, total) = self.state.as_ref().map_or((0, 0), |s| (s.tensors_loaded, s.tensors_total));
-        LoadProgress { bytes_received: self.bytes_received, tensors_loaded: loaded, tensors_total: total }
+        let file_bytes = self.reader.header().map(GgufHeader::data_end);
+        LoadProgress { bytes_received: self.bytes_received, tensors_loaded: loaded, tensors_total: total, file_bytes }
     }
 
     /// Ends the stream (an incomplete file is an error naming the tensor) and builds the model.

@@ -190,6 +190,7 @@ fn progress_js(p: &LoadProgress) -> JsValue {
         "bytes_received": p.bytes_received,
         "tensors_loaded": p.tensors_loaded,
         "tensors_total": p.tensors_total,
+        "file_bytes": p.file_bytes,
     }))
 }
 
