@@ -4,6 +4,7 @@
 
 pub mod config;
 mod error;
+pub mod estimate;
 mod graph;
 mod load;
 mod model;

@@ -220,9 +220,9 @@ impl Loading {
 
     async fn into_model(mut self, gpu: &Gpu, options: &LoadOptions) -> Result<Model, ModelError> {
         let c = self.config.clone();
-        let max_ctx = options.context_length.unwrap_or(c.train_context.min(4096));
-        if max_ctx == 0 || options.max_chunk == 0 {
-            return Err(ModelError::InvalidOption { name: "context_length", reason: "must be at least 1".into() });
+        let max_ctx = context_length(&c, options.context_length)?;
+        if options.max_chunk == 0 {
+            return Err(ModelError::InvalidOption { name: "max_chunk", reason: "must be at least 1".into() });
         }
         let mut weight = |role: Role| self.weights.remove(&role).ok_or_else(|| bad_model(format!("tensor for {role:?} never arrived")));
         let mut layers_w = Vec::with_capacity(c.n_layers);
@@ -291,4 +291,14 @@ impl Loading {
         gpu.check_faults()?;
         Model::new(graph, self.tokenizer)
     }
+}
+
+/// The KV cache length a load takes: the one asked for, else the model's training context capped
+/// at 4096.
+pub(crate) fn context_length(c: &ModelConfig, asked: Option<usize>) -> Result<usize, ModelError> {
+    let context = asked.unwrap_or(c.train_context.min(4096));
+    if context == 0 {
+        return Err(ModelError::InvalidOption { name: "context_length", reason: "must be at least 1".into() });
+    }
+    Ok(context)
 }

@@ -1,0 +1,144 @@
+//! Will a model fit, before its weights are fetched: from the GGUF header alone, the bytes its
+//! weights take on the GPU, its KV cache at a context length, the largest buffer one binding must
+//! hold, the tensors of a type the GPU cannot run, and the verdict against a device's limits.
+//! The browser package asks this before a download (`estimate()`, and `createEngine` first).
+
+use kestrel_gguf::quant::gpu_sections;
+use kestrel_gguf::{is_gpu_supported, GgufHeader, TensorInfo};
+use serde::Serialize;
+
+use crate::config::ModelConfig;
+use crate::load::context_length;
+use crate::LoadOptions;
+use crate::ModelError;
+
+/// The vocabulary tables: loaded as row shards, so no single binding must hold them whole.
+const SHARDED: [&str; 2] = ["token_embd.weight", "output.weight"];
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Binding {
+    pub name: String,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UnsupportedTensor {
+    pub tensor: String,
+    #[serde(rename = "type")]
+    pub ty: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Estimate {
+    pub name: String,
+    pub arch: String,
+    /// The file's size (where its last tensor ends).
+    pub file_bytes: u64,
+    /// The weights as packed on the GPU (supported tensors only).
+    pub weight_bytes: u64,
+    pub context_length: usize,
+    /// K and V of every layer at `context_length` (f32).
+    pub kv_cache_bytes: u64,
+    /// The largest buffer one binding must hold: a weight matrix (Q, K and V of a layer fused
+    /// when they share a type), a layer's K or V cache, a prefill chunk's activations, or the
+    /// logits.
+    pub largest_binding: Binding,
+    pub unsupported: Vec<UnsupportedTensor>,
+}
+
+/// What the device allows (WebGPU's adapter limits of the same names).
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceLimits {
+    pub max_buffer_size: u64,
+    pub max_storage_buffer_binding_size: u64,
+}
+
+/// Whether the model fits, and if not, the error code and reason loading would fail with.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    pub fits: bool,
+    pub code: Option<&'static str>,
+    pub reason: Option<String>,
+}
+
+impl Estimate {
+    /// Sizes the model described by `header` with a KV cache of `context_length` tokens (None:
+    /// the default a load takes). An architecture or shape Kestrel refuses is the same error the
+    /// load gives.
+    pub fn from_header(header: &GgufHeader, context: Option<usize>) -> Result<Self, ModelError> {
+        let c = ModelConfig::from_header(header)?;
+        let context = context_length(&c, context)?;
+        let mut weight_bytes = 0u64;
+        let mut unsupported = Vec::new();
+        let mut largest = Binding { name: "logits".into(), bytes: 4 * c.vocab as u64 };
+        let mut consider = |name: &str, bytes: u64| {
+            if bytes > largest.bytes {
+                largest = Binding { name: name.to_string(), bytes };
+            }
+        };
+        for t in &header.tensors {
+            if !is_gpu_supported(t.ggml_type) {
+                unsupported.push(UnsupportedTensor { tensor: t.name.clone(), ty: t.ggml_type.to_string() });
+                continue;
+            }
+            // Vectors (norms, biases) are uploaded as f32; matrices repacked.
+            let bytes = if t.dims.len() == 1 { 4 * t.n_elements() } else { packed_bytes(t, rows(t))? };
+            weight_bytes += bytes;
+            if !SHARDED.contains(&t.name.as_str()) {
+                consider(&t.name, bytes);
+            }
+        }
+        // Q, K and V of a layer that share a type are uploaded as one matrix.
+        for l in 0..c.n_layers {
+            let find = |part: &str| header.tensors.iter().find(|t| t.name == format!("blk.{l}.attn_{part}.weight"));
+            if let (Some(q), Some(k), Some(v)) = (find("q"), find("k"), find("v")) {
+                if q.ggml_type == k.ggml_type && k.ggml_type == v.ggml_type && is_gpu_supported(q.ggml_type) {
+                    consider(&format!("blk.{l}.attn_qkv (fused)"), packed_bytes(q, rows(q) + rows(k) + rows(v))?);
+                }
+            }
+        }
+        let kv_layer = 4 * (c.n_kv_heads * context * c.head_dim) as u64;
+        consider("one layer's K cache", kv_layer);
+        // The activations hold a whole prefill chunk.
+        let chunk = LoadOptions::default().max_chunk.min(context) as u64;
+        let widest = [("ffn", c.ffn), ("qkv", c.qkv_width()), ("hidden", c.hidden)].into_iter().max_by_key(|&(_, w)| w);
+        if let Some((name, width)) = widest {
+            consider(&format!("the {name} activations of a {chunk}-token chunk"), 4 * chunk * width as u64);
+        }
+        Ok(Self {
+            name: c.name.clone(),
+            arch: format!("{:?}", c.arch).to_lowercase(),
+            file_bytes: header.data_end(),
+            weight_bytes,
+            context_length: context,
+            kv_cache_bytes: 2 * kv_layer * c.n_layers as u64,
+            largest_binding: largest,
+            unsupported,
+        })
+    }
+
+    /// Whether a device with `limits` can load it.
+    pub fn verdict(&self, limits: &DeviceLimits) -> Verdict {
+        if let Some(t) = self.unsupported.first() {
+            let reason = format!("tensor {:?} has type {}, which Kestrel cannot run on the GPU", t.tensor, t.ty);
+            return Verdict { fits: false, code: Some("unsupported_quant"), reason: Some(reason) };
+        }
+        let limit = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        if self.largest_binding.bytes > limit {
+            let b = &self.largest_binding;
+            let reason = format!("{} needs a {}-byte buffer; this device binds at most {limit} bytes", b.name, b.bytes);
+            return Verdict { fits: false, code: Some("device_limits"), reason: Some(reason) };
+        }
+        Verdict { fits: true, code: None, reason: None }
+    }
+}
+
+/// Rows of a matrix (ggml's `dims[0]` is the row length).
+fn rows(t: &TensorInfo) -> u64 {
+    t.dims.iter().skip(1).product()
+}
+
+fn packed_bytes(t: &TensorInfo, rows: u64) -> Result<u64, ModelError> {
+    let cols = t.dims.first().copied().unwrap_or(1);
+    Ok(4 * gpu_sections(t.ggml_type, rows, cols)?.total())
+}
