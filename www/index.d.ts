@@ -245,6 +245,35 @@ export interface RemoteOptions {
   model?: string;
 }
 
+/** Will a model fit, from its GGUF header alone (see `estimate`). */
+export interface Estimate {
+  name: string;
+  arch: string;
+  /** The file's size, as its header declares it. */
+  file_bytes: number;
+  /** The weights as packed on the GPU. */
+  weight_bytes: number;
+  context_length: number;
+  /** K and V of every layer at `context_length` (f32). */
+  kv_cache_bytes: number;
+  /** The largest buffer one binding must hold. */
+  largest_binding: { name: string; bytes: number };
+  /** Tensors of a type Kestrel cannot run on the GPU. */
+  unsupported: { tensor: string; type: string }[];
+  /** The adapter's limits compared with (null without WebGPU). */
+  limits: { maxBufferSize: number; maxStorageBufferBindingSize: number } | null;
+  fits: boolean;
+  /** Why not: `device_limits`, `unsupported_quant` or `no_webgpu`, with the numbers in `reason`. */
+  code: string | null;
+  reason: string | null;
+}
+
+/**
+ * Reads only the GGUF header of `model` (an HTTP range request, or the first bytes of a File) and
+ * says whether it fits this browser's GPU with a `context_length`-token KV cache.
+ */
+export function estimate(options: { model: string | URL | Blob; context_length?: number }): Promise<Estimate>;
+
 /** Starts the engine's worker and loads the model; resolves when it is ready. */
 export function createEngine(options: CreateEngineOptions): Promise<Engine>;
 export function hasModelInCache(url: string): Promise<boolean>;

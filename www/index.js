@@ -5,7 +5,7 @@
 /**
  * @import {
  *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEngineOptions,
- *   Engine as EngineApi, EngineInfo, EngineMemory, FinishReason, KestrelDetails, KestrelError, LoadProgress, Timings, Usage,
+ *   Engine as EngineApi, EngineInfo, EngineMemory, Estimate, FinishReason, KestrelDetails, KestrelError, LoadProgress, Timings, Usage,
  * } from './index.d.ts'
  * @import { GenerateResult } from './remote.js'
  */
@@ -53,6 +53,35 @@ export async function deleteModelFromCache(url) {
   if (!globalThis.caches) return false;
   const cache = await caches.open(CACHE_NAME);
   return cache.delete(new URL(url, location.href).href);
+}
+
+/**
+ * Whether `model` (a URL, a File or a Blob) fits this browser's GPU with a KV cache of
+ * `context_length` tokens, from its GGUF header alone (an HTTP range request; no weight is
+ * fetched): weight and KV cache bytes, the largest single buffer, unsupported tensors, and the
+ * verdict against the adapter's limits with the reason when it does not fit.
+ * @param {{ model: string | URL | Blob, context_length?: number }} options
+ * @returns {Promise<Estimate>}
+ */
+export async function estimate(options) {
+  const { model, context_length } = options ?? {};
+  if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
+    throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
+  }
+  const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+  try {
+    return await new Promise((resolve, reject) => {
+      worker.onmessage = ({ data }) => {
+        if (data.type === 'result') resolve(data.value);
+        else if (data.type === 'error') reject(kestrelError(data.error.code, data.error.message));
+      };
+      worker.onerror = (e) => reject(kestrelError('worker_error', `the engine's worker failed: ${e.message || 'could not start it'}`));
+      const url = model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model;
+      worker.postMessage({ type: 'estimate', id: 0, model: url, context_length });
+    });
+  } finally {
+    worker.terminate();
+  }
 }
 
 /**
@@ -393,6 +422,8 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * phase 'download' | 'cache' | 'upload' (a local File/Blob) | 'compile' | 'ready'.
  * `gpu: {allow_f16, allow_subgroups, allow_timestamps}` forces optional GPU features off;
  * `context_length` sizes the KV cache (default: the model's context, at most 4096).
+ * Before downloading a URL it checks from the header that the model fits (`estimate`), failing
+ * with `device_limits` or `unsupported_quant` without fetching the weights.
  * `remote: {baseURL, apiKey, model}`: where this browser has no WebGPU or the model does not fit
  * its GPU (`no_webgpu`, `device_limits`, `out_of_memory`), the engine sends the same requests to
  * that OpenAI-compatible server instead (`engine.info.backend` is then 'remote').

@@ -25,13 +25,14 @@ const MIME = {
 
 /**
  * Starts the server; resolves to {url, port, log, close}. `log` lists every request's path.
- * `omitLength` sends files without a Content-Length (chunked), as hosts that compress on the fly do.
+ * `omitLength` sends files without a Content-Length (chunked), as hosts that compress on the fly do;
+ * `ranges: false` ignores Range headers (answers 200 with the whole file), as some hosts do.
  */
-export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet = true, omitLength = false } = {}) {
+export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet = true, omitLength = false, ranges = true } = {}) {
   const log = [];
   const server = createServer(async (req, res) => {
     const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
-    log.push({ method: req.method, path });
+    log.push({ method: req.method, path, range: req.headers.range ?? null });
     if (!quiet) console.log(req.method, path);
     const headers = {
       'Cross-Origin-Opener-Policy': 'same-origin',
@@ -58,11 +59,21 @@ export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet =
         file = join(file, 'index.html');
         stat = await fs.stat(file);
       }
-      res.writeHead(200, {
-        ...headers,
-        'Content-Type': MIME[extname(file)] ?? 'application/octet-stream',
-        ...(omitLength ? {} : { 'Content-Length': stat.size }),
-      });
+      const type = MIME[extname(file)] ?? 'application/octet-stream';
+      // One byte range (`bytes=a-b` or `bytes=a-`), as `estimate()` asks for a file's header.
+      const range = ranges && /^bytes=(\d+)-(\d*)$/.exec(req.headers.range ?? '');
+      if (range) {
+        const start = Number(range[1]);
+        const end = Math.min(range[2] ? Number(range[2]) : stat.size - 1, stat.size - 1);
+        if (start >= stat.size || start > end) {
+          res.writeHead(416, { ...headers, 'Content-Range': `bytes */${stat.size}` });
+          return res.end();
+        }
+        res.writeHead(206, { ...headers, 'Content-Type': type, 'Content-Range': `bytes ${start}-${end}/${stat.size}`, 'Content-Length': end - start + 1 });
+        if (req.method === 'HEAD') return res.end();
+        return createReadStream(file, { start, end }).pipe(res);
+      }
+      res.writeHead(200, { ...headers, 'Content-Type': type, 'Accept-Ranges': ranges ? 'bytes' : 'none', ...(omitLength ? {} : { 'Content-Length': stat.size }) });
       if (req.method === 'HEAD') return res.end();
       createReadStream(file).pipe(res);
     } catch {

@@ -1,7 +1,7 @@
 // The module worker that owns the wasm Engine. The page talks to it with messages
 // ({type, id, ...}); it answers with 'progress', 'token', 'result' and 'error' messages.
 // It never runs two requests at once: the page (index.js) queues them.
-import init, { Engine } from './pkg/kestrel_wasm.js';
+import init, { Engine, HeaderProbe } from './pkg/kestrel_wasm.js';
 
 const CACHE_NAME = 'kestrel-models';
 let engine = null;
@@ -40,12 +40,76 @@ const errorOf = (e) => ({
   message: (e && e.message) || String(e),
 });
 
+async function initWasm() {
+  wasmMemory ??= (await init({ module_or_path: new URL('./pkg/kestrel_wasm_bg.wasm', import.meta.url) })).memory;
+}
+
 async function getEngine(gpuOptions) {
   if (!engine) {
-    wasmMemory = (await init({ module_or_path: new URL('./pkg/kestrel_wasm_bg.wasm', import.meta.url) })).memory;
+    await initWasm();
     engine = await Engine.create(gpuOptions ?? null);
   }
   return engine;
+}
+
+const fail = (code, message) => Object.assign(new Error(message), { code });
+
+/**
+ * Reads the GGUF header of `model` (a URL or a Blob) and no more: HTTP range requests of growing
+ * size, or, where the server ignores ranges, the start of the body until the header is complete.
+ */
+async function readHeader(model) {
+  await initWasm();
+  let probe = new HeaderProbe();
+  const truncated = () => fail('bad_model', 'bad model file: the file ends inside its header');
+  if (model instanceof Blob) {
+    for (let at = 0, size = 1 << 20; ; at += size, size *= 2) {
+      if (at >= model.size) throw truncated();
+      if (probe.push(new Uint8Array(await model.slice(at, at + size).arrayBuffer()))) return probe;
+    }
+  }
+  for (let at = 0, size = 1 << 20; ; at += size, size *= 2) {
+    let response;
+    try {
+      response = await fetch(model, { headers: { Range: `bytes=${at}-${at + size - 1}` } });
+    } catch (e) {
+      throw fail('fetch_failed', `could not fetch ${model}: ${e.message}`);
+    }
+    if (response.status === 416) throw truncated();
+    if (!response.ok || !response.body) throw fail('fetch_failed', `could not fetch ${model}: HTTP ${response.status}`);
+    if (response.status === 206) {
+      const bytes = new Uint8Array(await response.arrayBuffer());
+      if (probe.push(bytes)) return probe;
+      if (bytes.byteLength < size) throw truncated();
+      continue;
+    }
+    // The whole file is coming: read its start, then stop the download.
+    if (at > 0) probe = new HeaderProbe();
+    const reader = response.body.getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) throw truncated();
+      if (probe.push(value)) {
+        reader.cancel().catch(() => {});
+        return probe;
+      }
+    }
+  }
+}
+
+/**
+ * Will `model` fit this browser's GPU with a `contextLength`-token KV cache: the estimate from its
+ * header and the verdict against the adapter's limits.
+ */
+async function estimate(model, contextLength) {
+  const probe = await readHeader(typeof model === 'string' ? new URL(model, self.location.href).href : model);
+  const adapter = await navigator.gpu?.requestAdapter({ powerPreference: 'high-performance' }).catch(() => null);
+  const limits = adapter ? { maxBufferSize: adapter.limits.maxBufferSize, maxStorageBufferBindingSize: adapter.limits.maxStorageBufferBindingSize } : null;
+  const result = probe.estimate(contextLength ?? undefined, limits?.maxBufferSize, limits?.maxStorageBufferBindingSize);
+  probe.free();
+  result.limits = limits;
+  if (!adapter) Object.assign(result, { fits: false, code: 'no_webgpu', reason: 'WebGPU is not available here (no adapter)' });
+  return result;
 }
 
 /** Adds the browser's own adapter description (wgpu's name is often empty on the web). */
@@ -75,6 +139,9 @@ async function load(id, model, useCache, gpuOptions) {
       body = hit.body;
       total = Number(hit.headers.get('content-length')) || 0;
     } else {
+      // Before downloading gigabytes, check from the header alone that the model fits.
+      const fits = await estimate(url, gpuOptions?.context_length);
+      if (fits.fits === false) throw fail(fits.code, `the model does not fit this device: ${fits.reason}`);
       phase = 'download';
       let response;
       try {
@@ -180,6 +247,9 @@ self.onmessage = async ({ data }) => {
         break;
       case 'unload':
         engine?.unload();
+        break;
+      case 'estimate':
+        value = await estimate(data.model, data.context_length);
         break;
       case 'memory':
         value = { wasm_bytes: wasmMemory?.buffer.byteLength ?? 0, gpu_buffers: gpuBuffers.count, gpu_buffer_bytes: gpuBuffers.bytes };

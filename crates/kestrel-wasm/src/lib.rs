@@ -11,7 +11,9 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use js_sys::{Function, Promise};
+use kestrel_gguf::GgufStreamReader;
 use kestrel_gpu::{Gpu, GpuOptions};
+use kestrel_model::estimate::{DeviceLimits, Estimate};
 use kestrel_model::{LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, TokenEvent};
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
@@ -248,7 +250,7 @@ impl Engine {
 
     /// Feeds the next bytes of a GGUF file. The first chunk starts a new load (dropping any
     /// loaded model first, so its GPU memory is free). Returns the progress:
-    /// `{bytes_received, tensors_loaded, tensors_total}`. After an error the load is
+    /// `{bytes_received, tensors_loaded, tensors_total, file_bytes}`. After an error the load is
     /// abandoned; the next chunk starts a new one.
     #[wasm_bindgen(js_name = loadChunk)]
     pub fn load_chunk(&self, bytes: &[u8]) -> Result<JsValue, JsValue> {
@@ -321,6 +323,64 @@ impl Engine {
             s.unload_pending.set(true);
         }
         s.drop_model();
+    }
+}
+
+/// Reads a GGUF file's header as its first bytes arrive (no GPU needed), then answers whether the
+/// model fits: `estimate()` in the browser package, and `createEngine`'s check before a download.
+#[wasm_bindgen]
+pub struct HeaderProbe {
+    reader: GgufStreamReader,
+}
+
+impl Default for HeaderProbe {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[wasm_bindgen]
+impl HeaderProbe {
+    #[wasm_bindgen(constructor)]
+    pub fn new() -> HeaderProbe {
+        install_panic_hook();
+        HeaderProbe { reader: GgufStreamReader::new() }
+    }
+
+    /// Feeds the next bytes of the file; true once the whole header has arrived (stop then).
+    /// A malformed header is a `bad_model` error.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<bool, JsValue> {
+        if self.reader.header().is_none() {
+            // Tensor data after the header is not wanted: its events are ignored.
+            self.reader.push(bytes, &mut |_| Ok(())).map_err(|e| model_error(&e.into()))?;
+        }
+        Ok(self.reader.header().is_some())
+    }
+
+    /// `{name, arch, file_bytes, weight_bytes, context_length, kv_cache_bytes, largest_binding:
+    /// {name, bytes}, unsupported: [{tensor, type}], fits, code, reason}` for a KV cache of
+    /// `context_length` tokens (absent: the load's default), against the limits given (absent:
+    /// `fits` is null).
+    pub fn estimate(
+        &self,
+        context_length: Option<u32>,
+        max_buffer_size: Option<f64>,
+        max_binding: Option<f64>,
+    ) -> Result<JsValue, JsValue> {
+        let header = self.reader.header().ok_or_else(|| js_error("bad_model", "the GGUF header has not arrived yet"))?;
+        let estimate = Estimate::from_header(header, context_length.map(|c| c as usize)).map_err(|e| model_error(&e))?;
+        let mut value = serde_json::to_value(&estimate).map_err(|e| js_error("internal", &e.to_string()))?;
+        let verdict = match (max_buffer_size, max_binding) {
+            (Some(buffer), Some(binding)) => {
+                let limits = DeviceLimits { max_buffer_size: buffer as u64, max_storage_buffer_binding_size: binding as u64 };
+                serde_json::to_value(estimate.verdict(&limits)).map_err(|e| js_error("internal", &e.to_string()))?
+            }
+            _ => json!({ "fits": null, "code": null, "reason": null }),
+        };
+        if let (Some(out), Some(verdict)) = (value.as_object_mut(), verdict.as_object()) {
+            out.extend(verdict.clone());
+        }
+        Ok(to_js(&value))
     }
 }
 
