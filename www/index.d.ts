@@ -224,6 +224,8 @@ export interface CreateEngineOptions {
   /** A URL (fetched, then kept in the Cache API), a File or a Blob of a GGUF file. */
   model: string | URL | Blob;
   onProgress?: (progress: LoadProgress) => void;
+  /** Follows the engine recovering by itself from a lost GPU device (see EngineStatus). */
+  onStatus?: (status: EngineStatus) => void;
   /** Force optional GPU features off (all default to true: used where the adapter has them). */
   gpu?: { allow_f16?: boolean; allow_subgroups?: boolean; allow_timestamps?: boolean };
   /** KV cache length in tokens (default: the model's training context, at most 4096). */
@@ -234,6 +236,17 @@ export interface CreateEngineOptions {
    * makes no request but the model's and its own files.
    */
   remote?: RemoteOptions;
+}
+
+/**
+ * When the GPU device is lost (driver reset, the browser reclaiming the GPU), the request in flight
+ * fails with `device_lost` and the engine recovers by itself: 'device_lost', then 'reloading' (a
+ * new device, the model from the Cache API or the same File), then 'ready', or 'failed' with the
+ * error (the engine is then unusable). Requests made meanwhile wait for it.
+ */
+export interface EngineStatus {
+  status: 'device_lost' | 'reloading' | 'ready' | 'failed';
+  error?: { code: string; message: string };
 }
 
 export interface RemoteOptions {

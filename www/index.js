@@ -5,7 +5,7 @@
 /**
  * @import {
  *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEngineOptions,
- *   Engine as EngineApi, EngineInfo, EngineMemory, Estimate, FinishReason, KestrelDetails, KestrelError, LoadProgress, Timings, Usage,
+ *   Engine as EngineApi, EngineInfo, EngineMemory, EngineStatus, Estimate, FinishReason, KestrelDetails, KestrelError, LoadProgress, Timings, Usage,
  * } from './index.d.ts'
  * @import { GenerateResult } from './remote.js'
  */
@@ -14,12 +14,12 @@ import { RemoteBackend, kestrelError } from './remote.js';
 
 /**
  * A message from the worker (worker.js).
- * @typedef {{ id: number } & (
+ * @typedef {({ id: number } & (
  *   | { type: 'progress', progress: LoadProgress }
  *   | { type: 'token', text: string, tokenId?: number }
  *   | { type: 'result', value: any }
  *   | { type: 'error', error: { code: string, message: string } }
- * )} WorkerMessage
+ * )) | { type: 'status', id?: undefined, status: EngineStatus['status'], info?: EngineInfo, error?: { code: string, message: string } }} WorkerMessage
  */
 
 /**
@@ -263,9 +263,16 @@ class Engine {
    */
   info = /** @type {EngineInfo} */ (/** @type {unknown} */ (null));
 
-  /** @param {Worker} worker */
-  constructor(worker) {
+  /** @type {CreateEngineOptions['onStatus']} */
+  #onStatus;
+
+  /**
+   * @param {Worker} worker
+   * @param {CreateEngineOptions['onStatus']} onStatus
+   */
+  constructor(worker, onStatus) {
     this.#worker = worker;
+    this.#onStatus = onStatus;
     worker.onmessage = ({ data }) => this.#onMessage(data);
     worker.onerror = (e) => this.#fail(kestrelError('worker_error', `the engine's worker failed: ${e.message || 'could not start it'}`));
     /** @type {EngineApi['chat']} */
@@ -276,6 +283,12 @@ class Engine {
 
   /** @param {WorkerMessage} msg */
   #onMessage(msg) {
+    if (msg.type === 'status') {
+      // The worker recovering from a device loss by itself.
+      if (msg.status === 'ready' && msg.info) this.info = { ...msg.info, backend: 'webgpu' };
+      this.#onStatus?.(msg.error ? { status: msg.status, error: msg.error } : { status: msg.status });
+      return;
+    }
     const p = this.#pending.get(msg.id);
     if (!p) return;
     if (msg.type === 'progress') p.onProgress?.(msg.progress);
@@ -338,6 +351,14 @@ class Engine {
       abort: (id) => worker.postMessage({ type: 'abort', id }),
     };
     return openaiRequest(kind, request, backend, this.info?.model?.name ?? 'kestrel');
+  }
+
+  /**
+   * Test hook: destroys the worker's GPU device at once (not queued behind requests), as a driver
+   * reset would lose it. The request in flight fails with `device_lost`; the engine recovers.
+   */
+  _destroyDevice() {
+    this.#worker.postMessage({ type: 'destroy-device', id: 0 });
   }
 
   /** Forgets the conversation cached on the GPU (the next request prefills from scratch). */
@@ -422,6 +443,9 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * phase 'download' | 'cache' | 'upload' (a local File/Blob) | 'compile' | 'ready'.
  * `gpu: {allow_f16, allow_subgroups, allow_timestamps}` forces optional GPU features off;
  * `context_length` sizes the KV cache (default: the model's context, at most 4096).
+ * `onStatus({status})` follows the engine recovering by itself from a lost GPU device: the
+ * request in flight fails with `device_lost`, then 'device_lost', 'reloading' (the model from the
+ * Cache API or the same File), 'ready' (or 'failed' with `error`); later requests wait for it.
  * Before downloading a URL it checks from the header that the model fits (`estimate`), failing
  * with `device_limits` or `unsupported_quant` without fetching the weights.
  * `remote: {baseURL, apiKey, model}`: where this browser has no WebGPU or the model does not fit
@@ -431,7 +455,7 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * @returns {Promise<EngineApi>}
  */
 export async function createEngine(options) {
-  const { model, onProgress, gpu, context_length, remote } = options ?? {};
+  const { model, onProgress, onStatus, gpu, context_length, remote } = options ?? {};
   if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
     throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
   }
@@ -442,7 +466,7 @@ export async function createEngine(options) {
     throw error;
   }
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
-  const engine = new Engine(worker);
+  const engine = new Engine(worker, onStatus);
   try {
     await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, context_length });
   } catch (e) {

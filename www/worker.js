@@ -8,6 +8,8 @@ let engine = null;
 let wasmMemory = null; // the wasm instance's WebAssembly.Memory, once initialised
 let current = null; // id of the running generation
 const aborted = new Set();
+let lastLoad = null; // {model, gpuOptions} of the loaded model, to reload it after a device loss
+let recovery = null; // the reload under way after a device loss; requests wait for it
 
 // The GPUBuffers this worker holds, for `memory()`: created, and neither destroyed nor garbage
 // collected. Counted here, where every buffer passes, because wgpu cannot: on the web it drops a
@@ -220,9 +222,52 @@ async function generate(id, request) {
     });
     result.timings.e2e_ms = performance.now() - start;
     return result;
+  } catch (e) {
+    const error = e?.code === 'gpu' ? await lossBehind(eng, e) : e;
+    // The request fails with the loss; the engine recovers by itself for the next one.
+    if (error?.code === 'device_lost' && lastLoad && !recovery) recovery = recover();
+    throw error;
   } finally {
     current = null;
     aborted.delete(id);
+  }
+}
+
+/**
+ * The browser reports a lost device after the errors the loss causes (a destroyed buffer used in a
+ * submit): after a `gpu` error, waits briefly for a loss and returns it, else the error itself.
+ */
+async function lossBehind(eng, error) {
+  for (let i = 0; i < 10; i++) {
+    await new Promise((r) => setTimeout(r, 50));
+    try {
+      eng.checkDevice();
+    } catch (fault) {
+      if (fault?.code === 'device_lost') return fault;
+    }
+  }
+  return error;
+}
+
+/**
+ * After a device loss: a new device, and the model reloaded (from the Cache API for a URL, else
+ * from the same File or Blob). Reports each stage as a 'status' message.
+ */
+async function recover() {
+  const { model, gpuOptions } = lastLoad;
+  post({ type: 'status', status: 'device_lost' });
+  engine?.unload();
+  engine?.free();
+  engine = null;
+  try {
+    post({ type: 'status', status: 'reloading' });
+    const info = await load(0, model, true, gpuOptions);
+    post({ type: 'status', status: 'ready', info });
+  } catch (e) {
+    lastLoad = null;
+    post({ type: 'status', status: 'failed', error: errorOf(e) });
+  } finally {
+    recovery = null;
   }
 }
 
@@ -234,10 +279,16 @@ self.onmessage = async ({ data }) => {
     return;
   }
   try {
+    if (recovery && type !== 'estimate') await recovery;
     let value;
     switch (type) {
       case 'load':
         value = await load(id, data.model, data.cache !== false, data.gpu);
+        lastLoad = { model: data.model, gpuOptions: data.gpu };
+        break;
+      case 'destroy-device':
+        // The test hook of the recovery: loses the device as a driver reset would.
+        engine?.destroyDevice();
         break;
       case 'generate':
         value = await generate(id, data.request);
@@ -247,6 +298,7 @@ self.onmessage = async ({ data }) => {
         break;
       case 'unload':
         engine?.unload();
+        lastLoad = null;
         break;
       case 'estimate':
         value = await estimate(data.model, data.context_length);

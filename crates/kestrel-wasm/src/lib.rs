@@ -315,6 +315,21 @@ impl Engine {
 
     /// Drops the model and any load in progress, freeing their GPU memory. A running generation
     /// is aborted and the model dropped when it ends.
+    /// Throws the device's fault recorded since the last check, if any: `device_lost` once the
+    /// device is gone (the browser reports a loss after the errors it causes).
+    #[wasm_bindgen(js_name = checkDevice)]
+    pub fn check_device(&self) -> Result<(), JsValue> {
+        self.state.gpu()?.check_faults().map_err(|e| model_error(&e.into()))
+    }
+
+    /// Destroys the GPU device, as a driver reset or the browser reclaiming the GPU would lose
+    /// it: the test hook of the package's device-loss recovery. The engine is unusable after.
+    #[wasm_bindgen(js_name = destroyDevice)]
+    pub fn destroy_device(&self) -> Result<(), JsValue> {
+        self.state.gpu()?.device.destroy();
+        Ok(())
+    }
+
     pub fn unload(&self) {
         let s = &self.state;
         s.loader.borrow_mut().take();
