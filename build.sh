@@ -105,17 +105,24 @@ bench() {
   node bench/run.mjs "$@"
 }
 
+# The dev-profile CLI (target/debug/kestrel) as `cargo test --workspace` builds it for the CLI's
+# own tests: with the tests' dependency features, so after them this compiles nothing, where
+# `cargo build -p kestrel-cli` would compile a second variant of the dependencies (minutes in CI).
+build_dev_cli() {
+  cargo test --workspace --no-run
+}
+
 # bench/gpu-check.sh in its smallest size on this machine's device (lavapipe without a GPU), with
-# the dev-profile CLI that `cargo test` already compiled, so the real-GPU check never rots.
+# the dev-profile CLI, so the real-GPU check never rots.
 gpu_check_smoke() {
-  cargo build -p kestrel-cli
+  build_dev_cli
   KESTREL_BIN="$target_dir/debug/kestrel" bench/gpu-check.sh --smoke
 }
 
 # The browser suite compares with the native CLI, built in the dev profile so that it reuses what
 # `cargo test` compiled.
 browser_tests() {
-  cargo build -p kestrel-cli
+  build_dev_cli
   build_wasm
   browser_models
   # The soak at a size that takes about 3 minutes on SwiftShader on a busy 2-core machine;
@@ -126,8 +133,8 @@ browser_tests() {
 # The random-weight qwen3 models the browser tests serve: written by the native tests that use
 # them (which check the plain one's sha256 against the file llama.cpp's reference was made from).
 browser_models() {
-  cargo test -p kestrel-model --test greedy synthetic_model_features_change_llama_cpp_output
-  cargo test -p kestrel-model --test bad_models hostile_chat_template_fails_the_request_not_the_model
+  cargo test --workspace --test greedy synthetic_model_features_change_llama_cpp_output
+  cargo test --workspace --test bad_models hostile_chat_template_fails_the_request_not_the_model
   cp "$target_dir/tmp/synthetic-qwen3-f32.gguf" "$target_dir/tmp/synthetic-qwen3-runaway-template.gguf" models/
 }
 
@@ -209,10 +216,9 @@ setup_server_tests() {
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/server/requirements.txt
 }
 
-# `kestrel serve` driven by OpenAI's official Python client, with the dev-profile CLI that
-# `cargo test` already compiled.
+# `kestrel serve` driven by OpenAI's official Python client, with the dev-profile CLI.
 server_tests() {
-  cargo build -p kestrel-cli
+  build_dev_cli
   setup_server_tests
   (cd tests/server && KESTREL_CLI="$target_dir/debug/kestrel" .venv/bin/python -m unittest -v test_server)
   # The load test at a size that takes under a minute here; `./build.sh load` runs the full one.

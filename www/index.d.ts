@@ -224,6 +224,8 @@ export interface CreateEngineOptions {
   /** A URL (fetched, then kept in the Cache API), a File or a Blob of a GGUF file. */
   model: string | URL | Blob;
   onProgress?: (progress: LoadProgress) => void;
+  /** The file's SHA-256 (hex), checked as it streams in: a mismatch is `bad_model` and the copy is not cached. */
+  sha256?: string;
   /** Follows the engine recovering by itself from a lost GPU device (see EngineStatus). */
   onStatus?: (status: EngineStatus) => void;
   /** Force optional GPU features off (all default to true: used where the adapter has them). */
@@ -291,3 +293,5 @@ export function estimate(options: { model: string | URL | Blob; context_length?:
 export function createEngine(options: CreateEngineOptions): Promise<Engine>;
 export function hasModelInCache(url: string): Promise<boolean>;
 export function deleteModelFromCache(url: string): Promise<boolean>;
+/** The models the Cache API holds (stored by earlier loads), with their sizes. */
+export function listCachedModels(): Promise<{ url: string; bytes: number }[]>;

@@ -45,6 +45,23 @@ export async function hasModelInCache(url) {
 }
 
 /**
+ * The models the Cache API holds (stored by earlier loads), with their sizes in bytes.
+ * @returns {Promise<{ url: string, bytes: number }[]>}
+ */
+export async function listCachedModels() {
+  if (!globalThis.caches) return [];
+  const cache = await caches.open(CACHE_NAME);
+  const models = [];
+  for (const request of await cache.keys()) {
+    const response = await cache.match(request);
+    if (!response) continue;
+    const length = Number(response.headers.get('content-length'));
+    models.push({ url: request.url, bytes: length || (await response.blob()).size });
+  }
+  return models;
+}
+
+/**
  * Removes the model at `url` from the Cache API; true when there was one.
  * @param {string} url
  * @returns {Promise<boolean>}
@@ -333,9 +350,10 @@ class Engine {
    * @param {string | Blob} model
    * @param {CreateEngineOptions['onProgress']} onProgress
    * @param {CreateEngineOptions['gpu'] & { context_length?: number }} gpu
+   * @param {string | undefined} sha256
    */
-  async _load(model, onProgress, gpu) {
-    this.info = await this.#call({ type: 'load', model, gpu }, { onProgress });
+  async _load(model, onProgress, gpu, sha256) {
+    this.info = await this.#call({ type: 'load', model, gpu, sha256 }, { onProgress });
     return this.info;
   }
 
@@ -446,6 +464,8 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * `onStatus({status})` follows the engine recovering by itself from a lost GPU device: the
  * request in flight fails with `device_lost`, then 'device_lost', 'reloading' (the model from the
  * Cache API or the same File), 'ready' (or 'failed' with `error`); later requests wait for it.
+ * `sha256` (hex): the file's digest, checked as it streams; a mismatch is `bad_model` and the
+ * copy is not kept in the Cache API.
  * Before downloading a URL it checks from the header that the model fits (`estimate`), failing
  * with `device_limits` or `unsupported_quant` without fetching the weights.
  * `remote: {baseURL, apiKey, model}`: where this browser has no WebGPU or the model does not fit
@@ -455,9 +475,12 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * @returns {Promise<EngineApi>}
  */
 export async function createEngine(options) {
-  const { model, onProgress, onStatus, gpu, context_length, remote } = options ?? {};
+  const { model, onProgress, onStatus, gpu, context_length, remote, sha256 } = options ?? {};
   if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
     throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
+  }
+  if (sha256 != null && !/^[0-9a-fA-F]{64}$/.test(sha256)) {
+    throw kestrelError('invalid_option', 'invalid option sha256: expected 64 hexadecimal digits');
   }
   const remoteBackend = remote == null ? null : new RemoteBackend(remote);
   if (!globalThis.navigator?.gpu) {
@@ -468,7 +491,7 @@ export async function createEngine(options) {
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   const engine = new Engine(worker, onStatus);
   try {
-    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, context_length });
+    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, context_length }, sha256);
   } catch (e) {
     worker.terminate();
     const code = /** @type {KestrelError} */ (e)?.code;

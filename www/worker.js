@@ -1,7 +1,7 @@
 // The module worker that owns the wasm Engine. The page talks to it with messages
 // ({type, id, ...}); it answers with 'progress', 'token', 'result' and 'error' messages.
 // It never runs two requests at once: the page (index.js) queues them.
-import init, { Engine, HeaderProbe } from './pkg/kestrel_wasm.js';
+import init, { Engine, HeaderProbe, Sha256Hasher } from './pkg/kestrel_wasm.js';
 
 const CACHE_NAME = 'kestrel-models';
 let engine = null;
@@ -124,8 +124,9 @@ async function describeAdapter(info) {
 }
 
 /** Streams `model` (a URL string, a Blob or a File) into the engine, with progress events. */
-async function load(id, model, useCache, gpuOptions) {
+async function load(id, model, useCache, gpuOptions, sha256) {
   const eng = await getEngine(gpuOptions);
+  const hasher = sha256 ? new Sha256Hasher() : null;
   let phase = 'upload';
   let body;
   let total = 0;
@@ -180,6 +181,7 @@ async function load(id, model, useCache, gpuOptions) {
       const { done, value } = await reader.read();
       if (done) break;
       loaded += value.byteLength;
+      hasher?.update(value);
       progress = eng.loadChunk(value);
       // Without a Content-Length (a host compressing on the fly) the header gives the size.
       if (!total && progress.file_bytes) total = progress.file_bytes;
@@ -190,6 +192,11 @@ async function load(id, model, useCache, gpuOptions) {
       }
     }
     post({ type: 'progress', id, progress: { phase, loaded, total, tensors: progress?.tensors_loaded ?? 0, tensorsTotal: progress?.tensors_total ?? 0 } });
+    if (hasher) {
+      // Checked before the model is built; a mismatch also drops the copy the Cache API got.
+      const digest = hasher.finishHex();
+      if (digest !== sha256.toLowerCase()) throw fail('bad_model', `bad model file: its sha256 is ${digest}, not the expected ${sha256}`);
+    }
     post({ type: 'progress', id, progress: { phase: 'compile', loaded, total } });
     const info = await eng.finishLoad();
     await describeAdapter(info);
@@ -254,14 +261,14 @@ async function lossBehind(eng, error) {
  * from the same File or Blob). Reports each stage as a 'status' message.
  */
 async function recover() {
-  const { model, gpuOptions } = lastLoad;
+  const { model, gpuOptions, sha256 } = lastLoad;
   post({ type: 'status', status: 'device_lost' });
   engine?.unload();
   engine?.free();
   engine = null;
   try {
     post({ type: 'status', status: 'reloading' });
-    const info = await load(0, model, true, gpuOptions);
+    const info = await load(0, model, true, gpuOptions, sha256);
     post({ type: 'status', status: 'ready', info });
   } catch (e) {
     lastLoad = null;
@@ -283,8 +290,8 @@ self.onmessage = async ({ data }) => {
     let value;
     switch (type) {
       case 'load':
-        value = await load(id, data.model, data.cache !== false, data.gpu);
-        lastLoad = { model: data.model, gpuOptions: data.gpu };
+        value = await load(id, data.model, data.cache !== false, data.gpu, data.sha256);
+        lastLoad = { model: data.model, gpuOptions: data.gpu, sha256: data.sha256 };
         break;
       case 'destroy-device':
         // The test hook of the recovery: loses the device as a driver reset would.

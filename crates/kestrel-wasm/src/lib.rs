@@ -16,6 +16,7 @@ use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::estimate::{DeviceLimits, Estimate};
 use kestrel_model::{LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, TokenEvent};
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
@@ -341,6 +342,32 @@ impl Engine {
     }
 }
 
+/// SHA-256 of a file fed in chunks as it streams (WebCrypto's digest takes the whole file at
+/// once): `createEngine`'s `sha256` check.
+#[wasm_bindgen]
+#[derive(Default)]
+pub struct Sha256Hasher {
+    hasher: Sha256,
+}
+
+#[wasm_bindgen]
+impl Sha256Hasher {
+    #[wasm_bindgen(constructor)]
+    pub fn new() -> Sha256Hasher {
+        Sha256Hasher::default()
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.hasher.update(bytes);
+    }
+
+    /// The digest in lowercase hex; the hasher starts over.
+    #[wasm_bindgen(js_name = finishHex)]
+    pub fn finish_hex(&mut self) -> String {
+        self.hasher.finalize_reset().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
 /// Reads a GGUF file's header as its first bytes arrive (no GPU needed), then answers whether the
 /// model fits: `estimate()` in the browser package, and `createEngine`'s check before a download.
 #[wasm_bindgen]
@@ -402,6 +429,15 @@ impl HeaderProbe {
 #[cfg(test)]
 mod tests {
     use kestrel_model::GenerateOptions;
+
+    #[test]
+    fn sha256_of_chunks_is_the_digest_of_the_whole() {
+        let mut h = Sha256Hasher::new();
+        h.update(b"ab");
+        h.update(b"c");
+        // FIPS 180-2's test vector for "abc".
+        assert_eq!(h.finish_hex(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
 
     /// The npm package declares (index.d.ts) and passes on (index.js) every generation option
     /// under its wire name. `logprobs` is the package's `logprobs` + `top_logprobs`.
