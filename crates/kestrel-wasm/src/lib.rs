@@ -430,6 +430,8 @@ impl HeaderProbe {
 mod tests {
     use kestrel_model::GenerateOptions;
 
+    use super::Sha256Hasher;
+
     #[test]
     fn sha256_of_chunks_is_the_digest_of_the_whole() {
         let mut h = Sha256Hasher::new();
