@@ -125,9 +125,9 @@ browser_tests() {
   build_dev_cli
   build_wasm
   browser_models
-  # The soak at a size that takes about 3 minutes on SwiftShader on a busy 2-core machine;
+  # The soak at a size that takes about 2 minutes on SwiftShader on a busy 2-core machine;
   # soak_browser runs the full one.
-  (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" SOAK_REQUESTS=${SOAK_REQUESTS:-12} node --test --test-concurrency=1 --test-reporter=spec)
+  (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" SOAK_REQUESTS=${SOAK_REQUESTS:-8} node --test --test-concurrency=1 --test-reporter=spec)
 }
 
 # The random-weight qwen3 models the browser tests serve: written by the native tests that use
