@@ -100,12 +100,27 @@ async function readHeader(model) {
 }
 
 /**
+ * The adapter whose limits and description the worker reports (wgpu requests its own to create the
+ * device): asked once and kept, as it describes the same GPU for the worker's lifetime; a failed
+ * request is asked again next time.
+ * @type {Promise<GPUAdapter | null> | null}
+ */
+let adapterRequest = null;
+function describedAdapter() {
+  adapterRequest ??= (navigator.gpu?.requestAdapter({ powerPreference: 'high-performance' }) ?? Promise.resolve(null)).catch(() => null).then((a) => {
+    if (!a) adapterRequest = null;
+    return a;
+  });
+  return adapterRequest;
+}
+
+/**
  * Will `model` fit this browser's GPU with a `contextLength`-token KV cache: the estimate from its
  * header and the verdict against the adapter's limits.
  */
 async function estimate(model, contextLength) {
   const probe = await readHeader(typeof model === 'string' ? new URL(model, self.location.href).href : model);
-  const adapter = await navigator.gpu?.requestAdapter({ powerPreference: 'high-performance' }).catch(() => null);
+  const adapter = await describedAdapter();
   const limits = adapter ? { maxBufferSize: adapter.limits.maxBufferSize, maxStorageBufferBindingSize: adapter.limits.maxStorageBufferBindingSize } : null;
   const result = probe.estimate(contextLength ?? undefined, limits?.maxBufferSize, limits?.maxStorageBufferBindingSize);
   probe.free();
@@ -116,8 +131,7 @@ async function estimate(model, contextLength) {
 
 /** Adds the browser's own adapter description (wgpu's name is often empty on the web). */
 async function describeAdapter(info) {
-  const a = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' }).catch(() => null);
-  const i = a?.info;
+  const i = (await describedAdapter())?.info;
   if (!info.gpu || !i) return;
   info.gpu.adapter_info = { vendor: i.vendor, architecture: i.architecture, device: i.device, description: i.description };
   if (!info.gpu.adapter) info.gpu.adapter = i.description || [i.vendor, i.architecture, i.device].filter(Boolean).join(' ') || 'unknown adapter';

@@ -9,11 +9,9 @@ use serde::Serialize;
 
 use crate::config::ModelConfig;
 use crate::load::context_length;
+use crate::tensors::{assign_roles, gpu_runs, Expected, Role};
 use crate::LoadOptions;
 use crate::ModelError;
-
-/// The vocabulary tables: loaded as row shards, so no single binding must hold them whole.
-const SHARDED: [&str; 2] = ["token_embd.weight", "output.weight"];
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Binding {
@@ -76,22 +74,27 @@ impl Estimate {
                 largest = Binding { name: name.to_string(), bytes };
             }
         };
-        for t in &header.tensors {
-            if !is_gpu_supported(t.ggml_type) {
+        // The tensors the model uses, by role; the file's other tensors are never uploaded.
+        let roles = assign_roles(header, &c)?;
+        let used: Vec<(&TensorInfo, &Expected)> =
+            header.tensors.iter().zip(&roles).filter_map(|(t, e)| e.as_ref().map(|e| (t, e))).collect();
+        for &(t, e) in &used {
+            if !gpu_runs(e, t) {
                 unsupported.push(UnsupportedTensor { tensor: t.name.clone(), ty: t.ggml_type.to_string() });
                 continue;
             }
             // Vectors (norms, biases) are uploaded as f32; matrices repacked.
             let bytes = if t.dims.len() == 1 { 4 * t.n_elements() } else { packed_bytes(t, rows(t))? };
             weight_bytes += bytes;
-            if !SHARDED.contains(&t.name.as_str()) {
+            // The vocabulary tables are loaded as row shards: no binding holds them whole.
+            if !matches!(e.role, Role::TokenEmbedding | Role::Output) {
                 consider(&t.name, bytes);
             }
         }
         // Q, K and V of a layer that share a type are uploaded as one matrix.
         for l in 0..c.n_layers {
-            let find = |part: &str| header.tensors.iter().find(|t| t.name == format!("blk.{l}.attn_{part}.weight"));
-            if let (Some(q), Some(k), Some(v)) = (find("q"), find("k"), find("v")) {
+            let find = |want: Role| used.iter().find(|&&(_, e)| e.role == want).map(|&(t, _)| t);
+            if let (Some(q), Some(k), Some(v)) = (find(Role::Q(l)), find(Role::K(l)), find(Role::V(l))) {
                 if q.ggml_type == k.ggml_type && k.ggml_type == v.ggml_type && is_gpu_supported(q.ggml_type) {
                     consider(&format!("blk.{l}.attn_qkv (fused)"), packed_bytes(q, rows(q) + rows(k) + rows(v))?);
                 }

@@ -13,7 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{bad_model, ModelError};
 use crate::graph::{Graph, LayerWeights, Projection, QkvWeights, Weights};
 use crate::model::Model;
-use crate::tensors::{assign_roles, Expected, Role};
+use crate::tensors::{assign_roles, gpu_runs, Expected, Role};
 
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -115,13 +115,7 @@ impl Loading {
         let roles = assign_roles(header, &config)?;
         for (info, role) in header.tensors.iter().zip(&roles) {
             let Some(role) = role else { continue };
-            let is_vector = role.rows == 1;
-            let supported = if is_vector {
-                matches!(info.ggml_type, GgmlType::F32 | GgmlType::F16)
-            } else {
-                kestrel_gguf::is_gpu_supported(info.ggml_type)
-            };
-            if !supported {
+            if !gpu_runs(role, info) {
                 return Err(ModelError::UnsupportedQuant { tensor: info.name.clone(), ty: info.ggml_type.name().to_string() });
             }
         }

@@ -2,7 +2,7 @@
 //! the config implies. Both the GPU loader and the CPU reference check a file against this
 //! before using any of its bytes.
 
-use kestrel_gguf::{GgufHeader, TensorInfo};
+use kestrel_gguf::{GgmlType, GgufHeader, TensorInfo};
 
 use crate::config::{ModelConfig, ROPE_FACTORS_LONG_TENSOR, ROPE_FACTORS_SHORT_TENSOR, ROPE_FACTORS_TENSOR};
 use crate::error::{bad_model, ModelError};
@@ -144,6 +144,16 @@ pub fn assign_roles(header: &GgufHeader, config: &ModelConfig) -> Result<Vec<Opt
         roles[index] = Some(e);
     }
     Ok(roles)
+}
+
+/// Whether the GPU path runs `info` in its role: vectors (norms, biases) as f32 or f16, matrices
+/// in any type the matmul kernels read.
+pub fn gpu_runs(e: &Expected, info: &TensorInfo) -> bool {
+    if e.rows == 1 {
+        matches!(info.ggml_type, GgmlType::F32 | GgmlType::F16)
+    } else {
+        kestrel_gguf::is_gpu_supported(info.ggml_type)
+    }
 }
 
 fn check_shape(info: &TensorInfo, e: &Expected) -> Result<(), ModelError> {

@@ -119,21 +119,13 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn not_found(request: Request) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_FOUND,
-        "invalid_request_error",
-        "not_found",
-        format!("no route for {} {}", request.method(), request.uri().path()),
-    )
+    let message = format!("no route for {} {}", request.method(), request.uri().path());
+    ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "not_found", message)
 }
 
 async fn method_not_allowed(request: Request) -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "invalid_request_error",
-        "method_not_allowed",
-        format!("{} is not allowed on {}", request.method(), request.uri().path()),
-    )
+    let message = format!("{} is not allowed on {}", request.method(), request.uri().path());
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", message)
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
