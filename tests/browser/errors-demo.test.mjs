@@ -1,5 +1,6 @@
 // Bad input and missing WebGPU give their error codes and leave the page working; the demo page
-// streams a reply with its speed figures (screenshot in tests/artifacts/).
+// shows the adapter and the will-it-fit estimate, streams a reply with its speed figures
+// (screenshot in tests/artifacts/), resets the conversation and chats with a dropped GGUF file.
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
@@ -100,15 +101,55 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
     }
   });
 
-  test('(f) the demo streams a reply with TTFT and tok/s (screenshot in tests/artifacts/)', { timeout: 30 * MINUTES }, async () => {
+  test('(f) the demo: adapter, will-it-fit, a streamed reply with TTFT and tok/s, a dropped GGUF file, reset (screenshot in tests/artifacts/)', { timeout: 30 * MINUTES }, async () => {
     const page = await env.browser.context.newPage();
     page.setDefaultTimeout(20 * MINUTES);
+    page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
     // Every request the demo makes (its worker's included) stays on the page's origin.
     const requests = [];
     page.on('request', (r) => requests.push(r.url()));
     await page.goto(`${env.server.url}/www/demo/?max_tokens=16&context_length=${CONTEXT_LENGTH}`);
     await page.waitForSelector('body[data-ready="true"]');
     assert.match(await page.textContent('#adapter'), /\S/);
+
+    // The adapter panel: what the page's own WebGPU adapter reports.
+    const adapter = await page.evaluate(async () => {
+      const a = await navigator.gpu.requestAdapter({ powerPreference: 'high-performance' });
+      return { features: [...a.features].sort(), maxBufferSize: a.limits.maxBufferSize, maxBinding: a.limits.maxStorageBufferBindingSize };
+    });
+    const panel = await page.evaluate(() => ({
+      features: [...document.querySelectorAll('#gpu-features li')].map((li) => li.textContent),
+      maxBufferSize: Number(document.getElementById('gpu-max-buffer').value),
+      maxBinding: Number(document.getElementById('gpu-max-binding').value),
+    }));
+    console.log(`demo adapter panel: ${JSON.stringify(panel)}`);
+    assert.ok(adapter.features.length > 0, 'SwiftShader reports no feature');
+    assert.deepEqual(panel, adapter);
+
+    // The will-it-fit panel: the package's estimate for the demo's model and context length.
+    const shownEstimate = () => page.evaluate(() => ({
+      model: document.getElementById('est-model').textContent,
+      weight_bytes: Number(document.getElementById('est-weights').value),
+      kv_cache_bytes: Number(document.getElementById('est-kv').value),
+      largest_binding: Number(document.getElementById('est-largest').value),
+      verdict: document.getElementById('est-verdict').textContent,
+    }));
+    const expected = await page.evaluate(async ({ model, contextLength }) => {
+      const { estimate } = await import('/www/index.js');
+      const e = await estimate({ model, context_length: contextLength });
+      return { weight_bytes: e.weight_bytes, kv_cache_bytes: e.kv_cache_bytes, largest_binding: e.largest_binding.bytes, fits: e.fits };
+    }, { model: MODEL_URL, contextLength: CONTEXT_LENGTH });
+    const shown = await shownEstimate();
+    console.log(`demo estimate panel: ${JSON.stringify(shown)}`);
+    assert.ok(expected.fits);
+    assert.equal(shown.verdict, 'fits');
+    assert.deepEqual(
+      { weight_bytes: shown.weight_bytes, kv_cache_bytes: shown.kv_cache_bytes, largest_binding: shown.largest_binding },
+      { weight_bytes: expected.weight_bytes, kv_cache_bytes: expected.kv_cache_bytes, largest_binding: expected.largest_binding },
+    );
+    assert.ok(expected.weight_bytes > 0 && expected.kv_cache_bytes > 0 && expected.largest_binding > 0);
+
+    await page.click('#gpu summary'); // open the adapter panel for the screenshot
     await page.fill('#input', 'Tell me about kestrels.');
     await page.click('#send');
     // Mid-generation: a few tokens streamed, a live tok/s figure shown.
@@ -123,6 +164,45 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
     assert.ok(text.trim().length > 0, 'no tokens shown');
     assert.match(toks, /^\d+(\.\d+)?$/);
     assert.match(ttft, /^\d+(\.\d+)? s$/);
+    await page.click('#stop');
+    await page.waitForFunction(() => !document.querySelector('.streaming'));
+
+    // A GGUF file dropped on the page replaces the model.
+    const FILE = 'synthetic-qwen3-f32.gguf';
+    const accepted = await page.evaluate(async (name) => {
+      const data = new DataTransfer();
+      data.items.add(new File([await (await fetch(`/models/${name}`)).blob()], name));
+      const target = document.getElementById('log');
+      const over = new DragEvent('dragover', { dataTransfer: data, bubbles: true, cancelable: true });
+      target.dispatchEvent(over);
+      target.dispatchEvent(new DragEvent('drop', { dataTransfer: data, bubbles: true, cancelable: true }));
+      // A page that does not cancel dragover refuses the drop.
+      return over.defaultPrevented;
+    }, FILE);
+    assert.ok(accepted, 'the page refused the drop');
+    await page.waitForFunction((name) => document.getElementById('adapter').textContent.endsWith(`· ${name}`) && document.body.dataset.ready === 'true', FILE);
+    const dropped = await shownEstimate();
+    console.log(`demo estimate of the dropped file: ${JSON.stringify(dropped)}`);
+    assert.ok(dropped.model.startsWith(FILE), dropped.model);
+    assert.equal(dropped.verdict, 'fits');
+    assert.notEqual(dropped.weight_bytes, shown.weight_bytes);
+    assert.equal(await page.evaluate(() => document.getElementById('log').childElementCount), 0);
+    await page.fill('#input', 'Hi.');
+    await page.click('#send');
+    // Random weights: gibberish text, so count tokens.
+    await page.waitForFunction(() => Number(document.getElementById('ntok').textContent) >= 2);
+    await page.click('#stop');
+    await page.waitForFunction(() => !document.querySelector('.streaming'));
+    // Reset empties the conversation, and the next reply streams (on the small model: cheaper).
+    const logSize = () => page.evaluate(() => document.getElementById('log').childElementCount);
+    assert.equal(await logSize(), 2);
+    await page.click('#reset');
+    assert.equal(await logSize(), 0);
+    assert.equal(await page.textContent('#ntok'), '0');
+    await page.fill('#input', 'Hello again.');
+    await page.click('#send');
+    await page.waitForFunction(() => Number(document.getElementById('ntok').textContent) >= 2);
+    assert.equal(await page.evaluate(() => document.querySelectorAll('#log .msg.user').length), 1);
     await page.click('#stop');
     await page.waitForFunction(() => !document.querySelector('.streaming'));
     await page.close();

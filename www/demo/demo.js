@@ -1,6 +1,7 @@
-// The demo chat page: loads the default model (or ?model=URL), streams replies, shows speed.
+// The demo chat page: shows the GPU adapter and whether the model fits it, then loads the default
+// model (or ?model=URL, or a GGUF file dropped on the page or opened), streams replies, shows speed.
 // Query options: model (URL), max_tokens (per reply), context_length (KV cache positions).
-import { createEngine } from '../index.js';
+import { createEngine, estimate } from '../index.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -10,6 +11,11 @@ const CONTEXT_LENGTH = params.has('context_length') ? Number(params.get('context
 const messages = [];
 let engine = null;
 let controller = null;
+/** The reply in progress (it never rejects), which a new model waits for before unloading. */
+let replying = null;
+let loading = false;
+/** The adapter as the page sees it, for the header while no model is loaded. */
+let adapterName = '';
 
 function showError(e) {
   $('error').hidden = false;
@@ -28,10 +34,108 @@ function bubble(role, text = '') {
 }
 
 const mb = (n) => (n / 1e6).toFixed(1);
+/** A byte count shown in MB, the exact count in the <data> element's value. */
+function showBytes(id, n) {
+  $(id).value = n;
+  $(id).textContent = `${mb(n)} MB`;
+}
+
 function onProgress({ phase, loaded, total }) {
   const labels = { download: 'Downloading', cache: 'Reading from cache', upload: 'Uploading', compile: 'Compiling kernels', ready: 'Ready' };
   $('phase').textContent = `${labels[phase] ?? phase}${total ? ` ${mb(loaded)} / ${mb(total)} MB` : ''}`;
   $('progress').value = phase === 'compile' || phase === 'ready' ? 1 : total ? loaded / total : 0;
+}
+
+/** Enables what the page's state allows: chat with a loaded model, stop while replying. */
+function updateControls() {
+  const idle = engine != null && !loading && !controller;
+  $('input').disabled = engine == null || loading;
+  $('send').disabled = !idle;
+  $('reset').disabled = !idle;
+  $('stop').disabled = !controller;
+  $('file').disabled = loading;
+}
+
+function clearConversation() {
+  messages.length = 0;
+  $('log').replaceChildren();
+  for (const id of ['ttft', 'toks', 'prefill']) $(id).textContent = '–';
+  $('ntok').textContent = '0';
+}
+
+/** Shows the page's own WebGPU adapter: its description, features and buffer limits. */
+async function showAdapter() {
+  const adapter = await navigator.gpu?.requestAdapter({ powerPreference: 'high-performance' }).catch(() => null);
+  if (!adapter) return false;
+  const { vendor, architecture, device, description } = adapter.info;
+  adapterName = description || [vendor, architecture, device].filter(Boolean).join(' ') || 'unnamed adapter';
+  $('adapter').textContent = adapterName;
+  $('gpu-summary').textContent = `GPU: ${adapterName} · ${adapter.features.size} features`;
+  $('gpu-info').textContent = `vendor ${vendor || '–'} · architecture ${architecture || '–'}${description ? ` · ${description}` : ''}`;
+  $('gpu-features').replaceChildren(...[...adapter.features].sort().map((f) => {
+    const li = document.createElement('li');
+    li.textContent = f;
+    return li;
+  }));
+  showBytes('gpu-max-buffer', adapter.limits.maxBufferSize);
+  showBytes('gpu-max-binding', adapter.limits.maxStorageBufferBindingSize);
+  $('gpu').hidden = false;
+  return true;
+}
+
+/** Shows whether `model` fits this GPU, from its header alone (no weights are read). */
+async function showEstimate(model, name) {
+  $('phase').textContent = `Reading ${name}'s header…`;
+  const est = await estimate({ model, context_length: CONTEXT_LENGTH });
+  $('est-model').textContent = `${name}, ${est.context_length} tokens of context:`;
+  showBytes('est-weights', est.weight_bytes);
+  showBytes('est-kv', est.kv_cache_bytes);
+  showBytes('est-largest', est.largest_binding.bytes);
+  $('est-largest').title = est.largest_binding.name;
+  $('est-verdict').textContent = est.fits ? 'fits' : `does not fit: ${est.reason}`;
+  $('est-verdict').dataset.fits = est.fits;
+  $('estimate').hidden = false;
+  return est;
+}
+
+/** Loads `model` (a URL or a File) named `name` in place of the current one, if it fits. */
+async function load(model, name) {
+  loading = true;
+  updateControls();
+  $('error').hidden = true;
+  $('loading').hidden = false;
+  $('progress').value = 0;
+  document.body.dataset.ready = 'false';
+  try {
+    const est = await showEstimate(model, name);
+    if (!est.fits) {
+      showError({ code: est.code, message: est.reason });
+      $('phase').textContent = `${name} does not fit this GPU`;
+      return;
+    }
+    // One model on the GPU at a time: end the reply, then free the current model's memory.
+    controller?.abort();
+    await replying;
+    if (engine) {
+      const old = engine;
+      engine = null;
+      clearConversation();
+      $('adapter').textContent = adapterName;
+      await old.unload();
+    }
+    engine = await createEngine({ model, onProgress, context_length: CONTEXT_LENGTH });
+    $('adapter').textContent = `${engine.info.gpu.adapter || 'unnamed adapter'} (${engine.info.gpu.backend}) · ${name}`;
+    $('loading').hidden = true;
+    $('input').focus();
+  } catch (e) {
+    showError(e);
+    $('phase').textContent = `Could not load ${name}`;
+  } finally {
+    loading = false;
+    // A model that did not fit leaves the current one loaded and usable.
+    document.body.dataset.ready = String(engine != null);
+    updateControls();
+  }
 }
 
 async function send(text) {
@@ -40,8 +144,7 @@ async function send(text) {
   const out = bubble('assistant');
   out.classList.add('streaming');
   controller = new AbortController();
-  $('send').disabled = true;
-  $('stop').disabled = false;
+  updateControls();
   const start = performance.now();
   let first = 0;
   let n = 0;
@@ -80,18 +183,17 @@ async function send(text) {
     messages.pop();
   } finally {
     out.classList.remove('streaming');
-    $('send').disabled = false;
-    $('stop').disabled = true;
     controller = null;
+    updateControls();
   }
 }
 
 $('form').addEventListener('submit', (e) => {
   e.preventDefault();
   const text = $('input').value.trim();
-  if (!text || !engine || controller) return;
+  if (!text || !engine || loading || controller) return;
   $('input').value = '';
-  send(text);
+  replying = send(text);
 });
 $('input').addEventListener('keydown', (e) => {
   if (e.key === 'Enter' && !e.shiftKey) {
@@ -100,16 +202,40 @@ $('input').addEventListener('keydown', (e) => {
   }
 });
 $('stop').addEventListener('click', () => controller?.abort());
+$('reset').addEventListener('click', async () => {
+  clearConversation();
+  try {
+    await engine.reset();
+  } catch (e) {
+    showError(e);
+  }
+});
 
-try {
-  engine = await createEngine({ model: MODEL, onProgress, context_length: CONTEXT_LENGTH });
-  $('adapter').textContent = `${engine.info.gpu.adapter || 'unnamed adapter'} (${engine.info.gpu.backend}) · ${engine.info.model.name}`;
-  $('loading').hidden = true;
-  $('input').disabled = false;
-  $('send').disabled = false;
-  $('input').focus();
-  document.body.dataset.ready = 'true';
-} catch (e) {
-  showError(e);
-  $('phase').textContent = 'Could not load the model';
+function openFile(file) {
+  if (file && !loading) load(file, file.name);
+}
+$('file').addEventListener('change', () => openFile($('file').files[0]));
+// A file dropped anywhere on the page opens it (the file input is the keyboard's way to it).
+const carriesFiles = (e) => e.dataTransfer?.types.includes('Files');
+document.addEventListener('dragover', (e) => {
+  if (!carriesFiles(e)) return;
+  e.preventDefault(); // accepts the drop
+  document.body.classList.add('dragging');
+});
+document.addEventListener('dragleave', (e) => {
+  // relatedTarget is null only when the drag leaves the window, not when it crosses elements.
+  if (!e.relatedTarget) document.body.classList.remove('dragging');
+});
+document.addEventListener('drop', (e) => {
+  if (!carriesFiles(e)) return;
+  e.preventDefault(); // instead of the browser opening the file
+  document.body.classList.remove('dragging');
+  openFile(e.dataTransfer.files[0]);
+});
+
+if (await showAdapter()) {
+  await load(MODEL, decodeURIComponent(new URL(MODEL).pathname.split('/').pop()));
+} else {
+  showError({ code: 'no_webgpu' });
+  $('phase').textContent = 'No WebGPU';
 }
