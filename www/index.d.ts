@@ -45,6 +45,12 @@ export interface EngineInfo {
   } | null;
   /** The wasm engine's version (null with backend 'remote'). */
   version: string | null;
+  /**
+   * With backend 'webgpu': whether the Cache API keeps the model file (a URL loaded with the cache
+   * on), and why not where storing failed: `quota_exceeded` (the site's storage quota has no room;
+   * the model ran from the network and downloads again next time) or `cache_failed`.
+   */
+  model_cache?: { stored: boolean; error: { code: 'quota_exceeded' | 'cache_failed'; message: string } | null };
 }
 
 export interface ChatMessage {
@@ -232,6 +238,15 @@ export interface CreateEngineOptions {
   gpu?: { allow_f16?: boolean; allow_subgroups?: boolean; allow_timestamps?: boolean };
   /** KV cache length in tokens (default: the model's training context, at most 4096). */
   context_length?: number;
+  /**
+   * Keep the conversation's KV cache across page loads: after each request its rows are saved in
+   * the Origin Private File System (keyed by the model file's sha256 and the token ids; the file is
+   * hashed as it loads), and a later request whose prompt starts with saved tokens prefills only
+   * the rest (`usage.extra.reused_tokens`). `maxBytes` bounds the saved rows of every model
+   * together (default 256 MiB; the least recently written go first). A saved entry that is
+   * corrupt or from another file is deleted, never used.
+   */
+  persistPrefix?: boolean | { maxBytes?: number };
   /**
    * An OpenAI-compatible server (kestrel serve, llama-server, vLLM) to send the same requests to
    * when this browser has no WebGPU or the model does not fit its GPU. Without it the package

@@ -73,6 +73,20 @@ export async function deleteModelFromCache(url) {
 }
 
 /**
+ * The `worker_error` of the engine's worker's `error` event. The dev servers of Vite 5-7 pre-bundle
+ * this file into node_modules/.vite/deps/, where `new URL('./worker.js', import.meta.url)` names no
+ * file, so the worker cannot start there: the message then says the fix.
+ * @param {ErrorEvent} e
+ */
+function workerError(e) {
+  const why = e.message || 'could not start it';
+  const fix = !e.message && import.meta.url.includes('/.vite/deps/')
+    ? " (Vite's dev server pre-bundled @kestrel-llm/web away from its worker: add optimizeDeps: { exclude: ['@kestrel-llm/web'] } to vite.config)"
+    : '';
+  return kestrelError('worker_error', `the engine's worker failed: ${why}${fix}`);
+}
+
+/**
  * Whether `model` (a URL, a File or a Blob) fits this browser's GPU with a KV cache of
  * `context_length` tokens, from its GGUF header alone (an HTTP range request; no weight is
  * fetched): weight and KV cache bytes, the largest single buffer, unsupported tensors, and the
@@ -92,7 +106,7 @@ export async function estimate(options) {
         if (data.type === 'result') resolve(data.value);
         else if (data.type === 'error') reject(kestrelError(data.error.code, data.error.message));
       };
-      worker.onerror = (e) => reject(kestrelError('worker_error', `the engine's worker failed: ${e.message || 'could not start it'}`));
+      worker.onerror = (e) => reject(workerError(e));
       const url = model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model;
       worker.postMessage({ type: 'estimate', id: 0, model: url, context_length });
     });
@@ -291,7 +305,7 @@ class Engine {
     this.#worker = worker;
     this.#onStatus = onStatus;
     worker.onmessage = ({ data }) => this.#onMessage(data);
-    worker.onerror = (e) => this.#fail(kestrelError('worker_error', `the engine's worker failed: ${e.message || 'could not start it'}`));
+    worker.onerror = (e) => this.#fail(workerError(e));
     /** @type {EngineApi['chat']} */
     this.chat = { completions: { create: /** @type {any} */ ((/** @type {ChatCompletionRequest} */ request) => this.#create('chat', request)) } };
     /** @type {EngineApi['completions']} */
@@ -351,9 +365,10 @@ class Engine {
    * @param {CreateEngineOptions['onProgress']} onProgress
    * @param {CreateEngineOptions['gpu'] & { context_length?: number }} gpu
    * @param {string | undefined} sha256
+   * @param {{ maxBytes: number } | null} persist `persistPrefix`
    */
-  async _load(model, onProgress, gpu, sha256) {
-    this.info = await this.#call({ type: 'load', model, gpu, sha256 }, { onProgress });
+  async _load(model, onProgress, gpu, sha256, persist) {
+    this.info = await this.#call({ type: 'load', model, gpu, sha256, persist }, { onProgress });
     return this.info;
   }
 
@@ -452,6 +467,24 @@ class RemoteEngine {
   }
 }
 
+/** The default bound of the KV prefixes `persistPrefix` keeps, every model's together. */
+const PERSIST_MAX_BYTES = 256 * 2 ** 20;
+
+/**
+ * `persistPrefix` as the worker takes it: null when off.
+ * @param {CreateEngineOptions['persistPrefix']} option
+ * @returns {{ maxBytes: number } | null}
+ */
+function persistOption(option) {
+  if (option == null || option === false) return null;
+  if (option === true) return { maxBytes: PERSIST_MAX_BYTES };
+  const maxBytes = typeof option === 'object' ? option.maxBytes ?? PERSIST_MAX_BYTES : NaN;
+  if (!(Number.isSafeInteger(maxBytes) && maxBytes > 0)) {
+    throw kestrelError('invalid_option', 'invalid option persistPrefix: expected true, false or { maxBytes: a positive integer }');
+  }
+  return { maxBytes };
+}
+
 /** Errors that mean this browser cannot run the model, where `remote` takes over. */
 const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
 
@@ -465,7 +498,11 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * request in flight fails with `device_lost`, then 'device_lost', 'reloading' (the model from the
  * Cache API or the same File), 'ready' (or 'failed' with `error`); later requests wait for it.
  * `sha256` (hex): the file's digest, checked as it streams; a mismatch is `bad_model` and the
- * copy is not kept in the Cache API.
+ * copy is not kept in the Cache API. `info.model_cache` says whether the Cache API kept the file
+ * (not where the storage quota has no room: `quota_exceeded`).
+ * `persistPrefix` (`true` or `{maxBytes}`): the conversation's KV rows are saved in the Origin
+ * Private File System after each request, so a request after a page reload prefills only what
+ * follows the saved tokens.
  * Before downloading a URL it checks from the header that the model fits (`estimate`), failing
  * with `device_limits` or `unsupported_quant` without fetching the weights.
  * `remote: {baseURL, apiKey, model}`: where this browser has no WebGPU or the model does not fit
@@ -475,13 +512,14 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * @returns {Promise<EngineApi>}
  */
 export async function createEngine(options) {
-  const { model, onProgress, onStatus, gpu, context_length, remote, sha256 } = options ?? {};
+  const { model, onProgress, onStatus, gpu, context_length, remote, sha256, persistPrefix } = options ?? {};
   if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
     throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
   }
   if (sha256 != null && !/^[0-9a-fA-F]{64}$/.test(sha256)) {
     throw kestrelError('invalid_option', 'invalid option sha256: expected 64 hexadecimal digits');
   }
+  const persist = persistOption(persistPrefix);
   const remoteBackend = remote == null ? null : new RemoteBackend(remote);
   if (!globalThis.navigator?.gpu) {
     const error = kestrelError('no_webgpu', 'WebGPU is not available in this browser (navigator.gpu is missing)');
@@ -491,7 +529,7 @@ export async function createEngine(options) {
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   const engine = new Engine(worker, onStatus);
   try {
-    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, context_length }, sha256);
+    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, context_length }, sha256, persist);
   } catch (e) {
     worker.terminate();
     const code = /** @type {KestrelError} */ (e)?.code;

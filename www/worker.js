@@ -2,14 +2,17 @@
 // ({type, id, ...}); it answers with 'progress', 'token', 'result' and 'error' messages.
 // It never runs two requests at once: the page (index.js) queues them.
 import init, { Engine, HeaderProbe, Sha256Hasher } from './pkg/kestrel_wasm.js';
+import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 
 const CACHE_NAME = 'kestrel-models';
 let engine = null;
 let wasmMemory = null; // the wasm instance's WebAssembly.Memory, once initialised
 let current = null; // id of the running generation
 const aborted = new Set();
-let lastLoad = null; // {model, gpuOptions} of the loaded model, to reload it after a device loss
+let lastLoad = null; // {model, gpuOptions, sha256, persist} of the loaded model, to reload it after a device loss
 let recovery = null; // the reload under way after a device loss; requests wait for it
+let prefixes = null; // the PrefixStore of the loaded model, with `persistPrefix`
+let saving = Promise.resolve(); // the KV prefix being saved after a request; the next one waits for it
 
 // The GPUBuffers this worker holds, for `memory()`: created, and neither destroyed nor garbage
 // collected. Counted here, where every buffer passes, because wgpu cannot: on the web it drops a
@@ -137,16 +140,35 @@ async function describeAdapter(info) {
   if (!info.gpu.adapter) info.gpu.adapter = i.description || [i.vendor, i.architecture, i.device].filter(Boolean).join(' ') || 'unknown adapter';
 }
 
-/** Streams `model` (a URL string, a Blob or a File) into the engine, with progress events. */
-async function load(id, model, useCache, gpuOptions, sha256) {
+/** Whether the origin's storage quota has room for `bytes` more (true where the browser cannot tell). */
+async function storageHasRoom(bytes) {
+  const { usage, quota } = (await navigator.storage?.estimate?.().catch(() => null)) ?? {};
+  return !(bytes && quota != null && usage != null && usage + bytes > quota);
+}
+
+const quotaExceeded = (bytes) => ({
+  code: 'quota_exceeded',
+  message: `the model (${bytes ? `${(bytes / 1e6).toFixed(1)} MB` : 'its size unknown'}) does not fit this site's storage quota, so it is not cached and will be downloaded again next time`,
+});
+
+/**
+ * Streams `model` (a URL string, a Blob or a File) into the engine, with progress events. With
+ * `persist` (`{maxBytes}`), opens the store of saved KV prefixes under the file's sha256.
+ */
+async function load(id, model, useCache, gpuOptions, sha256, persist) {
   const eng = await getEngine(gpuOptions);
-  const hasher = sha256 ? new Sha256Hasher() : null;
+  prefixes = null;
+  // The digest checks the file against `sha256`, and keys its saved KV prefixes.
+  const hasher = sha256 || persist ? new Sha256Hasher() : null;
+  let digest = null;
   let phase = 'upload';
   let body;
   let total = 0;
   let cachePut = null;
   let cache = null;
   let url = null;
+  // Whether the Cache API keeps the file, and why not where it could not (`info.model_cache`).
+  let cacheError = null;
   if (typeof model === 'string') {
     url = new URL(model, self.location.href).href;
     cache = useCache && self.caches ? await caches.open(CACHE_NAME) : null;
@@ -171,6 +193,10 @@ async function load(id, model, useCache, gpuOptions, sha256) {
       }
       total = Number(response.headers.get('content-length')) || 0;
       body = response.body;
+      if (cache && !(await storageHasRoom(total))) {
+        cacheError = quotaExceeded(total);
+        cache = null;
+      }
       if (cache) {
         // One branch feeds the engine, the other the Cache API (committed only when complete).
         const [mine, cached] = body.tee();
@@ -206,18 +232,24 @@ async function load(id, model, useCache, gpuOptions, sha256) {
       }
     }
     post({ type: 'progress', id, progress: { phase, loaded, total, tensors: progress?.tensors_loaded ?? 0, tensorsTotal: progress?.tensors_total ?? 0 } });
-    if (hasher) {
+    if (hasher) digest = hasher.finishHex();
+    if (sha256) {
       // Checked before the model is built; a mismatch also drops the copy the Cache API got.
-      const digest = hasher.finishHex();
       if (digest !== sha256.toLowerCase()) throw fail('bad_model', `bad model file: its sha256 is ${digest}, not the expected ${sha256}`);
     }
     post({ type: 'progress', id, progress: { phase: 'compile', loaded, total } });
     const info = await eng.finishLoad();
     await describeAdapter(info);
+    if (persist) prefixes = await PrefixStore.open(digest, persist.maxBytes).catch(() => null);
     if (cachePut) {
       const err = await cachePut;
-      if (err instanceof Error) console.warn('kestrel: could not cache the model:', err.message);
+      if (err instanceof Error) {
+        cacheError = err.name === 'QuotaExceededError' ? quotaExceeded(total) : { code: 'cache_failed', message: `could not store the model in the Cache API: ${err.message}` };
+      }
     }
+    // The model runs from the network either way; the page learns why it will download it again.
+    if (cacheError) console.warn(`kestrel: ${cacheError.message}`);
+    info.model_cache = { stored: phase === 'cache' || (cachePut !== null && !cacheError), error: cacheError };
     post({ type: 'progress', id, progress: { phase: 'ready', loaded, total } });
     return info;
   } catch (e) {
@@ -232,16 +264,54 @@ async function load(id, model, useCache, gpuOptions, sha256) {
   }
 }
 
+/**
+ * With `persistPrefix`: before a request, restores the saved KV prefix that shares the most tokens
+ * with its prompt, where that beats what the cache holds by enough to pay for reading it. A
+ * snapshot the engine refuses (corrupt, or another model's) is deleted; any failure here only
+ * means the request prefills more.
+ */
+async function restorePrefix(eng, request) {
+  let prompt;
+  try {
+    prompt = eng.promptTokens(JSON.stringify(request));
+  } catch {
+    return; // the request's own error comes from generate
+  }
+  let entry = null;
+  try {
+    const best = await prefixes.best(prompt);
+    if (!best.entry || best.shared < sharedPrefix(eng.cachedTokenIds(), prompt) + MIN_RESTORED_TOKENS) return;
+    entry = best.entry;
+    eng.restorePrefix(prefixes.modelKey, await prefixes.read(entry));
+  } catch (e) {
+    console.warn('kestrel: a saved KV prefix was not restored:', e?.message ?? e);
+    if (e?.code === 'bad_snapshot' && entry) await prefixes.remove(entry.name);
+  }
+}
+
+/** With `persistPrefix`: saves the cached prefix after a request (a failure loses only the save). */
+async function savePrefix(eng) {
+  try {
+    const bytes = await eng.savePrefix(prefixes.modelKey);
+    if (bytes) await prefixes.save(eng.cachedTokenIds(), bytes);
+  } catch (e) {
+    console.warn('kestrel: could not save the KV prefix:', e?.message ?? e);
+  }
+}
+
 async function generate(id, request) {
   const eng = await getEngine();
   current = id;
   const start = performance.now();
   try {
+    if (prefixes) await restorePrefix(eng, request);
     const result = await eng.generate(JSON.stringify(request), (text, tokenId) => {
       post({ type: 'token', id, text, tokenId });
       return !aborted.has(id);
     });
     result.timings.e2e_ms = performance.now() - start;
+    // Saved after the result is posted; the next request waits for it.
+    if (prefixes) saving = Promise.resolve().then(() => savePrefix(eng));
     return result;
   } catch (e) {
     const error = e?.code === 'gpu' ? await lossBehind(eng, e) : e;
@@ -275,14 +345,14 @@ async function lossBehind(eng, error) {
  * from the same File or Blob). Reports each stage as a 'status' message.
  */
 async function recover() {
-  const { model, gpuOptions, sha256 } = lastLoad;
+  const { model, gpuOptions, sha256, persist } = lastLoad;
   post({ type: 'status', status: 'device_lost' });
   engine?.unload();
   engine?.free();
   engine = null;
   try {
     post({ type: 'status', status: 'reloading' });
-    const info = await load(0, model, true, gpuOptions, sha256);
+    const info = await load(0, model, true, gpuOptions, sha256, persist);
     post({ type: 'status', status: 'ready', info });
   } catch (e) {
     lastLoad = null;
@@ -301,11 +371,12 @@ self.onmessage = async ({ data }) => {
   }
   try {
     if (recovery && type !== 'estimate') await recovery;
+    if (type !== 'estimate' && type !== 'destroy-device') await saving;
     let value;
     switch (type) {
       case 'load':
-        value = await load(id, data.model, data.cache !== false, data.gpu, data.sha256);
-        lastLoad = { model: data.model, gpuOptions: data.gpu, sha256: data.sha256 };
+        value = await load(id, data.model, data.cache !== false, data.gpu, data.sha256, data.persist);
+        lastLoad = { model: data.model, gpuOptions: data.gpu, sha256: data.sha256, persist: data.persist };
         break;
       case 'destroy-device':
         // The test hook of the recovery: loses the device as a driver reset would.

@@ -1,5 +1,6 @@
 // Model cache management: a `sha256` checked while the file streams (a mismatch is `bad_model`
-// and the bad copy is not kept), the cached models listed with their sizes, and deleted.
+// and the bad copy is not kept), the cached models listed with their sizes, and deleted; a storage
+// quota without room for the model (it runs, is not stored, and `quota_exceeded` says why).
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -37,5 +38,37 @@ test('sha256 is checked as the model streams; cached models are listed and delet
   assert.equal(r.cached, true);
   assert.equal(r.deleted, true);
   assert.deepEqual(r.afterDelete, []);
+  await page.close();
+});
+
+test('a storage quota without room: the model runs from the network, quota_exceeded says why it is not cached', { timeout: 10 * MINUTES }, async () => {
+  const page = await openTestPage(env.browser.context, env.server.url);
+  page.setDefaultTimeout(8 * MINUTES);
+  // Chromium's own quota for this origin (DevTools protocol), below even a small KV snapshot's size.
+  const cdp = await env.browser.context.newCDPSession(page);
+  const origin = new URL(env.server.url).origin;
+  await cdp.send('Storage.overrideQuotaForOrigin', { origin, quotaSize: 1000 });
+  try {
+    const r = await page.evaluate(async ({ model, contextLength }) => {
+      const { createEngine, listCachedModels } = window.kestrel;
+      const engine = await createEngine({ model, context_length: contextLength, persistPrefix: true });
+      const out = await engine.completions.create({ prompt: 'the kestrel', max_tokens: 2, temperature: 0 });
+      await engine.memory(); // answered once the KV prefix's save has been tried
+      await engine.unload();
+      const dir = await (await navigator.storage.getDirectory()).getDirectoryHandle('kestrel-kv-prefixes', { create: true });
+      const snapshots = [];
+      for await (const [name] of dir.entries()) snapshots.push(name);
+      return { modelCache: engine.info.model_cache, generated: out.kestrel.token_ids.length, cached: await listCachedModels(), snapshots };
+    }, { model: '/models/synthetic-qwen3-f32.gguf', contextLength: CONTEXT_LENGTH });
+    console.log('quota:', JSON.stringify(r));
+    assert.equal(r.modelCache.stored, false);
+    assert.equal(r.modelCache.error?.code, 'quota_exceeded');
+    assert.match(r.modelCache.error.message, /67\.8 MB\) does not fit this site's storage quota/);
+    assert.equal(r.generated, 2, 'the model ran from the network');
+    assert.deepEqual(r.cached, [], 'nothing was stored');
+    assert.deepEqual(r.snapshots, [], 'no KV prefix was saved past the quota');
+  } finally {
+    await cdp.send('Storage.overrideQuotaForOrigin', { origin });
+  }
   await page.close();
 });

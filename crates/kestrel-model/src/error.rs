@@ -14,6 +14,9 @@ pub enum ModelError {
     ContextOverflow { needed: usize, context: usize },
     #[error("invalid option {name}: {reason}")]
     InvalidOption { name: &'static str, reason: String },
+    /// A saved KV prefix that cannot be restored (corrupt, truncated, or from another model).
+    #[error("bad KV prefix snapshot: {0}")]
+    BadSnapshot(String),
     #[error(transparent)]
     Gguf(#[from] kestrel_gguf::GgufError),
     #[error(transparent)]
@@ -31,6 +34,7 @@ impl ModelError {
             Self::UnsupportedQuant { .. } => "unsupported_quant",
             Self::ContextOverflow { .. } => "context_overflow",
             Self::InvalidOption { .. } => "invalid_option",
+            Self::BadSnapshot(_) => "bad_snapshot",
             // The model's chat template failed while rendering a request: its own code, so that a
             // page can tell a hostile or broken template from a tokenizer fault.
             Self::Tokenizer(kestrel_tokenizer::TokenizerError::Template(_)) => "template",

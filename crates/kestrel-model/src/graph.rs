@@ -133,8 +133,8 @@ pub struct Graph {
     pub max_chunk: usize,
     step: StepUniform,
     act: Activations,
-    /// Kept alive: the dispatches' bind groups reference them.
-    _caches: Vec<KvCache>,
+    /// Each layer's K and V cache (the dispatches' bind groups reference them too).
+    pub caches: Vec<KvCache>,
     /// Every kernel of a step, bound once.
     plan: StepPlan,
     /// Also in `plan.sample`; requests write their options here.
@@ -307,7 +307,7 @@ impl Graph {
             max_chunk,
             step,
             act,
-            _caches: caches,
+            caches,
             plan,
             penalties,
             sampler,

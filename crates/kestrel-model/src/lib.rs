@@ -10,6 +10,7 @@ mod load;
 mod model;
 pub mod options;
 mod penalties;
+pub mod prefix_snapshot;
 pub mod reference;
 pub mod request;
 pub mod stop;

@@ -13,6 +13,7 @@ use crate::error::bad_model;
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
 use crate::options::GenerateOptions;
 use crate::penalties::PenaltyPolicy;
+use crate::prefix_snapshot::{self, KvLayout};
 use crate::stop::StopMatcher;
 use crate::ModelError;
 
@@ -184,10 +185,32 @@ impl Model {
         Ok(self.tokenizer.encode(&text, add_special)?)
     }
 
-    /// Tokens whose keys and values the KV cache holds for reuse (the last request's prompt and
-    /// output).
-    pub fn cached_tokens(&self) -> usize {
-        self.cached.len()
+    /// The token ids whose keys and values the KV cache holds for reuse, from position 0 (the
+    /// last request's prompt and output).
+    pub fn cached_token_ids(&self) -> &[u32] {
+        &self.cached
+    }
+
+    /// A snapshot of the cached prefix's KV rows (`prefix_snapshot`), tagged with `model_key`
+    /// (the model file's sha256); None when the cache holds no tokens.
+    pub async fn save_prefix(&self, model_key: &str) -> Result<Option<Vec<u8>>, ModelError> {
+        if self.cached.is_empty() {
+            return Ok(None);
+        }
+        let rows = prefix_snapshot::read_rows(&self.graph.gpu, &self.graph.caches, self.cached.len()).await?;
+        let layout = KvLayout::of(&self.graph.config);
+        Ok(Some(prefix_snapshot::encode(model_key, layout, &self.cached, &rows)))
+    }
+
+    /// Restores a snapshot `save_prefix` made from the same model file: the next request reuses
+    /// its tokens as a cached prefix. A snapshot that fails any check is refused (`bad_snapshot`)
+    /// and the cache is left as it was. Returns the number of tokens restored.
+    pub fn restore_prefix(&mut self, model_key: &str, bytes: &[u8]) -> Result<usize, ModelError> {
+        let layout = KvLayout::of(&self.graph.config);
+        let snapshot = prefix_snapshot::decode(bytes, model_key, layout, self.graph.config.vocab, self.graph.max_ctx)?;
+        prefix_snapshot::write_rows(&self.graph.gpu, &self.graph.caches, snapshot.tokens.len(), snapshot.rows);
+        self.cached = snapshot.tokens;
+        Ok(self.cached.len())
     }
 
     /// Forgets the cached prefix: the next request prefills from position 0.

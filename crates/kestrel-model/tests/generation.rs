@@ -1,5 +1,5 @@
 //! Generation as a user drives it: seeded sampling, stop strings, aborts, prefix reuse across
-//! chat turns, context overflow, invalid options.
+//! chat turns and across model instances (a saved KV prefix), context overflow, invalid options.
 
 mod common;
 
@@ -99,6 +99,46 @@ fn follow_up_turn_reuses_the_cached_prefix_and_matches_a_fresh_run() {
     let fresh = pollster::block_on(model.generate(&second_prompt, &options, &mut |_| true)).unwrap();
     assert_eq!(fresh.timings.reused_tokens, 0);
     assert_eq!(fresh.tokens, second.tokens, "reusing the cache changes nothing in the output");
+}
+
+/// A saved prefix restored into another instance of the model (zeroed caches, as after a page
+/// reload) is reused by the next turn, which then generates exactly what a fresh run does; a
+/// snapshot changed in any way, or tagged with another model's key, is refused and changes nothing.
+#[test]
+fn a_saved_prefix_restored_into_a_new_instance_is_reused_and_changes_nothing() {
+    let path = common::default_model_path();
+    let mut first_instance = common::load(&path, 512);
+    let options = GenerateOptions { max_tokens: 8, ..GenerateOptions::greedy() };
+    let mut messages = chat("Say hello.");
+    let first_prompt = first_instance.encode(&Prompt::Chat(&messages)).unwrap();
+    let first = pollster::block_on(first_instance.generate(&first_prompt, &options, &mut |_| true)).unwrap();
+    let snapshot = pollster::block_on(first_instance.save_prefix("model-sha256")).unwrap().expect("tokens are cached");
+    let saved = first_instance.cached_token_ids().to_vec();
+    assert!(saved.len() > first_prompt.len());
+
+    messages.push(ChatMessage::new("assistant", first.text.clone()));
+    messages.push(ChatMessage::new("user", "And goodbye?"));
+    let second_prompt = first_instance.encode(&Prompt::Chat(&messages)).unwrap();
+    first_instance.reset();
+    let fresh = pollster::block_on(first_instance.generate(&second_prompt, &options, &mut |_| true)).unwrap();
+    drop(first_instance);
+
+    let mut restored = common::load(&path, 512);
+    let mut corrupt = snapshot.clone();
+    let middle = corrupt.len() / 2;
+    corrupt[middle] ^= 1;
+    for (key, bytes) in [("model-sha256", &corrupt), ("another-model", &snapshot)] {
+        let refused = restored.restore_prefix(key, bytes).unwrap_err();
+        assert_eq!(refused.code(), "bad_snapshot", "{refused}");
+        assert!(restored.cached_token_ids().is_empty(), "a refused snapshot left tokens cached");
+    }
+    assert_eq!(restored.restore_prefix("model-sha256", &snapshot).unwrap(), saved.len());
+    assert_eq!(restored.cached_token_ids(), saved);
+    let second = pollster::block_on(restored.generate(&second_prompt, &options, &mut |_| true)).unwrap();
+    let shared = saved.iter().zip(&second_prompt).take_while(|(a, b)| a == b).count();
+    assert!(shared > first_prompt.len() / 2, "the follow-up shares {shared} tokens with the saved prefix");
+    assert_eq!(second.timings.reused_tokens, shared.min(second_prompt.len() - 1));
+    assert_eq!(second.tokens, fresh.tokens, "the restored prefix changes nothing in the output");
 }
 
 #[test]

@@ -188,7 +188,7 @@ fn generate(model: &mut Model, job: &Job, shared: &Shared, metrics: &Metrics) ->
 }
 
 fn update_gauges(model: &Model, metrics: &Metrics) {
-    metrics.kv_cache_tokens.set(model.cached_tokens() as i64);
+    metrics.kv_cache_tokens.set(model.cached_token_ids().len() as i64);
     if let Some(bytes) = model.gpu().allocated_bytes() {
         metrics.gpu_memory.set(bytes);
     }

@@ -1,6 +1,6 @@
 //! wasm-bindgen exports of the Kestrel engine, driven by the browser package's worker
 //! (`www/worker.js`): create the device, stream a GGUF file in, generate with a per-token
-//! callback, abort, reset, unload.
+//! callback, abort, reset, unload; save and restore the KV prefix (`prefix`).
 //!
 //! Every error that reaches JavaScript is an `Error` whose `code` property is stable
 //! ([`ModelError::code`] plus `no_webgpu`, `no_model`, `busy`, `invalid_option`, `gpu`) and whose
@@ -19,6 +19,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
+
+mod prefix;
 
 /// A JavaScript `Error` with a stable `code` property.
 fn js_error(code: &str, message: &str) -> JsValue {
@@ -140,10 +142,22 @@ impl State {
     async fn generate(&self, request: &str, on_token: &Function) -> Result<JsValue, JsValue> {
         self.check_idle("generate")?;
         let request = Request::parse(request).map_err(|e| model_error(&e))?;
-        let mut model = self.model.borrow_mut().take().ok_or_else(|| js_error("no_model", "no model is loaded"))?;
-        self.busy.set(true);
+        let mut model = self.take_model()?;
         self.abort.set(false);
         let result = self.run(&mut model, &request, on_token).await;
+        self.put_back(model);
+        result
+    }
+
+    /// Takes the model out for an async use that must not overlap another (generate, save).
+    fn take_model(&self) -> Result<Model, JsValue> {
+        let model = self.model.borrow_mut().take().ok_or_else(|| js_error("no_model", "no model is loaded"))?;
+        self.busy.set(true);
+        Ok(model)
+    }
+
+    /// Ends `take_model`'s use: keeps the model, or drops it if `unload()` came meanwhile.
+    fn put_back(&self, model: Model) {
         self.busy.set(false);
         if self.unload_pending.replace(false) {
             drop(model);
@@ -151,15 +165,19 @@ impl State {
         } else {
             *self.model.borrow_mut() = Some(model);
         }
-        result
+    }
+
+    /// The prompt token ids of a request, its options checked as `generate` checks them.
+    fn prompt_tokens(model: &Model, request: &Request) -> Result<Vec<u32>, JsValue> {
+        let prompt = request.prompt().map_err(|e| model_error(&e))?;
+        // Every option and request limit, before the prompt is encoded.
+        request.options.validate(model.config().vocab).map_err(|e| model_error(&e))?;
+        model.encode(&prompt).map_err(|e| model_error(&e))
     }
 
     async fn run(&self, model: &mut Model, request: &Request, on_token: &Function) -> Result<JsValue, JsValue> {
         let options = &request.options;
-        let prompt = request.prompt().map_err(|e| model_error(&e))?;
-        // Every option and request limit, before the prompt is encoded.
-        options.validate(model.config().vocab).map_err(|e| model_error(&e))?;
-        let tokens = model.encode(&prompt).map_err(|e| model_error(&e))?;
+        let tokens = Self::prompt_tokens(model, request)?;
         let mut thrown: Option<JsValue> = None;
         let abort = &self.abort;
         // Every token of the result reaches `on_token`, even one generated after an abort: the

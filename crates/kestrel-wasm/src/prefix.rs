@@ -1,0 +1,68 @@
+//! The KV prefix kept across page loads (`persistPrefix` in the browser package): the worker
+//! saves the cached prefix after a request, and before the next one restores the saved prefix
+//! that shares the most tokens with its prompt (`kestrel_model::prefix_snapshot`).
+
+use js_sys::{Promise, Uint32Array, Uint8Array};
+use kestrel_model::prefix_snapshot::{self, Peek};
+use kestrel_model::Request;
+use serde_json::json;
+use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
+
+use crate::{js_error, model_error, to_js, Engine, State};
+
+#[wasm_bindgen]
+impl Engine {
+    /// The prompt token ids `generate` would run for this JSON request (to choose a saved prefix).
+    #[wasm_bindgen(js_name = promptTokens)]
+    pub fn prompt_tokens(&self, request: &str) -> Result<Uint32Array, JsValue> {
+        self.state.check_idle("encode a prompt")?;
+        let request = Request::parse(request).map_err(|e| model_error(&e))?;
+        let model = self.state.model.borrow();
+        let model = model.as_ref().ok_or_else(|| js_error("no_model", "no model is loaded"))?;
+        Ok(Uint32Array::from(&State::prompt_tokens(model, &request)?[..]))
+    }
+
+    /// The token ids the KV cache holds, from position 0.
+    #[wasm_bindgen(js_name = cachedTokenIds)]
+    pub fn cached_token_ids(&self) -> Uint32Array {
+        let model = self.state.model.borrow();
+        Uint32Array::from(model.as_ref().map_or(&[][..], |m| m.cached_token_ids()))
+    }
+
+    /// Resolves to a snapshot of the cached prefix's KV rows tagged with `model_key` (the model
+    /// file's sha256), or undefined when no tokens are cached.
+    #[wasm_bindgen(js_name = savePrefix)]
+    pub fn save_prefix(&self, model_key: String) -> Promise {
+        let state = self.state.clone();
+        future_to_promise(async move {
+            state.check_idle("save the KV prefix")?;
+            let model = state.take_model()?;
+            let saved = model.save_prefix(&model_key).await;
+            state.put_back(model);
+            Ok(saved.map_err(|e| model_error(&e))?.map_or(JsValue::UNDEFINED, |bytes| Uint8Array::from(&bytes[..]).into()))
+        })
+    }
+
+    /// Restores a snapshot `savePrefix` made from the same model file, replacing the cached
+    /// prefix; returns its token count. Any mismatch or corruption is a `bad_snapshot` error and
+    /// leaves the cache as it was.
+    #[wasm_bindgen(js_name = restorePrefix)]
+    pub fn restore_prefix(&self, model_key: &str, bytes: &[u8]) -> Result<u32, JsValue> {
+        self.state.check_idle("restore a KV prefix")?;
+        let mut model = self.state.model.borrow_mut();
+        let model = model.as_mut().ok_or_else(|| js_error("no_model", "no model is loaded"))?;
+        let restored = model.restore_prefix(model_key, bytes).map_err(|e| model_error(&e))?;
+        Ok(restored as u32)
+    }
+}
+
+/// The model key and tokens at the start of a snapshot, `{key, tokens}`, or `{need}`: the number
+/// of leading bytes it takes to tell them. A file that is not a snapshot is `bad_snapshot`.
+#[wasm_bindgen(js_name = peekPrefixSnapshot)]
+pub fn peek_prefix_snapshot(bytes: &[u8]) -> Result<JsValue, JsValue> {
+    Ok(match prefix_snapshot::peek(bytes).map_err(|e| model_error(&e))? {
+        Peek::Tokens { key, tokens } => to_js(&json!({ "key": key, "tokens": tokens })),
+        Peek::NeedBytes(need) => to_js(&json!({ "need": need })),
+    })
+}

@@ -1,0 +1,135 @@
+// The KV prefixes kept across page loads (createEngine's `persistPrefix`): snapshots of the KV
+// cache rows of a conversation, one file each in the Origin Private File System, under one
+// directory for every model. A snapshot starts with the model file's sha256 and its token ids
+// (read with `peekPrefixSnapshot` to choose one) and ends with a checksum the engine verifies
+// before it restores any row: a corrupt, foreign or truncated file is deleted, never trusted.
+import { peekPrefixSnapshot } from './pkg/kestrel_wasm.js';
+
+const DIRECTORY = 'kestrel-kv-prefixes';
+/** Restoring reads a whole snapshot: worth it only when it saves this many prefill tokens. */
+export const MIN_RESTORED_TOKENS = 16;
+
+/**
+ * @typedef {{ name: string, key: string, tokens: Uint32Array | number[], bytes: number, written: number }} Entry
+ */
+
+/** How many leading tokens `a` and `b` share. */
+export function sharedPrefix(a, b) {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
+}
+
+export class PrefixStore {
+  /**
+   * @param {FileSystemDirectoryHandle} directory
+   * @param {string} modelKey the model file's sha256 (hex)
+   * @param {number} maxBytes the most all snapshots (of every model) may take together
+   */
+  constructor(directory, modelKey, maxBytes) {
+    this.directory = directory;
+    this.modelKey = modelKey;
+    this.maxBytes = maxBytes;
+  }
+
+  /** The store for one model, or null where this browser has no Origin Private File System. */
+  static async open(modelKey, maxBytes) {
+    if (!globalThis.navigator?.storage?.getDirectory) return null;
+    const root = await navigator.storage.getDirectory();
+    return new PrefixStore(await root.getDirectoryHandle(DIRECTORY, { create: true }), modelKey, maxBytes);
+  }
+
+  /** Every snapshot in the store (of every model); unreadable files are deleted on the way. */
+  async entries() {
+    /** @type {Entry[]} */
+    const entries = [];
+    for await (const [name, handle] of this.directory.entries()) {
+      if (handle.kind !== 'file') continue;
+      const file = await handle.getFile();
+      try {
+        let need = 4096;
+        for (;;) {
+          const peek = peekPrefixSnapshot(new Uint8Array(await file.slice(0, need).arrayBuffer()));
+          if (peek.tokens) {
+            entries.push({ name, key: peek.key, tokens: peek.tokens, bytes: file.size, written: file.lastModified });
+            break;
+          }
+          if (peek.need > file.size) throw new Error('truncated');
+          need = peek.need;
+        }
+      } catch {
+        await this.remove(name);
+      }
+    }
+    return entries;
+  }
+
+  /** The snapshot of this model sharing the most leading tokens with `prompt`, and how many. */
+  async best(prompt) {
+    let best = null;
+    let shared = 0;
+    for (const e of await this.entries()) {
+      const n = e.key === this.modelKey ? sharedPrefix(e.tokens, prompt) : 0;
+      if (n > shared) [best, shared] = [e, n];
+    }
+    return { entry: best, shared };
+  }
+
+  /** @param {Entry} entry */
+  async read(entry) {
+    const handle = await this.directory.getFileHandle(entry.name);
+    return new Uint8Array(await (await handle.getFile()).arrayBuffer());
+  }
+
+  async remove(name) {
+    await this.directory.removeEntry(name).catch(() => {});
+  }
+
+  /**
+   * Stores the snapshot of `tokens`, drops this model's snapshots it extends (their tokens are a
+   * prefix of its own), then the least recently written ones beyond the byte budget. Skipped when
+   * the origin's storage quota has no room for it.
+   * @param {Uint32Array} tokens
+   * @param {Uint8Array} bytes
+   */
+  async save(tokens, bytes) {
+    if (bytes.byteLength > this.maxBytes) return false;
+    const { usage = 0, quota = Infinity } = (await navigator.storage.estimate?.()) ?? {};
+    if (usage + bytes.byteLength > quota) return false;
+    const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', tokens));
+    const name = `${this.modelKey.slice(0, 16)}-${[...digest.slice(0, 12)].map((b) => b.toString(16).padStart(2, '0')).join('')}.kv`;
+    // Written to a swap file and swapped in on close: a reader never sees half a snapshot. A
+    // failed write (the quota, where the estimate did not tell) leaves no empty file behind.
+    const handle = await this.directory.getFileHandle(name, { create: true });
+    try {
+      const writable = await handle.createWritable();
+      try {
+        await writable.write(bytes);
+        await writable.close();
+      } catch (e) {
+        await writable.abort().catch(() => {});
+        throw e;
+      }
+    } catch (e) {
+      await this.remove(name);
+      throw e;
+    }
+    const entries = await this.entries();
+    const kept = [];
+    for (const e of entries) {
+      const extended = e.name !== name && e.key === this.modelKey && sharedPrefix(e.tokens, tokens) === e.tokens.length;
+      if (extended) await this.remove(e.name);
+      else kept.push(e);
+    }
+    kept.sort((a, b) => a.written - b.written);
+    let total = kept.reduce((sum, e) => sum + e.bytes, 0);
+    for (const e of kept) {
+      if (total <= this.maxBytes) break;
+      if (e.name === name) continue;
+      await this.remove(e.name);
+      total -= e.bytes;
+    }
+    return true;
+  }
+}
