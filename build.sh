@@ -2,7 +2,8 @@
 # Kestrel's one entry point.
 #   ./build.sh [run] ["prompt"]  build the CLI, fetch the default model, generate text with it
 #   ./build.sh test              run every test: native (kernels on the GPU, via lavapipe where there
-#                                is none), then the browser suite (headless Chromium, SwiftShader)
+#                                is none), then the browser suite and the bundler test (headless
+#                                Chromium, SwiftShader)
 #   ./build.sh bench [options]   the benchmark suite: Kestrel native and in headless Chrome, llama.cpp
 #                                and wllama on the same GGUF (bench/run.mjs; options: see its header)
 #   ./build.sh test-native       the native tests only (`cargo test --workspace`)
@@ -10,6 +11,8 @@
 #                                clients with aborts and C load/unload cycles (default 100), then the
 #                                browser's (SOAK_REQUESTS, default 100); `test` runs short ones
 #   ./build.sh test-browser      the browser end-to-end tests only
+#   ./build.sh test-bundlers     the bundler test only: the npm package's tarball in an app built with
+#                                Vite 5-8 and webpack 5 and run by Vite's dev servers, in Chromium
 #   ./build.sh test-server       the `kestrel serve` end-to-end tests only (OpenAI's Python client)
 #   ./build.sh load [N] [C]      `kestrel serve` under N streamed requests (default 64) from C
 #                                concurrent clients (default 16), some abandoned: P50/P99 latencies
@@ -128,6 +131,16 @@ browser_tests() {
   # The soak at a size that takes about 2 minutes on SwiftShader on a busy 2-core machine;
   # soak_browser runs the full one.
   (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" SOAK_REQUESTS=${SOAK_REQUESTS:-8} node --test --test-concurrency=1 --test-reporter=spec)
+}
+
+# The npm package from the tarball `npm pack` makes, in a small app that Vite 5-8 and webpack 5
+# build and Vite's dev servers serve, in headless Chromium (tests/bundlers: the test installs the
+# bundlers). It loads the browser suite's random-weight model, written here unless already there.
+# (`|| return`: called as `timed ... || status=1`, the function runs without `set -e`.)
+bundler_tests() {
+  build_wasm || return
+  [ -f models/synthetic-qwen3-f32.gguf ] || browser_models || return
+  (cd tests/bundlers && node --test --test-reporter=spec bundlers.test.mjs)
 }
 
 # The random-weight qwen3 models the browser tests serve: written by the native tests that use
@@ -273,6 +286,7 @@ case "$cmd" in
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "server tests" server_tests || status=1
     timed "browser tests" browser_tests || status=1
+    timed "bundler tests" bundler_tests || status=1
     timed "fuzz smoke" fuzz 10 smoke || status=1
     echo "== time of each part:"
     printf '%s\n' "${timings[@]}"
@@ -287,6 +301,11 @@ case "$cmd" in
     setup
     setup_web
     browser_tests
+    ;;
+  test-bundlers)
+    setup
+    setup_web
+    bundler_tests
     ;;
   test-server)
     setup
@@ -317,7 +336,7 @@ case "$cmd" in
     bench "$@"
     ;;
   *)
-    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | test-server | load [requests] [clients] | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port]]" >&2
+    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | test-bundlers | test-server | load [requests] [clients] | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port]]" >&2
     exit 2
     ;;
 esac

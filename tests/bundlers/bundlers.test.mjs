@@ -1,0 +1,177 @@
+// The npm package as a new user gets it, from the tarball `npm pack ./www` makes, in a small app
+// (index.html, main.js) built for production with Vite 5-8 and webpack 5, and served by the dev
+// servers of Vite 5-8, each opened in headless Chromium (WebGPU on SwiftShader): tokens stream
+// and the app asks nothing of another origin. The dev servers of Vite 5-7 pre-bundle the package
+// into node_modules/.vite/deps/, away from the worker that `new URL('./worker.js', import.meta.url)`
+// names: without `optimizeDeps.exclude` the engine fails with an error that says so, with it
+// tokens stream. Needs www/pkg (`./build.sh wasm`) and models/synthetic-qwen3-f32.gguf.
+import assert from 'node:assert/strict';
+import { execFileSync, spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { before, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { MINUTES, ROOT, serveAndLaunch } from '../browser/harness.mjs';
+
+const HERE = fileURLToPath(new URL('.', import.meta.url));
+// What main.js loads (a cached copy where its origin loaded it before).
+const MODEL_PATH = '/models/synthetic-qwen3-f32.gguf';
+const MAX_TOKENS = 2; // main.js's request
+const VITES = ['vite5', 'vite6', 'vite7', 'vite8'];
+// Vite 8 pre-bundles with Rolldown, which keeps the package's worker beside it.
+const VITES_NEEDING_EXCLUDE = ['vite5', 'vite6', 'vite7'];
+const FIX = "optimizeDeps: { exclude: ['@kestrel-llm/web'] }";
+
+const env = serveAndLaunch();
+
+/** Runs `node args` in this folder; its output is in the error when it fails. */
+function node(args) {
+  return execFileSync(process.execPath, args, { cwd: HERE, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] });
+}
+
+before(() => {
+  for (const file of ['www/pkg/kestrel_wasm_bg.wasm', MODEL_PATH.slice(1)]) {
+    if (!existsSync(join(ROOT, file))) throw new Error(`${file} is missing: ./build.sh test-bundlers makes it`);
+  }
+  // A fresh folder each run: npm reinstalls a tarball whose path it has not installed before.
+  const dir = mkdtempSync(join(tmpdir(), 'kestrel-pack-'));
+  try {
+    const [{ filename }] = JSON.parse(execFileSync('npm', ['pack', './www', '--pack-destination', dir, '--json'], { cwd: ROOT, encoding: 'utf8' }));
+    // The locked bundlers, and the package from its tarball without recording it (package.json
+    // and package-lock.json stay as committed).
+    execFileSync('npm', ['install', '--no-save', '--no-audit', '--no-fund', join(dir, filename)], { cwd: HERE, stdio: ['ignore', 'ignore', 'inherit'] });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+/**
+ * Opens the app at `url` in the shared Chromium and waits for main.js's outcome. Resolves to
+ * `{ outcome, requests }`: `requests` lists every URL the page and its worker asked for.
+ */
+async function openApp(url) {
+  const page = await env.browser.context.newPage();
+  const requests = [];
+  page.on('request', (r) => requests.push(r.url()));
+  page.on('console', (m) => {
+    if (m.type() === 'error') console.log(`[browser error] ${m.text()} ${m.location().url}`);
+  });
+  page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
+  try {
+    await page.goto(url);
+    await page.waitForFunction(() => window.kestrelOutcome, null, { timeout: 3 * MINUTES });
+    return { outcome: await page.evaluate(() => window.kestrelOutcome), requests };
+  } finally {
+    await page.close();
+  }
+}
+
+/** The app streamed its tokens and a final usage, and asked for nothing outside `url`'s origin. */
+function assertStreamed({ outcome, requests }, url) {
+  assert.equal(outcome.ok, true, `the app failed: ${outcome.code}: ${outcome.message}`);
+  assert.equal(outcome.chunks.filter((c) => Number.isInteger(c.token_id)).length, MAX_TOKENS, JSON.stringify(outcome.chunks));
+  assert.equal(outcome.usage?.completion_tokens, MAX_TOKENS, JSON.stringify(outcome.usage));
+  // The engine's worker fetches the wasm: seeing it shows that the worker's requests are among
+  // those the origin check reads.
+  assert.ok(requests.some((r) => new URL(r).pathname.endsWith('.wasm')), `no request for the engine's wasm among ${requests.join(' ')}`);
+  const origin = new URL(url).origin;
+  const foreign = requests.filter((r) => new URL(r).origin !== origin);
+  assert.deepEqual(foreign, [], `requests to another origin than ${origin}`);
+}
+
+/** Opens the production build in dist/NAME, served with the models by the static server. */
+async function assertBuildStreams(name) {
+  const url = `${env.server.url}/tests/bundlers/dist/${name}/index.html`;
+  assertStreamed(await openApp(url), url);
+}
+
+for (const vite of VITES) {
+  test(`${vite}: a production build streams tokens`, { timeout: 4 * MINUTES }, async () => {
+    node([`node_modules/${vite}/bin/vite.js`, 'build', '--outDir', `dist/${vite}`, '--emptyOutDir']);
+    await assertBuildStreams(vite);
+  });
+}
+
+test('webpack 5: a production build streams tokens', { timeout: 4 * MINUTES }, async () => {
+  node(['node_modules/webpack-cli/bin/cli.js', '--config', 'webpack.config.mjs']);
+  await assertBuildStreams('webpack');
+});
+
+/**
+ * A free port no dev server of this run had: each gets its own origin, so that none finds what
+ * another left in the browser's caches (Vite serves pre-bundled files as immutable).
+ */
+const usedPorts = new Set();
+async function freshPort() {
+  for (;;) {
+    const probe = createServer();
+    await new Promise((listening) => probe.listen(0, '127.0.0.1', listening));
+    const { port } = probe.address();
+    await new Promise((closed) => probe.close(closed));
+    if (!usedPorts.has(port)) {
+      usedPorts.add(port);
+      return port;
+    }
+  }
+}
+
+/**
+ * Starts `vite`'s dev server with `config`, re-optimizing its dependencies (the Vite versions share
+ * its cache folder); /models/ goes to the static server. Resolves to `{ url, close }`.
+ */
+async function startDevServer(vite, config) {
+  const port = String(await freshPort());
+  const child = spawn(process.execPath, [`node_modules/${vite}/bin/vite.js`, '--config', config, '--host', '127.0.0.1', '--port', port, '--strictPort', '--force'], {
+    cwd: HERE,
+    env: { ...process.env, KESTREL_MODELS_ORIGIN: env.server.url },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let output = '';
+  return new Promise((resolveStart, reject) => {
+    const read = (text) => {
+      output += text;
+      const found = output.match(/Local:\s+(http:\/\/\S+)/);
+      if (found) {
+        const close = () => new Promise((done) => {
+          if (child.exitCode !== null) return done();
+          child.once('exit', done);
+          child.kill('SIGTERM');
+        });
+        resolveStart({ url: found[1], close });
+      }
+    };
+    child.stdout.setEncoding('utf8').on('data', read);
+    child.stderr.setEncoding('utf8').on('data', read);
+    child.once('exit', (code) => reject(new Error(`${vite}'s dev server exited with ${code} before listening: ${output}`)));
+  });
+}
+
+/** Opens the app on `vite`'s dev server with `config`; resolves to openApp's answer. */
+async function openOnDevServer(vite, config) {
+  const server = await startDevServer(vite, config);
+  try {
+    return { ...(await openApp(server.url)), url: server.url };
+  } finally {
+    await server.close();
+  }
+}
+
+for (const vite of VITES) {
+  if (VITES_NEEDING_EXCLUDE.includes(vite)) {
+    test(`${vite}: the dev server without optimizeDeps.exclude fails with an error that names the fix`, { timeout: 4 * MINUTES }, async () => {
+      const { outcome } = await openOnDevServer(vite, 'vite.config.mjs');
+      assert.equal(outcome.ok, false, 'tokens streamed: drop the exclude from the README and this test');
+      assert.equal(outcome.code, 'worker_error', outcome.message);
+      assert.ok(outcome.message.includes(FIX), outcome.message);
+    });
+  }
+  const config = VITES_NEEDING_EXCLUDE.includes(vite) ? 'vite.exclude.config.mjs' : 'vite.config.mjs';
+  test(`${vite}: the dev server with ${config} streams tokens`, { timeout: 4 * MINUTES }, async () => {
+    const { url, ...result } = await openOnDevServer(vite, config);
+    assertStreamed(result, url);
+    // A fresh origin: the model came through the dev server.
+    assert.ok(result.requests.some((r) => new URL(r).pathname === MODEL_PATH), 'the model was not fetched from the dev server');
+  });
+}
