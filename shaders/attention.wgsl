@@ -1,5 +1,5 @@
-// Causal grouped-query attention over the KV cache (K and V each [n_kv_heads][max_ctx][HD] f32),
-// online softmax in f32. Query head h reads kv head h / (n_heads / n_kv_heads). Query t of the
+// Causal grouped-query attention over the KV cache (K and V each [n_kv_heads][max_ctx][HD], f32,
+// or f16 with KV_F16: two values per u32 word, the first in the low half), online softmax in f32. Query head h reads kv head h / (n_heads / n_kv_heads). Query t of the
 // step sits at position step.pos + t and sees cache positions 0..=step.pos + t.
 //
 // Three kernels, one per define (their bindings differ):
@@ -61,8 +61,31 @@ fn first_decode_chunk() -> u32 {
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> params: Params;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+#if KV_F16
+@group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+
+// Values 4i..4i + 3 of the K cache.
+fn k4(i: u32) -> vec4<f32> {
+    let w = k_cache[i];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+fn v1(i: u32) -> f32 {
+    return unpack2x16float(v_cache[i >> 1u])[i & 1u];
+}
+#else
 @group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<f32>;
+
+fn k4(i: u32) -> vec4<f32> {
+    return k_cache[i];
+}
+
+fn v1(i: u32) -> f32 {
+    return v_cache[i];
+}
+#endif
 // [n_heads][max_chunks][2 + HD]: max score, sum of exp(score - max), then the weighted V sum.
 @group(0) @binding(5) var<storage, read_write> partials: array<f32>;
 
@@ -108,7 +131,7 @@ fn decode_partial(
         let row = (kvh * params.max_ctx + p) * HD4;
         var qk = 0.0;
         for (var d = 0u; d < HD4; d++) {
-            qk += dot(q_head[d], k_cache[row + d]);
+            qk += dot(q_head[d], k4(row + d));
         }
         score = score_of(qk);
     }
@@ -128,7 +151,7 @@ fn decode_partial(
     var acc = 0.0;
     if (group < V_GROUPS) {
         for (var j = group; j < n_here; j += V_GROUPS) {
-            acc += weights[j] * v_cache[(kvh * params.max_ctx + start + j) * HD + d];
+            acc += weights[j] * v1((kvh * params.max_ctx + start + j) * HD + d);
         }
     }
     v_parts[lid] = acc;
@@ -181,8 +204,31 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> params: Params;
 @group(0) @binding(2) var<storage, read> q: array<f32>;
+#if KV_F16
+@group(0) @binding(3) var<storage, read> k_cache: array<u32>;
+@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+
+// Value i of the K (or V) cache.
+fn cache_value(cache_is_v: bool, i: u32) -> f32 {
+    var w: u32;
+    if (cache_is_v) {
+        w = v_cache[i >> 1u];
+    } else {
+        w = k_cache[i >> 1u];
+    }
+    return unpack2x16float(w)[i & 1u];
+}
+#else
 @group(0) @binding(3) var<storage, read> k_cache: array<f32>;
 @group(0) @binding(4) var<storage, read> v_cache: array<f32>;
+
+fn cache_value(cache_is_v: bool, i: u32) -> f32 {
+    if (cache_is_v) {
+        return v_cache[i];
+    }
+    return k_cache[i];
+}
+#endif
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 const WG: u32 = 256u;
@@ -206,12 +252,7 @@ fn load_block(cache_is_v: bool, kvh: u32, first: u32, end: u32, lid: u32) {
         let j = i / HD;
         var v = 0.0;
         if (first + j < end) {
-            let at = (kvh * params.max_ctx + first) * HD + i;
-            if (cache_is_v) {
-                v = v_cache[at];
-            } else {
-                v = k_cache[at];
-            }
+            v = cache_value(cache_is_v, (kvh * params.max_ctx + first) * HD + i);
         }
         kv_tile[j * ROW + i % HD] = v;
     }

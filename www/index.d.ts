@@ -209,7 +209,7 @@ export interface Engine {
     /** `stream` known only at run time: narrow the result with `Symbol.asyncIterator in result`. */
     create(request: CompletionRequest): Promise<AsyncIterable<Completion> | Completion>;
   };
-  /** Forgets the conversation cached on the GPU. */
+  /** Forgets the conversation cached on the GPU (saved `persistPrefix` entries stay: `clearSavedPrefixes()`). */
   reset(): Promise<void>;
   /** What the engine holds now (answered after the requests queued before it). */
   memory(): Promise<EngineMemory>;
@@ -239,12 +239,18 @@ export interface CreateEngineOptions {
   /** KV cache length in tokens (default: the model's training context, at most 4096). */
   context_length?: number;
   /**
+   * How the KV cache stores keys and values: 'f16' (the default; half the memory and half the
+   * attention's reads, as llama.cpp's default) or 'f32'.
+   */
+  kv_cache?: 'f16' | 'f32';
+  /**
    * Keep the conversation's KV cache across page loads: after each request its rows are saved in
    * the Origin Private File System (keyed by the model file's sha256 and the token ids; the file is
    * hashed as it loads), and a later request whose prompt starts with saved tokens prefills only
    * the rest (`usage.extra.reused_tokens`). `maxBytes` bounds the saved rows of every model
-   * together (default 256 MiB; the least recently written go first). A saved entry that is
-   * corrupt or from another file is deleted, never used.
+   * together (default 256 MiB; the least recently written go first; a conversation longer than
+   * that keeps its first tokens). A corrupt saved entry is deleted, one of another model file or
+   * cache setup is left for it; neither is used. `clearSavedPrefixes()` deletes them all.
    */
   persistPrefix?: boolean | { maxBytes?: number };
   /**
@@ -284,7 +290,7 @@ export interface Estimate {
   /** The weights as packed on the GPU. */
   weight_bytes: number;
   context_length: number;
-  /** K and V of every layer at `context_length` (f32). */
+  /** K and V of every layer at `context_length`, in the cache's value type. */
   kv_cache_bytes: number;
   /** The largest buffer one binding must hold. */
   largest_binding: { name: string; bytes: number };
@@ -302,7 +308,9 @@ export interface Estimate {
  * Reads only the GGUF header of `model` (an HTTP range request, or the first bytes of a File) and
  * says whether it fits this browser's GPU with a `context_length`-token KV cache.
  */
-export function estimate(options: { model: string | URL | Blob; context_length?: number }): Promise<Estimate>;
+export function estimate(options: { model: string | URL | Blob; context_length?: number; kv_cache?: 'f16' | 'f32' }): Promise<Estimate>;
+/** Deletes every KV prefix `persistPrefix` saved in this origin's storage; true when there were any. */
+export function clearSavedPrefixes(): Promise<boolean>;
 
 /** Starts the engine's worker and loads the model; resolves when it is ready. */
 export function createEngine(options: CreateEngineOptions): Promise<Engine>;

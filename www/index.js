@@ -11,6 +11,7 @@
  */
 
 import { RemoteBackend, kestrelError } from './remote.js';
+import { PREFIX_DIRECTORY } from './storage.js';
 
 /**
  * A message from the worker (worker.js).
@@ -87,15 +88,29 @@ function workerError(e) {
 }
 
 /**
+ * Deletes every KV prefix `persistPrefix` saved in this origin's storage (of every model); true
+ * when there were any. Engines that save later start a new store.
+ * @returns {Promise<boolean>}
+ */
+export async function clearSavedPrefixes() {
+  if (!globalThis.navigator?.storage?.getDirectory) return false;
+  const root = await navigator.storage.getDirectory();
+  return root.removeEntry(PREFIX_DIRECTORY, { recursive: true }).then(() => true, (e) => {
+    if (e?.name === 'NotFoundError') return false;
+    throw e;
+  });
+}
+
+/**
  * Whether `model` (a URL, a File or a Blob) fits this browser's GPU with a KV cache of
- * `context_length` tokens, from its GGUF header alone (an HTTP range request; no weight is
+ * `context_length` tokens (of `kv_cache` values: 'f16', the default, or 'f32'), from its GGUF header alone (an HTTP range request; no weight is
  * fetched): weight and KV cache bytes, the largest single buffer, unsupported tensors, and the
  * verdict against the adapter's limits with the reason when it does not fit.
- * @param {{ model: string | URL | Blob, context_length?: number }} options
+ * @param {{ model: string | URL | Blob, context_length?: number, kv_cache?: 'f16' | 'f32' }} options
  * @returns {Promise<Estimate>}
  */
 export async function estimate(options) {
-  const { model, context_length } = options ?? {};
+  const { model, context_length, kv_cache } = options ?? {};
   if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
     throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
   }
@@ -108,7 +123,7 @@ export async function estimate(options) {
       };
       worker.onerror = (e) => reject(workerError(e));
       const url = model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model;
-      worker.postMessage({ type: 'estimate', id: 0, model: url, context_length });
+      worker.postMessage({ type: 'estimate', id: 0, model: url, context_length, kv_cache });
     });
   } finally {
     worker.terminate();
@@ -363,7 +378,7 @@ class Engine {
   /**
    * @param {string | Blob} model
    * @param {CreateEngineOptions['onProgress']} onProgress
-   * @param {CreateEngineOptions['gpu'] & { context_length?: number }} gpu
+   * @param {CreateEngineOptions['gpu'] & { context_length?: number, kv_cache?: 'f16' | 'f32' }} gpu
    * @param {string | undefined} sha256
    * @param {{ maxBytes: number } | null} persist `persistPrefix`
    */
@@ -394,7 +409,10 @@ class Engine {
     this.#worker.postMessage({ type: 'destroy-device', id: 0 });
   }
 
-  /** Forgets the conversation cached on the GPU (the next request prefills from scratch). */
+  /**
+   * Forgets the conversation cached on the GPU: the next request prefills from scratch, unless
+   * `persistPrefix` saved a matching prefix (`clearSavedPrefixes()` deletes those).
+   */
   reset() {
     return this.#call({ type: 'reset' });
   }
@@ -493,7 +511,8 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * Resolves once the model is ready. `onProgress({phase, loaded, total})` follows the load:
  * phase 'download' | 'cache' | 'upload' (a local File/Blob) | 'compile' | 'ready'.
  * `gpu: {allow_f16, allow_subgroups, allow_timestamps}` forces optional GPU features off;
- * `context_length` sizes the KV cache (default: the model's context, at most 4096).
+ * `context_length` sizes the KV cache (default: the model's context, at most 4096), and
+ * `kv_cache` sets how it stores keys and values ('f16', the default, or 'f32').
  * `onStatus({status})` follows the engine recovering by itself from a lost GPU device: the
  * request in flight fails with `device_lost`, then 'device_lost', 'reloading' (the model from the
  * Cache API or the same File), 'ready' (or 'failed' with `error`); later requests wait for it.
@@ -512,7 +531,7 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * @returns {Promise<EngineApi>}
  */
 export async function createEngine(options) {
-  const { model, onProgress, onStatus, gpu, context_length, remote, sha256, persistPrefix } = options ?? {};
+  const { model, onProgress, onStatus, gpu, context_length, kv_cache, remote, sha256, persistPrefix } = options ?? {};
   if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
     throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
   }
@@ -529,7 +548,7 @@ export async function createEngine(options) {
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   const engine = new Engine(worker, onStatus);
   try {
-    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, context_length }, sha256, persist);
+    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, context_length, kv_cache }, sha256, persist);
   } catch (e) {
     worker.terminate();
     const code = /** @type {KestrelError} */ (e)?.code;

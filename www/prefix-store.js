@@ -1,11 +1,12 @@
 // The KV prefixes kept across page loads (createEngine's `persistPrefix`): snapshots of the KV
-// cache rows of a conversation, one file each in the Origin Private File System, under one
-// directory for every model. A snapshot starts with the model file's sha256 and its token ids
-// (read with `peekPrefixSnapshot` to choose one) and ends with a checksum the engine verifies
-// before it restores any row: a corrupt, foreign or truncated file is deleted, never trusted.
+// cache rows of a conversation, one file each in the Origin Private File System, in one directory
+// for every model. A snapshot starts with its key (the model file's sha256 and the cache's value
+// type, so that setups never mix) and its token ids (read with
+// `peekPrefixSnapshot` to choose one) and ends with a checksum the engine verifies before it
+// restores any row: a corrupt or truncated file is deleted, never trusted; another model's (or
+// another cache setup's) is left for that model, and the byte budget bounds them all.
 import { peekPrefixSnapshot } from './pkg/kestrel_wasm.js';
-
-const DIRECTORY = 'kestrel-kv-prefixes';
+import { PREFIX_DIRECTORY } from './storage.js';
 /** Restoring reads a whole snapshot: worth it only when it saves this many prefill tokens. */
 export const MIN_RESTORED_TOKENS = 16;
 
@@ -37,16 +38,24 @@ export class PrefixStore {
   static async open(modelKey, maxBytes) {
     if (!globalThis.navigator?.storage?.getDirectory) return null;
     const root = await navigator.storage.getDirectory();
-    return new PrefixStore(await root.getDirectoryHandle(DIRECTORY, { create: true }), modelKey, maxBytes);
+    return new PrefixStore(await root.getDirectoryHandle(PREFIX_DIRECTORY, { create: true }), modelKey, maxBytes);
   }
 
-  /** Every snapshot in the store (of every model); unreadable files are deleted on the way. */
+  /**
+   * Every snapshot in the store (of every model). Files that are not snapshots are deleted on the
+   * way; one that cannot be opened now (another tab removing it) is skipped.
+   */
   async entries() {
     /** @type {Entry[]} */
     const entries = [];
     for await (const [name, handle] of this.directory.entries()) {
       if (handle.kind !== 'file') continue;
-      const file = await handle.getFile();
+      let file;
+      try {
+        file = await handle.getFile();
+      } catch {
+        continue;
+      }
       try {
         let need = 4096;
         for (;;) {
@@ -55,11 +64,12 @@ export class PrefixStore {
             entries.push({ name, key: peek.key, tokens: peek.tokens, bytes: file.size, written: file.lastModified });
             break;
           }
-          if (peek.need > file.size) throw new Error('truncated');
+          // A file shorter than its own header says: a save cut short.
+          if (peek.need > file.size) throw Object.assign(new Error('truncated'), { code: 'bad_snapshot' });
           need = peek.need;
         }
-      } catch {
-        await this.remove(name);
+      } catch (e) {
+        if (e?.code === 'bad_snapshot') await this.remove(name);
       }
     }
     return entries;
@@ -87,18 +97,17 @@ export class PrefixStore {
   }
 
   /**
-   * Stores the snapshot of `tokens`, drops this model's snapshots it extends (their tokens are a
-   * prefix of its own), then the least recently written ones beyond the byte budget. Skipped when
-   * the origin's storage quota has no room for it.
+   * Stores the snapshot `bytes` of `tokens` (at most the byte budget: the engine cut it to fit),
+   * drops this model's snapshots it extends (their tokens are a prefix of its own), then the
+   * least recently written ones beyond the budget.
    * @param {Uint32Array} tokens
    * @param {Uint8Array} bytes
    */
   async save(tokens, bytes) {
-    if (bytes.byteLength > this.maxBytes) return false;
-    const { usage = 0, quota = Infinity } = (await navigator.storage.estimate?.()) ?? {};
-    if (usage + bytes.byteLength > quota) return false;
-    const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', tokens));
-    const name = `${this.modelKey.slice(0, 16)}-${[...digest.slice(0, 12)].map((b) => b.toString(16).padStart(2, '0')).join('')}.kv`;
+    // Named by the snapshot's own SHA-256 (its last 32 bytes): the same tokens saved from
+    // another cache setup get another file.
+    const digest = bytes.subarray(bytes.byteLength - 12);
+    const name = `${this.modelKey.slice(0, 16)}-${[...digest].map((b) => b.toString(16).padStart(2, '0')).join('')}.kv`;
     // Written to a swap file and swapped in on close: a reader never sees half a snapshot. A
     // failed write (the quota, where the estimate did not tell) leaves no empty file behind.
     const handle = await this.directory.getFileHandle(name, { create: true });
@@ -130,6 +139,5 @@ export class PrefixStore {
       await this.remove(e.name);
       total -= e.bytes;
     }
-    return true;
   }
 }

@@ -1,8 +1,9 @@
 // The module worker that owns the wasm Engine. The page talks to it with messages
 // ({type, id, ...}); it answers with 'progress', 'token', 'result' and 'error' messages.
 // It never runs two requests at once: the page (index.js) queues them.
-import init, { Engine, HeaderProbe, Sha256Hasher } from './pkg/kestrel_wasm.js';
+import init, { Engine, HeaderProbe, Sha256Hasher, peekPrefixSnapshot } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
+import { storageRoom } from './storage.js';
 
 const CACHE_NAME = 'kestrel-models';
 let engine = null;
@@ -118,14 +119,15 @@ function describedAdapter() {
 }
 
 /**
- * Will `model` fit this browser's GPU with a `contextLength`-token KV cache: the estimate from its
- * header and the verdict against the adapter's limits.
+ * Will `model` fit this browser's GPU with a `contextLength`-token KV cache of `kvCache` values
+ * ('f16' or 'f32'; absent: f16): the estimate from its header and the verdict against the
+ * adapter's limits.
  */
-async function estimate(model, contextLength) {
+async function estimate(model, contextLength, kvCache) {
   const probe = await readHeader(typeof model === 'string' ? new URL(model, self.location.href).href : model);
   const adapter = await describedAdapter();
   const limits = adapter ? { maxBufferSize: adapter.limits.maxBufferSize, maxStorageBufferBindingSize: adapter.limits.maxStorageBufferBindingSize } : null;
-  const result = probe.estimate(contextLength ?? undefined, limits?.maxBufferSize, limits?.maxStorageBufferBindingSize);
+  const result = probe.estimate(contextLength ?? undefined, limits?.maxBufferSize, limits?.maxStorageBufferBindingSize, kvCache ?? undefined);
   probe.free();
   result.limits = limits;
   if (!adapter) Object.assign(result, { fits: false, code: 'no_webgpu', reason: 'WebGPU is not available here (no adapter)' });
@@ -138,12 +140,6 @@ async function describeAdapter(info) {
   if (!info.gpu || !i) return;
   info.gpu.adapter_info = { vendor: i.vendor, architecture: i.architecture, device: i.device, description: i.description };
   if (!info.gpu.adapter) info.gpu.adapter = i.description || [i.vendor, i.architecture, i.device].filter(Boolean).join(' ') || 'unknown adapter';
-}
-
-/** Whether the origin's storage quota has room for `bytes` more (true where the browser cannot tell). */
-async function storageHasRoom(bytes) {
-  const { usage, quota } = (await navigator.storage?.estimate?.().catch(() => null)) ?? {};
-  return !(bytes && quota != null && usage != null && usage + bytes > quota);
 }
 
 const quotaExceeded = (bytes) => ({
@@ -179,7 +175,7 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
       total = Number(hit.headers.get('content-length')) || 0;
     } else {
       // Before downloading gigabytes, check from the header alone that the model fits.
-      const fits = await estimate(url, gpuOptions?.context_length);
+      const fits = await estimate(url, gpuOptions?.context_length, gpuOptions?.kv_cache);
       if (fits.fits === false) throw fail(fits.code, `the model does not fit this device: ${fits.reason}`);
       phase = 'download';
       let response;
@@ -193,7 +189,7 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
       }
       total = Number(response.headers.get('content-length')) || 0;
       body = response.body;
-      if (cache && !(await storageHasRoom(total))) {
+      if (cache && total > (await storageRoom())) {
         cacheError = quotaExceeded(total);
         cache = null;
       }
@@ -240,7 +236,14 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
     post({ type: 'progress', id, progress: { phase: 'compile', loaded, total } });
     const info = await eng.finishLoad();
     await describeAdapter(info);
-    if (persist) prefixes = await PrefixStore.open(digest, persist.maxBytes).catch(() => null);
+    if (persist) {
+      // Keyed by the file and the cache's value type: an f32 engine's snapshots neither serve nor
+      // supersede an f16 one's.
+      prefixes = await PrefixStore.open(`${digest}:${gpuOptions?.kv_cache ?? 'f16'}`, persist.maxBytes).catch((e) => {
+        console.warn('kestrel: persistPrefix is off, the Origin Private File System is not available:', e?.message ?? e);
+        return null;
+      });
+    }
     if (cachePut) {
       const err = await cachePut;
       if (err instanceof Error) {
@@ -265,10 +268,10 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
 }
 
 /**
- * With `persistPrefix`: before a request, restores the saved KV prefix that shares the most tokens
- * with its prompt, where that beats what the cache holds by enough to pay for reading it. A
- * snapshot the engine refuses (corrupt, or another model's) is deleted; any failure here only
- * means the request prefills more.
+ * With `persistPrefix`: before a request, restores the rows of the saved KV prefix that shares
+ * the most tokens with its prompt, where that beats what the cache holds by enough to pay for
+ * reading it. A corrupt snapshot is deleted; one of another setup (context, cache type) is left
+ * for it. Any failure here only means the request prefills more.
  */
 async function restorePrefix(eng, request) {
   let prompt;
@@ -277,23 +280,35 @@ async function restorePrefix(eng, request) {
   } catch {
     return; // the request's own error comes from generate
   }
+  // The engine always runs the prompt's last token: at most length - 1 can be reused.
+  const have = sharedPrefix(eng.cachedTokenIds(), prompt);
+  if (prompt.length - 1 < have + MIN_RESTORED_TOKENS) return;
   let entry = null;
   try {
     const best = await prefixes.best(prompt);
-    if (!best.entry || best.shared < sharedPrefix(eng.cachedTokenIds(), prompt) + MIN_RESTORED_TOKENS) return;
+    if (!best.entry || Math.min(best.shared, prompt.length - 1) < have + MIN_RESTORED_TOKENS) return;
     entry = best.entry;
-    eng.restorePrefix(prefixes.modelKey, await prefixes.read(entry));
+    eng.restorePrefix(prefixes.modelKey, await prefixes.read(entry), best.shared);
   } catch (e) {
     console.warn('kestrel: a saved KV prefix was not restored:', e?.message ?? e);
     if (e?.code === 'bad_snapshot' && entry) await prefixes.remove(entry.name);
   }
 }
 
-/** With `persistPrefix`: saves the cached prefix after a request (a failure loses only the save). */
+/**
+ * With `persistPrefix`: saves the cached prefix after a request, as much of it as the byte budget
+ * and the storage quota allow (a failure loses only the save).
+ */
 async function savePrefix(eng) {
   try {
-    const bytes = await eng.savePrefix(prefixes.modelKey);
-    if (bytes) await prefixes.save(eng.cachedTokenIds(), bytes);
+    const budget = Math.min(prefixes.maxBytes, await storageRoom());
+    const bytes = await eng.savePrefix(prefixes.modelKey, budget);
+    if (!bytes) {
+      console.warn(`kestrel: the KV prefix was not saved: not one token fits ${budget} bytes (the budget or the storage quota)`);
+      return;
+    }
+    // The tokens the snapshot itself holds: the save may have kept fewer than the cache.
+    await prefixes.save(new Uint32Array(peekPrefixSnapshot(bytes).tokens), bytes);
   } catch (e) {
     console.warn('kestrel: could not save the KV prefix:', e?.message ?? e);
   }
@@ -347,6 +362,8 @@ async function lossBehind(eng, error) {
 async function recover() {
   const { model, gpuOptions, sha256, persist } = lastLoad;
   post({ type: 'status', status: 'device_lost' });
+  // The browser may offer another adapter after a loss.
+  adapterRequest = null;
   engine?.unload();
   engine?.free();
   engine = null;
@@ -391,9 +408,10 @@ self.onmessage = async ({ data }) => {
       case 'unload':
         engine?.unload();
         lastLoad = null;
+        prefixes = null;
         break;
       case 'estimate':
-        value = await estimate(data.model, data.context_length);
+        value = await estimate(data.model, data.context_length, data.kv_cache);
         break;
       case 'memory':
         value = { wasm_bytes: wasmMemory?.buffer.byteLength ?? 0, gpu_buffers: gpuBuffers.count, gpu_buffer_bytes: gpuBuffers.bytes };

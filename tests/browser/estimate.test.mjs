@@ -18,8 +18,8 @@ test('estimate() answers from the header alone and createEngine refuses what doe
   try {
     const page = await openTestPage(browser.context, ranged.url);
     page.setDefaultTimeout(15 * MINUTES);
-    const estimateOn = (model, contextLength, on = page) =>
-      on.evaluate(({ model, contextLength }) => window.kestrel.estimate({ model, context_length: contextLength }), { model, contextLength });
+    const estimateOn = (model, contextLength, on = page, kvCache = undefined) =>
+      on.evaluate(({ model, contextLength, kvCache }) => window.kestrel.estimate({ model, context_length: contextLength, kv_cache: kvCache }), { model, contextLength, kvCache });
 
     const e = await estimateOn(MODEL_URL, CONTEXT_LENGTH);
     console.log('estimate:', JSON.stringify(e));
@@ -27,8 +27,12 @@ test('estimate() answers from the header alone and createEngine refuses what doe
     assert.equal(e.file_bytes, SIZE);
     assert.equal(e.arch, 'llama');
     assert.equal(e.context_length, CONTEXT_LENGTH);
-    // SmolLM2-135M: 30 layers, 3 KV heads of 64 dimensions, f32 K and V.
-    assert.equal(e.kv_cache_bytes, 2 * 30 * 3 * CONTEXT_LENGTH * 64 * 4);
+    // SmolLM2-135M: 30 layers, 3 KV heads of 64 dimensions, f16 K and V by default.
+    assert.equal(e.kv_cache_bytes, 2 * 30 * 3 * CONTEXT_LENGTH * 64 * 2);
+    const f32 = await estimateOn(MODEL_URL, CONTEXT_LENGTH, page, 'f32');
+    assert.equal(f32.kv_cache_bytes, 2 * e.kv_cache_bytes);
+    const badKv = await page.evaluate((model) => window.kestrel.estimate({ model, kv_cache: 'f8' }).then(() => null, (err) => err.code), MODEL_URL);
+    assert.equal(badKv, 'invalid_option');
     assert.deepEqual(e.unsupported, []);
     assert.ok(e.largest_binding.bytes <= e.limits.maxStorageBufferBindingSize);
     const fetched = modelRequests(ranged);
@@ -45,7 +49,7 @@ test('estimate() answers from the header alone and createEngine refuses what doe
     assert.equal(viaBlob.weight_bytes, e.weight_bytes);
 
     // A KV cache whose layer buffer exceeds the binding limit: refused before the download.
-    const kvLayerBytesPerToken = 3 * 64 * 4;
+    const kvLayerBytesPerToken = 3 * 64 * 2;
     const huge = Math.ceil(Math.min(e.limits.maxStorageBufferBindingSize, e.limits.maxBufferSize) / kvLayerBytesPerToken) + 1;
     const big = await estimateOn(MODEL_URL, huge);
     assert.equal(big.fits, false);

@@ -2,7 +2,8 @@
 // random-weight qwen3 model: after a reload, a follow-up prompt prefills only what follows the
 // saved tokens and generates exactly what a fresh engine does; a corrupted snapshot is deleted and
 // not used; the byte budget keeps the most recent snapshots; a snapshot a later one extends is
-// dropped.
+// dropped; one of another cache setup (an f32 cache) is neither used nor deleted; and
+// clearSavedPrefixes() deletes them all.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { CONTEXT_LENGTH, MINUTES, openTestPage, serveAndLaunch } from './harness.mjs';
@@ -96,7 +97,8 @@ test('persistPrefix: a reload prefills only the new tokens; corrupt snapshots ar
 
   // A budget one byte over the saved snapshot: an unrelated, shorter conversation replaces it.
   const budget = afterCorrupt[0].bytes + 1;
-  const other = 'sky wind mouse hunts the tail feathers slowly above the morning grass and the river light';
+  const other = 'sky wind mouse hunts the tail feathers slowly above the morning grass and the river light '
+    + 'while the falcon sees the small bird dive under the brown field';
   await page.evaluate(async ({ model, prompt, options, contextLength, maxBytes }) => {
     const engine = await window.kestrel.createEngine({ model, persistPrefix: { maxBytes }, context_length: contextLength });
     await engine.completions.create({ prompt, ...options });
@@ -106,6 +108,21 @@ test('persistPrefix: a reload prefills only the new tokens; corrupt snapshots ar
   const budgeted = await listSnapshots(page);
   assert.equal(budgeted.length, 1, `a ${budget}-byte budget holds one snapshot`);
   assert.notEqual(budgeted[0].name, afterCorrupt[0].name, 'the least recently written one went');
+
+  // An engine with an f32 cache cannot use the f16 snapshot, and leaves it for the f16 setup.
+  const mismatched = await page.evaluate(async ({ model, prompt, options, contextLength }) => {
+    const engine = await window.kestrel.createEngine({ model, persistPrefix: true, kv_cache: 'f32', context_length: contextLength });
+    const r = await engine.completions.create({ prompt, ...options });
+    await engine.memory();
+    await engine.unload();
+    return r.usage.extra.reused_tokens;
+  }, { model: MODEL_URL, prompt: other, options: GREEDY, contextLength: CONTEXT_LENGTH });
+  assert.equal(mismatched, 0, 'an f16 snapshot was restored into an f32 cache');
+  const both = await listSnapshots(page);
+  assert.ok(both.some((f) => f.name === budgeted[0].name), 'the f16 snapshot was kept');
+  assert.equal(both.length, 2, 'the f32 engine saved its own');
+  assert.equal(await page.evaluate(() => window.kestrel.clearSavedPrefixes()), true);
+  assert.deepEqual(await listSnapshots(page), []);
 
   const bad = await page.evaluate(({ model }) => window.kestrel.createEngine({ model, persistPrefix: { maxBytes: -1 } }).then(() => null, (e) => e.code), { model: MODEL_URL });
   assert.equal(bad, 'invalid_option');

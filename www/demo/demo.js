@@ -234,7 +234,7 @@ document.addEventListener('drop', (e) => {
 });
 
 if (await showAdapter()) {
-  await load(MODEL, decodeURIComponent(new URL(MODEL).pathname.split('/').pop()));
+  await load(MODEL, decodeURIComponent(new URL(MODEL, location.href).pathname.split('/').pop()));
 } else {
   showError({ code: 'no_webgpu' });
   $('phase').textContent = 'No WebGPU';

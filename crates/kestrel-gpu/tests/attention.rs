@@ -3,7 +3,7 @@
 mod common;
 
 use kestrel_gpu::kernels::attention::{AttentionKernel, KvCache};
-use kestrel_gpu::params::{AttentionShape, Scores};
+use kestrel_gpu::params::{AttentionShape, KvType, Scores};
 use kestrel_gpu::reference::attention::attention;
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
@@ -12,7 +12,8 @@ use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUnifor
 // to 2048 weights and chunk rescalings: an error of a few 1e-7 absolute on the output
 // (3.2e-7 measured on lavapipe), mostly independent of the output's size. ~6x margin. The
 // score's f32 error grows with the score: the capped case's scores, 16x larger, get 16x the
-// absolute bound.
+// absolute bound. An f16 cache is checked against the reference run on the values it holds, so
+// the same bounds measure the kernel's own error.
 const RTOL: f32 = 1e-5;
 const ATOL: f32 = 2e-6;
 
@@ -35,13 +36,14 @@ struct Layer {
 }
 
 impl Layer {
-    fn new(gpu: &Gpu, shape: AttentionShape, scores: Scores, seed: u64) -> Self {
+    fn new(gpu: &Gpu, shape: AttentionShape, kv: KvType, scores: Scores, seed: u64) -> Self {
         let mut rng = common::rng(seed);
-        let k = common::random_vec(&mut rng, shape.cache_len(), 1.0);
-        let v = common::random_vec(&mut rng, shape.cache_len(), 1.0);
-        let cache = KvCache::new(gpu, "cache", shape).unwrap();
-        gpu.write(&cache.k.buffer, 0, bytemuck::cast_slice(&k));
-        gpu.write(&cache.v.buffer, 0, bytemuck::cast_slice(&v));
+        let stored = |x: Vec<f32>| x.into_iter().map(|x| kv.stored(x)).collect::<Vec<f32>>();
+        let k = stored(common::random_vec(&mut rng, shape.cache_len(), 1.0));
+        let v = stored(common::random_vec(&mut rng, shape.cache_len(), 1.0));
+        let cache = KvCache::new(gpu, "cache", shape, kv).unwrap();
+        gpu.write(&cache.k.buffer, 0, &kv.encode(&k));
+        gpu.write(&cache.v.buffer, 0, &kv.encode(&v));
         let q = Tensor::zeros(gpu, "q", &[MAX_TOKENS, shape.q_width()], DType::F32).unwrap();
         let out = Tensor::zeros(gpu, "out", &[MAX_TOKENS, shape.q_width()], DType::F32).unwrap();
         Self { shape, cache, k, v, q, out, step: StepUniform::new(gpu), scores }
@@ -58,8 +60,13 @@ impl Layer {
         rec.submit();
         let got = pollster::block_on(self.out.read_f32(gpu)).unwrap();
         let want = attention(&self.shape, &q, &self.k, &self.v, pos, &self.scores);
-        let what =
-            format!("attention {:?} {:?} n_tokens={n_tokens} pos={pos} subgroups={}", self.shape, self.scores, gpu.features.subgroups);
+        let what = format!(
+            "attention {:?} {:?} {} cache n_tokens={n_tokens} pos={pos} subgroups={}",
+            self.shape,
+            self.scores,
+            self.cache.kv.name(),
+            gpu.features.subgroups
+        );
         let atol = if self.scores.softcap.is_some() { 16.0 * ATOL } else { ATOL };
         common::assert_close(&what, &got[..want.len()], &want, RTOL, atol);
     }
@@ -69,9 +76,9 @@ fn plain(shape: AttentionShape) -> Scores {
     Scores::scaled(1.0 / (shape.head_dim as f32).sqrt())
 }
 
-fn decode(gpu: &Gpu, shape: AttentionShape, scores: Scores, kv_lens: &[usize]) {
-    let kernel = pollster::block_on(AttentionKernel::new(gpu, shape.head_dim)).unwrap();
-    let layer = Layer::new(gpu, shape, scores, 1);
+fn decode(gpu: &Gpu, shape: AttentionShape, kv: KvType, scores: Scores, kv_lens: &[usize]) {
+    let kernel = pollster::block_on(AttentionKernel::new(gpu, shape.head_dim, kv)).unwrap();
+    let layer = Layer::new(gpu, shape, kv, scores, 1);
     let attn = kernel.bind_decode(gpu, &layer.step, &layer.q, &layer.cache, &layer.out, &layer.scores).unwrap();
     for &kv_len in kv_lens {
         layer.check(gpu, 1, kv_len - 1, kv_len as u64, &attn);
@@ -79,9 +86,9 @@ fn decode(gpu: &Gpu, shape: AttentionShape, scores: Scores, kv_lens: &[usize]) {
 }
 
 /// Chunks of (n_tokens, pos): each sees the cache up to its own positions.
-fn prefill(gpu: &Gpu, shape: AttentionShape, scores: Scores, chunks: &[(usize, usize)]) {
-    let kernel = pollster::block_on(AttentionKernel::new(gpu, shape.head_dim)).unwrap();
-    let layer = Layer::new(gpu, shape, scores, 2);
+fn prefill(gpu: &Gpu, shape: AttentionShape, kv: KvType, scores: Scores, chunks: &[(usize, usize)]) {
+    let kernel = pollster::block_on(AttentionKernel::new(gpu, shape.head_dim, kv)).unwrap();
+    let layer = Layer::new(gpu, shape, kv, scores, 2);
     let attn = kernel.bind_prefill(gpu, &layer.step, &layer.q, &layer.cache, &layer.out, &layer.scores).unwrap();
     for &(n_tokens, pos) in chunks {
         layer.check(gpu, n_tokens, pos, (n_tokens + pos) as u64, &attn);
@@ -105,13 +112,15 @@ fn capped_window(shape: AttentionShape) -> Scores {
 #[test]
 fn decode_matches_reference() {
     for gpu in [common::gpu(), common::gpu_without_subgroups()] {
-        decode(&gpu, SMALL, plain(SMALL), &[1, 2, 31, 255, 256, 257, 1000, 2048]);
-        decode(&gpu, BIG, plain(BIG), &[1, 257, 2048]);
-        decode(&gpu, PHI3, plain(PHI3), &[1, 257, 700]);
-        decode(&gpu, GEMMA, plain(GEMMA), &[1, 257, 700]);
-        // From 556 keys on, the chunks before the window are skipped (556: the window starts on
-        // chunk 1's first key; 812: on chunk 2's; 813: one key later).
-        decode(&gpu, SMALL, capped_window(SMALL), &[1, 299, 300, 301, 555, 556, 812, 813, 2048]);
+        for kv in [KvType::F16, KvType::F32] {
+            decode(&gpu, SMALL, kv, plain(SMALL), &[1, 2, 31, 255, 256, 257, 1000, 2048]);
+            decode(&gpu, BIG, kv, plain(BIG), &[1, 257, 2048]);
+            decode(&gpu, PHI3, kv, plain(PHI3), &[1, 257, 700]);
+            decode(&gpu, GEMMA, kv, plain(GEMMA), &[1, 257, 700]);
+            // From 556 keys on, the chunks before the window are skipped (556: the window starts
+            // on chunk 1's first key; 812: on chunk 2's; 813: one key later).
+            decode(&gpu, SMALL, kv, capped_window(SMALL), &[1, 299, 300, 301, 555, 556, 812, 813, 2048]);
+        }
     }
 }
 
@@ -119,22 +128,24 @@ fn decode_matches_reference() {
 fn prefill_matches_reference() {
     let chunks = [(1, 0), (7, 0), (64, 0), (200, 0), (57, 200), (1, 2047)];
     for gpu in [common::gpu(), common::gpu_without_subgroups()] {
-        prefill(&gpu, SMALL, plain(SMALL), &chunks);
-        prefill(&gpu, BIG, plain(BIG), &[(37, 0), (13, 300)]);
-        prefill(&gpu, PHI3, plain(PHI3), &[(37, 0), (13, 300)]);
-        prefill(&gpu, GEMMA, plain(GEMMA), &[(37, 0), (13, 300)]);
-        prefill(&gpu, SMALL, capped_window(SMALL), &[(200, 0), (200, 200), (57, 420), (1, 2047)]);
+        for kv in [KvType::F16, KvType::F32] {
+            prefill(&gpu, SMALL, kv, plain(SMALL), &chunks);
+            prefill(&gpu, BIG, kv, plain(BIG), &[(37, 0), (13, 300)]);
+            prefill(&gpu, PHI3, kv, plain(PHI3), &[(37, 0), (13, 300)]);
+            prefill(&gpu, GEMMA, kv, plain(GEMMA), &[(37, 0), (13, 300)]);
+            prefill(&gpu, SMALL, kv, capped_window(SMALL), &[(200, 0), (200, 200), (57, 420), (1, 2047)]);
+        }
     }
 }
 
 #[test]
 fn attention_rejects_bad_shapes() {
     let gpu = common::gpu();
-    assert!(matches!(pollster::block_on(AttentionKernel::new(&gpu, 80)), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(pollster::block_on(AttentionKernel::new(&gpu, 80, KvType::F16)), Err(GpuError::InvalidArgs(_))));
     let scores = Scores::scaled(0.125);
-    let kernel = pollster::block_on(AttentionKernel::new(&gpu, 64)).unwrap();
+    let kernel = pollster::block_on(AttentionKernel::new(&gpu, 64, KvType::F16)).unwrap();
     let shape = AttentionShape { n_heads: 4, n_kv_heads: 2, head_dim: 64, max_ctx: 16 };
-    let cache = KvCache::new(&gpu, "cache", shape).unwrap();
+    let cache = KvCache::new(&gpu, "cache", shape, KvType::F16).unwrap();
     let step = StepUniform::new(&gpu);
     let q = Tensor::zeros(&gpu, "q", &[2, 256], DType::F32).unwrap();
     let wrong = Tensor::zeros(&gpu, "out", &[2, 128], DType::F32).unwrap();
@@ -145,6 +156,8 @@ fn attention_rejects_bad_shapes() {
     for bad in [Scores { window: Some(0), ..scores }, Scores { softcap: Some(-1.0), ..scores }, Scores::scaled(f32::NAN)] {
         assert!(matches!(kernel.bind_decode(&gpu, &step, &q, &cache, &out, &bad), Err(GpuError::InvalidArgs(_))), "{bad:?}");
     }
+    let f32_cache = KvCache::new(&gpu, "cache", shape, KvType::F32).unwrap();
+    assert!(matches!(kernel.bind_decode(&gpu, &step, &q, &f32_cache, &out, &scores), Err(GpuError::InvalidArgs(_))), "cache type");
     let bad_cache = AttentionShape { n_heads: 4, n_kv_heads: 3, ..shape };
-    assert!(matches!(KvCache::new(&gpu, "bad", bad_cache), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(KvCache::new(&gpu, "bad", bad_cache, KvType::F16), Err(GpuError::InvalidArgs(_))));
 }

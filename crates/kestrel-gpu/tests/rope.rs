@@ -4,7 +4,7 @@ mod common;
 
 use kestrel_gpu::kernels::attention::KvCache;
 use kestrel_gpu::kernels::rope::RopeKernel;
-use kestrel_gpu::params::{AttentionShape, RopeConfig, RopeMode, YarnRamp};
+use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig, RopeMode, YarnRamp};
 use kestrel_gpu::reference::rope::rope;
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 use rand::Rng;
@@ -14,6 +14,10 @@ use rand::Rng;
 // sin/cos error. Lavapipe's sin/cos are libm-accurate; WGSL only promises 2^-11 absolute on
 // [-pi, pi], so a driver with approximate transcendentals would need a looser bound.
 const ATOL: f32 = 1e-6;
+/// An f16 cache holds one of the two f16 values nearest the f32 result (WGSL leaves the choice to
+/// the implementation): within one f16 step, 2^-10 of the value (normal range; below it the step
+/// is 2^-24, inside ATOL).
+const F16_RTOL: f32 = 1.0 / 1024.0;
 
 const MAX_CTX: usize = 2048;
 const MAX_TOKENS: usize = 16;
@@ -26,7 +30,15 @@ fn llama3_factors(head_dim: usize) -> Vec<f32> {
 /// Runs steps of (n_tokens, pos) through RoPE and checks each step's Q and, at the end, the
 /// whole cache (never-written positions must still be zero). No config: a layer without RoPE,
 /// whose Q and K are copied unrotated.
-fn check(gpu: &Gpu, kernel: &RopeKernel, shape: AttentionShape, config: Option<&RopeConfig>, steps: &[(usize, usize)], seed: u64) {
+fn check(
+    gpu: &Gpu,
+    kernel: &RopeKernel,
+    kv: KvType,
+    shape: AttentionShape,
+    config: Option<&RopeConfig>,
+    steps: &[(usize, usize)],
+    seed: u64,
+) {
     let rope = |x: &[f32], hd: usize, p: usize| config.map_or_else(|| x.to_vec(), |c| rope(x, hd, p, c));
     let mut rng = common::rng(seed);
     let hd = shape.head_dim;
@@ -34,12 +46,12 @@ fn check(gpu: &Gpu, kernel: &RopeKernel, shape: AttentionShape, config: Option<&
     let qkv_width = q_width + 2 * kv_width;
     let qkv = Tensor::zeros(gpu, "qkv", &[MAX_TOKENS, qkv_width], DType::F32).unwrap();
     let q_out = Tensor::zeros(gpu, "q", &[MAX_TOKENS, q_width], DType::F32).unwrap();
-    let cache = KvCache::new(gpu, "cache", shape).unwrap();
+    let cache = KvCache::new(gpu, "cache", shape, kv).unwrap();
     let step = StepUniform::new(gpu);
     let dispatch = kernel.bind(gpu, &step, config, &qkv, &q_out, &cache).unwrap();
     let mut want_k = vec![0f32; shape.cache_len()];
     let mut want_v = vec![0f32; shape.cache_len()];
-    let what = format!("rope {config:?} hd={hd} subgroups={}", gpu.features.subgroups);
+    let what = format!("rope {config:?} hd={hd} {} cache subgroups={}", kv.name(), gpu.features.subgroups);
     for &(n_tokens, pos) in steps {
         let rows = common::random_vec(&mut rng, n_tokens * qkv_width, 1.0);
         gpu.write(&qkv.buffer, 0, bytemuck::cast_slice(&rows));
@@ -62,10 +74,18 @@ fn check(gpu: &Gpu, kernel: &RopeKernel, shape: AttentionShape, config: Option<&
             }
         }
     }
-    let got_k = pollster::block_on(cache.k.read_f32(gpu)).unwrap();
-    let got_v = pollster::block_on(cache.v.read_f32(gpu)).unwrap();
-    common::assert_close(&format!("{what} k cache"), &got_k, &want_k, 0.0, ATOL);
-    assert_eq!(got_v, want_v, "{what}: v cache must be an exact copy");
+    let got_k = kv.decode(&pollster::block_on(cache.k.read_bytes(gpu)).unwrap());
+    let got_v = kv.decode(&pollster::block_on(cache.v.read_bytes(gpu)).unwrap());
+    match kv {
+        KvType::F32 => {
+            common::assert_close(&format!("{what} k cache"), &got_k, &want_k, 0.0, ATOL);
+            assert_eq!(got_v, want_v, "{what}: v cache must be an exact copy");
+        }
+        KvType::F16 => {
+            common::assert_close(&format!("{what} k cache"), &got_k, &want_k, F16_RTOL, ATOL);
+            common::assert_close(&format!("{what} v cache"), &got_v, &want_v, F16_RTOL, 0.0);
+        }
+    }
 }
 
 #[test]
@@ -93,14 +113,17 @@ fn rope_matches_reference_and_fills_cache() {
     let configs: Vec<(AttentionShape, Option<RopeConfig>)> =
         configs.into_iter().map(|(shape, c)| (shape, Some(c))).chain([(small, None)]).collect();
     for gpu in [common::gpu(), common::gpu_without_subgroups()] {
-        let kernel = pollster::block_on(RopeKernel::new(&gpu)).unwrap();
-        for (i, (shape, config)) in configs.iter().enumerate() {
-            // A prefill chunk from 0, then single tokens and short chunks at sampled positions
-            // up to the last one, 2047.
-            let mut rng = common::rng(100 + i as u64);
-            let mut steps = vec![(MAX_TOKENS, 0), (1, MAX_CTX - 1), (3, MAX_CTX - 4)];
-            steps.extend((0..4).map(|_| (rng.random_range(1..=MAX_TOKENS), rng.random_range(MAX_TOKENS..MAX_CTX - 2 * MAX_TOKENS))));
-            check(&gpu, &kernel, *shape, config.as_ref(), &steps, i as u64);
+        for kv in [KvType::F16, KvType::F32] {
+            let kernel = pollster::block_on(RopeKernel::new(&gpu, kv)).unwrap();
+            for (i, (shape, config)) in configs.iter().enumerate() {
+                // A prefill chunk from 0, then single tokens and short chunks at sampled
+                // positions up to the last one, 2047.
+                let mut rng = common::rng(100 + i as u64);
+                let mut steps = vec![(MAX_TOKENS, 0), (1, MAX_CTX - 1), (3, MAX_CTX - 4)];
+                let sampled = |_| (rng.random_range(1..=MAX_TOKENS), rng.random_range(MAX_TOKENS..MAX_CTX - 2 * MAX_TOKENS));
+                steps.extend((0..4).map(sampled));
+                check(&gpu, &kernel, kv, *shape, config.as_ref(), &steps, i as u64);
+            }
         }
     }
 }
@@ -108,18 +131,20 @@ fn rope_matches_reference_and_fills_cache() {
 #[test]
 fn rope_rejects_bad_config() {
     let gpu = common::gpu();
-    let kernel = pollster::block_on(RopeKernel::new(&gpu)).unwrap();
+    let kernel = pollster::block_on(RopeKernel::new(&gpu, KvType::F16)).unwrap();
     let shape = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 8, max_ctx: 4 };
     let qkv = Tensor::zeros(&gpu, "qkv", &[2, 32], DType::F32).unwrap();
     let q = Tensor::zeros(&gpu, "q", &[2, 16], DType::F32).unwrap();
-    let cache = KvCache::new(&gpu, "cache", shape).unwrap();
+    let cache = KvCache::new(&gpu, "cache", shape, KvType::F16).unwrap();
     let step = StepUniform::new(&gpu);
+    let f32_cache = KvCache::new(&gpu, "cache", shape, KvType::F32).unwrap();
+    let good = RopeConfig::new(RopeMode::Norm, 10_000.0);
+    assert!(matches!(kernel.bind(&gpu, &step, Some(&good), &qkv, &q, &f32_cache), Err(GpuError::InvalidArgs(_))), "cache type");
     let bad_factors = RopeConfig { freq_factors: Some(vec![1.0; 3]), ..RopeConfig::new(RopeMode::Norm, 10_000.0) };
     assert!(matches!(kernel.bind(&gpu, &step, Some(&bad_factors), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
     let bad_base = RopeConfig::new(RopeMode::Norm, 0.0);
     assert!(matches!(kernel.bind(&gpu, &step, Some(&bad_base), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
     let q_wrong = Tensor::zeros(&gpu, "q", &[3, 16], DType::F32).unwrap();
-    let good = RopeConfig::new(RopeMode::Norm, 10_000.0);
     assert!(matches!(kernel.bind(&gpu, &step, Some(&good), &qkv, &q_wrong, &cache), Err(GpuError::InvalidArgs(_))));
     let bad_mscale = RopeConfig { mscale: f32::NAN, ..RopeConfig::new(RopeMode::Norm, 10_000.0) };
     assert!(matches!(kernel.bind(&gpu, &step, Some(&bad_mscale), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));

@@ -14,9 +14,12 @@ pub enum ModelError {
     ContextOverflow { needed: usize, context: usize },
     #[error("invalid option {name}: {reason}")]
     InvalidOption { name: &'static str, reason: String },
-    /// A saved KV prefix that cannot be restored (corrupt, truncated, or from another model).
+    /// A saved KV prefix that is corrupt or truncated.
     #[error("bad KV prefix snapshot: {0}")]
     BadSnapshot(String),
+    /// A saved KV prefix, intact, of another model file or cache setup.
+    #[error("the KV prefix snapshot does not fit this model: {0}")]
+    SnapshotMismatch(String),
     #[error(transparent)]
     Gguf(#[from] kestrel_gguf::GgufError),
     #[error(transparent)]
@@ -35,6 +38,7 @@ impl ModelError {
             Self::ContextOverflow { .. } => "context_overflow",
             Self::InvalidOption { .. } => "invalid_option",
             Self::BadSnapshot(_) => "bad_snapshot",
+            Self::SnapshotMismatch(_) => "snapshot_mismatch",
             // The model's chat template failed while rendering a request: its own code, so that a
             // page can tell a hostile or broken template from a tokenizer fault.
             Self::Tokenizer(kestrel_tokenizer::TokenizerError::Template(_)) => "template",

@@ -5,6 +5,7 @@
 
 use kestrel_gguf::quant::gpu_sections;
 use kestrel_gguf::{is_gpu_supported, GgufHeader, TensorInfo};
+use kestrel_gpu::params::KvType;
 use serde::Serialize;
 
 use crate::config::ModelConfig;
@@ -35,7 +36,7 @@ pub struct Estimate {
     /// The weights as packed on the GPU (supported tensors only).
     pub weight_bytes: u64,
     pub context_length: usize,
-    /// K and V of every layer at `context_length` (f32).
+    /// K and V of every layer at `context_length`, in the cache's value type.
     pub kv_cache_bytes: u64,
     /// The largest buffer one binding must hold: a weight matrix (Q, K and V of a layer fused
     /// when they share a type), a layer's K or V cache, a prefill chunk's activations, or the
@@ -61,9 +62,9 @@ pub struct Verdict {
 
 impl Estimate {
     /// Sizes the model described by `header` with a KV cache of `context_length` tokens (None:
-    /// the default a load takes). An architecture or shape Kestrel refuses is the same error the
-    /// load gives.
-    pub fn from_header(header: &GgufHeader, context: Option<usize>) -> Result<Self, ModelError> {
+    /// the default a load takes) of `kv` values. An architecture or shape Kestrel refuses is the
+    /// same error the load gives.
+    pub fn from_header(header: &GgufHeader, context: Option<usize>, kv: KvType) -> Result<Self, ModelError> {
         let c = ModelConfig::from_header(header)?;
         let context = context_length(&c, context)?;
         let mut weight_bytes = 0u64;
@@ -84,7 +85,7 @@ impl Estimate {
                 continue;
             }
             // Vectors (norms, biases) are uploaded as f32; matrices repacked.
-            let bytes = if t.dims.len() == 1 { 4 * t.n_elements() } else { packed_bytes(t, rows(t))? };
+            let bytes = if e.rows == 1 { 4 * t.n_elements() } else { packed_bytes(t, rows(t))? };
             weight_bytes += bytes;
             // The vocabulary tables are loaded as row shards: no binding holds them whole.
             if !matches!(e.role, Role::TokenEmbedding | Role::Output) {
@@ -100,7 +101,7 @@ impl Estimate {
                 }
             }
         }
-        let kv_layer = 4 * (c.n_kv_heads * context * c.head_dim) as u64;
+        let kv_layer = (c.n_kv_heads * context * c.head_dim * kv.bytes()) as u64;
         consider("one layer's K cache", kv_layer);
         // The activations hold a whole prefill chunk.
         let chunk = LoadOptions::default().max_chunk.min(context) as u64;

@@ -12,7 +12,7 @@ use kestrel_gpu::kernels::rmsnorm::{HeadNormKernel, HeadSpan, RmsNormKernel};
 use kestrel_gpu::kernels::rope::RopeKernel;
 use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel};
 use kestrel_gpu::kernels::{Epilogue, OutputColumns};
-use kestrel_gpu::params::{AttentionShape, RopeConfig};
+use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig};
 use kestrel_gpu::{DType, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepUniform, Tensor, WeightTensor};
 
 use crate::config::ModelConfig;
@@ -174,6 +174,11 @@ pub enum StepInput<'a> {
 }
 
 impl Graph {
+    /// How the KV cache stores its values.
+    pub fn kv_cache(&self) -> KvType {
+        self.caches.first().map_or(KvType::default(), |c| c.kv)
+    }
+
     /// Allocates the cache and activations and binds every kernel. Compiles every pipeline the
     /// model needs (through the cache), so no compilation happens while generating.
     pub async fn new(
@@ -183,6 +188,7 @@ impl Graph {
         rope_config: &RopeConfig,
         max_ctx: usize,
         max_chunk: usize,
+        kv: KvType,
     ) -> Result<Self, GpuError> {
         let c = &config;
         let chunk = max_chunk;
@@ -207,9 +213,9 @@ impl Graph {
         // Without post norms the O and down products add straight into the hidden state; with
         // them they write `normed` (free by then), and the post norm adds its norm into `x`.
         let (residual_out, residual_epilogue) = if c.post_norms { (&act.normed, Epilogue::NONE) } else { (&act.x, Epilogue::ACCUMULATE) };
-        let rope = RopeKernel::new(gpu).await?;
+        let rope = RopeKernel::new(gpu, kv).await?;
         let head_norm = if c.qk_norm { Some(HeadNormKernel::new(gpu).await?) } else { None };
-        let attention = AttentionKernel::new(gpu, c.head_dim).await?;
+        let attention = AttentionKernel::new(gpu, c.head_dim, kv).await?;
         let mut plan = StepPlan::default();
         let embedding = EmbeddingKernel::new(gpu, weights.embedding.ty, c.embedding_scale).await?;
         for gather in embedding.bind_shards(gpu, &weights.embedding, &act.token_ids, &act.x, &step, max_tokens)? {
@@ -218,7 +224,7 @@ impl Graph {
 
         let mut caches = Vec::with_capacity(c.n_layers);
         for (l, w) in weights.layers.iter().enumerate() {
-            let cache = KvCache::new(gpu, &format!("blk.{l}.kv"), shape)?;
+            let cache = KvCache::new(gpu, &format!("blk.{l}.kv"), shape, kv)?;
             plan.both("rmsnorm", norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?);
             for (part, out) in w.qkv.with_columns(c.qkv_width()) {
                 let (weight, bias) = (&part.weight, part.bias.as_ref());

@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use kestrel_gguf::{GgmlType, GgufError, GgufHeader, GgufStreamReader, StreamEvent, TensorInfo};
+use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, RowShards, Tensor, WeightTensor};
 use kestrel_tokenizer::Tokenizer;
 
@@ -21,11 +22,13 @@ pub struct LoadOptions {
     pub context_length: Option<usize>,
     /// Most tokens one prefill submit processes.
     pub max_chunk: usize,
+    /// How the KV cache stores its values (default f16, as llama.cpp's).
+    pub kv_cache: KvType,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { context_length: None, max_chunk: 128 }
+        Self { context_length: None, max_chunk: 128, kv_cache: KvType::default() }
     }
 }
 
@@ -279,7 +282,7 @@ impl Loading {
         }
         let rope = c.rope_config(c.rope_factors_role(max_ctx).map(&mut take_vector).transpose()?)?;
         let weights = Weights { embedding, output_norm: upload("output_norm", take_vector(Role::OutputNorm)?)?, output, layers };
-        let graph = Graph::new(gpu, c, weights, &rope, max_ctx, options.max_chunk.min(max_ctx)).await?;
+        let graph = Graph::new(gpu, c, weights, &rope, max_ctx, options.max_chunk.min(max_ctx), options.kv_cache).await?;
         // A buffer the device failed to allocate, or a loss during the upload, fails the load here
         // rather than the first request.
         gpu.check_faults()?;

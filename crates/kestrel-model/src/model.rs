@@ -2,7 +2,7 @@
 //! reuse of the KV cache across requests, chunked prefill, decode with GPU sampling, stop
 //! conditions and streamed text.
 
-use kestrel_gpu::params::{Penalties, SamplingParams};
+use kestrel_gpu::params::{KvType, Penalties, SamplingParams};
 use kestrel_gpu::Gpu;
 use kestrel_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use serde::{Deserialize, Serialize};
@@ -151,6 +151,16 @@ impl Model {
         self.graph.weights.bytes_per_token()
     }
 
+    /// How the KV cache stores its values.
+    pub fn kv_cache(&self) -> KvType {
+        self.graph.kv_cache()
+    }
+
+    /// The KV cache's GPU buffers, every layer's K and V.
+    pub fn kv_cache_bytes(&self) -> u64 {
+        self.graph.caches.iter().map(|c| c.k.byte_size() + c.v.byte_size()).sum()
+    }
+
     pub fn weight_bytes(&self) -> u64 {
         self.graph.weights.total_bytes()
     }
@@ -191,26 +201,53 @@ impl Model {
         &self.cached
     }
 
-    /// A snapshot of the cached prefix's KV rows (`prefix_snapshot`), tagged with `model_key`
-    /// (the model file's sha256); None when the cache holds no tokens.
-    pub async fn save_prefix(&self, model_key: &str) -> Result<Option<Vec<u8>>, ModelError> {
-        if self.cached.is_empty() {
-            return Ok(None);
-        }
-        let rows = prefix_snapshot::read_rows(&self.graph.gpu, &self.graph.caches, self.cached.len()).await?;
-        let layout = KvLayout::of(&self.graph.config);
-        Ok(Some(prefix_snapshot::encode(model_key, layout, &self.cached, &rows)))
+    fn kv_layout(&self) -> KvLayout {
+        KvLayout::of(&self.graph.config, self.graph.kv_cache(), self.graph.max_ctx)
     }
 
-    /// Restores a snapshot `save_prefix` made from the same model file: the next request reuses
-    /// its tokens as a cached prefix. A snapshot that fails any check is refused (`bad_snapshot`)
-    /// and the cache is left as it was. Returns the number of tokens restored.
-    pub fn restore_prefix(&mut self, model_key: &str, bytes: &[u8]) -> Result<usize, ModelError> {
-        let layout = KvLayout::of(&self.graph.config);
-        let snapshot = prefix_snapshot::decode(bytes, model_key, layout, self.graph.config.vocab, self.graph.max_ctx)?;
-        prefix_snapshot::write_rows(&self.graph.gpu, &self.graph.caches, snapshot.tokens.len(), snapshot.rows);
-        self.cached = snapshot.tokens;
-        Ok(self.cached.len())
+    /// A snapshot of the cached prefix's KV rows (`prefix_snapshot`), tagged with `model_key`
+    /// (the model file's sha256), of at most `max_bytes`: the longest prefix that fits, checked
+    /// before any row is read. None when no token fits or none is cached.
+    pub async fn save_prefix(&self, model_key: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, ModelError> {
+        let layout = self.kv_layout();
+        let fits = |n: usize| layout.snapshot_bytes(model_key.len(), n) <= max_bytes;
+        let n = self.cached.len();
+        // Each token adds the same number of bytes: the largest count that fits, by bisection.
+        let (mut lo, mut hi) = (0, n);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        if lo == 0 {
+            return Ok(None);
+        }
+        let tokens = &self.cached[..lo];
+        Ok(Some(prefix_snapshot::save(&self.graph.gpu, &self.graph.caches, model_key, layout, tokens).await?))
+    }
+
+    /// Restores the first `keep` tokens of a snapshot `save_prefix` made from the same model
+    /// file (fewer where the snapshot or the context holds fewer): the next request reuses them
+    /// as a cached prefix. A corrupt snapshot is `bad_snapshot`, one of another file or setup
+    /// `snapshot_mismatch`; either leaves the cache as it was. Returns the tokens restored.
+    pub fn restore_prefix(&mut self, model_key: &str, bytes: &[u8], keep: usize) -> Result<usize, ModelError> {
+        let snapshot = prefix_snapshot::decode(bytes, model_key, self.kv_layout(), self.graph.config.vocab)?;
+        let n = snapshot.tokens.len();
+        // A restored prefix leaves room for the prompt's last token, which always runs.
+        let keep = keep.min(n).min(self.graph.max_ctx - 1);
+        if keep == 0 {
+            return Ok(0);
+        }
+        if let Err(e) = prefix_snapshot::write_rows(&self.graph.gpu, &self.graph.caches, n, keep, snapshot.rows) {
+            // Rows of the cached prefix may be overwritten already.
+            self.cached.clear();
+            return Err(e);
+        }
+        self.cached = snapshot.tokens[..keep].to_vec();
+        Ok(keep)
     }
 
     /// Forgets the cached prefix: the next request prefills from position 0.

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use kestrel_gguf::GgufHeader;
-use kestrel_gpu::params::{AttentionShape, RopeConfig, Scores};
+use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig, Scores};
 use kestrel_gpu::reference::{attention, embedding, matmul, norm, rope};
 
 use crate::config::ModelConfig;
@@ -45,19 +45,29 @@ pub struct ReferenceModel {
     output: Option<Vec<f32>>,
     layers: Vec<Layer>,
     shape: AttentionShape,
+    /// The values the caches hold: the GPU cache's type, so that both passes attend to the same
+    /// keys and values.
+    kv: KvType,
     /// Tokens already in the caches.
     pub pos: usize,
 }
 
 impl ReferenceModel {
-    /// Dequantizes every weight of a parsed file (`tensors[i]` = bytes of `header.tensors[i]`).
-    pub fn new(header: &GgufHeader, tensors: &[Vec<u8>], max_ctx: usize) -> Result<Self, ModelError> {
-        Self::with_config(ModelConfig::from_header(header)?, header, tensors, max_ctx)
+    /// Dequantizes every weight of a parsed file (`tensors[i]` = bytes of `header.tensors[i]`),
+    /// for a KV cache of `max_ctx` positions holding `kv` values.
+    pub fn new(header: &GgufHeader, tensors: &[Vec<u8>], max_ctx: usize, kv: KvType) -> Result<Self, ModelError> {
+        Self::with_config(ModelConfig::from_header(header)?, header, tensors, max_ctx, kv)
     }
 
     /// The same with a config other than the file's: the tests turn one architectural feature
     /// off (a norm, YaRN, the layers without RoPE) to show that llama.cpp's output depends on it.
-    pub fn with_config(config: ModelConfig, header: &GgufHeader, tensors: &[Vec<u8>], max_ctx: usize) -> Result<Self, ModelError> {
+    pub fn with_config(
+        config: ModelConfig,
+        header: &GgufHeader,
+        tensors: &[Vec<u8>],
+        max_ctx: usize,
+        kv: KvType,
+    ) -> Result<Self, ModelError> {
         let roles = assign_roles(header, &config)?;
         let mut weights = HashMap::new();
         for ((info, role), bytes) in header.tensors.iter().zip(&roles).zip(tensors) {
@@ -102,6 +112,7 @@ impl ReferenceModel {
             config,
             layers,
             shape,
+            kv,
             pos: 0,
         })
     }
@@ -144,8 +155,9 @@ impl ReferenceModel {
                 let k_roped = rotate(&k[t * kv_width..][..kv_width], p);
                 for kvh in 0..c.n_kv_heads {
                     let at = (kvh * self.shape.max_ctx + p) * hd;
-                    layer.k_cache[at..at + hd].copy_from_slice(&k_roped[kvh * hd..][..hd]);
-                    layer.v_cache[at..at + hd].copy_from_slice(&v[t * kv_width + kvh * hd..][..hd]);
+                    let stored = |x: &[f32]| x.iter().map(|&x| self.kv.stored(x)).collect::<Vec<f32>>();
+                    layer.k_cache[at..at + hd].copy_from_slice(&stored(&k_roped[kvh * hd..][..hd]));
+                    layer.v_cache[at..at + hd].copy_from_slice(&stored(&v[t * kv_width + kvh * hd..][..hd]));
                 }
             }
             let attn = attention::attention(&self.shape, &q_roped, &layer.k_cache, &layer.v_cache, self.pos, &layer.scores);

@@ -4,6 +4,7 @@
 
 mod common;
 
+use kestrel_gpu::params::KvType;
 use kestrel_gpu::GpuOptions;
 use kestrel_model::estimate::{DeviceLimits, Estimate};
 use kestrel_model::{LoadOptions, ModelError};
@@ -23,15 +24,16 @@ fn load_with_binding_limit(limit: u64) -> Result<kestrel_model::Model, ModelErro
 
 #[test]
 fn the_estimate_matches_the_loaded_model_and_predicts_the_binding_limit() {
-    let estimate = Estimate::from_header(&header(), Some(CONTEXT)).unwrap();
+    let estimate = Estimate::from_header(&header(), Some(CONTEXT), KvType::default()).unwrap();
     let size = std::fs::metadata(common::default_model_path()).unwrap().len();
     assert_eq!(estimate.file_bytes, size);
     assert!(estimate.unsupported.is_empty());
     let c = common::load(&common::default_model_path(), CONTEXT);
     assert_eq!(estimate.weight_bytes, c.weight_bytes(), "weights on the GPU");
-    let config = c.config();
-    assert_eq!(estimate.kv_cache_bytes, (2 * config.n_layers * config.n_kv_heads * CONTEXT * config.head_dim * 4) as u64);
+    assert_eq!(estimate.kv_cache_bytes, c.kv_cache_bytes(), "the f16 KV cache's buffers");
     drop(c);
+    let f32_cache = Estimate::from_header(&header(), Some(CONTEXT), KvType::F32).unwrap();
+    assert_eq!(f32_cache.kv_cache_bytes, 2 * estimate.kv_cache_bytes, "an f32 cache is twice the f16 one");
 
     let limit = estimate.largest_binding.bytes;
     let short = DeviceLimits { max_buffer_size: u64::MAX, max_storage_buffer_binding_size: limit - 1 };

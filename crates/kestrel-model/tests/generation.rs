@@ -103,7 +103,8 @@ fn follow_up_turn_reuses_the_cached_prefix_and_matches_a_fresh_run() {
 
 /// A saved prefix restored into another instance of the model (zeroed caches, as after a page
 /// reload) is reused by the next turn, which then generates exactly what a fresh run does; a
-/// snapshot changed in any way, or tagged with another model's key, is refused and changes nothing.
+/// snapshot changed in any way, or tagged with another model's key, is refused and changes
+/// nothing; a byte budget saves the longest prefix that fits, and a restore can keep fewer tokens.
 #[test]
 fn a_saved_prefix_restored_into_a_new_instance_is_reused_and_changes_nothing() {
     let path = common::default_model_path();
@@ -112,9 +113,15 @@ fn a_saved_prefix_restored_into_a_new_instance_is_reused_and_changes_nothing() {
     let mut messages = chat("Say hello.");
     let first_prompt = first_instance.encode(&Prompt::Chat(&messages)).unwrap();
     let first = pollster::block_on(first_instance.generate(&first_prompt, &options, &mut |_| true)).unwrap();
-    let snapshot = pollster::block_on(first_instance.save_prefix("model-sha256")).unwrap().expect("tokens are cached");
+    let snapshot = pollster::block_on(first_instance.save_prefix("model-sha256", u64::MAX)).unwrap().expect("tokens are cached");
     let saved = first_instance.cached_token_ids().to_vec();
     assert!(saved.len() > first_prompt.len());
+    // Ten tokens fewer than the whole: each token's rows take the same bytes.
+    let per_token = (snapshot.len() - 4 * saved.len()) / saved.len();
+    let budget = (snapshot.len() - 10 * (per_token + 4)) as u64;
+    let shorter = pollster::block_on(first_instance.save_prefix("model-sha256", budget)).unwrap().expect("a prefix fits");
+    assert!(shorter.len() as u64 <= budget && shorter.len() > budget as usize - per_token - 4, "{} bytes in {budget}", shorter.len());
+    assert_eq!(pollster::block_on(first_instance.save_prefix("model-sha256", 16)).unwrap(), None, "no token fits 16 bytes");
 
     messages.push(ChatMessage::new("assistant", first.text.clone()));
     messages.push(ChatMessage::new("user", "And goodbye?"));
@@ -124,15 +131,18 @@ fn a_saved_prefix_restored_into_a_new_instance_is_reused_and_changes_nothing() {
     drop(first_instance);
 
     let mut restored = common::load(&path, 512);
+    // Part of the shorter snapshot first: a refused snapshot must leave it as it is.
+    assert_eq!(restored.restore_prefix("model-sha256", &shorter, 5).unwrap(), 5);
+    assert_eq!(restored.cached_token_ids(), &saved[..5]);
     let mut corrupt = snapshot.clone();
     let middle = corrupt.len() / 2;
     corrupt[middle] ^= 1;
-    for (key, bytes) in [("model-sha256", &corrupt), ("another-model", &snapshot)] {
-        let refused = restored.restore_prefix(key, bytes).unwrap_err();
-        assert_eq!(refused.code(), "bad_snapshot", "{refused}");
-        assert!(restored.cached_token_ids().is_empty(), "a refused snapshot left tokens cached");
+    for (key, bytes, code) in [("model-sha256", &corrupt, "bad_snapshot"), ("another-model", &snapshot, "snapshot_mismatch")] {
+        let refused = restored.restore_prefix(key, bytes, usize::MAX).unwrap_err();
+        assert_eq!(refused.code(), code, "{refused}");
+        assert_eq!(restored.cached_token_ids(), &saved[..5], "a refused snapshot changed the cached prefix");
     }
-    assert_eq!(restored.restore_prefix("model-sha256", &snapshot).unwrap(), saved.len());
+    assert_eq!(restored.restore_prefix("model-sha256", &snapshot, usize::MAX).unwrap(), saved.len());
     assert_eq!(restored.cached_token_ids(), saved);
     let second = pollster::block_on(restored.generate(&second_prompt, &options, &mut |_| true)).unwrap();
     let shared = saved.iter().zip(&second_prompt).take_while(|(a, b)| a == b).count();

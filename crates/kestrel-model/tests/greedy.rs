@@ -154,6 +154,7 @@ fn synthetic_models_match_llama_cpp_up_to_near_ties() {
 #[test]
 fn synthetic_model_features_change_llama_cpp_output() {
     use common::synthetic::{GEMMA2_F32, GEMMA3_F32, PHI3_F32, PHI3_LONG_F32, QWEN3_F32, QWEN3_YARN_F32, SMOLLM3_F32};
+    use kestrel_gpu::params::KvType;
     use kestrel_model::{reference::ReferenceModel, GateActivation, ModelConfig};
     type Edit = fn(&mut ModelConfig);
     let features: [(&str, _, Edit); 14] = [
@@ -185,7 +186,7 @@ fn synthetic_model_features_change_llama_cpp_output() {
         for case in reference["prompts"].as_array().expect("prompts").iter().filter(|c| c["kind"] == "raw") {
             let mut config = ModelConfig::from_header(&header).expect("config");
             edit(&mut config);
-            let mut cpu = ReferenceModel::with_config(config, &header, &tensors, 1024).expect("reference");
+            let mut cpu = ReferenceModel::with_config(config, &header, &tensors, 1024, KvType::default()).expect("reference");
             let spec = prompts["prompts"].as_array().expect("prompts").iter().find(|p| p["id"] == case["id"]).expect("spec");
             assert!(spec["text"].is_string(), "raw prompt");
             let logprobs = common::log_softmax(&cpu.forward(&common::ids(&case["prompt_ids"])).expect("forward"));

@@ -12,6 +12,7 @@ use std::rc::Rc;
 
 use js_sys::{Function, Promise};
 use kestrel_gguf::GgufStreamReader;
+use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::estimate::{DeviceLimits, Estimate};
 use kestrel_model::{LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, TokenEvent};
@@ -206,6 +207,12 @@ impl State {
     }
 }
 
+/// The `kv_cache` option: 'f16' or 'f32'.
+fn kv_type(name: Option<&str>) -> Result<KvType, JsValue> {
+    name.and_then(KvType::from_name)
+        .ok_or_else(|| js_error("invalid_option", &format!("invalid option kv_cache: {name:?} is not 'f16' or 'f32'")))
+}
+
 fn progress_js(p: &LoadProgress) -> JsValue {
     to_js(&json!({
         "bytes_received": p.bytes_received,
@@ -226,8 +233,8 @@ impl Engine {
     /// Creates the GPU device from the global scope's `navigator.gpu` (a worker's or a page's).
     /// Fails with code `no_webgpu` where there is none or no adapter. `options` (optional):
     /// `{allow_f16, allow_subgroups, allow_timestamps}` (booleans, default true) to force
-    /// optional features off, and `context_length` (KV cache tokens; default: the model's
-    /// training context, at most 4096).
+    /// optional features off, `context_length` (KV cache tokens; default: the model's
+    /// training context, at most 4096) and `kv_cache` ('f16', the default, or 'f32').
     pub async fn create(options: JsValue) -> Result<Engine, JsValue> {
         install_panic_hook();
         let navigator = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("navigator")).unwrap_or(JsValue::UNDEFINED);
@@ -258,6 +265,12 @@ impl Engine {
                         ))
                     }
                 }
+            }
+        }
+        if options.is_object() {
+            let kv = js_sys::Reflect::get(&options, &JsValue::from_str("kv_cache")).unwrap_or(JsValue::UNDEFINED);
+            if !kv.is_undefined() && !kv.is_null() {
+                load_options.kv_cache = kv_type(kv.as_string().as_deref())?;
             }
         }
         let gpu = Gpu::new(&gpu_options).await.map_err(|e| model_error(&ModelError::Gpu(e)))?;
@@ -419,16 +432,18 @@ impl HeaderProbe {
 
     /// `{name, arch, file_bytes, weight_bytes, context_length, kv_cache_bytes, largest_binding:
     /// {name, bytes}, unsupported: [{tensor, type}], fits, code, reason}` for a KV cache of
-    /// `context_length` tokens (absent: the load's default), against the limits given (absent:
-    /// `fits` is null).
+    /// `context_length` tokens (absent: the load's default) of `kv_cache` values ('f16' or
+    /// 'f32'; absent: f16), against the limits given (absent: `fits` is null).
     pub fn estimate(
         &self,
         context_length: Option<u32>,
         max_buffer_size: Option<f64>,
         max_binding: Option<f64>,
+        kv_cache: Option<String>,
     ) -> Result<JsValue, JsValue> {
         let header = self.reader.header().ok_or_else(|| js_error("bad_model", "the GGUF header has not arrived yet"))?;
-        let estimate = Estimate::from_header(header, context_length.map(|c| c as usize)).map_err(|e| model_error(&e))?;
+        let kv = kv_cache.map_or(Ok(KvType::default()), |name| kv_type(Some(&name)))?;
+        let estimate = Estimate::from_header(header, context_length.map(|c| c as usize), kv).map_err(|e| model_error(&e))?;
         let mut value = serde_json::to_value(&estimate).map_err(|e| js_error("internal", &e.to_string()))?;
         let verdict = match (max_buffer_size, max_binding) {
             (Some(buffer), Some(binding)) => {

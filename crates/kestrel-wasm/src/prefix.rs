@@ -31,28 +31,31 @@ impl Engine {
     }
 
     /// Resolves to a snapshot of the cached prefix's KV rows tagged with `model_key` (the model
-    /// file's sha256), or undefined when no tokens are cached.
+    /// file's sha256): the longest prefix whose snapshot takes at most `max_bytes` (checked
+    /// before anything is read back), or undefined when no token fits or none is cached.
     #[wasm_bindgen(js_name = savePrefix)]
-    pub fn save_prefix(&self, model_key: String) -> Promise {
+    pub fn save_prefix(&self, model_key: String, max_bytes: f64) -> Promise {
         let state = self.state.clone();
         future_to_promise(async move {
             state.check_idle("save the KV prefix")?;
             let model = state.take_model()?;
-            let saved = model.save_prefix(&model_key).await;
+            // A float from JavaScript: negative or NaN saves nothing, huge saturates.
+            let saved = model.save_prefix(&model_key, max_bytes as u64).await;
             state.put_back(model);
             Ok(saved.map_err(|e| model_error(&e))?.map_or(JsValue::UNDEFINED, |bytes| Uint8Array::from(&bytes[..]).into()))
         })
     }
 
-    /// Restores a snapshot `savePrefix` made from the same model file, replacing the cached
-    /// prefix; returns its token count. Any mismatch or corruption is a `bad_snapshot` error and
-    /// leaves the cache as it was.
+    /// Restores the first `keep` tokens of a snapshot `savePrefix` made from the same model file,
+    /// replacing the cached prefix; returns the tokens restored. A corrupt snapshot is
+    /// `bad_snapshot`, one of another file or setup `snapshot_mismatch`; either leaves the cache
+    /// as it was.
     #[wasm_bindgen(js_name = restorePrefix)]
-    pub fn restore_prefix(&self, model_key: &str, bytes: &[u8]) -> Result<u32, JsValue> {
+    pub fn restore_prefix(&self, model_key: &str, bytes: &[u8], keep: u32) -> Result<u32, JsValue> {
         self.state.check_idle("restore a KV prefix")?;
         let mut model = self.state.model.borrow_mut();
         let model = model.as_mut().ok_or_else(|| js_error("no_model", "no model is loaded"))?;
-        let restored = model.restore_prefix(model_key, bytes).map_err(|e| model_error(&e))?;
+        let restored = model.restore_prefix(model_key, bytes, keep as usize).map_err(|e| model_error(&e))?;
         Ok(restored as u32)
     }
 }

@@ -22,7 +22,7 @@ pub struct ChatArgs {
 /// An interactive conversation: each turn is rendered with the model's chat template; the KV
 /// cache of the shared prefix is reused, so a turn prefills only its new tokens.
 pub fn run(args: ChatArgs) -> CliResult {
-    let mut loaded = load(&crate::model_path::resolve(args.model), args.sampling.context, false)?;
+    let mut loaded = load(&crate::model_path::resolve(args.model), &args.sampling.cache, false)?;
     let options = args.sampling.options();
     let mut messages: Vec<ChatMessage> = args.system.into_iter().map(|s| ChatMessage::new("system", s)).collect();
     eprintln!("type a message and press enter; an empty line or end of input quits");

@@ -5,7 +5,7 @@ use clap::Args;
 use kestrel_model::{ChatMessage, GenerateOptions, Generation, Model, Prompt};
 use serde_json::json;
 
-use super::load::load;
+use super::load::{load, CacheArgs};
 use super::{coded, CliResult};
 
 /// The defaults of the sampling flags: [`GenerateOptions::default`], llama.cpp's.
@@ -49,9 +49,8 @@ pub struct SamplingArgs {
     /// Do not stop at the model's end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// KV cache length (default: the model's context, at most 4096).
-    #[arg(long)]
-    pub context: Option<usize>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
 }
 
 impl SamplingArgs {
@@ -105,7 +104,7 @@ pub fn run(args: GenerateArgs) -> CliResult {
     if messages.is_none() && text.is_empty() {
         return Err("give a prompt or --messages FILE".into());
     }
-    let mut loaded = load(&crate::model_path::resolve(args.model.clone()), args.sampling.context, args.json)?;
+    let mut loaded = load(&crate::model_path::resolve(args.model.clone()), &args.sampling.cache, args.json)?;
     let user = [ChatMessage::new("user", text.as_str())];
     let prompt = match (&messages, args.raw) {
         (Some(m), _) => Prompt::Chat(m),

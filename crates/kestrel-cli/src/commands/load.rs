@@ -5,21 +5,44 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::Instant;
 
+use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::{LoadOptions, LoadProgress, Model};
 
 use super::coded;
+
+/// The KV cache's length and value type, as every command that loads a model takes them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CacheArgs {
+    /// KV cache length (default: the model's context, at most 4096).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// How the KV cache stores keys and values: f16 (half the memory and half the attention's
+    /// reads; llama.cpp's default) or f32.
+    #[arg(long, default_value = "f16", value_parser = parse_kv_type)]
+    pub kv_cache: KvType,
+}
+
+impl CacheArgs {
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions { context_length: self.context, kv_cache: self.kv_cache, ..LoadOptions::default() }
+    }
+}
+
+fn parse_kv_type(name: &str) -> Result<KvType, String> {
+    KvType::from_name(name).ok_or_else(|| format!("{name:?} is not f16 or f32"))
+}
 
 pub struct Loaded {
     pub model: Model,
     pub load_ms: f64,
 }
 
-pub fn load(path: &Path, context: Option<usize>, quiet: bool) -> Result<Loaded, Box<dyn std::error::Error>> {
+pub fn load(path: &Path, cache: &CacheArgs, quiet: bool) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
     let gpu = Gpu::new_blocking(&GpuOptions::default()).map_err(|e| coded(e.into()))?;
     let total = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
-    let options = LoadOptions { context_length: context, ..LoadOptions::default() };
+    let options = cache.load_options();
     let show_bar = !quiet && std::io::stderr().is_terminal();
     let mut bar = |p: &LoadProgress| {
         if show_bar {
@@ -41,13 +64,10 @@ pub fn load(path: &Path, context: Option<usize>, quiet: bool) -> Result<Loaded, 
 }
 
 /// A model of `shape` made in memory with random weights (`kestrel_model::synthetic`).
-pub fn load_synthetic(
-    shape: &kestrel_model::synthetic::SyntheticShape,
-    context: Option<usize>,
-) -> Result<Loaded, Box<dyn std::error::Error>> {
+pub fn load_synthetic(shape: &kestrel_model::synthetic::SyntheticShape, cache: &CacheArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
     let gpu = Gpu::new_blocking(&GpuOptions::default()).map_err(|e| coded(e.into()))?;
-    let options = LoadOptions { context_length: context, ..LoadOptions::default() };
+    let options = cache.load_options();
     let model = pollster::block_on(kestrel_model::synthetic::load_synthetic(&gpu, shape, 1, options)).map_err(coded)?;
     eprintln!(
         "made and loaded synthetic {} ({} layers) on {} in {:.2} s",

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use kestrel_server::ServerConfig;
 
-use super::load::load;
+use super::load::{load, CacheArgs};
 use super::CliResult;
 
 #[derive(Args)]
@@ -21,9 +21,8 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port; the one chosen is printed).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// KV cache length (default: the model's context, at most 4096).
-    #[arg(long)]
-    pub context: Option<usize>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// Require `Authorization: Bearer KEY` on every request but /health (default: the
     /// KESTREL_API_KEY environment variable, else none).
     #[arg(long, env = "KESTREL_API_KEY", hide_env_values = true)]
@@ -49,7 +48,7 @@ pub struct ServeArgs {
 
 pub fn run(args: ServeArgs) -> CliResult {
     let path = crate::model_path::resolve(args.model);
-    let loaded = load(&path, args.context, false)?;
+    let loaded = load(&path, &args.cache, false)?;
     let model_name = path.file_stem().map_or_else(|| "kestrel".into(), |s| s.to_string_lossy().into_owned());
     let config = ServerConfig {
         model_name,

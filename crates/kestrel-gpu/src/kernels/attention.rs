@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::params::{AttentionShape, Scores};
+use crate::params::{AttentionShape, KvType, Scores};
 use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 /// KV positions per decode workgroup (`CHUNK` in the shader).
@@ -41,32 +41,50 @@ struct Params {
     window: u32,
 }
 
-/// One layer's KV cache: K and V in separate f32 buffers, each `[n_kv_heads][max_ctx][head_dim]`
-/// (position `p` of kv head `h` at `(h * max_ctx + p) * head_dim`). RoPE writes it, attention
-/// reads it.
+/// One layer's KV cache: K and V in separate buffers, each `[n_kv_heads][max_ctx][head_dim]`
+/// values (position `p` of kv head `h` at `(h * max_ctx + p) * head_dim`): f32, or f16 packed two
+/// per u32 word, the first in the low half (`kv`). RoPE writes it, attention reads it.
 pub struct KvCache {
     pub k: Tensor,
     pub v: Tensor,
     pub shape: AttentionShape,
+    pub kv: KvType,
 }
 
 impl KvCache {
     /// A zeroed cache; fails if a buffer would exceed the device's binding limit.
-    pub fn new(gpu: &Gpu, label: &str, shape: AttentionShape) -> Result<Self, GpuError> {
+    pub fn new(gpu: &Gpu, label: &str, shape: AttentionShape, kv: KvType) -> Result<Self, GpuError> {
         let AttentionShape { n_heads, n_kv_heads, head_dim, max_ctx } = shape;
-        if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) || head_dim == 0 || max_ctx == 0 {
+        // Whole f16 words per row, and whole pairs of pairs for RoPE's threads.
+        if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) || head_dim == 0 || !head_dim.is_multiple_of(4) || max_ctx == 0 {
             return Err(GpuError::InvalidArgs(format!("kv cache {label}: invalid shape {shape:?}")));
         }
-        let dims = [n_kv_heads, max_ctx, head_dim];
-        let k = Tensor::zeros(gpu, &format!("{label}.k"), &dims, DType::F32)?;
-        let v = Tensor::zeros(gpu, &format!("{label}.v"), &dims, DType::F32)?;
-        Ok(Self { k, v, shape })
+        let (dims, dtype) = match kv {
+            KvType::F32 => ([n_kv_heads, max_ctx, head_dim], DType::F32),
+            KvType::F16 => ([n_kv_heads, max_ctx, head_dim / 2], DType::U32),
+        };
+        let k = Tensor::zeros(gpu, &format!("{label}.k"), &dims, dtype)?;
+        let v = Tensor::zeros(gpu, &format!("{label}.v"), &dims, dtype)?;
+        Ok(Self { k, v, shape, kv })
+    }
+
+    /// Bytes of one position's row of one kv head, in K or in V.
+    pub fn row_bytes(&self) -> usize {
+        self.shape.head_dim * self.kv.bytes()
+    }
+}
+
+/// The shader define that selects the cache's value type.
+pub(crate) fn kv_defines(defines: &mut Defines, kv: KvType) {
+    if kv == KvType::F16 {
+        defines.insert("KV_F16".into(), "1".into());
     }
 }
 
 /// The attention kernels specialized for one head size.
 pub struct AttentionKernel {
     head_dim: usize,
+    kv: KvType,
     prefill_queries: u32,
     decode_partial: Arc<wgpu::ComputePipeline>,
     decode_combine: Arc<wgpu::ComputePipeline>,
@@ -90,8 +108,8 @@ pub struct PrefillAttention {
 }
 
 impl AttentionKernel {
-    /// Compiles the kernels for `head_dim` (one of `HEAD_DIMS`).
-    pub async fn new(gpu: &Gpu, head_dim: usize) -> Result<Self, GpuError> {
+    /// Compiles the kernels for `head_dim` (one of `HEAD_DIMS`) over a cache of `kv` values.
+    pub async fn new(gpu: &Gpu, head_dim: usize, kv: KvType) -> Result<Self, GpuError> {
         if !HEAD_DIMS.contains(&head_dim) {
             return Err(GpuError::InvalidArgs(format!("attention: head_dim {head_dim} is not one of {HEAD_DIMS:?}")));
         }
@@ -102,10 +120,12 @@ impl AttentionKernel {
             defines.insert("BQ".into(), bq.to_string());
             defines.insert("BK".into(), bk.to_string());
             defines.insert(kind.into(), "1".into());
+            kv_defines(&mut defines, kv);
             async move { gpu.pipelines.get("attention", entry, &defines).await }
         };
         Ok(Self {
             head_dim,
+            kv,
             prefill_queries: bq,
             decode_partial: pipeline("DECODE_PARTIAL", "decode_partial").await?,
             decode_combine: pipeline("DECODE_COMBINE", "decode_combine").await?,
@@ -198,6 +218,9 @@ impl AttentionKernel {
         let invalid = |why: String| Err(GpuError::InvalidArgs(format!("attention: {why}")));
         if shape.head_dim != self.head_dim {
             return invalid(format!("cache head_dim {} but kernel built for {}", shape.head_dim, self.head_dim));
+        }
+        if cache.kv != self.kv {
+            return invalid(format!("a {} cache but the kernel reads {}", cache.kv.name(), self.kv.name()));
         }
         if q.dtype != DType::F32 || out.dtype != DType::F32 {
             return invalid("q and out must be f32".into());

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-use super::attention::KvCache;
-use crate::params::{RopeConfig, RopeMode};
+use super::attention::{kv_defines, KvCache};
+use crate::params::{KvType, RopeConfig, RopeMode};
 use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 const WORKGROUP: u32 = 256;
@@ -27,18 +27,23 @@ struct Params {
 
 pub struct RopeKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
+    kv: KvType,
 }
 
 /// A RoPE bound to one layer's buffers; processes tokens `0..n_tokens` when recorded.
 pub struct RopeDispatch {
     dispatch: Dispatch,
-    pairs_per_token: u32,
+    /// Threads per token: one per two pairs of values.
+    quads_per_token: u32,
     max_per_dim: u32,
 }
 
 impl RopeKernel {
-    pub async fn new(gpu: &Gpu) -> Result<Self, GpuError> {
-        Ok(Self { pipeline: gpu.pipelines.get("rope", "main", &Defines::new()).await? })
+    /// Compiles RoPE for a cache of `kv` values.
+    pub async fn new(gpu: &Gpu, kv: KvType) -> Result<Self, GpuError> {
+        let mut defines = Defines::new();
+        kv_defines(&mut defines, kv);
+        Ok(Self { pipeline: gpu.pipelines.get("rope", "main", &defines).await?, kv })
     }
 
     /// Binds `qkv` (f32 `[max_tokens, (n_heads + 2 * n_kv_heads) * head_dim]`, per token
@@ -59,8 +64,12 @@ impl RopeKernel {
         let shape = cache.shape;
         let invalid = |why: String| Err(GpuError::InvalidArgs(format!("rope: {why}")));
         let hd = shape.head_dim;
-        if hd == 0 || !hd.is_multiple_of(2) {
-            return invalid(format!("head_dim {hd} must be even"));
+        // Each thread takes two neighbouring pairs (and writes whole f16 words).
+        if hd == 0 || !hd.is_multiple_of(4) {
+            return invalid(format!("head_dim {hd} must be a multiple of 4"));
+        }
+        if cache.kv != self.kv {
+            return invalid(format!("a {} cache but the kernel writes {}", cache.kv.name(), self.kv.name()));
         }
         if qkv.dtype != DType::F32 || q_out.dtype != DType::F32 {
             return invalid("qkv and q_out must be f32".into());
@@ -88,7 +97,7 @@ impl RopeKernel {
         };
         let params = gpu.uniform_buffer("rope.params", bytemuck::bytes_of(&params));
         let turns = gpu.storage_buffer_init("rope.turns", bytemuck::cast_slice(&turns))?;
-        let pairs_per_token = (qkv_width / 2) as u32;
+        let quads_per_token = (qkv_width / 4) as u32;
         let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
         let dispatch = Dispatch::new(
             gpu,
@@ -103,16 +112,16 @@ impl RopeKernel {
                 cache.k.buffer.as_entire_binding(),
                 cache.v.buffer.as_entire_binding(),
             ],
-            grid((rows as u32 * pairs_per_token).div_ceil(WORKGROUP), max_per_dim),
+            grid((rows as u32 * quads_per_token).div_ceil(WORKGROUP), max_per_dim),
         );
-        Ok(RopeDispatch { dispatch, pairs_per_token, max_per_dim })
+        Ok(RopeDispatch { dispatch, quads_per_token, max_per_dim })
     }
 }
 
 impl RopeDispatch {
-    /// The grid for `n_tokens` tokens (one thread per rotated or copied pair).
+    /// The grid for `n_tokens` tokens (one thread per two rotated or copied pairs).
     pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
-        grid((n_tokens * self.pairs_per_token).div_ceil(WORKGROUP), self.max_per_dim)
+        grid((n_tokens * self.quads_per_token).div_ceil(WORKGROUP), self.max_per_dim)
     }
 }
 

@@ -8,6 +8,6 @@ mod rope;
 mod sampling;
 
 pub use activation::GateActivation;
-pub use attention::{AttentionShape, Scores};
+pub use attention::{AttentionShape, KvType, Scores};
 pub use rope::{RopeConfig, RopeMode, YarnRamp};
 pub use sampling::{Penalties, PenaltyEntry, SamplingParams};

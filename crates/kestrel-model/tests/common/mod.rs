@@ -35,7 +35,11 @@ pub fn load(path: &std::path::Path, context: usize) -> Model {
 
 /// `load` on a given device.
 pub fn load_on(gpu: &Gpu, path: &std::path::Path, context: usize) -> Model {
-    let options = LoadOptions { context_length: Some(context), ..LoadOptions::default() };
+    load_with(gpu, path, LoadOptions { context_length: Some(context), ..LoadOptions::default() })
+}
+
+/// Loads with `options` on a given device.
+pub fn load_with(gpu: &Gpu, path: &std::path::Path, options: LoadOptions) -> Model {
     pollster::block_on(kestrel_model::load_file(gpu, path, options, &mut |_| {})).expect("load the model")
 }
 

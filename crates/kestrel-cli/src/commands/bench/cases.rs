@@ -13,7 +13,7 @@ use kestrel_gpu::kernels::rope::RopeKernel;
 use kestrel_gpu::kernels::sample::SampleKernel;
 use kestrel_gpu::kernels::CopyKernel;
 use kestrel_gpu::kernels::Epilogue;
-use kestrel_gpu::params::{AttentionShape, GateActivation, RopeConfig, RopeMode, SamplingParams, Scores};
+use kestrel_gpu::params::{AttentionShape, GateActivation, KvType, RopeConfig, RopeMode, SamplingParams, Scores};
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 use pollster::block_on;
 
@@ -129,18 +129,19 @@ pub fn rmsnorm(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, G
 }
 
 /// RoPE of `tokens` fused QKV rows ending at position `MAX_CTX`, Q to its buffer and K, V into
-/// the cache. Bytes: the QKV rows read + as many values written + the angle table.
+/// the (default, f16) cache. Bytes: the QKV rows read + Q and the cache's K and V written + the
+/// angle table.
 pub fn rope(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, GpuError> {
     let t = tokens as usize;
     let qkv = random_tensor(gpu, "bench.qkv", &[t, model.qkv_width()])?;
     let q = Tensor::zeros(gpu, "bench.q", &[t, model.q_width()], DType::F32)?;
-    let cache = KvCache::new(gpu, "bench.cache", attention_shape(model, MAX_CTX))?;
+    let cache = KvCache::new(gpu, "bench.cache", attention_shape(model, MAX_CTX), KvType::default())?;
     let params = StepParams::new(tokens, (MAX_CTX - t) as u32, 0);
     let step = step_uniform(gpu, params);
     let config = RopeConfig::new(RopeMode::Norm, 10_000.0);
-    let dispatch = block_on(RopeKernel::new(gpu))?.bind(gpu, &step, Some(&config), &qkv, &q, &cache)?;
+    let dispatch = block_on(RopeKernel::new(gpu, cache.kv))?.bind(gpu, &step, Some(&config), &qkv, &q, &cache)?;
     let angle_table = (model.head_dim / 2) as u64 * 8;
-    let bytes = 2 * qkv.byte_size() + angle_table;
+    let bytes = qkv.byte_size() + q.byte_size() + kv_bytes(model, tokens) + angle_table;
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
 
@@ -152,7 +153,7 @@ pub fn attention_decode(gpu: &Gpu, model: &ModelShape, kv_len: u32) -> Result<Pr
     let out = Tensor::zeros(gpu, "bench.attn", &[1, model.q_width()], DType::F32)?;
     let params = StepParams::new(1, kv_len - 1, 0);
     let step = step_uniform(gpu, params);
-    let kernel = block_on(AttentionKernel::new(gpu, model.head_dim))?;
+    let kernel = block_on(AttentionKernel::new(gpu, model.head_dim, cache.kv))?;
     let dispatch = kernel.bind_decode(gpu, &step, &q, &cache, &out, &attention_scores(model))?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, kv_len);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
@@ -167,7 +168,7 @@ pub fn attention_prefill(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<P
     let out = Tensor::zeros(gpu, "bench.attn", &[t, model.q_width()], DType::F32)?;
     let params = StepParams::new(tokens, 0, 0);
     let step = step_uniform(gpu, params);
-    let kernel = block_on(AttentionKernel::new(gpu, model.head_dim))?;
+    let kernel = block_on(AttentionKernel::new(gpu, model.head_dim, cache.kv))?;
     let dispatch = kernel.bind_prefill(gpu, &step, &q, &cache, &out, &attention_scores(model))?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, tokens);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
@@ -215,15 +216,19 @@ fn attention_scores(model: &ModelShape) -> Scores {
 }
 
 /// K and V of `positions` positions, f32.
+/// K and V of `positions` positions in the default cache's value type.
 fn kv_bytes(model: &ModelShape, positions: u32) -> u64 {
-    2 * (model.n_kv_heads * model.head_dim) as u64 * u64::from(positions) * F32
+    2 * (model.n_kv_heads * model.head_dim * KvType::default().bytes()) as u64 * u64::from(positions)
 }
 
-/// A KV cache of exactly `max_ctx` positions filled with random keys and values.
+/// A KV cache (the default type, f16) of exactly `max_ctx` positions filled with random keys
+/// and values.
 fn random_cache(gpu: &Gpu, model: &ModelShape, max_ctx: usize) -> Result<KvCache, GpuError> {
-    let shape = attention_shape(model, max_ctx);
-    let dims = [model.n_kv_heads, max_ctx, model.head_dim];
-    Ok(KvCache { k: random_tensor(gpu, "bench.k", &dims)?, v: random_tensor(gpu, "bench.v", &dims)?, shape })
+    let cache = KvCache::new(gpu, "bench.cache", attention_shape(model, max_ctx), KvType::default())?;
+    let values = random_values(cache.shape.cache_len());
+    gpu.write(&cache.k.buffer, 0, &cache.kv.encode(&values));
+    gpu.write(&cache.v.buffer, 0, &cache.kv.encode(&values));
+    Ok(cache)
 }
 
 fn step_uniform(gpu: &Gpu, params: StepParams) -> StepUniform {

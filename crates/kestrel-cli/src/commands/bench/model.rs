@@ -17,6 +17,7 @@ use super::step_profile::{self, Roofline, StepProfile};
 use super::timing::{Timer, TimingSettings};
 use super::workload::{self, WorkloadResult};
 use super::{copy_bytes, BenchResult};
+use crate::commands::load::CacheArgs;
 use crate::commands::load::{load, load_synthetic};
 use crate::commands::CliResult;
 
@@ -51,9 +52,8 @@ pub struct ModelArgs {
     /// Time kernel families with the host clock even when the device has timestamp queries.
     #[arg(long)]
     wall_clock: bool,
-    /// KV cache length (default: the model's context, at most 4096).
-    #[arg(long)]
-    context: Option<usize>,
+    #[command(flatten)]
+    cache: CacheArgs,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -78,7 +78,7 @@ struct GpuMemory {
     /// Memory blocks the allocator reserved, used or not.
     allocator_reserved_bytes: Option<u64>,
     weight_bytes: u64,
-    /// f32 keys and values for every layer at the context length.
+    /// Keys and values for every layer at the context length, in the cache's value type.
     kv_cache_bytes: u64,
 }
 
@@ -105,13 +105,13 @@ pub fn run(args: &ModelArgs) -> CliResult {
     let (path, file_bytes, loaded) = match &args.synthetic {
         Some(name) => {
             let shape = kestrel_model::synthetic::synthetic_shape(name).ok_or_else(|| format!("unknown synthetic shape {name}"))?;
-            let loaded = load_synthetic(&shape, args.context)?;
+            let loaded = load_synthetic(&shape, &args.cache)?;
             (PathBuf::from(format!("synthetic:{name}")), 0, loaded)
         }
         None => {
             let path = crate::model_path::resolve(args.model.clone());
             let file_bytes = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?.len();
-            let loaded = load(&path, args.context, false)?;
+            let loaded = load(&path, &args.cache, false)?;
             (path, file_bytes, loaded)
         }
     };
@@ -189,13 +189,11 @@ fn copy_bandwidth(gpu: &Gpu, mib: u64, wall_clock: bool) -> BenchResult<f64> {
 
 fn gpu_memory(gpu: &Gpu, model: &Model) -> GpuMemory {
     let report = gpu.device.generate_allocator_report();
-    let c = model.config();
-    let kv_cache_bytes = (2 * c.n_layers * c.n_kv_heads * c.head_dim * model.context_length() * 4) as u64;
     GpuMemory {
         allocator_allocated_bytes: report.as_ref().map(|r| r.total_allocated_bytes),
         allocator_reserved_bytes: report.as_ref().map(|r| r.total_reserved_bytes),
         weight_bytes: model.weight_bytes(),
-        kv_cache_bytes,
+        kv_cache_bytes: model.kv_cache_bytes(),
     }
 }
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::params::SamplingParams;
+use kestrel_gpu::params::{KvType, SamplingParams};
 use kestrel_gpu::{Gpu, GpuError};
 
 use super::cases::{self, Prepared};
@@ -14,6 +14,11 @@ use super::timing::Timer;
 use super::BenchResult;
 
 /// The order of the kernels in the table (rows of one kernel keep the order they ran in).
+/// The value type of the KV cache the rope and attention cases use (the default one).
+const KV: &str = match KvType::F16 {
+    KvType::F16 => "f16",
+    KvType::F32 => "f32",
+};
 const KERNELS: [&str; 10] = ["copy", "matvec", "matmul", "embedding", "rmsnorm", "rope", "attn decode", "attn prefill", "argmax", "sample"];
 
 pub struct Suite<'a> {
@@ -149,7 +154,7 @@ impl<'a> Suite<'a> {
         }
         for tokens in [1, PREFILL_TOKENS] {
             let shape = format!("{tokens}x{}, {}/{} heads x {}", model.qkv_width(), model.n_heads, model.n_kv_heads, model.head_dim);
-            self.case(case_id(model.name, "rope", "f32", shape), || cases::rope(gpu, model, tokens))?;
+            self.case(case_id(model.name, "rope", KV, shape), || cases::rope(gpu, model, tokens))?;
         }
         Ok(())
     }
@@ -158,10 +163,10 @@ impl<'a> Suite<'a> {
         let gpu = self.gpu;
         let heads = format!("{}/{} heads x {}", model.n_heads, model.n_kv_heads, model.head_dim);
         for kv_len in DECODE_KV_LENS {
-            let id = case_id(model.name, "attn decode", "f32", format!("kv {kv_len}, {heads}"));
+            let id = case_id(model.name, "attn decode", KV, format!("kv {kv_len}, {heads}"));
             self.case(id, || cases::attention_decode(gpu, model, kv_len))?;
         }
-        let id = case_id(model.name, "attn prefill", "f32", format!("q {PREFILL_TOKENS} at pos 0, {heads}"));
+        let id = case_id(model.name, "attn prefill", KV, format!("q {PREFILL_TOKENS} at pos 0, {heads}"));
         self.case(id, || cases::attention_prefill(gpu, model, PREFILL_TOKENS))?;
         Ok(())
     }

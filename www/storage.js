@@ -1,0 +1,14 @@
+// The origin's storage, shared by the page side (index.js) and the worker: where the saved KV
+// prefixes live, and whether the storage quota has room for more.
+
+/** The Origin Private File System directory of the KV prefixes `persistPrefix` saves. */
+export const PREFIX_DIRECTORY = 'kestrel-kv-prefixes';
+
+/**
+ * Bytes the origin's storage quota still has room for (Infinity where the browser cannot tell).
+ * @returns {Promise<number>}
+ */
+export async function storageRoom() {
+  const { usage, quota } = (await globalThis.navigator?.storage?.estimate?.().catch(() => null)) ?? {};
+  return usage != null && quota != null ? Math.max(0, quota - usage) : Infinity;
+}
