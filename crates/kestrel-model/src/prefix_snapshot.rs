@@ -58,19 +58,16 @@ impl KvLayout {
         Self { n_layers: c.n_layers, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim, value_bytes: kv.bytes(), rope_table }
     }
 
-    /// Bytes of one position's row of one kv head.
-    fn row_bytes(&self) -> u64 {
-        self.head_dim as u64 * self.value_bytes as u64
-    }
-
-    /// Bytes of K and V rows for `n` tokens over every layer.
+    /// Bytes of K and V rows for `n` tokens over every layer. Saturating: the fields of a forged
+    /// header can multiply past u64, and a saturated size matches no file.
     pub fn rows_bytes(&self, n: usize) -> u64 {
-        2 * self.n_layers as u64 * self.n_kv_heads as u64 * n as u64 * self.row_bytes()
+        [self.n_layers, self.n_kv_heads, n, self.head_dim, self.value_bytes].iter().fold(2u64, |bytes, &f| bytes.saturating_mul(f as u64))
     }
 
     /// The size of a whole snapshot of `n` tokens under a key of `key_len` bytes.
     pub fn snapshot_bytes(&self, key_len: usize, n: usize) -> u64 {
-        (FIXED + key_len + SHAPE_FIELDS + DIGEST_BYTES) as u64 + 4 * n as u64 + self.rows_bytes(n)
+        let fixed = (FIXED + key_len + SHAPE_FIELDS + DIGEST_BYTES) as u64;
+        fixed.saturating_add(4 * n as u64).saturating_add(self.rows_bytes(n))
     }
 }
 
