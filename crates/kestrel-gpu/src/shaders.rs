@@ -18,6 +18,7 @@ const SHADERS: &[(&str, &str)] = shaders![
     "attention",
     "copy",
     "embedding",
+    "fma",
     "matmul",
     "matvec",
     "penalties",

@@ -2,7 +2,7 @@
 
 mod common;
 
-use kestrel_gpu::kernels::CopyKernel;
+use kestrel_gpu::kernels::{CopyKernel, FmaKernel, FmaParams};
 use kestrel_gpu::{Defines, GpuError, Readback, Recorder, Tensor};
 
 #[test]
@@ -41,6 +41,26 @@ fn copy_kernel_round_trips_through_recorder_and_readback() {
     // The readback buffer is reusable after unmap.
     let again = pollster::block_on(readback.read_f32(&gpu, 16)).unwrap();
     assert_eq!(again, data[..4]);
+}
+
+/// The arithmetic yardstick computes what its chains of multiply-adds compute on the CPU: each
+/// thread's sum of 32 values after 100 f32 FMAs each. Both sides round the same operations the
+/// same way, up to the order of the final sum (a few ulps of values below 40).
+#[test]
+fn fma_kernel_computes_its_chains() {
+    let gpu = common::gpu();
+    let kernel = pollster::block_on(FmaKernel::new(&gpu)).unwrap();
+    let params = FmaParams { iterations: 100, scale: 0.999, shift: 0.01 };
+    let n = 3000; // not a multiple of the 256-thread workgroup
+    let out = Tensor::zeros(&gpu, "out", &[n], kestrel_gpu::DType::F32).unwrap();
+    let dispatch = kernel.bind(&gpu, &out, params).unwrap();
+    let mut rec = Recorder::new(&gpu);
+    dispatch.record(&mut rec);
+    rec.submit();
+    let got = pollster::block_on(out.read_f32(&gpu)).unwrap();
+    let want: Vec<f32> = (0..n as u32).map(|i| params.expected(i)).collect();
+    common::assert_close("fma chains", &got, &want, 1e-6, 1e-5);
+    assert_eq!(params.flops_per_thread(), 100 * 8 * 4 * 2);
 }
 
 #[test]

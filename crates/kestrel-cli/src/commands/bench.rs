@@ -2,7 +2,8 @@
 //!
 //! `kestrel bench kernels`: every kernel at the default model's shapes and at a 1B-class model's,
 //! timed on the GPU, with its effective bandwidth (the bytes a call must move over its time) as
-//! a fraction of a plain copy kernel's bandwidth measured on the same adapter in the same run.
+//! a fraction of a plain copy kernel's bandwidth measured on the same adapter in the same run,
+//! and for the matrix products their arithmetic rate as a fraction of an FMA-bound kernel's.
 
 mod cases;
 mod model;
@@ -115,6 +116,7 @@ fn kernels(args: &KernelsArgs) -> CliResult {
     let max_call_ms = (args.max_call_ms > 0).then_some(args.max_call_ms);
     let mut suite = Suite::new(&gpu, &timer, args.filter.as_deref(), max_call_ms);
     let copy_gb_per_s = suite.copy(copy_bytes(&gpu, args.copy_mib))?;
+    let fma_gflop_per_s = suite.fma()?;
     for model in [DEFAULT_MODEL, ONE_B] {
         suite.model(&model)?;
     }
@@ -124,7 +126,7 @@ fn kernels(args: &KernelsArgs) -> CliResult {
     rows.iter().for_each(|row| println!("{}", row.markdown()));
     eprintln!("\n{} rows in {:.1} s", rows.len(), started.elapsed().as_secs_f64());
     if let Some(path) = &args.json {
-        Report { adapter, timing: timer.method(), copy_gb_per_s, rows }.write_json(path)?;
+        Report { adapter, timing: timer.method(), copy_gb_per_s, fma_gflop_per_s, rows }.write_json(path)?;
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! (model load) and hands out [`crate::Dispatch`]es whose bind groups are built once.
 
 mod copy;
+mod fma;
 
 pub mod attention;
 pub mod embedding;
@@ -13,6 +14,7 @@ pub mod sample;
 mod weights;
 
 pub use copy::CopyKernel;
+pub use fma::{FmaKernel, FmaParams};
 pub use weights::{Epilogue, OutputColumns};
 
 use crate::GpuError;

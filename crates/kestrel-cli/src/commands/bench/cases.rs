@@ -11,8 +11,8 @@ use kestrel_gpu::kernels::matvec::{MatvecKernel, SwigluMatvecKernel};
 use kestrel_gpu::kernels::rmsnorm::RmsNormKernel;
 use kestrel_gpu::kernels::rope::RopeKernel;
 use kestrel_gpu::kernels::sample::SampleKernel;
-use kestrel_gpu::kernels::CopyKernel;
 use kestrel_gpu::kernels::Epilogue;
+use kestrel_gpu::kernels::{CopyKernel, FmaKernel, FmaParams};
 use kestrel_gpu::params::{AttentionShape, GateActivation, KvType, RopeConfig, RopeMode, SamplingParams, Scores};
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 use pollster::block_on;
@@ -38,6 +38,16 @@ pub fn copy(gpu: &Gpu, bytes: u64) -> Result<Prepared, GpuError> {
     let dst = Tensor::zeros(gpu, "bench.copy.dst", &[len], DType::F32)?;
     let dispatch = block_on(CopyKernel::new(gpu))?.bind(gpu, &src, &dst)?;
     Ok(Prepared { bytes: 2 * src.byte_size(), record: Box::new(move |rec| dispatch.record(rec)) })
+}
+
+/// The FMA yardstick: `threads` threads of `FmaParams::iterations` rounds of multiply-adds.
+/// Returns the case (no bytes: it touches memory once per thread) and its operations per call.
+pub fn fma(gpu: &Gpu, threads: usize) -> Result<(Prepared, u64), GpuError> {
+    let params = FmaParams { iterations: 128, scale: 0.999, shift: 0.01 };
+    let out = Tensor::zeros(gpu, "bench.fma", &[threads], DType::F32)?;
+    let dispatch = block_on(FmaKernel::new(gpu))?.bind(gpu, &out, params)?;
+    let flops = params.flops_per_thread() * threads as u64;
+    Ok((Prepared { bytes: out.byte_size(), record: Box::new(move |rec| dispatch.record(rec)) }, flops))
 }
 
 /// Fails with the error allocating `matrix` in `ty` would give when it exceeds the binding

@@ -30,6 +30,11 @@ pub struct Row {
     pub gb_per_s: Option<f64>,
     /// GB/s over the copy kernel's GB/s on the same adapter in the same run.
     pub fraction_of_copy: Option<f64>,
+    /// Floating-point operations per second (a multiply-add counts two), for the matrix
+    /// products and the FMA yardstick, in units of 10^9.
+    pub gflop_per_s: Option<f64>,
+    /// GFLOP/s over the FMA kernel's on the same adapter in the same run.
+    pub fraction_of_fma: Option<f64>,
     pub calls_per_batch: Option<u32>,
     pub batches: Option<u32>,
     pub skipped: Option<String>,
@@ -44,6 +49,8 @@ impl Row {
             us_per_call: Some(time.seconds_per_call * 1e6),
             gb_per_s: Some(gb_per_s),
             fraction_of_copy: Some(gb_per_s / copy_gb_per_s),
+            gflop_per_s: None,
+            fraction_of_fma: None,
             calls_per_batch: Some(time.calls_per_batch),
             batches: Some(time.batches),
             skipped: None,
@@ -69,10 +76,21 @@ impl Row {
             us_per_call: None,
             gb_per_s: None,
             fraction_of_copy: None,
+            gflop_per_s: None,
+            fraction_of_fma: None,
             calls_per_batch: None,
             batches: None,
             skipped: Some(reason),
         }
+    }
+
+    /// The arithmetic rate of a call of `flops` operations timed as `time`, and its fraction of
+    /// the FMA kernel's `fma_gflop_per_s` (the yardstick's own row: 1).
+    pub fn with_flops(mut self, flops: u64, time: &Measurement, fma_gflop_per_s: f64) -> Self {
+        let gflop_per_s = flops as f64 / time.seconds_per_call / 1e9;
+        self.gflop_per_s = Some(gflop_per_s);
+        self.fraction_of_fma = Some(gflop_per_s / fma_gflop_per_s);
+        self
     }
 
     /// The row as a Markdown table line.
@@ -80,9 +98,13 @@ impl Row {
         let CaseId { model, kernel, ty, shape } = &self.id;
         let cells = match (self.us_per_call, self.gb_per_s, self.fraction_of_copy, &self.skipped) {
             (Some(us), Some(gbs), Some(fraction), _) => {
-                format!("{us:>10.1} | {gbs:>7.2} | {:>8.1}%", 100.0 * fraction)
+                let flops = match (self.gflop_per_s, self.fraction_of_fma) {
+                    (Some(g), Some(f)) => format!("{g:>8.2} | {:>7.1}%", 100.0 * f),
+                    _ => " | ".to_string(),
+                };
+                format!("{us:>10.1} | {gbs:>7.2} | {:>8.1}% | {flops}", 100.0 * fraction)
             }
-            (_, _, _, reason) => format!("{} | | ", reason.as_deref().unwrap_or("-")),
+            (_, _, _, reason) => format!("{} | | | | ", reason.as_deref().unwrap_or("-")),
         };
         format!("| {model} | {kernel} | {ty} | {shape} | {cells} |")
     }
@@ -93,7 +115,8 @@ pub fn gb_per_s(bytes: u64, time: &Measurement) -> f64 {
     bytes as f64 / time.seconds_per_call / 1e9
 }
 
-pub const TABLE_HEADER: &str = "| model | kernel | type | shape | µs/call | GB/s | % of copy |\n|---|---|---|---|--:|--:|--:|";
+pub const TABLE_HEADER: &str =
+    "| model | kernel | type | shape | µs/call | GB/s | % of copy | GFLOP/s | % of FMA |\n|---|---|---|---|--:|--:|--:|--:|--:|";
 
 /// The adapter the run measured, as the report's header states it.
 #[derive(Debug, Serialize)]
@@ -151,6 +174,7 @@ pub struct Report {
     pub adapter: Adapter,
     pub timing: &'static str,
     pub copy_gb_per_s: f64,
+    pub fma_gflop_per_s: f64,
     pub rows: Vec<Row>,
 }
 

@@ -14,12 +14,8 @@ use super::timing::Timer;
 use super::BenchResult;
 
 /// The order of the kernels in the table (rows of one kernel keep the order they ran in).
-/// The value type of the KV cache the rope and attention cases use (the default one).
-const KV: &str = match KvType::F16 {
-    KvType::F16 => "f16",
-    KvType::F32 => "f32",
-};
-const KERNELS: [&str; 10] = ["copy", "matvec", "matmul", "embedding", "rmsnorm", "rope", "attn decode", "attn prefill", "argmax", "sample"];
+const KERNELS: [&str; 11] =
+    ["copy", "fma", "matvec", "matmul", "embedding", "rmsnorm", "rope", "attn decode", "attn prefill", "argmax", "sample"];
 
 pub struct Suite<'a> {
     gpu: &'a Gpu,
@@ -31,14 +27,28 @@ pub struct Suite<'a> {
     /// Seconds per multiply-add of the last timed matrix product of each kernel and weight type.
     seconds_per_mac: HashMap<(&'static str, String), f64>,
     copy_gb_per_s: f64,
+    fma_gflop_per_s: f64,
     rows: Vec<Row>,
 }
+
+/// Threads of the FMA yardstick: enough to fill the largest GPUs (an H200's 132 SMs hold 2048
+/// threads each).
+const FMA_THREADS: usize = 1 << 19;
 
 impl<'a> Suite<'a> {
     /// `max_call_ms`: skip matrix products predicted to be slower per call (`None`: no cap).
     pub fn new(gpu: &'a Gpu, timer: &'a Timer, filter: Option<&str>, max_call_ms: Option<u64>) -> Self {
         let filter = filter.unwrap_or_default().split_whitespace().map(str::to_lowercase).collect();
-        Self { gpu, timer, filter, max_call_ms, seconds_per_mac: HashMap::new(), copy_gb_per_s: 0.0, rows: Vec::new() }
+        Self {
+            gpu,
+            timer,
+            filter,
+            max_call_ms,
+            seconds_per_mac: HashMap::new(),
+            copy_gb_per_s: 0.0,
+            fma_gflop_per_s: 0.0,
+            rows: Vec::new(),
+        }
     }
 
     /// Times the copy kernel over `bytes` (the yardstick of every other row, so the filter
@@ -50,6 +60,17 @@ impl<'a> Suite<'a> {
         self.copy_gb_per_s = gb_per_s(prepared.bytes, &time);
         self.push(Row::timed(id, prepared.bytes, &time, self.copy_gb_per_s));
         Ok(self.copy_gb_per_s)
+    }
+
+    /// Times the FMA kernel (the arithmetic yardstick of the matrix products, so the filter does
+    /// not apply) and returns its GFLOP/s.
+    pub fn fma(&mut self) -> BenchResult<f64> {
+        let id = case_id("-", "fma", "f32", format!("{FMA_THREADS} threads"));
+        let (prepared, flops) = cases::fma(self.gpu, FMA_THREADS)?;
+        let time = self.timer.measure_all_reps(&*prepared.record)?;
+        self.fma_gflop_per_s = flops as f64 / time.seconds_per_call / 1e9;
+        self.push(Row::timed(id, prepared.bytes, &time, self.copy_gb_per_s).with_flops(flops, &time, self.fma_gflop_per_s));
+        Ok(self.fma_gflop_per_s)
     }
 
     /// Every kernel at `model`'s shapes.
@@ -127,10 +148,11 @@ impl<'a> Suite<'a> {
         false
     }
 
-    /// A matrix product's case, whose time per multiply-add predicts the next ones'.
+    /// A matrix product's case, with its arithmetic rate; its time per multiply-add predicts the
+    /// next ones'.
     fn product_case(&mut self, id: CaseId, macs: u64, build: impl FnOnce() -> Result<Prepared, GpuError>) -> BenchResult<()> {
         let key = (id.kernel, id.ty.clone());
-        if let Some(seconds) = self.case(id, build)? {
+        if let Some(seconds) = self.case_with_flops(id, Some(2 * macs), build)? {
             self.seconds_per_mac.insert(key, seconds / macs as f64);
         }
         Ok(())
@@ -154,7 +176,7 @@ impl<'a> Suite<'a> {
         }
         for tokens in [1, PREFILL_TOKENS] {
             let shape = format!("{tokens}x{}, {}/{} heads x {}", model.qkv_width(), model.n_heads, model.n_kv_heads, model.head_dim);
-            self.case(case_id(model.name, "rope", KV, shape), || cases::rope(gpu, model, tokens))?;
+            self.case(case_id(model.name, "rope", KvType::default().name(), shape), || cases::rope(gpu, model, tokens))?;
         }
         Ok(())
     }
@@ -163,10 +185,10 @@ impl<'a> Suite<'a> {
         let gpu = self.gpu;
         let heads = format!("{}/{} heads x {}", model.n_heads, model.n_kv_heads, model.head_dim);
         for kv_len in DECODE_KV_LENS {
-            let id = case_id(model.name, "attn decode", KV, format!("kv {kv_len}, {heads}"));
+            let id = case_id(model.name, "attn decode", KvType::default().name(), format!("kv {kv_len}, {heads}"));
             self.case(id, || cases::attention_decode(gpu, model, kv_len))?;
         }
-        let id = case_id(model.name, "attn prefill", KV, format!("q {PREFILL_TOKENS} at pos 0, {heads}"));
+        let id = case_id(model.name, "attn prefill", KvType::default().name(), format!("q {PREFILL_TOKENS} at pos 0, {heads}"));
         self.case(id, || cases::attention_prefill(gpu, model, PREFILL_TOKENS))?;
         Ok(())
     }
@@ -185,13 +207,28 @@ impl<'a> Suite<'a> {
     /// Builds, times and records one case if the filter selects it, returning its seconds per
     /// call; a buffer over the device's limits makes a "skipped" row, any other error ends the run.
     fn case(&mut self, id: CaseId, build: impl FnOnce() -> Result<Prepared, GpuError>) -> BenchResult<Option<f64>> {
+        self.case_with_flops(id, None, build)
+    }
+
+    /// `case`, with the arithmetic rate of `flops` operations per call where given.
+    fn case_with_flops(
+        &mut self,
+        id: CaseId,
+        flops: Option<u64>,
+        build: impl FnOnce() -> Result<Prepared, GpuError>,
+    ) -> BenchResult<Option<f64>> {
         if !self.wants(&id) {
             return Ok(None);
         }
         let (row, seconds) = match build() {
             Ok(prepared) => {
                 let time = self.timer.measure(&*prepared.record)?;
-                (Row::timed(id, prepared.bytes, &time, self.copy_gb_per_s), Some(time.seconds_per_call))
+                let row = Row::timed(id, prepared.bytes, &time, self.copy_gb_per_s);
+                let row = match flops {
+                    Some(flops) => row.with_flops(flops, &time, self.fma_gflop_per_s),
+                    None => row,
+                };
+                (row, Some(time.seconds_per_call))
             }
             Err(GpuError::Limit { needed, limit, .. }) => (Row::over_limit(id, needed, limit), None),
             Err(e) => return Err(format!("{} {} {} {}: {e}", id.model, id.kernel, id.ty, id.shape).into()),
