@@ -166,8 +166,10 @@ pub const TOKEN_SLOTS: usize = 4;
 
 /// Where a step's token ids come from.
 pub enum StepInput<'a> {
-    /// Ids written by the host (a prompt chunk).
+    /// Ids written by the host (a prompt chunk), run with the prefill kernels.
     Tokens(&'a [u32]),
+    /// One id written by the host, run with the decode kernels (a decode step the bench times).
+    Decode(u32),
     /// The one token the previous step sampled, copied on the GPU: the host can submit the next
     /// decode step before it has read that token.
     Sampled,
@@ -330,7 +332,7 @@ impl Graph {
     pub fn submit_step(&self, input: StepInput, pos: usize, draw: u32, output: &StepOutput, slot: usize) -> Result<(), GpuError> {
         let n = match input {
             StepInput::Tokens(tokens) => tokens.len(),
-            StepInput::Sampled => 1,
+            StepInput::Decode(_) | StepInput::Sampled => 1,
         };
         if n == 0 || n > self.max_chunk || pos + n > self.max_ctx {
             return Err(GpuError::InvalidArgs(format!(
@@ -344,9 +346,18 @@ impl Graph {
         let mut rec = Recorder::new(gpu);
         match input {
             StepInput::Tokens(tokens) => gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(tokens)),
+            StepInput::Decode(token) => gpu.write(&self.act.token_ids.buffer, 0, bytemuck::bytes_of(&token)),
             StepInput::Sampled => rec.copy(&self.act.sampled.buffer, 0, &self.act.token_ids.buffer, 0, 4),
         }
-        plan::record(&mut rec, if n == 1 { &self.plan.decode } else { &self.plan.prefill }, &step);
+        // Prompt tokens always take the prefill kernels, even one alone: a token's results then do
+        // not depend on how much of its prompt was cached (the matmul computes each row alike
+        // whatever the chunk), so a request gives the same tokens with a warm cache as with a
+        // cold one. The decode kernels (matvec, flash-decoding) sum in another order.
+        let plan = match input {
+            StepInput::Tokens(_) => &self.plan.prefill,
+            StepInput::Decode(_) | StepInput::Sampled => &self.plan.decode,
+        };
+        plan::record(&mut rec, plan, &step);
         let slot = slot % TOKEN_SLOTS;
         let samples = !matches!(output, StepOutput::None);
         if samples {
