@@ -121,30 +121,45 @@ async function freshPort() {
  * Starts `vite`'s dev server with `config`, re-optimizing its dependencies (the Vite versions share
  * its cache folder); /models/ goes to the static server. Resolves to `{ url, close }`.
  */
+/** How long a dev server may take to print its URL (it starts in about a second here). */
+const DEV_SERVER_START_S = 60;
+/** Terminal colour and style escapes (CSI sequences). */
+const ANSI_ESCAPE = /\x1b\[[0-9;]*m/g;
+
 async function startDevServer(vite, config) {
   const port = String(await freshPort());
   const child = spawn(process.execPath, [`node_modules/${vite}/bin/vite.js`, '--config', config, '--host', '127.0.0.1', '--port', port, '--strictPort', '--force'], {
     cwd: HERE,
-    env: { ...process.env, KESTREL_MODELS_ORIGIN: env.server.url },
+    // Vite colours its banner wherever `CI` is set (picocolors), even into a pipe: NO_COLOR keeps
+    // the URL plain, and the escapes are stripped anyway should a version ignore it.
+    env: { ...process.env, KESTREL_MODELS_ORIGIN: env.server.url, NO_COLOR: '1' },
     stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const close = () => new Promise((done) => {
+    if (child.exitCode !== null) return done();
+    child.once('exit', done);
+    child.kill('SIGTERM');
   });
   let output = '';
   return new Promise((resolveStart, reject) => {
+    const gaveUp = setTimeout(() => {
+      close();
+      reject(new Error(`${vite}'s dev server named no URL within ${DEV_SERVER_START_S} s: ${output}`));
+    }, DEV_SERVER_START_S * 1000);
     const read = (text) => {
       output += text;
-      const found = output.match(/Local:\s+(http:\/\/\S+)/);
+      const found = output.replace(ANSI_ESCAPE, '').match(/Local:\s+(http:\/\/\S+)/);
       if (found) {
-        const close = () => new Promise((done) => {
-          if (child.exitCode !== null) return done();
-          child.once('exit', done);
-          child.kill('SIGTERM');
-        });
+        clearTimeout(gaveUp);
         resolveStart({ url: found[1], close });
       }
     };
     child.stdout.setEncoding('utf8').on('data', read);
     child.stderr.setEncoding('utf8').on('data', read);
-    child.once('exit', (code) => reject(new Error(`${vite}'s dev server exited with ${code} before listening: ${output}`)));
+    child.once('exit', (code) => {
+      clearTimeout(gaveUp);
+      reject(new Error(`${vite}'s dev server exited with ${code} before listening: ${output}`));
+    });
   });
 }
 
