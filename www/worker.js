@@ -3,6 +3,7 @@
 // It never runs two requests at once: the page (index.js) queues them.
 import init, { Engine, HeaderProbe, Sha256Hasher, peekPrefixSnapshot } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
+import { adapterName } from './adapter-name.js';
 import { storageRoom } from './storage.js';
 
 const CACHE_NAME = 'kestrel-models';
@@ -139,7 +140,7 @@ async function describeAdapter(info) {
   const i = (await describedAdapter())?.info;
   if (!info.gpu || !i) return;
   info.gpu.adapter_info = { vendor: i.vendor, architecture: i.architecture, device: i.device, description: i.description };
-  if (!info.gpu.adapter) info.gpu.adapter = i.description || [i.vendor, i.architecture, i.device].filter(Boolean).join(' ') || 'unknown adapter';
+  if (!info.gpu.adapter) info.gpu.adapter = adapterName(i);
 }
 
 const quotaExceeded = (bytes) => ({

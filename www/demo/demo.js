@@ -1,6 +1,7 @@
 // The demo chat page: shows the GPU adapter and whether the model fits it, then loads the default
 // model (or ?model=URL, or a GGUF file dropped on the page or opened), streams replies, shows speed.
 // Query options: model (URL), max_tokens (per reply), context_length (KV cache positions).
+import { adapterName as nameOf } from '../adapter-name.js';
 import { createEngine, estimate } from '../index.js';
 
 const $ = (id) => document.getElementById(id);
@@ -68,7 +69,7 @@ async function showAdapter() {
   const adapter = await navigator.gpu?.requestAdapter({ powerPreference: 'high-performance' }).catch(() => null);
   if (!adapter) return false;
   const { vendor, architecture, device, description } = adapter.info;
-  adapterName = description || [vendor, architecture, device].filter(Boolean).join(' ') || 'unnamed adapter';
+  adapterName = nameOf(adapter.info);
   $('adapter').textContent = adapterName;
   $('gpu-summary').textContent = `GPU: ${adapterName} · ${adapter.features.size} features`;
   $('gpu-info').textContent = `vendor ${vendor || '–'} · architecture ${architecture || '–'}${description ? ` · ${description}` : ''}`;
@@ -124,7 +125,7 @@ async function load(model, name) {
       await old.unload();
     }
     engine = await createEngine({ model, onProgress, context_length: CONTEXT_LENGTH });
-    $('adapter').textContent = `${engine.info.gpu.adapter || 'unnamed adapter'} (${engine.info.gpu.backend}) · ${name}`;
+    $('adapter').textContent = `${engine.info.gpu.adapter} (${engine.info.gpu.backend}) · ${name}`;
     $('loading').hidden = true;
     $('input').focus();
   } catch (e) {
