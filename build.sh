@@ -144,20 +144,26 @@ bundler_tests() {
 }
 
 # The random-weight qwen3 models the browser tests serve: written by the native tests that use
-# them (which check the plain one's sha256 against the file llama.cpp's reference was made from).
+# them (which check the plain one's sha256 against the file llama.cpp's reference was made from),
+# run here unless `./build.sh test`'s native tests just wrote them (native_tests_ran).
+native_tests_ran=""
 browser_models() {
-  cargo test --workspace --test greedy synthetic_model_features_change_llama_cpp_output
-  cargo test --workspace --test bad_models hostile_chat_template_fails_the_request_not_the_model
-  cp "$target_dir/tmp/synthetic-qwen3-f32.gguf" "$target_dir/tmp/synthetic-qwen3-runaway-template.gguf" models/
+  local tmp=$target_dir/tmp
+  if [ -z "$native_tests_ran" ] || [ ! -f "$tmp/synthetic-qwen3-f32.gguf" ] || [ ! -f "$tmp/synthetic-qwen3-runaway-template.gguf" ]; then
+    cargo test --workspace --test greedy synthetic_model_features_change_llama_cpp_output
+    cargo test --workspace --test bad_models hostile_chat_template_fails_the_request_not_the_model
+  fi
+  cp "$tmp/synthetic-qwen3-f32.gguf" "$tmp/synthetic-qwen3-runaway-template.gguf" models/
 }
 
-# The browser's reliability tests (tests/browser/reliability.test.mjs) with the soak at its full
-# size, SOAK_REQUESTS requests (default 100; SOAK_SEED replays another random plan).
+# The browser's reliability tests (tests/browser/reliability.test.mjs) at their full size:
+# SOAK_REQUESTS requests (default 100; SOAK_SEED replays another random plan) and LEAK_CYCLES
+# createEngine/unload cycles (default 20).
 soak_browser() {
   setup_web
   build_wasm
   browser_models
-  (cd tests/browser && SOAK_REQUESTS=${SOAK_REQUESTS:-100} node --test --test-reporter=spec reliability.test.mjs)
+  (cd tests/browser && SOAK_REQUESTS=${SOAK_REQUESTS:-100} LEAK_CYCLES=${LEAK_CYCLES:-20} node --test --test-reporter=spec reliability.test.mjs)
 }
 
 # Fuzzing (fuzz/, its own cargo workspace) on stable Rust: libfuzzer-sys builds libFuzzer with the
@@ -283,6 +289,7 @@ case "$cmd" in
     timed "clippy" cargo clippy --workspace --all-targets --no-deps -- -D warnings || status=1
     timed "typescript" npm --prefix tests/browser run --silent typecheck || status=1
     timed "native tests" cargo test --workspace --no-fail-fast || status=1
+    native_tests_ran=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "server tests" server_tests || status=1
     timed "browser tests" browser_tests || status=1

@@ -5,7 +5,8 @@
 // - createEngine/unload cycles that leave no worker, JS heap or GPU memory behind;
 // - a chat template that never ends fails its request with code 'template' and leaves the
 //   engine answering.
-// SOAK_REQUESTS sets the soak's size (default 100), SOAK_SEED its random plan (default fixed).
+// SOAK_REQUESTS sets the soak's size (default 100), SOAK_SEED its random plan (default fixed),
+// LEAK_CYCLES the leak test's cycles (default 5).
 import assert from 'node:assert/strict';
 import { before, describe, test } from 'node:test';
 import { CONTEXT_LENGTH, gpuProcessBytes, MINUTES, openTestPage, serveAndLaunch } from './harness.mjs';
@@ -14,6 +15,8 @@ const MODEL_URL = '/models/synthetic-qwen3-f32.gguf';
 const RUNAWAY_TEMPLATE_URL = '/models/synthetic-qwen3-runaway-template.gguf';
 const REQUESTS = Number(process.env.SOAK_REQUESTS ?? 100);
 const SEED = Number(process.env.SOAK_SEED ?? 15);
+/** createEngine/unload cycles of the leak test (`./build.sh soak` runs more). */
+const LEAK_CYCLES = Number(process.env.LEAK_CYCLES ?? 5);
 /**
  * A request still unsettled after this long (queueing included) is stuck: the slowest take
  * about 30 s on SwiftShader on a busy 2-core machine.
@@ -237,9 +240,9 @@ describe('reliability in Chromium', { timeout: 30 * MINUTES }, () => {
     return value;
   }
 
-  test('no leaks: 10 createEngine/unload cycles', { timeout: 10 * MINUTES }, async () => {
+  test(`no leaks: ${LEAK_CYCLES} createEngine/unload cycles`, { timeout: 10 * MINUTES }, async () => {
     const cycles = [];
-    for (let i = 0; i < 10; i++) {
+    for (let i = 0; i < LEAK_CYCLES; i++) {
       const loaded = await page.evaluate(async ({ modelUrl, contextLength }) => {
         const engine = await window.kestrel.createEngine({ model: modelUrl, context_length: contextLength });
         await engine.completions.create({ prompt: 'the kestrel', max_tokens: 2, temperature: 0 });
@@ -263,8 +266,8 @@ describe('reliability in Chromium', { timeout: 30 * MINUTES }, () => {
       assert.ok(Math.abs(c.loaded.gpu_buffer_bytes - modelBytes) < MiB, `loaded engines differ: ${JSON.stringify(c.loaded)} and ${JSON.stringify(first.loaded)}`);
       assert.ok(Math.abs(c.loaded.wasm_bytes - first.loaded.wasm_bytes) < 4 * MiB, `loaded engines differ: ${JSON.stringify(c.loaded)} and ${JSON.stringify(first.loaded)}`);
     }
-    // Flat after the first cycle: a leak of one engine's GPU buffers per cycle would add 9 times
-    // their size; allocator slack stays well under one.
+    // Flat after the first cycle: a leak of one engine's GPU buffers per cycle would add
+    // LEAK_CYCLES - 1 times their size; allocator slack stays well under one.
     assert.ok(last.gpuProcess - first.gpuProcess < modelBytes / 2, `the GPU process grew from ${first.gpuProcess} to ${last.gpuProcess} bytes (one engine's buffers: ${modelBytes})`);
     assert.ok(last.jsHeap - first.jsHeap < MiB, `the page's JS heap grew from ${first.jsHeap} to ${last.jsHeap} bytes`);
   });
