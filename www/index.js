@@ -89,7 +89,7 @@ function workerError(e) {
 
 /**
  * Deletes every KV prefix `persistPrefix` saved in this origin's storage (of every model); true
- * when there were any. Engines that save later start a new store.
+ * when there were any. Engines alive through it go on saving, into a new, empty store.
  * @returns {Promise<boolean>}
  */
 export async function clearSavedPrefixes() {

@@ -22,23 +22,53 @@ export function sharedPrefix(a, b) {
   return i;
 }
 
+/**
+ * The header of a snapshot (`peekPrefixSnapshot`'s answer: its key and tokens) from `read(n)`,
+ * its first n bytes, reading no more than the header needs (4 KiB first, then what it asks for).
+ * @param {(n: number) => Promise<Uint8Array>} read
+ * @param {number} size the snapshot's whole length
+ */
+async function peekHeader(read, size) {
+  let need = 4096;
+  for (;;) {
+    const peek = peekPrefixSnapshot(await read(Math.min(need, size)));
+    if (peek.tokens) return peek;
+    // A file shorter than its own header says: a save cut short.
+    if (peek.need > size) throw Object.assign(new Error('truncated'), { code: 'bad_snapshot' });
+    need = peek.need;
+  }
+}
+
 export class PrefixStore {
   /**
-   * @param {FileSystemDirectoryHandle} directory
    * @param {string} modelKey the model file's sha256 (hex)
    * @param {number} maxBytes the most all snapshots (of every model) may take together
    */
-  constructor(directory, modelKey, maxBytes) {
-    this.directory = directory;
+  constructor(modelKey, maxBytes) {
     this.modelKey = modelKey;
     this.maxBytes = maxBytes;
+    /** Snapshots of this key the engine refused as another setup's (a RoPE table of another
+     * context): not read again in this session. */
+    this.refused = new Set();
   }
 
   /** The store for one model, or null where this browser has no Origin Private File System. */
   static async open(modelKey, maxBytes) {
     if (!globalThis.navigator?.storage?.getDirectory) return null;
+    const store = new PrefixStore(modelKey, maxBytes);
+    await store.directory();
+    return store;
+  }
+
+  /**
+   * The store's directory, looked up (made where missing) for each operation: a handle kept
+   * across requests would go stale when `clearSavedPrefixes()` deletes the directory under a
+   * live engine, and every later save would fail.
+   * @returns {Promise<FileSystemDirectoryHandle>}
+   */
+  async directory() {
     const root = await navigator.storage.getDirectory();
-    return new PrefixStore(await root.getDirectoryHandle(PREFIX_DIRECTORY, { create: true }), modelKey, maxBytes);
+    return root.getDirectoryHandle(PREFIX_DIRECTORY, { create: true });
   }
 
   /**
@@ -48,7 +78,7 @@ export class PrefixStore {
   async entries() {
     /** @type {Entry[]} */
     const entries = [];
-    for await (const [name, handle] of this.directory.entries()) {
+    for await (const [name, handle] of (await this.directory()).entries()) {
       if (handle.kind !== 'file') continue;
       let file;
       try {
@@ -57,17 +87,8 @@ export class PrefixStore {
         continue;
       }
       try {
-        let need = 4096;
-        for (;;) {
-          const peek = peekPrefixSnapshot(new Uint8Array(await file.slice(0, need).arrayBuffer()));
-          if (peek.tokens) {
-            entries.push({ name, key: peek.key, tokens: peek.tokens, bytes: file.size, written: file.lastModified });
-            break;
-          }
-          // A file shorter than its own header says: a save cut short.
-          if (peek.need > file.size) throw Object.assign(new Error('truncated'), { code: 'bad_snapshot' });
-          need = peek.need;
-        }
+        const { key, tokens } = await peekHeader(async (n) => new Uint8Array(await file.slice(0, n).arrayBuffer()), file.size);
+        entries.push({ name, key, tokens, bytes: file.size, written: file.lastModified });
       } catch (e) {
         if (e?.code === 'bad_snapshot') await this.remove(name);
       }
@@ -80,7 +101,7 @@ export class PrefixStore {
     let best = null;
     let shared = 0;
     for (const e of await this.entries()) {
-      const n = e.key === this.modelKey ? sharedPrefix(e.tokens, prompt) : 0;
+      const n = e.key === this.modelKey && !this.refused.has(e.name) ? sharedPrefix(e.tokens, prompt) : 0;
       if (n > shared) [best, shared] = [e, n];
     }
     return { entry: best, shared };
@@ -88,29 +109,31 @@ export class PrefixStore {
 
   /** @param {Entry} entry */
   async read(entry) {
-    const handle = await this.directory.getFileHandle(entry.name);
+    const handle = await (await this.directory()).getFileHandle(entry.name);
     return new Uint8Array(await (await handle.getFile()).arrayBuffer());
   }
 
   async remove(name) {
-    await this.directory.removeEntry(name).catch(() => {});
+    await (await this.directory()).removeEntry(name).catch(() => {});
   }
 
   /**
-   * Stores the snapshot `bytes` of `tokens` (at most the byte budget: the engine cut it to fit),
-   * drops this model's snapshots it extends (their tokens are a prefix of its own), then the
-   * least recently written ones beyond the budget.
-   * @param {Uint32Array} tokens
+   * Stores the snapshot `bytes` (at most the byte budget: the engine cut it to fit), drops this
+   * model's snapshots it extends (their tokens are a prefix of its own), then the least recently
+   * written ones beyond the budget.
    * @param {Uint8Array} bytes
    */
-  async save(tokens, bytes) {
-    // Named by the snapshot's own SHA-256 (its last 32 bytes): the same tokens saved from
-    // another cache setup get another file.
+  async save(bytes) {
+    // The tokens the snapshot itself holds (the save may have kept fewer than the cache), read
+    // from its header alone: the whole snapshot is not copied into wasm memory again.
+    const { tokens } = await peekHeader(async (n) => bytes.subarray(0, n), bytes.byteLength);
+    // Named by the snapshot's own SHA-256 (the last 12 of the 32 bytes that end it): the same
+    // tokens saved from another cache setup get another file.
     const digest = bytes.subarray(bytes.byteLength - 12);
     const name = `${this.modelKey.slice(0, 16)}-${[...digest].map((b) => b.toString(16).padStart(2, '0')).join('')}.kv`;
     // Written to a swap file and swapped in on close: a reader never sees half a snapshot. A
     // failed write (the quota, where the estimate did not tell) leaves no empty file behind.
-    const handle = await this.directory.getFileHandle(name, { create: true });
+    const handle = await (await this.directory()).getFileHandle(name, { create: true });
     try {
       const writable = await handle.createWritable();
       try {

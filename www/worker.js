@@ -1,7 +1,7 @@
 // The module worker that owns the wasm Engine. The page talks to it with messages
 // ({type, id, ...}); it answers with 'progress', 'token', 'result' and 'error' messages.
 // It never runs two requests at once: the page (index.js) queues them.
-import init, { Engine, HeaderProbe, Sha256Hasher, peekPrefixSnapshot } from './pkg/kestrel_wasm.js';
+import init, { Engine, HeaderProbe, Sha256Hasher } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 import { adapterName } from './adapter-name.js';
 import { storageRoom } from './storage.js';
@@ -293,6 +293,7 @@ async function restorePrefix(eng, request) {
   } catch (e) {
     console.warn('kestrel: a saved KV prefix was not restored:', e?.message ?? e);
     if (e?.code === 'bad_snapshot' && entry) await prefixes.remove(entry.name);
+    if (e?.code === 'snapshot_mismatch' && entry) prefixes.refused.add(entry.name);
   }
 }
 
@@ -308,8 +309,7 @@ async function savePrefix(eng) {
       console.warn(`kestrel: the KV prefix was not saved: not one token fits ${budget} bytes (the budget or the storage quota)`);
       return;
     }
-    // The tokens the snapshot itself holds: the save may have kept fewer than the cache.
-    await prefixes.save(new Uint32Array(peekPrefixSnapshot(bytes).tokens), bytes);
+    await prefixes.save(bytes);
   } catch (e) {
     console.warn('kestrel: could not save the KV prefix:', e?.message ?? e);
   }

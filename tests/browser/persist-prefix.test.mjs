@@ -3,7 +3,7 @@
 // saved tokens and generates exactly what a fresh engine does; a corrupted snapshot is deleted and
 // not used; the byte budget keeps the most recent snapshots; a snapshot a later one extends is
 // dropped; one of another cache setup (an f32 cache) is neither used nor deleted; and
-// clearSavedPrefixes() deletes them all.
+// clearSavedPrefixes() deletes them all, while a live engine goes on saving.
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { CONTEXT_LENGTH, MINUTES, openTestPage, serveAndLaunch } from './harness.mjs';
@@ -114,7 +114,7 @@ test('persistPrefix: a reload prefills only the new tokens; corrupt snapshots ar
     const engine = await window.kestrel.createEngine({ model, persistPrefix: true, kv_cache: 'f32', context_length: contextLength });
     const r = await engine.completions.create({ prompt, ...options });
     await engine.memory();
-    await engine.unload();
+    window.f32Engine = engine;
     return r.usage.extra.reused_tokens;
   }, { model: MODEL_URL, prompt: other, options: GREEDY, contextLength: CONTEXT_LENGTH });
   assert.equal(mismatched, 0, 'an f16 snapshot was restored into an f32 cache');
@@ -123,6 +123,13 @@ test('persistPrefix: a reload prefills only the new tokens; corrupt snapshots ar
   assert.equal(both.length, 2, 'the f32 engine saved its own');
   assert.equal(await page.evaluate(() => window.kestrel.clearSavedPrefixes()), true);
   assert.deepEqual(await listSnapshots(page), []);
+  // An engine alive through the clear goes on saving, into a new directory.
+  await page.evaluate(async ({ prompt, options }) => {
+    await window.f32Engine.completions.create({ prompt: `${prompt} again`, ...options });
+    await window.f32Engine.memory();
+    await window.f32Engine.unload();
+  }, { prompt: other, options: GREEDY });
+  assert.equal((await listSnapshots(page)).length, 1, 'the engine saved nothing after clearSavedPrefixes()');
 
   const bad = await page.evaluate(({ model }) => window.kestrel.createEngine({ model, persistPrefix: { maxBytes: -1 } }).then(() => null, (e) => e.code), { model: MODEL_URL });
   assert.equal(bad, 'invalid_option');

@@ -117,15 +117,15 @@ async function freshPort() {
   }
 }
 
-/**
- * Starts `vite`'s dev server with `config`, re-optimizing its dependencies (the Vite versions share
- * its cache folder); /models/ goes to the static server. Resolves to `{ url, close }`.
- */
 /** How long a dev server may take to print its URL (it starts in about a second here). */
 const DEV_SERVER_START_S = 60;
 /** Terminal colour and style escapes (CSI sequences). */
 const ANSI_ESCAPE = /\x1b\[[0-9;]*m/g;
 
+/**
+ * Starts `vite`'s dev server with `config`, re-optimizing its dependencies (the Vite versions share
+ * its cache folder); /models/ goes to the static server. Resolves to `{ url, close }`.
+ */
 async function startDevServer(vite, config) {
   const port = String(await freshPort());
   const child = spawn(process.execPath, [`node_modules/${vite}/bin/vite.js`, '--config', config, '--host', '127.0.0.1', '--port', port, '--strictPort', '--force'], {

@@ -101,7 +101,9 @@ impl Estimate {
                 }
             }
         }
-        let kv_layer = (c.n_kv_heads * context * c.head_dim * kv.bytes()) as u64;
+        // In u64: on wasm32 the header's head counts and the page's context length could wrap a
+        // usize product into a small size that "fits".
+        let kv_layer = [context, c.head_dim, kv.bytes()].into_iter().fold(c.n_kv_heads as u64, |a, b| a.saturating_mul(b as u64));
         consider("one layer's K cache", kv_layer);
         // The activations hold a whole prefill chunk.
         let chunk = LoadOptions::default().max_chunk.min(context) as u64;
@@ -115,7 +117,7 @@ impl Estimate {
             file_bytes: header.data_end(),
             weight_bytes,
             context_length: context,
-            kv_cache_bytes: 2 * kv_layer * c.n_layers as u64,
+            kv_cache_bytes: kv_layer.saturating_mul(2 * c.n_layers as u64),
             largest_binding: largest,
             unsupported,
         })

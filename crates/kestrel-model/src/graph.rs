@@ -351,8 +351,10 @@ impl Graph {
         }
         // Prompt tokens always take the prefill kernels, even one alone: a token's results then do
         // not depend on how much of its prompt was cached (the matmul computes each row alike
-        // whatever the chunk), so a request gives the same tokens with a warm cache as with a
-        // cold one. The decode kernels (matvec, flash-decoding) sum in another order.
+        // whatever the chunk), so a prompt whose cached prefix came from prompts gives the same
+        // tokens warm as cold. The decode kernels (matvec, flash-decoding) sum in another order:
+        // rows a previous reply wrote may differ from a cold prefill's in the last bits, which
+        // a later turn that reuses them can see where two logits are that close.
         let plan = match input {
             StepInput::Tokens(_) => &self.plan.prefill,
             StepInput::Decode(_) | StepInput::Sampled => &self.plan.decode,

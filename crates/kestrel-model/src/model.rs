@@ -232,7 +232,8 @@ impl Model {
     /// Restores the first `keep` tokens of a snapshot `save_prefix` made from the same model
     /// file (fewer where the snapshot or the context holds fewer): the next request reuses them
     /// as a cached prefix. A corrupt snapshot is `bad_snapshot`, one of another file or setup
-    /// `snapshot_mismatch`; either leaves the cache as it was. Returns the tokens restored.
+    /// `snapshot_mismatch`; either leaves the cache as it was (a GPU failure while the rows are
+    /// written forgets the cached prefix instead). Returns the tokens restored.
     pub fn restore_prefix(&mut self, model_key: &str, bytes: &[u8], keep: usize) -> Result<usize, ModelError> {
         let snapshot = prefix_snapshot::decode(bytes, model_key, self.kv_layout(), self.graph.config.vocab)?;
         let n = snapshot.tokens.len();

@@ -131,7 +131,18 @@ fn a_saved_prefix_restored_into_a_new_instance_is_reused_and_changes_nothing() {
     drop(first_instance);
 
     let mut restored = common::load(&path, 512);
-    // Part of the shorter snapshot first: a refused snapshot must leave it as it is.
+    let shared = saved.iter().zip(&second_prompt).take_while(|(a, b)| a == b).count();
+    assert!(shared > first_prompt.len() / 2, "the follow-up shares {shared} tokens with the saved prefix");
+    // Fewer rows than the snapshot holds, into an empty cache: each layer's rows are read at the
+    // snapshot's stride, and the follow-up reuses exactly those and prefills the rest.
+    let keep = shared - 2;
+    assert_eq!(restored.restore_prefix("model-sha256", &snapshot, keep).unwrap(), keep);
+    assert_eq!(restored.cached_token_ids(), &saved[..keep]);
+    let second = pollster::block_on(restored.generate(&second_prompt, &options, &mut |_| true)).unwrap();
+    assert_eq!(second.timings.reused_tokens, keep);
+    assert_eq!(second.tokens, fresh.tokens, "the restored prefix changes nothing in the output");
+
+    // The budget-cut snapshot restores too; a refused snapshot then leaves its prefix as it is.
     assert_eq!(restored.restore_prefix("model-sha256", &shorter, 5).unwrap(), 5);
     assert_eq!(restored.cached_token_ids(), &saved[..5]);
     let mut corrupt = snapshot.clone();
@@ -144,11 +155,6 @@ fn a_saved_prefix_restored_into_a_new_instance_is_reused_and_changes_nothing() {
     }
     assert_eq!(restored.restore_prefix("model-sha256", &snapshot, usize::MAX).unwrap(), saved.len());
     assert_eq!(restored.cached_token_ids(), saved);
-    let second = pollster::block_on(restored.generate(&second_prompt, &options, &mut |_| true)).unwrap();
-    let shared = saved.iter().zip(&second_prompt).take_while(|(a, b)| a == b).count();
-    assert!(shared > first_prompt.len() / 2, "the follow-up shares {shared} tokens with the saved prefix");
-    assert_eq!(second.timings.reused_tokens, shared.min(second_prompt.len() - 1));
-    assert_eq!(second.tokens, fresh.tokens, "the restored prefix changes nothing in the output");
 }
 
 #[test]

@@ -207,10 +207,12 @@ impl State {
     }
 }
 
-/// The `kv_cache` option: 'f16' or 'f32'.
+/// The `kv_cache` option: 'f16' or 'f32' (None: not a string).
 fn kv_type(name: Option<&str>) -> Result<KvType, JsValue> {
-    name.and_then(KvType::from_name)
-        .ok_or_else(|| js_error("invalid_option", &format!("invalid option kv_cache: {name:?} is not 'f16' or 'f32'")))
+    name.and_then(KvType::from_name).ok_or_else(|| {
+        let got = name.map_or_else(|| "not a string".to_owned(), |n| format!("'{n}'"));
+        js_error("invalid_option", &format!("invalid option kv_cache: {got}, expected 'f16' or 'f32'"))
+    })
 }
 
 fn progress_js(p: &LoadProgress) -> JsValue {
