@@ -4,6 +4,7 @@
 
 mod float;
 mod gpu;
+mod int_block;
 mod kquant;
 mod q2_k;
 mod q3_k;
@@ -20,6 +21,8 @@ pub use gpu::{
     gpu_format, gpu_sections, is_gpu_supported, pack_for_gpu, padded_rows, tiled_index, unpack_from_gpu, GpuFormat, GpuPacked, GpuScales,
     GpuSections, ROW_TILE,
 };
+
+pub use int_block::{int_groups, IntGroups, INT_GROUP};
 
 use crate::error::GgufError;
 use crate::types::GgmlType;

@@ -1,6 +1,7 @@
 //! Q4_0: 32 weights per 18-byte block: f16 scale `d`, then 16 bytes `qs`; byte j holds
 //! element j in its low nibble and element j + 16 in its high nibble; w = (q - 8) * d.
 
+use super::int_block::IntBlock;
 use super::{f16_bits, f16_value, signed_abs_max, QK};
 
 pub(crate) const BLOCK_BYTES: usize = 18;
@@ -24,11 +25,17 @@ pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
 }
 
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK]) {
+    int_block(block).expand(out);
+}
+
+pub(super) fn int_block(block: &[u8; BLOCK_BYTES]) -> IntBlock<QK, 2> {
     let [d0, d1, qs @ ..] = block;
-    let d = f16_value([*d0, *d1]);
-    let (lo, hi) = out.split_at_mut(QK / 2);
-    for ((q, a), b) in qs.iter().zip(lo).zip(hi) {
-        *a = (i32::from(q & 0x0F) - 8) as f32 * d;
-        *b = (i32::from(q >> 4) - 8) as f32 * d;
+    let mut b = IntBlock::new();
+    b.scale = [f16_value([*d0, *d1]); 2];
+    let (lo, hi) = b.q.split_at_mut(QK / 2);
+    for ((q, a), c) in qs.iter().zip(lo).zip(hi) {
+        *a = (q & 0x0F) as i8 - 8;
+        *c = (q >> 4) as i8 - 8;
     }
+    b
 }

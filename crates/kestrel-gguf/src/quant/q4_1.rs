@@ -1,6 +1,7 @@
 //! Q4_1: 32 weights per 20-byte block: f16 scale `d`, f16 minimum `m`, then 16 bytes `qs`
 //! packed as in Q4_0; w = q * d + m.
 
+use super::int_block::IntBlock;
 use super::{f16_bits, f16_value, min_max, QK};
 
 pub(crate) const BLOCK_BYTES: usize = 20;
@@ -23,12 +24,18 @@ pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
 }
 
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK]) {
+    int_block(block).expand(out);
+}
+
+pub(super) fn int_block(block: &[u8; BLOCK_BYTES]) -> IntBlock<QK, 2> {
     let [d0, d1, m0, m1, qs @ ..] = block;
-    let d = f16_value([*d0, *d1]);
-    let m = f16_value([*m0, *m1]);
-    let (lo, hi) = out.split_at_mut(QK / 2);
-    for ((q, a), b) in qs.iter().zip(lo).zip(hi) {
-        *a = f32::from(q & 0x0F) * d + m;
-        *b = f32::from(q >> 4) * d + m;
+    let mut b = IntBlock::new();
+    b.scale = [f16_value([*d0, *d1]); 2];
+    b.min = Some([f16_value([*m0, *m1]); 2]);
+    let (lo, hi) = b.q.split_at_mut(QK / 2);
+    for ((q, a), c) in qs.iter().zip(lo).zip(hi) {
+        *a = (q & 0x0F) as i8;
+        *c = (q >> 4) as i8;
     }
+    b
 }

@@ -4,6 +4,7 @@
 //! element 64c + l in the low nibble of byte 32c + l and element 64c + 32 + l in the high one.
 
 use super::kquant::{self, scale_min_k4, Search, SCALE_MIN_BYTES};
+use super::int_block::{IntBlock, INT_GROUP};
 use super::{f16_at, QK_K};
 
 pub(crate) const BLOCK_BYTES: usize = 144;
@@ -31,15 +32,33 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
 }
 
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK_K]) {
+    int_block(block).expand(out);
+}
+
+/// ggml's `d * sc * q - dmin * m` as `(d * sc) * q + -(dmin * m)`: the same f32 operations.
+pub(super) fn int_block(block: &[u8; BLOCK_BYTES]) -> IntBlock<QK_K, { QK_K / INT_GROUP }> {
+    let mut b = IntBlock::new();
+    let qs = &block[OFFSET_QS..];
+    for (e, q) in b.q.iter_mut().enumerate() {
+        *q = ((qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0x0F) as i8;
+    }
+    (b.scale, b.min) = scale_min_groups(block);
+    b
+}
+
+/// The per-16 scales `d * sc` and offsets `-(dmin * m)` of a Q4_K or Q5_K block (each
+/// 32-element sub-block's pair, twice).
+pub(super) fn scale_min_groups<const N: usize>(block: &[u8; N]) -> ([f32; QK_K / INT_GROUP], Option<[f32; QK_K / INT_GROUP]>) {
     let d = f16_at(block, OFFSET_D);
     let dmin = f16_at(block, OFFSET_DMIN);
     let scales = scale_bytes(block);
-    let qs = &block[OFFSET_QS..];
-    for (e, y) in out.iter_mut().enumerate() {
-        let (sc, m) = scale_min_k4(e / 32, &scales);
-        let q = (qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0x0F;
-        *y = d * f32::from(sc) * f32::from(q) - dmin * f32::from(m);
+    let (mut scale, mut min) = ([0.0; QK_K / INT_GROUP], [0.0; QK_K / INT_GROUP]);
+    for (g, (s, m)) in scale.iter_mut().zip(&mut min).enumerate() {
+        let (sc, mn) = scale_min_k4(g / 2, &scales);
+        *s = d * f32::from(sc);
+        *m = -(dmin * f32::from(mn));
     }
+    (scale, Some(min))
 }
 
 /// The packed scales and mins of a Q4_K or Q5_K block (both keep them at `OFFSET_SCALES`).

@@ -2,6 +2,7 @@
 //! little-endian u32 is bit 4 of element j), 16 bytes `qs` packed as in Q4_0 (element j low
 //! nibble, element j + 16 high nibble); w = (q - 16) * d.
 
+use super::int_block::IntBlock;
 use super::{f16_at, f16_bits, signed_abs_max, QK};
 
 pub(crate) const BLOCK_BYTES: usize = 22;
@@ -28,10 +29,16 @@ pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
 }
 
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK]) {
-    let d = f16_at(block, OFFSET_D);
-    for (o, q) in out.iter_mut().zip(unpack_5bit(&block[OFFSET_QH..OFFSET_QS], &block[OFFSET_QS..])) {
-        *o = (i32::from(q) - 16) as f32 * d;
+    int_block(block).expand(out);
+}
+
+pub(super) fn int_block(block: &[u8; BLOCK_BYTES]) -> IntBlock<QK, 2> {
+    let mut b = IntBlock::new();
+    b.scale = [f16_at(block, OFFSET_D); 2];
+    for (o, q) in b.q.iter_mut().zip(unpack_5bit(&block[OFFSET_QH..OFFSET_QS], &block[OFFSET_QS..])) {
+        *o = q as i8 - 16;
     }
+    b
 }
 
 /// 32 five-bit levels as Q5_0 and Q5_1 store them: (`qh`, `qs`).

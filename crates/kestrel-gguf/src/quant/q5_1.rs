@@ -2,6 +2,7 @@
 //! as in Q5_0; w = q * d + m.
 
 use super::q5_0::{pack_5bit, unpack_5bit};
+use super::int_block::IntBlock;
 use super::{f16_at, f16_bits, min_max, QK};
 
 pub(crate) const BLOCK_BYTES: usize = 24;
@@ -29,9 +30,15 @@ pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
 }
 
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK]) {
-    let d = f16_at(block, OFFSET_D);
-    let m = f16_at(block, OFFSET_M);
-    for (o, q) in out.iter_mut().zip(unpack_5bit(&block[OFFSET_QH..OFFSET_QS], &block[OFFSET_QS..])) {
-        *o = f32::from(q) * d + m;
+    int_block(block).expand(out);
+}
+
+pub(super) fn int_block(block: &[u8; BLOCK_BYTES]) -> IntBlock<QK, 2> {
+    let mut b = IntBlock::new();
+    b.scale = [f16_at(block, OFFSET_D); 2];
+    b.min = Some([f16_at(block, OFFSET_M); 2]);
+    for (o, q) in b.q.iter_mut().zip(unpack_5bit(&block[OFFSET_QH..OFFSET_QS], &block[OFFSET_QS..])) {
+        *o = q as i8;
     }
+    b
 }

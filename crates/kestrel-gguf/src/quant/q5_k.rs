@@ -3,9 +3,10 @@
 //! out as Q4_K's; bit 4 of element e is bit e / 32 of `qh[e % 32]`.
 //! w = d * scale_j * q - dmin * min_j for sub-block j = e / 32.
 
-use super::kquant::{self, scale_min_k4, Search, SCALE_MIN_BYTES};
-use super::q4_k::scale_bytes;
-use super::{f16_at, QK_K};
+use super::kquant::{self, Search, SCALE_MIN_BYTES};
+use super::int_block::{IntBlock, INT_GROUP};
+use super::q4_k::scale_min_groups;
+use super::QK_K;
 
 pub(crate) const BLOCK_BYTES: usize = 176;
 pub(crate) const OFFSET_D: usize = 0;
@@ -32,15 +33,18 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
 }
 
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK_K]) {
-    let d = f16_at(block, OFFSET_D);
-    let dmin = f16_at(block, OFFSET_DMIN);
-    let scales = scale_bytes(block);
+    int_block(block).expand(out);
+}
+
+/// As Q4_K's, with a fifth bit from `qh`.
+pub(super) fn int_block(block: &[u8; BLOCK_BYTES]) -> IntBlock<QK_K, { QK_K / INT_GROUP }> {
+    let mut b = IntBlock::new();
     let (qh, qs) = block[OFFSET_QH..].split_at(QK_K / 8);
-    for (e, y) in out.iter_mut().enumerate() {
-        let (sc, m) = scale_min_k4(e / 32, &scales);
+    for (e, q) in b.q.iter_mut().enumerate() {
         let low = (qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0x0F;
         let high = (qh[e % 32] >> (e / 32)) & 1;
-        let q = low | (high << 4);
-        *y = d * f32::from(sc) * f32::from(q) - dmin * f32::from(m);
+        *q = (low | (high << 4)) as i8;
     }
+    (b.scale, b.min) = scale_min_groups(block);
+    b
 }

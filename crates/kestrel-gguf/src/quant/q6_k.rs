@@ -5,6 +5,7 @@
 //! otherwise) and the high bits in bits 2k..2k+2 of `qh[32h + l]`.
 
 use super::kquant::{make_qx_quants, nearest_int, GROUP_MAX_EPS};
+use super::int_block::{IntBlock, INT_GROUP};
 use super::{f16_at, f16_bits, f16_value, QK_K};
 
 pub(crate) const BLOCK_BYTES: usize = 210;
@@ -56,15 +57,23 @@ pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
 }
 
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK_K]) {
+    int_block(block).expand(out);
+}
+
+/// ggml's `d * sc * q` as `(d * sc) * q`: the same f32 operations.
+pub(super) fn int_block(block: &[u8; BLOCK_BYTES]) -> IntBlock<QK_K, { QK_K / INT_GROUP }> {
     let d = f16_at(block, OFFSET_D);
     let (ql, rest) = block.split_at(OFFSET_QH);
     let (qh, scales) = rest.split_at(OFFSET_SCALES - OFFSET_QH);
-    for (e, y) in out.iter_mut().enumerate() {
+    let mut b = IntBlock::new();
+    for (e, q) in b.q.iter_mut().enumerate() {
         let (h, k, i) = (e / 128, (e % 128) / 32, e % 32);
         let low = (ql[64 * h + 32 * (k % 2) + i] >> (4 * (k / 2))) & 0x0F;
         let high = (qh[32 * h + i] >> (2 * k)) & 3;
-        let q = i32::from(low | (high << 4)) - 32;
-        let sc = scales[e / 16] as i8;
-        *y = d * f32::from(sc) * q as f32;
+        *q = (low | (high << 4)) as i8 - 32;
     }
+    for (s, &sc) in b.scale.iter_mut().zip(scales.iter().take(QK_K / INT_GROUP)) {
+        *s = d * f32::from(sc as i8);
+    }
+    b
 }

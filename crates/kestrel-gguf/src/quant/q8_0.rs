@@ -1,5 +1,6 @@
 //! Q8_0: 32 weights per 34-byte block: f16 scale `d`, then 32 int8 `qs`; w = qs * d.
 
+use super::int_block::IntBlock;
 use super::{f16_bits, f16_value, QK};
 
 pub(crate) const BLOCK_BYTES: usize = 34;
@@ -20,9 +21,15 @@ pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
 }
 
 pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK]) {
+    int_block(block).expand(out);
+}
+
+pub(super) fn int_block(block: &[u8; BLOCK_BYTES]) -> IntBlock<QK, 2> {
     let [d0, d1, qs @ ..] = block;
-    let d = f16_value([*d0, *d1]);
-    for (o, q) in out.iter_mut().zip(qs) {
-        *o = f32::from(*q as i8) * d;
+    let mut b = IntBlock::new();
+    b.scale = [f16_value([*d0, *d1]); 2];
+    for (o, q) in b.q.iter_mut().zip(qs) {
+        *o = *q as i8;
     }
+    b
 }
