@@ -1,0 +1,80 @@
+//! Activations quantized to 8 bits, as llama.cpp quantizes them before an integer dot product:
+//! Q8_0's blocks of 32 (scale `amax / 127`, stored as f16) for the 32-weight formats, Q8_K's
+//! blocks of 256 (scale `max / -127` with the sign of the largest value, f32, levels rounded to
+//! nearest even) for the K-quants. Either way each 32 values carry their scale and each 16 the
+//! scaled sum of their levels, which an offset (`min`) of the weights multiplies.
+
+use kestrel_gguf::quant::INT_GROUP;
+
+use crate::ACT_BLOCK;
+
+/// Which of llama.cpp's activation formats a weight format pairs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ActFormat {
+    Q8_0,
+    Q8K,
+}
+
+/// `n` rows of `cols` values as 8-bit levels: value ≈ `d[b] * q`, block `b` of 32.
+pub struct QuantizedRows {
+    pub(crate) q: Vec<i8>,
+    /// One scale per 32 values.
+    pub(crate) d: Vec<f32>,
+    /// `d * Σ q` per 16 values.
+    pub(crate) group_sums: Vec<f32>,
+}
+
+/// Values per block of Q8_K.
+const Q8K_BLOCK: usize = 256;
+
+impl QuantizedRows {
+    /// `x` is whole rows of a multiple of 32 values (of 256 for Q8_K), which every quantized
+    /// weight format's row length is.
+    pub(crate) fn new(x: &[f32], format: ActFormat) -> Self {
+        let mut out = Self { q: vec![0; x.len()], d: Vec::with_capacity(x.len() / ACT_BLOCK), group_sums: Vec::new() };
+        let block = match format {
+            ActFormat::Q8_0 => ACT_BLOCK,
+            ActFormat::Q8K => Q8K_BLOCK,
+        };
+        for (xs, qs) in x.chunks(block).zip(out.q.chunks_mut(block)) {
+            let d = match format {
+                ActFormat::Q8_0 => quantize_q8_0(xs, qs),
+                ActFormat::Q8K => quantize_q8_k(xs, qs),
+            };
+            out.d.extend(std::iter::repeat_n(d, xs.len() / ACT_BLOCK));
+        }
+        out.group_sums = out.q.chunks(INT_GROUP).zip(out.d.iter().flat_map(|&d| [d, d])).map(|(q, d)| d * q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32).collect();
+        out
+    }
+}
+
+/// ggml's `quantize_row_q8_0_ref`: levels from the f32 scale, the scale kept as f16.
+fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (v * id).round() as i8;
+    }
+    half::f16::from_f32(d).to_f32()
+}
+
+/// ggml's `quantize_row_q8_K_ref`.
+fn quantize_q8_k(x: &[f32], q: &mut [i8]) -> f32 {
+    let (mut amax, mut max) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        q.fill(0);
+        return 0.0;
+    }
+    let iscale = -127.0 / max;
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (iscale * v).round_ties_even().min(127.0) as i8;
+    }
+    1.0 / iscale
+}

@@ -1,0 +1,30 @@
+//! The rows of a product, split over rayon's pool natively; one thread in wasm.
+
+/// Rows per task: enough work per task to hide the pool's hand-off, few enough tasks
+/// left over at the end to balance two to sixteen threads.
+const ROWS_PER_TASK: usize = 64;
+
+/// Calls `f(first_row, out)` for consecutive runs of rows, `out` holding `per_row` values for
+/// each row of the run.
+pub(crate) fn for_row_chunks(out: &mut [f32], per_row: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if per_row == 0 {
+        return;
+    }
+    let chunk = ROWS_PER_TASK * per_row;
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use rayon::prelude::*;
+        out.par_chunks_mut(chunk).enumerate().for_each(|(i, rows)| f(i * ROWS_PER_TASK, rows));
+    }
+    #[cfg(target_arch = "wasm32")]
+    for (i, rows) in out.chunks_mut(chunk).enumerate() {
+        f(i * ROWS_PER_TASK, rows);
+    }
+}
+
+pub(crate) fn threads() -> usize {
+    #[cfg(not(target_arch = "wasm32"))]
+    return rayon::current_num_threads();
+    #[cfg(target_arch = "wasm32")]
+    return 1;
+}
