@@ -54,14 +54,14 @@ echo "Vulkan ICDs: $(ls /usr/share/vulkan/icd.d/ /etc/vulkan/icd.d/ 2>/dev/null 
 echo
 if [ $smoke = 1 ]; then
   "$bin" bench kernels --quick --filter "135m matvec q4_1"
-  "$bin" bench model --synthetic 135m --prompt-tokens 8 --decode-tokens 4 --repeats 1 --context 64 --copy-mib 8
+  "$bin" bench model --backend gpu --synthetic 135m --prompt-tokens 8 --decode-tokens 4 --repeats 1 --context 64 --copy-mib 8
 else
   "$bin" bench kernels
   for shape in 135m 1b 8b; do
     echo
     echo "## synthetic $shape"
     echo
-    "$bin" bench model --synthetic "$shape" --prompt-tokens 128,512 --decode-tokens 64 --repeats 2 --context 1024
+    "$bin" bench model --backend gpu --synthetic "$shape" --prompt-tokens 128,512 --decode-tokens 64 --repeats 2 --context 1024
   done
 fi
 echo

@@ -66,7 +66,7 @@ function cliPath() {
 /** The native CLI's greedy generation for a chat prompt: {prompt_token_ids, token_ids, text}. */
 export function nativeGreedy(prompt, maxTokens) {
   const cli = cliPath();
-  const out = execFileSync(cli, ['generate', '--json', '--temperature', '0', '--max-tokens', String(maxTokens), prompt], {
+  const out = execFileSync(cli, ['generate', '--backend', 'gpu', '--json', '--temperature', '0', '--max-tokens', String(maxTokens), prompt], {
     cwd: ROOT,
     env: { XDG_RUNTIME_DIR: '/tmp', ...process.env },
     encoding: 'utf8',

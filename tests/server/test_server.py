@@ -193,7 +193,9 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(delta("kestrel_prompt_tokens_total"), result.usage.prompt_tokens)
         self.assertEqual(delta("kestrel_generated_tokens_total"), result.usage.completion_tokens)
         self.assertEqual(delta("kestrel_batch_size_count"), result.usage.completion_tokens)
-        self.assertGreater(sample(after, "kestrel_gpu_memory_bytes"), 10 << 20, "the model's weights are on the GPU")
+        self.assertGreater(sample(after, "kestrel_model_memory_bytes"), 10 << 20, "the model's weights and KV cache")
+        if request(self.address, "GET", "/health")[2]["backend"] == "gpu":
+            self.assertGreater(sample(after, "kestrel_gpu_memory_bytes"), 10 << 20, "the model's weights are on the GPU")
         self.assertEqual(sample(after, "kestrel_kv_cache_tokens"), result.usage.total_tokens - 1,
                          "the cache holds the prompt and every generated token but the last")
 

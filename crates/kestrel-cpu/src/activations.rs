@@ -16,7 +16,7 @@ pub(crate) enum ActFormat {
 }
 
 /// `n` rows of `cols` values as 8-bit levels: value ≈ `d[b] * q`, block `b` of 32.
-pub struct QuantizedRows {
+pub(crate) struct QuantizedRows {
     pub(crate) q: Vec<i8>,
     /// One scale per 32 values.
     pub(crate) d: Vec<f32>,
@@ -43,20 +43,25 @@ impl QuantizedRows {
             };
             out.d.extend(std::iter::repeat_n(d, xs.len() / ACT_BLOCK));
         }
-        out.group_sums = out.q.chunks(INT_GROUP).zip(out.d.iter().flat_map(|&d| [d, d])).map(|(q, d)| d * q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32).collect();
+        out.group_sums = out
+            .q
+            .chunks(INT_GROUP)
+            .zip(out.d.iter().flat_map(|&d| [d, d]))
+            .map(|(q, d)| d * q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32)
+            .collect();
         out
     }
 }
 
-/// ggml's `quantize_row_q8_0_ref`: levels from the f32 scale, the scale kept as f16.
+/// ggml-cpu's x86 `quantize_row_q8_0` (the one its AVX2 build runs): levels `x · 127 / amax`
+/// rounded to nearest even, the scale `amax / 127` kept as f16.
 fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = (v * id).round() as i8;
+        *q = (v * id).round_ties_even() as i8;
     }
-    half::f16::from_f32(d).to_f32()
+    half::f16::from_f32(amax / 127.0).to_f32()
 }
 
 /// ggml's `quantize_row_q8_K_ref`.

@@ -49,7 +49,11 @@ fn kernels() -> &'static Kernels {
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             return Kernels { name: "avx2", int: avx2::int_dot_checked, f32: avx2::f32_dot_checked };
         }
-        Kernels { name: if cfg!(target_feature = "simd128") { "simd128" } else { "portable" }, int: int_dot_portable, f32: f32_dot_portable }
+        Kernels {
+            name: if cfg!(target_feature = "simd128") { "simd128" } else { "portable" },
+            int: int_dot_portable,
+            f32: f32_dot_portable,
+        }
     })
 }
 

@@ -6,12 +6,13 @@
 //! multiply f32 activations, as llama.cpp's do.
 
 mod activations;
+mod attention;
 mod dot;
 mod error;
 mod matrix;
 mod parallel;
 
-pub use activations::QuantizedRows;
+pub use attention::Attention;
 pub use error::CpuError;
 pub use matrix::Matrix;
 

@@ -31,8 +31,15 @@ impl Matrix {
                 kestrel_gguf::quant::dequantize(ty, bytes, &mut values)?;
                 Weights::F32(values)
             }
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
-                if cols % ty.block_size() as usize != 0 {
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K => {
+                if !cols.is_multiple_of(ty.block_size() as usize) {
                     return Err(CpuError::Shape { rows, cols, reason: format!("rows are not whole {ty} blocks") });
                 }
                 let g = int_groups(ty, bytes, n)?;

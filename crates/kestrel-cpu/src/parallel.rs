@@ -22,6 +22,22 @@ pub(crate) fn for_row_chunks(out: &mut [f32], per_row: usize, f: impl Fn(usize, 
     }
 }
 
+/// Calls `f(i, chunk)` for each `len`-value chunk of `out`, one task each.
+pub(crate) fn for_each_chunk(out: &mut [f32], len: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    if len == 0 {
+        return;
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use rayon::prelude::*;
+        out.par_chunks_mut(len).enumerate().for_each(|(i, chunk)| f(i, chunk));
+    }
+    #[cfg(target_arch = "wasm32")]
+    for (i, chunk) in out.chunks_mut(len).enumerate() {
+        f(i, chunk);
+    }
+}
+
 pub(crate) fn threads() -> usize {
     #[cfg(not(target_arch = "wasm32"))]
     return rayon::current_num_threads();

@@ -6,7 +6,7 @@ use thiserror::Error;
 pub enum ModelError {
     #[error("bad model file: {0}")]
     BadModel(String),
-    #[error("unsupported quantization: tensor {tensor:?} has type {ty}, which Kestrel cannot run on the GPU")]
+    #[error("unsupported quantization: tensor {tensor:?} has type {ty}, which Kestrel cannot run")]
     UnsupportedQuant { tensor: String, ty: String },
     #[error("unsupported architecture {0:?} (supported: llama, qwen2, qwen3, smollm3, phi3, gemma2, gemma3)")]
     UnsupportedArch(String),
@@ -20,6 +20,9 @@ pub enum ModelError {
     /// A saved KV prefix, intact, of another model file or cache setup.
     #[error("the KV prefix snapshot does not fit this model: {0}")]
     SnapshotMismatch(String),
+    /// A feature only the GPU backend has, asked of a model on the CPU backend.
+    #[error("{0} needs the GPU backend")]
+    NeedsGpu(&'static str),
     #[error(transparent)]
     Gguf(#[from] kestrel_gguf::GgufError),
     #[error(transparent)]
@@ -39,6 +42,7 @@ impl ModelError {
             Self::InvalidOption { .. } => "invalid_option",
             Self::BadSnapshot(_) => "bad_snapshot",
             Self::SnapshotMismatch(_) => "snapshot_mismatch",
+            Self::NeedsGpu(_) => "needs_gpu",
             // The model's chat template failed while rendering a request: its own code, so that a
             // page can tell a hostile or broken template from a tokenizer fault.
             Self::Tokenizer(kestrel_tokenizer::TokenizerError::Template(_)) => "template",

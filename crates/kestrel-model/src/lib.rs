@@ -3,6 +3,8 @@
 //! pass, and generation (sampling options, stop strings, streaming text).
 
 pub mod config;
+mod cpu_backend;
+pub mod cpu_forward;
 mod error;
 pub mod estimate;
 mod graph;
@@ -18,15 +20,16 @@ pub mod synthetic;
 pub mod tensors;
 
 pub use config::{Arch, GateActivation, ModelConfig};
+pub use cpu_backend::CpuModel;
 pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};
 pub use kestrel_tokenizer::ChatMessage;
 pub use load::{LoadOptions, LoadProgress, ModelLoader};
-pub use model::{FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD};
+pub use model::{BackendKind, FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD};
 pub use options::GenerateOptions;
 pub use request::Request;
 
-/// Native convenience: loads a GGUF file from disk, streaming it in chunks.
+/// Native convenience: loads a GGUF file from disk onto the GPU, streaming it in chunks.
 #[cfg(not(target_arch = "wasm32"))]
 pub async fn load_file(
     gpu: &kestrel_gpu::Gpu,
@@ -34,9 +37,27 @@ pub async fn load_file(
     options: LoadOptions,
     progress: &mut dyn FnMut(&LoadProgress),
 ) -> Result<Model, ModelError> {
+    stream_file(ModelLoader::new(gpu, options), path, progress).await
+}
+
+/// The same for the CPU backend.
+#[cfg(not(target_arch = "wasm32"))]
+pub async fn load_file_cpu(
+    path: &std::path::Path,
+    options: LoadOptions,
+    progress: &mut dyn FnMut(&LoadProgress),
+) -> Result<Model, ModelError> {
+    stream_file(ModelLoader::new_cpu(options), path, progress).await
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+async fn stream_file(
+    mut loader: ModelLoader,
+    path: &std::path::Path,
+    progress: &mut dyn FnMut(&LoadProgress),
+) -> Result<Model, ModelError> {
     use std::io::Read;
     let mut file = std::fs::File::open(path).map_err(|e| ModelError::BadModel(format!("{}: {e}", path.display())))?;
-    let mut loader = ModelLoader::new(gpu, options);
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = file.read(&mut buf).map_err(|e| ModelError::BadModel(format!("{}: {e}", path.display())))?;

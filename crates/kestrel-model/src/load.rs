@@ -11,6 +11,8 @@ use kestrel_gpu::{Gpu, RowShards, Tensor, WeightTensor};
 use kestrel_tokenizer::Tokenizer;
 
 use crate::config::ModelConfig;
+use crate::cpu_backend::{CpuBackend, Quantized};
+use crate::cpu_forward::{CpuForward, CpuTensors};
 use crate::error::{bad_model, ModelError};
 use crate::graph::{Graph, LayerWeights, Projection, QkvWeights, Weights};
 use crate::model::Model;
@@ -44,11 +46,18 @@ pub struct LoadProgress {
 }
 
 pub struct ModelLoader {
-    gpu: Gpu,
+    target: Target,
     options: LoadOptions,
     reader: GgufStreamReader,
     state: Option<Loading>,
     bytes_received: u64,
+}
+
+/// Where the loaded model runs.
+enum Target {
+    Gpu(Box<Gpu>),
+    /// The CPU backend (`cpu_backend`): tensors become `kestrel-cpu` matrices as they arrive.
+    Cpu,
 }
 
 /// What is known once the header is parsed, and the tensors uploaded so far.
@@ -66,23 +75,30 @@ struct Loading {
     qkv_parts: HashMap<usize, [Option<Vec<u8>>; 3]>,
     /// Layers whose Q, K and V differ in type: uploaded as three matrices, not fused.
     split_qkv: HashSet<usize>,
+    /// The CPU backend's matrices and vectors.
+    cpu: CpuTensors<kestrel_cpu::Matrix>,
 }
 
 impl ModelLoader {
     pub fn new(gpu: &Gpu, options: LoadOptions) -> Self {
-        Self { gpu: gpu.clone(), options, reader: GgufStreamReader::new(), state: None, bytes_received: 0 }
+        Self { target: Target::Gpu(Box::new(gpu.clone())), options, reader: GgufStreamReader::new(), state: None, bytes_received: 0 }
+    }
+
+    /// A loader for the CPU backend: the same file checks, the model on `kestrel-cpu`'s kernels.
+    pub fn new_cpu(options: LoadOptions) -> Self {
+        Self { target: Target::Cpu, options, reader: GgufStreamReader::new(), state: None, bytes_received: 0 }
     }
 
     /// Feeds the next bytes of the file.
     pub fn push(&mut self, chunk: &[u8]) -> Result<(), ModelError> {
         self.bytes_received += chunk.len() as u64;
-        let Self { gpu, reader, state, .. } = self;
+        let Self { target, reader, state, .. } = self;
         let mut failure: Option<ModelError> = None;
         let result = reader.push(chunk, &mut |event| {
             let outcome = match event {
-                StreamEvent::Header(header) => Loading::new(header).map(|l| *state = Some(l)),
+                StreamEvent::Header(header) => Loading::new(header, matches!(target, Target::Gpu(_))).map(|l| *state = Some(l)),
                 StreamEvent::Tensor { index, info, bytes } => match state.as_mut() {
-                    Some(loading) => loading.add_tensor(gpu, index, info, bytes),
+                    Some(loading) => loading.add_tensor(target, index, info, bytes),
                     None => Err(bad_model("tensor data before the header")),
                 },
             };
@@ -108,12 +124,16 @@ impl ModelLoader {
     pub async fn finish(self) -> Result<Model, ModelError> {
         self.reader.finish()?;
         let loading = self.state.ok_or_else(|| bad_model("empty file"))?;
-        loading.into_model(&self.gpu, &self.options).await
+        match &self.target {
+            Target::Gpu(gpu) => loading.into_model(gpu, &self.options).await,
+            Target::Cpu => loading.into_cpu_model(&self.options),
+        }
     }
 }
 
 impl Loading {
-    fn new(header: &GgufHeader) -> Result<Self, ModelError> {
+    /// `gpu`: the checks of the GPU graph's fused kernels apply.
+    fn new(header: &GgufHeader, gpu: bool) -> Result<Self, ModelError> {
         let config = ModelConfig::from_header(header)?;
         let roles = assign_roles(header, &config)?;
         for (info, role) in header.tensors.iter().zip(&roles) {
@@ -130,7 +150,7 @@ impl Loading {
                 .collect();
             types.windows(2).any(|w| w[0] != w[1]).then_some(types)
         };
-        for l in (0..config.n_layers).filter(|_| !config.fused_gate_up_tensor) {
+        for l in (0..config.n_layers).filter(|_| gpu && !config.fused_gate_up_tensor) {
             if let Some(types) = types_differ(&[Role::Gate(l), Role::Up(l)]) {
                 return Err(ModelError::UnsupportedQuant {
                     tensor: format!("blk.{l}.ffn_gate/ffn_up"),
@@ -156,14 +176,19 @@ impl Loading {
             vectors: HashMap::new(),
             qkv_parts: HashMap::new(),
             split_qkv,
+            cpu: CpuTensors::default(),
         })
     }
 
-    fn add_tensor(&mut self, gpu: &Gpu, index: usize, info: &TensorInfo, bytes: &[u8]) -> Result<(), ModelError> {
+    fn add_tensor(&mut self, target: &Target, index: usize, info: &TensorInfo, bytes: &[u8]) -> Result<(), ModelError> {
         let Some(Some(e)) = self.roles.get(index) else { return Ok(()) };
         let e = e.clone();
         self.tensors_loaded += 1;
         let ty = info.ggml_type;
+        let gpu = match target {
+            Target::Gpu(gpu) => gpu,
+            Target::Cpu => return self.cpu.add::<Quantized>(e.role, ty, bytes, e.rows, e.cols),
+        };
         match e.role {
             Role::Q(l) | Role::K(l) | Role::V(l) if !self.split_qkv.contains(&l) => {
                 let slot = match e.role {
@@ -287,6 +312,17 @@ impl Loading {
         // rather than the first request.
         gpu.check_faults()?;
         Model::new(graph, self.tokenizer)
+    }
+}
+
+impl Loading {
+    fn into_cpu_model(self, options: &LoadOptions) -> Result<Model, ModelError> {
+        let max_ctx = context_length(&self.config, options.context_length)?;
+        if options.max_chunk == 0 {
+            return Err(ModelError::InvalidOption { name: "max_chunk", reason: "must be at least 1".into() });
+        }
+        let forward = CpuForward::<Quantized>::from_tensors(self.config, self.cpu, max_ctx, options.kv_cache)?;
+        Model::new_cpu(CpuBackend::new(forward, options.max_chunk.min(max_ctx), options.kv_cache), self.tokenizer)
     }
 }
 

@@ -2,13 +2,14 @@
 //! reuse of the KV cache across requests, chunked prefill, decode with GPU sampling, stop
 //! conditions and streamed text.
 
-use kestrel_gpu::params::{KvType, Penalties, SamplingParams};
+use kestrel_gpu::params::{KvType, Penalties, PenaltyEntry, SamplingParams};
 use kestrel_gpu::Gpu;
 use kestrel_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
 use crate::config::ModelConfig;
+use crate::cpu_backend::CpuBackend;
 use crate::error::bad_model;
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
 use crate::options::GenerateOptions;
@@ -100,7 +101,7 @@ pub struct Generation {
 }
 
 pub struct Model {
-    graph: Graph,
+    backend: Backend,
     tokenizer: Tokenizer,
     template: ChatTemplate,
     /// Tokens whose keys and values are in the cache, in order from position 0.
@@ -109,15 +110,136 @@ pub struct Model {
     run_ahead: usize,
 }
 
+/// Where a model's steps run.
+enum Backend {
+    Gpu(Box<Graph>),
+    Cpu(Box<CpuBackend>),
+}
+
+/// Which backend runs a model, as the CLI and the npm package name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Gpu,
+    Cpu,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Gpu => "gpu",
+            Self::Cpu => "cpu",
+        }
+    }
+}
+
+impl Backend {
+    fn config(&self) -> &ModelConfig {
+        match self {
+            Self::Gpu(g) => &g.config,
+            Self::Cpu(c) => &c.forward.config,
+        }
+    }
+
+    fn max_ctx(&self) -> usize {
+        match self {
+            Self::Gpu(g) => g.max_ctx,
+            Self::Cpu(c) => c.forward.max_ctx(),
+        }
+    }
+
+    fn max_chunk(&self) -> usize {
+        match self {
+            Self::Gpu(g) => g.max_chunk,
+            Self::Cpu(c) => c.max_chunk,
+        }
+    }
+
+    fn set_sampling(&mut self, params: &SamplingParams) -> Result<(), ModelError> {
+        match self {
+            Self::Gpu(g) => g.sampler.set_params(&g.gpu, params)?,
+            Self::Cpu(c) => c.set_sampling(params),
+        }
+        Ok(())
+    }
+
+    fn set_penalties(&mut self, penalties: &Penalties, entries: Vec<PenaltyEntry>) -> Result<(), ModelError> {
+        match self {
+            Self::Gpu(g) => g.penalties.write(&g.gpu, penalties, &entries)?,
+            Self::Cpu(c) => c.set_penalties(penalties, entries),
+        }
+        Ok(())
+    }
+
+    fn submit_step(&mut self, input: StepInput, pos: usize, draw: u32, output: &StepOutput, slot: usize) -> Result<(), ModelError> {
+        match self {
+            Self::Gpu(g) => Ok(g.submit_step(input, pos, draw, output, slot)?),
+            Self::Cpu(c) => c.submit_step(input, pos, draw, output, slot),
+        }
+    }
+
+    async fn read_token(&self, slot: usize) -> Result<u32, ModelError> {
+        match self {
+            Self::Gpu(g) => Ok(g.read_token(slot).await?.0),
+            Self::Cpu(c) => Ok(c.read_token(slot)),
+        }
+    }
+
+    async fn read_logits(&self) -> Result<Vec<f32>, ModelError> {
+        match self {
+            Self::Gpu(g) => Ok(g.read_logits().await?),
+            Self::Cpu(c) => Ok(c.read_logits()),
+        }
+    }
+
+    /// A device fault reported after the last read fails the request that was running.
+    fn check_faults(&self) -> Result<(), ModelError> {
+        match self {
+            Self::Gpu(g) => Ok(g.gpu.check_faults()?),
+            Self::Cpu(_) => Ok(()),
+        }
+    }
+
+    fn gpu_graph(&self, what: &'static str) -> Result<&Graph, ModelError> {
+        match self {
+            Self::Gpu(g) => Ok(g),
+            Self::Cpu(_) => Err(ModelError::NeedsGpu(what)),
+        }
+    }
+
+    fn gpu_graph_mut(&mut self, what: &'static str) -> Result<&mut Graph, ModelError> {
+        match self {
+            Self::Gpu(g) => Ok(g),
+            Self::Cpu(_) => Err(ModelError::NeedsGpu(what)),
+        }
+    }
+}
+
 /// Decode steps in flight by default: the one whose token is being read and two more, so the
 /// device has the next step queued while the host reads, streams and checks a token.
 pub const DEFAULT_DECODE_RUN_AHEAD: usize = 3;
 
 impl Model {
     pub(crate) fn new(graph: Graph, tokenizer: Tokenizer) -> Result<Self, ModelError> {
+        Self::with_backend(Backend::Gpu(Box::new(graph)), tokenizer)
+    }
+
+    pub(crate) fn new_cpu(backend: CpuBackend, tokenizer: Tokenizer) -> Result<Self, ModelError> {
+        Self::with_backend(Backend::Cpu(Box::new(backend)), tokenizer)
+    }
+
+    fn with_backend(backend: Backend, tokenizer: Tokenizer) -> Result<Self, ModelError> {
         // A template that does not even compile is a broken file, found before any request.
         let template = ChatTemplate::for_tokenizer(&tokenizer).map_err(|e| bad_model(e.to_string()))?;
-        Ok(Self { graph, tokenizer, template, cached: Vec::new(), run_ahead: DEFAULT_DECODE_RUN_AHEAD })
+        Ok(Self { backend, tokenizer, template, cached: Vec::new(), run_ahead: DEFAULT_DECODE_RUN_AHEAD })
+    }
+
+    /// Which backend runs the model.
+    pub fn backend(&self) -> BackendKind {
+        match self.backend {
+            Backend::Gpu(_) => BackendKind::Gpu,
+            Backend::Cpu(_) => BackendKind::Cpu,
+        }
     }
 
     /// Decode steps kept in flight (1 to `TOKEN_SLOTS`): 1 submits each step after reading the
@@ -131,52 +253,69 @@ impl Model {
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.graph.config
+        self.backend.config()
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
 
-    pub fn gpu(&self) -> &Gpu {
-        &self.graph.gpu
+    /// The GPU device, on the GPU backend.
+    pub fn gpu(&self) -> Option<&Gpu> {
+        match &self.backend {
+            Backend::Gpu(g) => Some(&g.gpu),
+            Backend::Cpu(_) => None,
+        }
     }
 
     pub fn context_length(&self) -> usize {
-        self.graph.max_ctx
+        self.backend.max_ctx()
     }
 
     /// Bytes of weights a decode step reads, for the bandwidth roofline.
     pub fn weight_bytes_per_token(&self) -> u64 {
-        self.graph.weights.bytes_per_token()
+        match &self.backend {
+            Backend::Gpu(g) => g.weights.bytes_per_token(),
+            Backend::Cpu(c) => c.forward.matrix_bytes_per_token() as u64,
+        }
     }
 
     /// How the KV cache stores its values.
     pub fn kv_cache(&self) -> KvType {
-        self.graph.kv_cache()
+        match &self.backend {
+            Backend::Gpu(g) => g.kv_cache(),
+            Backend::Cpu(c) => c.kv_cache(),
+        }
     }
 
-    /// The KV cache's GPU buffers, every layer's K and V.
+    /// The KV cache's memory: every layer's K and V.
     pub fn kv_cache_bytes(&self) -> u64 {
-        self.graph.caches.iter().map(|c| c.k.byte_size() + c.v.byte_size()).sum()
+        match &self.backend {
+            Backend::Gpu(g) => g.caches.iter().map(|c| c.k.byte_size() + c.v.byte_size()).sum(),
+            Backend::Cpu(c) => c.forward.cache_bytes() as u64,
+        }
     }
 
+    /// The weights' memory, as the backend holds them.
     pub fn weight_bytes(&self) -> u64 {
-        self.graph.weights.total_bytes()
+        match &self.backend {
+            Backend::Gpu(g) => g.weights.total_bytes(),
+            Backend::Cpu(c) => c.forward.matrix_bytes() as u64,
+        }
     }
 
     /// A decode step at `pos` by kernel family, for benchmarks (`graph::profile`). Running the
     /// families clobbers the KV cache, so the cached prefix is forgotten.
     pub fn decode_families(&mut self, pos: usize) -> Result<Vec<KernelFamily<'_>>, ModelError> {
         self.cached.clear();
-        Ok(self.graph.decode_families(pos)?)
+        Ok(self.backend.gpu_graph_mut("the kernel profile")?.decode_families(pos)?)
     }
 
     /// Runs one decode step of `token` at `pos` and times its host side (benchmarks). The KV
     /// cache at `pos` is overwritten, so the cached prefix is forgotten.
     pub async fn time_decode_step(&mut self, token: u32, pos: usize) -> Result<StepHostTime, ModelError> {
         self.cached.clear();
-        Ok(self.graph.time_decode_step(token, pos).await?)
+        Ok(self.backend.gpu_graph_mut("host timing of a GPU step")?.time_decode_step(token, pos).await?)
     }
 
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
@@ -202,13 +341,14 @@ impl Model {
     }
 
     fn kv_layout(&self) -> KvLayout {
-        KvLayout::of(&self.graph.config, self.graph.kv_cache(), self.graph.max_ctx)
+        KvLayout::of(self.config(), self.kv_cache(), self.context_length())
     }
 
     /// A snapshot of the cached prefix's KV rows (`prefix_snapshot`), tagged with `model_key`
     /// (the model file's sha256), of at most `max_bytes`: the longest prefix that fits, checked
     /// before any row is read. None when no token fits or none is cached.
     pub async fn save_prefix(&self, model_key: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, ModelError> {
+        let graph = self.backend.gpu_graph("KV prefix snapshots")?;
         let layout = self.kv_layout();
         let fits = |n: usize| layout.snapshot_bytes(model_key.len(), n) <= max_bytes;
         let n = self.cached.len();
@@ -226,7 +366,7 @@ impl Model {
             return Ok(None);
         }
         let tokens = &self.cached[..lo];
-        Ok(Some(prefix_snapshot::save(&self.graph.gpu, &self.graph.caches, model_key, layout, tokens).await?))
+        Ok(Some(prefix_snapshot::save(&graph.gpu, &graph.caches, model_key, layout, tokens).await?))
     }
 
     /// Restores the first `keep` tokens of a snapshot `save_prefix` made from the same model
@@ -235,14 +375,16 @@ impl Model {
     /// `snapshot_mismatch`; either leaves the cache as it was (a GPU failure while the rows are
     /// written forgets the cached prefix instead). Returns the tokens restored.
     pub fn restore_prefix(&mut self, model_key: &str, bytes: &[u8], keep: usize) -> Result<usize, ModelError> {
-        let snapshot = prefix_snapshot::decode(bytes, model_key, self.kv_layout(), self.graph.config.vocab)?;
+        let layout = self.kv_layout();
+        let graph = self.backend.gpu_graph("KV prefix snapshots")?;
+        let snapshot = prefix_snapshot::decode(bytes, model_key, layout, graph.config.vocab)?;
         let n = snapshot.tokens.len();
         // A restored prefix leaves room for the prompt's last token, which always runs.
-        let keep = keep.min(n).min(self.graph.max_ctx - 1);
+        let keep = keep.min(n).min(graph.max_ctx - 1);
         if keep == 0 {
             return Ok(0);
         }
-        if let Err(e) = prefix_snapshot::write_rows(&self.graph.gpu, &self.graph.caches, n, keep, snapshot.rows) {
+        if let Err(e) = prefix_snapshot::write_rows(&graph.gpu, &graph.caches, n, keep, snapshot.rows) {
             // Rows of the cached prefix may be overwritten already.
             self.cached.clear();
             return Err(e);
@@ -261,11 +403,11 @@ impl Model {
     pub async fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
         self.check_prompt(tokens)?;
         self.cached.clear();
-        self.graph.sampler.set_params(&self.graph.gpu, &SamplingParams::greedy())?;
-        self.graph.penalties.write(&self.graph.gpu, &Penalties::default(), &[])?;
+        self.backend.set_sampling(&SamplingParams::greedy())?;
+        self.backend.set_penalties(&Penalties::default(), Vec::new())?;
         self.prefill(tokens, 0, true)?;
         self.cached = tokens.to_vec();
-        Ok(self.graph.read_logits().await?)
+        self.backend.read_logits().await
     }
 
     fn check_prompt(&self, tokens: &[u32]) -> Result<(), ModelError> {
@@ -273,10 +415,10 @@ impl Model {
             return Err(ModelError::InvalidOption { name: "prompt", reason: "is empty".into() });
         }
         // At least one position must remain for the first generated token.
-        if tokens.len() >= self.graph.max_ctx {
-            return Err(ModelError::ContextOverflow { needed: tokens.len() + 1, context: self.graph.max_ctx });
+        if tokens.len() >= self.context_length() {
+            return Err(ModelError::ContextOverflow { needed: tokens.len() + 1, context: self.context_length() });
         }
-        let vocab = self.graph.config.vocab;
+        let vocab = self.config().vocab;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(ModelError::InvalidOption { name: "prompt", reason: format!("token id {bad} >= vocabulary {vocab}") });
         }
@@ -286,7 +428,7 @@ impl Model {
     /// Submits `tokens[from..]` in chunks; the last chunk samples into token slot 0 (and copies
     /// logits when `logits`).
     fn prefill(&mut self, tokens: &[u32], from: usize, logits: bool) -> Result<(), ModelError> {
-        let chunk = self.graph.max_chunk;
+        let chunk = self.backend.max_chunk();
         let mut pos = from;
         while pos < tokens.len() {
             let end = (pos + chunk).min(tokens.len());
@@ -295,7 +437,7 @@ impl Model {
                 (true, false) => StepOutput::Token,
                 (true, true) => StepOutput::TokenAndLogits,
             };
-            self.graph.submit_step(StepInput::Tokens(&tokens[pos..end]), pos, 0, &output, 0)?;
+            self.backend.submit_step(StepInput::Tokens(&tokens[pos..end]), pos, 0, &output, 0)?;
             pos = end;
         }
         Ok(())
@@ -323,9 +465,8 @@ impl Model {
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Generation, ModelError> {
-        options.validate(self.graph.config.vocab)?;
+        options.validate(self.config().vocab)?;
         self.check_prompt(prompt)?;
-        let gpu = self.graph.gpu.clone();
         let start = Instant::now();
         let seed = options.seed.unwrap_or_else(clock_seed);
         let sampling = SamplingParams {
@@ -335,21 +476,20 @@ impl Model {
             min_p: options.min_p,
             seed: (seed ^ (seed >> 32)) as u32,
         };
-        self.graph.sampler.set_params(&gpu, &sampling)?;
+        self.backend.set_sampling(&sampling)?;
         let policy = PenaltyPolicy::new(options);
         let penalize = policy.is_active();
-        let write_penalties = |graph: &Graph, history: &[u32]| -> Result<(), ModelError> {
-            graph.penalties.write(&gpu, &policy.penalties, &policy.entries(history))?;
-            Ok(())
+        let write_penalties = |backend: &mut Backend, history: &[u32]| -> Result<(), ModelError> {
+            backend.set_penalties(&policy.penalties, policy.entries(history))
         };
         // Keep the longest cached prefix, but always run the last prompt token for its logits.
         let reused = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
         self.cached.truncate(reused);
         let mut history = prompt.to_vec();
-        write_penalties(&self.graph, &history)?;
+        write_penalties(&mut self.backend, &history)?;
         let want_logits = options.logprobs > 0;
         self.prefill(prompt, reused, want_logits)?;
-        let mut token = self.graph.read_token(0).await?.0;
+        let mut token = self.backend.read_token(0).await?;
         self.cached = prompt.to_vec();
         let ttft = start.elapsed();
         let decode_start = Instant::now();
@@ -361,7 +501,7 @@ impl Model {
         // overwritten later). Penalties depend on the tokens so far and logprobs read the step's
         // logits buffer, so with either the steps go one at a time.
         let ahead = if penalize || want_logits { 1 } else { self.run_ahead };
-        let max_ctx = self.graph.max_ctx;
+        let max_ctx = self.context_length();
         let can_submit = |step: usize| step < options.max_tokens && prompt.len() + step <= max_ctx;
         let output = if want_logits { StepOutput::TokenAndLogits } else { StepOutput::Token };
         // Steps submitted, and the step whose token `token` is (the prefill is step 0).
@@ -377,7 +517,7 @@ impl Model {
         let mut stopped_by_string = false;
         let finish_reason = loop {
             let step_logprobs =
-                if want_logits { Some(top_logprobs(&self.graph.read_logits().await?, token, options.logprobs)) } else { None };
+                if want_logits { Some(top_logprobs(&self.backend.read_logits().await?, token, options.logprobs)) } else { None };
             let is_end = (!options.ignore_eos && self.tokenizer.is_eog(token)) || options.stop_token_ids.contains(&token);
             if is_end {
                 break FinishReason::Stop;
@@ -398,21 +538,21 @@ impl Model {
                 break FinishReason::Abort;
             }
             let pos = self.cached.len();
-            if generated.len() >= options.max_tokens || pos + 1 > self.graph.max_ctx {
+            if generated.len() >= options.max_tokens || pos + 1 > max_ctx {
                 break FinishReason::Length;
             }
             if penalize {
-                write_penalties(&self.graph, &history)?;
+                write_penalties(&mut self.backend, &history)?;
             }
             self.cached.push(token);
             step += 1;
             // Step `step` is allowed (the checks above); keep `ahead` steps submitted.
             while submitted < step + ahead - 1 && can_submit(submitted + 1) {
                 submitted += 1;
-                self.graph.submit_step(StepInput::Sampled, prompt.len() + submitted - 1, submitted as u32, &output, submitted)?;
+                self.backend.submit_step(StepInput::Sampled, prompt.len() + submitted - 1, submitted as u32, &output, submitted)?;
             }
             let wait = Instant::now();
-            token = self.graph.read_token(step).await?.0;
+            token = self.backend.read_token(step).await?;
             host_wait += wait.elapsed();
         };
         if !stopped_by_string {
@@ -425,7 +565,7 @@ impl Model {
         }
         // A fault reported after the last read (the browser delivers them as events) still fails
         // this request rather than the next.
-        gpu.check_faults()?;
+        self.backend.check_faults()?;
         let decode_secs = decode_start.elapsed().as_secs_f64();
         let prefill_tokens = prompt.len() - reused;
         let decode_tokens = generated.len().saturating_sub(1);

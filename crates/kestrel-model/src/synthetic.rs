@@ -257,14 +257,8 @@ impl std::io::Write for ChunkedSink<'_> {
     }
 }
 
-/// Generates `shape` with `seed` and loads it on `gpu`, as `load_file` loads a file.
-pub async fn load_synthetic(
-    gpu: &kestrel_gpu::Gpu,
-    shape: &SyntheticShape,
-    seed: u64,
-    options: crate::LoadOptions,
-) -> Result<crate::Model, ModelError> {
-    let mut loader = crate::ModelLoader::new(gpu, options);
+/// Generates `shape` with `seed` and streams it into `loader` (GPU or CPU), as a file would.
+pub async fn load_synthetic(mut loader: crate::ModelLoader, shape: &SyntheticShape, seed: u64) -> Result<crate::Model, ModelError> {
     shape.generate(seed, &mut |chunk| loader.push(chunk))?;
     loader.finish().await
 }

@@ -54,6 +54,8 @@ pub struct Engine {
     thread: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
+    /// Where the model runs ("gpu" or "cpu").
+    backend: &'static str,
 }
 
 /// What the engine thread and the handlers share.
@@ -74,6 +76,7 @@ pub const SLOTS: usize = 1;
 impl Engine {
     /// Starts the engine thread with `model`, admitting up to `queue` waiting requests.
     pub fn start(model: Model, queue: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+        let backend = model.backend().as_str();
         let (jobs, inbox) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
             pending: AtomicUsize::new(0),
@@ -86,7 +89,7 @@ impl Engine {
             let metrics = metrics.clone();
             std::thread::Builder::new().name("kestrel-engine".into()).spawn(move || run(model, &inbox, &shared, &metrics))?
         };
-        Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, metrics })
+        Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, metrics, backend })
     }
 
     /// Admits `request`, or refuses it when every slot and the queue are taken.
@@ -118,6 +121,11 @@ impl Engine {
     /// Stops admitting; the running request ends at its next token and queued ones are refused.
     pub fn abort_all(&self) {
         self.shared.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Where the model runs: "gpu" or "cpu".
+    pub fn backend(&self) -> &'static str {
+        self.backend
     }
 
     /// Requests admitted and not finished.
@@ -189,7 +197,8 @@ fn generate(model: &mut Model, job: &Job, shared: &Shared, metrics: &Metrics) ->
 
 fn update_gauges(model: &Model, metrics: &Metrics) {
     metrics.kv_cache_tokens.set(model.cached_token_ids().len() as i64);
-    if let Some(bytes) = model.gpu().allocated_bytes() {
+    metrics.model_memory.set(model.weight_bytes() + model.kv_cache_bytes());
+    if let Some(bytes) = model.gpu().and_then(|gpu| gpu.allocated_bytes()) {
         metrics.gpu_memory.set(bytes);
     }
 }

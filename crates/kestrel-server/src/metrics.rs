@@ -36,6 +36,7 @@ pub struct Metrics {
     /// Tokens whose keys and values the KV cache holds (the cached prefix).
     pub kv_cache_tokens: Gauge,
     pub gpu_memory: Gauge<u64, AtomicU64>,
+    pub model_memory: Gauge<u64, AtomicU64>,
     pub response_cache_hits: Counter,
     pub response_cache_bytes: Gauge,
 }
@@ -79,6 +80,13 @@ impl Metrics {
         registry.register("kv_cache_tokens", "Tokens held in the KV cache", kv_cache_tokens.clone());
         let gpu_memory = Gauge::<u64, AtomicU64>::default();
         registry.register_with_unit("gpu_memory", "GPU memory allocated by the engine", Unit::Bytes, gpu_memory.clone());
+        let model_memory = Gauge::<u64, AtomicU64>::default();
+        registry.register_with_unit(
+            "model_memory",
+            "Memory of the model's weights and KV cache, on the GPU or in RAM by backend",
+            Unit::Bytes,
+            model_memory.clone(),
+        );
         let response_cache_hits = Counter::default();
         registry.register("response_cache_hits", "Requests answered from the exact-response cache", response_cache_hits.clone());
         let response_cache_bytes = Gauge::default();
@@ -97,6 +105,7 @@ impl Metrics {
             queue_depth,
             kv_cache_tokens,
             gpu_memory,
+            model_memory,
             response_cache_hits,
             response_cache_bytes,
         }

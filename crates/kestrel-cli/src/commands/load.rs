@@ -11,9 +11,15 @@ use kestrel_model::{LoadOptions, LoadProgress, Model};
 
 use super::coded;
 
-/// The KV cache's length and value type, as every command that loads a model takes them.
+/// Where the model runs, and the KV cache's length and value type, as every command that loads
+/// a model takes them.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CacheArgs {
+    /// Where the model runs: gpu, cpu (SIMD kernels on every core), or auto: the GPU unless
+    /// there is none or it is a software rasterizer (lavapipe, llvmpipe, SwiftShader, WARP),
+    /// which the CPU path outruns.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
     /// KV cache length (default: the model's context, at most 4096).
     #[arg(long)]
     pub context: Option<usize>,
@@ -29,6 +35,32 @@ impl CacheArgs {
     }
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendChoice {
+    Auto,
+    Gpu,
+    Cpu,
+}
+
+/// Where a model will run, and why there.
+enum Device {
+    Gpu(Box<Gpu>),
+    Cpu(String),
+}
+
+fn device(choice: BackendChoice) -> Result<Device, Box<dyn std::error::Error>> {
+    let cpu = |why: String| Device::Cpu(format!("CPU ({}, {} threads): {why}", kestrel_cpu::simd_name(), kestrel_cpu::threads()));
+    match choice {
+        BackendChoice::Cpu => Ok(cpu("--backend cpu".into())),
+        BackendChoice::Gpu => Ok(Device::Gpu(Box::new(Gpu::new_blocking(&GpuOptions::default()).map_err(|e| coded(e.into()))?))),
+        BackendChoice::Auto => Ok(match Gpu::new_blocking(&GpuOptions::default()) {
+            Ok(gpu) if gpu.info.software => cpu(format!("the GPU adapter {} is a software rasterizer", gpu.info.adapter_name)),
+            Ok(gpu) => Device::Gpu(Box::new(gpu)),
+            Err(e) => cpu(format!("no GPU ({e})")),
+        }),
+    }
+}
+
 fn parse_kv_type(name: &str) -> Result<KvType, String> {
     KvType::from_name(name).ok_or_else(|| format!("{name:?} is not f16 or f32"))
 }
@@ -40,7 +72,7 @@ pub struct Loaded {
 
 pub fn load(path: &Path, cache: &CacheArgs, quiet: bool) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
-    let gpu = Gpu::new_blocking(&GpuOptions::default()).map_err(|e| coded(e.into()))?;
+    let device = device(cache.backend)?;
     let total = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
     let options = cache.load_options();
     let show_bar = !quiet && std::io::stderr().is_terminal();
@@ -49,14 +81,17 @@ pub fn load(path: &Path, cache: &CacheArgs, quiet: bool) -> Result<Loaded, Box<d
             draw_bar(p.bytes_received, total);
         }
     };
-    let model = pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut bar)).map_err(coded)?;
+    let (model, on) = match device {
+        Device::Gpu(gpu) => (pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut bar)), gpu.info.adapter_name.clone()),
+        Device::Cpu(why) => (pollster::block_on(kestrel_model::load_file_cpu(path, options, &mut bar)), why),
+    };
+    let model = model.map_err(coded)?;
     if !quiet {
         eprintln!(
-            "\rloaded {} ({}, {} layers) on {} in {:.2} s",
+            "\rloaded {} ({}, {} layers) on {on} in {:.2} s",
             path.display(),
             model.config().name,
             model.config().n_layers,
-            gpu.info.adapter_name,
             start.elapsed().as_secs_f64()
         );
     }
@@ -66,14 +101,16 @@ pub fn load(path: &Path, cache: &CacheArgs, quiet: bool) -> Result<Loaded, Box<d
 /// A model of `shape` made in memory with random weights (`kestrel_model::synthetic`).
 pub fn load_synthetic(shape: &kestrel_model::synthetic::SyntheticShape, cache: &CacheArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
-    let gpu = Gpu::new_blocking(&GpuOptions::default()).map_err(|e| coded(e.into()))?;
     let options = cache.load_options();
-    let model = pollster::block_on(kestrel_model::synthetic::load_synthetic(&gpu, shape, 1, options)).map_err(coded)?;
+    let (loader, on) = match device(cache.backend)? {
+        Device::Gpu(gpu) => (kestrel_model::ModelLoader::new(&gpu, options), gpu.info.adapter_name.clone()),
+        Device::Cpu(why) => (kestrel_model::ModelLoader::new_cpu(options), why),
+    };
+    let model = pollster::block_on(kestrel_model::synthetic::load_synthetic(loader, shape, 1)).map_err(coded)?;
     eprintln!(
-        "made and loaded synthetic {} ({} layers) on {} in {:.2} s",
+        "made and loaded synthetic {} ({} layers) on {on} in {:.2} s",
         shape.name,
         model.config().n_layers,
-        gpu.info.adapter_name,
         start.elapsed().as_secs_f64()
     );
     Ok(Loaded { model, load_ms: start.elapsed().as_secs_f64() * 1e3 })

@@ -91,7 +91,9 @@ mod tests {
     fn int_groups_expand_to_the_dequantized_values() {
         let n = 512;
         let values: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1013) as f32 - 500.0) * 0.0037 * (1.0 + (i % 5) as f32)).collect();
-        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in
+            [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K]
+        {
             let bytes = super::super::quantize(ty, &values).unwrap();
             let mut expected = vec![0.0; n];
             super::super::dequantize(ty, &bytes, &mut expected).unwrap();

@@ -3,8 +3,8 @@
 //! elements) has w = d * scale_j * q - dmin * min_j; each 64-element chunk c uses 32 bytes,
 //! element 64c + l in the low nibble of byte 32c + l and element 64c + 32 + l in the high one.
 
-use super::kquant::{self, scale_min_k4, Search, SCALE_MIN_BYTES};
 use super::int_block::{IntBlock, INT_GROUP};
+use super::kquant::{self, scale_min_k4, Search, SCALE_MIN_BYTES};
 use super::{f16_at, QK_K};
 
 pub(crate) const BLOCK_BYTES: usize = 144;

@@ -1,8 +1,8 @@
 //! Q5_1: 32 weights per 24-byte block: f16 scale `d`, f16 minimum `m`, then `qh` and `qs`
 //! as in Q5_0; w = q * d + m.
 
-use super::q5_0::{pack_5bit, unpack_5bit};
 use super::int_block::IntBlock;
+use super::q5_0::{pack_5bit, unpack_5bit};
 use super::{f16_at, f16_bits, min_max, QK};
 
 pub(crate) const BLOCK_BYTES: usize = 24;

@@ -3,8 +3,8 @@
 //! out as Q4_K's; bit 4 of element e is bit e / 32 of `qh[e % 32]`.
 //! w = d * scale_j * q - dmin * min_j for sub-block j = e / 32.
 
-use super::kquant::{self, Search, SCALE_MIN_BYTES};
 use super::int_block::{IntBlock, INT_GROUP};
+use super::kquant::{self, Search, SCALE_MIN_BYTES};
 use super::q4_k::scale_min_groups;
 use super::QK_K;
 

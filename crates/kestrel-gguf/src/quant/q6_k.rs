@@ -4,8 +4,8 @@
 //! l = e % 32, the low bits are in `ql[64h + 32(k % 2) + l]` (low nibble for k < 2, high
 //! otherwise) and the high bits in bits 2k..2k+2 of `qh[32h + l]`.
 
-use super::kquant::{make_qx_quants, nearest_int, GROUP_MAX_EPS};
 use super::int_block::{IntBlock, INT_GROUP};
+use super::kquant::{make_qx_quants, nearest_int, GROUP_MAX_EPS};
 use super::{f16_at, f16_bits, f16_value, QK_K};
 
 pub(crate) const BLOCK_BYTES: usize = 210;

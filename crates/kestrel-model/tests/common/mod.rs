@@ -44,6 +44,13 @@ pub fn load_with(gpu: &Gpu, path: &std::path::Path, options: LoadOptions) -> Mod
 }
 
 /// The process's resident memory in bytes (Linux: /proc/self/statm, in pages of 4 KiB).
+/// `path` on the CPU backend with a KV cache of `context` tokens.
+#[allow(dead_code)]
+pub fn load_cpu(path: &std::path::Path, context: usize) -> Model {
+    let options = LoadOptions { context_length: Some(context), ..LoadOptions::default() };
+    pollster::block_on(kestrel_model::load_file_cpu(path, options, &mut |_| {})).expect("load on the CPU backend")
+}
+
 pub fn resident_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("read /proc/self/statm");
     let pages: u64 = statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("the resident page count");

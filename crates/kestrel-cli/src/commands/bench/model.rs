@@ -86,18 +86,30 @@ struct GpuMemory {
 struct ModelReport {
     engine: &'static str,
     version: &'static str,
-    adapter: Adapter,
+    /// "gpu" or "cpu": the GPU-only parts below are absent on the CPU backend.
+    backend: &'static str,
+    /// The CPU backend's instruction set and threads.
+    cpu: Option<CpuInfo>,
+    adapter: Option<Adapter>,
     model: ModelInfo,
     context_length: usize,
     /// Device creation, reading the file, repacking and uploading the weights, compiling every
     /// pipeline (the file may be in the OS page cache from an earlier run).
     load_ms: f64,
-    gpu_memory: GpuMemory,
-    copy_gb_per_s: f64,
+    gpu_memory: Option<GpuMemory>,
+    copy_gb_per_s: Option<f64>,
     workloads: Vec<WorkloadResult>,
     roofline: Option<Roofline>,
     decode_step: Option<StepProfile>,
     wall_s: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct CpuInfo {
+    simd: &'static str,
+    threads: usize,
+    weight_bytes: u64,
+    kv_cache_bytes: u64,
 }
 
 pub fn run(args: &ModelArgs) -> CliResult {
@@ -116,13 +128,24 @@ pub fn run(args: &ModelArgs) -> CliResult {
         }
     };
     let mut model = loaded.model;
-    let gpu = model.gpu().clone();
-    let adapter = Adapter::new(&gpu.info);
-    let gpu_memory = gpu_memory(&gpu, &model);
+    let gpu = model.gpu().cloned();
     let info = model_info(&model, &path, file_bytes);
-
-    let copy_gb_per_s = copy_bandwidth(&gpu, args.copy_mib, args.wall_clock)?;
-    eprintln!("copy kernel: {copy_gb_per_s:.2} GB/s");
+    let (adapter, gpu_memory, copy_gb_per_s, cpu) = match &gpu {
+        Some(gpu) => {
+            let copy = copy_bandwidth(gpu, args.copy_mib, args.wall_clock)?;
+            eprintln!("copy kernel: {copy:.2} GB/s");
+            (Some(Adapter::new(&gpu.info)), Some(gpu_memory(gpu, &model)), Some(copy), None)
+        }
+        None => {
+            let cpu = CpuInfo {
+                simd: kestrel_cpu::simd_name(),
+                threads: kestrel_cpu::threads(),
+                weight_bytes: model.weight_bytes(),
+                kv_cache_bytes: model.kv_cache_bytes(),
+            };
+            (None, None, None, Some(cpu))
+        }
+    };
 
     let decode_tokens = args.decode_tokens as usize;
     let bench_ids = workload::read_bench_ids(&args.prompts, model.config().vocab)?;
@@ -146,20 +169,23 @@ pub fn run(args: &ModelArgs) -> CliResult {
     let roofline = workloads
         .first()
         .and_then(|w| w.decode_tok_s)
-        .map(|tok_s| Roofline::new(model.weight_bytes_per_token(), copy_gb_per_s, tok_s.median));
-    let decode_step = if args.no_profile {
-        None
-    } else {
+        .zip(copy_gb_per_s)
+        .map(|(tok_s, copy)| Roofline::new(model.weight_bytes_per_token(), copy, tok_s.median));
+    let decode_step = if let (false, Some(gpu)) = (args.no_profile, &gpu) {
         // Mid-way through the first workload's decode: a representative KV length.
         let pos = first_prompt.len() + decode_tokens / 2;
-        let timer = Timer::new(&gpu, step_profile::family_settings(), args.wall_clock);
+        let timer = Timer::new(gpu, step_profile::family_settings(), args.wall_clock);
         eprintln!("decode step at position {pos}, by kernel family ({}):", timer.method());
         Some(step_profile::profile(&mut model, &timer, pos, first_prompt[0])?)
+    } else {
+        None
     };
 
     let report = ModelReport {
         engine: "kestrel",
         version: env!("CARGO_PKG_VERSION"),
+        backend: model.backend().as_str(),
+        cpu,
         adapter,
         model: info,
         context_length: model.context_length(),
@@ -212,7 +238,11 @@ fn model_info(model: &Model, path: &std::path::Path, file_bytes: u64) -> ModelIn
 
 /// A short human summary (the suite's combined table comes from bench/report.mjs).
 fn markdown(r: &ModelReport) -> String {
-    let mut out = format!("{}\n\nload {:.0} ms, copy {:.2} GB/s\n\n", r.adapter.markdown("-"), r.load_ms, r.copy_gb_per_s);
+    let mut out = match (&r.adapter, &r.cpu, r.copy_gb_per_s) {
+        (Some(adapter), _, Some(copy)) => format!("{}\n\nload {:.0} ms, copy {copy:.2} GB/s\n\n", adapter.markdown("-"), r.load_ms),
+        (_, Some(cpu), _) => format!("CPU backend ({}, {} threads)\n\nload {:.0} ms\n\n", cpu.simd, cpu.threads, r.load_ms),
+        _ => format!("load {:.0} ms\n\n", r.load_ms),
+    };
     out += "| prompt | decode | TTFT ms | prefill tok/s | decode tok/s | ITL p50 / p90 / p99 ms |\n|--:|--:|--:|--:|--:|--:|\n";
     for w in &r.workloads {
         let med = |s: Option<super::stats::Spread>| s.map_or("-".to_string(), |s| format!("{:.1} ({:.1}–{:.1})", s.median, s.min, s.max));

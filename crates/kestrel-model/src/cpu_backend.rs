@@ -1,0 +1,146 @@
+//! The CPU backend: the graph of `cpu_forward` on `kestrel-cpu`'s quantized kernels, and the
+//! steps generation submits to it (prefill chunks and decode steps, each sampled on the CPU by
+//! the GPU sampler's own definition, `kestrel_gpu::reference::sample`, so a seed draws the same
+//! tokens on either backend given the same logits).
+
+use kestrel_gguf::GgmlType;
+use kestrel_gpu::params::{AttentionShape, KvType, Penalties, PenaltyEntry, SamplingParams, Scores};
+use kestrel_gpu::reference::sample;
+
+use crate::cpu_forward::{CpuForward, CpuKernels};
+use crate::error::{bad_model, ModelError};
+use crate::graph::{StepInput, StepOutput, TOKEN_SLOTS};
+
+/// `kestrel-cpu`'s kernels: 8-bit activations times the weights' integers, in SIMD, threaded.
+pub struct Quantized;
+
+impl CpuKernels for Quantized {
+    type Matrix = kestrel_cpu::Matrix;
+
+    fn matrix(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self::Matrix, ModelError> {
+        kestrel_cpu::Matrix::from_ggml(ty, bytes, rows, cols).map_err(|e| match e {
+            kestrel_cpu::CpuError::UnsupportedType { ty } => {
+                ModelError::UnsupportedQuant { tensor: format!("a {rows} x {cols} matrix"), ty: ty.name().to_string() }
+            }
+            other => bad_model(other.to_string()),
+        })
+    }
+
+    fn apply(m: &Self::Matrix, x: &[f32]) -> Vec<f32> {
+        m.apply(x)
+    }
+
+    fn row(m: &Self::Matrix, r: usize) -> Vec<f32> {
+        m.row(r)
+    }
+
+    fn split_rows(m: Self::Matrix, at: usize) -> Result<(Self::Matrix, Self::Matrix), ModelError> {
+        m.split_rows(at).map_err(|e| bad_model(e.to_string()))
+    }
+
+    fn bytes(m: &Self::Matrix) -> usize {
+        m.bytes()
+    }
+
+    fn attention(shape: &AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: usize, scores: &Scores) -> Vec<f32> {
+        let attention = kestrel_cpu::Attention {
+            n_heads: shape.n_heads,
+            n_kv_heads: shape.n_kv_heads,
+            head_dim: shape.head_dim,
+            max_ctx: shape.max_ctx,
+            scale: scores.scale,
+            softcap: scores.softcap,
+            window: scores.window,
+        };
+        attention.apply(q, k_cache, v_cache, pos)
+    }
+}
+
+pub type CpuModel = CpuForward<Quantized>;
+
+/// Generation's steps on the CPU: what `Graph` does with GPU submissions, done at once.
+pub(crate) struct CpuBackend {
+    pub forward: CpuModel,
+    pub max_chunk: usize,
+    kv: KvType,
+    sampling: SamplingParams,
+    penalties: Penalties,
+    entries: Vec<PenaltyEntry>,
+    /// The token each readback slot holds, and the last one sampled (a `Sampled` step's input).
+    slots: [u32; TOKEN_SLOTS],
+    last_sampled: u32,
+    /// The last sampling step's logits, before penalties (as the GPU copies them).
+    logits: Vec<f32>,
+}
+
+impl CpuBackend {
+    pub fn new(forward: CpuModel, max_chunk: usize, kv: KvType) -> Self {
+        Self {
+            forward,
+            max_chunk,
+            kv,
+            sampling: SamplingParams::greedy(),
+            penalties: Penalties::default(),
+            entries: Vec::new(),
+            slots: [0; TOKEN_SLOTS],
+            last_sampled: 0,
+            logits: Vec::new(),
+        }
+    }
+
+    pub fn kv_cache(&self) -> KvType {
+        self.kv
+    }
+
+    pub fn set_sampling(&mut self, params: &SamplingParams) {
+        self.sampling = *params;
+    }
+
+    pub fn set_penalties(&mut self, penalties: &Penalties, entries: Vec<PenaltyEntry>) {
+        self.penalties = *penalties;
+        self.entries = entries;
+    }
+
+    /// Runs a step now: its tokens at positions `pos..` (overwriting any KV rows there), then,
+    /// unless `output` is `None`, the LM head and the sampler, whose token goes to `slot`.
+    pub fn submit_step(&mut self, input: StepInput, pos: usize, draw: u32, output: &StepOutput, slot: usize) -> Result<(), ModelError> {
+        let one;
+        let tokens: &[u32] = match input {
+            StepInput::Tokens(tokens) => tokens,
+            StepInput::Decode(token) => {
+                one = [token];
+                &one
+            }
+            StepInput::Sampled => {
+                one = [self.last_sampled];
+                &one
+            }
+        };
+        if tokens.is_empty() || tokens.len() > self.max_chunk {
+            return Err(ModelError::InvalidOption {
+                name: "step",
+                reason: format!("{} tokens (chunk limit {})", tokens.len(), self.max_chunk),
+            });
+        }
+        self.forward.pos = pos;
+        let samples = !matches!(output, StepOutput::None);
+        let Some(logits) = self.forward.run(tokens, samples)? else { return Ok(()) };
+        let token = if self.entries.is_empty() {
+            sample::sample(&logits, &self.sampling, draw)
+        } else {
+            sample::sample(&sample::apply_penalties(&logits, &self.entries, &self.penalties), &self.sampling, draw)
+        };
+        self.slots[slot % TOKEN_SLOTS] = token;
+        self.last_sampled = token;
+        self.logits = logits;
+        Ok(())
+    }
+
+    pub fn read_token(&self, slot: usize) -> u32 {
+        self.slots[slot % TOKEN_SLOTS]
+    }
+
+    pub fn read_logits(&self) -> Vec<f32> {
+        self.logits.clone()
+    }
+}

@@ -1,0 +1,290 @@
+//! The model graph on the CPU, over a set of kernels: the f32 reference (`reference.rs`, which
+//! the tests check the GPU against) and the fast quantized kernels of `kestrel-cpu`
+//! (`cpu_backend.rs`, the CPU backend) run this one pass, so the two cannot drift apart.
+
+use std::collections::HashMap;
+
+use kestrel_gguf::GgmlType;
+use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig, Scores};
+use kestrel_gpu::reference::{norm, rope};
+
+use crate::config::ModelConfig;
+use crate::error::{bad_model, ModelError};
+use crate::tensors::Role;
+
+/// The products and attention a CPU pass runs on.
+pub trait CpuKernels {
+    type Matrix;
+    /// A `rows` x `cols` matrix from GGUF bytes of type `ty`.
+    fn matrix(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self::Matrix, ModelError>;
+    /// `y = x·Wᵀ` for the rows of `x`.
+    fn apply(m: &Self::Matrix, x: &[f32]) -> Vec<f32>;
+    /// Row `r` as f32 (the embedding gather).
+    fn row(m: &Self::Matrix, r: usize) -> Vec<f32>;
+    /// The rows before `at` and the rows from it.
+    fn split_rows(m: Self::Matrix, at: usize) -> Result<(Self::Matrix, Self::Matrix), ModelError>;
+    /// Bytes the matrix takes.
+    fn bytes(m: &Self::Matrix) -> usize;
+    /// Causal attention of `q` (`[n][n_heads * head_dim]`, token `t` at `pos + t`) over the caches.
+    fn attention(shape: &AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: usize, scores: &Scores) -> Vec<f32>;
+}
+
+struct Layer<M> {
+    attn_norm: Vec<f32>,
+    q: M,
+    k: M,
+    v: M,
+    q_bias: Option<Vec<f32>>,
+    k_bias: Option<Vec<f32>>,
+    v_bias: Option<Vec<f32>>,
+    /// Per-head RMSNorm weights of Q and K (Qwen3).
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    /// The layer's RoPE (none: SmolLM3's every fourth layer; Gemma's sliding layers have their
+    /// own base) and how it scores keys (scale, soft cap, window).
+    rope: Option<RopeConfig>,
+    scores: Scores,
+    /// Gemma's norms of the attention and FFN outputs.
+    post_norms: Option<[Vec<f32>; 2]>,
+    attn_output: M,
+    ffn_norm: Vec<f32>,
+    gate: M,
+    up: M,
+    down: M,
+    k_cache: Vec<f32>,
+    v_cache: Vec<f32>,
+}
+
+pub struct CpuForward<K: CpuKernels> {
+    pub config: ModelConfig,
+    embedding: K::Matrix,
+    output_norm: Vec<f32>,
+    /// None when tied to the embedding.
+    output: Option<K::Matrix>,
+    layers: Vec<Layer<K::Matrix>>,
+    shape: AttentionShape,
+    /// The values the caches hold: the GPU cache's type, so that both passes attend to the same
+    /// keys and values.
+    kv: KvType,
+    /// Tokens already in the caches.
+    pub pos: usize,
+}
+
+/// A file's tensors sorted for `CpuForward::from_tensors`: matrices for the kernels, vectors as f32.
+pub struct CpuTensors<M> {
+    pub matrices: HashMap<Role, M>,
+    pub vectors: HashMap<Role, Vec<f32>>,
+}
+
+impl<M> Default for CpuTensors<M> {
+    fn default() -> Self {
+        Self { matrices: HashMap::new(), vectors: HashMap::new() }
+    }
+}
+
+impl<M> CpuTensors<M> {
+    /// Adds the tensor of `role`, `rows` x `cols` of type `ty` (vectors have one row).
+    pub fn add<K: CpuKernels<Matrix = M>>(
+        &mut self,
+        role: Role,
+        ty: GgmlType,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<(), ModelError> {
+        if rows == 1 {
+            let mut values = vec![0.0; cols];
+            kestrel_gguf::dequantize(ty, bytes, &mut values)?;
+            self.vectors.insert(role, values);
+        } else {
+            self.matrices.insert(role, K::matrix(ty, bytes, rows, cols)?);
+        }
+        Ok(())
+    }
+}
+
+impl<K: CpuKernels> CpuForward<K> {
+    /// The model of `config` from its tensors, with a KV cache of `max_ctx` positions of `kv`
+    /// values.
+    pub fn from_tensors(config: ModelConfig, tensors: CpuTensors<K::Matrix>, max_ctx: usize, kv: KvType) -> Result<Self, ModelError> {
+        let CpuTensors { mut matrices, mut vectors } = tensors;
+        split_fused::<K>(&config, &mut matrices, &mut vectors)?;
+        let missing = |role: Role| bad_model(format!("missing {role:?}"));
+        let mut matrix = |role: Role| matrices.remove(&role).ok_or_else(|| missing(role));
+        let mut vector = |role: Role| vectors.remove(&role).ok_or_else(|| missing(role));
+        let shape = AttentionShape { n_heads: config.n_heads, n_kv_heads: config.n_kv_heads, head_dim: config.head_dim, max_ctx };
+        let model_rope = config.rope_config(config.rope_factors_role(max_ctx).map(&mut vector).transpose()?)?;
+        let mut layers = Vec::with_capacity(config.n_layers);
+        for l in 0..config.n_layers {
+            let (biased, normed) = (config.qkv_bias, config.qk_norm);
+            layers.push(Layer {
+                attn_norm: vector(Role::AttnNorm(l))?,
+                q: matrix(Role::Q(l))?,
+                k: matrix(Role::K(l))?,
+                v: matrix(Role::V(l))?,
+                q_bias: if biased { Some(vector(Role::QBias(l))?) } else { None },
+                k_bias: if biased { Some(vector(Role::KBias(l))?) } else { None },
+                v_bias: if biased { Some(vector(Role::VBias(l))?) } else { None },
+                q_norm: if normed { Some(vector(Role::QNorm(l))?) } else { None },
+                k_norm: if normed { Some(vector(Role::KNorm(l))?) } else { None },
+                rope: config.layer_rope(l, &model_rope),
+                scores: config.layer_scores(l),
+                post_norms: if config.post_norms { Some([vector(Role::AttnPostNorm(l))?, vector(Role::FfnPostNorm(l))?]) } else { None },
+                attn_output: matrix(Role::AttnOutput(l))?,
+                ffn_norm: vector(Role::FfnNorm(l))?,
+                gate: matrix(Role::Gate(l))?,
+                up: matrix(Role::Up(l))?,
+                down: matrix(Role::Down(l))?,
+                k_cache: vec![0.0; shape.cache_len()],
+                v_cache: vec![0.0; shape.cache_len()],
+            });
+        }
+        Ok(Self {
+            embedding: matrix(Role::TokenEmbedding)?,
+            output_norm: vector(Role::OutputNorm)?,
+            output: if config.tied_embeddings { None } else { Some(matrix(Role::Output)?) },
+            config,
+            layers,
+            shape,
+            kv,
+            pos: 0,
+        })
+    }
+
+    /// KV cache length in tokens.
+    pub fn max_ctx(&self) -> usize {
+        self.shape.max_ctx
+    }
+
+    /// Bytes of the weight matrices.
+    pub fn matrix_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| [&l.q, &l.k, &l.v, &l.attn_output, &l.gate, &l.up, &l.down].into_iter().map(K::bytes).sum::<usize>())
+            .sum();
+        layers + K::bytes(&self.embedding) + self.output.as_ref().map_or(0, K::bytes)
+    }
+
+    /// Bytes of the matrices a one-token step reads: every layer's and the LM head (one
+    /// row of an untied embedding table is noise).
+    pub fn matrix_bytes_per_token(&self) -> usize {
+        self.matrix_bytes() - self.output.as_ref().map_or(0, |_| K::bytes(&self.embedding))
+    }
+
+    /// Bytes of the KV caches.
+    pub fn cache_bytes(&self) -> usize {
+        self.layers.iter().map(|l| 4 * (l.k_cache.len() + l.v_cache.len())).sum()
+    }
+
+    /// Runs `tokens` at positions `pos..`, appends them to the caches, and returns the logits
+    /// of the last one.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.run(tokens, true).map(Option::unwrap_or_default)
+    }
+
+    /// `forward`, with the LM head only when `logits` (a prefill chunk before the last needs
+    /// only its KV rows).
+    pub fn run(&mut self, tokens: &[u32], logits: bool) -> Result<Option<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 || self.pos + n > self.shape.max_ctx {
+            return Err(ModelError::ContextOverflow { needed: self.pos + n, context: self.shape.max_ctx });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
+            return Err(ModelError::InvalidOption { name: "tokens", reason: format!("id {bad} >= vocab {}", c.vocab) });
+        }
+        let (hidden, hd, q_width, kv_width) = (c.hidden, c.head_dim, c.q_width(), c.kv_width());
+        let mut x: Vec<f32> = tokens.iter().flat_map(|&t| K::row(&self.embedding, t as usize)).collect();
+        if c.embedding_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= c.embedding_scale);
+        }
+        for layer in &mut self.layers {
+            let h = norm::rmsnorm(&x, &layer.attn_norm, c.rms_eps);
+            let q = add_bias(K::apply(&layer.q, &h), layer.q_bias.as_deref());
+            let k = add_bias(K::apply(&layer.k, &h), layer.k_bias.as_deref());
+            let v = add_bias(K::apply(&layer.v, &h), layer.v_bias.as_deref());
+            // Each head is a row of head_dim values for the per-head norms.
+            let q = match &layer.q_norm {
+                Some(w) => norm::rmsnorm(&q, w, c.rms_eps),
+                None => q,
+            };
+            let k = match &layer.k_norm {
+                Some(w) => norm::rmsnorm(&k, w, c.rms_eps),
+                None => k,
+            };
+            let rotate = |x: &[f32], p: usize| layer.rope.as_ref().map_or_else(|| x.to_vec(), |config| rope::rope(x, hd, p, config));
+            let mut q_roped = Vec::with_capacity(q.len());
+            for t in 0..n {
+                let p = self.pos + t;
+                q_roped.extend(rotate(&q[t * q_width..][..q_width], p));
+                let k_roped = rotate(&k[t * kv_width..][..kv_width], p);
+                for kvh in 0..c.n_kv_heads {
+                    let at = (kvh * self.shape.max_ctx + p) * hd;
+                    let stored = |x: &[f32]| x.iter().map(|&x| self.kv.stored(x)).collect::<Vec<f32>>();
+                    layer.k_cache[at..at + hd].copy_from_slice(&stored(&k_roped[kvh * hd..][..hd]));
+                    layer.v_cache[at..at + hd].copy_from_slice(&stored(&v[t * kv_width + kvh * hd..][..hd]));
+                }
+            }
+            let attn = K::attention(&self.shape, &q_roped, &layer.k_cache, &layer.v_cache, self.pos, &layer.scores);
+            let o = K::apply(&layer.attn_output, &attn);
+            let post_norm = |y: Vec<f32>, i: usize| match &layer.post_norms {
+                Some(weights) => norm::rmsnorm(&y, &weights[i], c.rms_eps),
+                None => y,
+            };
+            x.iter_mut().zip(&post_norm(o, 0)).for_each(|(x, o)| *x += o);
+            let h = norm::rmsnorm(&x, &layer.ffn_norm, c.rms_eps);
+            let (g, u) = (K::apply(&layer.gate, &h), K::apply(&layer.up, &h));
+            let act: Vec<f32> = g.into_iter().zip(u).map(|(g, u)| c.gate_activation.apply(g) * u).collect();
+            let d = K::apply(&layer.down, &act);
+            x.iter_mut().zip(&post_norm(d, 1)).for_each(|(x, d)| *x += d);
+        }
+        self.pos += n;
+        if !logits {
+            return Ok(None);
+        }
+        let last = norm::rmsnorm(&x[(n - 1) * hidden..], &self.output_norm, c.rms_eps);
+        let logits = K::apply(self.output.as_ref().unwrap_or(&self.embedding), &last);
+        Ok(Some(match c.final_softcap {
+            Some(cap) => logits.into_iter().map(|v| cap * (v / cap).tanh()).collect(),
+            None => logits,
+        }))
+    }
+}
+
+/// Splits the file's fused tensors into the parts the forward pass reads: Phi-3's Q|K|V matrix
+/// and bias into Q, K and V, its gate|up matrix into gate and up (row blocks of row-major
+/// matrices).
+fn split_fused<K: CpuKernels>(
+    c: &ModelConfig,
+    matrices: &mut HashMap<Role, K::Matrix>,
+    vectors: &mut HashMap<Role, Vec<f32>>,
+) -> Result<(), ModelError> {
+    let (q, kv) = (c.q_width(), c.kv_width());
+    for l in 0..c.n_layers {
+        if let Some(qkv) = matrices.remove(&Role::Qkv(l)) {
+            let (q_part, kv_parts) = K::split_rows(qkv, q)?;
+            let (k_part, v_part) = K::split_rows(kv_parts, kv)?;
+            matrices.extend([(Role::Q(l), q_part), (Role::K(l), k_part), (Role::V(l), v_part)]);
+        }
+        if let Some(bias) = vectors.remove(&Role::QkvBias(l)) {
+            let (q_part, rest) = bias.split_at(q.min(bias.len()));
+            let (k_part, v_part) = rest.split_at(kv.min(rest.len()));
+            vectors.extend([(Role::QBias(l), q_part.to_vec()), (Role::KBias(l), k_part.to_vec()), (Role::VBias(l), v_part.to_vec())]);
+        }
+        if let Some(gate_up) = matrices.remove(&Role::GateUp(l)) {
+            let (gate, up) = K::split_rows(gate_up, c.ffn)?;
+            matrices.extend([(Role::Gate(l), gate), (Role::Up(l), up)]);
+        }
+    }
+    Ok(())
+}
+
+fn add_bias(mut y: Vec<f32>, bias: Option<&[f32]>) -> Vec<f32> {
+    if let Some(b) = bias {
+        for row in y.chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+        }
+    }
+    y
+}
