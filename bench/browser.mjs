@@ -50,7 +50,8 @@ export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, thr
     const isolated = await page.evaluate(() => crossOriginIsolated);
     await page.close();
     const runs = [
-      ['kestrel', (p) => p.evaluate((w) => window.bench.runKestrel(w), workload)],
+      ['kestrel', (p) => p.evaluate((w) => window.bench.runKestrel(w), { ...workload, backend: 'webgpu' })],
+      ['kestrel-cpu', (p) => p.evaluate((w) => window.bench.runKestrel(w), { ...workload, backend: 'cpu' })],
       ['wllama-cpu', (p) => p.evaluate((w) => window.bench.runWllama(w), { ...workload, threads, contextLength, gpuLayers: 0 })],
       ['wllama-webgpu', (p) => p.evaluate((w) => window.bench.runWllama(w), { ...workload, threads, contextLength, gpuLayers: 999 })],
     ];

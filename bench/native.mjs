@@ -19,11 +19,12 @@ function exec(file, args, env = {}) {
 
 const readJson = (path) => JSON.parse(readFileSync(path, 'utf8'));
 
-/** `kestrel bench model`; resolves to its JSON. */
-export async function runKestrelNative({ model, promptTokens, decodeTokens, repeats, out }) {
+/** `kestrel bench model` on `backend` ('gpu' or 'cpu'; the CPU backend on `threads` threads);
+ * resolves to its JSON. */
+export async function runKestrelNative({ model, promptTokens, decodeTokens, repeats, backend, threads, out }) {
   if (!existsSync(KESTREL)) throw new Error(`${KESTREL} is missing: build it with \`cargo build --release -p kestrel-cli\``);
-  await exec(KESTREL, ['bench', 'model', '--model', model, '--prompt-tokens', promptTokens.join(','), '--decode-tokens', String(decodeTokens), '--repeats', String(repeats), '--json', out],
-    { XDG_RUNTIME_DIR: process.env.XDG_RUNTIME_DIR ?? '/tmp' });
+  await exec(KESTREL, ['bench', 'model', '--backend', backend, '--model', model, '--prompt-tokens', promptTokens.join(','), '--decode-tokens', String(decodeTokens), '--repeats', String(repeats), '--json', out],
+    { XDG_RUNTIME_DIR: process.env.XDG_RUNTIME_DIR ?? '/tmp', ...(threads ? { RAYON_NUM_THREADS: String(threads) } : {}) });
   return readJson(out);
 }
 

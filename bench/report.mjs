@@ -13,29 +13,34 @@ const secs = (ms) => (ms == null ? '–' : ms >= 10_000 ? `${(ms / 1e3).toFixed(
 /** Every row of the run, native first. */
 export function allRows(run) {
   const rows = [];
-  if (run.native?.kestrel && !run.native.kestrel.error) rows.push(...kestrelNativeRows(run.native.kestrel));
+  for (const key of ['kestrel', 'kestrel_cpu', 'kestrel_cpu_1_thread']) {
+    const r = run.native?.[key];
+    if (r && !r.error) rows.push(...kestrelNativeRows(r));
+  }
   // llama.cpp's CPU build at the run's threads and at 1, and its Vulkan build on the same device.
   for (const key of ['llama_cpp', 'llama_cpp_1_thread', 'llama_cpp_vulkan']) {
     const r = run.native?.[key];
     if (r && !r.error) rows.push(...llamaCppRows(r, run.settings.native.threads));
   }
   for (const [name, r] of Object.entries(run.native ?? {})) {
-    if (r?.error) rows.push({ env: 'native', engine: name === 'kestrel' ? 'Kestrel' : 'llama.cpp', backend: '', note: `failed: ${r.error}` });
+    if (r?.error) rows.push({ env: 'native', engine: name.startsWith('kestrel') ? 'Kestrel' : 'llama.cpp', backend: name, note: `failed: ${r.error}` });
   }
   for (const e of run.browser?.engines ?? []) rows.push(...browserRows(e));
   if (run.browser?.error) rows.push({ env: 'browser', engine: 'all', backend: '', note: `failed: ${run.browser.error}` });
   return rows;
 }
 
-/** Kestrel / peer for each figure, for every peer row with the same environment and prompt length. */
+/** Kestrel / peer for each figure, for every peer row with the same environment and prompt length:
+ * the Kestrel row on the same kind of device and thread count (`pairs`) where there is one. */
 export function ratios(rows) {
   const out = [];
   for (const peer of rows.filter((r) => r.engine !== 'Kestrel' && r.decode_tok_s != null)) {
-    const k = rows.find((r) => r.engine === 'Kestrel' && r.env === peer.env && r.prompt_tokens === peer.prompt_tokens && r.decode_tok_s != null);
+    const candidates = rows.filter((r) => r.engine === 'Kestrel' && r.env === peer.env && r.prompt_tokens === peer.prompt_tokens && r.decode_tok_s != null);
+    const k = candidates.find((r) => r.pairs != null && r.pairs === peer.pairs) ?? candidates[0];
     if (!k) continue;
     const q = (a, b) => (a != null && b ? a / b : null);
     out.push({
-      env: peer.env, peer: `${peer.engine} (${peer.backend})`, prompt_tokens: peer.prompt_tokens,
+      env: peer.env, kestrel: k.backend, peer: `${peer.engine} (${peer.backend})`, prompt_tokens: peer.prompt_tokens,
       load: q(k.load_ms, peer.load_ms), ttft: q(k.ttft_ms, peer.ttft_ms), prefill: q(k.prefill_tok_s, peer.prefill_tok_s),
       decode: q(k.decode_tok_s, peer.decode_tok_s), itl_p50: q(k.itl_ms?.p50, peer.itl_ms?.p50), memory: k.memory_what === peer.memory_what ? q(k.memory_bytes, peer.memory_bytes) : null,
     });
@@ -71,9 +76,9 @@ export function markdown(run) {
   const rat = ratios(rows);
   if (rat.length) {
     lines.push('', 'Kestrel / peer (above 1: Kestrel is larger; for tok/s larger is faster, for times and memory smaller is better):', '');
-    lines.push('| env | peer | prompt | load | TTFT | prefill tok/s | decode tok/s | ITL p50 | memory |', '|---|---|--:|--:|--:|--:|--:|--:|--:|');
+    lines.push('| env | Kestrel | peer | prompt | load | TTFT | prefill tok/s | decode tok/s | ITL p50 | memory |', '|---|---|---|--:|--:|--:|--:|--:|--:|--:|');
     const x = (v) => (v == null ? '–' : `${v >= 10 ? v.toFixed(0) : v >= 0.1 ? v.toFixed(2) : v.toPrecision(2)}×`);
-    for (const r of rat) lines.push(`| ${r.env} | ${r.peer} | ${r.prompt_tokens} | ${x(r.load)} | ${x(r.ttft)} | ${x(r.prefill)} | ${x(r.decode)} | ${x(r.itl_p50)} | ${x(r.memory)} |`);
+    for (const r of rat) lines.push(`| ${r.env} | ${r.kestrel} | ${r.peer} | ${r.prompt_tokens} | ${x(r.load)} | ${x(r.ttft)} | ${x(r.prefill)} | ${x(r.decode)} | ${x(r.itl_p50)} | ${x(r.memory)} |`);
   }
   const k = run.native?.kestrel;
   if (k?.roofline) {

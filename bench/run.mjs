@@ -111,9 +111,13 @@ const attempt = async (what, fn) => {
 
 const n = settings.native;
 if (!skip.has('native')) {
-  run.native.kestrel = await attempt('Kestrel, native', () => runKestrelNative({
-    model, promptTokens: n.prompt_tokens, decodeTokens: n.decode_tokens, repeats: n.repeats, out: join(raw, 'kestrel-native.json'),
-  }));
+  const kestrel = (what, key, options) => attempt(what, () => runKestrelNative({
+    model, promptTokens: n.prompt_tokens, decodeTokens: n.decode_tokens, repeats: n.repeats, ...options, out: join(raw, `${key}.json`),
+  })).then((result) => { run.native[key] = result; });
+  await kestrel('Kestrel, native, GPU', 'kestrel', { backend: 'gpu' });
+  // The CPU backend beside llama.cpp's CPU build at the same thread counts.
+  await kestrel('Kestrel, native, CPU', 'kestrel_cpu', { backend: 'cpu', threads });
+  if (threads !== 1) await kestrel('Kestrel, native, CPU, 1 thread', 'kestrel_cpu_1_thread', { backend: 'cpu', threads: 1 });
 }
 if (!skip.has('llama')) {
   const llama = (what, key, options) => attempt(what, async () => {

@@ -19,8 +19,15 @@ export interface LoadProgress {
 }
 
 export interface EngineInfo {
-  /** Where generation runs: this browser's GPU, or the `remote` server of createEngine. */
-  backend: 'webgpu' | 'remote';
+  /**
+   * Where generation runs: this browser's GPU, its CPU (wasm SIMD in the engine's worker), or the
+   * `remote` server of createEngine.
+   */
+  backend: 'webgpu' | 'cpu' | 'remote';
+  /** With backend 'cpu': why (asked for, no WebGPU, a software adapter, the model does not fit the GPU). */
+  backend_reason?: string | null;
+  /** With backend 'cpu': the SIMD instruction set of its kernels and its threads. */
+  cpu?: { simd: string; threads: number } | null;
   /** With backend 'remote': why the model does not run here (`no_webgpu`, `device_limits`, `out_of_memory`). */
   fallback?: { code: string; message: string };
   /** With backend 'remote': the server and the model asked of it. */
@@ -234,6 +241,12 @@ export interface CreateEngineOptions {
   sha256?: string;
   /** Follows the engine recovering by itself from a lost GPU device (see EngineStatus). */
   onStatus?: (status: EngineStatus) => void;
+  /**
+   * Where the model runs: 'webgpu', 'cpu' (wasm SIMD kernels in the engine's worker), or 'auto'
+   * (the default): the GPU unless there is no WebGPU, its adapter is a software rasterizer
+   * (SwiftShader, llvmpipe, WARP), or the model does not fit it; then the CPU.
+   */
+  backend?: 'webgpu' | 'cpu' | 'auto';
   /** Force optional GPU features off (all default to true: used where the adapter has them). */
   gpu?: { allow_f16?: boolean; allow_subgroups?: boolean; allow_timestamps?: boolean };
   /** KV cache length in tokens (default: the model's training context, at most 4096). */
@@ -255,8 +268,9 @@ export interface CreateEngineOptions {
   persistPrefix?: boolean | { maxBytes?: number };
   /**
    * An OpenAI-compatible server (kestrel serve, llama-server, vLLM) to send the same requests to
-   * when this browser has no WebGPU or the model does not fit its GPU. Without it the package
-   * makes no request but the model's and its own files.
+   * when the model cannot run here: with backend 'webgpu', where this browser has no WebGPU or
+   * the model does not fit its GPU (with 'auto' the CPU path runs it instead). Without it the
+   * package makes no request but the model's and its own files.
    */
   remote?: RemoteOptions;
 }

@@ -378,7 +378,7 @@ class Engine {
   /**
    * @param {string | Blob} model
    * @param {CreateEngineOptions['onProgress']} onProgress
-   * @param {CreateEngineOptions['gpu'] & { context_length?: number, kv_cache?: 'f16' | 'f32' }} gpu
+   * @param {CreateEngineOptions['gpu'] & { backend?: 'webgpu' | 'cpu' | 'auto', context_length?: number, kv_cache?: 'f16' | 'f32' }} gpu
    * @param {string | undefined} sha256
    * @param {{ maxBytes: number } | null} persist `persistPrefix`
    */
@@ -507,7 +507,10 @@ function persistOption(option) {
 const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
 
 /**
- * Starts a worker, creates the GPU device in it and loads `model` (a URL, a File or a Blob).
+ * Starts a worker, creates the GPU device in it (or not: `backend`) and loads `model` (a URL, a
+ * File or a Blob). `backend`: 'webgpu', 'cpu' (wasm SIMD kernels in the worker) or 'auto' (the
+ * default): the GPU unless there is no WebGPU, its adapter is a software rasterizer, or the
+ * model does not fit it; `engine.info.backend` and `backend_reason` say which and why.
  * Resolves once the model is ready. `onProgress({phase, loaded, total})` follows the load:
  * phase 'download' | 'cache' | 'upload' (a local File/Blob) | 'compile' | 'ready'.
  * `gpu: {allow_f16, allow_subgroups, allow_timestamps}` forces optional GPU features off;
@@ -524,14 +527,18 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * follows the saved tokens.
  * Before downloading a URL it checks from the header that the model fits (`estimate`), failing
  * with `device_limits` or `unsupported_quant` without fetching the weights.
- * `remote: {baseURL, apiKey, model}`: where this browser has no WebGPU or the model does not fit
- * its GPU (`no_webgpu`, `device_limits`, `out_of_memory`), the engine sends the same requests to
- * that OpenAI-compatible server instead (`engine.info.backend` is then 'remote').
+ * `remote: {baseURL, apiKey, model}`: where the model cannot run here (`no_webgpu`,
+ * `device_limits`, `out_of_memory`; with backend 'auto' only what the CPU path cannot run either),
+ * the engine sends the same requests to that OpenAI-compatible server instead
+ * (`engine.info.backend` is then 'remote').
  * @param {CreateEngineOptions} options
  * @returns {Promise<EngineApi>}
  */
 export async function createEngine(options) {
-  const { model, onProgress, onStatus, gpu, context_length, kv_cache, remote, sha256, persistPrefix } = options ?? {};
+  const { model, onProgress, onStatus, backend = 'auto', gpu, context_length, kv_cache, remote, sha256, persistPrefix } = options ?? {};
+  if (!['webgpu', 'cpu', 'auto'].includes(backend)) {
+    throw kestrelError('invalid_option', "invalid option backend: expected 'webgpu', 'cpu' or 'auto'");
+  }
   if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
     throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
   }
@@ -540,7 +547,7 @@ export async function createEngine(options) {
   }
   const persist = persistOption(persistPrefix);
   const remoteBackend = remote == null ? null : new RemoteBackend(remote);
-  if (!globalThis.navigator?.gpu) {
+  if (backend === 'webgpu' && !globalThis.navigator?.gpu) {
     const error = kestrelError('no_webgpu', 'WebGPU is not available in this browser (navigator.gpu is missing)');
     if (remoteBackend) return new RemoteEngine(remoteBackend, error);
     throw error;
@@ -548,13 +555,12 @@ export async function createEngine(options) {
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   const engine = new Engine(worker, onStatus);
   try {
-    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, context_length, kv_cache }, sha256, persist);
+    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, backend, context_length, kv_cache }, sha256, persist);
   } catch (e) {
     worker.terminate();
     const code = /** @type {KestrelError} */ (e)?.code;
     if (remoteBackend && FALL_THROUGH.has(code)) return new RemoteEngine(remoteBackend, /** @type {KestrelError} */ (e));
     throw e;
   }
-  engine.info.backend = 'webgpu';
   return engine;
 }

@@ -59,6 +59,13 @@ async function getEngine(gpuOptions) {
   return engine;
 }
 
+/** Moves the engine to the CPU backend (with `backend` 'auto', for a model the GPU cannot hold). */
+async function cpuEngine(gpuOptions, reason) {
+  engine?.free();
+  engine = await Engine.create({ ...gpuOptions, backend: 'cpu', backend_reason: reason });
+  return engine;
+}
+
 const fail = (code, message) => Object.assign(new Error(message), { code });
 
 /**
@@ -153,7 +160,7 @@ const quotaExceeded = (bytes) => ({
  * `persist` (`{maxBytes}`), opens the store of saved KV prefixes under the file's sha256.
  */
 async function load(id, model, useCache, gpuOptions, sha256, persist) {
-  const eng = await getEngine(gpuOptions);
+  let eng = await getEngine(gpuOptions);
   prefixes = null;
   // The digest checks the file against `sha256`, and keys its saved KV prefixes.
   const hasher = sha256 || persist ? new Sha256Hasher() : null;
@@ -175,9 +182,16 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
       body = hit.body;
       total = Number(hit.headers.get('content-length')) || 0;
     } else {
-      // Before downloading gigabytes, check from the header alone that the model fits.
-      const fits = await estimate(url, gpuOptions?.context_length, gpuOptions?.kv_cache);
-      if (fits.fits === false) throw fail(fits.code, `the model does not fit this device: ${fits.reason}`);
+      // Before downloading gigabytes, check from the header alone that the model fits the GPU;
+      // with backend 'auto' one that does not runs on the CPU.
+      if (eng.backend() === 'webgpu') {
+        const fits = await estimate(url, gpuOptions?.context_length, gpuOptions?.kv_cache);
+        if (fits.fits === false && (gpuOptions?.backend ?? 'auto') === 'auto' && fits.code !== 'unsupported_quant') {
+          eng = await cpuEngine(gpuOptions, `the model does not fit the GPU: ${fits.reason}`);
+        } else if (fits.fits === false) {
+          throw fail(fits.code, `the model does not fit this device: ${fits.reason}`);
+        }
+      }
       phase = 'download';
       let response;
       try {
@@ -237,7 +251,9 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
     post({ type: 'progress', id, progress: { phase: 'compile', loaded, total } });
     const info = await eng.finishLoad();
     await describeAdapter(info);
-    if (persist) {
+    if (persist && info.backend === 'cpu') {
+      console.info('kestrel: persistPrefix is off on the CPU backend (its KV prefix snapshots are GPU copies)');
+    } else if (persist) {
       // Keyed by the file and the cache's value type: an f32 engine's snapshots neither serve nor
       // supersede an f16 one's.
       prefixes = await PrefixStore.open(`${digest}:${gpuOptions?.kv_cache ?? 'f16'}`, persist.maxBytes).catch((e) => {

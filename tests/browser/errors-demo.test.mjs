@@ -111,6 +111,9 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
     await page.goto(`${env.server.url}/www/demo/?max_tokens=16&context_length=${CONTEXT_LENGTH}`);
     await page.waitForSelector('body[data-ready="true"]');
     assert.match(await page.textContent('#adapter'), /\S/);
+    // On SwiftShader, a software adapter, the demo ('auto') runs the model on the CPU and says why.
+    assert.match(await page.textContent('#adapter'), /^CPU \(wasm simd128, 1 thread\) · /);
+    assert.match(await page.textContent('#backend-reason'), /^Running on the CPU: the WebGPU adapter.* is a software rasterizer\.$/);
 
     // The adapter panel: what the page's own WebGPU adapter reports.
     const adapter = await page.evaluate(async () => {

@@ -47,11 +47,14 @@ async function runWorkload({ prompts, decodeTokens, repeats }, generate) {
   return { workloads: results, main_thread: watch.stop() };
 }
 
-/** Kestrel: cold load (Cache API emptied first), the workload, then a warm load from the cache. */
-export async function runKestrel({ modelUrl, prompts, decodeTokens, repeats }) {
+/**
+ * Kestrel on `backend` ('webgpu' or 'cpu'): cold load (Cache API emptied first), the workload,
+ * then a warm load from the cache.
+ */
+export async function runKestrel({ modelUrl, prompts, decodeTokens, repeats, backend }) {
   await deleteModelFromCache(new URL(modelUrl, location.href).href);
   let t = performance.now();
-  const engine = await createEngine({ model: modelUrl });
+  const engine = await createEngine({ model: modelUrl, backend });
   const coldLoadMs = performance.now() - t;
   const generate = async (text, maxTokens, onToken) => {
     // Each repeat from an empty cache: otherwise the engine reuses the previous prompt's prefix.
@@ -71,10 +74,10 @@ export async function runKestrel({ modelUrl, prompts, decodeTokens, repeats }) {
   const info = engine.info;
   await engine.unload();
   t = performance.now();
-  const warm = await createEngine({ model: modelUrl });
+  const warm = await createEngine({ model: modelUrl, backend });
   const warmLoadMs = performance.now() - t;
   await warm.unload();
-  return { engine: 'kestrel', version: info.version, gpu: info.gpu, model: info.model, cold_load_ms: coldLoadMs, warm_load_ms: warmLoadMs, memory, wasm_heap_bytes: wasmHeap, ...result };
+  return { engine: 'kestrel', backend: info.backend, cpu: info.cpu, version: info.version, gpu: info.gpu, model: info.model, cold_load_ms: coldLoadMs, warm_load_ms: warmLoadMs, memory, wasm_heap_bytes: wasmHeap, ...result };
 }
 
 /** The adapter's name and features as this page sees them (null without WebGPU). */

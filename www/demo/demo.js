@@ -1,6 +1,8 @@
 // The demo chat page: shows the GPU adapter and whether the model fits it, then loads the default
 // model (or ?model=URL, or a GGUF file dropped on the page or opened), streams replies, shows speed.
-// Query options: model (URL), max_tokens (per reply), context_length (KV cache positions).
+// Query options: model (URL), max_tokens (per reply), context_length (KV cache positions),
+// backend ('auto', the default: the CPU path where the GPU is a software one or absent; 'webgpu';
+// 'cpu').
 import { adapterName as nameOf } from '../adapter-name.js';
 import { createEngine, estimate } from '../index.js';
 
@@ -9,6 +11,7 @@ const params = new URLSearchParams(location.search);
 const MODEL = params.get('model') ?? new URL('../../models/SmolLM2-135M-Instruct.Q4_1.gguf', location.href).href;
 const MAX_TOKENS = Number(params.get('max_tokens') ?? 512);
 const CONTEXT_LENGTH = params.has('context_length') ? Number(params.get('context_length')) : undefined;
+const BACKEND = params.get('backend') ?? 'auto';
 const messages = [];
 let engine = null;
 let controller = null;
@@ -109,7 +112,8 @@ async function load(model, name) {
   document.body.dataset.ready = 'false';
   try {
     const est = await showEstimate(model, name);
-    if (!est.fits) {
+    // With 'auto' a model the GPU cannot hold runs on the CPU; a weight type no path runs cannot.
+    if (!est.fits && (BACKEND === 'webgpu' || est.code === 'unsupported_quant')) {
       showError({ code: est.code, message: est.reason });
       $('phase').textContent = `${name} does not fit this GPU`;
       return;
@@ -124,8 +128,13 @@ async function load(model, name) {
       $('adapter').textContent = adapterName;
       await old.unload();
     }
-    engine = await createEngine({ model, onProgress, context_length: CONTEXT_LENGTH });
-    $('adapter').textContent = `${engine.info.gpu.adapter} (${engine.info.gpu.backend}) · ${name}`;
+    engine = await createEngine({ model, onProgress, backend: BACKEND, context_length: CONTEXT_LENGTH });
+    const { info } = engine;
+    $('adapter').textContent = info.backend === 'cpu'
+      ? `CPU (wasm ${info.cpu.simd}, ${info.cpu.threads} thread${info.cpu.threads === 1 ? '' : 's'}) · ${name}`
+      : `${info.gpu.adapter} (${info.gpu.backend}) · ${name}`;
+    $('adapter').title = info.backend_reason ?? '';
+    $('backend-reason').textContent = info.backend === 'cpu' ? `Running on the CPU: ${info.backend_reason}.` : 'Running on the GPU.';
     $('loading').hidden = true;
     $('input').focus();
   } catch (e) {

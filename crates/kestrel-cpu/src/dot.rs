@@ -49,11 +49,10 @@ fn kernels() -> &'static Kernels {
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             return Kernels { name: "avx2", int: avx2::int_dot_checked, f32: avx2::f32_dot_checked };
         }
-        Kernels {
-            name: if cfg!(target_feature = "simd128") { "simd128" } else { "portable" },
-            int: int_dot_portable,
-            f32: f32_dot_portable,
-        }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        return Kernels { name: "simd128", int: simd128::int_dot, f32: simd128::f32_dot };
+        #[allow(unreachable_code)]
+        Kernels { name: "portable", int: int_dot_portable, f32: f32_dot_portable }
     })
 }
 
@@ -165,6 +164,59 @@ mod avx2 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+    }
+}
+
+/// wasm's 128-bit SIMD, which a wasm build compiled with `+simd128` always has (every browser
+/// with WebGPU runs it).
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128 {
+    use core::arch::wasm32::*;
+
+    use super::{offsets_dot, ActRow, IntRow, F32_LANES};
+    use crate::ACT_BLOCK;
+
+    /// The first 16 bytes of `bytes`, or 4 f32s.
+    fn load<T>(values: &[T]) -> v128 {
+        assert!(std::mem::size_of_val(values) >= 16, "simd128 load past a slice");
+        // SAFETY: at least 16 readable bytes (checked); wasm's loads need no alignment.
+        unsafe { v128_load(values.as_ptr().cast()) }
+    }
+
+    /// The 16 products of a group, summed pairwise into 4 i32 lanes (`i32x4_dot_i16x8` of the
+    /// levels widened to i16).
+    fn group(w: &[i8], x: &[i8]) -> v128 {
+        let (w, x) = (load(w), load(x));
+        i32x4_add(
+            i32x4_dot_i16x8(i16x8_extend_low_i8x16(w), i16x8_extend_low_i8x16(x)),
+            i32x4_dot_i16x8(i16x8_extend_high_i8x16(w), i16x8_extend_high_i8x16(x)),
+        )
+    }
+
+    pub(super) fn int_dot(w: IntRow<'_>, x: ActRow<'_>) -> f32 {
+        let mut acc = f32x4_splat(0.0);
+        let blocks = w.q.chunks_exact(ACT_BLOCK).zip(x.q.chunks_exact(ACT_BLOCK)).zip(w.scale.chunks_exact(2)).zip(x.d);
+        for (((wq, xq), s), &d) in blocks {
+            let lo = f32x4_convert_i32x4(group(&wq[..16], &xq[..16]));
+            let hi = f32x4_convert_i32x4(group(&wq[16..], &xq[16..]));
+            acc = f32x4_add(acc, f32x4_add(f32x4_mul(lo, f32x4_splat(s[0] * d)), f32x4_mul(hi, f32x4_splat(s[1] * d))));
+        }
+        horizontal_sum(acc) + offsets_dot(w, x)
+    }
+
+    pub(super) fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
+        let (mut acc0, mut acc1) = (f32x4_splat(0.0), f32x4_splat(0.0));
+        let (a_body, b_body) = (a.chunks_exact(F32_LANES), b.chunks_exact(F32_LANES));
+        let tail: f32 = a_body.remainder().iter().zip(b_body.remainder()).map(|(x, y)| x * y).sum();
+        for (a8, b8) in a_body.zip(b_body) {
+            acc0 = f32x4_add(acc0, f32x4_mul(load(&a8[..4]), load(&b8[..4])));
+            acc1 = f32x4_add(acc1, f32x4_mul(load(&a8[4..]), load(&b8[4..])));
+        }
+        horizontal_sum(f32x4_add(acc0, acc1)) + tail
+    }
+
+    fn horizontal_sum(v: v128) -> f32 {
+        f32x4_extract_lane::<0>(v) + f32x4_extract_lane::<1>(v) + f32x4_extract_lane::<2>(v) + f32x4_extract_lane::<3>(v)
     }
 }
 

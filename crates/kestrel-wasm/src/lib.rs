@@ -51,7 +51,10 @@ fn install_panic_hook() {
 
 #[derive(Default)]
 struct State {
+    /// None: the CPU backend runs the model (see `cpu_reason`).
     gpu: RefCell<Option<Gpu>>,
+    /// Why the engine runs on the CPU, when it does.
+    cpu_reason: RefCell<Option<String>>,
     loader: RefCell<Option<ModelLoader>>,
     /// Taken out while a generation runs.
     model: RefCell<Option<Model>>,
@@ -137,7 +140,17 @@ impl State {
                 },
             })
         });
-        to_js(&json!({ "gpu": gpu, "model": *self.model_info.borrow(), "version": env!("CARGO_PKG_VERSION") }))
+        let backend = if gpu.is_some() { "webgpu" } else { "cpu" };
+        // One thread: a wasm worker has no shared-memory threads without a nightly toolchain.
+        let cpu = self.cpu_reason.borrow().as_ref().map(|_| json!({ "simd": kestrel_cpu::simd_name(), "threads": 1 }));
+        to_js(&json!({
+            "backend": backend,
+            "backend_reason": *self.cpu_reason.borrow(),
+            "cpu": cpu,
+            "gpu": gpu,
+            "model": *self.model_info.borrow(),
+            "version": env!("CARGO_PKG_VERSION"),
+        }))
     }
 
     async fn generate(&self, request: &str, on_token: &Function) -> Result<JsValue, JsValue> {
@@ -232,17 +245,34 @@ pub struct Engine {
 
 #[wasm_bindgen]
 impl Engine {
-    /// Creates the GPU device from the global scope's `navigator.gpu` (a worker's or a page's).
-    /// Fails with code `no_webgpu` where there is none or no adapter. `options` (optional):
-    /// `{allow_f16, allow_subgroups, allow_timestamps}` (booleans, default true) to force
-    /// optional features off, `context_length` (KV cache tokens; default: the model's
-    /// training context, at most 4096) and `kv_cache` ('f16', the default, or 'f32').
+    /// Creates the engine on `options.backend`: 'webgpu' (the GPU device from the global scope's
+    /// `navigator.gpu`, a worker's or a page's; fails with code `no_webgpu` where there is none
+    /// or no adapter), 'cpu' (`kestrel-cpu`'s kernels in wasm SIMD), or 'auto', the default: the
+    /// GPU unless there is none or its adapter is a software rasterizer (SwiftShader, llvmpipe,
+    /// WARP), which the CPU path outruns. `backend_reason` (a string) is what `info()` reports
+    /// as the reason for 'cpu'. Other `options` (all optional): `{allow_f16, allow_subgroups,
+    /// allow_timestamps}` (booleans, default true) to force optional features off,
+    /// `context_length` (KV cache tokens; default: the model's training context, at most 4096)
+    /// and `kv_cache` ('f16', the default, or 'f32').
     pub async fn create(options: JsValue) -> Result<Engine, JsValue> {
         install_panic_hook();
+        let string_option = |name: &str| -> Option<String> {
+            if !options.is_object() {
+                return None;
+            }
+            js_sys::Reflect::get(&options, &JsValue::from_str(name)).ok().and_then(|v| v.as_string())
+        };
+        let backend = match js_sys::Reflect::get(&options, &JsValue::from_str("backend")).unwrap_or(JsValue::UNDEFINED) {
+            v if v.is_undefined() || v.is_null() => "auto".to_owned(),
+            v => match v.as_string() {
+                Some(name) if ["webgpu", "cpu", "auto"].contains(&name.as_str()) => name,
+                _ => return Err(js_error("invalid_option", &format!("invalid option backend: {v:?}, expected 'webgpu', 'cpu' or 'auto'"))),
+            },
+        };
         let navigator = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("navigator")).unwrap_or(JsValue::UNDEFINED);
         let has_gpu = !navigator.is_undefined()
             && js_sys::Reflect::get(&navigator, &JsValue::from_str("gpu")).is_ok_and(|g| !g.is_undefined() && !g.is_null());
-        if !has_gpu {
+        if !has_gpu && backend == "webgpu" {
             return Err(js_error("no_webgpu", "WebGPU is not available here (navigator.gpu is missing)"));
         }
         let mut gpu_options = GpuOptions::default();
@@ -275,9 +305,29 @@ impl Engine {
                 load_options.kv_cache = kv_type(kv.as_string().as_deref())?;
             }
         }
-        let gpu = Gpu::new(&gpu_options).await.map_err(|e| model_error(&ModelError::Gpu(e)))?;
+        let (gpu, cpu_reason) = match backend.as_str() {
+            "cpu" => (None, Some(string_option("backend_reason").unwrap_or_else(|| "backend 'cpu' was asked for".into()))),
+            "webgpu" => (Some(Gpu::new(&gpu_options).await.map_err(|e| model_error(&ModelError::Gpu(e)))?), None),
+            _ if !has_gpu => (None, Some("WebGPU is not available here (navigator.gpu is missing)".into())),
+            _ => match Gpu::new(&gpu_options).await {
+                Ok(gpu) if gpu.info.software => {
+                    // wgpu often has no adapter name on the web.
+                    let name = &gpu.info.adapter_name;
+                    let reason = if name.is_empty() {
+                        "the WebGPU adapter is a software rasterizer".to_owned()
+                    } else {
+                        format!("the WebGPU adapter ({name}) is a software rasterizer")
+                    };
+                    gpu.device.destroy();
+                    (None, Some(reason))
+                }
+                Ok(gpu) => (Some(gpu), None),
+                Err(e) => (None, Some(format!("no WebGPU device: {e}"))),
+            },
+        };
         let state = State::default();
-        *state.gpu.borrow_mut() = Some(gpu);
+        *state.gpu.borrow_mut() = gpu;
+        *state.cpu_reason.borrow_mut() = cpu_reason;
         *state.load_options.borrow_mut() = load_options;
         Ok(Engine { state: Rc::new(state) })
     }
@@ -293,7 +343,11 @@ impl Engine {
         let mut loader = s.loader.borrow_mut();
         if loader.is_none() {
             s.drop_model();
-            *loader = Some(ModelLoader::new(&s.gpu()?, s.load_options.borrow().clone()));
+            let options = s.load_options.borrow().clone();
+            *loader = Some(match s.gpu.borrow().as_ref() {
+                Some(gpu) => ModelLoader::new(gpu, options),
+                None => ModelLoader::new_cpu(options),
+            });
         }
         let l = loader.as_mut().expect("just set");
         match l.push(bytes) {
@@ -353,7 +407,15 @@ impl Engine {
     /// device is gone (the browser reports a loss after the errors it causes).
     #[wasm_bindgen(js_name = checkDevice)]
     pub fn check_device(&self) -> Result<(), JsValue> {
-        self.state.gpu()?.check_faults().map_err(|e| model_error(&e.into()))
+        match self.state.gpu.borrow().as_ref() {
+            Some(gpu) => gpu.check_faults().map_err(|e| model_error(&e.into())),
+            None => Ok(()),
+        }
+    }
+
+    /// Where the engine runs models: 'webgpu' or 'cpu'.
+    pub fn backend(&self) -> String {
+        if self.state.gpu.borrow().is_some() { "webgpu" } else { "cpu" }.into()
     }
 
     /// Destroys the GPU device, as a driver reset or the browser reclaiming the GPU would lose

@@ -1,0 +1,83 @@
+// The CPU backend in the browser (kestrel-cpu's kernels in wasm SIMD, in the engine's worker):
+// chosen by createEngine's default 'auto' where the WebGPU adapter is a software one (SwiftShader
+// here) or WebGPU is missing, with the reason in `engine.info`; it streams llama.cpp's greedy
+// tokens for the default model (llama.cpp rounds activations to 8 bits as it does).
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, test } from 'node:test';
+import { CONTEXT_LENGTH, launch, MINUTES, MODEL_URL, openTestPage, ROOT, serveAndLaunch } from './harness.mjs';
+
+/** llama.cpp's greedy run of a raw prompt of the default model, compared up to its first near-tie. */
+function reference(promptId) {
+  const greedy = JSON.parse(readFileSync(join(ROOT, 'tests/data/reference/greedy.json'), 'utf8'));
+  const prompts = JSON.parse(readFileSync(join(ROOT, 'tests/data/reference/prompts.json'), 'utf8'));
+  const want = greedy.prompts.find((p) => p.id === promptId);
+  const firstTie = want.step_top1_top2_logit_margin.findIndex((m) => m < 0.1);
+  const steps = firstTie === -1 ? want.greedy_ids.length : firstTie;
+  return { text: prompts.prompts.find((p) => p.id === promptId).text, want, steps };
+}
+
+describe('The CPU backend in Chromium', { timeout: 30 * MINUTES }, () => {
+  const env = serveAndLaunch();
+
+  test("(i) 'auto' on a software adapter runs on the CPU and streams llama.cpp's greedy tokens", { timeout: 15 * MINUTES }, async () => {
+    const { text, want, steps } = reference('pub_raw_json');
+    assert.ok(steps >= 16, `only ${steps} steps before llama.cpp's first near-tie`);
+    const page = await openTestPage(env.browser.context, env.server.url);
+    page.setDefaultTimeout(10 * MINUTES);
+    const out = await page.evaluate(async ({ model, prompt, steps, contextLength }) => {
+      const engine = await window.kestrel.createEngine({ model, backend: 'auto', context_length: contextLength });
+      const info = engine.info;
+      const pieces = [];
+      let last = null;
+      for await (const chunk of await engine.completions.create({ prompt, temperature: 0, max_tokens: steps, ignore_eos: true, stream: true })) {
+        if (chunk.choices[0]?.text) pieces.push(chunk.choices[0].text);
+        last = chunk;
+      }
+      await engine.unload();
+      return { info, text: pieces.join(''), kestrel: last.kestrel, usage: last.usage };
+    }, { model: MODEL_URL, prompt: text, steps, contextLength: CONTEXT_LENGTH });
+    const x = out.usage.extra;
+    console.log(`CPU backend: ${out.info.backend_reason}; ${out.info.cpu.simd}, ${out.info.cpu.threads} thread; prefill ${x.prefill_tokens_per_s.toFixed(1)} tok/s, decode ${x.decode_tokens_per_s.toFixed(1)} tok/s`);
+    assert.equal(out.info.backend, 'cpu');
+    assert.match(out.info.backend_reason, /software rasterizer/);
+    assert.equal(out.info.cpu.simd, 'simd128', 'the package is built with wasm SIMD');
+    assert.equal(out.info.gpu, null);
+    assert.deepEqual(out.kestrel.prompt_token_ids, want.prompt_ids);
+    assert.deepEqual(out.kestrel.token_ids, want.greedy_ids.slice(0, steps), `the first ${steps} greedy tokens differ from llama.cpp's`);
+    assert.ok(out.text.length > 0);
+    await page.close();
+  });
+
+  test("(j) without a WebGPU adapter, 'auto' and 'cpu' run on the CPU, 'webgpu' fails with no_webgpu", { timeout: 10 * MINUTES }, async () => {
+    const browser = await launch({ webgpu: false });
+    try {
+      const page = await openTestPage(browser.context, env.server.url);
+      page.setDefaultTimeout(5 * MINUTES);
+      const r = await page.evaluate(async ({ model, contextLength }) => {
+        const { createEngine } = window.kestrel;
+        const code = (p) => p.then(() => null, (e) => e.code);
+        const results = { adapter: Boolean(await navigator.gpu?.requestAdapter()) };
+        for (const backend of ['auto', 'cpu']) {
+          const engine = await createEngine({ model, backend, context_length: contextLength });
+          const out = await engine.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], temperature: 0, max_tokens: 3 });
+          results[backend] = { backend: engine.info.backend, reason: engine.info.backend_reason, tokens: out.usage.completion_tokens };
+          await engine.unload();
+        }
+        results.webgpu = await code(createEngine({ model, backend: 'webgpu' }));
+        results.bad = await code(createEngine({ model, backend: 'gpu' }));
+        return results;
+      }, { model: MODEL_URL, contextLength: CONTEXT_LENGTH });
+      console.log(JSON.stringify(r));
+      assert.equal(r.adapter, false, 'this browser has a WebGPU adapter');
+      assert.deepEqual(r.auto, { backend: 'cpu', reason: r.auto.reason, tokens: 3 });
+      assert.match(r.auto.reason, /^no WebGPU device: .*adapter/);
+      assert.deepEqual(r.cpu, { backend: 'cpu', reason: "backend 'cpu' was asked for", tokens: 3 });
+      assert.equal(r.webgpu, 'no_webgpu');
+      assert.equal(r.bad, 'invalid_option');
+    } finally {
+      await browser.close();
+    }
+  });
+});
