@@ -10,6 +10,7 @@
 //       [--full]            the issue's workload everywhere: prompts 128,512, 128 decode steps, 5 repeats
 //       [--gpu]             Chromium on the machine's GPU instead of SwiftShader
 //       [--skip native,llama,browser]   leave parts out
+//       [--browser-engines kestrel,kestrel-cpu,wllama-cpu,wllama-webgpu]   only these in Chromium
 //
 // The defaults fit a 2-core machine without a GPU (lavapipe natively, SwiftShader in Chrome,
 // where decode takes one to several seconds per token); on a real GPU use --full --gpu.
@@ -36,6 +37,7 @@ const { values: opt } = parseArgs({
     full: { type: 'boolean', default: false },
     gpu: { type: 'boolean', default: false },
     skip: { type: 'string', default: '' },
+    'browser-engines': { type: 'string', default: '' },
     help: { type: 'boolean', default: false },
   },
 });
@@ -138,7 +140,7 @@ if (!skip.has('browser')) {
     const bad = prompts.filter((p) => !p.round_trips).map((p) => p.prompt_tokens);
     if (bad.length) console.error(`warning: the prompt text of ${bad.join(', ')} tokens does not re-encode to the same ids`);
     return runBrowser({
-      modelUrl, prompts, decodeTokens: b.decode_tokens, repeats: b.repeats, threads, realGpu: b.gpu,
+      modelUrl, prompts, decodeTokens: b.decode_tokens, repeats: b.repeats, threads, realGpu: b.gpu, only: opt['browser-engines'] ? opt['browser-engines'].split(',') : null,
       contextLength: Math.max(...b.prompt_tokens) + b.decode_tokens + 64,
     });
   });

@@ -63,10 +63,13 @@ function cliPath() {
   return cli;
 }
 
-/** The native CLI's greedy generation for a chat prompt: {prompt_token_ids, token_ids, text}. */
-export function nativeGreedy(prompt, maxTokens) {
+/**
+ * The native CLI's greedy generation for a chat prompt on `backend` ('gpu': the kernels the
+ * browser's WebGPU path runs; 'cpu'): {prompt_token_ids, token_ids, text}.
+ */
+export function nativeGreedy(prompt, maxTokens, backend = 'gpu') {
   const cli = cliPath();
-  const out = execFileSync(cli, ['generate', '--backend', 'gpu', '--json', '--temperature', '0', '--max-tokens', String(maxTokens), prompt], {
+  const out = execFileSync(cli, ['generate', '--backend', backend, '--json', '--temperature', '0', '--max-tokens', String(maxTokens), prompt], {
     cwd: ROOT,
     env: { XDG_RUNTIME_DIR: '/tmp', ...process.env },
     encoding: 'utf8',

@@ -11,7 +11,8 @@ const MAX_TOKENS = 8;
 
 test('without WebGPU, `remote` runs the same requests on an OpenAI-compatible server', { timeout: 10 * MINUTES }, async () => {
   const pages = await startServer();
-  const api = await startKestrelServe(['--cors-origin', new URL(pages.url).origin, '--api-key', 'page-key']);
+  // The server on the CPU backend (the one it picks here by itself), compared with the CLI's.
+  const api = await startKestrelServe(['--backend', 'cpu', '--cors-origin', new URL(pages.url).origin, '--api-key', 'page-key']);
   const browser = await launch({ webgpu: false });
   try {
     const page = await openTestPage(browser.context, pages.url);
@@ -49,7 +50,7 @@ test('without WebGPU, `remote` runs the same requests on an OpenAI-compatible se
     assert.equal(r.info.fallback.code, 'no_webgpu');
     assert.equal(r.info.remote.baseURL, api.url);
     // The server's greedy tokens are the native CLI's, and the package's chunks carry them.
-    const expected = nativeGreedy(PROMPT, MAX_TOKENS);
+    const expected = nativeGreedy(PROMPT, MAX_TOKENS, 'cpu');
     assert.equal(r.text, expected.text);
     assert.deepEqual(r.last.kestrel.token_ids, expected.token_ids);
     assert.deepEqual(r.last.kestrel.prompt_token_ids, expected.prompt_token_ids);
