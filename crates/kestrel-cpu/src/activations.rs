@@ -20,8 +20,9 @@ pub(crate) struct QuantizedRows {
     pub(crate) q: Vec<i8>,
     /// One scale per 32 values.
     pub(crate) d: Vec<f32>,
-    /// `d * Σ q` per 16 values.
-    pub(crate) group_sums: Vec<f32>,
+    /// `d * Σ q` per 16 values and per 32.
+    pub(crate) sums16: Vec<f32>,
+    pub(crate) sums32: Vec<f32>,
 }
 
 /// Values per block of Q8_K.
@@ -31,7 +32,7 @@ impl QuantizedRows {
     /// `x` is whole rows of a multiple of 32 values (of 256 for Q8_K), which every quantized
     /// weight format's row length is.
     pub(crate) fn new(x: &[f32], format: ActFormat) -> Self {
-        let mut out = Self { q: vec![0; x.len()], d: Vec::with_capacity(x.len() / ACT_BLOCK), group_sums: Vec::new() };
+        let mut out = Self { q: vec![0; x.len()], d: Vec::with_capacity(x.len() / ACT_BLOCK), sums16: Vec::new(), sums32: Vec::new() };
         let block = match format {
             ActFormat::Q8_0 => ACT_BLOCK,
             ActFormat::Q8K => Q8K_BLOCK,
@@ -43,12 +44,9 @@ impl QuantizedRows {
             };
             out.d.extend(std::iter::repeat_n(d, xs.len() / ACT_BLOCK));
         }
-        out.group_sums = out
-            .q
-            .chunks(INT_GROUP)
-            .zip(out.d.iter().flat_map(|&d| [d, d]))
-            .map(|(q, d)| d * q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32)
-            .collect();
+        let level_sum = |q: &[i8]| q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
+        out.sums16 = out.q.chunks(INT_GROUP).zip(out.d.iter().flat_map(|&d| [d, d])).map(|(q, d)| d * level_sum(q)).collect();
+        out.sums32 = out.q.chunks(ACT_BLOCK).zip(&out.d).map(|(q, d)| d * level_sum(q)).collect();
         out
     }
 }
@@ -59,7 +57,7 @@ fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = (v * id).round_ties_even() as i8;
+        *q = nearest_even(v * id) as i8;
     }
     half::f16::from_f32(amax / 127.0).to_f32()
 }
@@ -79,7 +77,16 @@ fn quantize_q8_k(x: &[f32], q: &mut [i8]) -> f32 {
     }
     let iscale = -127.0 / max;
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = (iscale * v).round_ties_even().min(127.0) as i8;
+        *q = nearest_even(iscale * v).min(127.0) as i8;
     }
     1.0 / iscale
+}
+
+/// `x` rounded to the nearest integer, ties to even, for |x| < 2^22 (activation levels are
+/// within ±127): adding 1.5·2^23 leaves no fraction bits, so the hardware's rounding mode does
+/// it (ggml's `nearest_int`), in plain adds the compiler vectorizes, where `round_ties_even`
+/// calls libm's `rintf` on x86-64 without SSE4.1 in the baseline.
+fn nearest_even(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
 }

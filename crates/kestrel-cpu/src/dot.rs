@@ -1,7 +1,8 @@
-//! Dot products of one weight row with one activation row: 8-bit levels times integer weights
-//! with a scale per 16 (plus the offsets times the activations' group sums), and f32 times f32.
-//! The instruction set is chosen once per process: AVX2 with FMA where the CPU has them, else
-//! portable code (which the compiler vectorizes as far as it can; wasm builds with simd128).
+//! Dot products of one weight row with one activation row: 8-bit activation levels times the
+//! weights' integer levels (4-bit in nibbles, or a byte each), a scale per group of 16 or 32
+//! weights (plus the offsets times the activations' group sums), and f32 times f32. The
+//! instruction set is chosen once per process: AVX2 with FMA where the CPU has them, wasm's
+//! simd128 in a wasm build with it, else portable code.
 
 use std::sync::OnceLock;
 
@@ -10,35 +11,88 @@ use kestrel_gguf::quant::INT_GROUP;
 use crate::activations::QuantizedRows;
 use crate::ACT_BLOCK;
 
-/// A weight row as `Matrix` keeps it: one level per weight, a scale (and an offset) per 16.
+/// How a row's levels are stored.
+#[derive(Clone, Copy)]
+pub(crate) enum Levels<'a> {
+    /// Two unsigned 4-bit levels per byte: in each block of 32 weights, byte j holds weight j in
+    /// its low nibble and weight j + 16 in its high one (llama.cpp's Q4 order).
+    Nibbles(&'a [u8]),
+    /// One signed level per byte.
+    Bytes(&'a [i8]),
+}
+
+/// A weight row as `Matrix` keeps it: `w = scale[g] · level + offset[g]` for the weights of
+/// group g (`group` of 16 or 32 weights).
 #[derive(Clone, Copy)]
 pub(crate) struct IntRow<'a> {
-    pub q: &'a [i8],
+    pub levels: Levels<'a>,
+    pub group: usize,
     pub scale: &'a [f32],
-    pub min: Option<&'a [f32]>,
+    pub offset: Option<&'a [f32]>,
+}
+
+/// Consecutive weight rows of `cols` weights (the levels, scales and offsets of all of them).
+#[derive(Clone, Copy)]
+pub(crate) struct IntRows<'a> {
+    pub levels: Levels<'a>,
+    pub group: usize,
+    pub scale: &'a [f32],
+    pub offset: Option<&'a [f32]>,
+    pub cols: usize,
+}
+
+impl<'a> IntRows<'a> {
+    fn rows(&self) -> usize {
+        self.scale.len() * self.group / self.cols
+    }
+
+    #[inline]
+    fn row(&self, r: usize) -> IntRow<'a> {
+        let (cols, groups) = (self.cols, self.cols / self.group);
+        let levels = match self.levels {
+            Levels::Nibbles(n) => Levels::Nibbles(&n[r * cols / 2..][..cols / 2]),
+            Levels::Bytes(q) => Levels::Bytes(&q[r * cols..][..cols]),
+        };
+        IntRow {
+            levels,
+            group: self.group,
+            scale: &self.scale[r * groups..][..groups],
+            offset: self.offset.map(|o| &o[r * groups..][..groups]),
+        }
+    }
 }
 
 /// One activation row of `QuantizedRows`.
 #[derive(Clone, Copy)]
 pub(crate) struct ActRow<'a> {
     pub q: &'a [i8],
+    /// One scale per 32 values.
     pub d: &'a [f32],
-    pub group_sums: &'a [f32],
+    /// `d · Σ q` per 16 and per 32 values.
+    pub sums16: &'a [f32],
+    pub sums32: &'a [f32],
 }
 
 impl QuantizedRows {
+    /// Rows of `cols` values.
+    pub(crate) fn rows(&self, cols: usize) -> usize {
+        self.q.len() / cols
+    }
+
+    #[inline]
     pub(crate) fn row(&self, t: usize, cols: usize) -> ActRow<'_> {
         ActRow {
             q: &self.q[t * cols..][..cols],
             d: &self.d[t * cols / ACT_BLOCK..][..cols / ACT_BLOCK],
-            group_sums: &self.group_sums[t * cols / INT_GROUP..][..cols / INT_GROUP],
+            sums16: &self.sums16[t * cols / INT_GROUP..][..cols / INT_GROUP],
+            sums32: &self.sums32[t * cols / ACT_BLOCK..][..cols / ACT_BLOCK],
         }
     }
 }
 
 struct Kernels {
     name: &'static str,
-    int: fn(IntRow<'_>, ActRow<'_>) -> f32,
+    int: fn(IntRows<'_>, &QuantizedRows, &mut [f32]),
     f32: fn(&[f32], &[f32]) -> f32,
 }
 
@@ -47,12 +101,12 @@ fn kernels() -> &'static Kernels {
     CHOSEN.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            return Kernels { name: "avx2", int: avx2::int_dot_checked, f32: avx2::f32_dot_checked };
+            return Kernels { name: "avx2", int: avx2::int_products_checked, f32: avx2::f32_dot_checked };
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        return Kernels { name: "simd128", int: simd128::int_dot, f32: simd128::f32_dot };
+        return Kernels { name: "simd128", int: |w, x, out| products_by(w, x, out, simd128::int_dot), f32: simd128::f32_dot };
         #[allow(unreachable_code)]
-        Kernels { name: "portable", int: int_dot_portable, f32: f32_dot_portable }
+        Kernels { name: "portable", int: |w, x, out| products_by(w, x, out, int_dot_portable), f32: f32_dot_portable }
     })
 }
 
@@ -60,37 +114,65 @@ pub(crate) fn simd_name() -> &'static str {
     kernels().name
 }
 
-/// `Σ_e w[e]·x[e]` with `w[e] = scale[e/16]·q[e] + min[e/16]` and `x[e] ≈ d[e/32]·qx[e]`.
-pub(crate) fn int_dot(w: IntRow<'_>, x: ActRow<'_>) -> f32 {
-    (kernels().int)(w, x)
+/// `out[r·n + t] = Σ_e w_r[e]·x_t[e]` for the rows r of `w` and the n rows t of `x`, with
+/// `w[e] = scale[g]·level[e] + offset[g]` and `x[e] ≈ d[e/32]·qx[e]`.
+pub(crate) fn int_products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32]) {
+    (kernels().int)(w, x, out)
+}
+
+/// `int_products` over one row-and-token dot product at a time.
+fn products_by(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], dot: fn(IntRow<'_>, ActRow<'_>) -> f32) {
+    let n = x.rows(w.cols);
+    for (r, ys) in out.chunks_exact_mut(n).enumerate().take(w.rows()) {
+        let row = w.row(r);
+        for (t, y) in ys.iter_mut().enumerate() {
+            *y = dot(row, x.row(t, w.cols));
+        }
+    }
 }
 
 pub(crate) fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
     (kernels().f32)(a, b)
 }
 
+/// `Σ_g offset[g] · Σ_{e in g} x[e]` (a few dozen terms a row: a plain loop).
 fn offsets_dot(w: IntRow<'_>, x: ActRow<'_>) -> f32 {
-    w.min.map_or(0.0, |m| f32_dot(m, x.group_sums))
+    let sums = if w.group == ACT_BLOCK { x.sums32 } else { x.sums16 };
+    w.offset.map_or(0.0, |o| o.iter().zip(sums).map(|(o, s)| o * s).sum())
+}
+
+/// Level `e` (0..32) of block `b`.
+fn level(levels: Levels<'_>, b: usize, e: usize) -> i32 {
+    match levels {
+        Levels::Nibbles(n) => {
+            let byte = n[b * ACT_BLOCK / 2 + e % 16];
+            i32::from(if e < 16 { byte & 0x0F } else { byte >> 4 })
+        }
+        Levels::Bytes(q) => i32::from(q[b * ACT_BLOCK + e]),
+    }
 }
 
 fn int_dot_portable(w: IntRow<'_>, x: ActRow<'_>) -> f32 {
     let mut sum = 0f32;
-    let blocks = w.q.chunks_exact(ACT_BLOCK).zip(x.q.chunks_exact(ACT_BLOCK)).zip(w.scale.chunks_exact(2)).zip(x.d);
-    for (((wq, xq), s), &d) in blocks {
-        let (lo, hi) = (group_sum(&wq[..INT_GROUP], &xq[..INT_GROUP]), group_sum(&wq[INT_GROUP..], &xq[INT_GROUP..]));
-        sum += d * (s[0] * lo as f32 + s[1] * hi as f32);
+    for (b, (xq, &d)) in x.q.chunks_exact(ACT_BLOCK).zip(x.d).enumerate() {
+        let part = |range: std::ops::Range<usize>| range.map(|e| level(w.levels, b, e) * i32::from(xq[e])).sum::<i32>() as f32;
+        sum += if w.group == ACT_BLOCK {
+            w.scale[b] * d * part(0..32)
+        } else {
+            d * (w.scale[2 * b] * part(0..16) + w.scale[2 * b + 1] * part(16..32))
+        };
     }
     sum + offsets_dot(w, x)
-}
-
-fn group_sum(w: &[i8], x: &[i8]) -> i32 {
-    w.iter().zip(x).map(|(&a, &b)| i32::from(a) * i32::from(b)).sum()
 }
 
 /// Lanes of partial sums: independent chains the compiler can keep in SIMD registers.
 const F32_LANES: usize = 8;
 
-fn f32_dot_portable(a: &[f32], b: &[f32]) -> f32 {
+/// `Σ a[i]·b[i]` in `F32_LANES` interleaved partial sums, added at the end: as exact as one
+/// running sum (closer, for long rows) and free of its chain of dependent additions, so the
+/// compiler keeps the lanes in SIMD registers. The same on every machine (no run-time choice):
+/// the f32 reference's products use it too.
+pub fn f32_dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let mut lanes = [0f32; F32_LANES];
     let (a_body, b_body) = (a.chunks_exact(F32_LANES), b.chunks_exact(F32_LANES));
     let tail: f32 = a_body.remainder().iter().zip(b_body.remainder()).map(|(x, y)| x * y).sum();
@@ -106,17 +188,42 @@ fn f32_dot_portable(a: &[f32], b: &[f32]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{offsets_dot, ActRow, IntRow, F32_LANES};
+    use super::{offsets_dot, ActRow, IntRows, Levels, F32_LANES};
+    use crate::activations::QuantizedRows;
     use crate::ACT_BLOCK;
 
     // Only chosen by `kernels()` after the CPU reported AVX2 and FMA; the slices' lengths are
     // checked here, so the unchecked loads below stay inside them.
-    pub(super) fn int_dot_checked(w: IntRow<'_>, x: ActRow<'_>) -> f32 {
-        let blocks = w.q.len() / ACT_BLOCK;
-        assert!(x.q.len() == w.q.len() && w.scale.len() >= 2 * blocks && x.d.len() >= blocks, "int_dot: row lengths differ");
-        // SAFETY: AVX2 and FMA are present (see above), and every load reads within the
-        // slices whose lengths were just checked.
-        unsafe { int_dot(w, x, blocks) + offsets_dot(w, x) }
+    pub(super) fn int_products_checked(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32]) {
+        let (rows, n) = (w.rows(), x.rows(w.cols));
+        let levels = match w.levels {
+            Levels::Nibbles(n) => n.len() * 2,
+            Levels::Bytes(q) => q.len(),
+        };
+        assert!(
+            w.cols.is_multiple_of(ACT_BLOCK) && levels == rows * w.cols && out.len() == rows * n && x.d.len() * ACT_BLOCK == x.q.len(),
+            "int_products: shapes differ"
+        );
+        // SAFETY: AVX2 and FMA are present (see above); `IntRows::row` and
+        // `QuantizedRows::row` slice whole rows, and every load reads within a row's slices.
+        unsafe { products(w, x, out, rows, n) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
+        let blocks = w.cols / ACT_BLOCK;
+        for r in 0..rows {
+            let row = w.row(r);
+            for t in 0..n {
+                let act = x.row(t, w.cols);
+                let sum = match (row.levels, row.group) {
+                    (levels, ACT_BLOCK) => by_32(levels, row.scale, act, blocks),
+                    (Levels::Bytes(q), _) => bytes_by_16(q, row.scale, act, blocks),
+                    (Levels::Nibbles(_), _) => unreachable!("Matrix keeps nibbles in groups of 32"),
+                };
+                *out.get_unchecked_mut(r * n + t) = sum + offsets_dot(row, act);
+            }
+        }
     }
 
     pub(super) fn f32_dot_checked(a: &[f32], b: &[f32]) -> f32 {
@@ -125,22 +232,70 @@ mod avx2 {
         unsafe { f32_dot(a, b) }
     }
 
-    /// Per block of 32: `maddubs` multiplies |w| (unsigned) by x with w's sign (signed) into
-    /// pairs of i16 (at most 2·128·127, no saturation), `madd` by ones into 8 i32 lanes, lanes
-    /// 0-3 the first 16 weights and 4-7 the second, each scaled by its group's scale times the
-    /// block's activation scale.
+    /// The 8 i32 sums of pairs of `u · s` products (u unsigned, s signed; at most 2·255·127
+    /// apart from the levels used here, 2·15·127 or 2·128·127: no saturation).
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn int_dot(w: IntRow<'_>, x: ActRow<'_>, blocks: usize) -> f32 {
-        let ones = _mm256_set1_epi16(1);
+    unsafe fn pair_sums(u: __m256i, s: __m256i) -> __m256 {
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+    }
+
+    /// Unsigned nibbles times the activations of block b: the low nibbles are weights 0-15 of
+    /// the block, the high ones 16-31, as the activations lie.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn nibble_pairs(n: &[u8], x: ActRow<'_>, b: usize) -> __m256 {
+        let raw = _mm_loadu_si128(n.as_ptr().add(b * ACT_BLOCK / 2).cast());
+        let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+        pair_sums(q, _mm256_loadu_si256(x.q.as_ptr().add(b * ACT_BLOCK).cast()))
+    }
+
+    /// Signed levels of block b: |w| (unsigned) times x with w's sign (signed).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn signed_pairs(q: &[i8], x: ActRow<'_>, b: usize) -> __m256 {
+        let wq = _mm256_loadu_si256(q.as_ptr().add(b * ACT_BLOCK).cast());
+        let xq = _mm256_loadu_si256(x.q.as_ptr().add(b * ACT_BLOCK).cast());
+        pair_sums(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
+    }
+
+    /// Block b's weight scale times its activation scale, in every lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block_scale(scale: &[f32], x: ActRow<'_>, b: usize) -> __m256 {
+        _mm256_set1_ps(*scale.get_unchecked(b) * *x.d.get_unchecked(b))
+    }
+
+    /// Blocks of 32 weights with one scale each, in two interleaved accumulators.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn by_32(levels: Levels<'_>, scale: &[f32], x: ActRow<'_>, blocks: usize) -> f32 {
+        let pairs = |b: usize| match levels {
+            Levels::Nibbles(n) => nibble_pairs(n, x, b),
+            Levels::Bytes(q) => signed_pairs(q, x, b),
+        };
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut b = 0;
+        while b + 1 < blocks {
+            acc0 = _mm256_fmadd_ps(pairs(b), block_scale(scale, x, b), acc0);
+            acc1 = _mm256_fmadd_ps(pairs(b + 1), block_scale(scale, x, b + 1), acc1);
+            b += 2;
+        }
+        if b < blocks {
+            acc0 = _mm256_fmadd_ps(pairs(b), block_scale(scale, x, b), acc0);
+        }
+        horizontal_sum(_mm256_add_ps(acc0, acc1))
+    }
+
+    /// Lanes 0-3 of a block's pair sums are its first 16 weights, 4-7 the second: each half
+    /// scaled by its own group's scale.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn bytes_by_16(q: &[i8], scale: &[f32], x: ActRow<'_>, blocks: usize) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for b in 0..blocks {
-            let wq = _mm256_loadu_si256(w.q.as_ptr().add(b * ACT_BLOCK).cast());
-            let xq = _mm256_loadu_si256(x.q.as_ptr().add(b * ACT_BLOCK).cast());
-            let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq));
-            let sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
             let d = *x.d.get_unchecked(b);
-            let (s0, s1) = (*w.scale.get_unchecked(2 * b) * d, *w.scale.get_unchecked(2 * b + 1) * d);
-            acc = _mm256_fmadd_ps(sums, _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)), acc);
+            let (s0, s1) = (*scale.get_unchecked(2 * b) * d, *scale.get_unchecked(2 * b + 1) * d);
+            acc = _mm256_fmadd_ps(signed_pairs(q, x, b), _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)), acc);
         }
         horizontal_sum(acc)
     }
@@ -173,33 +328,50 @@ mod avx2 {
 mod simd128 {
     use core::arch::wasm32::*;
 
-    use super::{offsets_dot, ActRow, IntRow, F32_LANES};
+    use super::{offsets_dot, ActRow, IntRow, Levels, F32_LANES};
     use crate::ACT_BLOCK;
 
-    /// The first 16 bytes of `bytes`, or 4 f32s.
+    /// The first 16 bytes of `values`.
     fn load<T>(values: &[T]) -> v128 {
         assert!(std::mem::size_of_val(values) >= 16, "simd128 load past a slice");
         // SAFETY: at least 16 readable bytes (checked); wasm's loads need no alignment.
         unsafe { v128_load(values.as_ptr().cast()) }
     }
 
-    /// The 16 products of a group, summed pairwise into 4 i32 lanes (`i32x4_dot_i16x8` of the
-    /// levels widened to i16).
-    fn group(w: &[i8], x: &[i8]) -> v128 {
-        let (w, x) = (load(w), load(x));
+    /// 16 weight levels (i8 lanes) times 16 activation levels, summed pairwise into 4 i32 lanes
+    /// (`i32x4_dot_i16x8` of the levels widened to i16).
+    fn dot16(w: v128, x: &[i8]) -> v128 {
+        let x = load(x);
         i32x4_add(
             i32x4_dot_i16x8(i16x8_extend_low_i8x16(w), i16x8_extend_low_i8x16(x)),
             i32x4_dot_i16x8(i16x8_extend_high_i8x16(w), i16x8_extend_high_i8x16(x)),
         )
     }
 
+    /// Block b's two halves of 16 levels.
+    fn halves(levels: Levels<'_>, b: usize) -> (v128, v128) {
+        match levels {
+            Levels::Nibbles(n) => {
+                let raw = load(&n[b * ACT_BLOCK / 2..]);
+                (v128_and(raw, u8x16_splat(0x0F)), u8x16_shr(raw, 4))
+            }
+            Levels::Bytes(q) => (load(&q[b * ACT_BLOCK..]), load(&q[b * ACT_BLOCK + 16..])),
+        }
+    }
+
     pub(super) fn int_dot(w: IntRow<'_>, x: ActRow<'_>) -> f32 {
         let mut acc = f32x4_splat(0.0);
-        let blocks = w.q.chunks_exact(ACT_BLOCK).zip(x.q.chunks_exact(ACT_BLOCK)).zip(w.scale.chunks_exact(2)).zip(x.d);
-        for (((wq, xq), s), &d) in blocks {
-            let lo = f32x4_convert_i32x4(group(&wq[..16], &xq[..16]));
-            let hi = f32x4_convert_i32x4(group(&wq[16..], &xq[16..]));
-            acc = f32x4_add(acc, f32x4_add(f32x4_mul(lo, f32x4_splat(s[0] * d)), f32x4_mul(hi, f32x4_splat(s[1] * d))));
+        for (b, (xq, &d)) in x.q.chunks_exact(ACT_BLOCK).zip(x.d).enumerate() {
+            let (lo, hi) = halves(w.levels, b);
+            let (lo, hi) = (dot16(lo, &xq[..16]), dot16(hi, &xq[16..]));
+            acc = if w.group == ACT_BLOCK {
+                f32x4_add(acc, f32x4_mul(f32x4_convert_i32x4(i32x4_add(lo, hi)), f32x4_splat(w.scale[b] * d)))
+            } else {
+                let (s0, s1) = (w.scale[2 * b] * d, w.scale[2 * b + 1] * d);
+                let scaled =
+                    f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s0)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s1)));
+                f32x4_add(acc, scaled)
+            };
         }
         horizontal_sum(acc) + offsets_dot(w, x)
     }
@@ -226,23 +398,29 @@ mod tests {
     use crate::activations::{ActFormat, QuantizedRows};
 
     /// Whichever kernel the machine chose gives the portable code's sums (up to the order of
-    /// the f32 additions), with and without offsets.
+    /// the f32 additions), for every layout a matrix keeps, with and without offsets.
     #[test]
     fn chosen_kernels_agree_with_the_portable_ones() {
         let cols = 1024;
-        let wq: Vec<i8> = (0..cols).map(|i| ((i * 37 % 255) as i32 - 128) as i8).collect();
-        let scale: Vec<f32> = (0..cols / INT_GROUP).map(|g| 0.01 + g as f32 * 1e-3).collect();
-        let min: Vec<f32> = (0..cols / INT_GROUP).map(|g| -0.02 * g as f32).collect();
+        let bytes: Vec<i8> = (0..cols).map(|i| ((i * 37 % 255) as i32 - 128) as i8).collect();
+        let nibbles: Vec<u8> = (0..cols / 2).map(|i| (i * 53 % 256) as u8).collect();
         let x: Vec<f32> = (0..cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0).collect();
-        for format in [ActFormat::Q8_0, ActFormat::Q8K] {
-            let xq = QuantizedRows::new(&x, format);
-            for min in [None, Some(min.as_slice())] {
-                let w = IntRow { q: &wq, scale: &scale, min };
-                let (got, want) = (int_dot(w, xq.row(0, cols)), int_dot_portable(w, xq.row(0, cols)));
-                assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{} {format:?}: {got} vs {want}", simd_name());
+        for (levels, group) in [(Levels::Bytes(&bytes), 16), (Levels::Bytes(&bytes), 32), (Levels::Nibbles(&nibbles), 32)] {
+            let scale: Vec<f32> = (0..cols / group).map(|g| 0.01 + g as f32 * 1e-3).collect();
+            let offset: Vec<f32> = (0..cols / group).map(|g| -0.02 * g as f32).collect();
+            for format in [ActFormat::Q8_0, ActFormat::Q8K] {
+                let xq = QuantizedRows::new(&x, format);
+                for offset in [None, Some(offset.as_slice())] {
+                    let w = IntRows { levels, group, scale: &scale, offset, cols };
+                    let (mut got, mut want) = ([0f32], [0f32]);
+                    int_products(w, &xq, &mut got);
+                    products_by(w, &xq, &mut want, int_dot_portable);
+                    let (got, want) = (got[0], want[0]);
+                    assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{} group {group} {format:?}: {got} vs {want}", simd_name());
+                }
             }
         }
-        let (got, want) = (f32_dot(&x, &scale.repeat(16)), f32_dot_portable(&x, &scale.repeat(16)));
+        let (got, want) = (f32_dot(&x, &x), f32_dot_portable(&x, &x));
         assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0));
     }
 }

@@ -13,6 +13,7 @@ mod matrix;
 mod parallel;
 
 pub use attention::Attention;
+pub use dot::f32_dot_portable;
 pub use error::CpuError;
 pub use matrix::Matrix;
 
@@ -24,7 +25,9 @@ pub fn simd_name() -> &'static str {
     dot::simd_name()
 }
 
-/// Threads a product splits its rows over.
+pub use parallel::on_pool;
+
+/// Threads the CPU backend's pool runs (`on_pool`).
 pub fn threads() -> usize {
     parallel::threads()
 }

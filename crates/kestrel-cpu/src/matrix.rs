@@ -1,13 +1,15 @@
-//! A weight matrix for the CPU kernels: quantized formats as integers with a scale (and an
-//! offset) per 16 weights, F16 and F32 as f32. `apply` is `y = x·Wᵀ` for rows of x.
+//! A weight matrix for the CPU kernels: quantized formats as integer levels (two a byte for the
+//! formats of at most 4 bits) with a scale and an offset per 32 weights (per 16 for Q6_K), F16
+//! and F32 as f32. `apply` is `y = x·Wᵀ` for rows of x.
 
-use kestrel_gguf::quant::{int_groups, INT_GROUP};
+use kestrel_gguf::quant::{int_groups, IntGroups, INT_GROUP};
 use kestrel_gguf::GgmlType;
 
 use crate::activations::{ActFormat, QuantizedRows};
-use crate::dot::{f32_dot, int_dot, IntRow};
+use crate::dot::{f32_dot, int_products, IntRows, Levels};
 use crate::error::CpuError;
 use crate::parallel::for_row_chunks;
+use crate::ACT_BLOCK;
 
 pub struct Matrix {
     rows: usize,
@@ -16,8 +18,128 @@ pub struct Matrix {
 }
 
 enum Weights {
-    Int { q: Vec<i8>, scale: Vec<f32>, min: Option<Vec<f32>>, act: ActFormat },
+    Int(IntWeights),
     F32(Vec<f32>),
+}
+
+/// `w = scale[g] · (level - bias) + min[g]` for the weights of group g, rows one after another.
+struct IntWeights {
+    levels: LevelStore,
+    /// Weights per scale: 32, or 16 where the format's groups of 16 differ (Q6_K).
+    group: usize,
+    scale: Vec<f32>,
+    /// The products' offsets: the format's min minus `bias · scale` (None: all zero).
+    offset: Option<Vec<f32>>,
+    /// What the stored levels exceed the format's by: 8 for Q4_0, whose signed levels are kept
+    /// as unsigned nibbles (0 otherwise).
+    bias: i8,
+    act: ActFormat,
+}
+
+/// Formats of at most 4 bits keep two levels a byte, half the memory a decode step streams.
+enum LevelStore {
+    /// Block of 32: byte j holds weight j in the low nibble and j + 16 in the high one.
+    Nibbles(Vec<u8>),
+    Bytes(Vec<i8>),
+}
+
+impl IntWeights {
+    fn new(ty: GgmlType, g: IntGroups) -> Self {
+        let group = if ty == GgmlType::Q6_K { INT_GROUP } else { ACT_BLOCK };
+        // Every format but Q6_K has one scale and min per 32 (its two groups of 16 agree).
+        let per_group = |v: Vec<f32>| if group == INT_GROUP { v } else { v.into_iter().step_by(ACT_BLOCK / INT_GROUP).collect() };
+        let scale = per_group(g.scale);
+        let min = g.min.map(per_group);
+        let bias: i8 = if ty == GgmlType::Q4_0 { 8 } else { 0 };
+        let offset = match (min, bias) {
+            (min, 0) => min,
+            (_, b) => Some(scale.iter().map(|s| -f32::from(b) * s).collect()),
+        };
+        let levels = if matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K) {
+            let mut packed = Vec::with_capacity(g.q.len() / 2);
+            for block in g.q.chunks_exact(ACT_BLOCK) {
+                let (lo, hi) = block.split_at(ACT_BLOCK / 2);
+                packed.extend(lo.iter().zip(hi).map(|(&a, &b)| (a + bias) as u8 & 0x0F | ((b + bias) as u8) << 4));
+            }
+            LevelStore::Nibbles(packed)
+        } else {
+            LevelStore::Bytes(g.q)
+        };
+        let act = if ty.block_size() as usize == ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
+        Self { levels, group, scale, offset, bias, act }
+    }
+
+    fn bytes(&self) -> usize {
+        let levels = match &self.levels {
+            LevelStore::Nibbles(n) => n.len(),
+            LevelStore::Bytes(q) => q.len(),
+        };
+        levels + 4 * (self.scale.len() + self.offset.as_ref().map_or(0, Vec::len))
+    }
+
+    /// The format's level of weight `i` (counted over the whole matrix).
+    fn level(&self, i: usize) -> i8 {
+        match &self.levels {
+            LevelStore::Nibbles(n) => {
+                let byte = n[i / ACT_BLOCK * (ACT_BLOCK / 2) + i % (ACT_BLOCK / 2)];
+                (if i % ACT_BLOCK < ACT_BLOCK / 2 { byte & 0x0F } else { byte >> 4 }) as i8 - self.bias
+            }
+            LevelStore::Bytes(q) => q[i],
+        }
+    }
+
+    /// Row `r`'s weights, as ggml's dequantizer computes them.
+    fn row(&self, r: usize, cols: usize) -> Vec<f32> {
+        (r * cols..(r + 1) * cols)
+            .map(|i| {
+                let g = i / self.group;
+                let scaled = f32::from(self.level(i)) * self.scale[g];
+                match (&self.offset, self.bias) {
+                    (Some(offset), 0) => scaled + offset[g],
+                    _ => scaled,
+                }
+            })
+            .collect()
+    }
+
+    /// Rows `first..first + count` for the dot products.
+    fn rows_view(&self, first: usize, count: usize, cols: usize) -> IntRows<'_> {
+        let groups = cols / self.group;
+        let levels = match &self.levels {
+            LevelStore::Nibbles(n) => Levels::Nibbles(&n[first * cols / 2..][..count * cols / 2]),
+            LevelStore::Bytes(q) => Levels::Bytes(&q[first * cols..][..count * cols]),
+        };
+        let (scale, offset) =
+            (&self.scale[first * groups..][..count * groups], self.offset.as_ref().map(|o| &o[first * groups..][..count * groups]));
+        IntRows { levels, group: self.group, scale, offset, cols }
+    }
+
+    /// The rows before `at` (of `cols` weights) and the rows from it.
+    fn split_rows(self, at: usize, cols: usize) -> (Self, Self) {
+        let Self { levels, group, mut scale, offset, bias, act } = self;
+        let (levels, levels_tail) = match levels {
+            LevelStore::Nibbles(mut n) => {
+                let tail = n.split_off(at * cols / 2);
+                (LevelStore::Nibbles(n), LevelStore::Nibbles(tail))
+            }
+            LevelStore::Bytes(mut q) => {
+                let tail = q.split_off(at * cols);
+                (LevelStore::Bytes(q), LevelStore::Bytes(tail))
+            }
+        };
+        let scale_tail = scale.split_off(at * cols / group);
+        let (offset, offset_tail) = match offset {
+            Some(mut o) => {
+                let tail = o.split_off(at * cols / group);
+                (Some(o), Some(tail))
+            }
+            None => (None, None),
+        };
+        (
+            Self { levels, group, scale, offset, bias, act },
+            Self { levels: levels_tail, group, scale: scale_tail, offset: offset_tail, bias, act },
+        )
+    }
 }
 
 impl Matrix {
@@ -42,9 +164,7 @@ impl Matrix {
                 if !cols.is_multiple_of(ty.block_size() as usize) {
                     return Err(CpuError::Shape { rows, cols, reason: format!("rows are not whole {ty} blocks") });
                 }
-                let g = int_groups(ty, bytes, n)?;
-                let act = if ty.block_size() as usize == crate::ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
-                Weights::Int { q: g.q, scale: g.scale, min: g.min, act }
+                Weights::Int(IntWeights::new(ty, int_groups(ty, bytes, n)?))
             }
             _ => return Err(CpuError::UnsupportedType { ty }),
         };
@@ -62,7 +182,7 @@ impl Matrix {
     /// Bytes the weights take in memory.
     pub fn bytes(&self) -> usize {
         match &self.weights {
-            Weights::Int { q, scale, min, .. } => q.len() + 4 * (scale.len() + min.as_ref().map_or(0, Vec::len)),
+            Weights::Int(w) => w.bytes(),
             Weights::F32(v) => 4 * v.len(),
         }
     }
@@ -72,15 +192,7 @@ impl Matrix {
         let c = self.cols;
         match &self.weights {
             Weights::F32(v) => v[r * c..][..c].to_vec(),
-            Weights::Int { q, scale, min, .. } => {
-                let g = |e: usize| (r * c + e) / INT_GROUP;
-                (0..c)
-                    .map(|e| {
-                        let scaled = f32::from(q[r * c + e]) * scale[g(e)];
-                        min.as_ref().map_or(scaled, |m| scaled + m[g(e)])
-                    })
-                    .collect()
-            }
+            Weights::Int(w) => w.row(r, c),
         }
     }
 
@@ -90,24 +202,16 @@ impl Matrix {
         if at > rows {
             return Err(CpuError::Shape { rows, cols, reason: format!("no row {at} to split at") });
         }
-        let split = |w: Weights| match w {
+        let (head, tail) = match self.weights {
             Weights::F32(mut v) => {
                 let tail = v.split_off(at * cols);
                 (Weights::F32(v), Weights::F32(tail))
             }
-            Weights::Int { mut q, mut scale, min, act } => {
-                let (q_tail, s_tail) = (q.split_off(at * cols), scale.split_off(at * cols / INT_GROUP));
-                let (min, m_tail) = match min {
-                    Some(mut m) => {
-                        let tail = m.split_off(at * cols / INT_GROUP);
-                        (Some(m), Some(tail))
-                    }
-                    None => (None, None),
-                };
-                (Weights::Int { q, scale, min, act }, Weights::Int { q: q_tail, scale: s_tail, min: m_tail, act })
+            Weights::Int(w) => {
+                let (head, tail) = w.split_rows(at, cols);
+                (Weights::Int(head), Weights::Int(tail))
             }
         };
-        let (head, tail) = split(self.weights);
         Ok((Matrix { rows: at, cols, weights: head }, Matrix { rows: rows - at, cols, weights: tail }))
     }
 
@@ -131,22 +235,9 @@ impl Matrix {
                     }
                 }
             }),
-            Weights::Int { q, scale, min, act } => {
-                let xq = QuantizedRows::new(x, *act);
-                let groups = cols / INT_GROUP;
-                for_row_chunks(&mut by_row, n, |first, out| {
-                    for (i, ys) in out.chunks_exact_mut(n).enumerate() {
-                        let r = first + i;
-                        let w_row = IntRow {
-                            q: &q[r * cols..][..cols],
-                            scale: &scale[r * groups..][..groups],
-                            min: min.as_ref().map(|m| &m[r * groups..][..groups]),
-                        };
-                        for (t, y) in ys.iter_mut().enumerate() {
-                            *y = int_dot(w_row, xq.row(t, cols));
-                        }
-                    }
-                });
+            Weights::Int(w) => {
+                let xq = QuantizedRows::new(x, w.act);
+                for_row_chunks(&mut by_row, n, |first, out| int_products(w.rows_view(first, out.len() / n, cols), &xq, out));
             }
         }
         if n == 1 {

@@ -38,9 +38,29 @@ pub(crate) fn for_each_chunk(out: &mut [f32], len: usize, f: impl Fn(usize, &mut
     }
 }
 
+/// The CPU backend's pool (`RAYON_NUM_THREADS` threads, default one per core). A step runs on
+/// it as a whole (`on_pool`): its products then split rows among threads that are already awake,
+/// where a product started from outside would hand its work over and sleep until it is done,
+/// two context switches per product. None where the threads could not be started.
+#[cfg(not(target_arch = "wasm32"))]
+fn pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| rayon::ThreadPoolBuilder::new().thread_name(|i| format!("kestrel-cpu-{i}")).build().ok()).as_ref()
+}
+
+/// Runs `f` on the CPU backend's thread pool (on the caller's thread in wasm, or where the pool
+/// could not start).
+pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(pool) = pool() {
+        return pool.install(f);
+    }
+    f()
+}
+
 pub(crate) fn threads() -> usize {
     #[cfg(not(target_arch = "wasm32"))]
-    return rayon::current_num_threads();
+    return pool().map_or(1, rayon::ThreadPool::current_num_threads);
     #[cfg(target_arch = "wasm32")]
     return 1;
 }

@@ -124,7 +124,8 @@ impl CpuBackend {
         }
         self.forward.pos = pos;
         let samples = !matches!(output, StepOutput::None);
-        let Some(logits) = self.forward.run(tokens, samples)? else { return Ok(()) };
+        let forward = &mut self.forward;
+        let Some(logits) = kestrel_cpu::on_pool(|| forward.run(tokens, samples))? else { return Ok(()) };
         let token = if self.entries.is_empty() {
             sample::sample(&logits, &self.sampling, draw)
         } else {

@@ -52,10 +52,7 @@ pub struct IntGroups {
 /// quantized types the GPU runs: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
 pub fn int_groups(ty: GgmlType, bytes: &[u8], n: usize) -> Result<IntGroups, GgufError> {
     use super::{q4_0, q4_1, q4_k, q5_0, q5_1, q5_k, q6_k, q8_0};
-    let expected = super::data_len(ty, n as u64, "integer decoding")?;
-    if bytes.len() as u64 != expected {
-        return Err(GgufError::SizeMismatch { what: format!("{ty} data for {n} elements (bytes)"), expected, found: bytes.len() as u64 });
-    }
+    super::check_data_len(ty, bytes, n, "integer decoding")?;
     let mut out = IntGroups { q: Vec::with_capacity(n), scale: Vec::with_capacity(n / INT_GROUP), min: None };
     match ty {
         GgmlType::Q8_0 => collect(bytes, &mut out, q8_0::int_block),

@@ -35,14 +35,7 @@ pub(crate) const QK_K: usize = 256;
 
 /// Converts `bytes` of type `ty` into `out`, whose length is the element count.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), GgufError> {
-    let expected = data_len(ty, out.len() as u64, "dequantize")?;
-    if bytes.len() as u64 != expected {
-        return Err(GgufError::SizeMismatch {
-            what: format!("{ty} data for {} elements (bytes)", out.len()),
-            expected,
-            found: bytes.len() as u64,
-        });
-    }
+    check_data_len(ty, bytes, out.len(), "dequantize")?;
     match ty {
         GgmlType::F32 => float::f32_to_f32(bytes, out),
         GgmlType::F16 => float::f16_to_f32(bytes, out),
@@ -83,6 +76,15 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
         _ => return Err(GgufError::UnsupportedType { ty, operation: "quantization" }),
     }
     Ok(out)
+}
+
+/// `bytes` holds exactly `n` elements of `ty`.
+fn check_data_len(ty: GgmlType, bytes: &[u8], n: usize, operation: &'static str) -> Result<(), GgufError> {
+    let expected = data_len(ty, n as u64, operation)?;
+    if bytes.len() as u64 != expected {
+        return Err(GgufError::SizeMismatch { what: format!("{ty} data for {n} elements (bytes)"), expected, found: bytes.len() as u64 });
+    }
+    Ok(())
 }
 
 /// Byte size of `n` elements of `ty`, or an error if `n` is not a whole number of blocks.

@@ -10,6 +10,7 @@ use crate::GpuError;
 ///
 /// Each weight row is read once for all m rows of x (which stay in cache): a 200-token prompt
 /// through a 135M-parameter model otherwise streams its half-gigabyte of f32 weights 200 times.
+/// The sums are kestrel-cpu's portable 8-lane dot product.
 pub fn matmul(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
     assert_eq!(x.len(), m * k, "matmul: x is not {m} x {k}");
     assert_eq!(w.len(), n * k, "matmul: w is not {n} x {k}");
@@ -19,28 +20,10 @@ pub fn matmul(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
     }
     for (j, w_row) in w.chunks_exact(k).enumerate() {
         for (i, x_row) in x.chunks_exact(k).enumerate() {
-            y[i * n + j] = dot(x_row, w_row);
+            y[i * n + j] = kestrel_cpu::f32_dot_portable(x_row, w_row);
         }
     }
     y
-}
-
-/// Lanes of partial sums in `dot`.
-const DOT_LANES: usize = 8;
-
-/// `Σ a[i]·b[i]` in `DOT_LANES` interleaved partial sums, added at the end: as exact as one
-/// running sum (closer, for long rows) and free of its chain of dependent additions, so the
-/// compiler can keep the lanes in SIMD registers.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; DOT_LANES];
-    let (a_body, b_body) = (a.chunks_exact(DOT_LANES), b.chunks_exact(DOT_LANES));
-    let tail: f32 = a_body.remainder().iter().zip(b_body.remainder()).map(|(x, y)| x * y).sum();
-    for (a8, b8) in a_body.zip(b_body) {
-        for ((lane, x), y) in lanes.iter_mut().zip(a8).zip(b8) {
-            *lane += x * y;
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 /// `out[m][n] = act(x[m]·gate[n]) * (x[m]·up[n])`.
