@@ -62,7 +62,7 @@ export function browserRows(e) {
       // The engine workers' linear memory (www/bench/wasm-heap.js); for Kestrel the weights and
       // KV cache are on the GPU besides. measureUserAgentSpecificMemory() (kept in the JSON)
       // counts only JS heaps in headless Chromium 156.
-      memory_bytes: e.wasm_heap_bytes ?? null, memory_what: 'wasm heap peak', gpu_weight_bytes: e.model?.weight_bytes ?? null,
+      memory_bytes: e.wasm_heap_bytes ?? null, memory_what: 'wasm heap peak', gpu_weight_bytes: kestrelCpu ? null : e.model?.weight_bytes ?? null,
       longest_task_ms: e.main_thread?.longest_task_ms, long_tasks: e.main_thread?.long_tasks, dropped_frames: e.main_thread?.dropped_frames,
     });
   });
