@@ -1,7 +1,6 @@
 //! The rows of a product, split over rayon's pool natively; one thread in wasm.
 
-/// Rows per task: enough work per task to hide the pool's hand-off, few enough tasks
-/// left over at the end to balance two to sixteen threads.
+/// The fewest rows a task takes: enough work to hide the pool's hand-off.
 const ROWS_PER_TASK: usize = 64;
 
 /// Calls `f(first_row, out)` for consecutive runs of rows, `out` holding `per_row` values for
@@ -10,16 +9,18 @@ pub(crate) fn for_row_chunks(out: &mut [f32], per_row: usize, f: impl Fn(usize, 
     if per_row == 0 {
         return;
     }
-    let chunk = ROWS_PER_TASK * per_row;
+    let rows = out.len() / per_row;
     #[cfg(not(target_arch = "wasm32"))]
-    {
+    if rayon::current_num_threads() > 1 && rows > ROWS_PER_TASK {
         use rayon::prelude::*;
-        out.par_chunks_mut(chunk).enumerate().for_each(|(i, rows)| f(i * ROWS_PER_TASK, rows));
+        // About four tasks a thread, so that a thread slowed by another process does not hold
+        // up the product, and no fewer rows a task than ROWS_PER_TASK.
+        let task = rows.div_ceil(4 * rayon::current_num_threads()).max(ROWS_PER_TASK);
+        out.par_chunks_mut(task * per_row).enumerate().for_each(|(i, run)| f(i * task, run));
+        return;
     }
-    #[cfg(target_arch = "wasm32")]
-    for (i, rows) in out.chunks_mut(chunk).enumerate() {
-        f(i * ROWS_PER_TASK, rows);
-    }
+    // One thread: the whole run at once, without the pool's splitting.
+    f(0, out);
 }
 
 /// Calls `f(i, chunk)` for each `len`-value chunk of `out`, one task each.
