@@ -1,6 +1,7 @@
 //! The rows of a product, split over rayon's pool natively; one thread in wasm.
 
 /// The fewest rows a task takes: enough work to hide the pool's hand-off.
+#[cfg(not(target_arch = "wasm32"))]
 const ROWS_PER_TASK: usize = 64;
 
 /// Calls `f(first_row, out)` for consecutive runs of rows, `out` holding `per_row` values for
@@ -9,10 +10,10 @@ pub(crate) fn for_row_chunks(out: &mut [f32], per_row: usize, f: impl Fn(usize, 
     if per_row == 0 {
         return;
     }
-    let rows = out.len() / per_row;
     #[cfg(not(target_arch = "wasm32"))]
-    if rayon::current_num_threads() > 1 && rows > ROWS_PER_TASK {
+    if rayon::current_num_threads() > 1 && out.len() / per_row > ROWS_PER_TASK {
         use rayon::prelude::*;
+        let rows = out.len() / per_row;
         // About four tasks a thread, so that a thread slowed by another process does not hold
         // up the product, and no fewer rows a task than ROWS_PER_TASK.
         let task = rows.div_ceil(4 * rayon::current_num_threads()).max(ROWS_PER_TASK);
