@@ -31,13 +31,52 @@ pub(crate) struct IntRow<'a> {
     pub offset: Option<&'a [f32]>,
 }
 
+/// Scales or offsets as a matrix keeps them: f16 where every one of its values is exactly an
+/// f16 (the 32-weight formats', which ggml stores as f16: half the bytes a step streams), else f32.
+#[derive(Clone, Copy)]
+pub(crate) enum Scales<'a> {
+    F32(&'a [f32]),
+    F16(&'a [u16]),
+}
+
+impl<'a> Scales<'a> {
+    pub(crate) fn len(self) -> usize {
+        match self {
+            Scales::F32(s) => s.len(),
+            Scales::F16(h) => h.len(),
+        }
+    }
+
+    pub(crate) fn part(self, start: usize, len: usize) -> Self {
+        match self {
+            Scales::F32(s) => Scales::F32(&s[start..][..len]),
+            Scales::F16(h) => Scales::F16(&h[start..][..len]),
+        }
+    }
+
+    /// The values as f32: borrowed, or converted into `buf`.
+    fn to_f32<'b>(self, buf: &'b mut Vec<f32>) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        match self {
+            Scales::F32(s) => s,
+            Scales::F16(h) => {
+                buf.clear();
+                buf.extend(h.iter().map(|&bits| half::f16::from_bits(bits).to_f32()));
+                buf
+            }
+        }
+    }
+}
+
 /// Consecutive weight rows of `cols` weights (the levels, scales and offsets of all of them).
 #[derive(Clone, Copy)]
 pub(crate) struct IntRows<'a> {
     pub levels: Levels<'a>,
     pub group: usize,
-    pub scale: &'a [f32],
-    pub offset: Option<&'a [f32]>,
+    pub scale: Scales<'a>,
+    pub offset: Option<Scales<'a>>,
     pub cols: usize,
 }
 
@@ -46,19 +85,25 @@ impl<'a> IntRows<'a> {
         self.scale.len() * self.group / self.cols
     }
 
+    /// Row r's levels, scales and offsets.
     #[inline]
-    fn row(&self, r: usize) -> IntRow<'a> {
+    fn row_parts(&self, r: usize) -> (Levels<'a>, Scales<'a>, Option<Scales<'a>>) {
         let (cols, groups) = (self.cols, self.cols / self.group);
         let levels = match self.levels {
             Levels::Nibbles(n) => Levels::Nibbles(&n[r * cols / 2..][..cols / 2]),
             Levels::Bytes(q) => Levels::Bytes(&q[r * cols..][..cols]),
         };
-        IntRow {
-            levels,
-            group: self.group,
-            scale: &self.scale[r * groups..][..groups],
-            offset: self.offset.map(|o| &o[r * groups..][..groups]),
-        }
+        (levels, self.scale.part(r * groups, groups), self.offset.map(|o| o.part(r * groups, groups)))
+    }
+
+    /// Row r, its scales and offsets in f32 (converted into `bufs` where they are f16).
+    fn row<'b>(&self, r: usize, bufs: &'b mut [Vec<f32>; 2]) -> IntRow<'b>
+    where
+        'a: 'b,
+    {
+        let (levels, scale, offset) = self.row_parts(r);
+        let [scale_buf, offset_buf] = bufs;
+        IntRow { levels, group: self.group, scale: scale.to_f32(scale_buf), offset: offset.map(|o| o.to_f32(offset_buf)) }
     }
 }
 
@@ -100,7 +145,7 @@ fn kernels() -> &'static Kernels {
     static CHOSEN: OnceLock<Kernels> = OnceLock::new();
     CHOSEN.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             return Kernels { name: "avx2", int: avx2::int_products_checked, f32: avx2::f32_dot_checked };
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -123,8 +168,9 @@ pub(crate) fn int_products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32]) {
 /// `int_products` over one row-and-token dot product at a time.
 fn products_by(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], dot: fn(IntRow<'_>, ActRow<'_>) -> f32) {
     let n = x.rows(w.cols);
+    let mut bufs = [Vec::new(), Vec::new()];
     for (r, ys) in out.chunks_exact_mut(n).enumerate().take(w.rows()) {
-        let row = w.row(r);
+        let row = w.row(r, &mut bufs);
         for (t, y) in ys.iter_mut().enumerate() {
             *y = dot(row, x.row(t, w.cols));
         }
@@ -188,7 +234,7 @@ pub fn f32_dot_portable(a: &[f32], b: &[f32]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{ActRow, IntRows, Levels, F32_LANES};
+    use super::{ActRow, IntRow, IntRows, Levels, Scales, F32_LANES};
     use crate::activations::QuantizedRows;
     use crate::ACT_BLOCK;
 
@@ -204,16 +250,26 @@ mod avx2 {
             w.cols.is_multiple_of(ACT_BLOCK) && levels == rows * w.cols && out.len() == rows * n && x.d.len() * ACT_BLOCK == x.q.len(),
             "int_products: shapes differ"
         );
-        // SAFETY: AVX2 and FMA are present (see above); `IntRows::row` and
+        // SAFETY: AVX2, FMA and F16C are present (see above); `IntRows::row_parts` and
         // `QuantizedRows::row` slice whole rows, and every load reads within a row's slices.
         unsafe { products(w, x, out, rows, n) }
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
         let blocks = w.cols / ACT_BLOCK;
+        let (mut scale_buf, mut offset_buf) = (Vec::new(), Vec::new());
         for r in 0..rows {
-            let row = w.row(r);
+            let (levels, scale, offset) = w.row_parts(r);
+            let row = IntRow {
+                levels,
+                group: w.group,
+                scale: scales_f32(scale, &mut scale_buf),
+                offset: match offset {
+                    Some(o) => Some(scales_f32(o, &mut offset_buf)),
+                    None => None,
+                },
+            };
             for t in 0..n {
                 let act = x.row(t, w.cols);
                 let sum = match (row.levels, row.group) {
@@ -230,6 +286,26 @@ mod avx2 {
                 *out.get_unchecked_mut(r * n + t) = sum + offsets;
             }
         }
+    }
+
+    /// Scales as f32: borrowed, or converted 8 at a time by F16C into `buf`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales_f32<'b>(s: Scales<'b>, buf: &'b mut Vec<f32>) -> &'b [f32] {
+        let h = match s {
+            Scales::F32(s) => return s,
+            Scales::F16(h) => h,
+        };
+        buf.clear();
+        buf.resize(h.len(), 0.0);
+        let body = h.len() / 8 * 8;
+        for i in (0..body).step_by(8) {
+            _mm256_storeu_ps(buf.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(i).cast())));
+        }
+        for (out, &bits) in buf[body..].iter_mut().zip(&h[body..]) {
+            *out = half::f16::from_bits(bits).to_f32();
+        }
+        buf
     }
 
     pub(super) fn f32_dot_checked(a: &[f32], b: &[f32]) -> f32 {
@@ -414,12 +490,17 @@ mod tests {
         let nibbles: Vec<u8> = (0..rows * cols / 2).map(|i| (i * 53 % 256) as u8).collect();
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
         for (levels, group) in [(Levels::Bytes(&bytes), 16), (Levels::Bytes(&bytes), 32), (Levels::Nibbles(&nibbles), 32)] {
-            let scale: Vec<f32> = (0..rows * cols / group).map(|g| 0.01 + (g % 11) as f32 * 1e-3).collect();
-            let offset: Vec<f32> = (0..rows * cols / group).map(|g| -0.02 * (g % 13) as f32).collect();
+            // Exact in f16, so the f16 storage must give the f32 one's sums.
+            let scale: Vec<f32> = (0..rows * cols / group).map(|g| (1 + g % 11) as f32 / 256.0).collect();
+            let offset: Vec<f32> = (0..rows * cols / group).map(|g| -((g % 13) as f32) / 64.0).collect();
+            let to_f16 = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+            let (scale16, offset16) = (to_f16(&scale), to_f16(&offset));
+            let stores = [(Scales::F32(&scale), Scales::F32(&offset)), (Scales::F16(&scale16), Scales::F16(&offset16))];
             for format in [ActFormat::Q8_0, ActFormat::Q8K] {
                 let xq = QuantizedRows::new(&x[..n * cols], format);
-                for offset in [None, Some(offset.as_slice())] {
-                    let w = IntRows { levels, group, scale: &scale, offset, cols };
+                for (offset, (scale, stored_offset)) in [None, Some(())].into_iter().flat_map(|o| stores.map(|s| (o, s))) {
+                    let offset = offset.map(|()| stored_offset);
+                    let w = IntRows { levels, group, scale, offset, cols };
                     let (mut got, mut want) = (vec![0f32; rows * n], vec![0f32; rows * n]);
                     int_products(w, &xq, &mut got);
                     products_by(w, &xq, &mut want, int_dot_portable);

@@ -6,7 +6,7 @@ use kestrel_gguf::quant::{int_groups, IntGroups, INT_GROUP};
 use kestrel_gguf::GgmlType;
 
 use crate::activations::{ActFormat, QuantizedRows};
-use crate::dot::{f32_dot, int_products, IntRows, Levels};
+use crate::dot::{f32_dot, int_products, IntRows, Levels, Scales};
 use crate::error::CpuError;
 use crate::parallel::for_row_chunks;
 use crate::ACT_BLOCK;
@@ -27,13 +27,62 @@ struct IntWeights {
     levels: LevelStore,
     /// Weights per scale: 32, or 16 where the format's groups of 16 differ (Q6_K).
     group: usize,
-    scale: Vec<f32>,
+    scale: ScaleStore,
     /// The products' offsets: the format's min minus `bias · scale` (None: all zero).
-    offset: Option<Vec<f32>>,
+    offset: Option<ScaleStore>,
     /// What the stored levels exceed the format's by: 8 for Q4_0, whose signed levels are kept
     /// as unsigned nibbles (0 otherwise).
     bias: i8,
     act: ActFormat,
+}
+
+/// Scales or offsets: f16 where every value of the matrix is exactly one (`dot::Scales`).
+enum ScaleStore {
+    F32(Vec<f32>),
+    F16(Vec<u16>),
+}
+
+impl ScaleStore {
+    fn new(values: Vec<f32>, f16: bool) -> Self {
+        if f16 {
+            ScaleStore::F16(values.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect())
+        } else {
+            ScaleStore::F32(values)
+        }
+    }
+
+    /// Whether every value is exactly an f16.
+    fn fits_f16(values: &[f32]) -> bool {
+        values.iter().all(|&v| half::f16::from_f32(v).to_f32().to_bits() == v.to_bits())
+    }
+
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            ScaleStore::F32(v) => v[i],
+            ScaleStore::F16(h) => half::f16::from_bits(h[i]).to_f32(),
+        }
+    }
+
+    fn view(&self) -> Scales<'_> {
+        match self {
+            ScaleStore::F32(v) => Scales::F32(v),
+            ScaleStore::F16(h) => Scales::F16(h),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            ScaleStore::F32(v) => 4 * v.len(),
+            ScaleStore::F16(h) => 2 * h.len(),
+        }
+    }
+
+    fn split_off(&mut self, at: usize) -> Self {
+        match self {
+            ScaleStore::F32(v) => ScaleStore::F32(v.split_off(at)),
+            ScaleStore::F16(h) => ScaleStore::F16(h.split_off(at)),
+        }
+    }
 }
 
 /// Formats of at most 4 bits keep two levels a byte, half the memory a decode step streams.
@@ -51,10 +100,12 @@ impl IntWeights {
         let scale = per_group(g.scale);
         let min = g.min.map(per_group);
         let bias: i8 = if ty == GgmlType::Q4_0 { 8 } else { 0 };
-        let offset = match (min, bias) {
+        let offset: Option<Vec<f32>> = match (min, bias) {
             (min, 0) => min,
             (_, b) => Some(scale.iter().map(|s| -f32::from(b) * s).collect()),
         };
+        let f16 = ScaleStore::fits_f16(&scale) && offset.as_deref().is_none_or(ScaleStore::fits_f16);
+        let (scale, offset) = (ScaleStore::new(scale, f16), offset.map(|o| ScaleStore::new(o, f16)));
         let levels = if matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K) {
             let mut packed = Vec::with_capacity(g.q.len() / 2);
             for block in g.q.chunks_exact(ACT_BLOCK) {
@@ -74,7 +125,7 @@ impl IntWeights {
             LevelStore::Nibbles(n) => n.len(),
             LevelStore::Bytes(q) => q.len(),
         };
-        levels + 4 * (self.scale.len() + self.offset.as_ref().map_or(0, Vec::len))
+        levels + self.scale.bytes() + self.offset.as_ref().map_or(0, ScaleStore::bytes)
     }
 
     /// The format's level of weight `i` (counted over the whole matrix).
@@ -93,9 +144,9 @@ impl IntWeights {
         (r * cols..(r + 1) * cols)
             .map(|i| {
                 let g = i / self.group;
-                let scaled = f32::from(self.level(i)) * self.scale[g];
+                let scaled = f32::from(self.level(i)) * self.scale.get(g);
                 match (&self.offset, self.bias) {
-                    (Some(offset), 0) => scaled + offset[g],
+                    (Some(offset), 0) => scaled + offset.get(g),
                     _ => scaled,
                 }
             })
@@ -109,8 +160,8 @@ impl IntWeights {
             LevelStore::Nibbles(n) => Levels::Nibbles(&n[first * cols / 2..][..count * cols / 2]),
             LevelStore::Bytes(q) => Levels::Bytes(&q[first * cols..][..count * cols]),
         };
-        let (scale, offset) =
-            (&self.scale[first * groups..][..count * groups], self.offset.as_ref().map(|o| &o[first * groups..][..count * groups]));
+        let (start, len) = (first * groups, count * groups);
+        let (scale, offset) = (self.scale.view().part(start, len), self.offset.as_ref().map(|o| o.view().part(start, len)));
         IntRows { levels, group: self.group, scale, offset, cols }
     }
 
