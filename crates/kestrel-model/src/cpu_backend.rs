@@ -7,7 +7,7 @@ use kestrel_gguf::GgmlType;
 use kestrel_gpu::params::{AttentionShape, KvType, Penalties, PenaltyEntry, SamplingParams, Scores};
 use kestrel_gpu::reference::sample;
 
-use crate::cpu_forward::{CpuForward, CpuKernels};
+use crate::cpu_forward::{CpuForward, CpuKernels, SequenceStep};
 use crate::error::{bad_model, ModelError};
 use crate::graph::{StepInput, StepOutput, TOKEN_SLOTS};
 
@@ -135,6 +135,12 @@ impl CpuBackend {
         self.last_sampled = token;
         self.logits = logits;
         Ok(())
+    }
+
+    /// Runs a batched step (`CpuForward::run_batch`) on the pool.
+    pub fn run_batch(&mut self, steps: &[SequenceStep<'_>]) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        let forward = &mut self.forward;
+        kestrel_cpu::on_pool(|| forward.run_batch(steps))
     }
 
     pub fn read_token(&self, slot: usize) -> u32 {

@@ -51,8 +51,32 @@ struct Layer<M> {
     gate: M,
     up: M,
     down: M,
-    k_cache: Vec<f32>,
-    v_cache: Vec<f32>,
+}
+
+/// One sequence's keys and values: `[layer]` of `[kv_head][position][head_dim]`. Allocated
+/// zeroed, so the system commits a page only when a position in it is first written.
+struct KvCache {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl KvCache {
+    fn new(layers: usize, len: usize) -> Self {
+        Self { k: (0..layers).map(|_| vec![0.0; len]).collect(), v: (0..layers).map(|_| vec![0.0; len]).collect() }
+    }
+}
+
+/// One sequence's part of a batched step (`CpuForward::run_batch`).
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceStep<'a> {
+    /// The KV cache the sequence uses (`CpuForward::set_slots`).
+    pub slot: usize,
+    /// Tokens already in that cache: `tokens` run at positions `pos..`.
+    pub pos: usize,
+    pub tokens: &'a [u32],
+    /// Whether to return the last token's logits (a prefill chunk before the last needs only
+    /// its KV rows).
+    pub logits: bool,
 }
 
 pub struct CpuForward<K: CpuKernels> {
@@ -62,11 +86,13 @@ pub struct CpuForward<K: CpuKernels> {
     /// None when tied to the embedding.
     output: Option<K::Matrix>,
     layers: Vec<Layer<K::Matrix>>,
+    /// One KV cache per slot: sequences batched together each attend to their own.
+    caches: Vec<KvCache>,
     shape: AttentionShape,
     /// The values the caches hold: the GPU cache's type, so that both passes attend to the same
     /// keys and values.
     kv: KvType,
-    /// Tokens already in the caches.
+    /// Tokens already in slot 0's cache (`forward` and `run` append to it).
     pub pos: usize,
 }
 
@@ -135,14 +161,13 @@ impl<K: CpuKernels> CpuForward<K> {
                 gate: matrix(Role::Gate(l))?,
                 up: matrix(Role::Up(l))?,
                 down: matrix(Role::Down(l))?,
-                k_cache: vec![0.0; shape.cache_len()],
-                v_cache: vec![0.0; shape.cache_len()],
             });
         }
         Ok(Self {
             embedding: matrix(Role::TokenEmbedding)?,
             output_norm: vector(Role::OutputNorm)?,
             output: if config.tied_embeddings { None } else { Some(matrix(Role::Output)?) },
+            caches: vec![KvCache::new(config.n_layers, shape.cache_len())],
             config,
             layers,
             shape,
@@ -172,9 +197,21 @@ impl<K: CpuKernels> CpuForward<K> {
         self.matrix_bytes() - self.output.as_ref().map_or(0, |_| K::bytes(&self.embedding))
     }
 
-    /// Bytes of the KV caches.
+    /// Bytes of the KV caches, every slot's (what they may grow to: pages never written are
+    /// not committed).
     pub fn cache_bytes(&self) -> usize {
-        self.layers.iter().map(|l| 4 * (l.k_cache.len() + l.v_cache.len())).sum()
+        self.caches.iter().flat_map(|c| c.k.iter().chain(&c.v)).map(|v| 4 * v.len()).sum()
+    }
+
+    /// KV caches, one per sequence a batched step may hold.
+    pub fn slots(&self) -> usize {
+        self.caches.len()
+    }
+
+    /// Keeps `n` KV caches (at least 1): slots added are empty, slots removed are freed.
+    pub fn set_slots(&mut self, n: usize) {
+        let (layers, len) = (self.config.n_layers, self.shape.cache_len());
+        self.caches.resize_with(n.max(1), || KvCache::new(layers, len));
     }
 
     /// Runs `tokens` at positions `pos..`, appends them to the caches, and returns the logits
@@ -186,20 +223,27 @@ impl<K: CpuKernels> CpuForward<K> {
     /// `forward`, with the LM head only when `logits` (a prefill chunk before the last needs
     /// only its KV rows).
     pub fn run(&mut self, tokens: &[u32], logits: bool) -> Result<Option<Vec<f32>>, ModelError> {
+        let step = SequenceStep { slot: 0, pos: self.pos, tokens, logits };
+        let out = self.run_batch(&[step])?.pop().flatten();
+        self.pos += tokens.len();
+        Ok(out)
+    }
+
+    /// Runs several sequences' tokens as one pass: every product reads its weights once for
+    /// all of their rows, and each sequence's rows attend to its own slot's cache. Returns each
+    /// step's last logits where it asked for them. Every row is computed on its own, so a
+    /// sequence's logits do not depend on what it was batched with.
+    pub fn run_batch(&mut self, steps: &[SequenceStep<'_>]) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        self.check_steps(steps)?;
         let c = &self.config;
-        let n = tokens.len();
-        if n == 0 || self.pos + n > self.shape.max_ctx {
-            return Err(ModelError::ContextOverflow { needed: self.pos + n, context: self.shape.max_ctx });
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab) {
-            return Err(ModelError::InvalidOption { name: "tokens", reason: format!("id {bad} >= vocab {}", c.vocab) });
-        }
         let (hidden, hd, q_width, kv_width) = (c.hidden, c.head_dim, c.q_width(), c.kv_width());
-        let mut x: Vec<f32> = tokens.iter().flat_map(|&t| K::row(&self.embedding, t as usize)).collect();
+        // Row offsets of each step's tokens in the batch.
+        let starts: Vec<usize> = steps.iter().scan(0, |row, s| Some(std::mem::replace(row, *row + s.tokens.len()))).collect();
+        let mut x: Vec<f32> = steps.iter().flat_map(|s| s.tokens).flat_map(|&t| K::row(&self.embedding, t as usize)).collect();
         if c.embedding_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= c.embedding_scale);
         }
-        for layer in &mut self.layers {
+        for (l, layer) in self.layers.iter().enumerate() {
             let h = norm::rmsnorm(&x, &layer.attn_norm, c.rms_eps);
             let q = add_bias(K::apply(&layer.q, &h), layer.q_bias.as_deref());
             let k = add_bias(K::apply(&layer.k, &h), layer.k_bias.as_deref());
@@ -214,19 +258,24 @@ impl<K: CpuKernels> CpuForward<K> {
                 None => k,
             };
             let rotate = |x: &[f32], p: usize| layer.rope.as_ref().map_or_else(|| x.to_vec(), |config| rope::rope(x, hd, p, config));
-            let mut q_roped = Vec::with_capacity(q.len());
-            for t in 0..n {
-                let p = self.pos + t;
-                q_roped.extend(rotate(&q[t * q_width..][..q_width], p));
-                let k_roped = rotate(&k[t * kv_width..][..kv_width], p);
-                for kvh in 0..c.n_kv_heads {
-                    let at = (kvh * self.shape.max_ctx + p) * hd;
-                    let stored = |x: &[f32]| x.iter().map(|&x| self.kv.stored(x)).collect::<Vec<f32>>();
-                    layer.k_cache[at..at + hd].copy_from_slice(&stored(&k_roped[kvh * hd..][..hd]));
-                    layer.v_cache[at..at + hd].copy_from_slice(&stored(&v[t * kv_width + kvh * hd..][..hd]));
+            let mut attn = Vec::with_capacity(q.len());
+            for (step, &first) in steps.iter().zip(&starts) {
+                let cache = &mut self.caches[step.slot];
+                let (k_cache, v_cache) = (&mut cache.k[l], &mut cache.v[l]);
+                let mut q_roped = Vec::with_capacity(step.tokens.len() * q_width);
+                for t in 0..step.tokens.len() {
+                    let (row, p) = (first + t, step.pos + t);
+                    q_roped.extend(rotate(&q[row * q_width..][..q_width], p));
+                    let k_roped = rotate(&k[row * kv_width..][..kv_width], p);
+                    for kvh in 0..c.n_kv_heads {
+                        let at = (kvh * self.shape.max_ctx + p) * hd;
+                        let stored = |x: &[f32]| x.iter().map(|&x| self.kv.stored(x)).collect::<Vec<f32>>();
+                        k_cache[at..at + hd].copy_from_slice(&stored(&k_roped[kvh * hd..][..hd]));
+                        v_cache[at..at + hd].copy_from_slice(&stored(&v[row * kv_width + kvh * hd..][..hd]));
+                    }
                 }
+                attn.extend(K::attention(&self.shape, &q_roped, k_cache, v_cache, step.pos, &layer.scores));
             }
-            let attn = K::attention(&self.shape, &q_roped, &layer.k_cache, &layer.v_cache, self.pos, &layer.scores);
             let o = K::apply(&layer.attn_output, &attn);
             let post_norm = |y: Vec<f32>, i: usize| match &layer.post_norms {
                 Some(weights) => norm::rmsnorm(&y, &weights[i], c.rms_eps),
@@ -239,16 +288,48 @@ impl<K: CpuKernels> CpuForward<K> {
             let d = K::apply(&layer.down, &act);
             x.iter_mut().zip(&post_norm(d, 1)).for_each(|(x, d)| *x += d);
         }
-        self.pos += n;
-        if !logits {
-            return Ok(None);
+        // The LM head once for the last row of every step that asks for logits.
+        let wanted: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].logits).collect();
+        let mut out = vec![None; steps.len()];
+        if wanted.is_empty() {
+            return Ok(out);
         }
-        let last = norm::rmsnorm(&x[(n - 1) * hidden..], &self.output_norm, c.rms_eps);
-        let logits = K::apply(self.output.as_ref().unwrap_or(&self.embedding), &last);
-        Ok(Some(match c.final_softcap {
-            Some(cap) => logits.into_iter().map(|v| cap * (v / cap).tanh()).collect(),
-            None => logits,
-        }))
+        let last_rows: Vec<f32> =
+            wanted.iter().flat_map(|&i| &x[(starts[i] + steps[i].tokens.len() - 1) * hidden..][..hidden]).copied().collect();
+        let last = norm::rmsnorm(&last_rows, &self.output_norm, c.rms_eps);
+        let mut logits = K::apply(self.output.as_ref().unwrap_or(&self.embedding), &last);
+        if let Some(cap) = c.final_softcap {
+            logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+        }
+        let per_row = logits.len() / wanted.len();
+        for (&i, row) in wanted.iter().zip(logits.chunks_exact(per_row)) {
+            out[i] = Some(row.to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Every step names its own existing slot, has tokens of the vocabulary and fits the context.
+    fn check_steps(&self, steps: &[SequenceStep<'_>]) -> Result<(), ModelError> {
+        let mut used = vec![false; self.caches.len()];
+        for step in steps {
+            let n = step.tokens.len();
+            if n == 0 || step.pos + n > self.shape.max_ctx {
+                return Err(ModelError::ContextOverflow { needed: step.pos + n, context: self.shape.max_ctx });
+            }
+            match used.get_mut(step.slot) {
+                Some(u) if !*u => *u = true,
+                _ => {
+                    return Err(ModelError::InvalidOption {
+                        name: "slot",
+                        reason: format!("{} is absent or used twice in a step", step.slot),
+                    })
+                }
+            }
+            if let Some(&bad) = step.tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
+                return Err(ModelError::InvalidOption { name: "tokens", reason: format!("id {bad} >= vocab {}", self.config.vocab) });
+            }
+        }
+        Ok(())
     }
 }
 

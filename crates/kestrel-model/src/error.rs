@@ -23,6 +23,9 @@ pub enum ModelError {
     /// A feature only the GPU backend has, asked of a model on the CPU backend.
     #[error("{0} needs the GPU backend")]
     NeedsGpu(&'static str),
+    /// The error of a batched step, as each of its sequences gets it.
+    #[error("{message}")]
+    InBatch { code: &'static str, message: String },
     #[error(transparent)]
     Gguf(#[from] kestrel_gguf::GgufError),
     #[error(transparent)]
@@ -43,6 +46,7 @@ impl ModelError {
             Self::BadSnapshot(_) => "bad_snapshot",
             Self::SnapshotMismatch(_) => "snapshot_mismatch",
             Self::NeedsGpu(_) => "needs_gpu",
+            Self::InBatch { code, .. } => code,
             // The model's chat template failed while rendering a request: its own code, so that a
             // page can tell a hostile or broken template from a tokenizer fault.
             Self::Tokenizer(kestrel_tokenizer::TokenizerError::Template(_)) => "template",

@@ -11,10 +11,12 @@ mod graph;
 mod load;
 mod model;
 pub mod options;
+mod output;
 mod penalties;
 pub mod prefix_snapshot;
 pub mod reference;
 pub mod request;
+mod sequences;
 pub mod stop;
 pub mod synthetic;
 pub mod tensors;
@@ -28,6 +30,7 @@ pub use load::{LoadOptions, LoadProgress, ModelLoader};
 pub use model::{BackendKind, FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD};
 pub use options::GenerateOptions;
 pub use request::Request;
+pub use sequences::{BatchStep, SequenceEvent, SequenceId};
 
 /// Native convenience: loads a GGUF file from disk onto the GPU, streaming it in chunks.
 #[cfg(not(target_arch = "wasm32"))]

@@ -4,7 +4,7 @@
 
 use kestrel_gpu::params::{KvType, Penalties, PenaltyEntry, SamplingParams};
 use kestrel_gpu::Gpu;
-use kestrel_tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};
+use kestrel_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
@@ -13,9 +13,9 @@ use crate::cpu_backend::CpuBackend;
 use crate::error::bad_model;
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
 use crate::options::GenerateOptions;
+use crate::output::{Accepted, TokenOutput};
 use crate::penalties::PenaltyPolicy;
 use crate::prefix_snapshot::{self, KvLayout};
-use crate::stop::StopMatcher;
 use crate::ModelError;
 
 /// What to generate from.
@@ -101,17 +101,21 @@ pub struct Generation {
 }
 
 pub struct Model {
-    backend: Backend,
-    tokenizer: Tokenizer,
+    pub(crate) backend: Backend,
+    pub(crate) tokenizer: Tokenizer,
     template: ChatTemplate,
-    /// Tokens whose keys and values are in the cache, in order from position 0.
-    cached: Vec<u32>,
+    /// Per KV slot, the tokens whose keys and values its cache holds, in order from position 0.
+    /// Single-sequence generation uses slot 0; batched sequences (`sequences.rs`) any.
+    pub(crate) cached: Vec<Vec<u32>>,
+    /// The batched sequences running, oldest first.
+    pub(crate) sequences: Vec<crate::sequences::Sequence>,
+    pub(crate) next_sequence: u64,
     /// Decode steps kept submitted ahead of the token being read (`set_decode_run_ahead`).
     run_ahead: usize,
 }
 
 /// Where a model's steps run.
-enum Backend {
+pub(crate) enum Backend {
     Gpu(Box<Graph>),
     Cpu(Box<CpuBackend>),
 }
@@ -231,7 +235,15 @@ impl Model {
     fn with_backend(backend: Backend, tokenizer: Tokenizer) -> Result<Self, ModelError> {
         // A template that does not even compile is a broken file, found before any request.
         let template = ChatTemplate::for_tokenizer(&tokenizer).map_err(|e| bad_model(e.to_string()))?;
-        Ok(Self { backend, tokenizer, template, cached: Vec::new(), run_ahead: DEFAULT_DECODE_RUN_AHEAD })
+        Ok(Self {
+            backend,
+            tokenizer,
+            template,
+            cached: vec![Vec::new()],
+            sequences: Vec::new(),
+            next_sequence: 0,
+            run_ahead: DEFAULT_DECODE_RUN_AHEAD,
+        })
     }
 
     /// Which backend runs the model.
@@ -307,14 +319,14 @@ impl Model {
     /// A decode step at `pos` by kernel family, for benchmarks (`graph::profile`). Running the
     /// families clobbers the KV cache, so the cached prefix is forgotten.
     pub fn decode_families(&mut self, pos: usize) -> Result<Vec<KernelFamily<'_>>, ModelError> {
-        self.cached.clear();
+        self.cached[0].clear();
         Ok(self.backend.gpu_graph_mut("the kernel profile")?.decode_families(pos)?)
     }
 
     /// Runs one decode step of `token` at `pos` and times its host side (benchmarks). The KV
     /// cache at `pos` is overwritten, so the cached prefix is forgotten.
     pub async fn time_decode_step(&mut self, token: u32, pos: usize) -> Result<StepHostTime, ModelError> {
-        self.cached.clear();
+        self.cached[0].clear();
         Ok(self.backend.gpu_graph_mut("host timing of a GPU step")?.time_decode_step(token, pos).await?)
     }
 
@@ -337,7 +349,7 @@ impl Model {
     /// The token ids whose keys and values the KV cache holds for reuse, from position 0 (the
     /// last request's prompt and output).
     pub fn cached_token_ids(&self) -> &[u32] {
-        &self.cached
+        &self.cached[0]
     }
 
     fn kv_layout(&self) -> KvLayout {
@@ -351,7 +363,7 @@ impl Model {
         let graph = self.backend.gpu_graph("KV prefix snapshots")?;
         let layout = self.kv_layout();
         let fits = |n: usize| layout.snapshot_bytes(model_key.len(), n) <= max_bytes;
-        let n = self.cached.len();
+        let n = self.cached[0].len();
         // Each token adds the same number of bytes: the largest count that fits, by bisection.
         let (mut lo, mut hi) = (0, n);
         while lo < hi {
@@ -365,7 +377,7 @@ impl Model {
         if lo == 0 {
             return Ok(None);
         }
-        let tokens = &self.cached[..lo];
+        let tokens = &self.cached[0][..lo];
         Ok(Some(prefix_snapshot::save(&graph.gpu, &graph.caches, model_key, layout, tokens).await?))
     }
 
@@ -386,31 +398,32 @@ impl Model {
         }
         if let Err(e) = prefix_snapshot::write_rows(&graph.gpu, &graph.caches, n, keep, snapshot.rows) {
             // Rows of the cached prefix may be overwritten already.
-            self.cached.clear();
+            self.cached[0].clear();
             return Err(e);
         }
-        self.cached = snapshot.tokens[..keep].to_vec();
+        self.cached[0] = snapshot.tokens[..keep].to_vec();
         Ok(keep)
     }
 
     /// Forgets the cached prefix: the next request prefills from position 0.
     pub fn reset(&mut self) {
-        self.cached.clear();
+        self.cached.iter_mut().for_each(Vec::clear);
     }
 
     /// Runs `tokens` from position 0 and returns the last position's logits (for tests and
     /// tools; generation never reads full logits unless asked for logprobs).
     pub async fn prompt_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.check_no_sequences()?;
         self.check_prompt(tokens)?;
-        self.cached.clear();
+        self.cached[0].clear();
         self.backend.set_sampling(&SamplingParams::greedy())?;
         self.backend.set_penalties(&Penalties::default(), Vec::new())?;
         self.prefill(tokens, 0, true)?;
-        self.cached = tokens.to_vec();
+        self.cached[0] = tokens.to_vec();
         self.backend.read_logits().await
     }
 
-    fn check_prompt(&self, tokens: &[u32]) -> Result<(), ModelError> {
+    pub(crate) fn check_prompt(&self, tokens: &[u32]) -> Result<(), ModelError> {
         if tokens.is_empty() {
             return Err(ModelError::InvalidOption { name: "prompt", reason: "is empty".into() });
         }
@@ -454,7 +467,7 @@ impl Model {
         let generation = self.run_generation(prompt, options, on_token).await;
         if generation.is_err() {
             // The failed steps may have left KV rows unwritten: the next request prefills anew.
-            self.cached.clear();
+            self.cached[0].clear();
         }
         generation
     }
@@ -465,17 +478,11 @@ impl Model {
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Generation, ModelError> {
+        self.check_no_sequences()?;
         options.validate(self.config().vocab)?;
         self.check_prompt(prompt)?;
         let start = Instant::now();
-        let seed = options.seed.unwrap_or_else(clock_seed);
-        let sampling = SamplingParams {
-            temperature: options.temperature,
-            top_k: options.top_k,
-            top_p: options.top_p,
-            min_p: options.min_p,
-            seed: (seed ^ (seed >> 32)) as u32,
-        };
+        let sampling = sampling_params(options);
         self.backend.set_sampling(&sampling)?;
         let policy = PenaltyPolicy::new(options);
         let penalize = policy.is_active();
@@ -483,14 +490,14 @@ impl Model {
             backend.set_penalties(&policy.penalties, policy.entries(history))
         };
         // Keep the longest cached prefix, but always run the last prompt token for its logits.
-        let reused = common_prefix(&self.cached, prompt).min(prompt.len() - 1);
-        self.cached.truncate(reused);
+        let reused = common_prefix(&self.cached[0], prompt).min(prompt.len() - 1);
+        self.cached[0].truncate(reused);
         let mut history = prompt.to_vec();
         write_penalties(&mut self.backend, &history)?;
         let want_logits = options.logprobs > 0;
         self.prefill(prompt, reused, want_logits)?;
         let mut token = self.backend.read_token(0).await?;
-        self.cached = prompt.to_vec();
+        self.cached[0] = prompt.to_vec();
         let ttft = start.elapsed();
         let decode_start = Instant::now();
 
@@ -503,89 +510,74 @@ impl Model {
         let ahead = if penalize || want_logits { 1 } else { self.run_ahead };
         let max_ctx = self.context_length();
         let can_submit = |step: usize| step < options.max_tokens && prompt.len() + step <= max_ctx;
-        let output = if want_logits { StepOutput::TokenAndLogits } else { StepOutput::Token };
+        let output_kind = if want_logits { StepOutput::TokenAndLogits } else { StepOutput::Token };
         // Steps submitted, and the step whose token `token` is (the prefill is step 0).
         let mut submitted = 0;
         let mut step = 0;
         let mut host_wait = std::time::Duration::ZERO;
 
-        let mut stops = StopMatcher::new(&options.stop);
-        let mut decoder = StreamDecoder::new();
-        let mut generated = Vec::new();
-        let mut text = String::new();
-        let mut logprobs = Vec::new();
-        let mut stopped_by_string = false;
+        let mut output = TokenOutput::new(options);
         let finish_reason = loop {
             let step_logprobs =
                 if want_logits { Some(top_logprobs(&self.backend.read_logits().await?, token, options.logprobs)) } else { None };
-            let is_end = (!options.ignore_eos && self.tokenizer.is_eog(token)) || options.stop_token_ids.contains(&token);
-            if is_end {
-                break FinishReason::Stop;
+            match output.accept(&self.tokenizer, options, token, step_logprobs)? {
+                Accepted::End => break FinishReason::Stop,
+                Accepted::Token { event, stopped: true } => {
+                    on_token(&event);
+                    break FinishReason::Stop;
+                }
+                Accepted::Token { event, stopped: false } => {
+                    if !on_token(&event) {
+                        break FinishReason::Abort;
+                    }
+                }
             }
-            generated.push(token);
             history.push(token);
-            let piece = decoder.push(&self.tokenizer, token)?;
-            let out = stops.push(&piece);
-            text.push_str(&out.text);
-            let event = TokenEvent { id: Some(token), text: out.text, logprobs: step_logprobs.clone() };
-            logprobs.extend(step_logprobs);
-            if out.stopped {
-                stopped_by_string = true;
-                on_token(&event);
-                break FinishReason::Stop;
-            }
-            if !on_token(&event) {
-                break FinishReason::Abort;
-            }
-            let pos = self.cached.len();
-            if generated.len() >= options.max_tokens || pos + 1 > max_ctx {
+            let pos = self.cached[0].len();
+            if output.generated.len() >= options.max_tokens || pos + 1 > max_ctx {
                 break FinishReason::Length;
             }
             if penalize {
                 write_penalties(&mut self.backend, &history)?;
             }
-            self.cached.push(token);
+            self.cached[0].push(token);
             step += 1;
             // Step `step` is allowed (the checks above); keep `ahead` steps submitted.
             while submitted < step + ahead - 1 && can_submit(submitted + 1) {
                 submitted += 1;
-                self.backend.submit_step(StepInput::Sampled, prompt.len() + submitted - 1, submitted as u32, &output, submitted)?;
+                self.backend.submit_step(StepInput::Sampled, prompt.len() + submitted - 1, submitted as u32, &output_kind, submitted)?;
             }
             let wait = Instant::now();
             token = self.backend.read_token(step).await?;
             host_wait += wait.elapsed();
         };
-        if !stopped_by_string {
-            let out = stops.push(&decoder.finish());
-            let rest = if out.stopped { out.text } else { out.text + &stops.finish() };
-            if !rest.is_empty() {
-                text.push_str(&rest);
-                on_token(&TokenEvent { id: None, text: rest, logprobs: None });
-            }
+        if let Some(rest) = output.flush() {
+            on_token(&rest);
         }
         // A fault reported after the last read (the browser delivers them as events) still fails
         // this request rather than the next.
         self.backend.check_faults()?;
-        let decode_secs = decode_start.elapsed().as_secs_f64();
-        let prefill_tokens = prompt.len() - reused;
-        let decode_tokens = generated.len().saturating_sub(1);
-        let timings = Timings {
-            prompt_tokens: prompt.len(),
-            prefill_tokens,
-            reused_tokens: reused,
-            ttft_ms: ttft.as_secs_f64() * 1e3,
-            prefill_tok_s: prefill_tokens as f64 / ttft.as_secs_f64().max(1e-9),
-            decode_tokens,
-            decode_ms: decode_secs * 1e3,
-            decode_tok_s: if decode_tokens > 0 { decode_tokens as f64 / decode_secs.max(1e-9) } else { 0.0 },
-            host_wait_ms_per_token: if decode_tokens > 0 { host_wait.as_secs_f64() * 1e3 / decode_tokens as f64 } else { 0.0 },
-        };
+        let decode_tokens = output.generated.len().saturating_sub(1);
+        let timings = Timings::measured(prompt.len(), reused, ttft, decode_tokens, decode_start.elapsed(), host_wait);
+        let TokenOutput { generated, text, logprobs, .. } = output;
         Ok(Generation { prompt_tokens: prompt.to_vec(), tokens: generated, text, finish_reason, timings, logprobs })
     }
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The sampler's parameters for `options`: its seed, or the clock's.
+pub(crate) fn sampling_params(options: &GenerateOptions) -> SamplingParams {
+    let seed = options.seed.unwrap_or_else(clock_seed);
+    SamplingParams {
+        temperature: options.temperature,
+        top_k: options.top_k,
+        top_p: options.top_p,
+        min_p: options.min_p,
+        seed: (seed ^ (seed >> 32)) as u32,
+    }
 }
 
 fn clock_seed() -> u64 {
@@ -593,7 +585,7 @@ fn clock_seed() -> u64 {
 }
 
 /// Log-softmax of `logits`: the chosen token's value and the `n` best.
-fn top_logprobs(logits: &[f32], token: u32, n: usize) -> StepLogprobs {
+pub(crate) fn top_logprobs(logits: &[f32], token: u32, n: usize) -> StepLogprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let log_sum = logits.iter().map(|&l| f64::from(l - max).exp()).sum::<f64>().ln() as f32;
     let logprob = |l: f32| l - max - log_sum;
