@@ -33,10 +33,12 @@ def start_server(*args):
     raise RuntimeError(f"kestrel serve exited with {process.wait()} before listening")
 
 
-def native_greedy(prompt, max_tokens):
-    """The CLI's own greedy generation: what the server must reproduce."""
+def native_greedy(prompt, max_tokens, *options):
+    """The CLI's own generation, greedy unless `options` say otherwise: what the server must
+    reproduce."""
+    greedy = [] if "--temperature" in options else ["--temperature", "0"]
     out = subprocess.run(
-        [CLI, "generate", "--raw", "--json", "--temperature", "0", "--max-tokens", str(max_tokens), prompt],
+        [CLI, "generate", "--raw", "--json", *greedy, "--max-tokens", str(max_tokens), *options, prompt],
         cwd=ROOT, env=ENV, capture_output=True, text=True, check=True,
     )
     return json.loads(out.stdout)

@@ -3,12 +3,13 @@ Python client streams and completes chat and text from it, raw HTTP sends what a
 would refuse to, and the official Prometheus client's OpenMetrics parser reads /metrics.
 
 Run by `./build.sh test` (`server_tests`); `KESTREL_CLI` names the binary (default: the dev
-build). Generations are a few tokens long: the model runs on lavapipe here.
+build). The server runs on the CPU backend here (a software GPU adapter), which batches.
 """
 
 import http.client
 import json
 import signal
+from concurrent.futures import ThreadPoolExecutor
 import threading
 import time
 import unittest
@@ -22,7 +23,7 @@ class ServerTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.process, cls.address = start_server(
-            "--api-key", API_KEY, "--queue", "1", "--max-body-mb", "1", "--response-cache-mb", "1", "--cors-origin", "http://page.example")
+            "--api-key", API_KEY, "--slots", "2", "--queue", "1", "--max-body-mb", "1", "--response-cache-mb", "1", "--cors-origin", "http://page.example")
         cls.client = openai.OpenAI(base_url=f"http://{cls.address}/v1", api_key=API_KEY, max_retries=0, timeout=300)
 
     @classmethod
@@ -145,35 +146,45 @@ class ServerTest(unittest.TestCase):
 
     def test_a_full_queue_gets_429_and_a_client_that_leaves_frees_its_slot(self):
         before = metrics(self.address)
-        # A long generation holds the engine; one request may wait; the next is refused.
-        long = http.client.HTTPConnection(self.address, timeout=120)
-        long.request("POST", "/v1/completions", json.dumps({"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}),
-                     {"Authorization": f"Bearer {API_KEY}"})
-        stream = long.getresponse()
-        self.assertEqual(stream.status, 200)
-        self.assertTrue(stream.readline().startswith(b"data: "), "the long request is generating")
+        # Two long generations hold both slots; one request may wait; the next is refused.
+        streams = []
+        for _ in range(2):
+            connection = http.client.HTTPConnection(self.address, timeout=120)
+            connection.request("POST", "/v1/completions", json.dumps({"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}),
+                               {"Authorization": f"Bearer {API_KEY}"})
+            stream = connection.getresponse()
+            self.assertEqual(stream.status, 200)
+            self.assertTrue(stream.readline().startswith(b"data: "), "the long request is generating")
+            streams.append(connection)
+        long, other = streams
         queued = {}
         waiter = threading.Thread(target=lambda: queued.update(result=request(
             self.address, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "temperature": 0}, {"Cache-Control": "no-store"})))
         waiter.start()
         deadline = time.time() + 30
-        while request(self.address, "GET", "/health")[2]["pending_requests"] < 2:
+        while request(self.address, "GET", "/health")[2]["pending_requests"] < 3:
             self.assertLess(time.time(), deadline, "the second request never queued")
             time.sleep(0.05)
         status, headers, error = request(self.address, "POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
         self.assertEqual((status, error["error"]["code"]), (429, "rate_limit_exceeded"))
         self.assertGreaterEqual(int(headers["Retry-After"]), 1)
-        # The long request's client goes away: generation stops at its next token and the
-        # queued request runs.
+        # A long request's client goes away: its generation stops before the next step and the
+        # queued request takes its slot while the other long one still runs.
         started = time.time()
         long.close()
         waiter.join(timeout=120)
         status, _, done = queued["result"]
         self.assertEqual(status, 200, done)
-        self.assertLess(time.time() - started, 60, "the abandoned request kept the engine")
+        self.assertLess(time.time() - started, 60, "the abandoned request kept its slot")
+        self.assertEqual(sample(metrics(self.address), "kestrel_slots_in_use"), 1, "the other long request still runs")
+        other.close()
+        deadline = time.time() + 30
+        while request(self.address, "GET", "/health")[2]["pending_requests"] > 0:
+            self.assertLess(time.time(), deadline, "the second abandoned request kept its slot")
+            time.sleep(0.05)
         after = metrics(self.address)
         self.assertEqual(sample(after, "kestrel_requests_total", endpoint="completions", outcome="client_gone")
-                         - sample(before, "kestrel_requests_total", endpoint="completions", outcome="client_gone"), 1)
+                         - sample(before, "kestrel_requests_total", endpoint="completions", outcome="client_gone"), 2)
         self.assertEqual(sample(after, "kestrel_requests_total", endpoint="completions", outcome="rate_limit_exceeded")
                          - sample(before, "kestrel_requests_total", endpoint="completions", outcome="rate_limit_exceeded"), 1)
         self.assertEqual(sample(after, "kestrel_slots_in_use"), 0)
@@ -192,12 +203,57 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(delta("kestrel_queue_wait_seconds_count"), 1)
         self.assertEqual(delta("kestrel_prompt_tokens_total"), result.usage.prompt_tokens)
         self.assertEqual(delta("kestrel_generated_tokens_total"), result.usage.completion_tokens)
+        # One step a token (the short prompt is one chunk), each alone in its batch.
         self.assertEqual(delta("kestrel_batch_size_count"), result.usage.completion_tokens)
+        self.assertEqual(delta("kestrel_batch_size_sum"), result.usage.completion_tokens)
         self.assertGreater(sample(after, "kestrel_model_memory_bytes"), 10 << 20, "the model's weights and KV cache")
         if request(self.address, "GET", "/health")[2]["backend"] == "gpu":
             self.assertGreater(sample(after, "kestrel_gpu_memory_bytes"), 10 << 20, "the model's weights are on the GPU")
-        self.assertEqual(sample(after, "kestrel_kv_cache_tokens"), result.usage.total_tokens - 1,
-                         "the cache holds the prompt and every generated token but the last")
+        # The slot it ran in holds the prompt and every generated token but the last; the other
+        # slot holds what an earlier request left.
+        self.assertGreaterEqual(sample(after, "kestrel_kv_cache_tokens"), result.usage.total_tokens - 1)
+        self.assertLessEqual(sample(after, "kestrel_kv_cache_tokens"), 2 * 512)
+        self.assertEqual(request(self.address, "GET", "/health")[2]["slots"], 2)
+
+
+class BatchTest(unittest.TestCase):
+    """Requests that arrive together run as one batch and give what each gives alone."""
+
+    def test_concurrent_requests_give_what_the_cli_gives_for_each_alone(self):
+        process, address = start_server()  # the default: 8 slots on the CPU backend
+        try:
+            self.assertEqual(request(address, "GET", "/health")[2]["slots"], 8)
+            client = openai.OpenAI(base_url=f"http://{address}/v1", api_key="none", max_retries=0, timeout=300)
+            prompts = [PROMPT, "Once upon a time", "def fibonacci(n):", "The three primary colours are",
+                       "In 1969, the first", "Water boils at", "My favourite book is", "Dear diary, today I"]
+            # Six greedy requests of different lengths, two sampled with a seed and a penalty.
+            runs = [(p, 6 + 3 * i, {}) for i, p in enumerate(prompts[:6])]
+            runs += [(p, 8, {"temperature": 0.8, "seed": 5 + i, "frequency_penalty": 0.5}) for i, p in enumerate(prompts[6:])]
+            cli_options = lambda o: [x for k, v in o.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+            expected = [native_greedy(p, n, *cli_options(o)) for p, n, o in runs]
+            before = metrics(address)
+
+            def complete(run):
+                p, n, options = run
+                chunks = list(client.completions.create(model="m", prompt=p, max_tokens=n, stream=True,
+                                                        **{"temperature": 0, **options}))
+                return "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].model_extra["kestrel"]["token_ids"]
+
+            with ThreadPoolExecutor(len(runs)) as pool:
+                results = list(pool.map(complete, runs))
+            for (text, ids), want, run in zip(results, expected, runs):
+                self.assertEqual(ids, want["token_ids"], run)
+                self.assertEqual(text, want["text"], run)
+            after = metrics(address)
+            steps = sample(after, "kestrel_batch_size_count") - sample(before, "kestrel_batch_size_count")
+            sequences = sample(after, "kestrel_batch_size_sum") - sample(before, "kestrel_batch_size_sum")
+            self.assertGreater(sequences / steps, 2, "the requests ran in batches")
+            self.assertEqual(sample(after, "kestrel_slots_in_use"), 0)
+            client.close()
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+            process.stderr.close()
 
 
 class ShutdownTest(unittest.TestCase):

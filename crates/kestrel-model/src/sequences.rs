@@ -95,6 +95,13 @@ impl Model {
         self.sequences.len()
     }
 
+    /// Tokens whose keys and values the slots hold: each running sequence's so far, and each
+    /// free slot's cached prefix.
+    pub fn kv_cache_tokens(&self) -> usize {
+        let free: usize = (0..self.slots()).filter(|&s| self.sequences.iter().all(|q| q.slot != s)).map(|s| self.cached[s].len()).sum();
+        free + self.sequences.iter().map(|q| q.pos).sum::<usize>()
+    }
+
     /// Slots no running sequence holds.
     pub fn free_slots(&self) -> usize {
         self.slots() - self.sequences.len()

@@ -1,17 +1,18 @@
-//! The engine thread: owns the model and runs one request at a time from a bounded queue,
-//! streaming each token to its request's channel. Requests that arrive while it is busy wait in
-//! the queue; past the queue's bound they are refused at once (HTTP 429).
+//! The engine thread: owns the model and generates the admitted requests, streaming each token
+//! to its request's channel. On the CPU backend it runs up to one request per KV slot as one
+//! batch (`batching.rs`); on the GPU backend, one at a time. Requests that arrive while every
+//! slot is busy wait in the queue; past the queue's bound they are refused at once (HTTP 429).
 //!
 //! A request is cancelled by dropping its [`Ticket`] (the client went away, or the HTTP handler
-//! ended): generation stops at its next token. Shutdown aborts the running request and refuses
-//! the queued ones.
+//! ended): generation stops at its next token (with batching: before the next step). Shutdown
+//! aborts the running requests and refuses the queued ones.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kestrel_model::{Generation, Model, ModelError, Request, TokenEvent};
+use kestrel_model::{BackendKind, Generation, Model, ModelError, Request, TokenEvent};
 use tokio::sync::mpsc as async_mpsc;
 
 use crate::error::ApiError;
@@ -23,11 +24,18 @@ pub enum Event {
     Done(Result<Generation, ApiError>),
 }
 
-struct Job {
-    request: Request,
-    events: async_mpsc::UnboundedSender<Event>,
-    cancelled: Arc<AtomicBool>,
-    arrived: Instant,
+pub(crate) struct Job {
+    pub request: Request,
+    pub events: async_mpsc::UnboundedSender<Event>,
+    pub cancelled: Arc<AtomicBool>,
+    pub arrived: Instant,
+}
+
+impl Job {
+    /// Whether to stop generating for it: its client is gone, or the server is stopping.
+    pub fn abandoned(&self, shared: &Shared) -> bool {
+        self.cancelled.load(Ordering::Relaxed) || shared.stopping.load(Ordering::Relaxed)
+    }
 }
 
 /// A request admitted to the engine: its events, and its cancellation when dropped.
@@ -59,36 +67,43 @@ pub struct Engine {
 }
 
 /// What the engine thread and the handlers share.
-struct Shared {
+pub(crate) struct Shared {
     /// Admitted requests not yet finished: the running one and the queued ones.
     pending: AtomicUsize,
     /// The most that may be pending: the slots and the queue.
     capacity: usize,
-    /// Set by shutdown: the running request stops, queued ones are refused.
-    stopping: AtomicBool,
+    /// Sequences generated at once.
+    slots: usize,
+    /// Set by shutdown: the running requests stop, queued ones are refused.
+    pub stopping: AtomicBool,
     /// A running mean of request durations in milliseconds, for `Retry-After`.
     mean_duration_ms: AtomicU64,
 }
 
-/// Sequences the engine generates at once. Batched decode (several per step) is not built yet.
-pub const SLOTS: usize = 1;
-
 impl Engine {
-    /// Starts the engine thread with `model`, admitting up to `queue` waiting requests.
-    pub fn start(model: Model, queue: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
-        let backend = model.backend().as_str();
+    /// Starts the engine thread with `model`, generating for as many requests at once as it has
+    /// KV slots (`Model::set_slots`; batched on the CPU backend) and admitting up to `queue`
+    /// waiting requests.
+    pub fn start(model: Model, queue: usize, prefill_chunk: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+        let backend = model.backend();
+        let slots = model.slots();
         let (jobs, inbox) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
             pending: AtomicUsize::new(0),
-            capacity: SLOTS + queue,
+            capacity: slots + queue,
+            slots,
             stopping: AtomicBool::new(false),
             mean_duration_ms: AtomicU64::new(1000),
         });
         let thread = {
             let shared = shared.clone();
             let metrics = metrics.clone();
-            std::thread::Builder::new().name("kestrel-engine".into()).spawn(move || run(model, &inbox, &shared, &metrics))?
+            std::thread::Builder::new().name("kestrel-engine".into()).spawn(move || match backend {
+                BackendKind::Cpu => crate::batching::run(model, &inbox, &shared, &metrics, prefill_chunk),
+                BackendKind::Gpu => run(model, &inbox, &shared, &metrics),
+            })?
         };
+        let backend = backend.as_str();
         Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, metrics, backend })
     }
 
@@ -102,7 +117,7 @@ impl Engine {
         if let Err(pending) = admitted {
             // Requests ahead of a new one, each taking about the mean duration.
             let mean_ms = self.shared.mean_duration_ms.load(Ordering::Relaxed);
-            let wait_s = (pending as u64 * mean_ms / SLOTS as u64).div_ceil(1000);
+            let wait_s = (pending as u64 * mean_ms / self.shared.slots as u64).div_ceil(1000);
             return Err(ApiError::busy(wait_s.max(1)));
         }
         let (events, receiver) = async_mpsc::unbounded_channel();
@@ -128,6 +143,11 @@ impl Engine {
         self.backend
     }
 
+    /// Requests generated at once.
+    pub fn slots(&self) -> usize {
+        self.shared.slots
+    }
+
     /// Requests admitted and not finished.
     pub fn pending(&self) -> usize {
         self.shared.pending.load(Ordering::Acquire)
@@ -142,6 +162,8 @@ impl Engine {
     }
 }
 
+/// One request at a time (the GPU backend, which has one KV slot), each decoded with its steps
+/// run ahead.
 fn run(mut model: Model, inbox: &mpsc::Receiver<Job>, shared: &Shared, metrics: &Metrics) {
     update_gauges(&model, metrics);
     while let Ok(job) = inbox.recv() {
@@ -157,19 +179,35 @@ fn run(mut model: Model, inbox: &mpsc::Receiver<Job>, shared: &Shared, metrics: 
             metrics.slots_in_use.set(0);
             Some(result)
         };
-        if let Some(result) = result {
-            let elapsed = job.arrived.elapsed();
-            if let Ok(generation) = &result {
-                metrics.request_duration.observe(elapsed.as_secs_f64());
-                metrics.prompt_tokens.inc_by(generation.prompt_tokens.len() as u64);
-                metrics.generated_tokens.inc_by(generation.tokens.len() as u64);
-                remember_duration(shared, elapsed);
-            }
-            let _ = job.events.send(Event::Done(result));
-        }
+        finish(&job, result, shared, metrics);
         update_gauges(&model, metrics);
-        shared.pending.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// A job's end: its result (None: its client is gone before it started), the metrics of a
+/// finished generation, and its place among the pending requests freed.
+pub(crate) fn finish(job: &Job, result: Option<Result<Generation, ApiError>>, shared: &Shared, metrics: &Metrics) {
+    if let Some(result) = result {
+        let elapsed = job.arrived.elapsed();
+        if let Ok(generation) = &result {
+            metrics.request_duration.observe(elapsed.as_secs_f64());
+            metrics.prompt_tokens.inc_by(generation.prompt_tokens.len() as u64);
+            metrics.generated_tokens.inc_by(generation.tokens.len() as u64);
+            remember_duration(shared, elapsed);
+        }
+        let _ = job.events.send(Event::Done(result));
+    }
+    shared.pending.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Times a token of `job` whose previous one came at `last` (None: its first).
+pub(crate) fn observe_token(job: &Job, last: &mut Option<Instant>, metrics: &Metrics) {
+    let now = Instant::now();
+    match *last {
+        None => metrics.time_to_first_token.observe((now - job.arrived).as_secs_f64()),
+        Some(last) => metrics.inter_token_latency.observe((now - last).as_secs_f64()),
+    }
+    *last = Some(now);
 }
 
 fn generate(model: &mut Model, job: &Job, shared: &Shared, metrics: &Metrics) -> Result<Generation, ApiError> {
@@ -181,22 +219,17 @@ fn generate(model: &mut Model, job: &Job, shared: &Shared, metrics: &Metrics) ->
     let mut last_token: Option<Instant> = None;
     let mut on_token = |event: &TokenEvent| -> bool {
         if event.id.is_some() {
-            let now = Instant::now();
-            match last_token {
-                None => metrics.time_to_first_token.observe((now - job.arrived).as_secs_f64()),
-                Some(last) => metrics.inter_token_latency.observe((now - last).as_secs_f64()),
-            }
-            metrics.batch_size.observe(SLOTS as f64);
-            last_token = Some(now);
+            observe_token(job, &mut last_token, metrics);
+            metrics.batch_size.observe(1.0);
         }
         let delivered = job.events.send(Event::Token(event.clone())).is_ok();
-        delivered && !job.cancelled.load(Ordering::Relaxed) && !shared.stopping.load(Ordering::Relaxed)
+        delivered && !job.abandoned(shared)
     };
     pollster::block_on(model.generate(&tokens, options, &mut on_token)).map_err(as_api)
 }
 
-fn update_gauges(model: &Model, metrics: &Metrics) {
-    metrics.kv_cache_tokens.set(model.cached_token_ids().len() as i64);
+pub(crate) fn update_gauges(model: &Model, metrics: &Metrics) {
+    metrics.kv_cache_tokens.set(model.kv_cache_tokens() as i64);
     metrics.model_memory.set(model.weight_bytes() + model.kv_cache_bytes());
     if let Some(bytes) = model.gpu().and_then(|gpu| gpu.allocated_bytes()) {
         metrics.gpu_memory.set(bytes);

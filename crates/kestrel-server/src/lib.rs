@@ -2,9 +2,11 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent events or
 //! whole), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus). Requests share the
 //! CLI's and the npm package's options, defaults and error codes (`kestrel_model::Request`);
-//! errors are OpenAI-shaped JSON. One engine thread generates; requests beyond it wait in a
+//! errors are OpenAI-shaped JSON. One engine thread generates, on the CPU backend for up to
+//! one request per KV slot at once (continuous batching); requests beyond the slots wait in a
 //! bounded queue, and past the queue get 429 with `Retry-After`.
 
+mod batching;
 mod cache;
 mod engine;
 mod error;
@@ -19,7 +21,6 @@ use std::time::Duration;
 use kestrel_model::Model;
 use tokio::net::TcpListener;
 
-pub use engine::SLOTS;
 pub use error::ApiError;
 pub use routes::CACHE_HEADER;
 
@@ -28,8 +29,11 @@ pub struct ServerConfig {
     pub model_name: String,
     /// With a key, every request but `/health` needs `Authorization: Bearer KEY`.
     pub api_key: Option<String>,
-    /// Requests that may wait for the engine; more get 429.
+    /// Requests that may wait for a free slot; more get 429.
     pub queue: usize,
+    /// Prompt tokens a batched step runs at most, over all prompts being admitted: what a new
+    /// prompt may add to the running requests' time between tokens.
+    pub prefill_chunk: usize,
     /// The exact-response cache's bound (0 turns it off).
     pub response_cache_bytes: usize,
     /// Larger request bodies get 413.
@@ -48,6 +52,7 @@ impl Default for ServerConfig {
             model_name: "kestrel".into(),
             api_key: None,
             queue: 16,
+            prefill_chunk: 32,
             response_cache_bytes: 8 << 20,
             max_body_bytes: 4 << 20,
             shutdown_grace: Duration::from_secs(10),
@@ -56,7 +61,8 @@ impl Default for ServerConfig {
     }
 }
 
-/// Serves `model` on `listener` until `shutdown` completes; then stops accepting, lets running
+/// Serves `model` (as many requests at once as it has KV slots: `Model::set_slots`) on
+/// `listener` until `shutdown` completes; then stops accepting, lets running
 /// requests finish within the grace period (aborting them after it), refuses queued ones, and
 /// drops the model.
 pub async fn serve(
@@ -65,8 +71,8 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let metrics = Arc::new(metrics::Metrics::new(SLOTS));
-    let engine = Arc::new(engine::Engine::start(model, config.queue, metrics.clone())?);
+    let metrics = Arc::new(metrics::Metrics::new(model.slots()));
+    let engine = Arc::new(engine::Engine::start(model, config.queue, config.prefill_chunk, metrics.clone())?);
     let cache = cache::ResponseCache::new(config.response_cache_bytes);
     let state = Arc::new(routes::AppState::new(engine.clone(), metrics, cache, config.api_key, config.model_name));
     let app = routes::router(state.clone(), config.max_body_bytes, &config.cors_origins)?;

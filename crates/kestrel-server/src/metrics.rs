@@ -29,7 +29,7 @@ pub struct Metrics {
     pub queue_wait: Histogram,
     pub prompt_tokens: Counter,
     pub generated_tokens: Counter,
-    /// Sequences decoded together per step.
+    /// Sequences run together per step (decoding, or a prompt chunk).
     pub batch_size: Histogram,
     pub slots_in_use: Gauge,
     pub queue_depth: Gauge,
@@ -71,7 +71,7 @@ impl Metrics {
         let generated_tokens = Counter::default();
         registry.register("generated_tokens", "Generated tokens", generated_tokens.clone());
         let batch_size = Histogram::new((0..=slots.ilog2()).map(|p| f64::from(1u32 << p)));
-        registry.register("batch_size", "Sequences decoded together per step", batch_size.clone());
+        registry.register("batch_size", "Sequences run together per step", batch_size.clone());
         let slots_in_use = Gauge::default();
         registry.register("slots_in_use", "Requests generating now", slots_in_use.clone());
         let queue_depth = Gauge::default();

@@ -132,7 +132,12 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "shutting_down" }))).into_response();
     }
-    Json(json!({ "status": "ok", "backend": state.engine.backend(), "pending_requests": state.engine.pending() })).into_response()
+    Json(json!({
+        "status": "ok",
+        "backend": state.engine.backend(),
+        "slots": state.engine.slots(),
+        "pending_requests": state.engine.pending(),
+    })).into_response()
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {

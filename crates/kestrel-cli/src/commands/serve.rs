@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use kestrel_model::BackendKind;
 use kestrel_server::ServerConfig;
 
 use super::load::{load, CacheArgs};
@@ -27,7 +28,15 @@ pub struct ServeArgs {
     /// KESTREL_API_KEY environment variable, else none).
     #[arg(long, env = "KESTREL_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Requests that may wait while the engine is busy; more get HTTP 429.
+    /// Requests generated at once, batched into one pass of the model per token (default: 8 on
+    /// the CPU backend; the GPU backend runs 1).
+    #[arg(long)]
+    pub slots: Option<usize>,
+    /// Prompt tokens a batched step runs at most, over all prompts being admitted: larger
+    /// admits long prompts sooner, smaller keeps the running requests' tokens coming.
+    #[arg(long, default_value_t = ServerConfig::default().prefill_chunk)]
+    pub prefill_chunk: usize,
+    /// Requests that may wait while every slot is busy; more get HTTP 429.
     #[arg(long, default_value_t = ServerConfig::default().queue)]
     pub queue: usize,
     /// Size of the exact-response cache for deterministic requests, in MiB (0: off).
@@ -46,14 +55,23 @@ pub struct ServeArgs {
     pub cors_origins: Vec<String>,
 }
 
+/// Requests the CPU backend batches by default.
+const DEFAULT_CPU_SLOTS: usize = 8;
+
 pub fn run(args: ServeArgs) -> CliResult {
     let path = crate::model_path::resolve(args.model);
-    let loaded = load(&path, &args.cache, false)?;
+    let mut loaded = load(&path, &args.cache, false)?;
+    let slots = args.slots.unwrap_or(match loaded.model.backend() {
+        BackendKind::Cpu => DEFAULT_CPU_SLOTS,
+        BackendKind::Gpu => 1,
+    });
+    loaded.model.set_slots(slots)?;
     let model_name = path.file_stem().map_or_else(|| "kestrel".into(), |s| s.to_string_lossy().into_owned());
     let config = ServerConfig {
         model_name,
         api_key: args.api_key.filter(|k| !k.is_empty()),
         queue: args.queue,
+        prefill_chunk: args.prefill_chunk.max(1),
         response_cache_bytes: args.response_cache_mb << 20,
         max_body_bytes: args.max_body_mb << 20,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
@@ -66,7 +84,7 @@ pub fn run(args: ServeArgs) -> CliResult {
             .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
         let address = listener.local_addr()?;
         // Tests and scripts read this line for the port.
-        eprintln!("kestrel serve: listening on http://{address} (OpenAI API at http://{address}/v1)");
+        eprintln!("kestrel serve: listening on http://{address} (OpenAI API at http://{address}/v1), {slots} slots");
         kestrel_server::serve(loaded.model, config, listener, kestrel_server::shutdown_signal()).await?;
         eprintln!("kestrel serve: stopped");
         Ok(())
