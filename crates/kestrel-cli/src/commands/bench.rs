@@ -1,10 +1,13 @@
 //! `kestrel bench model`: a model end to end (see `bench/model.rs`).
 //!
+//! `kestrel bench batch`: batched decode on the CPU backend (see `bench/batch.rs`).
+//!
 //! `kestrel bench kernels`: every kernel at the default model's shapes and at a 1B-class model's,
 //! timed on the GPU, with its effective bandwidth (the bytes a call must move over its time) as
 //! a fraction of a plain copy kernel's bandwidth measured on the same adapter in the same run,
 //! and for the matrix products their arithmetic rate as a fraction of an FMA-bound kernel's.
 
+mod batch;
 mod cases;
 mod model;
 mod prompt;
@@ -45,6 +48,9 @@ enum BenchCommand {
     /// A model end to end: load, prefill, decode (repeated; medians, spread, inter-token
     /// latency), GPU memory, the bandwidth roofline and a decode step by kernel family.
     Model(model::ModelArgs),
+    /// Batched decode on the CPU backend: tokens per second of 1, 2, 4, 8 sequences together,
+    /// and the others' inter-token latency while a long prompt is admitted.
+    Batch(batch::BatchArgs),
     /// The suite's prompts as text (JSON), for engines that take text (www/bench).
     Prompt(prompt::PromptArgs),
 }
@@ -102,6 +108,7 @@ pub fn run(args: BenchArgs) -> CliResult {
     match args.command {
         BenchCommand::Kernels(args) => kernels(&args),
         BenchCommand::Model(args) => model::run(&args),
+        BenchCommand::Batch(args) => batch::run(&args),
         BenchCommand::Prompt(args) => prompt::run(&args),
     }
 }

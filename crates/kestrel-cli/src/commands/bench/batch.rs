@@ -1,0 +1,251 @@
+//! `kestrel bench batch`: batched decode on the CPU backend. Aggregate decode throughput of B
+//! sequences stepped together (B = 1, 2, 4, 8 by default) and its ratio to one sequence's, and
+//! the running sequences' inter-token latency while a long prompt is admitted: in chunks of
+//! `--prefill-chunk` tokens (as `kestrel serve` admits it), and in one piece for comparison.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use kestrel_model::{GenerateOptions, Model, SequenceEvent};
+use serde::Serialize;
+
+use super::stats::{Percentiles, Spread};
+use super::{workload, BenchResult};
+use crate::commands::load::{load, CacheArgs};
+use crate::commands::CliResult;
+
+#[derive(Args)]
+pub struct BatchArgs {
+    /// The GGUF file (default: the default model).
+    #[arg(long, short)]
+    model: Option<PathBuf>,
+    /// Sequences decoded together, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = clap::value_parser!(u32).range(1..=64))]
+    batch_sizes: Vec<u32>,
+    /// Each sequence's prompt length.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    prompt_tokens: u32,
+    /// Decode steps timed after every prompt is in.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    decode_tokens: u32,
+    /// Times each batch size is run; medians and ranges are reported.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    repeats: u32,
+    /// The prompt admitted while the other sequences decode (0: skip that part).
+    #[arg(long, default_value_t = 512)]
+    long_prompt: u32,
+    /// Prompt tokens a step runs at most while the long prompt is admitted (kestrel serve's
+    /// --prefill-chunk).
+    #[arg(long, default_value_t = kestrel_server::ServerConfig::default().prefill_chunk as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    prefill_chunk: u32,
+    /// The prompts' token ids: `bench_prompt.ids` of this JSON file.
+    #[arg(long, default_value = workload::DEFAULT_PROMPTS)]
+    prompts: PathBuf,
+    #[command(flatten)]
+    cache: CacheArgs,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+struct BatchRow {
+    batch: usize,
+    /// Tokens per second of all the sequences together.
+    decode_tok_s: Spread,
+    /// `decode_tok_s` over batch 1's (when batch 1 ran).
+    ratio_to_batch_1: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Admission {
+    /// Sequences decoding while the long prompt comes in.
+    running: usize,
+    long_prompt_tokens: usize,
+    prefill_chunk: usize,
+    /// The running sequences' time between tokens, milliseconds: before the long prompt, while
+    /// it is admitted in chunks, and while it is admitted in one step.
+    before: Option<Percentiles>,
+    chunked: Option<Percentiles>,
+    unchunked: Option<Percentiles>,
+    /// From the long prompt's arrival to its first token, chunked and in one step.
+    ttft_chunked_ms: f64,
+    ttft_unchunked_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct BatchReport {
+    engine: &'static str,
+    version: &'static str,
+    simd: &'static str,
+    threads: usize,
+    prompt_tokens: usize,
+    decode_tokens: usize,
+    rows: Vec<BatchRow>,
+    admission: Option<Admission>,
+    wall_s: f64,
+}
+
+pub fn run(args: &BatchArgs) -> CliResult {
+    let started = Instant::now();
+    let path = crate::model_path::resolve(args.model.clone());
+    let mut model = load(&path, &args.cache, false)?.model;
+    if model.gpu().is_some() {
+        return Err("batched decode runs on the CPU backend: use --backend cpu".into());
+    }
+    let sizes: Vec<usize> = args.batch_sizes.iter().map(|&b| b as usize).collect();
+    let max_batch = sizes.iter().copied().max().unwrap_or(1);
+    model.set_slots(max_batch)?;
+    let bench_ids = workload::read_bench_ids(&args.prompts, model.config().vocab)?;
+    let (prompt_tokens, decode_tokens) = (args.prompt_tokens as usize, args.decode_tokens as usize);
+    // Sequence i's prompt starts i tokens into the text: different prompts, the same length.
+    let prompt = |i: usize, n: usize| workload::prompt_ids(&bench_ids[i % bench_ids.len()..], n);
+    let decode_options = GenerateOptions { max_tokens: decode_tokens + 1, ignore_eos: true, ..GenerateOptions::greedy() };
+
+    // One untimed round: the pool's threads and the caches' first pages.
+    decode_rate(&mut model, &(0..max_batch).map(|i| prompt(i, prompt_tokens)).collect::<Vec<_>>(), &decode_options)?;
+    let mut rows: Vec<BatchRow> = Vec::new();
+    for &batch in &sizes {
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|i| prompt(i, prompt_tokens)).collect();
+        let mut rates = Vec::new();
+        for _ in 0..args.repeats {
+            rates.push(decode_rate(&mut model, &prompts, &decode_options)?);
+        }
+        let decode_tok_s = Spread::of(&rates).ok_or("no repeats")?;
+        let base = rows.iter().find(|r| r.batch == 1).map(|r| r.decode_tok_s.median);
+        eprintln!("batch {batch}: {:.1} tok/s", decode_tok_s.median);
+        rows.push(BatchRow { batch, decode_tok_s, ratio_to_batch_1: base.map(|b| decode_tok_s.median / b) });
+    }
+
+    let admission = if args.long_prompt > 0 && max_batch > 1 {
+        let long = prompt(max_batch, args.long_prompt as usize);
+        let running = max_batch - 1;
+        let prompts: Vec<Vec<u32>> = (0..running).map(|i| prompt(i, prompt_tokens)).collect();
+        let chunk = args.prefill_chunk as usize;
+        let (before, chunked, ttft_chunked) = admit_long(&mut model, &prompts, &long, chunk)?;
+        let (_, unchunked, ttft_unchunked) = admit_long(&mut model, &prompts, &long, long.len())?;
+        Some(Admission {
+            running,
+            long_prompt_tokens: long.len(),
+            prefill_chunk: chunk,
+            before: Percentiles::of(&before),
+            chunked: Percentiles::of(&chunked),
+            unchunked: Percentiles::of(&unchunked),
+            ttft_chunked_ms: ttft_chunked,
+            ttft_unchunked_ms: ttft_unchunked,
+        })
+    } else {
+        None
+    };
+
+    let report = BatchReport {
+        engine: "kestrel",
+        version: env!("CARGO_PKG_VERSION"),
+        simd: kestrel_cpu::simd_name(),
+        threads: kestrel_cpu::threads(),
+        prompt_tokens,
+        decode_tokens,
+        rows,
+        admission,
+        wall_s: started.elapsed().as_secs_f64(),
+    };
+    println!("{}", markdown(&report));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Decodes `prompts` together after prefilling them all in one step: generated tokens per
+/// second of the decode steps, all sequences together.
+fn decode_rate(model: &mut Model, prompts: &[Vec<u32>], options: &GenerateOptions) -> BenchResult<f64> {
+    model.reset();
+    for p in prompts {
+        model.add_sequence(p, options)?;
+    }
+    let total: usize = prompts.iter().map(Vec::len).sum();
+    check(model.step_sequences(total).events)?;
+    let start = Instant::now();
+    let mut tokens = 0;
+    while model.running_sequences() > 0 {
+        tokens += check(model.step_sequences(total).events)?;
+    }
+    Ok(tokens as f64 / start.elapsed().as_secs_f64())
+}
+
+/// `prompts` decode; after 8 steps `long` arrives and enters `chunk` tokens a step. Returns the
+/// step times (ms) before it arrived and until its first token, and its time to first token.
+fn admit_long(model: &mut Model, prompts: &[Vec<u32>], long: &[u32], chunk: usize) -> BenchResult<(Vec<f64>, Vec<f64>, f64)> {
+    model.reset();
+    let steps_per_prompt = long.len().div_ceil(chunk);
+    let options = GenerateOptions { max_tokens: 16 + 2 * steps_per_prompt, ignore_eos: true, ..GenerateOptions::greedy() };
+    for p in prompts {
+        model.add_sequence(p, &options)?;
+    }
+    let total: usize = prompts.iter().map(Vec::len).sum();
+    check(model.step_sequences(total).events)?;
+    let mut before = Vec::new();
+    for _ in 0..8 {
+        let start = Instant::now();
+        check(model.step_sequences(chunk).events)?;
+        before.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    let arrived = Instant::now();
+    let id = model.add_sequence(long, &GenerateOptions { max_tokens: 1, ..GenerateOptions::greedy() })?;
+    let mut during = Vec::new();
+    let ttft = loop {
+        let start = Instant::now();
+        let step = model.step_sequences(chunk);
+        during.push(start.elapsed().as_secs_f64() * 1e3);
+        let first = step.events.iter().any(|(seq, e)| *seq == id && matches!(e, SequenceEvent::Token(_)));
+        check(step.events)?;
+        if first {
+            break arrived.elapsed().as_secs_f64() * 1e3;
+        }
+    };
+    while model.running_sequences() > 0 {
+        check(model.step_sequences(chunk).events)?;
+    }
+    Ok((before, during, ttft))
+}
+
+/// The generated tokens among `events`, or the first sequence's error.
+fn check(events: Vec<(kestrel_model::SequenceId, SequenceEvent)>) -> BenchResult<usize> {
+    let mut tokens = 0;
+    for (_, event) in events {
+        match event {
+            SequenceEvent::Token(t) => tokens += usize::from(t.id.is_some()),
+            SequenceEvent::Done(Err(e)) => return Err(e.into()),
+            SequenceEvent::Done(Ok(_)) => {}
+        }
+    }
+    Ok(tokens)
+}
+
+fn markdown(r: &BatchReport) -> String {
+    let mut out = format!(
+        "Batched decode, CPU backend ({}, {} threads): {}-token prompts, {} decode steps\n\n| batch | decode tok/s (all sequences) | range | x batch 1 |\n|--:|--:|--:|--:|\n",
+        r.simd, r.threads, r.prompt_tokens, r.decode_tokens
+    );
+    for row in &r.rows {
+        let s = row.decode_tok_s;
+        let ratio = row.ratio_to_batch_1.map_or_else(|| "-".into(), |x| format!("{x:.2}x"));
+        out += &format!("| {} | {:.1} | {:.1}-{:.1} | {ratio} |\n", row.batch, s.median, s.min, s.max);
+    }
+    if let Some(a) = &r.admission {
+        let p = |x: &Option<Percentiles>| x.map_or_else(|| "-".into(), |p| format!("{:.0} / {:.0}", p.p50, p.p99));
+        out += &format!(
+            "\nA {}-token prompt admitted while {} sequences decode: their inter-token latency P50 / P99 (ms)\n\n| | ITL P50 / P99 ms | long prompt TTFT ms |\n|---|--:|--:|\n| before | {} | |\n| chunks of {} | {} | {:.0} |\n| one step | {} | {:.0} |\n",
+            a.long_prompt_tokens,
+            a.running,
+            p(&a.before),
+            a.prefill_chunk,
+            p(&a.chunked),
+            a.ttft_chunked_ms,
+            p(&a.unchunked),
+            a.ttft_unchunked_ms
+        );
+    }
+    out
+}
