@@ -249,7 +249,7 @@ pub fn f32_dot_portable(a: &[f32], b: &[f32]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{ActRow, IntRow, IntRows, Levels, Scales, F32_LANES};
+    use super::{offsets_dot, ActRow, IntRow, IntRows, Levels, Scales, F32_LANES};
     use crate::activations::QuantizedRows;
     use crate::ACT_BLOCK;
 
@@ -270,36 +270,144 @@ mod avx2 {
         unsafe { products(w, x, out, rows, n) }
     }
 
+    /// Tiles of up to `ROWS` weight rows times `TOKENS` activation rows: each weight block is
+    /// expanded once for all the tile's tokens and each activation block loaded once for its
+    /// rows, so a batch (prefill, or several sequences' decode steps) costs fewer instructions per
+    /// product than one token at a time.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-        let blocks = w.cols / ACT_BLOCK;
-        let (mut scale_buf, mut offset_buf) = (Vec::new(), Vec::new());
-        for r in 0..rows {
-            let (levels, scale, offset) = w.row_parts(r);
-            let row = IntRow {
-                levels,
-                group: w.group,
-                scale: scales_f32(scale, &mut scale_buf),
-                offset: match offset {
-                    Some(o) => Some(scales_f32(o, &mut offset_buf)),
-                    None => None,
-                },
-            };
-            for t in 0..n {
-                let act = x.row(t, w.cols);
-                let sum = match (row.levels, row.group) {
-                    (levels, ACT_BLOCK) => by_32(levels, row.scale, act, blocks),
-                    (Levels::Bytes(q), _) => bytes_by_16(q, row.scale, act, blocks),
-                    (Levels::Nibbles(_), _) => unreachable!("Matrix keeps nibbles in groups of 32"),
-                };
-                // The offsets in vectors: a scalar loop is one chain of dependent additions,
-                // a third of a short row's time.
-                let offsets = match row.offset {
-                    Some(o) => f32_dot(o, if row.group == ACT_BLOCK { act.sums32 } else { act.sums16 }),
-                    None => 0.0,
-                };
-                *out.get_unchecked_mut(r * n + t) = sum + offsets;
+        let mut bufs: [[Vec<f32>; 2]; ROWS] = Default::default();
+        let mut r = 0;
+        while r < rows {
+            let tile_rows = (rows - r).min(ROWS);
+            let [bufs0, bufs1] = &mut bufs;
+            let row0 = row_f32(&w, r, bufs0);
+            let row1 = if tile_rows == 2 { Some(row_f32(&w, r + 1, bufs1)) } else { None };
+            let mut t = 0;
+            while t < n {
+                let tile_tokens = (n - t).min(TOKENS);
+                let acts = |i: usize| x.row(t + i.min(tile_tokens - 1), w.cols);
+                let acts = [acts(0), acts(1), acts(2), acts(3)];
+                macro_rules! run {
+                    ($nibbles:literal, $t:literal) => {
+                        match row1 {
+                            Some(row1) => store(tile::<$nibbles, 2, $t>([row0, row1], &acts, w.cols), out, r, t, n),
+                            None => store(tile::<$nibbles, 1, $t>([row0], &acts, w.cols), out, r, t, n),
+                        }
+                    };
+                }
+                match (matches!(w.levels, Levels::Nibbles(_)), tile_tokens) {
+                    (true, 4) => run!(true, 4),
+                    (true, 3) => run!(true, 3),
+                    (true, 2) => run!(true, 2),
+                    (true, _) => run!(true, 1),
+                    (false, 4) => run!(false, 4),
+                    (false, 3) => run!(false, 3),
+                    (false, 2) => run!(false, 2),
+                    (false, _) => run!(false, 1),
+                }
+                t += tile_tokens;
             }
+            r += tile_rows;
+        }
+    }
+
+    /// Weight rows a tile computes.
+    const ROWS: usize = 2;
+    /// Activation rows a tile computes.
+    const TOKENS: usize = 4;
+
+    /// A tile's sums into `out` (row-major by weight row, `n` tokens a row).
+    #[inline]
+    unsafe fn store<const R: usize, const T: usize>(sums: [[f32; T]; R], out: &mut [f32], r: usize, t: usize, n: usize) {
+        for (i, row) in sums.iter().enumerate() {
+            for (j, &v) in row.iter().enumerate() {
+                *out.get_unchecked_mut((r + i) * n + t + j) = v;
+            }
+        }
+    }
+
+    /// Block b of a row as unsigned levels for `maddubs`, and the signs to give the activations
+    /// (signed byte levels: |w|, and w whose sign moves to x; nibbles are unsigned already).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn weight_block<const NIBBLES: bool>(levels: Levels<'_>, b: usize) -> (__m256i, __m256i) {
+        match levels {
+            Levels::Nibbles(n) if NIBBLES => {
+                let raw = _mm_loadu_si128(n.as_ptr().add(b * ACT_BLOCK / 2).cast());
+                (_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F)), _mm256_setzero_si256())
+            }
+            Levels::Bytes(q) if !NIBBLES => {
+                let wq = _mm256_loadu_si256(q.as_ptr().add(b * ACT_BLOCK).cast());
+                (_mm256_sign_epi8(wq, wq), wq)
+            }
+            _ => unreachable!("the tile's layout is the matrix's"),
+        }
+    }
+
+    /// Block b's weight scales in the 8 lanes of its pair sums: one scale, or (groups of 16)
+    /// lanes 0-3 for the first 16 weights and 4-7 for the second.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn weight_scales(row: &IntRow<'_>, b: usize) -> __m256 {
+        if row.group == ACT_BLOCK {
+            _mm256_set1_ps(*row.scale.get_unchecked(b))
+        } else {
+            _mm256_set_m128(_mm_set1_ps(*row.scale.get_unchecked(2 * b + 1)), _mm_set1_ps(*row.scale.get_unchecked(2 * b)))
+        }
+    }
+
+    /// `R` rows times `T` tokens over every block: per block, each row's levels expanded once,
+    /// each token's activations loaded once; then the offsets.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const NIBBLES: bool, const R: usize, const T: usize>(
+        rows: [IntRow<'_>; R],
+        acts: &[ActRow<'_>; TOKENS],
+        cols: usize,
+    ) -> [[f32; T]; R] {
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        for b in 0..cols / ACT_BLOCK {
+            let mut weights = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+            let mut scales = [_mm256_setzero_ps(); R];
+            for i in 0..R {
+                weights[i] = weight_block::<NIBBLES>(rows[i].levels, b);
+                scales[i] = weight_scales(&rows[i], b);
+            }
+            for j in 0..T {
+                let xq = _mm256_loadu_si256(acts[j].q.as_ptr().add(b * ACT_BLOCK).cast());
+                let d = _mm256_set1_ps(*acts[j].d.get_unchecked(b));
+                for i in 0..R {
+                    let (u, sign) = weights[i];
+                    let x = if NIBBLES { xq } else { _mm256_sign_epi8(xq, sign) };
+                    acc[i][j] = _mm256_fmadd_ps(pair_sums(u, x), _mm256_mul_ps(scales[i], d), acc[i][j]);
+                }
+            }
+        }
+        let mut sums = [[0f32; T]; R];
+        for i in 0..R {
+            for j in 0..T {
+                // As llama.cpp sums them: one block after another, after the scaled products.
+                sums[i][j] = horizontal_sum(acc[i][j]) + offsets_dot(rows[i], acts[j]);
+            }
+        }
+        sums
+    }
+
+    /// Row r with its scales and offsets as f32 (converted into `bufs` where they are f16).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn row_f32<'b>(w: &IntRows<'b>, r: usize, bufs: &'b mut [Vec<f32>; 2]) -> IntRow<'b> {
+        let (levels, scale, offset) = w.row_parts(r);
+        let [scale_buf, offset_buf] = bufs;
+        IntRow {
+            levels,
+            group: w.group,
+            scale: scales_f32(scale, scale_buf),
+            offset: match offset {
+                Some(o) => Some(scales_f32(o, offset_buf)),
+                None => None,
+            },
         }
     }
 
@@ -334,67 +442,6 @@ mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn pair_sums(u: __m256i, s: __m256i) -> __m256 {
         _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
-    }
-
-    /// Unsigned nibbles times the activations of block b: the low nibbles are weights 0-15 of
-    /// the block, the high ones 16-31, as the activations lie.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn nibble_pairs(n: &[u8], x: ActRow<'_>, b: usize) -> __m256 {
-        let raw = _mm_loadu_si128(n.as_ptr().add(b * ACT_BLOCK / 2).cast());
-        let q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
-        pair_sums(q, _mm256_loadu_si256(x.q.as_ptr().add(b * ACT_BLOCK).cast()))
-    }
-
-    /// Signed levels of block b: |w| (unsigned) times x with w's sign (signed).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn signed_pairs(q: &[i8], x: ActRow<'_>, b: usize) -> __m256 {
-        let wq = _mm256_loadu_si256(q.as_ptr().add(b * ACT_BLOCK).cast());
-        let xq = _mm256_loadu_si256(x.q.as_ptr().add(b * ACT_BLOCK).cast());
-        pair_sums(_mm256_sign_epi8(wq, wq), _mm256_sign_epi8(xq, wq))
-    }
-
-    /// Block b's weight scale times its activation scale, in every lane.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn block_scale(scale: &[f32], x: ActRow<'_>, b: usize) -> __m256 {
-        _mm256_set1_ps(*scale.get_unchecked(b) * *x.d.get_unchecked(b))
-    }
-
-    /// Blocks of 32 weights with one scale each, in two interleaved accumulators.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn by_32(levels: Levels<'_>, scale: &[f32], x: ActRow<'_>, blocks: usize) -> f32 {
-        let pairs = |b: usize| match levels {
-            Levels::Nibbles(n) => nibble_pairs(n, x, b),
-            Levels::Bytes(q) => signed_pairs(q, x, b),
-        };
-        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut b = 0;
-        while b + 1 < blocks {
-            acc0 = _mm256_fmadd_ps(pairs(b), block_scale(scale, x, b), acc0);
-            acc1 = _mm256_fmadd_ps(pairs(b + 1), block_scale(scale, x, b + 1), acc1);
-            b += 2;
-        }
-        if b < blocks {
-            acc0 = _mm256_fmadd_ps(pairs(b), block_scale(scale, x, b), acc0);
-        }
-        horizontal_sum(_mm256_add_ps(acc0, acc1))
-    }
-
-    /// Lanes 0-3 of a block's pair sums are its first 16 weights, 4-7 the second: each half
-    /// scaled by its own group's scale.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn bytes_by_16(q: &[i8], scale: &[f32], x: ActRow<'_>, blocks: usize) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for b in 0..blocks {
-            let d = *x.d.get_unchecked(b);
-            let (s0, s1) = (*scale.get_unchecked(2 * b) * d, *scale.get_unchecked(2 * b + 1) * d);
-            acc = _mm256_fmadd_ps(signed_pairs(q, x, b), _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)), acc);
-        }
-        horizontal_sum(acc)
     }
 
     #[inline]
@@ -495,9 +542,6 @@ mod tests {
     use super::*;
     use crate::activations::{ActFormat, QuantizedRows};
 
-    /// Whichever kernel the machine chose gives the portable code's sums (up to the order of
-    /// the f32 additions), for every layout a matrix keeps, with and without offsets, over
-    /// several rows and tokens.
     #[test]
     fn f16_conversion_is_halfs_for_every_value() {
         for bits in 0..=u16::MAX {
@@ -506,12 +550,15 @@ mod tests {
         }
     }
 
+    /// Whichever kernel the machine chose gives the portable code's sums (up to the order of
+    /// the f32 additions), for every layout a matrix keeps, with and without offsets, over
+    /// several rows and tokens: whole tiles of rows and tokens and the remainders of each.
     #[test]
     fn chosen_kernels_agree_with_the_portable_ones() {
-        let (rows, cols, n) = (5, 576, 3);
+        let (rows, cols) = (5, 576);
         let bytes: Vec<i8> = (0..rows * cols).map(|i| ((i * 37 % 255) as i32 - 127) as i8).collect();
         let nibbles: Vec<u8> = (0..rows * cols / 2).map(|i| (i * 53 % 256) as u8).collect();
-        let x: Vec<f32> = (0..n * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
+        let x: Vec<f32> = (0..9 * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
         for (levels, group) in [(Levels::Bytes(&bytes), 16), (Levels::Bytes(&bytes), 32), (Levels::Nibbles(&nibbles), 32)] {
             // Exact in f16, so the f16 storage must give the f32 one's sums.
             let scale: Vec<f32> = (0..rows * cols / group).map(|g| (1 + g % 11) as f32 / 256.0).collect();
@@ -519,7 +566,7 @@ mod tests {
             let to_f16 = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
             let (scale16, offset16) = (to_f16(&scale), to_f16(&offset));
             let stores = [(Scales::F32(&scale), Scales::F32(&offset)), (Scales::F16(&scale16), Scales::F16(&offset16))];
-            for format in [ActFormat::Q8_0, ActFormat::Q8K] {
+            for (format, n) in [ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8K].into_iter().flat_map(|f| [1, 3, 9].map(|n| (f, n))) {
                 let xq = QuantizedRows::new(&x[..n * cols], format);
                 for (offset, (scale, stored_offset)) in [None, Some(())].into_iter().flat_map(|o| stores.map(|s| (o, s))) {
                     let offset = offset.map(|()| stored_offset);

@@ -119,7 +119,11 @@ impl IntWeights {
         } else {
             LevelStore::Bytes(g.q)
         };
-        let act = if ty.block_size() as usize == ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
+        let act = match ty {
+            GgmlType::Q4_1 | GgmlType::Q5_1 => ActFormat::Q8_1,
+            _ if ty.block_size() as usize == ACT_BLOCK => ActFormat::Q8_0,
+            _ => ActFormat::Q8K,
+        };
         Self { levels, group, scale, offset, bias, act }
     }
 
@@ -275,6 +279,20 @@ impl Matrix {
     ///
     /// Panics if `x` is not whole rows of `cols` (a shape bug of the caller).
     pub fn apply(&self, x: &[f32]) -> Vec<f32> {
+        self.apply_quantizing(x, &mut Vec::new())
+    }
+
+    /// `apply` of each matrix to the same `x` (a layer's Q, K and V; its gate and up), which is
+    /// quantized once per activation format they take rather than once per matrix.
+    ///
+    /// Panics as `apply` does.
+    pub fn apply_each(matrices: &[&Matrix], x: &[f32]) -> Vec<Vec<f32>> {
+        let mut quantized = Vec::new();
+        matrices.iter().map(|m| m.apply_quantizing(x, &mut quantized)).collect()
+    }
+
+    /// `apply`, taking x's quantized rows from `quantized` or adding them there.
+    fn apply_quantizing(&self, x: &[f32], quantized: &mut Vec<(ActFormat, QuantizedRows)>) -> Vec<f32> {
         let (rows, cols) = (self.rows, self.cols);
         assert!(cols > 0 && x.len().is_multiple_of(cols), "apply: {} values are not rows of {cols}", x.len());
         let n = x.len() / cols;
@@ -290,8 +308,15 @@ impl Matrix {
                 }
             }),
             Weights::Int(w) => {
-                let xq = QuantizedRows::new(x, w.act);
-                for_row_chunks(&mut by_row, n, |first, out| int_products(w.rows_view(first, out.len() / n, cols), &xq, out));
+                let at = match quantized.iter().position(|(format, _)| *format == w.act) {
+                    Some(at) => at,
+                    None => {
+                        quantized.push((w.act, QuantizedRows::new(x, w.act)));
+                        quantized.len() - 1
+                    }
+                };
+                let xq = &quantized[at].1;
+                for_row_chunks(&mut by_row, n, |first, out| int_products(w.rows_view(first, out.len() / n, cols), xq, out));
             }
         }
         if n == 1 {

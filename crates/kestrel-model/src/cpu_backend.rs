@@ -30,6 +30,11 @@ impl CpuKernels for Quantized {
         m.apply(x)
     }
 
+    fn apply_each<const N: usize>(ms: [&Self::Matrix; N], x: &[f32]) -> [Vec<f32>; N] {
+        let mut each = kestrel_cpu::Matrix::apply_each(&ms, x).into_iter();
+        std::array::from_fn(|_| each.next().unwrap_or_default())
+    }
+
     fn row(m: &Self::Matrix, r: usize) -> Vec<f32> {
         m.row(r)
     }

@@ -19,6 +19,10 @@ pub trait CpuKernels {
     fn matrix(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self::Matrix, ModelError>;
     /// `y = x·Wᵀ` for the rows of `x`.
     fn apply(m: &Self::Matrix, x: &[f32]) -> Vec<f32>;
+    /// `apply` of each matrix to the same `x`.
+    fn apply_each<const N: usize>(ms: [&Self::Matrix; N], x: &[f32]) -> [Vec<f32>; N] {
+        ms.map(|m| Self::apply(m, x))
+    }
     /// Row `r` as f32 (the embedding gather).
     fn row(m: &Self::Matrix, r: usize) -> Vec<f32>;
     /// The rows before `at` and the rows from it.
@@ -245,9 +249,10 @@ impl<K: CpuKernels> CpuForward<K> {
         }
         for (l, layer) in self.layers.iter().enumerate() {
             let h = norm::rmsnorm(&x, &layer.attn_norm, c.rms_eps);
-            let q = add_bias(K::apply(&layer.q, &h), layer.q_bias.as_deref());
-            let k = add_bias(K::apply(&layer.k, &h), layer.k_bias.as_deref());
-            let v = add_bias(K::apply(&layer.v, &h), layer.v_bias.as_deref());
+            let [q, k, v] = K::apply_each([&layer.q, &layer.k, &layer.v], &h);
+            let q = add_bias(q, layer.q_bias.as_deref());
+            let k = add_bias(k, layer.k_bias.as_deref());
+            let v = add_bias(v, layer.v_bias.as_deref());
             // Each head is a row of head_dim values for the per-head norms.
             let q = match &layer.q_norm {
                 Some(w) => norm::rmsnorm(&q, w, c.rms_eps),
@@ -283,7 +288,7 @@ impl<K: CpuKernels> CpuForward<K> {
             };
             x.iter_mut().zip(&post_norm(o, 0)).for_each(|(x, o)| *x += o);
             let h = norm::rmsnorm(&x, &layer.ffn_norm, c.rms_eps);
-            let (g, u) = (K::apply(&layer.gate, &h), K::apply(&layer.up, &h));
+            let [g, u] = K::apply_each([&layer.gate, &layer.up], &h);
             let act: Vec<f32> = g.into_iter().zip(u).map(|(g, u)| c.gate_activation.apply(g) * u).collect();
             let d = K::apply(&layer.down, &act);
             x.iter_mut().zip(&post_norm(d, 1)).for_each(|(x, d)| *x += d);

@@ -137,7 +137,8 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         "backend": state.engine.backend(),
         "slots": state.engine.slots(),
         "pending_requests": state.engine.pending(),
-    })).into_response()
+    }))
+    .into_response()
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {

@@ -19,11 +19,16 @@ pub fn rope(x: &[f32], head_dim: usize, pos: usize, config: &RopeConfig) -> Vec<
     if let Some(f) = &config.freq_factors {
         assert_eq!(f.len(), head_dim / 2, "rope: freq_factors must have head_dim / 2 values");
     }
+    // Every head turns pair i by the same angle: computed once per pair.
+    let turns: Vec<(f32, f32)> = (0..head_dim / 2)
+        .map(|i| {
+            let theta = pos as f64 * config.inv_freq(head_dim, i);
+            (theta.sin() as f32 * config.mscale, theta.cos() as f32 * config.mscale)
+        })
+        .collect();
     let mut out = x.to_vec();
     for head in out.chunks_exact_mut(head_dim) {
-        for i in 0..head_dim / 2 {
-            let theta = pos as f64 * config.inv_freq(head_dim, i);
-            let (sin, cos) = (theta.sin() as f32 * config.mscale, theta.cos() as f32 * config.mscale);
+        for (i, &(sin, cos)) in turns.iter().enumerate() {
             let (a, b) = config.pair(head_dim, i);
             let (x0, x1) = (head[a], head[b]);
             head[a] = x0 * cos - x1 * sin;
