@@ -28,6 +28,15 @@ export async function runKestrelNative({ model, promptTokens, decodeTokens, repe
   return readJson(out);
 }
 
+/** `kestrel bench batch` on the CPU backend: decode tok/s of 1, 2, 4, 8 sequences together and the
+ * running sequences' inter-token latency while a long prompt is admitted. */
+export async function runKestrelBatch({ model, decodeTokens, repeats, threads, out }) {
+  if (!existsSync(KESTREL)) throw new Error(`${KESTREL} is missing: build it with \`cargo build --release -p kestrel-cli\``);
+  await exec(KESTREL, ['bench', 'batch', '--backend', 'cpu', '--model', model, '--decode-tokens', String(decodeTokens), '--repeats', String(repeats), '--json', out],
+    { XDG_RUNTIME_DIR: process.env.XDG_RUNTIME_DIR ?? '/tmp', ...(threads ? { RAYON_NUM_THREADS: String(threads) } : {}) });
+  return readJson(out);
+}
+
 /** The suite's prompts as text for engines that take text: [{prompt_tokens, round_trips, text}]. */
 export async function promptTexts({ model, promptTokens }) {
   return JSON.parse(await exec(KESTREL, ['bench', 'prompt', '--model', model, '--prompt-tokens', promptTokens.join(',')]));

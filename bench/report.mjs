@@ -80,6 +80,15 @@ export function markdown(run) {
     const x = (v) => (v == null ? '–' : `${v >= 10 ? v.toFixed(0) : v >= 0.1 ? v.toFixed(2) : v.toPrecision(2)}×`);
     for (const r of rat) lines.push(`| ${r.env} | ${r.kestrel} | ${r.peer} | ${r.prompt_tokens} | ${x(r.load)} | ${x(r.ttft)} | ${x(r.prefill)} | ${x(r.decode)} | ${x(r.itl_p50)} | ${x(r.memory)} |`);
   }
+  const batch = run.native?.kestrel_batch;
+  if (batch?.rows) {
+    lines.push('', `Batched decode, native CPU backend (${batch.simd}, ${batch.threads} threads): ${batch.prompt_tokens}-token prompts, ${batch.decode_tokens} decode steps, all sequences' tokens per second (kestrel bench batch).`, '');
+    lines.push('| sequences | decode tok/s | × 1 sequence |', '|--:|--:|--:|');
+    for (const r of batch.rows) lines.push(`| ${r.batch} | ${fmt(r.decode_tok_s.median, 1)} | ${r.ratio_to_batch_1 == null ? '–' : `${r.ratio_to_batch_1.toFixed(2)}×`} |`);
+    const a = batch.admission;
+    const p = (q) => (q ? `${fmt(q.p50, 0)} / ${fmt(q.p99, 0)}` : '–');
+    if (a) lines.push('', `A ${a.long_prompt_tokens}-token prompt admitted while ${a.running} sequences decode, their ITL p50 / p99 ms: before ${p(a.before)}; in chunks of ${a.prefill_chunk} ${p(a.chunked)} (its TTFT ${secs(a.ttft_chunked_ms)}); in one step ${p(a.unchunked)} (TTFT ${secs(a.ttft_unchunked_ms)}).`);
+  }
   const k = run.native?.kestrel;
   if (k?.roofline) {
     const f = k.roofline;

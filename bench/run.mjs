@@ -9,7 +9,7 @@
 //       [--browser-prompt-tokens 16] [--browser-decode-tokens 4] [--browser-repeats 2]
 //       [--full]            the workload everywhere: prompts 128,512, 128 decode steps, 5 repeats
 //       [--gpu]             Chromium on the machine's GPU instead of SwiftShader
-//       [--skip native,llama,browser]   leave parts out
+//       [--skip native,batch,llama,browser]   leave parts out
 //       [--browser-engines kestrel,kestrel-cpu,wllama-cpu,wllama-webgpu]   only these in Chromium
 //
 // The defaults fit a 2-core machine without a GPU (lavapipe natively, SwiftShader in Chrome,
@@ -19,7 +19,7 @@ import os from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { runBrowser } from './browser.mjs';
-import { promptTexts, runKestrelNative, runLlamaCpp } from './native.mjs';
+import { promptTexts, runKestrelBatch, runKestrelNative, runLlamaCpp } from './native.mjs';
 import { ROOT, RESULTS } from './paths.mjs';
 import { markdown, svg } from './report.mjs';
 
@@ -120,6 +120,11 @@ if (!skip.has('native')) {
   // The CPU backend beside llama.cpp's CPU build at the same thread counts.
   await kestrel('Kestrel, native, CPU', 'kestrel_cpu', { backend: 'cpu', threads });
   if (threads !== 1) await kestrel('Kestrel, native, CPU, 1 thread', 'kestrel_cpu_1_thread', { backend: 'cpu', threads: 1 });
+}
+if (!skip.has('batch')) {
+  run.native.kestrel_batch = await attempt('Kestrel, native, CPU, batched decode', () => runKestrelBatch({
+    model, decodeTokens: n.decode_tokens, repeats: n.repeats, threads, out: join(raw, 'kestrel_batch.json'),
+  }));
 }
 if (!skip.has('llama')) {
   const llama = (what, key, options) => attempt(what, async () => {

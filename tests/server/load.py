@@ -88,6 +88,7 @@ def main():
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--slots", type=int, default=None, help="the server's --slots (default: its own)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     jobs = []
@@ -96,7 +97,8 @@ def main():
         abandon = rng.randint(1, max_tokens) if rng.random() < 0.25 else None
         jobs.append((rng.choice(PROMPTS), max_tokens, abandon))
 
-    process, address = start_server("--api-key", API_KEY, "--queue", str(args.clients))
+    slots = ["--slots", str(args.slots)] if args.slots else []
+    process, address = start_server("--api-key", API_KEY, "--queue", str(args.clients), *slots)
     client = openai.OpenAI(base_url=f"http://{address}/v1", api_key=API_KEY, max_retries=0, timeout=600)
     results, lock = [], threading.Lock()
     started = time.perf_counter()
