@@ -156,18 +156,25 @@ struct Kernels {
     f32: fn(&[f32], &[f32]) -> f32,
 }
 
+/// Every kernel set this machine runs, fastest first: the first is the one chosen.
+fn available() -> Vec<Kernels> {
+    let mut sets = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        if is_x86_feature_detected!("avxvnni") {
+            sets.push(Kernels { name: "avx2+vnni", int: avx2::int_products_vnni_checked, f32: avx2::f32_dot_checked });
+        }
+        sets.push(Kernels { name: "avx2", int: avx2::int_products_checked, f32: avx2::f32_dot_checked });
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    sets.push(Kernels { name: "simd128", int: |w, x, out| products_by(w, x, out, simd128::int_dot), f32: simd128::f32_dot });
+    sets.push(Kernels { name: "portable", int: |w, x, out| products_by(w, x, out, int_dot_portable), f32: f32_dot_portable });
+    sets
+}
+
 fn kernels() -> &'static Kernels {
     static CHOSEN: OnceLock<Kernels> = OnceLock::new();
-    CHOSEN.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-            return Kernels { name: "avx2", int: avx2::int_products_checked, f32: avx2::f32_dot_checked };
-        }
-        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        return Kernels { name: "simd128", int: |w, x, out| products_by(w, x, out, simd128::int_dot), f32: simd128::f32_dot };
-        #[allow(unreachable_code)]
-        Kernels { name: "portable", int: |w, x, out| products_by(w, x, out, int_dot_portable), f32: f32_dot_portable }
-    })
+    CHOSEN.get_or_init(|| available().swap_remove(0))
 }
 
 pub(crate) fn simd_name() -> &'static str {
@@ -249,13 +256,27 @@ pub fn f32_dot_portable(a: &[f32], b: &[f32]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{offsets_dot, ActRow, IntRow, IntRows, Levels, Scales, F32_LANES};
+    use super::{IntRow, IntRows, Levels, Scales, F32_LANES};
     use crate::activations::QuantizedRows;
     use crate::ACT_BLOCK;
 
-    // Only chosen by `kernels()` after the CPU reported AVX2 and FMA; the slices' lengths are
-    // checked here, so the unchecked loads below stay inside them.
+    // Only chosen by `kernels()` after the CPU reported AVX2, FMA and F16C (and AVX-VNNI for the
+    // second); the slices' lengths are checked here, so the unchecked loads below stay inside them.
     pub(super) fn int_products_checked(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32]) {
+        let (rows, n) = checked_shapes(&w, x, out);
+        // SAFETY: AVX2, FMA and F16C are present (see above); `IntRows::row_parts` and
+        // `QuantizedRows::row` slice whole rows, and every load reads within a row's slices.
+        unsafe { plain::products(w, x, out, rows, n) }
+    }
+
+    pub(super) fn int_products_vnni_checked(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32]) {
+        let (rows, n) = checked_shapes(&w, x, out);
+        // SAFETY: as above, and AVX-VNNI is present.
+        unsafe { vnni::products(w, x, out, rows, n) }
+    }
+
+    /// The rows of `w` and of `x`, after checking that the slices hold exactly them.
+    fn checked_shapes(w: &IntRows<'_>, x: &QuantizedRows, out: &[f32]) -> (usize, usize) {
         let (rows, n) = (w.rows(), x.rows(w.cols));
         let levels = match w.levels {
             Levels::Nibbles(n) => n.len() * 2,
@@ -265,67 +286,138 @@ mod avx2 {
             w.cols.is_multiple_of(ACT_BLOCK) && levels == rows * w.cols && out.len() == rows * n && x.d.len() * ACT_BLOCK == x.q.len(),
             "int_products: shapes differ"
         );
-        // SAFETY: AVX2, FMA and F16C are present (see above); `IntRows::row_parts` and
-        // `QuantizedRows::row` slice whole rows, and every load reads within a row's slices.
-        unsafe { products(w, x, out, rows, n) }
+        (rows, n)
     }
 
-    /// Tiles of up to `ROWS` weight rows times `TOKENS` activation rows: each weight block is
-    /// expanded once for all the tile's tokens and each activation block loaded once for its
-    /// rows, so a batch (prefill, or several sequences' decode steps) costs fewer instructions per
-    /// product than one token at a time.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-        let mut bufs: [[Vec<f32>; 2]; ROWS] = Default::default();
-        let mut r = 0;
-        while r < rows {
-            let tile_rows = (rows - r).min(ROWS);
-            let [bufs0, bufs1] = &mut bufs;
-            let row0 = row_f32(&w, r, bufs0);
-            let row1 = if tile_rows == 2 { Some(row_f32(&w, r + 1, bufs1)) } else { None };
-            let mut t = 0;
-            while t < n {
-                let tile_tokens = (n - t).min(TOKENS);
-                let acts = |i: usize| x.row(t + i.min(tile_tokens - 1), w.cols);
-                let acts = [acts(0), acts(1), acts(2), acts(3)];
-                macro_rules! run {
-                    ($nibbles:literal, $t:literal) => {
-                        match row1 {
-                            Some(row1) => store(tile::<$nibbles, 2, $t>([row0, row1], &acts, w.cols), out, r, t, n),
-                            None => store(tile::<$nibbles, 1, $t>([row0], &acts, w.cols), out, r, t, n),
+    /// The tiled products, compiled once per instruction set (`$features`), with AVX-VNNI's
+    /// `dpbusd` where `$vnni`.
+    macro_rules! tiled_products {
+        ($features:literal, $vnni:literal) => {
+            use std::arch::x86_64::*;
+
+            use super::super::offsets_dot;
+            use super::super::{ActRow, IntRow, IntRows, Levels};
+            use super::{horizontal_sum, row_f32, weight_block, weight_scales, ROWS, TOKENS};
+            use crate::activations::QuantizedRows;
+            use crate::ACT_BLOCK;
+
+            /// Tiles of up to `ROWS` weight rows times `TOKENS` activation rows: each weight block is
+            /// expanded once for all the tile's tokens and each activation block loaded once for its
+            /// rows, so a batch (prefill, or several sequences' decode steps) costs fewer instructions per
+            /// product than one token at a time.
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
+                let mut bufs: [[Vec<f32>; 2]; ROWS] = Default::default();
+                let mut r = 0;
+                while r < rows {
+                    let tile_rows = (rows - r).min(ROWS);
+                    let [bufs0, bufs1] = &mut bufs;
+                    let row0 = row_f32(&w, r, bufs0);
+                    let row1 = if tile_rows == 2 { Some(row_f32(&w, r + 1, bufs1)) } else { None };
+                    let mut t = 0;
+                    while t < n {
+                        let tile_tokens = (n - t).min(TOKENS);
+                        let acts = |i: usize| x.row(t + i.min(tile_tokens - 1), w.cols);
+                        let acts = [acts(0), acts(1), acts(2), acts(3)];
+                        macro_rules! run {
+                            ($nibbles:literal, $t:literal) => {
+                                match row1 {
+                                    Some(row1) => store(tile::<$nibbles, 2, $t>([row0, row1], &acts, w.cols), out, r, t, n),
+                                    None => store(tile::<$nibbles, 1, $t>([row0], &acts, w.cols), out, r, t, n),
+                                }
+                            };
                         }
-                    };
+                        match (matches!(w.levels, Levels::Nibbles(_)), tile_tokens) {
+                            (true, 4) => run!(true, 4),
+                            (true, 3) => run!(true, 3),
+                            (true, 2) => run!(true, 2),
+                            (true, _) => run!(true, 1),
+                            (false, 4) => run!(false, 4),
+                            (false, 3) => run!(false, 3),
+                            (false, 2) => run!(false, 2),
+                            (false, _) => run!(false, 1),
+                        }
+                        t += tile_tokens;
+                    }
+                    r += tile_rows;
                 }
-                match (matches!(w.levels, Levels::Nibbles(_)), tile_tokens) {
-                    (true, 4) => run!(true, 4),
-                    (true, 3) => run!(true, 3),
-                    (true, 2) => run!(true, 2),
-                    (true, _) => run!(true, 1),
-                    (false, 4) => run!(false, 4),
-                    (false, 3) => run!(false, 3),
-                    (false, 2) => run!(false, 2),
-                    (false, _) => run!(false, 1),
-                }
-                t += tile_tokens;
             }
-            r += tile_rows;
-        }
+
+            /// A tile's sums into `out` (row-major by weight row, `n` tokens a row).
+            #[inline]
+            unsafe fn store<const R: usize, const T: usize>(sums: [[f32; T]; R], out: &mut [f32], r: usize, t: usize, n: usize) {
+                for (i, row) in sums.iter().enumerate() {
+                    for (j, &v) in row.iter().enumerate() {
+                        *out.get_unchecked_mut((r + i) * n + t + j) = v;
+                    }
+                }
+            }
+
+            /// `R` rows times `T` tokens over every block: per block, each row's levels expanded once,
+            /// each token's activations loaded once; then the offsets.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn tile<const NIBBLES: bool, const R: usize, const T: usize>(
+                rows: [IntRow<'_>; R],
+                acts: &[ActRow<'_>; TOKENS],
+                cols: usize,
+            ) -> [[f32; T]; R] {
+                let mut acc = [[_mm256_setzero_ps(); T]; R];
+                for b in 0..cols / ACT_BLOCK {
+                    let mut weights = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+                    let mut scales = [_mm256_setzero_ps(); R];
+                    for i in 0..R {
+                        weights[i] = weight_block::<NIBBLES>(rows[i].levels, b);
+                        scales[i] = weight_scales(&rows[i], b);
+                    }
+                    for j in 0..T {
+                        let xq = _mm256_loadu_si256(acts[j].q.as_ptr().add(b * ACT_BLOCK).cast());
+                        let d = _mm256_set1_ps(*acts[j].d.get_unchecked(b));
+                        for i in 0..R {
+                            let (u, sign) = weights[i];
+                            let x = if NIBBLES { xq } else { _mm256_sign_epi8(xq, sign) };
+                            acc[i][j] = _mm256_fmadd_ps(pair_sums(u, x), _mm256_mul_ps(scales[i], d), acc[i][j]);
+                        }
+                    }
+                }
+                let mut sums = [[0f32; T]; R];
+                for i in 0..R {
+                    for j in 0..T {
+                        // As llama.cpp sums them: one block after another, after the scaled products.
+                        sums[i][j] = horizontal_sum(acc[i][j]) + offsets_dot(rows[i], acts[j]);
+                    }
+                }
+                sums
+            }
+
+            /// The 8 i32 sums of 4 adjacent `u · s` products (u unsigned, s signed): AVX-VNNI's
+            /// `dpbusd`, or `maddubs` into i16 pairs (at most 2·255·127 apart from the levels used here,
+            /// 2·15·127 or 2·128·127: no saturation) and `madd` of those. Exact either way.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn pair_sums(u: __m256i, s: __m256i) -> __m256 {
+                let sums = if $vnni {
+                    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+                } else {
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+                };
+                _mm256_cvtepi32_ps(sums)
+            }
+        };
+    }
+
+    mod plain {
+        tiled_products!("avx2,fma,f16c", false);
+    }
+
+    mod vnni {
+        tiled_products!("avx2,fma,f16c,avxvnni", true);
     }
 
     /// Weight rows a tile computes.
     const ROWS: usize = 2;
     /// Activation rows a tile computes.
     const TOKENS: usize = 4;
-
-    /// A tile's sums into `out` (row-major by weight row, `n` tokens a row).
-    #[inline]
-    unsafe fn store<const R: usize, const T: usize>(sums: [[f32; T]; R], out: &mut [f32], r: usize, t: usize, n: usize) {
-        for (i, row) in sums.iter().enumerate() {
-            for (j, &v) in row.iter().enumerate() {
-                *out.get_unchecked_mut((r + i) * n + t + j) = v;
-            }
-        }
-    }
 
     /// Block b of a row as unsigned levels for `maddubs`, and the signs to give the activations
     /// (signed byte levels: |w|, and w whose sign moves to x; nibbles are unsigned already).
@@ -355,43 +447,6 @@ mod avx2 {
         } else {
             _mm256_set_m128(_mm_set1_ps(*row.scale.get_unchecked(2 * b + 1)), _mm_set1_ps(*row.scale.get_unchecked(2 * b)))
         }
-    }
-
-    /// `R` rows times `T` tokens over every block: per block, each row's levels expanded once,
-    /// each token's activations loaded once; then the offsets.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const NIBBLES: bool, const R: usize, const T: usize>(
-        rows: [IntRow<'_>; R],
-        acts: &[ActRow<'_>; TOKENS],
-        cols: usize,
-    ) -> [[f32; T]; R] {
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for b in 0..cols / ACT_BLOCK {
-            let mut weights = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
-            let mut scales = [_mm256_setzero_ps(); R];
-            for i in 0..R {
-                weights[i] = weight_block::<NIBBLES>(rows[i].levels, b);
-                scales[i] = weight_scales(&rows[i], b);
-            }
-            for j in 0..T {
-                let xq = _mm256_loadu_si256(acts[j].q.as_ptr().add(b * ACT_BLOCK).cast());
-                let d = _mm256_set1_ps(*acts[j].d.get_unchecked(b));
-                for i in 0..R {
-                    let (u, sign) = weights[i];
-                    let x = if NIBBLES { xq } else { _mm256_sign_epi8(xq, sign) };
-                    acc[i][j] = _mm256_fmadd_ps(pair_sums(u, x), _mm256_mul_ps(scales[i], d), acc[i][j]);
-                }
-            }
-        }
-        let mut sums = [[0f32; T]; R];
-        for i in 0..R {
-            for j in 0..T {
-                // As llama.cpp sums them: one block after another, after the scaled products.
-                sums[i][j] = horizontal_sum(acc[i][j]) + offsets_dot(rows[i], acts[j]);
-            }
-        }
-        sums
     }
 
     /// Row r with its scales and offsets as f32 (converted into `bufs` where they are f16).
@@ -435,13 +490,6 @@ mod avx2 {
         assert_eq!(a.len(), b.len(), "f32_dot: lengths differ");
         // SAFETY: as above.
         unsafe { f32_dot(a, b) }
-    }
-
-    /// The 8 i32 sums of pairs of `u · s` products (u unsigned, s signed; at most 2·255·127
-    /// apart from the levels used here, 2·15·127 or 2·128·127: no saturation).
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn pair_sums(u: __m256i, s: __m256i) -> __m256 {
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
     }
 
     #[inline]
@@ -550,9 +598,9 @@ mod tests {
         }
     }
 
-    /// Whichever kernel the machine chose gives the portable code's sums (up to the order of
-    /// the f32 additions), for every layout a matrix keeps, with and without offsets, over
-    /// several rows and tokens: whole tiles of rows and tokens and the remainders of each.
+    /// Every kernel set the machine runs gives the portable code's sums (up to the order of the
+    /// f32 additions), for every layout a matrix keeps, with and without offsets, over several
+    /// rows and tokens: whole tiles of rows and tokens and the remainders of each.
     #[test]
     fn chosen_kernels_agree_with_the_portable_ones() {
         let (rows, cols) = (5, 576);
@@ -571,16 +619,26 @@ mod tests {
                 for (offset, (scale, stored_offset)) in [None, Some(())].into_iter().flat_map(|o| stores.map(|s| (o, s))) {
                     let offset = offset.map(|()| stored_offset);
                     let w = IntRows { levels, group, scale, offset, cols };
-                    let (mut got, mut want) = (vec![0f32; rows * n], vec![0f32; rows * n]);
-                    int_products(w, &xq, &mut got);
+                    let mut want = vec![0f32; rows * n];
                     products_by(w, &xq, &mut want, int_dot_portable);
-                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                        assert!((g - w).abs() <= 1e-4 * w.abs().max(1.0), "{} group {group} {format:?} [{i}]: {g} vs {w}", simd_name());
+                    for set in available() {
+                        let mut got = vec![0f32; rows * n];
+                        (set.int)(w, &xq, &mut got);
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                                "{} group {group} {format:?} n {n} [{i}]: {g} vs {w}",
+                                set.name
+                            );
+                        }
                     }
                 }
             }
         }
-        let (got, want) = (f32_dot(&x, &x), f32_dot_portable(&x, &x));
-        assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0));
+        let want = f32_dot_portable(&x, &x);
+        for set in available() {
+            let got = (set.f32)(&x, &x);
+            assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{}", set.name);
+        }
     }
 }

@@ -84,7 +84,7 @@ pub fn run(args: ServeArgs) -> CliResult {
             .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
         let address = listener.local_addr()?;
         // Tests and scripts read this line for the port.
-        eprintln!("kestrel serve: listening on http://{address} (OpenAI API at http://{address}/v1), {slots} slots");
+        eprintln!("kestrel serve: listening on http://{address} (OpenAI API at http://{address}/v1), {slots} request(s) at once");
         kestrel_server::serve(loaded.model, config, listener, kestrel_server::shutdown_signal()).await?;
         eprintln!("kestrel serve: stopped");
         Ok(())
