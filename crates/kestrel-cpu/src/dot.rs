@@ -158,18 +158,23 @@ struct Kernels {
 
 /// Every kernel set this machine runs, fastest first: the first is the one chosen.
 fn available() -> Vec<Kernels> {
-    let mut sets = Vec::new();
+    let portable = Kernels { name: "portable", int: |w, x, out| products_by(w, x, out, int_dot_portable), f32: f32_dot_portable };
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
-        if is_x86_feature_detected!("avxvnni") {
-            sets.push(Kernels { name: "avx2+vnni", int: avx2::int_products_vnni_checked, f32: avx2::f32_dot_checked });
+    {
+        let mut sets = Vec::new();
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            if is_x86_feature_detected!("avxvnni") {
+                sets.push(Kernels { name: "avx2+vnni", int: avx2::int_products_vnni_checked, f32: avx2::f32_dot_checked });
+            }
+            sets.push(Kernels { name: "avx2", int: avx2::int_products_checked, f32: avx2::f32_dot_checked });
         }
-        sets.push(Kernels { name: "avx2", int: avx2::int_products_checked, f32: avx2::f32_dot_checked });
+        sets.push(portable);
+        sets
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    sets.push(Kernels { name: "simd128", int: |w, x, out| products_by(w, x, out, simd128::int_dot), f32: simd128::f32_dot });
-    sets.push(Kernels { name: "portable", int: |w, x, out| products_by(w, x, out, int_dot_portable), f32: f32_dot_portable });
-    sets
+    return vec![Kernels { name: "simd128", int: |w, x, out| products_by(w, x, out, simd128::int_dot), f32: simd128::f32_dot }, portable];
+    #[cfg(not(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128"))))]
+    vec![portable]
 }
 
 fn kernels() -> &'static Kernels {
