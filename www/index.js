@@ -361,24 +361,43 @@ class Engine {
    * @returns {Promise<any>}
    */
   #call(msg, handlers = {}, transfer) {
-    const run = () => {
-      if (this.#closed) return Promise.reject(this.#closed);
-      const id = this.#nextId++;
-      handlers.onStart?.(id);
-      return new Promise((/** @type {(value: any) => void} */ resolve, reject) => {
-        this.#pending.set(id, { resolve, reject, ...handlers });
-        this.#worker.postMessage({ ...msg, id }, transfer ?? []);
-      });
-    };
-    const result = this.#queue.then(run, run);
+    const result = this.#queue.then(() => this.#send(msg, handlers, transfer), () => this.#send(msg, handlers, transfer));
     this.#queue = result.catch(() => {});
     return result;
   }
 
   /**
+   * Sends one message after the queued ones have started, without holding back the ones after
+   * it: generations on an engine with several slots, which the worker runs as one batch.
+   * @param {{ type: string, [key: string]: unknown }} msg
+   * @param {Handlers} [handlers]
+   * @returns {Promise<any>}
+   */
+  #callBeside(msg, handlers = {}) {
+    const send = () => this.#send(msg, handlers);
+    return this.#queue.then(send, send);
+  }
+
+  /**
+   * @param {{ type: string, [key: string]: unknown }} msg
+   * @param {Handlers} handlers
+   * @param {Transferable[]} [transfer]
+   * @returns {Promise<any>}
+   */
+  #send(msg, handlers, transfer) {
+    if (this.#closed) return Promise.reject(this.#closed);
+    const id = this.#nextId++;
+    handlers.onStart?.(id);
+    return new Promise((/** @type {(value: any) => void} */ resolve, reject) => {
+      this.#pending.set(id, { resolve, reject, ...handlers });
+      this.#worker.postMessage({ ...msg, id }, transfer ?? []);
+    });
+  }
+
+  /**
    * @param {string | Blob} model
    * @param {CreateEngineOptions['onProgress']} onProgress
-   * @param {CreateEngineOptions['gpu'] & { backend?: 'webgpu' | 'cpu' | 'auto', context_length?: number, kv_cache?: 'f16' | 'f32' }} gpu
+   * @param {CreateEngineOptions['gpu'] & { backend?: 'webgpu' | 'cpu' | 'auto', context_length?: number, kv_cache?: 'f16' | 'f32', slots?: number }} gpu
    * @param {string | undefined} sha256
    * @param {{ maxBytes: number } | null} persist `persistPrefix`
    */
@@ -395,7 +414,8 @@ class Engine {
     const worker = this.#worker;
     /** @type {Backend} */
     const backend = {
-      generate: (body, handlers) => this.#call({ type: 'generate', request: body }, handlers),
+      // With several slots (the CPU backend's `slots`), concurrent requests run as one batch.
+      generate: (body, handlers) => ((this.info?.model?.slots ?? 1) > 1 ? this.#callBeside : this.#call).call(this, { type: 'generate', request: body }, handlers),
       abort: (id) => worker.postMessage({ type: 'abort', id }),
     };
     return openaiRequest(kind, request, backend, this.info?.model?.name ?? 'kestrel');
@@ -516,6 +536,10 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * `gpu: {allow_f16, allow_subgroups, allow_timestamps}` forces optional GPU features off;
  * `context_length` sizes the KV cache (default: the model's context, at most 4096), and
  * `kv_cache` sets how it stores keys and values ('f16', the default, or 'f32').
+ * `slots` (1 to 16, default 1): on the CPU backend, how many requests run at once as one batch,
+ * each with its own KV cache (context_length tokens of f32 keys and values each); concurrent
+ * `create()` calls then share each pass of the model instead of waiting in turn. The GPU backend
+ * runs one at a time; `engine.info.model.slots` says how many run.
  * `onStatus({status})` follows the engine recovering by itself from a lost GPU device: the
  * request in flight fails with `device_lost`, then 'device_lost', 'reloading' (the model from the
  * Cache API or the same File), 'ready' (or 'failed' with `error`); later requests wait for it.
@@ -535,7 +559,7 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * @returns {Promise<EngineApi>}
  */
 export async function createEngine(options) {
-  const { model, onProgress, onStatus, backend = 'auto', gpu, context_length, kv_cache, remote, sha256, persistPrefix } = options ?? {};
+  const { model, onProgress, onStatus, backend = 'auto', gpu, context_length, kv_cache, slots, remote, sha256, persistPrefix } = options ?? {};
   if (!['webgpu', 'cpu', 'auto'].includes(backend)) {
     throw kestrelError('invalid_option', "invalid option backend: expected 'webgpu', 'cpu' or 'auto'");
   }
@@ -555,7 +579,7 @@ export async function createEngine(options) {
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   const engine = new Engine(worker, onStatus);
   try {
-    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, backend, context_length, kv_cache }, sha256, persist);
+    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, backend, context_length, kv_cache, slots }, sha256, persist);
   } catch (e) {
     worker.terminate();
     const code = /** @type {KestrelError} */ (e)?.code;

@@ -1,6 +1,7 @@
 // The module worker that owns the wasm Engine. The page talks to it with messages
 // ({type, id, ...}); it answers with 'progress', 'token', 'result' and 'error' messages.
-// It never runs two requests at once: the page (index.js) queues them.
+// The page (index.js) queues requests, except generations on an engine with several slots (the
+// CPU backend's `slots` option): those come at once and run here as one batch (`batch`).
 import init, { Engine, HeaderProbe, Sha256Hasher } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 import { adapterName } from './adapter-name.js';
@@ -15,6 +16,7 @@ let lastLoad = null; // {model, gpuOptions, sha256, persist} of the loaded model
 let recovery = null; // the reload under way after a device loss; requests wait for it
 let prefixes = null; // the PrefixStore of the loaded model, with `persistPrefix`
 let saving = Promise.resolve(); // the KV prefix being saved after a request; the next one waits for it
+let slots = 1; // requests the loaded model generates at once (info.slots)
 
 // The GPUBuffers this worker holds, for `memory()`: created, and neither destroyed nor garbage
 // collected. Counted here, where every buffer passes, because wgpu cannot: on the web it drops a
@@ -270,6 +272,7 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
     // The model runs from the network either way; the page learns why it will download it again.
     if (cacheError) console.warn(`kestrel: ${cacheError.message}`);
     info.model_cache = { stored: phase === 'cache' || (cachePut !== null && !cacheError), error: cacheError };
+    slots = info.model?.slots ?? 1;
     post({ type: 'progress', id, progress: { phase: 'ready', loaded, total } });
     return info;
   } catch (e) {
@@ -357,6 +360,82 @@ async function generate(id, request) {
 }
 
 /**
+ * Batched generation (the CPU backend with several slots): requests wait for a free slot, then
+ * every step runs all of the admitted ones' next tokens as one pass of the model. Between steps
+ * the loop yields, so new requests join and aborts arrive; an aborted request ends before the
+ * next step and frees its slot.
+ */
+const batch = {
+  /** Requests waiting for a slot: {id, request, start, resolve, reject}. */
+  waiting: [],
+  /** Sequence id -> its request. */
+  running: new Map(),
+  /** The stepping loop while it runs; `drained` resolves when it stops. */
+  loop: null,
+};
+/** Prompt tokens a step runs at most, over all prompts being admitted (kestrel serve's default). */
+const PREFILL_TOKENS_PER_STEP = 32;
+
+function generateBatched(id, request) {
+  return new Promise((resolve, reject) => {
+    batch.waiting.push({ id, request, start: performance.now(), resolve, reject });
+    batch.loop ??= stepBatch().finally(() => {
+      batch.loop = null;
+    });
+  });
+}
+
+async function stepBatch() {
+  const eng = engine;
+  while (batch.waiting.length || batch.running.size) {
+    while (batch.waiting.length && eng.freeSlots() > 0) {
+      // One aborted while it waited starts and ends at once (finish_reason 'abort').
+      const r = batch.waiting.shift();
+      try {
+        batch.running.set(eng.addSequence(JSON.stringify(r.request)), r);
+      } catch (e) {
+        r.reject(e);
+      }
+    }
+    for (const [seq, r] of batch.running) {
+      if (!aborted.has(r.id)) continue;
+      const result = eng.abortSequence(seq);
+      finishBatched(seq, r, result ?? null, null);
+    }
+    if (!batch.running.size) continue;
+    let events;
+    try {
+      events = eng.stepSequences(PREFILL_TOKENS_PER_STEP);
+    } catch (e) {
+      // No model any more (unload): every request ends with the error.
+      for (const [seq, r] of batch.running) finishBatched(seq, r, null, e);
+      for (const r of batch.waiting.splice(0)) r.reject(e);
+      break;
+    }
+    for (const e of events) {
+      const r = batch.running.get(e.id);
+      if (!r) continue;
+      if (e.result) finishBatched(e.id, r, e.result, null);
+      else if (e.error) finishBatched(e.id, r, null, Object.assign(new Error(e.error.message), { code: e.error.code }));
+      else post({ type: 'token', id: r.id, text: e.text, tokenId: e.token_id ?? undefined });
+    }
+    // Let messages in: new requests, aborts.
+    await new Promise((resolve) => setTimeout(resolve, 0));
+  }
+}
+
+function finishBatched(seq, r, result, error) {
+  batch.running.delete(seq);
+  aborted.delete(r.id);
+  if (result) {
+    result.timings.e2e_ms = performance.now() - r.start;
+    r.resolve(result);
+  } else {
+    r.reject(error ?? Object.assign(new Error('the request ended without a result'), { code: 'internal' }));
+  }
+}
+
+/**
  * The browser reports a lost device after the errors the loss causes (a destroyed buffer used in a
  * submit): after a `gpu` error, waits briefly for a loss and returns it, else the error itself.
  */
@@ -403,12 +482,22 @@ self.onmessage = async ({ data }) => {
     if (current === id && engine) engine.abort();
     return;
   }
+  if (type === 'generate' && slots > 1 && engine) {
+    // Batched: runs beside the others instead of after them.
+    try {
+      post({ type: 'result', id, value: await generateBatched(id, data.request) });
+    } catch (e) {
+      post({ type: 'error', id, error: errorOf(e) });
+    }
+    return;
+  }
   try {
     if (recovery && type !== 'estimate') await recovery;
     if (type !== 'estimate' && type !== 'destroy-device') await saving;
     let value;
     switch (type) {
       case 'load':
+        await batch.loop;
         value = await load(id, data.model, data.cache !== false, data.gpu, data.sha256, data.persist);
         lastLoad = { model: data.model, gpuOptions: data.gpu, sha256: data.sha256, persist: data.persist };
         break;
@@ -420,12 +509,16 @@ self.onmessage = async ({ data }) => {
         value = await generate(id, data.request);
         break;
       case 'reset':
+        // After the batched requests before it.
+        await batch.loop;
         engine?.reset();
         break;
       case 'unload':
+        // Batched requests end with `no_model` at their next step.
         engine?.unload();
         lastLoad = null;
         prefixes = null;
+        slots = 1;
         break;
       case 'estimate':
         value = await estimate(data.model, data.context_length, data.kv_cache);

@@ -9,7 +9,9 @@
 //! own, it samples with the draw numbers `Model::generate` uses, and its tokens go through the
 //! same `TokenOutput`. Only the CPU backend batches.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use web_time::Instant;
 
 use kestrel_gpu::params::SamplingParams;
 use kestrel_gpu::reference::sample;
@@ -23,6 +25,13 @@ use crate::{FinishReason, GenerateOptions, Generation, Model, ModelError, Timing
 /// A sequence added by `Model::add_sequence`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SequenceId(u64);
+
+impl SequenceId {
+    /// Its number: sequences of a model are numbered 0, 1, 2, ... as they are added.
+    pub fn number(self) -> u64 {
+        self.0
+    }
+}
 
 /// What a step did to a sequence, in order: tokens (and the flush of held-back text), then one
 /// `Done` when it ended.
@@ -93,6 +102,11 @@ impl Model {
     /// Sequences added and not yet ended.
     pub fn running_sequences(&self) -> usize {
         self.sequences.len()
+    }
+
+    /// The running sequences, oldest first.
+    pub fn sequence_ids(&self) -> Vec<SequenceId> {
+        self.sequences.iter().map(|s| s.id).collect()
     }
 
     /// Tokens whose keys and values the slots hold: each running sequence's so far, and each

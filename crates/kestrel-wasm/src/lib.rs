@@ -1,6 +1,7 @@
 //! wasm-bindgen exports of the Kestrel engine, driven by the browser package's worker
 //! (`www/worker.js`): create the device, stream a GGUF file in, generate with a per-token
-//! callback, abort, reset, unload; save and restore the KV prefix (`prefix`).
+//! callback, abort, reset, unload; save and restore the KV prefix (`prefix`); on the CPU backend
+//! with several slots, batched sequences the worker steps (`addSequence`, `stepSequences`).
 //!
 //! Every error that reaches JavaScript is an `Error` whose `code` property is stable
 //! ([`ModelError::code`] plus `no_webgpu`, `no_model`, `busy`, `invalid_option`, `gpu`) and whose
@@ -15,7 +16,9 @@ use kestrel_gguf::GgufStreamReader;
 use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::estimate::{DeviceLimits, Estimate};
-use kestrel_model::{LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, TokenEvent};
+use kestrel_model::{
+    BackendKind, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, SequenceEvent, SequenceId, TokenEvent,
+};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use wasm_bindgen::prelude::*;
@@ -60,6 +63,8 @@ struct State {
     model: RefCell<Option<Model>>,
     model_info: RefCell<Option<Value>>,
     load_options: RefCell<LoadOptions>,
+    /// KV slots a model on the CPU backend gets (`create`'s `slots`).
+    slots: Cell<usize>,
     busy: Cell<bool>,
     abort: Cell<bool>,
     /// `unload()` was called during a generation: drop the model when it ends.
@@ -72,10 +77,22 @@ impl State {
     }
 
     fn check_idle(&self, what: &str) -> Result<(), JsValue> {
-        if self.busy.get() {
+        let sequences = self.model.borrow().as_ref().map_or(0, Model::running_sequences);
+        if self.busy.get() || sequences > 0 {
             return Err(js_error("busy", &format!("cannot {what} while a generation is running")));
         }
         Ok(())
+    }
+
+    /// The loaded model, for a use that does not await (the batched sequences' calls).
+    fn with_model<T>(&self, f: impl FnOnce(&mut Model) -> Result<T, JsValue>) -> Result<T, JsValue> {
+        if self.busy.get() {
+            return Err(js_error("busy", "cannot run batched sequences while a generation is running"));
+        }
+        match self.model.borrow_mut().as_mut() {
+            Some(model) => f(model),
+            None => Err(js_error("no_model", "no model is loaded")),
+        }
     }
 
     fn drop_model(&self) {
@@ -85,7 +102,11 @@ impl State {
 
     async fn finish_load(&self) -> Result<JsValue, JsValue> {
         let loader = self.loader.borrow_mut().take().ok_or_else(|| js_error("bad_model", "bad model file: no bytes were loaded"))?;
-        let model = loader.finish().await.map_err(|e| model_error(&e))?;
+        let mut model = loader.finish().await.map_err(|e| model_error(&e))?;
+        // Only the CPU backend batches; the GPU runs one request at a time.
+        if model.backend() == BackendKind::Cpu {
+            model.set_slots(self.slots.get()).map_err(|e| model_error(&e))?;
+        }
         let c = model.config();
         let info = json!({
             "name": c.name,
@@ -103,6 +124,7 @@ impl State {
             "weight_bytes": model.weight_bytes(),
             "weight_bytes_per_token": model.weight_bytes_per_token(),
             "chat_template": model.tokenizer().chat_template().is_some(),
+            "slots": model.slots(),
         });
         *self.model_info.borrow_mut() = Some(info);
         *self.model.borrow_mut() = Some(model);
@@ -252,8 +274,9 @@ impl Engine {
     /// WARP), which the CPU path outruns. `backend_reason` (a string) is what `info()` reports
     /// as the reason for 'cpu'. Other `options` (all optional): `{allow_f16, allow_subgroups,
     /// allow_timestamps}` (booleans, default true) to force optional features off,
-    /// `context_length` (KV cache tokens; default: the model's training context, at most 4096)
-    /// and `kv_cache` ('f16', the default, or 'f32').
+    /// `context_length` (KV cache tokens; default: the model's training context, at most 4096),
+    /// `kv_cache` ('f16', the default, or 'f32') and `slots` (1 to 16, default 1: requests the CPU
+    /// backend generates at once as one batch, each with its own KV cache; the GPU backend has 1).
     pub async fn create(options: JsValue) -> Result<Engine, JsValue> {
         install_panic_hook();
         let string_option = |name: &str| -> Option<String> {
@@ -299,6 +322,21 @@ impl Engine {
                 }
             }
         }
+        let mut slots = 1;
+        if options.is_object() {
+            let value = js_sys::Reflect::get(&options, &JsValue::from_str("slots")).unwrap_or(JsValue::UNDEFINED);
+            if !value.is_undefined() && !value.is_null() {
+                match value.as_f64() {
+                    Some(n) if (1.0..=MAX_SLOTS as f64).contains(&n) && n.fract() == 0.0 => slots = n as usize,
+                    _ => {
+                        return Err(js_error(
+                            "invalid_option",
+                            &format!("invalid option slots: {value:?} must be an integer from 1 to {MAX_SLOTS}"),
+                        ))
+                    }
+                }
+            }
+        }
         if options.is_object() {
             let kv = js_sys::Reflect::get(&options, &JsValue::from_str("kv_cache")).unwrap_or(JsValue::UNDEFINED);
             if !kv.is_undefined() && !kv.is_null() {
@@ -329,6 +367,7 @@ impl Engine {
         *state.gpu.borrow_mut() = gpu;
         *state.cpu_reason.borrow_mut() = cpu_reason;
         *state.load_options.borrow_mut() = load_options;
+        state.slots.set(slots);
         Ok(Engine { state: Rc::new(state) })
     }
 
@@ -426,6 +465,57 @@ impl Engine {
         Ok(())
     }
 
+    /// Adds a batched sequence for a JSON request (as `generate` takes it) in a free slot: its
+    /// id. Fails as `generate` fails for the request, with `busy` while `generate` runs, and
+    /// with `invalid_option` when every slot is taken (`freeSlots`).
+    #[wasm_bindgen(js_name = addSequence)]
+    pub fn add_sequence(&self, request: String) -> Result<f64, JsValue> {
+        let request = Request::parse(&request).map_err(|e| model_error(&e))?;
+        self.state.with_model(|model| {
+            let tokens = State::prompt_tokens(model, &request)?;
+            let id = model.add_sequence(&tokens, &request.options).map_err(|e| model_error(&e))?;
+            Ok(sequence_number(id))
+        })
+    }
+
+    /// Slots no batched sequence holds (0 without a model).
+    #[wasm_bindgen(js_name = freeSlots)]
+    pub fn free_slots(&self) -> u32 {
+        self.state.model.borrow().as_ref().map_or(0, |m| m.free_slots() as u32)
+    }
+
+    /// Runs one step of every batched sequence (prompts `prefill_tokens` tokens a step in all).
+    /// Returns its events in order: `{id, text, token_id}` for a token (`token_id` undefined for
+    /// a final flush), `{id, result}` when a sequence ends (`generate`'s result), `{id, error}`
+    /// when it fails.
+    #[wasm_bindgen(js_name = stepSequences)]
+    pub fn step_sequences(&self, prefill_tokens: u32) -> Result<JsValue, JsValue> {
+        let step = self.state.with_model(|model| Ok(model.step_sequences(prefill_tokens as usize)))?;
+        let events = js_sys::Array::new();
+        for (id, event) in step.events {
+            let event = match event {
+                SequenceEvent::Token(t) => json!({ "id": sequence_number(id), "text": t.text, "token_id": t.id }),
+                SequenceEvent::Done(Ok(g)) => json!({ "id": sequence_number(id), "result": g }),
+                SequenceEvent::Done(Err(e)) => {
+                    json!({ "id": sequence_number(id), "error": { "code": e.code(), "message": e.to_string() } })
+                }
+            };
+            events.push(&to_js(&event));
+        }
+        Ok(events.into())
+    }
+
+    /// Ends batched sequence `id` now (finish_reason "abort"): its result, or undefined if no
+    /// such sequence runs.
+    #[wasm_bindgen(js_name = abortSequence)]
+    pub fn abort_sequence(&self, id: f64) -> JsValue {
+        let ended = self.state.model.borrow_mut().as_mut().and_then(|m| {
+            let found = m.sequence_ids().into_iter().find(|&s| sequence_number(s) == id)?;
+            m.abort_sequence(found)
+        });
+        ended.and_then(|g| serde_json::to_value(&g).ok()).map_or(JsValue::UNDEFINED, |v| to_js(&v))
+    }
+
     pub fn unload(&self) {
         let s = &self.state;
         s.loader.borrow_mut().take();
@@ -435,6 +525,14 @@ impl Engine {
         }
         s.drop_model();
     }
+}
+
+/// The most KV slots an engine takes: each holds a whole context of keys and values.
+const MAX_SLOTS: usize = 16;
+
+/// A sequence's id as JavaScript holds it (exact below 2^53).
+fn sequence_number(id: SequenceId) -> f64 {
+    id.number() as f64
 }
 
 /// SHA-256 of a file fed in chunks as it streams (WebCrypto's digest takes the whole file at
