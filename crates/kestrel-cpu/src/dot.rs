@@ -208,10 +208,12 @@ pub(crate) fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
     (kernels().f32)(a, b)
 }
 
-/// `Σ_g offset[g] · Σ_{e in g} x[e]` (a few dozen terms a row: a plain loop).
-fn offsets_dot(w: IntRow<'_>, x: ActRow<'_>) -> f32 {
-    let sums = if w.group == ACT_BLOCK { x.sums32 } else { x.sums16 };
-    w.offset.map_or(0.0, |o| o.iter().zip(sums).map(|(o, s)| o * s).sum())
+/// `Σ_g offset[g] · Σ_{e in g} x[e]` over groups of `group` weights, one group after another as
+/// llama.cpp adds them (a few dozen terms a row: a plain loop).
+#[inline]
+fn offsets_dot(offset: &[f32], group: usize, x: ActRow<'_>) -> f32 {
+    let sums = if group == ACT_BLOCK { x.sums32 } else { x.sums16 };
+    offset.iter().zip(sums).map(|(o, s)| o * s).sum()
 }
 
 /// Level `e` (0..32) of block `b`.
@@ -235,7 +237,7 @@ fn int_dot_portable(w: IntRow<'_>, x: ActRow<'_>) -> f32 {
             d * (w.scale[2 * b] * part(0..16) + w.scale[2 * b + 1] * part(16..32))
         };
     }
-    sum + offsets_dot(w, x)
+    sum + w.offset.map_or(0.0, |o| offsets_dot(o, w.group, x))
 }
 
 /// Lanes of partial sums: independent chains the compiler can keep in SIMD registers.
@@ -261,7 +263,7 @@ pub fn f32_dot_portable(a: &[f32], b: &[f32]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{IntRow, IntRows, Levels, Scales, F32_LANES};
+    use super::{ActRow, IntRows, Levels, Scales, F32_LANES};
     use crate::activations::QuantizedRows;
     use crate::ACT_BLOCK;
 
@@ -300,9 +302,8 @@ mod avx2 {
         ($features:literal, $vnni:literal) => {
             use std::arch::x86_64::*;
 
-            use super::super::offsets_dot;
-            use super::super::{ActRow, IntRow, IntRows, Levels};
-            use super::{horizontal_sum, row_f32, weight_block, weight_scales, ROWS, TOKENS};
+            use super::super::{ActRow, IntRows, Levels};
+            use super::{horizontal_sum, weight_block, weight_scales, RowView, ROWS, TOKENS};
             use crate::activations::QuantizedRows;
             use crate::ACT_BLOCK;
 
@@ -312,13 +313,13 @@ mod avx2 {
             /// product than one token at a time.
             #[target_feature(enable = $features)]
             pub(super) unsafe fn products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-                let mut bufs: [[Vec<f32>; 2]; ROWS] = Default::default();
+                let mut bufs: [Vec<f32>; ROWS] = Default::default();
                 let mut r = 0;
                 while r < rows {
                     let tile_rows = (rows - r).min(ROWS);
-                    let [bufs0, bufs1] = &mut bufs;
-                    let row0 = row_f32(&w, r, bufs0);
-                    let row1 = if tile_rows == 2 { Some(row_f32(&w, r + 1, bufs1)) } else { None };
+                    let [buf0, buf1] = &mut bufs;
+                    let row0 = RowView::of(&w, r, n, buf0);
+                    let row1 = if tile_rows == 2 { Some(RowView::of(&w, r + 1, n, buf1)) } else { None };
                     let mut t = 0;
                     while t < n {
                         let tile_tokens = (n - t).min(TOKENS);
@@ -363,7 +364,7 @@ mod avx2 {
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn tile<const NIBBLES: bool, const R: usize, const T: usize>(
-                rows: [IntRow<'_>; R],
+                rows: [RowView<'_>; R],
                 acts: &[ActRow<'_>; TOKENS],
                 cols: usize,
             ) -> [[f32; T]; R] {
@@ -388,8 +389,8 @@ mod avx2 {
                 let mut sums = [[0f32; T]; R];
                 for i in 0..R {
                     for j in 0..T {
-                        // As llama.cpp sums them: one block after another, after the scaled products.
-                        sums[i][j] = horizontal_sum(acc[i][j]) + offsets_dot(rows[i], acts[j]);
+                        // As llama.cpp sums them: one group after another, after the scaled products.
+                        sums[i][j] = horizontal_sum(acc[i][j]) + rows[i].offsets(acts[j]);
                     }
                 }
                 sums
@@ -442,52 +443,83 @@ mod avx2 {
         }
     }
 
+    /// A weight row's levels, and its scales and offsets: f16 ones are converted by F16C as the
+    /// products read them, except offsets read for several tokens, converted once into a buffer.
+    #[derive(Clone, Copy)]
+    struct RowView<'a> {
+        levels: Levels<'a>,
+        group: usize,
+        scale: Scales<'a>,
+        offset: Option<Scales<'a>>,
+    }
+
+    impl<'a> RowView<'a> {
+        /// Row r of `w`; its offsets converted into `buf` where they are f16 and `tokens` > 1.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn of(w: &IntRows<'a>, r: usize, tokens: usize, buf: &'a mut Vec<f32>) -> Self {
+            let (levels, scale, offset) = w.row_parts(r);
+            let offset = match offset {
+                Some(o @ Scales::F16(_)) if tokens > 1 => Some(Scales::F32(to_f32(o, buf))),
+                other => other,
+            };
+            Self { levels, group: w.group, scale, offset }
+        }
+
+        /// `offsets_dot` of the row's offsets and x's group sums.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn offsets(&self, x: ActRow<'_>) -> f32 {
+            match self.offset {
+                None => 0.0,
+                Some(Scales::F32(o)) => super::offsets_dot(o, self.group, x),
+                Some(Scales::F16(o)) => {
+                    // The same sum, each offset converted as it is read.
+                    let sums = if self.group == ACT_BLOCK { x.sums32 } else { x.sums16 };
+                    o.iter().zip(sums).map(|(&o, s)| _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(o)))) * s).sum()
+                }
+            }
+        }
+    }
+
+    /// Value i of `s` in every lane.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn broadcast(s: Scales<'_>, i: usize) -> __m256 {
+        match s {
+            Scales::F32(v) => _mm256_set1_ps(*v.get_unchecked(i)),
+            Scales::F16(h) => _mm256_cvtph_ps(_mm_set1_epi16(*h.get_unchecked(i) as i16)),
+        }
+    }
+
     /// Block b's weight scales in the 8 lanes of its pair sums: one scale, or (groups of 16)
     /// lanes 0-3 for the first 16 weights and 4-7 for the second.
     #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn weight_scales(row: &IntRow<'_>, b: usize) -> __m256 {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weight_scales(row: &RowView<'_>, b: usize) -> __m256 {
         if row.group == ACT_BLOCK {
-            _mm256_set1_ps(*row.scale.get_unchecked(b))
+            broadcast(row.scale, b)
         } else {
-            _mm256_set_m128(_mm_set1_ps(*row.scale.get_unchecked(2 * b + 1)), _mm_set1_ps(*row.scale.get_unchecked(2 * b)))
+            _mm256_set_m128(_mm256_castps256_ps128(broadcast(row.scale, 2 * b + 1)), _mm256_castps256_ps128(broadcast(row.scale, 2 * b)))
         }
     }
 
-    /// Row r with its scales and offsets as f32 (converted into `bufs` where they are f16).
+    /// Values as f32: borrowed, or converted 8 at a time by F16C into `buf` (no zeroing first).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn row_f32<'b>(w: &IntRows<'b>, r: usize, bufs: &'b mut [Vec<f32>; 2]) -> IntRow<'b> {
-        let (levels, scale, offset) = w.row_parts(r);
-        let [scale_buf, offset_buf] = bufs;
-        IntRow {
-            levels,
-            group: w.group,
-            scale: scales_f32(scale, scale_buf),
-            offset: match offset {
-                Some(o) => Some(scales_f32(o, offset_buf)),
-                None => None,
-            },
-        }
-    }
-
-    /// Scales as f32: borrowed, or converted 8 at a time by F16C into `buf`.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scales_f32<'b>(s: Scales<'b>, buf: &'b mut Vec<f32>) -> &'b [f32] {
+    unsafe fn to_f32<'b>(s: Scales<'b>, buf: &'b mut Vec<f32>) -> &'b [f32] {
         let h = match s {
-            Scales::F32(s) => return s,
+            Scales::F32(v) => return v,
             Scales::F16(h) => h,
         };
         buf.clear();
-        buf.resize(h.len(), 0.0);
-        let body = h.len() / 8 * 8;
-        for i in (0..body).step_by(8) {
-            _mm256_storeu_ps(buf.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(i).cast())));
+        let mut chunks = h.chunks_exact(8);
+        for chunk in &mut chunks {
+            let mut eight = [0f32; 8];
+            _mm256_storeu_ps(eight.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(chunk.as_ptr().cast())));
+            buf.extend_from_slice(&eight);
         }
-        for (out, &bits) in buf[body..].iter_mut().zip(&h[body..]) {
-            *out = super::f16_to_f32(bits);
-        }
+        buf.extend(chunks.remainder().iter().map(|&bits| super::f16_to_f32(bits)));
         buf
     }
 
@@ -571,7 +603,7 @@ mod simd128 {
                 f32x4_add(acc, scaled)
             };
         }
-        horizontal_sum(acc) + offsets_dot(w, x)
+        horizontal_sum(acc) + w.offset.map_or(0.0, |o| offsets_dot(o, w.group, x))
     }
 
     pub(super) fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
