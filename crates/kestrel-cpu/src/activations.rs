@@ -1,9 +1,8 @@
 //! Activations quantized to 8 bits, as llama.cpp quantizes them before an integer dot product:
-//! Q8_0's blocks of 32 (scale `amax / 127`, stored as f16) for the 32-weight formats (Q8_1, the
-//! same with the scaled level sum stored as f16 too, for those with a min), Q8_K's blocks of 256
-//! (scale `max / -127` with the sign of the largest value, f32, levels rounded to nearest even)
-//! for the K-quants. Either way each 32 values carry their scale and each 16 the scaled sum of
-//! their levels, which an offset (`min`) of the weights multiplies.
+//! Q8_0's blocks of 32 (scale `amax / 127`, stored as f16) for the 32-weight formats, Q8_K's
+//! blocks of 256 (scale `max / -127` with the sign of the largest value, f32, levels rounded to
+//! nearest even) for the K-quants. Either way each 32 values carry their scale and each 16 the
+//! scaled sum of their levels, which an offset (`min`) of the weights multiplies.
 
 use kestrel_gguf::quant::INT_GROUP;
 
@@ -13,9 +12,6 @@ use crate::ACT_BLOCK;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ActFormat {
     Q8_0,
-    /// Q8_0 whose block sums are `f16(amax / 127 · Σ q)`, as llama.cpp's Q8_1 stores them for
-    /// Q4_1 and Q5_1 (the scale unrounded, the product rounded).
-    Q8_1,
     Q8K,
 }
 
@@ -38,41 +34,32 @@ impl QuantizedRows {
     pub(crate) fn new(x: &[f32], format: ActFormat) -> Self {
         let mut out = Self { q: vec![0; x.len()], d: Vec::with_capacity(x.len() / ACT_BLOCK), sums16: Vec::new(), sums32: Vec::new() };
         let block = match format {
-            ActFormat::Q8_0 | ActFormat::Q8_1 => ACT_BLOCK,
+            ActFormat::Q8_0 => ACT_BLOCK,
             ActFormat::Q8K => Q8K_BLOCK,
         };
-        let level_sum = |q: &[i8]| q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
         for (xs, qs) in x.chunks(block).zip(out.q.chunks_mut(block)) {
             let d = match format {
-                ActFormat::Q8_0 => quantize_q8_0(xs, qs).0,
-                ActFormat::Q8_1 => {
-                    let (d, unrounded) = quantize_q8_0(xs, qs);
-                    out.sums32.push(half::f16::from_f32(unrounded * level_sum(qs)).to_f32());
-                    d
-                }
+                ActFormat::Q8_0 => quantize_q8_0(xs, qs),
                 ActFormat::Q8K => quantize_q8_k(xs, qs),
             };
             out.d.extend(std::iter::repeat_n(d, xs.len() / ACT_BLOCK));
         }
+        let level_sum = |q: &[i8]| q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
         out.sums16 = out.q.chunks(INT_GROUP).zip(out.d.iter().flat_map(|&d| [d, d])).map(|(q, d)| d * level_sum(q)).collect();
-        if format != ActFormat::Q8_1 {
-            out.sums32 = out.q.chunks(ACT_BLOCK).zip(&out.d).map(|(q, d)| d * level_sum(q)).collect();
-        }
+        out.sums32 = out.q.chunks(ACT_BLOCK).zip(&out.d).map(|(q, d)| d * level_sum(q)).collect();
         out
     }
 }
 
 /// ggml-cpu's x86 `quantize_row_q8_0` (the one its AVX2 build runs): levels `x · 127 / amax`
-/// rounded to nearest even, the scale `amax / 127` kept as f16. Returns the kept scale and the
-/// unrounded one.
-fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> (f32, f32) {
+/// rounded to nearest even, the scale `amax / 127` kept as f16.
+fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     for (q, &v) in q.iter_mut().zip(x) {
         *q = nearest_even(v * id) as i8;
     }
-    let d = amax / 127.0;
-    (half::f16::from_f32(d).to_f32(), d)
+    half::f16::from_f32(amax / 127.0).to_f32()
 }
 
 /// ggml's `quantize_row_q8_K_ref`.

@@ -651,7 +651,7 @@ mod tests {
             let to_f16 = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
             let (scale16, offset16) = (to_f16(&scale), to_f16(&offset));
             let stores = [(Scales::F32(&scale), Scales::F32(&offset)), (Scales::F16(&scale16), Scales::F16(&offset16))];
-            for (format, n) in [ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8K].into_iter().flat_map(|f| [1, 3, 9].map(|n| (f, n))) {
+            for (format, n) in [ActFormat::Q8_0, ActFormat::Q8K].into_iter().flat_map(|f| [1, 3, 9].map(|n| (f, n))) {
                 let xq = QuantizedRows::new(&x[..n * cols], format);
                 for (offset, (scale, stored_offset)) in [None, Some(())].into_iter().flat_map(|o| stores.map(|s| (o, s))) {
                     let offset = offset.map(|()| stored_offset);

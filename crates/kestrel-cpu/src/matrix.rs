@@ -119,11 +119,7 @@ impl IntWeights {
         } else {
             LevelStore::Bytes(g.q)
         };
-        let act = match ty {
-            GgmlType::Q4_1 | GgmlType::Q5_1 => ActFormat::Q8_1,
-            _ if ty.block_size() as usize == ACT_BLOCK => ActFormat::Q8_0,
-            _ => ActFormat::Q8K,
-        };
+        let act = if ty.block_size() as usize == ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
         Self { levels, group, scale, offset, bias, act }
     }
 

@@ -25,8 +25,10 @@
 //! its portable ones, same file), the worst top-5 log-probability of the Q4_1 file moves from
 //! 0.19 to 0.39 away from llama.cpp's (pub_raw_json), and a step where llama.cpp's top two are
 //! 0.17 apart flips; on the Q4_K_M file, whose reference comes from the other llama.cpp commit,
-//! it reaches 0.42, and a step 0.32 apart flips there. Its bounds: 0.45 for the
-//! log-probabilities, and 0.2 for the near-ties (above the 0.17 seen to flip; 0.35 on the
+//! it reaches 0.42, and a step 0.32 apart flips there. The AVX2 kernels' tiles (one accumulator
+//! over a row's blocks, offsets added one group after another) flip pub_chat_german's first step,
+//! 0.21 apart, which the earlier two-accumulator order did not. Its bounds: 0.45 for the
+//! log-probabilities, and 0.25 for the near-ties (above the 0.21 seen to flip; 0.35 on the
 //! Q4_K_M file). The random-weight F32 files keep theirs:
 //! F32 matrices multiply f32 activations on both backends.
 
@@ -43,7 +45,7 @@ const NEAR_TIE: f64 = 0.1;
 /// The CPU backend's bounds on quantized files: its top-5 log-probabilities against llama.cpp's,
 /// and the llama.cpp margin under which a step may flip (see the module comment).
 const CPU_LOGPROBS: f64 = 0.45;
-const CPU_NEAR_TIE: f64 = 0.2;
+const CPU_NEAR_TIE: f64 = 0.25;
 
 /// The longest prompt the RoPE variants are run on (see `rope_variants_match_llama_cpp_up_to_near_ties`).
 const ROPE_VARIANT_PROMPT_TOKENS: usize = 64;
