@@ -1,12 +1,16 @@
-// Causal grouped-query attention over the KV cache (K and V each [n_kv_heads][max_ctx][HD], f32,
-// or f16 with KV_F16: two values per u32 word, the first in the low half), online softmax in f32. Query head h reads kv head h / (n_heads / n_kv_heads). Query t of the
-// step sits at position step.pos + t and sees cache positions 0..=step.pos + t.
+// Causal grouped-query attention over the KV cache (K and V each [slots][n_kv_heads][max_ctx][HD],
+// f32, or f16 with KV_F16: two values per u32 word, the first in the low half), online softmax in
+// f32. Query head h reads kv head h / (n_heads / n_kv_heads). Query t of the step belongs to the
+// sequence in slot rows[t].x, sits at its position rows[t].y and sees that slot's cache positions
+// 0..=rows[t].y.
 //
 // Three kernels, one per define (their bindings differ):
-// - DECODE_PARTIAL (flash-decoding, the one query of a decode step): one workgroup per
-//   (chunk of CHUNK positions, head) writes its chunk's (max, sum, acc[HD]) to `partials`;
-// - DECODE_COMBINE: one workgroup per head merges the chunks' partials into the output;
-// - PREFILL: one workgroup per (tile of BQ queries, head) walks the keys in blocks of BK.
+// - DECODE_PARTIAL (flash-decoding, the one query of each sequence of a decode step): one
+//   workgroup per (chunk of CHUNK positions, head, query) writes its chunk's (max, sum, acc[HD])
+//   to `partials`;
+// - DECODE_COMBINE: one workgroup per (head, query) merges the chunks' partials into the output;
+// - PREFILL: one workgroup per (tile of BQ queries, head) walks the keys in blocks of BK. The
+//   queries of a prefill step are one sequence's consecutive positions.
 // Scores are q.k * scale, soft-capped to cap * tanh(s / cap) when `softcap` > 0 (Gemma 2); with a
 // sliding window (`window` > 0) the query at position p sees keys p - window + 1..=p.
 #include "subgroups"
@@ -34,6 +38,11 @@ fn kv_head(h: u32) -> u32 {
     return h / (params.n_heads / params.n_kv_heads);
 }
 
+// The first value of the cache row of position p of kv head kvh in `slot`.
+fn cache_row(slot: u32, kvh: u32, p: u32) -> u32 {
+    return ((slot * params.n_kv_heads + kvh) * params.max_ctx + p) * HD;
+}
+
 fn score_of(qk: f32) -> f32 {
     let s = qk * params.scale;
     if (params.softcap > 0.0) {
@@ -47,23 +56,22 @@ fn in_window(query_pos: u32, key_pos: u32) -> bool {
     return params.window == 0u || query_pos - key_pos < params.window;
 }
 
-// The first chunk of CHUNK positions holding a key the decode query (at step.pos) sees: chunks
-// wholly before a sliding window are neither dispatched nor combined (the Rust side's
-// `DecodeAttention::workgroups` counts the same chunks).
-fn first_decode_chunk() -> u32 {
-    if (params.window == 0u || step.pos + 1u <= params.window) {
+// The first chunk of CHUNK positions holding a key a decode query at `pos` sees: chunks wholly
+// before a sliding window are neither computed nor combined (the Rust side's
+// `DecodeAttention::workgroups` dispatches enough chunks for any query of the step).
+fn first_decode_chunk(pos: u32) -> u32 {
+    if (params.window == 0u || pos + 1u <= params.window) {
         return 0u;
     }
-    return (step.pos + 1u - params.window) / CHUNK;
+    return (pos + 1u - params.window) / CHUNK;
 }
 
 #if DECODE_PARTIAL
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> params: Params;
-@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 #if KV_F16
-@group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
-@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(2) var<storage, read> k_cache: array<vec2<u32>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<u32>;
 
 // Values 4i..4i + 3 of the K cache.
 fn k4(i: u32) -> vec4<f32> {
@@ -75,8 +83,8 @@ fn v1(i: u32) -> f32 {
     return unpack2x16float(v_cache[i >> 1u])[i & 1u];
 }
 #else
-@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<f32>;
 
 fn k4(i: u32) -> vec4<f32> {
     return k_cache[i];
@@ -86,8 +94,11 @@ fn v1(i: u32) -> f32 {
     return v_cache[i];
 }
 #endif
-// [n_heads][max_chunks][2 + HD]: max score, sum of exp(score - max), then the weighted V sum.
-@group(0) @binding(5) var<storage, read_write> partials: array<f32>;
+// [queries][n_heads][max_chunks][2 + HD]: max score, sum of exp(score - max), then the weighted
+// V sum.
+@group(0) @binding(4) var<storage, read_write> partials: array<f32>;
+// (slot, position) of each query.
+@group(0) @binding(5) var<storage, read> rows: array<vec2<u32>>;
 
 var<workgroup> q_head: array<vec4<f32>, HD4>;
 var<workgroup> weights: array<f32, CHUNK>;
@@ -113,22 +124,30 @@ fn decode_partial(
     sg_lane = lane;
     sg_size = size;
 #endif
-    let chunk = first_decode_chunk() + wg.x;
+    let query = wg.z;
+    let slot = rows[query].x;
+    let pos = rows[query].y;
+    let chunk = first_decode_chunk(pos) + wg.x;
     let h = wg.y;
     let kvh = kv_head(h);
-    let n_keys = min(step.pos + 1u, params.max_ctx);
+    let n_keys = min(pos + 1u, params.max_ctx);
     let start = chunk * CHUNK;
+    // The grid covers the query of the step with the most chunks; the others' extra chunks have
+    // nothing to do (the whole workgroup leaves, before any barrier).
+    if (start >= n_keys) {
+        return;
+    }
     if (lid < HD4) {
-        q_head[lid] = q[h * HD4 + lid];
+        q_head[lid] = q[(query * params.n_heads + h) * HD4 + lid];
     }
     workgroupBarrier();
 
     // Scores: one position per thread, its K row read as vec4s.
     let p = start + lid;
-    let valid = p < n_keys && in_window(step.pos, p);
+    let valid = p < n_keys && in_window(pos, p);
     var score = NEG_BIG;
     if (valid) {
-        let row = (kvh * params.max_ctx + p) * HD4;
+        let row = cache_row(slot, kvh, p) / 4u;
         var qk = 0.0;
         for (var d = 0u; d < HD4; d++) {
             qk += dot(q_head[d], k4(row + d));
@@ -151,7 +170,7 @@ fn decode_partial(
     var acc = 0.0;
     if (group < V_GROUPS) {
         for (var j = group; j < n_here; j += V_GROUPS) {
-            acc += weights[j] * v1((kvh * params.max_ctx + start + j) * HD + d);
+            acc += weights[j] * v1(cache_row(slot, kvh, start + j) + d);
         }
     }
     v_parts[lid] = acc;
@@ -161,7 +180,7 @@ fn decode_partial(
         for (var g = 0u; g < V_GROUPS; g++) {
             total += v_parts[g * HD + lid];
         }
-        let base = (h * params.max_chunks + chunk) * (2u + HD);
+        let base = ((query * params.n_heads + h) * params.max_chunks + chunk) * (2u + HD);
         partials[base + 2u + lid] = total;
         if (lid == 0u) {
             partials[base] = m;
@@ -172,18 +191,21 @@ fn decode_partial(
 #endif
 
 #if DECODE_COMBINE
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> params: Params;
-@group(0) @binding(2) var<storage, read> partials: array<f32>;
-@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> partials: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read> rows: array<vec2<u32>>;
 
-// Thread d of head h rescales every chunk to the global max and sums; any chunk count works.
+// Thread d of (head h, query) rescales every chunk of the query to the global max and sums; any
+// chunk count works.
 @compute @workgroup_size(HD)
 fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) d: u32) {
     let h = wg.x;
-    let n_chunks = (min(step.pos + 1u, params.max_ctx) + CHUNK - 1u) / CHUNK;
-    let first = h * params.max_chunks;
-    let first_chunk = first_decode_chunk();
+    let query = wg.y;
+    let pos = rows[query].y;
+    let n_chunks = (min(pos + 1u, params.max_ctx) + CHUNK - 1u) / CHUNK;
+    let first = (query * params.n_heads + h) * params.max_chunks;
+    let first_chunk = first_decode_chunk(pos);
     var m = NEG_BIG;
     for (var c = first_chunk; c < n_chunks; c++) {
         m = max(m, partials[(first + c) * (2u + HD)]);
@@ -196,7 +218,7 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         l += partials[base + 1u] * rescale;
         acc += partials[base + 2u + d] * rescale;
     }
-    out[h * HD + d] = acc / l;
+    out[(query * params.n_heads + h) * HD + d] = acc / l;
 }
 #endif
 
@@ -230,6 +252,7 @@ fn cache_value(cache_is_v: bool, i: u32) -> f32 {
 }
 #endif
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read> rows: array<vec2<u32>>;
 
 const WG: u32 = 256u;
 // Queries and keys per block (the Rust side's `prefill_tile`: smaller for large heads so that
@@ -246,13 +269,13 @@ var<workgroup> q_tile: array<f32, BQ * HD>;
 var<workgroup> kv_tile: array<f32, BK * ROW>;
 var<workgroup> scores: array<f32, BQ * BK>;
 
-// Loads cache rows first..first + BK of kv head kvh (zeros past `end`) into kv_tile.
-fn load_block(cache_is_v: bool, kvh: u32, first: u32, end: u32, lid: u32) {
+// Loads cache rows first..first + BK of kv head kvh of `slot` (zeros past `end`) into kv_tile.
+fn load_block(cache_is_v: bool, slot: u32, kvh: u32, first: u32, end: u32, lid: u32) {
     for (var i = lid; i < BK * HD; i += WG) {
         let j = i / HD;
         var v = 0.0;
         if (first + j < end) {
-            v = cache_value(cache_is_v, (kvh * params.max_ctx + first) * HD + i);
+            v = cache_value(cache_is_v, cache_row(slot, kvh, first) + i);
         }
         kv_tile[j * ROW + i % HD] = v;
     }
@@ -266,35 +289,38 @@ fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         return;
     }
     let kvh = kv_head(h);
-    let rows = min(BQ, step.n_tokens - t0);
+    // The step's first query: its slot, and the position the step's consecutive positions start at.
+    let slot = rows[0].x;
+    let pos0 = rows[0].y;
+    let n_rows = min(BQ, step.n_tokens - t0);
     for (var i = lid; i < BQ * HD; i += WG) {
         var v = 0.0;
-        if (i / HD < rows) {
+        if (i / HD < n_rows) {
             v = q[((t0 + i / HD) * params.n_heads + h) * HD + i % HD];
         }
         q_tile[i] = v;
     }
     // Keys 0..kv_end cover the tile's last query; each row masks the keys after its own position.
-    let kv_end = min(step.pos + t0 + rows, params.max_ctx);
+    let kv_end = min(pos0 + t0 + n_rows, params.max_ctx);
     let r = lid / COLS;
     let col = lid % COLS;
-    let row_pos = step.pos + t0 + r;
+    let row_pos = pos0 + t0 + r;
     var m = NEG_BIG;
     var l = 0.0;
     var acc: array<f32, PER_THREAD>;
     // With a window, blocks before the first key of the tile's first query are skipped.
     var first_key = 0u;
-    if (params.window != 0u && step.pos + t0 + 1u > params.window) {
-        first_key = (step.pos + t0 + 1u - params.window) / BK * BK;
+    if (params.window != 0u && pos0 + t0 + 1u > params.window) {
+        first_key = (pos0 + t0 + 1u - params.window) / BK * BK;
     }
     for (var kb = first_key; kb < kv_end; kb += BK) {
-        load_block(false, kvh, kb, kv_end, lid);
+        load_block(false, slot, kvh, kb, kv_end, lid);
         workgroupBarrier();
         if (lid < BQ * BK) {
             let sr = lid / BK;
             let sj = lid % BK;
             var s = NEG_BIG;
-            let query_pos = step.pos + t0 + sr;
+            let query_pos = pos0 + t0 + sr;
             if (kb + sj <= query_pos && kb + sj < kv_end && in_window(query_pos, kb + sj)) {
                 var qk = 0.0;
                 for (var d = 0u; d < HD; d++) {
@@ -305,7 +331,7 @@ fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
             scores[lid] = s;
         }
         workgroupBarrier();
-        load_block(true, kvh, kb, kv_end, lid);
+        load_block(true, slot, kvh, kb, kv_end, lid);
         workgroupBarrier();
 
         var block_max = NEG_BIG;
@@ -331,7 +357,7 @@ fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
         // The next block overwrites kv_tile and scores.
         workgroupBarrier();
     }
-    if (r < rows) {
+    if (r < n_rows) {
         let dst = ((t0 + r) * params.n_heads + h) * HD;
         for (var i = 0u; i < PER_THREAD; i++) {
             out[dst + col + COLS * i] = acc[i] / l;

@@ -1,5 +1,8 @@
-// Matrix-vector product for decode (one token): y[n] = sum_k W[n][k] * x[k], with W in the GPU
-// weight layout of quant.wgsl.
+// Matrix-vector product for decode: y[b][n] = sum_k W[n][k] * x[b][k] for the COLUMNS tokens of a
+// step (1 for one sequence's decode, B for a batch of sequences each decoding one token), with W
+// in the GPU weight layout of quant.wgsl. Each weight is loaded and decoded once for all COLUMNS
+// tokens, and every token's sum is accumulated in the order of the one-token kernel, so a token
+// gets the same result whatever batch it runs in.
 //
 // A workgroup computes LANES * R rows: each lane R rows, LANES apart, and SLICES threads share a
 // row, each taking every SLICES-th 32-weight block of it. In the tiled weight layout the lanes of
@@ -19,7 +22,9 @@
 #include "activation"
 
 @group(0) @binding(0) var<uniform> params: WeightParams;
-// Read as vec4s: one load per 4 activations (every buffer is a whole number of vec4s).
+// Read as vec4s: one load per 4 activations (every buffer is a whole number of vec4s). Token b's
+// row starts at value b * cols (cols a multiple of 4 when COLUMNS > 1); its outputs go to
+// y[b * out_stride + out_offset + n].
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> w: array<u32>;
@@ -35,15 +40,17 @@
 const LANES: u32 = 64u;
 const R: u32 = {{ROWS_PER_THREAD}}u;
 const SLICES: u32 = {{SLICES}}u;
+const COLUMNS: u32 = {{COLUMNS}}u;
 
 #if SLICED
-// Per-thread partial dot products of its R rows: .x for `w`, .y for `w_up` (SWIGLU only).
+// Per-thread partial dot products of its R rows for one token: .x for `w`, .y for `w_up` (SWIGLU
+// only). The tokens take turns (16 KiB of workgroup memory would not hold them all).
 var<workgroup> partials: array<array<vec2<f32>, R>, LANES * SLICES>;
 #endif
 
-// x[first .. first + 4], `first` a multiple of 4 (unit_cols are).
-fn x4(first: u32) -> vec4<f32> {
-    return x[first / 4u];
+// Token b's x[first .. first + 4], `first` a multiple of 4 (unit_cols are).
+fn x4(b: u32, first: u32) -> vec4<f32> {
+    return x[b * (params.cols / 4u) + first / 4u];
 }
 
 // (d, m) of the halves of the block starting at unit `first`: units 0-1 in .xy, 2-3 in .zw.
@@ -78,52 +85,68 @@ fn main(
         rows[i] = min(first_row + i * LANES, params.rows - 1u);
     }
     var sums = row_partials(rows, slice);
+    for (var b = 0u; b < COLUMNS; b++) {
 #if SLICED
-    partials[lid] = sums;
-    workgroupBarrier();
-    if (slice != 0u) {
-        return;
-    }
-    for (var s = 1u; s < SLICES; s++) {
-        for (var i = 0u; i < R; i++) {
-            sums[i] += partials[lane + s * LANES][i];
+        partials[lid] = sums[b];
+        workgroupBarrier();
+        if (slice == 0u) {
+            for (var s = 1u; s < SLICES; s++) {
+                for (var i = 0u; i < R; i++) {
+                    sums[b][i] += partials[lane + s * LANES][i];
+                }
+            }
         }
-    }
+        // The next token's partials overwrite these.
+        workgroupBarrier();
+        if (slice != 0u) {
+            continue;
+        }
 #endif
-    for (var i = 0u; i < R; i++) {
-        let row = first_row + i * LANES;
-        if (row < params.rows) {
-            store(row, sums[i]);
+        for (var i = 0u; i < R; i++) {
+            let row = first_row + i * LANES;
+            if (row < params.rows) {
+                store(b, row, sums[b][i]);
+            }
         }
     }
 }
 
-// This thread's share of the dot product(s) of each of its rows: x is loaded once for all R.
-fn row_partials(rows: array<u32, R>, slice: u32) -> array<vec2<f32>, R> {
-    var sums: array<vec2<f32>, R>;
+// This thread's share of the dot product(s) of each of its rows for every token: each weight
+// unit is decoded once for all COLUMNS tokens, each token's x once for all R rows.
+fn row_partials(rows: array<u32, R>, slice: u32) -> array<array<vec2<f32>, R>, COLUMNS> {
+    var sums: array<array<vec2<f32>, R>, COLUMNS>;
     let units = params.cols / 8u;
 #if DENSE
     // Dense rows have no blocks (and need not be whole units): unit by unit, then the columns
     // after the last whole unit one by one.
     for (var u = slice; u < units; u += SLICES) {
         let cols = unit_cols(u);
-        let xlo = x4(cols.x);
-        let xhi = x4(cols.y);
+        var xlo: array<vec4<f32>, COLUMNS>;
+        var xhi: array<vec4<f32>, COLUMNS>;
+        for (var b = 0u; b < COLUMNS; b++) {
+            xlo[b] = x4(b, cols.x);
+            xhi[b] = x4(b, cols.y);
+        }
         for (var i = 0u; i < R; i++) {
             let gate = load_unit(rows[i], u);
-            sums[i].x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
 #if SWIGLU
             let up = load_up_unit(rows[i], u);
-            sums[i].y += dot(up.lo, xlo) + dot(up.hi, xhi);
 #endif
+            for (var b = 0u; b < COLUMNS; b++) {
+                sums[b][i].x += dot(gate.lo, xlo[b]) + dot(gate.hi, xhi[b]);
+#if SWIGLU
+                sums[b][i].y += dot(up.lo, xlo[b]) + dot(up.hi, xhi[b]);
+#endif
+            }
         }
     }
+    // (Only one token here: the host refuses COLUMNS > 1 for rows that are not whole vec4s.)
     for (var col = units * 8u + slice; col < params.cols; col += SLICES) {
         let xc = x[col / 4u][col % 4u];
         for (var i = 0u; i < R; i++) {
-            sums[i].x += load_dense(rows[i], col) * xc;
+            sums[0][i].x += load_dense(rows[i], col) * xc;
 #if SWIGLU
-            sums[i].y += load_up_dense(rows[i], col) * xc;
+            sums[0][i].y += load_up_dense(rows[i], col) * xc;
 #endif
         }
     }
@@ -169,15 +192,23 @@ fn row_partials(rows: array<u32, R>, slice: u32) -> array<vec2<f32>, R> {
         for (var k = 0u; k < 4u; k++) {
             let u = first + k;
             let cols = unit_cols(u);
-            let xlo = x4(cols.x);
-            let xhi = x4(cols.y);
+            var xlo: array<vec4<f32>, COLUMNS>;
+            var xhi: array<vec4<f32>, COLUMNS>;
+            for (var b = 0u; b < COLUMNS; b++) {
+                xlo[b] = x4(b, cols.x);
+                xhi[b] = x4(b, cols.y);
+            }
             for (var i = 0u; i < R; i++) {
                 let gate = load_unit_in(rows[i], u, select(scale[i].xy, scale[i].zw, k >= 2u), high[i]);
-                sums[i].x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
 #if SWIGLU
                 let up = load_up_unit_in(rows[i], u, select(up_scale[i].xy, up_scale[i].zw, k >= 2u), up_high[i]);
-                sums[i].y += dot(up.lo, xlo) + dot(up.hi, xhi);
 #endif
+                for (var b = 0u; b < COLUMNS; b++) {
+                    sums[b][i].x += dot(gate.lo, xlo[b]) + dot(gate.hi, xhi[b]);
+#if SWIGLU
+                    sums[b][i].y += dot(up.lo, xlo[b]) + dot(up.hi, xhi[b]);
+#endif
+                }
             }
         }
     }
@@ -185,7 +216,7 @@ fn row_partials(rows: array<u32, R>, slice: u32) -> array<vec2<f32>, R> {
     return sums;
 }
 
-fn store(row: u32, total: vec2<f32>) {
+fn store(b: u32, row: u32, total: vec2<f32>) {
 #if SWIGLU
     var value = gate_activation(total.x) * total.y;
 #else
@@ -197,7 +228,7 @@ fn store(row: u32, total: vec2<f32>) {
 #if SOFTCAP
     value = soft_cap(value, {{SOFTCAP}});
 #endif
-    let index = params.out_offset + row;
+    let index = b * params.out_stride + params.out_offset + row;
 #if ACCUMULATE
     value += y[index];
 #endif

@@ -1,6 +1,7 @@
 // RoPE for n_tokens rows of the fused QKV output ([q heads | k heads | v heads] per token):
-// rotates Q into `q_out` ([t][n_heads][head_dim]) and K into the KV cache at positions
-// step.pos + t, and copies V into the cache unrotated. One thread per two neighbouring pairs of
+// rotates Q into `q_out` ([t][n_heads][head_dim]) and K into the KV cache of slot rows[t].x at
+// position rows[t].y (the step's tokens may belong to different sequences), and copies V into
+// the cache unrotated. One thread per two neighbouring pairs of
 // values, so that with an f16 cache (KV_F16: two values per u32 word, the first in the low half)
 // each thread writes whole words in either pairing. Rotated values are scaled by `mscale` (the
 // attention factor; YaRN's magnitude correction). A layer without RoPE (SmolLM3's every fourth)
@@ -35,6 +36,8 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> k_cache: array<f32>;
 @group(0) @binding(6) var<storage, read_write> v_cache: array<f32>;
 #endif
+// (slot, position) of each token of the step.
+@group(0) @binding(7) var<storage, read> rows: array<vec2<u32>>;
 
 const WG: u32 = 256u;
 const TWO_PI_OVER_2_32: f32 = 1.4629180792671596e-9;
@@ -115,8 +118,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let quads_per_token = heads * n_quads;
     let idx = gid.x + gid.y * nwg.x * WG;
     let t = idx / quads_per_token;
-    let pos = step.pos + t;
-    if (t >= step.n_tokens || pos >= params.max_ctx) {
+    if (t >= step.n_tokens) {
+        return;
+    }
+    let slot = rows[t].x;
+    let pos = rows[t].y;
+    if (pos >= params.max_ctx) {
         return;
     }
     let head = (idx % quads_per_token) / n_quads;
@@ -144,6 +151,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
         if (is_v) {
             kv -= params.n_kv_heads;
         }
-        store_cache(is_v, (kv * params.max_ctx + pos) * params.head_dim, offs, a, b, neox);
+        store_cache(is_v, ((slot * params.n_kv_heads + kv) * params.max_ctx + pos) * params.head_dim, offs, a, b, neox);
     }
 }

@@ -49,7 +49,7 @@ export interface EngineInfo {
     name: string; arch: string; n_layers: number; hidden: number; ffn: number; n_heads: number;
     n_kv_heads: number; head_dim: number; vocab: number; train_context: number; context_length: number;
     tied_embeddings: boolean; weight_bytes: number; weight_bytes_per_token: number; chat_template: boolean;
-    /** Requests generated at once as one batch (the `slots` option on the CPU backend; 1 on the GPU). */
+    /** Requests generated at once as one batch (the `slots` option). */
     slots: number;
   } | null;
   /** The wasm engine's version (null with backend 'remote'). */
@@ -259,10 +259,9 @@ export interface CreateEngineOptions {
    */
   kv_cache?: 'f16' | 'f32';
   /**
-   * On the CPU backend, how many requests run at once as one batch (1 to 16, default 1), each with
-   * its own KV cache of `context_length` tokens: concurrent `create()` calls share each pass of
-   * the model instead of waiting in turn, and each gives the tokens it gives alone. The GPU backend
-   * runs one request at a time.
+   * How many requests run at once as one batch (1 to 16, default 1), each with its own KV cache
+   * of `context_length` tokens: concurrent `create()` calls share each pass of the model instead
+   * of waiting in turn, and each gives the tokens it gives alone.
    */
   slots?: number;
   /**

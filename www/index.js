@@ -414,7 +414,7 @@ class Engine {
     const worker = this.#worker;
     /** @type {Backend} */
     const backend = {
-      // With several slots (the CPU backend's `slots`), concurrent requests run as one batch.
+      // With several slots (the `slots` option), concurrent requests run as one batch.
       generate: (body, handlers) => ((this.info?.model?.slots ?? 1) > 1 ? this.#callBeside : this.#call).call(this, { type: 'generate', request: body }, handlers),
       abort: (id) => worker.postMessage({ type: 'abort', id }),
     };
@@ -536,10 +536,9 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * `gpu: {allow_f16, allow_subgroups, allow_timestamps}` forces optional GPU features off;
  * `context_length` sizes the KV cache (default: the model's context, at most 4096), and
  * `kv_cache` sets how it stores keys and values ('f16', the default, or 'f32').
- * `slots` (1 to 16, default 1): on the CPU backend, how many requests run at once as one batch,
- * each with its own KV cache (context_length tokens of f32 keys and values each); concurrent
- * `create()` calls then share each pass of the model instead of waiting in turn. The GPU backend
- * runs one at a time; `engine.info.model.slots` says how many run.
+ * `slots` (1 to 16, default 1): how many requests run at once as one batch, each with its own
+ * KV cache of context_length tokens; concurrent `create()` calls then share each pass of the
+ * model instead of waiting in turn. `engine.info.model.slots` says how many run.
  * `onStatus({status})` follows the engine recovering by itself from a lost GPU device: the
  * request in flight fails with `device_lost`, then 'device_lost', 'reloading' (the model from the
  * Cache API or the same File), 'ready' (or 'failed' with `error`); later requests wait for it.

@@ -1,7 +1,7 @@
 // The module worker that owns the wasm Engine. The page talks to it with messages
 // ({type, id, ...}); it answers with 'progress', 'token', 'result' and 'error' messages.
 // The page (index.js) queues requests, except generations on an engine with several slots (the
-// CPU backend's `slots` option): those come at once and run here as one batch (`batch`).
+// `slots` option): those come at once and run here as one batch (`batch`).
 import init, { Engine, HeaderProbe, Sha256Hasher } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 import { adapterName } from './adapter-name.js';
@@ -360,7 +360,7 @@ async function generate(id, request) {
 }
 
 /**
- * Batched generation (the CPU backend with several slots): requests wait for a free slot, then
+ * Batched generation (an engine with several slots): requests wait for a free slot, then
  * every step runs all of the admitted ones' next tokens as one pass of the model. Between steps
  * the loop yields, so new requests join and aborts arrive; an aborted request ends before the
  * next step and frees its slot.
@@ -405,7 +405,7 @@ async function stepBatch() {
     if (!batch.running.size) continue;
     let events;
     try {
-      events = eng.stepSequences(PREFILL_TOKENS_PER_STEP);
+      events = await eng.stepSequences(PREFILL_TOKENS_PER_STEP);
     } catch (e) {
       // No model any more (unload): every request ends with the error.
       for (const [seq, r] of batch.running) finishBatched(seq, r, null, e);

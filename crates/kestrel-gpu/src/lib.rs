@@ -28,7 +28,7 @@ pub use readback::Readback;
 pub use recorder::{grid, Dispatch, Recorder};
 pub use shaders::shader_source;
 pub use shards::{RowShard, RowShards};
-pub use step::{StepOp, StepParams, StepUniform};
+pub use step::{StepOp, StepParams, StepRows, StepUniform};
 pub use tensor::{DType, Tensor, WeightTensor};
 
 pub use wgpu;

@@ -3,7 +3,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::{Gpu, Recorder};
+use crate::{DType, Gpu, GpuError, Recorder, Tensor};
 
 /// Mirrors `struct Step` in `shaders/step.wgsl`.
 #[repr(C)]
@@ -48,4 +48,47 @@ impl StepUniform {
 /// them. A model builds its step as a list of these once, at load.
 pub trait StepOp: wgpu::WasmNotSendSync {
     fn record(&self, rec: &mut Recorder, step: &StepParams);
+}
+
+/// Where each token of a step belongs: its sequence's KV slot and its position there, as
+/// `(slot, position)` u32 pairs (`rows` in shaders/rope.wgsl and shaders/attention.wgsl). A
+/// prompt chunk is one slot's consecutive positions; a batched decode step has one token per
+/// sequence. Written before each submit, with the step uniform.
+pub struct StepRows {
+    pub tensor: Tensor,
+}
+
+impl StepRows {
+    /// Room for `max_tokens` tokens.
+    pub fn new(gpu: &Gpu, max_tokens: usize) -> Result<Self, GpuError> {
+        Ok(Self { tensor: Tensor::zeros(gpu, "step.rows", &[max_tokens, 2], DType::U32)? })
+    }
+
+    /// Tokens it has room for.
+    pub fn capacity(&self) -> usize {
+        self.tensor.len() / 2
+    }
+
+    /// Queues the rows of a step's tokens; they take effect for the next submit.
+    pub fn write(&self, gpu: &Gpu, rows: &[[u32; 2]]) -> Result<(), GpuError> {
+        if rows.len() > self.capacity() {
+            return Err(GpuError::InvalidArgs(format!("{} step rows, room for {}", rows.len(), self.capacity())));
+        }
+        gpu.write(&self.tensor.buffer, 0, bytemuck::cast_slice(rows));
+        Ok(())
+    }
+
+    /// Queues `n` consecutive positions from `pos` of one slot (a prompt chunk, or one token).
+    pub fn write_run(&self, gpu: &Gpu, slot: u32, pos: u32, n: u32) -> Result<(), GpuError> {
+        let rows: Vec<[u32; 2]> = (pos..pos + n).map(|p| [slot, p]).collect();
+        self.write(gpu, &rows)
+    }
+
+    /// Checks that it holds at least `tokens` rows, for `kernel`.
+    pub(crate) fn check(&self, kernel: &str, tokens: usize) -> Result<(), GpuError> {
+        if self.tensor.dtype != DType::U32 || self.capacity() < tokens {
+            return Err(GpuError::InvalidArgs(format!("{kernel}: step rows for {} tokens, {tokens} needed", self.capacity())));
+        }
+        Ok(())
+    }
 }

@@ -504,7 +504,7 @@ fn soft_capped_matvec() {
         assert!(y.iter().any(|v| v.abs() > cap), "no product reaches the cap");
         let bound: Vec<f32> = dot_bounds(&matmul(&abs(&x), 1, &w.abs(), n, k)).iter().zip(&want).map(|(b, v)| b + 1e-6 * v.abs()).collect();
         for (device, gpu) in devices() {
-            let kernel = pollster::block_on(MatvecKernel::soft_capped(&gpu, ty, cap)).unwrap();
+            let kernel = pollster::block_on(MatvecKernel::soft_capped(&gpu, ty, cap, 1)).unwrap();
             let x_t = Tensor::from_f32(&gpu, "x", &[k], &x).unwrap();
             let out = Tensor::zeros(&gpu, "out", &[n], kestrel_gpu::DType::F32).unwrap();
             let dispatch = kernel.bind(&gpu, &w.upload(&gpu), &x_t, &out, None).unwrap();
@@ -569,4 +569,93 @@ fn bind_rejects_mismatched_shapes() {
     invalid(swm.bind(&gpu, &w, &other, &x4, &y4, &step, 4).map(drop), "swiglu matmul gate/up shapes");
 
     assert!(matches!(pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q2_K, Epilogue::NONE)), Err(GpuError::UnsupportedWeights(_))));
+}
+
+/// The matvec over several tokens (a batch of sequences' decode step) on every type, into output
+/// columns with every epilogue and into the fused gate/up: each token's outputs are bit for bit
+/// what the one-token matvec gives it (a sequence gets the same tokens in a batch as alone), and
+/// within the products' bound of the reference; rows past the last token stay untouched. Each
+/// type takes one of the token counts and one device (pipelines are slow to build on lavapipe).
+#[test]
+fn batched_matvec_is_the_one_token_matvec_per_token() {
+    let mut rng = common::rng(13);
+    let types = [
+        (GgmlType::F32, 33, 96),
+        (GgmlType::F16, 33, 96),
+        (GgmlType::Q8_0, 100, 544),
+        (GgmlType::Q4_0, 33, 576),
+        (GgmlType::Q4_1, 576, 576),
+        (GgmlType::Q5_0, 7, 96),
+        (GgmlType::Q5_1, 100, 544),
+        (GgmlType::Q4_K, 100, 768),
+        (GgmlType::Q5_K, 33, 512),
+        (GgmlType::Q6_K, 1536, 256),
+    ];
+    let epilogues = [Epilogue::NONE, Epilogue::BIAS, Epilogue::ACCUMULATE];
+    for (i, (ty, n, k)) in types.into_iter().enumerate() {
+        let epilogue = epilogues[i % epilogues.len()];
+        let w = Weights::random(&mut rng, ty, n, k);
+        let up = Weights::random(&mut rng, ty, n, k);
+        let bias = common::random_vec(&mut rng, n, 10.0);
+        let columns = [2usize, 3, 8][i % 3];
+        // Token rows of `stride` outputs starting at column 2, and one row more than the tokens.
+        let (stride, offset) = (n + 5, 2);
+        let out = OutputColumns { offset: offset as u32, stride: stride as u32 };
+        let x = common::random_vec(&mut rng, columns * k, 1.0);
+        let initial = common::random_vec(&mut rng, (columns + 1) * stride, 10.0);
+        let want = matmul(&x, columns, &w.values, n, k);
+        let bound = dot_bounds(&matmul(&abs(&x), columns, &w.abs(), n, k));
+        let (device, gpu) = devices().into_iter().nth(i % 2).unwrap();
+        let what = format!("matvec {ty} {n}x{k} {columns} tokens {epilogue:?} ({device})");
+        let (weights, up_weights) = (w.upload(&gpu), up.upload(&gpu));
+        let b_t = Tensor::from_f32(&gpu, "bias", &[n], &bias).unwrap();
+        let x_t = Tensor::from_f32(&gpu, "x", &[columns, k], &x).unwrap();
+        let bias_of = epilogue.bias.then_some(&b_t);
+        let batched = pollster::block_on(MatvecKernel::batched(&gpu, ty, epilogue, columns as u32)).unwrap();
+        let y = Tensor::from_f32(&gpu, "y", &[columns + 1, stride], &initial).unwrap();
+        let got = run(&gpu, &batched.bind_columns(&gpu, &weights, &x_t, &y, out, bias_of).unwrap(), &y, (columns + 1) * stride);
+        let single = pollster::block_on(MatvecKernel::new(&gpu, ty, epilogue)).unwrap();
+        for t in 0..columns {
+            let x_one = Tensor::from_f32(&gpu, "x", &[k], &x[t * k..][..k]).unwrap();
+            let y_one = Tensor::from_f32(&gpu, "y", &[stride], &initial[t * stride..][..stride]).unwrap();
+            let alone = run(&gpu, &single.bind_columns(&gpu, &weights, &x_one, &y_one, out, bias_of).unwrap(), &y_one, stride);
+            let row = &got[t * stride..][..stride];
+            assert!(row.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: token {t} differs from alone");
+            let add = |j: usize| match epilogue {
+                e if e.bias => bias[j],
+                e if e.accumulate => initial[t * stride + offset + j],
+                _ => 0.0,
+            };
+            let want_t: Vec<f32> = (0..n).map(|j| want[t * n + j] + add(j)).collect();
+            let bound_t: Vec<f32> = (0..n).map(|j| bound[t * n + j] + 3e-7 * (want_t[j].abs() + 10.0)).collect();
+            assert_within(&format!("{what}: token {t}"), &row[offset..][..n], &want_t, &bound_t);
+            assert_eq!(row[..offset], initial[t * stride..][..offset], "{what}: columns before the offset");
+        }
+        assert_eq!(got[columns * stride..], initial[columns * stride..], "{what}: wrote past the last token");
+
+        let swiglu = pollster::block_on(SwigluMatvecKernel::batched(&gpu, ty, GateActivation::Silu, columns as u32)).unwrap();
+        let ffn = Tensor::zeros(&gpu, "ffn", &[columns, n], kestrel_gpu::DType::F32).unwrap();
+        let got = run(&gpu, &swiglu.bind(&gpu, &weights, &up_weights, &x_t, &ffn).unwrap(), &ffn, columns * n);
+        let single = pollster::block_on(SwigluMatvecKernel::new(&gpu, ty, GateActivation::Silu)).unwrap();
+        for t in 0..columns {
+            let x_one = Tensor::from_f32(&gpu, "x", &[k], &x[t * k..][..k]).unwrap();
+            let ffn_one = Tensor::zeros(&gpu, "ffn", &[n], kestrel_gpu::DType::F32).unwrap();
+            let alone = run(&gpu, &single.bind(&gpu, &weights, &up_weights, &x_one, &ffn_one).unwrap(), &ffn_one, n);
+            let same = got[t * n..][..n].iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "swiglu {what}: token {t} differs from alone");
+        }
+    }
+    // Several tokens need rows of whole vec4s.
+    let gpu = common::gpu();
+    let w = Weights::random(&mut rng, GgmlType::F32, 5, 38).upload(&gpu);
+    let x = Tensor::zeros(&gpu, "x", &[2, 38], kestrel_gpu::DType::F32).unwrap();
+    let y = Tensor::zeros(&gpu, "y", &[2, 5], kestrel_gpu::DType::F32).unwrap();
+    let kernel = pollster::block_on(MatvecKernel::batched(&gpu, GgmlType::F32, Epilogue::NONE, 2)).unwrap();
+    assert!(matches!(kernel.bind(&gpu, &w, &x, &y, None), Err(GpuError::InvalidArgs(_))));
+    // x too short for the tokens.
+    let w = Weights::random(&mut rng, GgmlType::Q8_0, 5, 64).upload(&gpu);
+    let x = Tensor::zeros(&gpu, "x", &[1, 64], kestrel_gpu::DType::F32).unwrap();
+    let kernel = pollster::block_on(MatvecKernel::batched(&gpu, GgmlType::Q8_0, Epilogue::NONE, 2)).unwrap();
+    assert!(matches!(kernel.bind(&gpu, &w, &x, &y, None), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(pollster::block_on(MatvecKernel::batched(&gpu, GgmlType::Q8_0, Epilogue::NONE, 17)), Err(GpuError::InvalidArgs(_))));
 }

@@ -6,7 +6,7 @@ use kestrel_gpu::kernels::attention::KvCache;
 use kestrel_gpu::kernels::rope::RopeKernel;
 use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig, RopeMode, YarnRamp};
 use kestrel_gpu::reference::rope::rope;
-use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
+use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
 use rand::Rng;
 
 // The shader's angle is exact to ~2e-7 rad (fixed-point turns, reduced to [-pi, pi) before
@@ -21,22 +21,24 @@ const F16_RTOL: f32 = 1.0 / 1024.0;
 
 const MAX_CTX: usize = 2048;
 const MAX_TOKENS: usize = 16;
+/// Sequences in the cache: a step's tokens may go to any of them.
+const SLOTS: usize = 2;
 
 fn llama3_factors(head_dim: usize) -> Vec<f32> {
     // Shaped like Llama 3.1's rope_freqs: 1 for high frequencies, up to 8 for low ones.
     (0..head_dim / 2).map(|i| 1.0 + 7.0 * (i as f32 / (head_dim / 2 - 1) as f32).powi(2)).collect()
 }
 
-/// Runs steps of (n_tokens, pos) through RoPE and checks each step's Q and, at the end, the
-/// whole cache (never-written positions must still be zero). No config: a layer without RoPE,
-/// whose Q and K are copied unrotated.
+/// Runs steps of tokens at (slot, position) through RoPE and checks each step's Q and, at the
+/// end, the whole cache of every slot (never-written positions must still be zero). No config: a
+/// layer without RoPE, whose Q and K are copied unrotated.
 fn check(
     gpu: &Gpu,
     kernel: &RopeKernel,
     kv: KvType,
     shape: AttentionShape,
     config: Option<&RopeConfig>,
-    steps: &[(usize, usize)],
+    steps: &[Vec<[u32; 2]>],
     seed: u64,
 ) {
     let rope = |x: &[f32], hd: usize, p: usize| config.map_or_else(|| x.to_vec(), |c| rope(x, hd, p, c));
@@ -46,29 +48,33 @@ fn check(
     let qkv_width = q_width + 2 * kv_width;
     let qkv = Tensor::zeros(gpu, "qkv", &[MAX_TOKENS, qkv_width], DType::F32).unwrap();
     let q_out = Tensor::zeros(gpu, "q", &[MAX_TOKENS, q_width], DType::F32).unwrap();
-    let cache = KvCache::new(gpu, "cache", shape, kv).unwrap();
+    let cache = KvCache::new(gpu, "cache", shape, kv, SLOTS).unwrap();
     let step = StepUniform::new(gpu);
-    let dispatch = kernel.bind(gpu, &step, config, &qkv, &q_out, &cache).unwrap();
-    let mut want_k = vec![0f32; shape.cache_len()];
-    let mut want_v = vec![0f32; shape.cache_len()];
+    let step_rows = StepRows::new(gpu, MAX_TOKENS).unwrap();
+    let dispatch = kernel.bind(gpu, &step, &step_rows, config, &qkv, &q_out, &cache).unwrap();
+    let mut want_k = vec![0f32; SLOTS * shape.cache_len()];
+    let mut want_v = vec![0f32; SLOTS * shape.cache_len()];
     let what = format!("rope {config:?} hd={hd} {} cache subgroups={}", kv.name(), gpu.features.subgroups);
-    for &(n_tokens, pos) in steps {
+    for tokens in steps {
+        let n_tokens = tokens.len();
         let rows = common::random_vec(&mut rng, n_tokens * qkv_width, 1.0);
         gpu.write(&qkv.buffer, 0, bytemuck::cast_slice(&rows));
-        let params = StepParams::new(n_tokens as u32, pos as u32, 0);
+        // The uniform's position is not RoPE's: each token's comes from the step rows.
+        let params = StepParams::new(n_tokens as u32, 0, 0);
         step.write(gpu, &params);
+        step_rows.write(gpu, tokens).unwrap();
         let mut rec = Recorder::new(gpu);
         dispatch.record(&mut rec, &params);
         rec.submit();
         let got_q = pollster::block_on(q_out.read_f32(gpu)).unwrap();
         for (t, row) in rows.chunks_exact(qkv_width).enumerate() {
-            let p = pos + t;
+            let [slot, p] = tokens[t].map(|v| v as usize);
             let want_q = rope(&row[..q_width], hd, p);
             common::assert_close(&format!("{what} q pos {p}"), &got_q[t * q_width..][..q_width], &want_q, 0.0, ATOL);
             let k = rope(&row[q_width..][..kv_width], hd, p);
             let v = &row[q_width + kv_width..];
             for h in 0..shape.n_kv_heads {
-                let at = (h * shape.max_ctx + p) * hd;
+                let at = ((slot * shape.n_kv_heads + h) * shape.max_ctx + p) * hd;
                 want_k[at..at + hd].copy_from_slice(&k[h * hd..][..hd]);
                 want_v[at..at + hd].copy_from_slice(&v[h * hd..][..hd]);
             }
@@ -116,12 +122,18 @@ fn rope_matches_reference_and_fills_cache() {
         for kv in [KvType::F16, KvType::F32] {
             let kernel = pollster::block_on(RopeKernel::new(&gpu, kv)).unwrap();
             for (i, (shape, config)) in configs.iter().enumerate() {
-                // A prefill chunk from 0, then single tokens and short chunks at sampled
-                // positions up to the last one, 2047.
+                // A prefill chunk from 0 in slot 0, single tokens and short chunks at sampled
+                // positions up to the last one, 2047, in either slot, and batched steps whose
+                // tokens are in different slots at unrelated positions.
                 let mut rng = common::rng(100 + i as u64);
-                let mut steps = vec![(MAX_TOKENS, 0), (1, MAX_CTX - 1), (3, MAX_CTX - 4)];
-                let sampled = |_| (rng.random_range(1..=MAX_TOKENS), rng.random_range(MAX_TOKENS..MAX_CTX - 2 * MAX_TOKENS));
-                steps.extend((0..4).map(sampled));
+                let run = |slot: u32, pos: usize, n: usize| (pos..pos + n).map(|p| [slot, p as u32]).collect::<Vec<_>>();
+                let last = MAX_CTX as u32 - 1;
+                let mut steps = vec![run(0, 0, MAX_TOKENS), run(1, MAX_CTX - 1, 1), run(0, MAX_CTX - 4, 3)];
+                steps.push(vec![[1, 5], [0, 700], [1, last - 1]]);
+                for _ in 0..4 {
+                    let (slot, n) = (rng.random_range(0..SLOTS as u32), rng.random_range(1..=MAX_TOKENS));
+                    steps.push(run(slot, rng.random_range(MAX_TOKENS..MAX_CTX - 2 * MAX_TOKENS), n));
+                }
                 check(&gpu, &kernel, kv, *shape, config.as_ref(), &steps, i as u64);
             }
         }
@@ -135,19 +147,22 @@ fn rope_rejects_bad_config() {
     let shape = AttentionShape { n_heads: 2, n_kv_heads: 1, head_dim: 8, max_ctx: 4 };
     let qkv = Tensor::zeros(&gpu, "qkv", &[2, 32], DType::F32).unwrap();
     let q = Tensor::zeros(&gpu, "q", &[2, 16], DType::F32).unwrap();
-    let cache = KvCache::new(&gpu, "cache", shape, KvType::F16).unwrap();
+    let cache = KvCache::new(&gpu, "cache", shape, KvType::F16, 1).unwrap();
     let step = StepUniform::new(&gpu);
-    let f32_cache = KvCache::new(&gpu, "cache", shape, KvType::F32).unwrap();
+    let rows = StepRows::new(&gpu, 2).unwrap();
+    let f32_cache = KvCache::new(&gpu, "cache", shape, KvType::F32, 1).unwrap();
     let good = RopeConfig::new(RopeMode::Norm, 10_000.0);
-    assert!(matches!(kernel.bind(&gpu, &step, Some(&good), &qkv, &q, &f32_cache), Err(GpuError::InvalidArgs(_))), "cache type");
+    assert!(matches!(kernel.bind(&gpu, &step, &rows, Some(&good), &qkv, &q, &f32_cache), Err(GpuError::InvalidArgs(_))), "cache type");
     let bad_factors = RopeConfig { freq_factors: Some(vec![1.0; 3]), ..RopeConfig::new(RopeMode::Norm, 10_000.0) };
-    assert!(matches!(kernel.bind(&gpu, &step, Some(&bad_factors), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(kernel.bind(&gpu, &step, &rows, Some(&bad_factors), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
     let bad_base = RopeConfig::new(RopeMode::Norm, 0.0);
-    assert!(matches!(kernel.bind(&gpu, &step, Some(&bad_base), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(kernel.bind(&gpu, &step, &rows, Some(&bad_base), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
     let q_wrong = Tensor::zeros(&gpu, "q", &[3, 16], DType::F32).unwrap();
-    assert!(matches!(kernel.bind(&gpu, &step, Some(&good), &qkv, &q_wrong, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(kernel.bind(&gpu, &step, &rows, Some(&good), &qkv, &q_wrong, &cache), Err(GpuError::InvalidArgs(_))));
     let bad_mscale = RopeConfig { mscale: f32::NAN, ..RopeConfig::new(RopeMode::Norm, 10_000.0) };
-    assert!(matches!(kernel.bind(&gpu, &step, Some(&bad_mscale), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
-    assert!(kernel.bind(&gpu, &step, Some(&good), &qkv, &q, &cache).is_ok());
-    assert!(kernel.bind(&gpu, &step, None, &qkv, &q, &cache).is_ok());
+    assert!(matches!(kernel.bind(&gpu, &step, &rows, Some(&bad_mscale), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(kernel.bind(&gpu, &step, &rows, Some(&good), &qkv, &q, &cache).is_ok());
+    assert!(kernel.bind(&gpu, &step, &rows, None, &qkv, &q, &cache).is_ok());
+    let short_rows = StepRows::new(&gpu, 1).unwrap();
+    assert!(matches!(kernel.bind(&gpu, &step, &short_rows, None, &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))), "step rows");
 }

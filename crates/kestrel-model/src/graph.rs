@@ -13,14 +13,17 @@ use kestrel_gpu::kernels::rope::RopeKernel;
 use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel};
 use kestrel_gpu::kernels::{Epilogue, OutputColumns};
 use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig};
-use kestrel_gpu::{DType, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepUniform, Tensor, WeightTensor};
+use kestrel_gpu::{DType, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepRows, StepUniform, Tensor, WeightTensor};
 
 use crate::config::ModelConfig;
 use crate::options::{MAX_LOGIT_BIAS, MAX_PENALTY_WINDOW};
 
+mod batch;
 mod plan;
 mod profile;
-use plan::{LastRowCopy, PlannedOp, StepPlan};
+use batch::SlotSampler;
+pub use batch::{BatchSample, BatchSequence};
+use plan::{batch_columns, LastRowCopy, PlannedOp, StepPlan};
 pub use profile::{KernelFamily, StepHostTime};
 
 /// A weight matrix and its optional bias vector.
@@ -114,6 +117,8 @@ impl Weights {
 /// Activation buffers, each sized for `max_chunk` tokens and shared by all layers.
 struct Activations {
     token_ids: Tensor,
+    /// Each token's KV slot and position.
+    rows: StepRows,
     x: Tensor,
     normed: Tensor,
     qkv: Tensor,
@@ -122,7 +127,19 @@ struct Activations {
     ffn: Tensor,
     last_normed: Tensor,
     logits: Tensor,
+    /// A batched decode step's logits, one row per sequence.
+    batch_logits: Tensor,
     sampled: Tensor,
+}
+
+/// How much a graph holds: the KV cache length and slots, the longest chunk, the cache's type.
+#[derive(Clone, Copy, Debug)]
+pub struct GraphSize {
+    pub max_ctx: usize,
+    pub max_chunk: usize,
+    pub kv: KvType,
+    /// Sequences that can generate at once, each with its own KV cache (1 to `max_chunk`).
+    pub slots: usize,
 }
 
 pub struct Graph {
@@ -131,6 +148,8 @@ pub struct Graph {
     pub weights: Weights,
     pub max_ctx: usize,
     pub max_chunk: usize,
+    /// KV slots: sequences that can generate at once.
+    pub slots: usize,
     step: StepUniform,
     act: Activations,
     /// Each layer's K and V cache (the dispatches' bind groups reference them too).
@@ -144,6 +163,12 @@ pub struct Graph {
     token_readbacks: Vec<Readback>,
     token_submissions: std::sync::Mutex<Vec<Option<kestrel_gpu::wgpu::SubmissionIndex>>>,
     logits_readback: Readback,
+    /// A batched step's logits, one row per sampled sequence (read for those that want logprobs).
+    batch_readback: Readback,
+    /// Each slot's sampler, with its sequence's options (`set_slot_sampling`).
+    slot_samplers: Vec<SlotSampler>,
+    /// A batched step's sampled tokens and their probabilities, one pair per sampled sequence.
+    batch_tokens_readback: Readback,
 }
 
 /// What one submitted step leaves to read.
@@ -188,15 +213,18 @@ impl Graph {
         config: ModelConfig,
         weights: Weights,
         rope_config: &RopeConfig,
-        max_ctx: usize,
-        max_chunk: usize,
-        kv: KvType,
+        size: GraphSize,
     ) -> Result<Self, GpuError> {
+        let GraphSize { max_ctx, max_chunk, kv, slots } = size;
+        if slots == 0 || slots > max_chunk {
+            return Err(GpuError::InvalidArgs(format!("{slots} KV slots: 1 to the longest chunk, {max_chunk}")));
+        }
         let c = &config;
         let chunk = max_chunk;
         let f32t = |label: &str, shape: &[usize]| Tensor::zeros(gpu, label, shape, DType::F32);
         let act = Activations {
             token_ids: Tensor::zeros(gpu, "token_ids", &[chunk], DType::U32)?,
+            rows: StepRows::new(gpu, chunk)?,
             x: f32t("x", &[chunk, c.hidden])?,
             normed: f32t("normed", &[chunk, c.hidden])?,
             qkv: f32t("qkv", &[chunk, c.qkv_width()])?,
@@ -205,6 +233,7 @@ impl Graph {
             ffn: f32t("ffn", &[chunk, c.ffn])?,
             last_normed: f32t("last_normed", &[c.hidden])?,
             logits: f32t("logits", &[c.vocab])?,
+            batch_logits: f32t("batch_logits", &[slots, c.vocab])?,
             sampled: Tensor::zeros(gpu, "sampled", &[2], DType::U32)?,
         };
         let step = StepUniform::new(gpu);
@@ -218,16 +247,16 @@ impl Graph {
         let rope = RopeKernel::new(gpu, kv).await?;
         let head_norm = if c.qk_norm { Some(HeadNormKernel::new(gpu).await?) } else { None };
         let attention = AttentionKernel::new(gpu, c.head_dim, kv).await?;
-        let mut plan = StepPlan::default();
+        let mut plan = StepPlan::with_batches(&batch_columns(slots));
         let embedding = EmbeddingKernel::new(gpu, weights.embedding.ty, c.embedding_scale).await?;
         for gather in embedding.bind_shards(gpu, &weights.embedding, &act.token_ids, &act.x, &step, max_tokens)? {
-            plan.both("embedding", gather);
+            plan.all("embedding", gather);
         }
 
         let mut caches = Vec::with_capacity(c.n_layers);
         for (l, w) in weights.layers.iter().enumerate() {
-            let cache = KvCache::new(gpu, &format!("blk.{l}.kv"), shape, kv)?;
-            plan.both("rmsnorm", norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?);
+            let cache = KvCache::new(gpu, &format!("blk.{l}.kv"), shape, kv, slots)?;
+            plan.all("rmsnorm", norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?);
             for (part, out) in w.qkv.with_columns(c.qkv_width()) {
                 let (weight, bias) = (&part.weight, part.bias.as_ref());
                 let epilogue = if bias.is_some() { Epilogue::BIAS } else { Epilogue::NONE };
@@ -238,37 +267,58 @@ impl Graph {
                     matvec.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias)?,
                     matmul.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias, &step, max_tokens)?,
                 );
+                for batch in &mut plan.batches {
+                    let matvec = MatvecKernel::batched(gpu, weight.ty, epilogue, batch.columns as u32).await?;
+                    batch.ops.push(PlannedOp {
+                        family: "matvec qkv",
+                        op: Arc::new(matvec.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias)?),
+                    });
+                }
             }
             if let (Some(kernel), Some([q_norm, k_norm])) = (&head_norm, &w.qk_norm) {
                 let q_span = HeadSpan { offset: 0, heads: c.n_heads, head_dim: c.head_dim };
                 let k_span = HeadSpan { offset: c.q_width(), heads: c.n_kv_heads, head_dim: c.head_dim };
-                plan.both("rmsnorm", kernel.bind(gpu, &step, &act.qkv, q_norm, q_span, c.rms_eps)?);
-                plan.both("rmsnorm", kernel.bind(gpu, &step, &act.qkv, k_norm, k_span, c.rms_eps)?);
+                plan.all("rmsnorm", kernel.bind(gpu, &step, &act.qkv, q_norm, q_span, c.rms_eps)?);
+                plan.all("rmsnorm", kernel.bind(gpu, &step, &act.qkv, k_norm, k_span, c.rms_eps)?);
             }
-            plan.both("rope", rope.bind(gpu, &step, c.layer_rope(l, rope_config).as_ref(), &act.qkv, &act.q, &cache)?);
+            plan.all("rope", rope.bind(gpu, &step, &act.rows, c.layer_rope(l, rope_config).as_ref(), &act.qkv, &act.q, &cache)?);
             let scores = c.layer_scores(l);
             plan.split(
                 "attention",
-                attention.bind_decode(gpu, &step, &act.q, &cache, &act.attn, &scores)?,
-                attention.bind_prefill(gpu, &step, &act.q, &cache, &act.attn, &scores)?,
+                attention.bind_decode(gpu, &act.rows, &act.q, &cache, &act.attn, &scores, 1)?,
+                attention.bind_prefill(gpu, &step, &act.rows, &act.q, &cache, &act.attn, &scores)?,
             );
+            if slots > 1 {
+                plan.every_batch("attention", Arc::new(attention.bind_decode(gpu, &act.rows, &act.q, &cache, &act.attn, &scores, slots)?));
+            }
             let o = &w.attn_output;
             plan.split(
                 "matvec o",
                 MatvecKernel::new(gpu, o.ty, residual_epilogue).await?.bind(gpu, o, &act.attn, residual_out, None)?,
                 MatmulKernel::new(gpu, o.ty, residual_epilogue).await?.bind(gpu, o, &act.attn, residual_out, None, &step, max_tokens)?,
             );
+            for batch in &mut plan.batches {
+                let matvec = MatvecKernel::batched(gpu, o.ty, residual_epilogue, batch.columns as u32).await?;
+                batch.ops.push(PlannedOp { family: "matvec o", op: Arc::new(matvec.bind(gpu, o, &act.attn, residual_out, None)?) });
+            }
             let post_norms = post_norm.as_ref().zip(w.post_norms.as_ref());
             if let Some((kernel, [attn_post, _])) = post_norms {
-                plan.both("rmsnorm", kernel.bind(gpu, &step, &act.normed, attn_post, &act.x, c.rms_eps)?);
+                plan.all("rmsnorm", kernel.bind(gpu, &step, &act.normed, attn_post, &act.x, c.rms_eps)?);
             }
-            plan.both("rmsnorm", norm.bind(gpu, &step, &act.x, &w.ffn_norm, &act.normed, c.rms_eps)?);
+            plan.all("rmsnorm", norm.bind(gpu, &step, &act.x, &w.ffn_norm, &act.normed, c.rms_eps)?);
             let (act_fn, ty) = (c.gate_activation, w.gate.ty);
             plan.split(
                 "matvec gate+up swiglu",
                 SwigluMatvecKernel::new(gpu, ty, act_fn).await?.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn)?,
                 SwigluMatmulKernel::new(gpu, ty, act_fn).await?.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn, &step, max_tokens)?,
             );
+            for batch in &mut plan.batches {
+                let swiglu = SwigluMatvecKernel::batched(gpu, ty, act_fn, batch.columns as u32).await?;
+                batch.ops.push(PlannedOp {
+                    family: "matvec gate+up swiglu",
+                    op: Arc::new(swiglu.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn)?),
+                });
+            }
             let down = &w.down;
             plan.split(
                 "matvec down",
@@ -283,36 +333,56 @@ impl Graph {
                     max_tokens,
                 )?,
             );
+            for batch in &mut plan.batches {
+                let matvec = MatvecKernel::batched(gpu, down.ty, residual_epilogue, batch.columns as u32).await?;
+                batch.ops.push(PlannedOp { family: "matvec down", op: Arc::new(matvec.bind(gpu, down, &act.ffn, residual_out, None)?) });
+            }
             if let Some((kernel, [_, ffn_post])) = post_norms {
-                plan.both("rmsnorm", kernel.bind(gpu, &step, &act.normed, ffn_post, &act.x, c.rms_eps)?);
+                plan.all("rmsnorm", kernel.bind(gpu, &step, &act.normed, ffn_post, &act.x, c.rms_eps)?);
             }
             caches.push(cache);
         }
 
-        let output_norm = norm.bind(gpu, &step, &act.x, &weights.output_norm, &act.normed, c.rms_eps)?;
-        plan.logits.push(PlannedOp { family: "rmsnorm", op: Arc::new(output_norm) });
+        let output_norm: Arc<dyn kestrel_gpu::StepOp> =
+            Arc::new(norm.bind(gpu, &step, &act.x, &weights.output_norm, &act.normed, c.rms_eps)?);
+        plan.logits.push(PlannedOp { family: "rmsnorm", op: output_norm.clone() });
+        plan.every_batch("rmsnorm", output_norm);
         let last_row = LastRowCopy { src: act.normed.buffer.clone(), dst: act.last_normed.buffer.clone(), row_bytes: 4 * c.hidden as u64 };
         plan.logits.push(PlannedOp { family: plan::COPY, op: Arc::new(last_row) });
         let lm = weights.lm_head();
-        let lm_kernel = match c.final_softcap {
-            Some(cap) => MatvecKernel::soft_capped(gpu, lm.ty, cap).await?,
-            None => MatvecKernel::new(gpu, lm.ty, Epilogue::NONE).await?,
+        let lm_kernel = |columns: usize| async move {
+            match c.final_softcap {
+                Some(cap) => MatvecKernel::soft_capped(gpu, lm.ty, cap, columns as u32).await,
+                None => MatvecKernel::batched(gpu, lm.ty, Epilogue::NONE, columns as u32).await,
+            }
         };
-        for shard in lm_kernel.bind_shards(gpu, lm, &act.last_normed, &act.logits)? {
+        for shard in lm_kernel(1).await?.bind_shards(gpu, lm, &act.last_normed, &act.logits)? {
             plan.logits.push(PlannedOp { family: "matvec lm head", op: Arc::new(shard) });
         }
-        let penalties = Arc::new(PenaltyKernel::new(gpu).await?.bind(gpu, &act.logits, PENALTY_CAPACITY)?);
-        let sampler = Arc::new(SampleKernel::new(gpu).await?.bind(gpu, &act.logits, &step, &act.sampled)?);
+        // A batch's tokens are each their sequence's last: every row of `normed` gets its logits.
+        for batch in &mut plan.batches {
+            for shard in lm_kernel(batch.columns).await?.bind_shards(gpu, lm, &act.normed, &act.batch_logits)? {
+                batch.ops.push(PlannedOp { family: "matvec lm head", op: Arc::new(shard) });
+            }
+        }
+        let (penalty_kernel, sample_kernel) = (PenaltyKernel::new(gpu).await?, SampleKernel::new(gpu).await?);
+        let penalties = Arc::new(penalty_kernel.bind(gpu, &act.logits, PENALTY_CAPACITY)?);
+        let sampler = Arc::new(sample_kernel.bind(gpu, &act.logits, &step, &act.sampled)?);
+        let slot_samplers =
+            (0..slots).map(|_| SlotSampler::new(gpu, c.vocab, &penalty_kernel, &sample_kernel)).collect::<Result<Vec<_>, _>>()?;
         plan.sample.push(PlannedOp { family: "penalties+sample", op: penalties.clone() });
         plan.sample.push(PlannedOp { family: "penalties+sample", op: sampler.clone() });
         let token_readbacks = (0..TOKEN_SLOTS).map(|_| Readback::new(gpu, 8)).collect();
         let logits_readback = Readback::new(gpu, act.logits.byte_size());
+        let batch_readback = Readback::new(gpu, act.batch_logits.byte_size());
+        let batch_tokens_readback = Readback::new(gpu, 8 * slots as u64);
         Ok(Self {
             gpu: gpu.clone(),
             config,
             weights,
             max_ctx,
             max_chunk,
+            slots,
             step,
             act,
             caches,
@@ -322,6 +392,9 @@ impl Graph {
             token_readbacks,
             token_submissions: std::sync::Mutex::new(vec![None; TOKEN_SLOTS]),
             logits_readback,
+            batch_readback,
+            slot_samplers,
+            batch_tokens_readback,
         })
     }
 
@@ -343,6 +416,8 @@ impl Graph {
         let gpu = &self.gpu;
         let step = StepParams::new(n as u32, pos as u32, draw);
         self.step.write(gpu, &step);
+        // One sequence generates alone in slot 0.
+        self.act.rows.write_run(gpu, 0, pos as u32, n as u32)?;
         let mut rec = Recorder::new(gpu);
         match input {
             StepInput::Tokens(tokens) => gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(tokens)),

@@ -30,7 +30,7 @@ pub use load::{LoadOptions, LoadProgress, ModelLoader};
 pub use model::{BackendKind, FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD};
 pub use options::GenerateOptions;
 pub use request::Request;
-pub use sequences::{BatchStep, SequenceEvent, SequenceId};
+pub use sequences::{BatchStep, SequenceEvent, SequenceId, MAX_SLOTS};
 
 /// Native convenience: loads a GGUF file from disk onto the GPU, streaming it in chunks.
 #[cfg(not(target_arch = "wasm32"))]

@@ -14,8 +14,9 @@ use crate::config::ModelConfig;
 use crate::cpu_backend::{CpuBackend, Quantized};
 use crate::cpu_forward::{CpuForward, CpuTensors};
 use crate::error::{bad_model, ModelError};
-use crate::graph::{Graph, LayerWeights, Projection, QkvWeights, Weights};
+use crate::graph::{Graph, GraphSize, LayerWeights, Projection, QkvWeights, Weights};
 use crate::model::Model;
+use crate::sequences::MAX_SLOTS;
 use crate::tensors::{assign_roles, gpu_runs, Expected, Role};
 
 #[derive(Clone, Debug)]
@@ -26,11 +27,15 @@ pub struct LoadOptions {
     pub max_chunk: usize,
     /// How the KV cache stores its values (default f16, as llama.cpp's).
     pub kv_cache: KvType,
+    /// KV slots the GPU backend allocates: sequences that can generate at once in batched steps
+    /// (`Model::add_sequence`), each with a KV cache of `context_length` (default 1). The CPU
+    /// backend's slots grow with `Model::set_slots`.
+    pub slots: usize,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        Self { context_length: None, max_chunk: 128, kv_cache: KvType::default() }
+        Self { context_length: None, max_chunk: 128, kv_cache: KvType::default(), slots: 1 }
     }
 }
 
@@ -307,7 +312,13 @@ impl Loading {
         }
         let rope = c.rope_config(c.rope_factors_role(max_ctx).map(&mut take_vector).transpose()?)?;
         let weights = Weights { embedding, output_norm: upload("output_norm", take_vector(Role::OutputNorm)?)?, output, layers };
-        let graph = Graph::new(gpu, c, weights, &rope, max_ctx, options.max_chunk.min(max_ctx), options.kv_cache).await?;
+        let max_chunk = options.max_chunk.min(max_ctx);
+        if options.slots == 0 || options.slots > max_chunk.min(MAX_SLOTS) {
+            let reason = format!("{}: 1 to {}", options.slots, max_chunk.min(MAX_SLOTS));
+            return Err(ModelError::InvalidOption { name: "slots", reason });
+        }
+        let size = GraphSize { max_ctx, max_chunk, kv: options.kv_cache, slots: options.slots };
+        let graph = Graph::new(gpu, c, weights, &rope, size).await?;
         // A buffer the device failed to allocate, or a loss during the upload, fails the load here
         // rather than the first request.
         gpu.check_faults()?;

@@ -233,13 +233,18 @@ impl Model {
     }
 
     fn with_backend(backend: Backend, tokenizer: Tokenizer) -> Result<Self, ModelError> {
+        let slots = match &backend {
+            Backend::Gpu(g) => g.slots,
+            Backend::Cpu(_) => 1,
+        };
         // A template that does not even compile is a broken file, found before any request.
         let template = ChatTemplate::for_tokenizer(&tokenizer).map_err(|e| bad_model(e.to_string()))?;
         Ok(Self {
             backend,
             tokenizer,
             template,
-            cached: vec![Vec::new()],
+            // The GPU backend's slots are allocated at load; the CPU backend's grow with `set_slots`.
+            cached: vec![Vec::new(); slots],
             sequences: Vec::new(),
             next_sequence: 0,
             run_ahead: DEFAULT_DECODE_RUN_AHEAD,

@@ -221,12 +221,11 @@ pub fn decode<'a>(bytes: &'a [u8], key: &str, layout: KvLayout, vocab: usize) ->
     Ok(Snapshot { tokens, rows: &content[rows_at..] })
 }
 
-/// The byte range of each KV head's first `n` rows in one layer's K or V cache, whose layout is
-/// `[n_kv_heads, max_ctx, head_dim]` values.
-fn head_ranges(cache: &KvCache, n: usize) -> impl Iterator<Item = (u64, u64)> {
+/// The byte range of each KV head's first `n` rows of slot 0 (the one `Model::generate` uses) in
+/// one layer's K or V cache.
+fn head_ranges(cache: &KvCache, n: usize) -> impl Iterator<Item = (u64, u64)> + '_ {
     let row = cache.row_bytes() as u64;
-    let head_bytes = cache.shape.max_ctx as u64 * row;
-    (0..cache.shape.n_kv_heads as u64).map(move |h| (h * head_bytes, n as u64 * row))
+    (0..cache.shape.n_kv_heads).map(move |h| (cache.row_offset(0, h, 0), n as u64 * row))
 }
 
 /// Serializes a snapshot of the first `tokens.len()` rows of every layer's K and V, copied back

@@ -6,17 +6,23 @@
 //! tokens and end as events.
 //!
 //! A sequence gives the tokens it would give alone: every row of a CPU step is computed on its
-//! own, it samples with the draw numbers `Model::generate` uses, and its tokens go through the
-//! same `TokenOutput`. Only the CPU backend batches.
+//! own and sampled on the host as the CPU backend samples; a GPU step runs prompt chunks with
+//! the prefill kernels and decodes with the decode kernels, and samples each sequence on the
+//! device with its slot's own sampler, as generation alone does (`graph::batch`). Either way it
+//! samples with the draw numbers `Model::generate` uses, and its tokens go through the same
+//! `TokenOutput`.
 
 use std::time::Duration;
 
 use web_time::Instant;
 
+use kestrel_gpu::kernels::matvec::MAX_MATVEC_COLUMNS;
 use kestrel_gpu::params::SamplingParams;
 use kestrel_gpu::reference::sample;
+use kestrel_gpu::GpuError;
 
 use crate::cpu_forward::SequenceStep;
+use crate::graph::{BatchSample, BatchSequence, Graph};
 use crate::model::{common_prefix, sampling_params, top_logprobs, Backend};
 use crate::output::{Accepted, TokenOutput};
 use crate::penalties::PenaltyPolicy;
@@ -74,25 +80,61 @@ pub(crate) struct Sequence {
     first_token: Option<Instant>,
 }
 
+/// The most KV slots a model takes: a batched step's products hold every sequence's sums in
+/// registers (`MAX_MATVEC_COLUMNS`), and each slot is a whole context of keys and values.
+pub const MAX_SLOTS: usize = MAX_MATVEC_COLUMNS as usize;
+
+/// What a step gives a sequence that samples: its logits, which the host samples (the CPU
+/// backend), or the token its slot's sampler drew on the device (and the logits when it wants
+/// logprobs).
+enum Sampled {
+    Logits(Vec<f32>),
+    Device(BatchSample),
+}
+
+/// A batched step on the GPU: each sampling sequence's penalties for its tokens so far, then the
+/// step (`Graph::run_batch`), with each sequence's draw number.
+async fn run_on_gpu(graph: &Graph, steps: &[SequenceStep<'_>], sequences: &[&Sequence]) -> Result<Vec<Option<Sampled>>, ModelError> {
+    let mut batch = Vec::with_capacity(steps.len());
+    for (step, seq) in steps.iter().zip(sequences) {
+        if step.logits {
+            let policy = PenaltyPolicy::new(&seq.options);
+            graph.set_slot_penalties(seq.slot, &policy.penalties, &policy.entries(&seq.history))?;
+        }
+        batch.push(BatchSequence {
+            slot: step.slot,
+            pos: step.pos,
+            tokens: step.tokens,
+            decoding: seq.next.is_some(),
+            sample: step.logits.then_some(seq.draws),
+            logits: seq.options.logprobs > 0,
+        });
+    }
+    Ok(graph.run_batch(&batch).await?.into_iter().map(|s| s.map(Sampled::Device)).collect())
+}
+
 impl Model {
     /// KV slots: sequences that can run at once.
     pub fn slots(&self) -> usize {
         self.cached.len()
     }
 
-    /// Keeps `n` KV slots. Only the CPU backend batches; the GPU backend has one slot. Fails while
-    /// sequences run.
+    /// Keeps `n` KV slots (1 to `MAX_SLOTS`): the CPU backend allocates them; the GPU backend
+    /// has the slots it was loaded with (`LoadOptions::slots`) and uses the first `n`. Fails
+    /// while sequences run.
     pub fn set_slots(&mut self, n: usize) -> Result<(), ModelError> {
         let invalid = |reason: String| Err(ModelError::InvalidOption { name: "slots", reason });
-        if n == 0 {
-            return invalid("must be at least 1".into());
+        if !(1..=MAX_SLOTS).contains(&n) {
+            return invalid(format!("{n}: 1 to {MAX_SLOTS}"));
         }
         if !self.sequences.is_empty() {
             return invalid("cannot change while sequences run".into());
         }
         match &mut self.backend {
             Backend::Cpu(c) => c.forward.set_slots(n),
-            Backend::Gpu(_) if n > 1 => return invalid(format!("{n}: batched generation runs on the CPU backend only")),
+            Backend::Gpu(g) if n > g.slots => {
+                return invalid(format!("{n}: the model was loaded with {} (the load option slots)", g.slots));
+            }
             Backend::Gpu(_) => {}
         }
         self.cached.resize_with(n, Vec::new);
@@ -133,16 +175,17 @@ impl Model {
     /// longest prefix with it (those KV rows are reused). It starts at the next step. Bad options
     /// or prompts fail here, as `generate` fails them; so does a model without a free slot.
     pub fn add_sequence(&mut self, prompt: &[u32], options: &GenerateOptions) -> Result<SequenceId, ModelError> {
-        if !matches!(self.backend, Backend::Cpu(_)) {
-            return Err(ModelError::InvalidOption { name: "slots", reason: "batched generation runs on the CPU backend only".into() });
-        }
         options.validate(self.config().vocab)?;
         self.check_prompt(prompt)?;
+        let sampling = sampling_params(options);
         let busy = |slot: usize| self.sequences.iter().any(|s| s.slot == slot);
         let slot = (0..self.slots())
             .filter(|&slot| !busy(slot))
             .max_by_key(|&slot| common_prefix(&self.cached[slot], prompt))
             .ok_or_else(|| ModelError::InvalidOption { name: "slots", reason: format!("all {} are in use", self.slots()) })?;
+        if let Backend::Gpu(g) = &self.backend {
+            g.set_slot_sampling(slot, &sampling)?;
+        }
         // Keep the longest cached prefix, but always run the last prompt token for its logits.
         let reused = common_prefix(&self.cached[slot], prompt).min(prompt.len() - 1);
         // The slot's rows past `reused` are about to change; until the sequence ends, it holds them.
@@ -154,7 +197,7 @@ impl Model {
             slot,
             prompt: prompt.to_vec(),
             options: options.clone(),
-            sampling: sampling_params(options),
+            sampling,
             reused,
             pos: reused,
             next: None,
@@ -178,7 +221,7 @@ impl Model {
     /// Runs one batched step: every decoding sequence's token, and prompt chunks of at most
     /// `prefill_tokens` tokens in all (oldest sequence first; at least one token when any
     /// prompt waits), so that a long prompt delays the others' next tokens by a bounded amount.
-    pub fn step_sequences(&mut self, prefill_tokens: usize) -> BatchStep {
+    pub async fn step_sequences(&mut self, prefill_tokens: usize) -> BatchStep {
         let mut budget = prefill_tokens.max(1);
         // (sequence index, input tokens, whether the step samples)
         let mut plan: Vec<(usize, Vec<u32>, bool)> = Vec::new();
@@ -211,13 +254,14 @@ impl Model {
             })
             .collect();
         let result = match &mut self.backend {
-            Backend::Cpu(c) => c.run_batch(&steps),
-            Backend::Gpu(_) => {
-                Err(ModelError::InvalidOption { name: "slots", reason: "batched generation runs on the CPU backend only".into() })
+            Backend::Cpu(c) => c.run_batch(&steps).map(|rows| rows.into_iter().map(|l| l.map(Sampled::Logits)).collect()),
+            Backend::Gpu(g) => {
+                let sequences: Vec<&Sequence> = plan.iter().map(|(i, ..)| &self.sequences[*i]).collect();
+                run_on_gpu(g, &steps, &sequences).await
             }
         };
-        let logits = match result {
-            Ok(logits) => logits,
+        let sampled = match result {
+            Ok(sampled) => sampled,
             Err(e) => {
                 // Every sequence of the step fails with it; their slots may hold partial rows.
                 let (code, message) = (e.code(), e.to_string());
@@ -232,11 +276,11 @@ impl Model {
             }
         };
         let mut ended = Vec::new();
-        for ((i, tokens, _), logits) in plan.iter().zip(logits) {
+        for ((i, tokens, _), sampled) in plan.iter().zip(sampled) {
             let seq = &mut self.sequences[*i];
             seq.pos += tokens.len();
-            let Some(logits) = logits else { continue };
-            match self.sample_into(*i, &logits, &mut step.events) {
+            let Some(sampled) = sampled else { continue };
+            match self.sample_into(*i, sampled, &mut step.events) {
                 Ok(None) => {}
                 Ok(Some(reason)) => ended.push((*i, Ok(reason))),
                 Err(e) => ended.push((*i, Err(e))),
@@ -262,26 +306,37 @@ impl Model {
         step
     }
 
-    /// Samples sequence i's next token from its step's logits (its penalties applied, its seed
-    /// and draw number) and feeds it to its output: the token's event, and why the sequence
-    /// ends if it does.
+    /// Takes sequence i's next token (sampled on the device, or here from its step's logits with
+    /// its penalties, seed and draw number) and feeds it to its output: the token's event, and
+    /// why the sequence ends if it does.
     fn sample_into(
         &mut self,
         i: usize,
-        logits: &[f32],
+        sampled: Sampled,
         events: &mut Vec<(SequenceId, SequenceEvent)>,
     ) -> Result<Option<FinishReason>, ModelError> {
         let max_ctx = self.context_length();
         let seq = &mut self.sequences[i];
-        let policy = PenaltyPolicy::new(&seq.options);
-        let token = if policy.is_active() {
-            sample::sample(&sample::apply_penalties(logits, &policy.entries(&seq.history), &policy.penalties), &seq.sampling, seq.draws)
-        } else {
-            sample::sample(logits, &seq.sampling, seq.draws)
+        let (token, logits) = match sampled {
+            Sampled::Logits(logits) => {
+                let policy = PenaltyPolicy::new(&seq.options);
+                let token = if policy.is_active() {
+                    let penalized = sample::apply_penalties(&logits, &policy.entries(&seq.history), &policy.penalties);
+                    sample::sample(&penalized, &seq.sampling, seq.draws)
+                } else {
+                    sample::sample(&logits, &seq.sampling, seq.draws)
+                };
+                (token, Some(logits))
+            }
+            Sampled::Device(BatchSample { token, logits }) => (token, logits),
         };
         seq.draws += 1;
         seq.first_token.get_or_insert_with(Instant::now);
-        let logprobs = (seq.options.logprobs > 0).then(|| top_logprobs(logits, token, seq.options.logprobs));
+        let logprobs = match (seq.options.logprobs, &logits) {
+            (0, _) => None,
+            (n, Some(logits)) => Some(top_logprobs(logits, token, n)),
+            (_, None) => return Err(GpuError::Readback("a batched step returned no logits for logprobs".into()).into()),
+        };
         match seq.output.accept(&self.tokenizer, &seq.options, token, logprobs)? {
             Accepted::End => return Ok(Some(FinishReason::Stop)),
             Accepted::Token { event, stopped } => {

@@ -13,13 +13,9 @@ fn load(max_chunk: usize) -> Model {
     pollster::block_on(kestrel_model::load_file_cpu(&common::default_model_path(), options, &mut |_| {})).expect("load on the CPU backend")
 }
 
-fn bench_ids(n: usize) -> Vec<u32> {
-    common::ids(&common::greedy_reference()["bench_prompt"]["ids"])[..n].to_vec()
-}
-
 #[test]
 fn prefill_chunks_and_decode_steps_give_the_same_logits() {
-    let prompt = bench_ids(40);
+    let prompt = common::bench_ids(40);
     let whole = pollster::block_on(load(128).prompt_logits(&prompt)).expect("one chunk");
     let chunked = pollster::block_on(load(7).prompt_logits(&prompt)).expect("chunks of 7");
     assert_eq!(whole, chunked, "chunks of 7 tokens changed the logits");
@@ -42,7 +38,7 @@ fn prefill_chunks_and_decode_steps_give_the_same_logits() {
 #[test]
 fn cached_prefix_and_seeded_sampling_repeat_exactly() {
     let mut model = load(128);
-    let prompt = bench_ids(24);
+    let prompt = common::bench_ids(24);
     let options =
         GenerateOptions { max_tokens: 12, temperature: 0.9, top_k: 40, seed: Some(7), ignore_eos: true, ..GenerateOptions::default() };
     let cold = pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).expect("cold");
@@ -70,82 +66,13 @@ fn gpu_only_features_are_coded_errors() {
     assert_eq!(err.code(), "needs_gpu");
 }
 
-/// Runs the model's batched sequences to their ends, `prefill` prompt tokens a step; returns
-/// each one's events (token texts, then the generation) in the order added.
-fn run_batched(model: &mut Model, requests: &[(Vec<u32>, GenerateOptions)], prefill: usize) -> Vec<(String, kestrel_model::Generation)> {
-    use kestrel_model::SequenceEvent;
-    let ids: Vec<_> = requests.iter().map(|(prompt, options)| model.add_sequence(prompt, options).expect("add")).collect();
-    let mut streamed = vec![String::new(); ids.len()];
-    let mut done: Vec<Option<kestrel_model::Generation>> = vec![None; ids.len()];
-    let mut batched_decodes = 0;
-    while model.running_sequences() > 0 {
-        let step = model.step_sequences(prefill);
-        assert!(step.sequences > 0 && step.rows >= step.sequences, "a step with sequences running ran nothing");
-        if step.decoding > 1 {
-            batched_decodes += 1;
-        }
-        for (id, event) in step.events {
-            let i = ids.iter().position(|&x| x == id).expect("an event of an added sequence");
-            assert!(done[i].is_none(), "an event after the sequence ended");
-            match event {
-                SequenceEvent::Token(t) => streamed[i].push_str(&t.text),
-                SequenceEvent::Done(result) => done[i] = Some(result.expect("the sequence succeeds")),
-            }
-        }
-    }
-    assert!(batched_decodes > 0, "no step decoded several sequences together");
-    assert_eq!(model.free_slots(), model.slots(), "every slot is free at the end");
-    streamed.into_iter().zip(done).map(|(s, g)| (s, g.expect("every sequence ended"))).collect()
-}
-
 #[test]
 fn batched_sequences_give_what_each_gives_alone() {
-    let long = bench_ids(40);
-    let greedy = |max_tokens| GenerateOptions { max_tokens, ignore_eos: true, ..GenerateOptions::greedy() };
-    let requests = vec![
-        (long.clone(), greedy(12)),
-        (bench_ids(5), GenerateOptions { logprobs: 3, ..greedy(9) }),
-        (
-            bench_ids(17),
-            GenerateOptions {
-                max_tokens: 10,
-                temperature: 0.9,
-                top_k: 40,
-                seed: Some(11),
-                repetition_penalty: 1.3,
-                penalty_last_n: 32,
-                ignore_eos: true,
-                ..GenerateOptions::default()
-            },
-        ),
-        (long[..23].to_vec(), greedy(6)),
-    ];
-    let mut alone_model = load(128);
-    let alone: Vec<_> = requests
-        .iter()
-        .map(|(prompt, options)| {
-            alone_model.reset();
-            pollster::block_on(alone_model.generate(prompt, options, &mut |_| true)).expect("alone")
-        })
-        .collect();
-
+    let requests = common::mixed_requests(40);
+    let alone = common::generate_alone(&mut load(128), &requests);
     let mut model = load(128);
     model.set_slots(4).expect("4 slots");
-    // Prompts enter 8 tokens a step, interleaved with the others' decode steps.
-    for ((streamed, batched), want) in run_batched(&mut model, &requests, 8).into_iter().zip(&alone) {
-        assert_eq!(batched.tokens, want.tokens, "batched tokens differ from the request alone");
-        assert_eq!(batched.text, want.text);
-        assert_eq!(streamed, want.text, "the streamed text is the generation's");
-        assert_eq!(batched.finish_reason, want.finish_reason);
-        assert_eq!(batched.logprobs, want.logprobs);
-    }
-
-    // Each slot keeps its sequence's tokens: the same prompt again reuses all but its last.
-    let again = run_batched(&mut model, &requests[..2], 64);
-    assert_eq!(again[0].1.timings.reused_tokens, long.len() - 1);
-    assert_eq!(again[1].1.timings.reused_tokens, 4);
-    assert_eq!(again[0].1.tokens, alone[0].tokens);
-    assert_eq!(again[1].1.tokens, alone[1].tokens);
+    common::assert_batched_as_alone(&mut model, &requests, &alone, 8);
 }
 
 #[test]
@@ -153,15 +80,16 @@ fn sequences_abort_free_their_slot_and_refuse_what_generate_refuses() {
     let mut model = load(128);
     model.set_slots(2).expect("2 slots");
     let options = GenerateOptions { max_tokens: 50, ignore_eos: true, ..GenerateOptions::greedy() };
-    let first = model.add_sequence(&bench_ids(6), &options).expect("first");
-    model.add_sequence(&bench_ids(9), &options).expect("second");
-    let full = model.add_sequence(&bench_ids(3), &options).expect_err("a third with 2 slots");
+    let first = model.add_sequence(&common::bench_ids(6), &options).expect("first");
+    model.add_sequence(&common::bench_ids(9), &options).expect("second");
+    let full = model.add_sequence(&common::bench_ids(3), &options).expect_err("a third with 2 slots");
     assert_eq!(full.code(), "invalid_option");
-    let busy = pollster::block_on(model.generate(&bench_ids(3), &options, &mut |_| true)).expect_err("generate while sequences run");
+    let busy =
+        pollster::block_on(model.generate(&common::bench_ids(3), &options, &mut |_| true)).expect_err("generate while sequences run");
     assert_eq!(busy.code(), "invalid_option");
     assert_eq!(model.set_slots(3).expect_err("resizing while sequences run").code(), "invalid_option");
     for _ in 0..4 {
-        model.step_sequences(64);
+        pollster::block_on(model.step_sequences(64));
     }
     let aborted = model.abort_sequence(first).expect("the first runs");
     assert_eq!(aborted.finish_reason, kestrel_model::FinishReason::Abort);
@@ -169,7 +97,7 @@ fn sequences_abort_free_their_slot_and_refuse_what_generate_refuses() {
     assert!(model.abort_sequence(first).is_none(), "an ended sequence aborts once");
     assert_eq!(model.free_slots(), 1);
     let bad = GenerateOptions { top_p: 2.0, ..options.clone() };
-    assert_eq!(model.add_sequence(&bench_ids(3), &bad).expect_err("top_p 2").code(), "invalid_option");
+    assert_eq!(model.add_sequence(&common::bench_ids(3), &bad).expect_err("top_p 2").code(), "invalid_option");
     let too_long = vec![1; 256];
     assert_eq!(model.add_sequence(&too_long, &options).expect_err("prompt over the context").code(), "context_overflow");
     assert_eq!(model.set_slots(0).expect_err("no slots").code(), "invalid_option");

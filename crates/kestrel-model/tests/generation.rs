@@ -235,3 +235,24 @@ fn decode_steps_run_ahead_change_nothing() {
     assert_eq!(reused.tokens, fresh.tokens, "steps run ahead of an abort leave no trace");
     assert!(model.set_decode_run_ahead(0).is_err() && model.set_decode_run_ahead(5).is_err());
 }
+
+/// Batched sequences on the GPU: prompts with the prefill kernels, decodes of several sequences
+/// as one step whose products read each weight once for all of them, each sequence sampled on
+/// the device by its slot's sampler. Each gives exactly what it gives alone (greedy, logprobs,
+/// a seeded draw with penalties), and the slots are the ones the model was loaded with.
+#[test]
+fn gpu_batched_sequences_give_what_each_gives_alone() {
+    let options = kestrel_model::LoadOptions { context_length: Some(256), slots: 4, ..kestrel_model::LoadOptions::default() };
+    let mut model = common::load_with(&common::gpu(), &common::default_model_path(), options);
+    assert_eq!(model.slots(), 4, "the GPU model has the slots it was loaded with");
+    // Short requests: lavapipe runs about 3 prompt and 7 decode tokens a second.
+    let requests = common::mixed_requests(24);
+    let alone = common::generate_alone(&mut model, &requests);
+    model.reset();
+    // Prompts enter 32 tokens a step (the server's default; on lavapipe a prefill chunk costs
+    // about the same up to a few dozen tokens), still interleaved with the others' decodes.
+    common::assert_batched_as_alone(&mut model, &requests, &alone, 32);
+    assert_eq!(model.set_slots(5).expect_err("more slots than loaded").code(), "invalid_option");
+    model.set_slots(2).expect("fewer slots than loaded");
+    assert_eq!(model.slots(), 2);
+}

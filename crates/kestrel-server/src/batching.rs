@@ -57,7 +57,7 @@ pub(crate) fn run(mut model: Model, inbox: &mpsc::Receiver<Job>, shared: &Shared
             update_gauges(&model, metrics);
             continue;
         }
-        let step = model.step_sequences(prefill_chunk);
+        let step = pollster::block_on(model.step_sequences(prefill_chunk));
         metrics.batch_size.observe(step.sequences as f64);
         for (id, event) in step.events {
             let Some(r) = running.get_mut(&id) else { continue };

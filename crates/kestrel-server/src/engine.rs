@@ -82,8 +82,7 @@ pub(crate) struct Shared {
 
 impl Engine {
     /// Starts the engine thread with `model`, generating for as many requests at once as it has
-    /// KV slots (`Model::set_slots`; batched on the CPU backend) and admitting up to `queue`
-    /// waiting requests.
+    /// KV slots (`Model::set_slots`, batched) and admitting up to `queue` waiting requests.
     pub fn start(model: Model, queue: usize, prefill_chunk: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
         let backend = model.backend();
         let slots = model.slots();
@@ -98,9 +97,15 @@ impl Engine {
         let thread = {
             let shared = shared.clone();
             let metrics = metrics.clone();
-            std::thread::Builder::new().name("kestrel-engine".into()).spawn(move || match backend {
-                BackendKind::Cpu => crate::batching::run(model, &inbox, &shared, &metrics, prefill_chunk),
-                BackendKind::Gpu => run(model, &inbox, &shared, &metrics),
+            // One GPU slot runs each request alone, its decode steps run ahead and sampled on the
+            // device; otherwise requests run as batched sequences.
+            let batched = backend == BackendKind::Cpu || slots > 1;
+            std::thread::Builder::new().name("kestrel-engine".into()).spawn(move || {
+                if batched {
+                    crate::batching::run(model, &inbox, &shared, &metrics, prefill_chunk);
+                } else {
+                    run(model, &inbox, &shared, &metrics);
+                }
             })?
         };
         let backend = backend.as_str();
@@ -162,8 +167,8 @@ impl Engine {
     }
 }
 
-/// One request at a time (the GPU backend, which has one KV slot), each decoded with its steps
-/// run ahead.
+/// One request at a time (the GPU backend with one KV slot), each decoded with its steps run
+/// ahead.
 fn run(mut model: Model, inbox: &mpsc::Receiver<Job>, shared: &Shared, metrics: &Metrics) {
     update_gauges(&model, metrics);
     while let Ok(job) = inbox.recv() {

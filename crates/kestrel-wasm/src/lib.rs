@@ -16,9 +16,7 @@ use kestrel_gguf::GgufStreamReader;
 use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::estimate::{DeviceLimits, Estimate};
-use kestrel_model::{
-    BackendKind, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, SequenceEvent, SequenceId, TokenEvent,
-};
+use kestrel_model::{LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, SequenceEvent, SequenceId, TokenEvent, MAX_SLOTS};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use wasm_bindgen::prelude::*;
@@ -63,7 +61,7 @@ struct State {
     model: RefCell<Option<Model>>,
     model_info: RefCell<Option<Value>>,
     load_options: RefCell<LoadOptions>,
-    /// KV slots a model on the CPU backend gets (`create`'s `slots`).
+    /// KV slots a model gets (`create`'s `slots`).
     slots: Cell<usize>,
     busy: Cell<bool>,
     abort: Cell<bool>,
@@ -103,10 +101,8 @@ impl State {
     async fn finish_load(&self) -> Result<JsValue, JsValue> {
         let loader = self.loader.borrow_mut().take().ok_or_else(|| js_error("bad_model", "bad model file: no bytes were loaded"))?;
         let mut model = loader.finish().await.map_err(|e| model_error(&e))?;
-        // Only the CPU backend batches; the GPU runs one request at a time.
-        if model.backend() == BackendKind::Cpu {
-            model.set_slots(self.slots.get()).map_err(|e| model_error(&e))?;
-        }
+        // The GPU backend allocated its slots at load (`LoadOptions::slots`); the CPU's grow here.
+        model.set_slots(self.slots.get()).map_err(|e| model_error(&e))?;
         let c = model.config();
         let info = json!({
             "name": c.name,
@@ -275,8 +271,8 @@ impl Engine {
     /// as the reason for 'cpu'. Other `options` (all optional): `{allow_f16, allow_subgroups,
     /// allow_timestamps}` (booleans, default true) to force optional features off,
     /// `context_length` (KV cache tokens; default: the model's training context, at most 4096),
-    /// `kv_cache` ('f16', the default, or 'f32') and `slots` (1 to 16, default 1: requests the CPU
-    /// backend generates at once as one batch, each with its own KV cache; the GPU backend has 1).
+    /// `kv_cache` ('f16', the default, or 'f32') and `slots` (1 to 16, default 1: requests
+    /// generated at once as one batch, each with its own KV cache of `context_length` tokens).
     pub async fn create(options: JsValue) -> Result<Engine, JsValue> {
         install_panic_hook();
         let string_option = |name: &str| -> Option<String> {
@@ -364,6 +360,10 @@ impl Engine {
             },
         };
         let state = State::default();
+        // The GPU backend allocates its slots' KV caches at load.
+        if gpu.is_some() {
+            load_options.slots = slots;
+        }
         *state.gpu.borrow_mut() = gpu;
         *state.cpu_reason.borrow_mut() = cpu_reason;
         *state.load_options.borrow_mut() = load_options;
@@ -485,24 +485,22 @@ impl Engine {
     }
 
     /// Runs one step of every batched sequence (prompts `prefill_tokens` tokens a step in all).
-    /// Returns its events in order: `{id, text, token_id}` for a token (`token_id` undefined for
-    /// a final flush), `{id, result}` when a sequence ends (`generate`'s result), `{id, error}`
-    /// when it fails.
+    /// Resolves to its events in order: `{id, text, token_id}` for a token (`token_id` undefined
+    /// for a final flush), `{id, result}` when a sequence ends (`generate`'s result), `{id,
+    /// error}` when it fails. The engine is busy until it resolves (add and abort sequences
+    /// between steps).
     #[wasm_bindgen(js_name = stepSequences)]
-    pub fn step_sequences(&self, prefill_tokens: u32) -> Result<JsValue, JsValue> {
-        let step = self.state.with_model(|model| Ok(model.step_sequences(prefill_tokens as usize)))?;
-        let events = js_sys::Array::new();
-        for (id, event) in step.events {
-            let event = match event {
-                SequenceEvent::Token(t) => json!({ "id": sequence_number(id), "text": t.text, "token_id": t.id }),
-                SequenceEvent::Done(Ok(g)) => json!({ "id": sequence_number(id), "result": g }),
-                SequenceEvent::Done(Err(e)) => {
-                    json!({ "id": sequence_number(id), "error": { "code": e.code(), "message": e.to_string() } })
-                }
-            };
-            events.push(&to_js(&event));
-        }
-        Ok(events.into())
+    pub fn step_sequences(&self, prefill_tokens: u32) -> Promise {
+        let state = self.state.clone();
+        future_to_promise(async move {
+            if state.busy.get() {
+                return Err(js_error("busy", "cannot run batched sequences while a generation is running"));
+            }
+            let mut model = state.take_model()?;
+            let step = model.step_sequences(prefill_tokens as usize).await;
+            state.put_back(model);
+            Ok(step_events(step))
+        })
     }
 
     /// Ends batched sequence `id` now (finish_reason "abort"): its result, or undefined if no
@@ -527,8 +525,21 @@ impl Engine {
     }
 }
 
-/// The most KV slots an engine takes: each holds a whole context of keys and values.
-const MAX_SLOTS: usize = 16;
+/// A batched step's events as `stepSequences` returns them.
+fn step_events(step: kestrel_model::BatchStep) -> JsValue {
+    let events = js_sys::Array::new();
+    for (id, event) in step.events {
+        let event = match event {
+            SequenceEvent::Token(t) => json!({ "id": sequence_number(id), "text": t.text, "token_id": t.id }),
+            SequenceEvent::Done(Ok(g)) => json!({ "id": sequence_number(id), "result": g }),
+            SequenceEvent::Done(Err(e)) => {
+                json!({ "id": sequence_number(id), "error": { "code": e.code(), "message": e.to_string() } })
+            }
+        };
+        events.push(&to_js(&event));
+    }
+    events.into()
+}
 
 /// A sequence's id as JavaScript holds it (exact below 2^53).
 fn sequence_number(id: SequenceId) -> f64 {

@@ -71,10 +71,16 @@ pub struct Loaded {
 }
 
 pub fn load(path: &Path, cache: &CacheArgs, quiet: bool) -> Result<Loaded, Box<dyn std::error::Error>> {
+    load_with_slots(path, cache, quiet, 1)
+}
+
+/// `load` with `slots` sequences generating at once: KV slots allocated at load on the GPU, set
+/// after it on the CPU (`Model::set_slots`).
+pub fn load_with_slots(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
     let device = device(cache.backend)?;
     let total = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
-    let options = cache.load_options();
+    let options = LoadOptions { slots: if matches!(device, Device::Gpu(_)) { slots } else { 1 }, ..cache.load_options() };
     let show_bar = !quiet && std::io::stderr().is_terminal();
     let mut bar = |p: &LoadProgress| {
         if show_bar {
@@ -85,7 +91,8 @@ pub fn load(path: &Path, cache: &CacheArgs, quiet: bool) -> Result<Loaded, Box<d
         Device::Gpu(gpu) => (pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut bar)), gpu.info.adapter_name.clone()),
         Device::Cpu(why) => (pollster::block_on(kestrel_model::load_file_cpu(path, options, &mut bar)), why),
     };
-    let model = model.map_err(coded)?;
+    let mut model = model.map_err(coded)?;
+    model.set_slots(slots).map_err(coded)?;
     if !quiet {
         eprintln!(
             "\rloaded {} ({}, {} layers) on {on} in {:.2} s",

@@ -5,10 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use kestrel_model::BackendKind;
 use kestrel_server::ServerConfig;
 
-use super::load::{load, CacheArgs};
+use super::load::{load_with_slots, CacheArgs};
 use super::CliResult;
 
 #[derive(Args)]
@@ -28,10 +27,11 @@ pub struct ServeArgs {
     /// KESTREL_API_KEY environment variable, else none).
     #[arg(long, env = "KESTREL_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Requests generated at once, batched into one pass of the model per token (default: 8 on
-    /// the CPU backend; the GPU backend runs 1).
-    #[arg(long)]
-    pub slots: Option<usize>,
+    /// Requests generated at once, batched into one pass of the model per token, each with a KV
+    /// cache of --context tokens (1 to 16; 1 on the GPU runs each request alone, its tokens
+    /// sampled on the device).
+    #[arg(long, default_value_t = 8)]
+    pub slots: usize,
     /// Prompt tokens a batched step runs at most, over all prompts being admitted: larger
     /// admits long prompts sooner, smaller keeps the running requests' tokens coming.
     #[arg(long, default_value_t = ServerConfig::default().prefill_chunk)]
@@ -55,17 +55,10 @@ pub struct ServeArgs {
     pub cors_origins: Vec<String>,
 }
 
-/// Requests the CPU backend batches by default.
-const DEFAULT_CPU_SLOTS: usize = 8;
-
 pub fn run(args: ServeArgs) -> CliResult {
     let path = crate::model_path::resolve(args.model);
-    let mut loaded = load(&path, &args.cache, false)?;
-    let slots = args.slots.unwrap_or(match loaded.model.backend() {
-        BackendKind::Cpu => DEFAULT_CPU_SLOTS,
-        BackendKind::Gpu => 1,
-    });
-    loaded.model.set_slots(slots)?;
+    let loaded = load_with_slots(&path, &args.cache, false, args.slots)?;
+    let slots = loaded.model.slots();
     let model_name = path.file_stem().map_or_else(|| "kestrel".into(), |s| s.to_string_lossy().into_owned());
     let config = ServerConfig {
         model_name,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytemuck::{Pod, Zeroable};
 
 use crate::params::{AttentionShape, KvType, Scores};
-use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
+use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
 
 /// KV positions per decode workgroup (`CHUNK` in the shader).
 const DECODE_CHUNK: u32 = 256;
@@ -41,36 +41,47 @@ struct Params {
     window: u32,
 }
 
-/// One layer's KV cache: K and V in separate buffers, each `[n_kv_heads][max_ctx][head_dim]`
-/// values (position `p` of kv head `h` at `(h * max_ctx + p) * head_dim`): f32, or f16 packed two
-/// per u32 word, the first in the low half (`kv`). RoPE writes it, attention reads it.
+/// One layer's KV cache: K and V in separate buffers, each `[slots][n_kv_heads][max_ctx][head_dim]`
+/// values (position `p` of kv head `h` in slot `s` at `((s * n_kv_heads + h) * max_ctx + p) *
+/// head_dim`): f32, or f16 packed two per u32 word, the first in the low half (`kv`). Each
+/// sequence generating at once has a slot. RoPE writes it, attention reads it.
 pub struct KvCache {
     pub k: Tensor,
     pub v: Tensor,
     pub shape: AttentionShape,
     pub kv: KvType,
+    pub slots: usize,
 }
 
 impl KvCache {
-    /// A zeroed cache; fails if a buffer would exceed the device's binding limit.
-    pub fn new(gpu: &Gpu, label: &str, shape: AttentionShape, kv: KvType) -> Result<Self, GpuError> {
+    /// A zeroed cache of `slots` sequences; fails if a buffer would exceed the device's binding
+    /// limit.
+    pub fn new(gpu: &Gpu, label: &str, shape: AttentionShape, kv: KvType, slots: usize) -> Result<Self, GpuError> {
         let AttentionShape { n_heads, n_kv_heads, head_dim, max_ctx } = shape;
         // Whole f16 words per row, and whole pairs of pairs for RoPE's threads.
         if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) || head_dim == 0 || !head_dim.is_multiple_of(4) || max_ctx == 0 {
             return Err(GpuError::InvalidArgs(format!("kv cache {label}: invalid shape {shape:?}")));
         }
+        if slots == 0 {
+            return Err(GpuError::InvalidArgs(format!("kv cache {label}: no slots")));
+        }
         let (dims, dtype) = match kv {
-            KvType::F32 => ([n_kv_heads, max_ctx, head_dim], DType::F32),
-            KvType::F16 => ([n_kv_heads, max_ctx, head_dim / 2], DType::U32),
+            KvType::F32 => ([slots * n_kv_heads, max_ctx, head_dim], DType::F32),
+            KvType::F16 => ([slots * n_kv_heads, max_ctx, head_dim / 2], DType::U32),
         };
         let k = Tensor::zeros(gpu, &format!("{label}.k"), &dims, dtype)?;
         let v = Tensor::zeros(gpu, &format!("{label}.v"), &dims, dtype)?;
-        Ok(Self { k, v, shape, kv })
+        Ok(Self { k, v, shape, kv, slots })
     }
 
     /// Bytes of one position's row of one kv head, in K or in V.
     pub fn row_bytes(&self) -> usize {
         self.shape.head_dim * self.kv.bytes()
+    }
+
+    /// Byte offset in K (or V) of position `pos` of kv head `head` in `slot`.
+    pub fn row_offset(&self, slot: usize, head: usize, pos: usize) -> u64 {
+        (((slot * self.shape.n_kv_heads + head) * self.shape.max_ctx + pos) * self.row_bytes()) as u64
     }
 }
 
@@ -91,7 +102,8 @@ pub struct AttentionKernel {
     prefill: Arc<wgpu::ComputePipeline>,
 }
 
-/// Decode attention bound to one layer: partial softmax per (KV chunk, head), then a combine.
+/// Decode attention bound to one layer: partial softmax per (KV chunk, head, query), then a
+/// combine per (head, query).
 pub struct DecodeAttention {
     partial: Dispatch,
     combine: Dispatch,
@@ -133,21 +145,29 @@ impl AttentionKernel {
         })
     }
 
-    /// Binds the decode kernels: the one query in row 0 of `q` (f32 `[rows, n_heads * head_dim]`,
-    /// at position `step.pos`) attends to cache positions `0..=step.pos`; the result goes to row 0
-    /// of `out` (same shape as `q`). Allocates the partials scratch for `max_ctx` positions.
+    /// Binds the decode kernels for up to `queries` sequences, one query each: row `t` of `q`
+    /// (f32 `[rows, n_heads * head_dim]`, for `t < step.n_tokens`) attends to positions
+    /// `0..=pos` of slot `slot`, `(slot, pos)` being row `t` of `rows`; the result goes to row `t`
+    /// of `out` (same shape as `q`). Allocates the partials scratch for `max_ctx` positions of
+    /// each query.
+    #[allow(clippy::too_many_arguments)]
     pub fn bind_decode(
         &self,
         gpu: &Gpu,
-        step: &StepUniform,
+        rows: &StepRows,
         q: &Tensor,
         cache: &KvCache,
         out: &Tensor,
         scores: &Scores,
+        queries: usize,
     ) -> Result<DecodeAttention, GpuError> {
         let params = self.params(q, cache, out, scores)?;
+        if queries == 0 || q.len() / cache.shape.q_width() < queries {
+            return Err(GpuError::InvalidArgs(format!("attention: {queries} decode queries in q of shape {:?}", q.shape)));
+        }
+        rows.check("attention", queries)?;
         let window = (params.window > 0).then_some(params.window);
-        let partials_len = params.n_heads as usize * params.max_chunks as usize * (2 + self.head_dim);
+        let partials_len = queries * params.n_heads as usize * params.max_chunks as usize * (2 + self.head_dim);
         let partials = Tensor::zeros(gpu, "attention.partials", &[partials_len], DType::F32)?;
         let params = gpu.uniform_buffer("attention.params", bytemuck::bytes_of(&params));
         let n_heads = cache.shape.n_heads as u32;
@@ -156,12 +176,12 @@ impl AttentionKernel {
             "attention.decode_partial",
             self.decode_partial.clone(),
             &[
-                step.buffer.as_entire_binding(),
                 params.as_entire_binding(),
                 q.buffer.as_entire_binding(),
                 cache.k.buffer.as_entire_binding(),
                 cache.v.buffer.as_entire_binding(),
                 partials.buffer.as_entire_binding(),
+                rows.tensor.buffer.as_entire_binding(),
             ],
             [1, n_heads, 1],
         );
@@ -170,23 +190,27 @@ impl AttentionKernel {
             "attention.decode_combine",
             self.decode_combine.clone(),
             &[
-                step.buffer.as_entire_binding(),
                 params.as_entire_binding(),
                 partials.buffer.as_entire_binding(),
                 out.buffer.as_entire_binding(),
+                rows.tensor.buffer.as_entire_binding(),
             ],
             [n_heads, 1, 1],
         );
         Ok(DecodeAttention { partial, combine, n_heads, window })
     }
 
-    /// Binds the prefill kernel: query row `t` of `q` (f32 `[rows, n_heads * head_dim]`, at
-    /// position `step.pos + t`, for `t < step.n_tokens`) attends to positions `0..=step.pos + t`
-    /// (earlier chunks' keys included); results go to the same rows of `out`.
+    /// Binds the prefill kernel: the step's queries are one sequence's consecutive positions,
+    /// query row `t` of `q` (f32 `[rows, n_heads * head_dim]`, for `t < step.n_tokens`) at
+    /// position `pos + t` of slot `slot`, `(slot, pos)` being row 0 of `rows`; it attends to that
+    /// slot's positions `0..=pos + t` (earlier chunks' keys included); results go to the same rows
+    /// of `out`.
+    #[allow(clippy::too_many_arguments)]
     pub fn bind_prefill(
         &self,
         gpu: &Gpu,
         step: &StepUniform,
+        rows_of: &StepRows,
         q: &Tensor,
         cache: &KvCache,
         out: &Tensor,
@@ -196,6 +220,7 @@ impl AttentionKernel {
         let params = gpu.uniform_buffer("attention.params", bytemuck::bytes_of(&params));
         let n_heads = cache.shape.n_heads as u32;
         let rows = (q.len() / cache.shape.q_width()) as u32;
+        rows_of.check("attention", 1)?;
         let dispatch = Dispatch::new(
             gpu,
             "attention.prefill",
@@ -207,6 +232,7 @@ impl AttentionKernel {
                 cache.k.buffer.as_entire_binding(),
                 cache.v.buffer.as_entire_binding(),
                 out.buffer.as_entire_binding(),
+                rows_of.tensor.buffer.as_entire_binding(),
             ],
             [rows.div_ceil(self.prefill_queries), n_heads, 1],
         );
@@ -248,20 +274,24 @@ impl AttentionKernel {
 }
 
 impl DecodeAttention {
-    /// The grid of the partial kernel for a cache of `kv_len` valid positions (`step.pos + 1`):
-    /// the chunks from the one holding the sliding window's first key (shaders/attention.wgsl
-    /// `first_decode_chunk`) to the last.
-    pub fn workgroups(&self, kv_len: u32) -> [u32; 3] {
-        let first = self.window.map_or(0, |w| kv_len.saturating_sub(w) / DECODE_CHUNK);
-        [kv_len.div_ceil(DECODE_CHUNK) - first, self.n_heads, 1]
+    /// The grid of the partial kernel for `queries` queries whose caches hold at most `kv_len`
+    /// valid positions (the last query's position + 1): chunks per query enough for any of them.
+    /// With a sliding window a query sees at most `window` keys, which touch at most
+    /// `window / CHUNK + 1` chunks from the one holding its first (shaders/attention.wgsl
+    /// `first_decode_chunk`); the chunks a query does not need leave at once.
+    pub fn workgroups(&self, kv_len: u32, queries: u32) -> [u32; 3] {
+        let all = kv_len.div_ceil(DECODE_CHUNK);
+        let chunks = self.window.map_or(all, |w| all.min(w.div_ceil(DECODE_CHUNK) + 1));
+        [chunks, self.n_heads, queries]
     }
 }
 
 impl StepOp for DecodeAttention {
-    /// The partial kernel over the step's `kv_len` cached positions, then the combine.
+    /// The partial kernel over the step's `n_tokens` queries (one per sequence) and their cached
+    /// positions, up to `kv_len`, then the combine.
     fn record(&self, rec: &mut Recorder, step: &StepParams) {
-        self.partial.record_with(rec, self.workgroups(step.kv_len));
-        self.combine.record(rec);
+        self.partial.record_with(rec, self.workgroups(step.kv_len, step.n_tokens));
+        self.combine.record_with(rec, [self.n_heads, step.n_tokens, 1]);
     }
 }
 

@@ -1,4 +1,6 @@
-//! Matrix-vector products for decode (one token): `y = W x` with quantized weights.
+//! Matrix-vector products for decode: `y = W x` with quantized weights, for the one token of a
+//! sequence's decode step or the B tokens of a batch of sequences (`columns`), each weight read
+//! once for all of them.
 
 use std::sync::Arc;
 
@@ -20,66 +22,91 @@ fn matvec_groups(params: &WeightParams, rows_per_thread: u32) -> u32 {
     params.rows().div_ceil(MATVEC_LANES * rows_per_thread)
 }
 
-/// Rows per thread of a matvec on `gpu`: the device's variant, halved for the fused SwiGLU
-/// product, which reads two matrices per row (the same registers for its accumulators and scales).
-fn matvec_rows_per_thread(gpu: &Gpu, swiglu: bool) -> u32 {
+/// The most tokens one batched matvec computes (`COLUMNS` in the shader): the accumulators of
+/// every token live in registers.
+pub const MAX_MATVEC_COLUMNS: u32 = 16;
+
+/// Rows per thread of a matvec on `gpu` over `columns` tokens: the device's variant, halved for
+/// the fused SwiGLU product, which reads two matrices per row, and divided by the tokens (the
+/// same registers for the accumulators and scales).
+fn matvec_rows_per_thread(gpu: &Gpu, swiglu: bool, columns: u32) -> u32 {
     let rows = gpu.info.kernels.matvec.rows_per_thread;
-    if swiglu {
-        (rows / 2).max(1)
-    } else {
-        rows
-    }
+    let rows = if swiglu { rows / 2 } else { rows };
+    (rows / columns).max(1)
 }
 
 /// `weight_defines` plus the device's matvec variant: SLICES threads per row (SLICED when more
-/// than one, which adds the reduction), ROWS_PER_THREAD rows each.
-fn matvec_defines(gpu: &Gpu, kernel: &str, ty: GgmlType, rows_per_thread: u32) -> Result<Defines, GpuError> {
+/// than one, which adds the reduction), ROWS_PER_THREAD rows each, COLUMNS tokens.
+fn matvec_defines(gpu: &Gpu, kernel: &str, ty: GgmlType, rows_per_thread: u32, columns: u32) -> Result<Defines, GpuError> {
+    if !(1..=MAX_MATVEC_COLUMNS).contains(&columns) {
+        return Err(GpuError::InvalidArgs(format!("{kernel}: {columns} tokens (1 to {MAX_MATVEC_COLUMNS})")));
+    }
     let mut defines = weight_defines(kernel, ty)?;
     let slices = gpu.info.kernels.matvec.slices;
     defines.insert("SLICES".into(), slices.to_string());
     defines.insert("ROWS_PER_THREAD".into(), rows_per_thread.to_string());
+    defines.insert("COLUMNS".into(), columns.to_string());
     if slices > 1 {
         defines.insert("SLICED".into(), "1".into());
     }
     Ok(defines)
 }
 
-/// `y[n] = Σ_k W[n][k]·x[k]` (+ `bias[n]`, + old `y[n]` per the epilogue) for one token.
+/// Checks x (`columns` rows of the weights' K values, whole vec4s per row when more than one) and
+/// returns the weight parameters.
+fn check_input(kernel: &str, w: &WeightTensor, x: &Tensor, columns: u32) -> Result<WeightParams, GpuError> {
+    let params = WeightParams::new(kernel, w, columns)?;
+    if columns > 1 && !params.cols().is_multiple_of(4) {
+        return Err(GpuError::InvalidArgs(format!("{kernel}: rows of {} values are not whole vec4s for {columns} tokens", params.cols())));
+    }
+    check_tensor(kernel, "x", x, DType::F32, u64::from(params.cols()) * u64::from(columns))?;
+    Ok(params)
+}
+
+/// `y[b][n] = Σ_k W[n][k]·x[b][k]` (+ `bias[n]`, + old `y[b][n]` per the epilogue) for each of
+/// `columns` tokens b.
 ///
-/// Bindings built by [`MatvecKernel::bind`]: x (f32, >= K values), y (f32, >= N values, may be
-/// larger), bias (f32, >= N values, only with `Epilogue::bias`).
+/// Bindings built by [`MatvecKernel::bind`]: x (f32, >= columns * K values), y (f32, token b's
+/// outputs at `b * out.stride + out.offset`), bias (f32, >= N values, only with `Epilogue::bias`).
 pub struct MatvecKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     ty: GgmlType,
     epilogue: Epilogue,
     rows_per_thread: u32,
+    columns: u32,
 }
 
 impl MatvecKernel {
+    /// The one-token product.
     pub async fn new(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue) -> Result<Self, GpuError> {
-        Self::build(gpu, ty, epilogue, None).await
+        Self::build(gpu, ty, epilogue, None, 1).await
+    }
+
+    /// The product over `columns` tokens (1 to `MAX_MATVEC_COLUMNS`).
+    pub async fn batched(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue, columns: u32) -> Result<Self, GpuError> {
+        Self::build(gpu, ty, epilogue, None, columns).await
     }
 
     /// The LM head of a model with a final soft cap (Gemma 2: 30): `y = cap * tanh(x·Wᵀ / cap)`.
-    pub async fn soft_capped(gpu: &Gpu, ty: GgmlType, cap: f32) -> Result<Self, GpuError> {
-        Self::build(gpu, ty, Epilogue::NONE, Some(cap)).await
+    pub async fn soft_capped(gpu: &Gpu, ty: GgmlType, cap: f32, columns: u32) -> Result<Self, GpuError> {
+        Self::build(gpu, ty, Epilogue::NONE, Some(cap), columns).await
     }
 
-    async fn build(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue, softcap: Option<f32>) -> Result<Self, GpuError> {
-        let rows_per_thread = matvec_rows_per_thread(gpu, false);
-        let mut defines = matvec_defines(gpu, "matvec", ty, rows_per_thread)?;
+    async fn build(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue, softcap: Option<f32>, columns: u32) -> Result<Self, GpuError> {
+        let rows_per_thread = matvec_rows_per_thread(gpu, false, columns);
+        let mut defines = matvec_defines(gpu, "matvec", ty, rows_per_thread, columns)?;
         epilogue.add_defines(&mut defines);
         if let Some(cap) = softcap {
             defines.insert("SOFTCAP".into(), super::float_define("matvec", "soft cap", cap)?);
         }
-        Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, epilogue, rows_per_thread })
+        Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, epilogue, rows_per_thread, columns })
     }
 
     pub fn bind(&self, gpu: &Gpu, w: &WeightTensor, x: &Tensor, y: &Tensor, bias: Option<&Tensor>) -> Result<Dispatch, GpuError> {
         self.bind_columns(gpu, w, x, y, OutputColumns::whole(w.rows as u32), bias)
     }
 
-    /// `bind`, writing the N outputs to `y[out.offset ..]` (`out.stride` is unused: one token).
+    /// `bind`, writing token b's N outputs to `y[b * out.stride + out.offset ..]`.
     pub fn bind_columns(
         &self,
         gpu: &Gpu,
@@ -91,9 +118,8 @@ impl MatvecKernel {
     ) -> Result<Dispatch, GpuError> {
         let kernel = "matvec";
         check_weight_type(kernel, self.ty, w)?;
-        let params = WeightParams::new(kernel, w, 1)?.with_output(out);
-        check_tensor(kernel, "x", x, DType::F32, params.cols().into())?;
-        check_tensor(kernel, "y", y, DType::F32, out.needed_len(kernel, params.rows(), 1)?)?;
+        let params = check_input(kernel, w, x, self.columns)?.with_output(out);
+        check_tensor(kernel, "y", y, DType::F32, out.needed_len(kernel, params.rows(), self.columns)?)?;
         check_distinct(kernel, &[("x", &x.buffer), ("y", &y.buffer)])?;
         let uniform = params.uniform(gpu, "matvec.params");
         let mut resources =
@@ -119,30 +145,36 @@ impl MatvecKernel {
     }
 }
 
-/// The fused gate/up projection of a gated FFN (SwiGLU, or GeGLU) for one token:
-/// `out[n] = act(Wg[n]·x) * (Wu[n]·x)` (`params::GateActivation`); `Wg`, `Wu` of the
-/// same type and shape (N x K), x f32 (>= K values), out f32 (>= N values).
+/// The fused gate/up projection of a gated FFN (SwiGLU, or GeGLU) for each of `columns` tokens:
+/// `out[b][n] = act(Wg[n]·x[b]) * (Wu[n]·x[b])` (`params::GateActivation`); `Wg`, `Wu` of the
+/// same type and shape (N x K), x f32 (>= columns * K values), out f32 (>= columns * N values).
 pub struct SwigluMatvecKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     ty: GgmlType,
     rows_per_thread: u32,
+    columns: u32,
 }
 
 impl SwigluMatvecKernel {
+    /// The one-token product.
     pub async fn new(gpu: &Gpu, ty: GgmlType, act: GateActivation) -> Result<Self, GpuError> {
-        let rows_per_thread = matvec_rows_per_thread(gpu, true);
-        let mut defines = matvec_defines(gpu, "swiglu matvec", ty, rows_per_thread)?;
+        Self::batched(gpu, ty, act, 1).await
+    }
+
+    /// The product over `columns` tokens (1 to `MAX_MATVEC_COLUMNS`).
+    pub async fn batched(gpu: &Gpu, ty: GgmlType, act: GateActivation, columns: u32) -> Result<Self, GpuError> {
+        let rows_per_thread = matvec_rows_per_thread(gpu, true, columns);
+        let mut defines = matvec_defines(gpu, "swiglu matvec", ty, rows_per_thread, columns)?;
         add_gate_defines(&mut defines, act);
-        Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, rows_per_thread })
+        Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, rows_per_thread, columns })
     }
 
     pub fn bind(&self, gpu: &Gpu, gate: &WeightTensor, up: &WeightTensor, x: &Tensor, out: &Tensor) -> Result<Dispatch, GpuError> {
         let kernel = "swiglu matvec";
         check_weight_type(kernel, self.ty, gate)?;
         check_same_layout(kernel, gate, up)?;
-        let params = WeightParams::new(kernel, gate, 1)?;
-        check_tensor(kernel, "x", x, DType::F32, params.cols().into())?;
-        check_tensor(kernel, "out", out, DType::F32, params.rows().into())?;
+        let params = check_input(kernel, gate, x, self.columns)?;
+        check_tensor(kernel, "out", out, DType::F32, u64::from(params.rows()) * u64::from(self.columns))?;
         check_distinct(kernel, &[("x", &x.buffer), ("out", &out.buffer)])?;
         let uniform = params.uniform(gpu, "swiglu_matvec.params");
         let workgroups = grid(matvec_groups(&params, self.rows_per_thread), gpu.limits.max_compute_workgroups_per_dimension);

@@ -8,7 +8,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::attention::{kv_defines, KvCache};
 use crate::params::{KvType, RopeConfig, RopeMode};
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
+use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
 
 const WORKGROUP: u32 = 256;
 
@@ -48,14 +48,16 @@ impl RopeKernel {
 
     /// Binds `qkv` (f32 `[max_tokens, (n_heads + 2 * n_kv_heads) * head_dim]`, per token
     /// `[q heads | k heads | v heads]`), `q_out` (f32 `[max_tokens, n_heads * head_dim]`) and the
-    /// layer's cache. Token `t` of a step is at position `step.pos + t`; its rotated K and plain V
-    /// land in the cache at that position (tokens at or past `max_ctx` are skipped: the caller
-    /// checks the context length). Without a `config` (a layer without RoPE) Q and K are copied
-    /// unrotated.
+    /// layer's cache. Token `t` of a step is at the position `rows` gives it, in its slot; its
+    /// rotated K and plain V land in that slot's cache at that position (tokens at or past
+    /// `max_ctx` are skipped: the caller checks the context length). Without a `config` (a layer
+    /// without RoPE) Q and K are copied unrotated.
+    #[allow(clippy::too_many_arguments)]
     pub fn bind(
         &self,
         gpu: &Gpu,
         step: &StepUniform,
+        rows_of: &StepRows,
         config: Option<&RopeConfig>,
         qkv: &Tensor,
         q_out: &Tensor,
@@ -82,6 +84,7 @@ impl RopeKernel {
         if q_out.shape.last() != Some(&shape.q_width()) || q_out.len() / shape.q_width() != rows {
             return invalid(format!("q_out shape {:?} must be [{rows}, {}]", q_out.shape, shape.q_width()));
         }
+        rows_of.check("rope", rows)?;
         let turns = match config {
             Some(config) => turns_per_position(config, hd)?,
             None => vec![[0, 0]; hd / 2],
@@ -111,6 +114,7 @@ impl RopeKernel {
                 q_out.buffer.as_entire_binding(),
                 cache.k.buffer.as_entire_binding(),
                 cache.v.buffer.as_entire_binding(),
+                rows_of.tensor.buffer.as_entire_binding(),
             ],
             grid((rows as u32 * quads_per_token).div_ceil(WORKGROUP), max_per_dim),
         );

@@ -16,10 +16,11 @@ pub struct PlannedOp {
     pub op: Arc<dyn StepOp>,
 }
 
-/// Every part of a step, in the order it runs. The decode and prefill lists share the kernels
-/// that serve both (norms, RoPE: the same bound dispatch) and differ in the products and the
-/// attention: matvecs and split-KV attention for one token, tiled matmuls and tiled attention
-/// for a chunk.
+/// Every part of a step, in the order it runs. The decode, prefill and batch lists share the
+/// kernels that serve all (norms, RoPE: the same bound dispatch) and differ in the products and
+/// the attention: matvecs and split-KV attention for one token, tiled matmuls and tiled
+/// attention for a chunk, matvecs over several tokens and split-KV attention per sequence for a
+/// batch of sequences.
 #[derive(Default)]
 pub struct StepPlan {
     /// The embedding gather and every layer, for a one-token step.
@@ -30,14 +31,29 @@ pub struct StepPlan {
     pub logits: Vec<PlannedOp>,
     /// Logit bias and penalties, then the draw.
     pub sample: Vec<PlannedOp>,
+    /// Decode steps of several sequences, one token each, one list per batch size
+    /// (`batch_columns`): the embedding, every layer, the final norm and every token's LM head.
+    pub batches: Vec<BatchPlan>,
+}
+
+/// A decode step of up to `columns` sequences (its products compute that many tokens).
+pub struct BatchPlan {
+    pub columns: usize,
+    pub ops: Vec<PlannedOp>,
 }
 
 impl StepPlan {
-    /// Appends `op` to both the decode and the prefill list.
-    pub fn both(&mut self, family: &'static str, op: impl StepOp + 'static) {
+    /// A plan whose batches run up to each of `columns` tokens.
+    pub fn with_batches(columns: &[usize]) -> Self {
+        Self { batches: columns.iter().map(|&columns| BatchPlan { columns, ops: Vec::new() }).collect(), ..Self::default() }
+    }
+
+    /// Appends `op` to the decode, the prefill and every batch list.
+    pub fn all(&mut self, family: &'static str, op: impl StepOp + 'static) {
         let op: Arc<dyn StepOp> = Arc::new(op);
         self.decode.push(PlannedOp { family, op: op.clone() });
-        self.prefill.push(PlannedOp { family, op });
+        self.prefill.push(PlannedOp { family, op: op.clone() });
+        self.every_batch(family, op);
     }
 
     /// Appends the one-token and the chunk variant of a part.
@@ -45,6 +61,29 @@ impl StepPlan {
         self.decode.push(PlannedOp { family, op: Arc::new(decode) });
         self.prefill.push(PlannedOp { family, op: Arc::new(prefill) });
     }
+
+    /// Appends `op` to every batch list.
+    pub fn every_batch(&mut self, family: &'static str, op: Arc<dyn StepOp>) {
+        for batch in &mut self.batches {
+            batch.ops.push(PlannedOp { family, op: op.clone() });
+        }
+    }
+
+    /// The batch list for `n` sequences: the one with the fewest columns that holds them.
+    pub fn batch_for(&self, n: usize) -> Option<&BatchPlan> {
+        self.batches.iter().filter(|b| b.columns >= n).min_by_key(|b| b.columns)
+    }
+}
+
+/// The batch sizes a model with `slots` slots builds plans for: powers of two from 2, then
+/// `slots` (a step of n sequences runs the smallest that holds n, computing at most twice the
+/// tokens it needs in its products).
+pub fn batch_columns(slots: usize) -> Vec<usize> {
+    let mut columns: Vec<usize> = std::iter::successors(Some(2usize), |c| Some(c * 2)).take_while(|&c| c < slots).collect();
+    if slots > 1 {
+        columns.push(slots);
+    }
+    columns
 }
 
 /// Records every part of `ops` for `step`.

@@ -7,7 +7,7 @@ pub mod synthetic;
 use std::path::PathBuf;
 
 use kestrel_gpu::{Gpu, GpuOptions};
-use kestrel_model::{LoadOptions, Model};
+use kestrel_model::{GenerateOptions, LoadOptions, Model};
 use serde_json::Value;
 
 pub fn repo_root() -> PathBuf {
@@ -159,4 +159,100 @@ pub fn rope_variant(variant: &RopeVariant) -> PathBuf {
     }
     writer.finish().expect("finish the variant file");
     path
+}
+
+/// Runs the model's batched sequences to their ends, `prefill` prompt tokens a step; returns
+/// each one's events (token texts, then the generation) in the order added.
+pub fn run_batched(
+    model: &mut Model,
+    requests: &[(Vec<u32>, GenerateOptions)],
+    prefill: usize,
+) -> Vec<(String, kestrel_model::Generation)> {
+    use kestrel_model::SequenceEvent;
+    let ids: Vec<_> = requests.iter().map(|(prompt, options)| model.add_sequence(prompt, options).expect("add")).collect();
+    let mut streamed = vec![String::new(); ids.len()];
+    let mut done: Vec<Option<kestrel_model::Generation>> = vec![None; ids.len()];
+    let mut batched_decodes = 0;
+    while model.running_sequences() > 0 {
+        let step = pollster::block_on(model.step_sequences(prefill));
+        assert!(step.sequences > 0 && step.rows >= step.sequences, "a step with sequences running ran nothing");
+        if step.decoding > 1 {
+            batched_decodes += 1;
+        }
+        for (id, event) in step.events {
+            let i = ids.iter().position(|&x| x == id).expect("an event of an added sequence");
+            assert!(done[i].is_none(), "an event after the sequence ended");
+            match event {
+                SequenceEvent::Token(t) => streamed[i].push_str(&t.text),
+                SequenceEvent::Done(result) => done[i] = Some(result.expect("the sequence succeeds")),
+            }
+        }
+    }
+    assert!(batched_decodes > 0, "no step decoded several sequences together");
+    assert_eq!(model.free_slots(), model.slots(), "every slot is free at the end");
+    streamed.into_iter().zip(done).map(|(s, g)| (s, g.expect("every sequence ended"))).collect()
+}
+
+/// The first `n` token ids of the bench prompt (llama.cpp's tokenization of it).
+pub fn bench_ids(n: usize) -> Vec<u32> {
+    ids(&greedy_reference()["bench_prompt"]["ids"])[..n].to_vec()
+}
+
+/// Requests of every kind a batch mixes: greedy ones of several lengths, one with logprobs, one
+/// sampled with a seed, top-k and a repetition penalty. The longest prompt has `long` tokens (at
+/// least 24), the longest generation `long * 3 / 10`.
+pub fn mixed_requests(long: usize) -> Vec<(Vec<u32>, GenerateOptions)> {
+    let (prompt, tokens) = (bench_ids(long), long * 3 / 10);
+    let greedy = |max_tokens| GenerateOptions { max_tokens, ignore_eos: true, ..GenerateOptions::greedy() };
+    let sampled = GenerateOptions {
+        max_tokens: tokens - 2,
+        temperature: 0.9,
+        top_k: 40,
+        seed: Some(11),
+        repetition_penalty: 1.3,
+        penalty_last_n: 32,
+        ignore_eos: true,
+        ..GenerateOptions::default()
+    };
+    vec![
+        (prompt.clone(), greedy(tokens)),
+        (bench_ids(5), GenerateOptions { logprobs: 3, ..greedy(tokens - 3) }),
+        (bench_ids(long * 2 / 5), sampled),
+        (prompt[..long / 2 + 3].to_vec(), greedy(tokens / 2)),
+    ]
+}
+
+/// Each request generated alone (the cache reset before each).
+pub fn generate_alone(model: &mut Model, requests: &[(Vec<u32>, GenerateOptions)]) -> Vec<kestrel_model::Generation> {
+    requests
+        .iter()
+        .map(|(prompt, options)| {
+            model.reset();
+            pollster::block_on(model.generate(prompt, options, &mut |_| true)).expect("alone")
+        })
+        .collect()
+}
+
+/// Runs `requests` as batched sequences of `model` (4 slots or more), their prompts entering
+/// `prefill` tokens a step interleaved with the others' decode steps, and asserts that each gives
+/// what it gave `alone`; then that each slot kept its sequence's tokens (the same prompt again
+/// reuses all but its last).
+pub fn assert_batched_as_alone(
+    model: &mut Model,
+    requests: &[(Vec<u32>, GenerateOptions)],
+    alone: &[kestrel_model::Generation],
+    prefill: usize,
+) {
+    for ((streamed, batched), want) in run_batched(model, requests, prefill).into_iter().zip(alone) {
+        assert_eq!(batched.tokens, want.tokens, "batched tokens differ from the request alone");
+        assert_eq!(batched.text, want.text);
+        assert_eq!(streamed, want.text, "the streamed text is the generation's");
+        assert_eq!(batched.finish_reason, want.finish_reason);
+        assert_eq!(batched.logprobs, want.logprobs);
+    }
+    let again = run_batched(model, &requests[..2], 64);
+    assert_eq!(again[0].1.timings.reused_tokens, requests[0].0.len() - 1);
+    assert_eq!(again[1].1.timings.reused_tokens, requests[1].0.len() - 1);
+    assert_eq!(again[0].1.tokens, alone[0].tokens);
+    assert_eq!(again[1].1.tokens, alone[1].tokens);
 }

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::stats::{Percentiles, Spread};
 use super::{workload, BenchResult};
-use crate::commands::load::{load, CacheArgs};
+use crate::commands::load::{load_with_slots, CacheArgs};
 use crate::commands::CliResult;
 
 #[derive(Args)]
@@ -21,7 +21,7 @@ pub struct BatchArgs {
     #[arg(long, short)]
     model: Option<PathBuf>,
     /// Sequences decoded together, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = clap::value_parser!(u32).range(1..=64))]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = clap::value_parser!(u32).range(1..=16))]
     batch_sizes: Vec<u32>,
     /// Each sequence's prompt length.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
@@ -78,6 +78,9 @@ struct Admission {
 struct BatchReport {
     engine: &'static str,
     version: &'static str,
+    /// "cpu" or "gpu", and what runs it: the SIMD kernels and threads, or the GPU adapter.
+    backend: &'static str,
+    device: String,
     simd: &'static str,
     threads: usize,
     prompt_tokens: usize,
@@ -90,13 +93,9 @@ struct BatchReport {
 pub fn run(args: &BatchArgs) -> CliResult {
     let started = Instant::now();
     let path = crate::model_path::resolve(args.model.clone());
-    let mut model = load(&path, &args.cache, false)?.model;
-    if model.gpu().is_some() {
-        return Err("batched decode runs on the CPU backend: use --backend cpu".into());
-    }
     let sizes: Vec<usize> = args.batch_sizes.iter().map(|&b| b as usize).collect();
     let max_batch = sizes.iter().copied().max().unwrap_or(1);
-    model.set_slots(max_batch)?;
+    let mut model = load_with_slots(&path, &args.cache, false, max_batch)?.model;
     let bench_ids = workload::read_bench_ids(&args.prompts, model.config().vocab)?;
     let (prompt_tokens, decode_tokens) = (args.prompt_tokens as usize, args.decode_tokens as usize);
     // Sequence i's prompt starts i tokens into the text: different prompts, the same length.
@@ -139,9 +138,15 @@ pub fn run(args: &BatchArgs) -> CliResult {
         None
     };
 
+    let device = match model.gpu() {
+        Some(gpu) => format!("GPU backend ({})", gpu.info.adapter_name),
+        None => format!("CPU backend ({}, {} threads)", kestrel_cpu::simd_name(), kestrel_cpu::threads()),
+    };
     let report = BatchReport {
         engine: "kestrel",
         version: env!("CARGO_PKG_VERSION"),
+        backend: model.backend().as_str(),
+        device,
         simd: kestrel_cpu::simd_name(),
         threads: kestrel_cpu::threads(),
         prompt_tokens,
@@ -165,11 +170,11 @@ fn decode_rate(model: &mut Model, prompts: &[Vec<u32>], options: &GenerateOption
         model.add_sequence(p, options)?;
     }
     let total: usize = prompts.iter().map(Vec::len).sum();
-    check(model.step_sequences(total).events)?;
+    check(pollster::block_on(model.step_sequences(total)).events)?;
     let start = Instant::now();
     let mut tokens = 0;
     while model.running_sequences() > 0 {
-        tokens += check(model.step_sequences(total).events)?;
+        tokens += check(pollster::block_on(model.step_sequences(total)).events)?;
     }
     Ok(tokens as f64 / start.elapsed().as_secs_f64())
 }
@@ -184,11 +189,11 @@ fn admit_long(model: &mut Model, prompts: &[Vec<u32>], long: &[u32], chunk: usiz
         model.add_sequence(p, &options)?;
     }
     let total: usize = prompts.iter().map(Vec::len).sum();
-    check(model.step_sequences(total).events)?;
+    check(pollster::block_on(model.step_sequences(total)).events)?;
     let mut before = Vec::new();
     for _ in 0..8 {
         let start = Instant::now();
-        check(model.step_sequences(chunk).events)?;
+        check(pollster::block_on(model.step_sequences(chunk)).events)?;
         before.push(start.elapsed().as_secs_f64() * 1e3);
     }
     let arrived = Instant::now();
@@ -196,7 +201,7 @@ fn admit_long(model: &mut Model, prompts: &[Vec<u32>], long: &[u32], chunk: usiz
     let mut during = Vec::new();
     let ttft = loop {
         let start = Instant::now();
-        let step = model.step_sequences(chunk);
+        let step = pollster::block_on(model.step_sequences(chunk));
         during.push(start.elapsed().as_secs_f64() * 1e3);
         let first = step.events.iter().any(|(seq, e)| *seq == id && matches!(e, SequenceEvent::Token(_)));
         check(step.events)?;
@@ -205,7 +210,7 @@ fn admit_long(model: &mut Model, prompts: &[Vec<u32>], long: &[u32], chunk: usiz
         }
     };
     while model.running_sequences() > 0 {
-        check(model.step_sequences(chunk).events)?;
+        check(pollster::block_on(model.step_sequences(chunk)).events)?;
     }
     Ok((before, during, ttft))
 }
@@ -225,8 +230,8 @@ fn check(events: Vec<(kestrel_model::SequenceId, SequenceEvent)>) -> BenchResult
 
 fn markdown(r: &BatchReport) -> String {
     let mut out = format!(
-        "Batched decode, CPU backend ({}, {} threads): {}-token prompts, {} decode steps\n\n| batch | decode tok/s (all sequences) | range | x batch 1 |\n|--:|--:|--:|--:|\n",
-        r.simd, r.threads, r.prompt_tokens, r.decode_tokens
+        "Batched decode, {}: {}-token prompts, {} decode steps\n\n| batch | decode tok/s (all sequences) | range | x batch 1 |\n|--:|--:|--:|--:|\n",
+        r.device, r.prompt_tokens, r.decode_tokens
     );
     for row in &r.rows {
         let s = row.decode_tok_s;

@@ -14,7 +14,7 @@ use kestrel_gpu::kernels::sample::SampleKernel;
 use kestrel_gpu::kernels::Epilogue;
 use kestrel_gpu::kernels::{CopyKernel, FmaKernel, FmaParams};
 use kestrel_gpu::params::{AttentionShape, GateActivation, KvType, RopeConfig, RopeMode, SamplingParams, Scores};
-use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
+use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor, WeightTensor};
 use pollster::block_on;
 
 use super::shapes::{matrix_bytes, Matrix, ModelShape, Product};
@@ -145,11 +145,12 @@ pub fn rope(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, GpuE
     let t = tokens as usize;
     let qkv = random_tensor(gpu, "bench.qkv", &[t, model.qkv_width()])?;
     let q = Tensor::zeros(gpu, "bench.q", &[t, model.q_width()], DType::F32)?;
-    let cache = KvCache::new(gpu, "bench.cache", attention_shape(model, MAX_CTX), KvType::default())?;
+    let cache = KvCache::new(gpu, "bench.cache", attention_shape(model, MAX_CTX), KvType::default(), 1)?;
     let params = StepParams::new(tokens, (MAX_CTX - t) as u32, 0);
     let step = step_uniform(gpu, params);
+    let rows = step_rows(gpu, params)?;
     let config = RopeConfig::new(RopeMode::Norm, 10_000.0);
-    let dispatch = block_on(RopeKernel::new(gpu, cache.kv))?.bind(gpu, &step, Some(&config), &qkv, &q, &cache)?;
+    let dispatch = block_on(RopeKernel::new(gpu, cache.kv))?.bind(gpu, &step, &rows, Some(&config), &qkv, &q, &cache)?;
     let angle_table = (model.head_dim / 2) as u64 * 8;
     let bytes = qkv.byte_size() + q.byte_size() + kv_bytes(model, tokens) + angle_table;
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
@@ -162,9 +163,9 @@ pub fn attention_decode(gpu: &Gpu, model: &ModelShape, kv_len: u32) -> Result<Pr
     let q = random_tensor(gpu, "bench.q", &[1, model.q_width()])?;
     let out = Tensor::zeros(gpu, "bench.attn", &[1, model.q_width()], DType::F32)?;
     let params = StepParams::new(1, kv_len - 1, 0);
-    let step = step_uniform(gpu, params);
+    let rows = step_rows(gpu, params)?;
     let kernel = block_on(AttentionKernel::new(gpu, model.head_dim, cache.kv))?;
-    let dispatch = kernel.bind_decode(gpu, &step, &q, &cache, &out, &attention_scores(model))?;
+    let dispatch = kernel.bind_decode(gpu, &rows, &q, &cache, &out, &attention_scores(model), 1)?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, kv_len);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
@@ -178,8 +179,9 @@ pub fn attention_prefill(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<P
     let out = Tensor::zeros(gpu, "bench.attn", &[t, model.q_width()], DType::F32)?;
     let params = StepParams::new(tokens, 0, 0);
     let step = step_uniform(gpu, params);
+    let rows = step_rows(gpu, params)?;
     let kernel = block_on(AttentionKernel::new(gpu, model.head_dim, cache.kv))?;
-    let dispatch = kernel.bind_prefill(gpu, &step, &q, &cache, &out, &attention_scores(model))?;
+    let dispatch = kernel.bind_prefill(gpu, &step, &rows, &q, &cache, &out, &attention_scores(model))?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, tokens);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
@@ -234,11 +236,18 @@ fn kv_bytes(model: &ModelShape, positions: u32) -> u64 {
 /// A KV cache (the default type, f16) of exactly `max_ctx` positions filled with random keys
 /// and values.
 fn random_cache(gpu: &Gpu, model: &ModelShape, max_ctx: usize) -> Result<KvCache, GpuError> {
-    let cache = KvCache::new(gpu, "bench.cache", attention_shape(model, max_ctx), KvType::default())?;
+    let cache = KvCache::new(gpu, "bench.cache", attention_shape(model, max_ctx), KvType::default(), 1)?;
     let values = random_values(cache.shape.cache_len());
     gpu.write(&cache.k.buffer, 0, &cache.kv.encode(&values));
     gpu.write(&cache.v.buffer, 0, &cache.kv.encode(&values));
     Ok(cache)
+}
+
+/// The step's tokens at their positions in slot 0.
+fn step_rows(gpu: &Gpu, params: StepParams) -> Result<StepRows, GpuError> {
+    let rows = StepRows::new(gpu, params.n_tokens as usize)?;
+    rows.write_run(gpu, 0, params.pos, params.n_tokens)?;
+    Ok(rows)
 }
 
 fn step_uniform(gpu: &Gpu, params: StepParams) -> StepUniform {
