@@ -68,7 +68,7 @@ fn gpu_only_features_are_coded_errors() {
 
 #[test]
 fn batched_sequences_give_what_each_gives_alone() {
-    let requests = common::mixed_requests(40);
+    let requests = common::mixed_requests(40, 12);
     let alone = common::generate_alone(&mut load(128), &requests);
     let mut model = load(128);
     model.set_slots(4).expect("4 slots");

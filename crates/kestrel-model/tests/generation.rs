@@ -245,13 +245,12 @@ fn gpu_batched_sequences_give_what_each_gives_alone() {
     let options = kestrel_model::LoadOptions { context_length: Some(256), slots: 4, ..kestrel_model::LoadOptions::default() };
     let mut model = common::load_with(&common::gpu(), &common::default_model_path(), options);
     assert_eq!(model.slots(), 4, "the GPU model has the slots it was loaded with");
-    // Short requests: lavapipe runs about 3 prompt and 7 decode tokens a second.
-    let requests = common::mixed_requests(24);
+    // Short requests: lavapipe runs a few tokens a second.
+    let requests = common::mixed_requests(12, 6);
     let alone = common::generate_alone(&mut model, &requests);
     model.reset();
-    // Prompts enter 32 tokens a step (the server's default; on lavapipe a prefill chunk costs
-    // about the same up to a few dozen tokens), still interleaved with the others' decodes.
-    common::assert_batched_as_alone(&mut model, &requests, &alone, 32);
+    // Prompts enter 16 tokens a step, interleaved with the others' decodes.
+    common::assert_batched_as_alone(&mut model, &requests, &alone, 16);
     assert_eq!(model.set_slots(5).expect_err("more slots than loaded").code(), "invalid_option");
     model.set_slots(2).expect("fewer slots than loaded");
     assert_eq!(model.slots(), 2);

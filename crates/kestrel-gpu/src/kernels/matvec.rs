@@ -49,6 +49,9 @@ fn matvec_defines(gpu: &Gpu, kernel: &str, ty: GgmlType, rows_per_thread: u32, c
     if slices > 1 {
         defines.insert("SLICED".into(), "1".into());
     }
+    if columns > 1 {
+        defines.insert("BATCHED".into(), "1".into());
+    }
     Ok(defines)
 }
 

@@ -200,9 +200,9 @@ pub fn bench_ids(n: usize) -> Vec<u32> {
 
 /// Requests of every kind a batch mixes: greedy ones of several lengths, one with logprobs, one
 /// sampled with a seed, top-k and a repetition penalty. The longest prompt has `long` tokens (at
-/// least 24), the longest generation `long * 3 / 10`.
-pub fn mixed_requests(long: usize) -> Vec<(Vec<u32>, GenerateOptions)> {
-    let (prompt, tokens) = (bench_ids(long), long * 3 / 10);
+/// least 8), the longest generation `tokens` (at least 4).
+pub fn mixed_requests(long: usize, tokens: usize) -> Vec<(Vec<u32>, GenerateOptions)> {
+    let prompt = bench_ids(long);
     let greedy = |max_tokens| GenerateOptions { max_tokens, ignore_eos: true, ..GenerateOptions::greedy() };
     let sampled = GenerateOptions {
         max_tokens: tokens - 2,
@@ -217,7 +217,7 @@ pub fn mixed_requests(long: usize) -> Vec<(Vec<u32>, GenerateOptions)> {
     vec![
         (prompt.clone(), greedy(tokens)),
         (bench_ids(5), GenerateOptions { logprobs: 3, ..greedy(tokens - 3) }),
-        (bench_ids(long * 2 / 5), sampled),
+        (bench_ids(long * 2 / 5 + 1), sampled),
         (prompt[..long / 2 + 3].to_vec(), greedy(tokens / 2)),
     ]
 }
