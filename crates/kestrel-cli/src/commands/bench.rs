@@ -48,8 +48,8 @@ enum BenchCommand {
     /// A model end to end: load, prefill, decode (repeated; medians, spread, inter-token
     /// latency), GPU memory, the bandwidth roofline and a decode step by kernel family.
     Model(model::ModelArgs),
-    /// Batched decode on the CPU backend: tokens per second of 1, 2, 4, 8 sequences together,
-    /// and the others' inter-token latency while a long prompt is admitted.
+    /// Batched decode (`--backend cpu` or `gpu`): tokens per second of 1, 2, 4, 8 sequences
+    /// together, and the others' inter-token latency while a long prompt is admitted.
     Batch(batch::BatchArgs),
     /// The suite's prompts as text (JSON), for engines that take text (www/bench).
     Prompt(prompt::PromptArgs),
