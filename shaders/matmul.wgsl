@@ -129,11 +129,27 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 #if SWIGLU
     var acc_up: array<vec4<f32>, TN>;
 #endif
+    // In a tile that runs past the step's last token (a short prompt, a prompt's last few
+    // tokens), threads with no step token skip the products and threads with only their first
+    // compute that one alone, in the full path's order (the same bits). The counts are loop
+    // bounds, the same for the 16 threads of a `tm`.
+    let valid = n_tokens - m0;
+    let one_token_steps = select(0u, BK, tm < valid && tm + 8u >= valid);
+    let all_token_steps = select(0u, BK, tm + 8u < valid);
     for (var k0 = 0u; k0 < params.cols; k0 += BK) {
         load_x_tile(lid, m0, k0, n_tokens);
         load_w_tile(lid, n0, k0);
         workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk++) {
+        for (var kk = 0u; kk < one_token_steps; kk++) {
+            let a = x_tile[tm * STRIDE + kk];
+            for (var j = 0u; j < TN; j++) {
+                acc[j].x = fma(a, w_tile[(tn + 16u * j) * STRIDE + kk], acc[j].x);
+#if SWIGLU
+                acc_up[j].x = fma(a, up_tile[(tn + 16u * j) * STRIDE + kk], acc_up[j].x);
+#endif
+            }
+        }
+        for (var kk = 0u; kk < all_token_steps; kk++) {
             let a = vec4<f32>(
                 x_tile[tm * STRIDE + kk],
                 x_tile[(tm + 8u) * STRIDE + kk],
