@@ -312,7 +312,9 @@ export interface Estimate {
   /** The weights as packed on the GPU. */
   weight_bytes: number;
   context_length: number;
-  /** K and V of every layer at `context_length`, in the cache's value type. */
+  /** Sequences that generate at once (`createEngine`'s `slots`), each with its own KV cache. */
+  slots: number;
+  /** K and V of every layer at `context_length` for every slot, in the cache's value type. */
   kv_cache_bytes: number;
   /** The largest buffer one binding must hold. */
   largest_binding: { name: string; bytes: number };
@@ -328,9 +330,10 @@ export interface Estimate {
 
 /**
  * Reads only the GGUF header of `model` (an HTTP range request, or the first bytes of a File) and
- * says whether it fits this browser's GPU with a `context_length`-token KV cache.
+ * says whether it fits this browser's GPU with `slots` (default 1) `context_length`-token KV
+ * caches.
  */
-export function estimate(options: { model: string | URL | Blob; context_length?: number; kv_cache?: 'f16' | 'f32' }): Promise<Estimate>;
+export function estimate(options: { model: string | URL | Blob; context_length?: number; kv_cache?: 'f16' | 'f32'; slots?: number }): Promise<Estimate>;
 /** Deletes every KV prefix `persistPrefix` saved in this origin's storage; true when there were any. */
 export function clearSavedPrefixes(): Promise<boolean>;
 

@@ -102,15 +102,16 @@ export async function clearSavedPrefixes() {
 }
 
 /**
- * Whether `model` (a URL, a File or a Blob) fits this browser's GPU with a KV cache of
- * `context_length` tokens (of `kv_cache` values: 'f16', the default, or 'f32'), from its GGUF header alone (an HTTP range request; no weight is
+ * Whether `model` (a URL, a File or a Blob) fits this browser's GPU with `slots` KV caches
+ * (default 1, as `createEngine`'s option) of `context_length` tokens (of `kv_cache` values:
+ * 'f16', the default, or 'f32'), from its GGUF header alone (an HTTP range request; no weight is
  * fetched): weight and KV cache bytes, the largest single buffer, unsupported tensors, and the
  * verdict against the adapter's limits with the reason when it does not fit.
- * @param {{ model: string | URL | Blob, context_length?: number, kv_cache?: 'f16' | 'f32' }} options
+ * @param {{ model: string | URL | Blob, context_length?: number, kv_cache?: 'f16' | 'f32', slots?: number }} options
  * @returns {Promise<Estimate>}
  */
 export async function estimate(options) {
-  const { model, context_length, kv_cache } = options ?? {};
+  const { model, context_length, kv_cache, slots } = options ?? {};
   if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
     throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
   }
@@ -123,7 +124,7 @@ export async function estimate(options) {
       };
       worker.onerror = (e) => reject(workerError(e));
       const url = model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model;
-      worker.postMessage({ type: 'estimate', id: 0, model: url, context_length, kv_cache });
+      worker.postMessage({ type: 'estimate', id: 0, model: url, context_length, kv_cache, slots });
     });
   } finally {
     worker.terminate();

@@ -129,15 +129,15 @@ function describedAdapter() {
 }
 
 /**
- * Will `model` fit this browser's GPU with a `contextLength`-token KV cache of `kvCache` values
- * ('f16' or 'f32'; absent: f16): the estimate from its header and the verdict against the
- * adapter's limits.
+ * Will `model` fit this browser's GPU with `slots` (absent: 1) `contextLength`-token KV caches of
+ * `kvCache` values ('f16' or 'f32'; absent: f16): the estimate from its header and the verdict
+ * against the adapter's limits.
  */
-async function estimate(model, contextLength, kvCache) {
+async function estimate(model, contextLength, kvCache, slots) {
   const probe = await readHeader(typeof model === 'string' ? new URL(model, self.location.href).href : model);
   const adapter = await describedAdapter();
   const limits = adapter ? { maxBufferSize: adapter.limits.maxBufferSize, maxStorageBufferBindingSize: adapter.limits.maxStorageBufferBindingSize } : null;
-  const result = probe.estimate(contextLength ?? undefined, limits?.maxBufferSize, limits?.maxStorageBufferBindingSize, kvCache ?? undefined);
+  const result = probe.estimate(contextLength ?? undefined, limits?.maxBufferSize, limits?.maxStorageBufferBindingSize, kvCache ?? undefined, slots);
   probe.free();
   result.limits = limits;
   if (!adapter) Object.assign(result, { fits: false, code: 'no_webgpu', reason: 'WebGPU is not available here (no adapter)' });
@@ -187,7 +187,7 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
       // Before downloading gigabytes, check from the header alone that the model fits the GPU;
       // with backend 'auto' one that does not runs on the CPU.
       if (eng.backend() === 'webgpu') {
-        const fits = await estimate(url, gpuOptions?.context_length, gpuOptions?.kv_cache);
+        const fits = await estimate(url, gpuOptions?.context_length, gpuOptions?.kv_cache, gpuOptions?.slots);
         if (fits.fits === false && (gpuOptions?.backend ?? 'auto') === 'auto' && fits.code !== 'unsupported_quant') {
           eng = await cpuEngine(gpuOptions, `the model does not fit the GPU: ${fits.reason}`);
         } else if (fits.fits === false) {
@@ -521,7 +521,7 @@ self.onmessage = async ({ data }) => {
         slots = 1;
         break;
       case 'estimate':
-        value = await estimate(data.model, data.context_length, data.kv_cache);
+        value = await estimate(data.model, data.context_length, data.kv_cache, data.slots);
         break;
       case 'memory':
         value = { wasm_bytes: wasmMemory?.buffer.byteLength ?? 0, gpu_buffers: gpuBuffers.count, gpu_buffer_bytes: gpuBuffers.bytes };

@@ -68,6 +68,31 @@ test('estimate() answers from the header alone and createEngine refuses what doe
     assert.match(refused.message, /\d+-byte buffer; this device binds at most \d+ bytes/);
     assert.ok(modelRequests(ranged).slice(before).every((r) => r.range), 'no weight was downloaded');
 
+    // Slots multiply the KV cache (one per sequence, a layer's K of every slot in one buffer): a
+    // context that fits one slot is refused for 16 on WebGPU, again before the download.
+    const slotsOf = (slots, contextLength) =>
+      page.evaluate(({ model, slots, contextLength }) => window.kestrel.estimate({ model, slots, context_length: contextLength }), { model: MODEL_URL, slots, contextLength });
+    const four = await slotsOf(4, CONTEXT_LENGTH);
+    assert.equal(four.slots, 4);
+    assert.equal(four.kv_cache_bytes, 4 * e.kv_cache_bytes);
+    const badSlots = await page.evaluate((model) => window.kestrel.estimate({ model, slots: 2.5 }).then(() => null, (err) => err.code), MODEL_URL);
+    assert.equal(badSlots, 'invalid_option');
+    const perSlot = Math.ceil(huge / 16);
+    assert.equal((await slotsOf(1, perSlot)).fits, true);
+    assert.equal((await slotsOf(16, perSlot)).code, 'device_limits');
+    const beforeSlots = modelRequests(ranged).length;
+    const refusedSlots = await page.evaluate(async ({ model, perSlot }) => {
+      try {
+        await window.kestrel.createEngine({ model, backend: 'webgpu', context_length: perSlot, slots: 16 });
+        return null;
+      } catch (err) {
+        return { code: err.code, message: err.message };
+      }
+    }, { model: MODEL_URL, perSlot });
+    assert.equal(refusedSlots?.code, 'device_limits', JSON.stringify(refusedSlots));
+    assert.match(refusedSlots.message, /16 slots/);
+    assert.ok(modelRequests(ranged).slice(beforeSlots).every((r) => r.range), 'no weight was downloaded');
+
     // What fits loads, and the estimate's weight bytes are what the engine put on the GPU.
     const info = await page.evaluate(async ({ model, contextLength }) => {
       const engine = await window.kestrel.createEngine({ model, context_length: contextLength });

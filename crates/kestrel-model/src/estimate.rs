@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::config::ModelConfig;
 use crate::load::context_length;
+use crate::sequences::MAX_SLOTS;
 use crate::tensors::{assign_roles, gpu_runs, Expected, Role};
 use crate::LoadOptions;
 use crate::ModelError;
@@ -36,7 +37,9 @@ pub struct Estimate {
     /// The weights as packed on the GPU (supported tensors only).
     pub weight_bytes: u64,
     pub context_length: usize,
-    /// K and V of every layer at `context_length`, in the cache's value type.
+    /// Sequences that can generate at once, each with its own KV cache.
+    pub slots: usize,
+    /// K and V of every layer at `context_length` for every slot, in the cache's value type.
     pub kv_cache_bytes: u64,
     /// The largest buffer one binding must hold: a weight matrix (Q, K and V of a layer fused
     /// when they share a type), a layer's K or V cache, a prefill chunk's activations, or the
@@ -61,12 +64,17 @@ pub struct Verdict {
 }
 
 impl Estimate {
-    /// Sizes the model described by `header` with a KV cache of `context_length` tokens (None:
-    /// the default a load takes) of `kv` values. An architecture or shape Kestrel refuses is the
-    /// same error the load gives.
-    pub fn from_header(header: &GgufHeader, context: Option<usize>, kv: KvType) -> Result<Self, ModelError> {
+    /// Sizes the model described by `header` with `slots` KV caches (`LoadOptions::slots`) of
+    /// `context_length` tokens (None: the default a load takes) of `kv` values. An architecture,
+    /// shape or slot count Kestrel refuses is the same error the load gives.
+    pub fn from_header(header: &GgufHeader, context: Option<usize>, kv: KvType, slots: usize) -> Result<Self, ModelError> {
         let c = ModelConfig::from_header(header)?;
         let context = context_length(&c, context)?;
+        // The load's bound: a prefill chunk holds a token of every slot.
+        let chunk = LoadOptions::default().max_chunk.min(context);
+        if slots == 0 || slots > chunk.min(MAX_SLOTS) {
+            return Err(ModelError::InvalidOption { name: "slots", reason: format!("{slots}: 1 to {}", chunk.min(MAX_SLOTS)) });
+        }
         let mut weight_bytes = 0u64;
         let mut unsupported = Vec::new();
         let mut largest = Binding { name: "logits".into(), bytes: 4 * c.vocab as u64 };
@@ -101,12 +109,13 @@ impl Estimate {
                 }
             }
         }
-        // In u64: on wasm32 the header's head counts and the page's context length could wrap a
-        // usize product into a small size that "fits".
-        let kv_layer = [context, c.head_dim, kv.bytes()].into_iter().fold(c.n_kv_heads as u64, |a, b| a.saturating_mul(b as u64));
-        consider("one layer's K cache", kv_layer);
+        // One buffer holds a layer's K (or V) for every slot. In u64: on wasm32 the header's head
+        // counts and the page's context length could wrap a usize product into a small size that
+        // "fits".
+        let kv_layer = [slots, context, c.head_dim, kv.bytes()].into_iter().fold(c.n_kv_heads as u64, |a, b| a.saturating_mul(b as u64));
+        consider(&format!("one layer's K cache ({slots} slot{})", if slots == 1 { "" } else { "s" }), kv_layer);
         // The activations hold a whole prefill chunk.
-        let chunk = LoadOptions::default().max_chunk.min(context) as u64;
+        let chunk = chunk as u64;
         let widest = [("ffn", c.ffn), ("qkv", c.qkv_width()), ("hidden", c.hidden)].into_iter().max_by_key(|&(_, w)| w);
         if let Some((name, width)) = widest {
             consider(&format!("the {name} activations of a {chunk}-token chunk"), 4 * chunk * width as u64);
@@ -117,6 +126,7 @@ impl Estimate {
             file_bytes: header.data_end(),
             weight_bytes,
             context_length: context,
+            slots,
             kv_cache_bytes: kv_layer.saturating_mul(2 * c.n_layers as u64),
             largest_binding: largest,
             unsupported,

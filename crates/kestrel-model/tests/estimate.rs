@@ -24,7 +24,7 @@ fn load_with_binding_limit(limit: u64) -> Result<kestrel_model::Model, ModelErro
 
 #[test]
 fn the_estimate_matches_the_loaded_model_and_predicts_the_binding_limit() {
-    let estimate = Estimate::from_header(&header(), Some(CONTEXT), KvType::default()).unwrap();
+    let estimate = Estimate::from_header(&header(), Some(CONTEXT), KvType::default(), 1).unwrap();
     let size = std::fs::metadata(common::default_model_path()).unwrap().len();
     assert_eq!(estimate.file_bytes, size);
     assert!(estimate.unsupported.is_empty());
@@ -32,8 +32,20 @@ fn the_estimate_matches_the_loaded_model_and_predicts_the_binding_limit() {
     assert_eq!(estimate.weight_bytes, c.weight_bytes(), "weights on the GPU");
     assert_eq!(estimate.kv_cache_bytes, c.kv_cache_bytes(), "the f16 KV cache's buffers");
     drop(c);
-    let f32_cache = Estimate::from_header(&header(), Some(CONTEXT), KvType::F32).unwrap();
+    let f32_cache = Estimate::from_header(&header(), Some(CONTEXT), KvType::F32, 1).unwrap();
     assert_eq!(f32_cache.kv_cache_bytes, 2 * estimate.kv_cache_bytes, "an f32 cache is twice the f16 one");
+
+    // Slots: one KV cache each, a layer's K for every slot in one binding, as the load allocates.
+    let slots = Estimate::from_header(&header(), Some(CONTEXT), KvType::default(), 4).unwrap();
+    let options = LoadOptions { context_length: Some(CONTEXT), slots: 4, ..LoadOptions::default() };
+    let four = common::load_with(&common::gpu(), &common::default_model_path(), options);
+    assert_eq!(slots.kv_cache_bytes, four.kv_cache_bytes(), "four slots' caches");
+    assert_eq!(slots.kv_cache_bytes, 4 * estimate.kv_cache_bytes);
+    drop(four);
+    for bad in [0, kestrel_model::MAX_SLOTS + 1] {
+        let error = Estimate::from_header(&header(), Some(CONTEXT), KvType::default(), bad).expect_err("slots out of range");
+        assert_eq!(error.code(), "invalid_option", "{bad} slots: {error}");
+    }
 
     let limit = estimate.largest_binding.bytes;
     let short = DeviceLimits { max_buffer_size: u64::MAX, max_storage_buffer_binding_size: limit - 1 };

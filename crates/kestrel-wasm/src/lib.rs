@@ -238,6 +238,17 @@ impl State {
     }
 }
 
+/// The `slots` option (absent: 1): an integer from 1 to `MAX_SLOTS`.
+fn slots_option(value: &JsValue) -> Result<usize, JsValue> {
+    if value.is_undefined() || value.is_null() {
+        return Ok(1);
+    }
+    match value.as_f64() {
+        Some(n) if (1.0..=MAX_SLOTS as f64).contains(&n) && n.fract() == 0.0 => Ok(n as usize),
+        _ => Err(js_error("invalid_option", &format!("invalid option slots: {value:?} must be an integer from 1 to {MAX_SLOTS}"))),
+    }
+}
+
 /// The `kv_cache` option: 'f16' or 'f32' (None: not a string).
 fn kv_type(name: Option<&str>) -> Result<KvType, JsValue> {
     name.and_then(KvType::from_name).ok_or_else(|| {
@@ -318,21 +329,11 @@ impl Engine {
                 }
             }
         }
-        let mut slots = 1;
-        if options.is_object() {
-            let value = js_sys::Reflect::get(&options, &JsValue::from_str("slots")).unwrap_or(JsValue::UNDEFINED);
-            if !value.is_undefined() && !value.is_null() {
-                match value.as_f64() {
-                    Some(n) if (1.0..=MAX_SLOTS as f64).contains(&n) && n.fract() == 0.0 => slots = n as usize,
-                    _ => {
-                        return Err(js_error(
-                            "invalid_option",
-                            &format!("invalid option slots: {value:?} must be an integer from 1 to {MAX_SLOTS}"),
-                        ))
-                    }
-                }
-            }
-        }
+        let slots = if options.is_object() {
+            slots_option(&js_sys::Reflect::get(&options, &JsValue::from_str("slots")).unwrap_or(JsValue::UNDEFINED))?
+        } else {
+            1
+        };
         if options.is_object() {
             let kv = js_sys::Reflect::get(&options, &JsValue::from_str("kv_cache")).unwrap_or(JsValue::UNDEFINED);
             if !kv.is_undefined() && !kv.is_null() {
@@ -603,20 +604,23 @@ impl HeaderProbe {
         Ok(self.reader.header().is_some())
     }
 
-    /// `{name, arch, file_bytes, weight_bytes, context_length, kv_cache_bytes, largest_binding:
-    /// {name, bytes}, unsupported: [{tensor, type}], fits, code, reason}` for a KV cache of
-    /// `context_length` tokens (absent: the load's default) of `kv_cache` values ('f16' or
-    /// 'f32'; absent: f16), against the limits given (absent: `fits` is null).
+    /// `{name, arch, file_bytes, weight_bytes, context_length, slots, kv_cache_bytes,
+    /// largest_binding: {name, bytes}, unsupported: [{tensor, type}], fits, code, reason}` for
+    /// `slots` KV caches (absent: 1) of `context_length` tokens (absent: the load's default) of
+    /// `kv_cache` values ('f16' or 'f32'; absent: f16), against the limits given (absent: `fits`
+    /// is null).
     pub fn estimate(
         &self,
         context_length: Option<u32>,
         max_buffer_size: Option<f64>,
         max_binding: Option<f64>,
         kv_cache: Option<String>,
+        slots: JsValue,
     ) -> Result<JsValue, JsValue> {
         let header = self.reader.header().ok_or_else(|| js_error("bad_model", "the GGUF header has not arrived yet"))?;
         let kv = kv_cache.map_or(Ok(KvType::default()), |name| kv_type(Some(&name)))?;
-        let estimate = Estimate::from_header(header, context_length.map(|c| c as usize), kv).map_err(|e| model_error(&e))?;
+        let slots = slots_option(&slots)?;
+        let estimate = Estimate::from_header(header, context_length.map(|c| c as usize), kv, slots).map_err(|e| model_error(&e))?;
         let mut value = serde_json::to_value(&estimate).map_err(|e| js_error("internal", &e.to_string()))?;
         let verdict = match (max_buffer_size, max_binding) {
             (Some(buffer), Some(binding)) => {
