@@ -12,7 +12,9 @@
 # Prints the adapter and the kernel variants chosen for it, each kernel's time and fraction of the
 # measured copy bandwidth (`kestrel bench kernels`: the 135M and 1B models' shapes), then for each
 # synthetic model its load time, prefill and decode tok/s, the decode roofline and the per-family
-# decode step profile (`kestrel bench model --synthetic`). KESTREL_BIN overrides the binary.
+# decode step profile (`kestrel bench model --synthetic`), and batched decode's tokens per second
+# at 1 to 16 sequences with the ratio to one and the inter-token latency while a 512-token prompt
+# is admitted (`kestrel bench batch --synthetic`, 135M and 1B). KESTREL_BIN overrides the binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=target/gpu-check
@@ -55,6 +57,7 @@ echo
 if [ $smoke = 1 ]; then
   "$bin" bench kernels --quick --filter "135m matvec q4_1"
   "$bin" bench model --backend gpu --synthetic 135m --prompt-tokens 8 --decode-tokens 4 --repeats 1 --context 64 --copy-mib 8
+  "$bin" bench batch --backend gpu --synthetic 135m --batch-sizes 2 --prompt-tokens 1 --decode-tokens 2 --repeats 1 --long-prompt 0 --context 64
 else
   "$bin" bench kernels
   for shape in 135m 1b 8b; do
@@ -62,6 +65,14 @@ else
     echo "## synthetic $shape"
     echo
     "$bin" bench model --backend gpu --synthetic "$shape" --prompt-tokens 128,512 --decode-tokens 64 --repeats 2 --context 1024
+    # Batched decode for the two small shapes: making the 8B's weights again would double the
+    # check's longest part.
+    if [ "$shape" != 8b ]; then
+      echo
+      echo "## synthetic $shape, batched decode"
+      echo
+      "$bin" bench batch --backend gpu --synthetic "$shape" --batch-sizes 1,2,4,8,16 --prompt-tokens 32 --decode-tokens 64 --repeats 2 --context 1024
+    fi
   done
 fi
 echo

@@ -48,6 +48,12 @@ enum Device {
     Cpu(String),
 }
 
+/// The load options for `slots` sequences at once: the GPU allocates their KV slots at load, the
+/// CPU backend when `Model::set_slots` asks after it.
+fn slot_options(device: &Device, cache: &CacheArgs, slots: usize) -> LoadOptions {
+    LoadOptions { slots: if matches!(device, Device::Gpu(_)) { slots } else { 1 }, ..cache.load_options() }
+}
+
 fn device(choice: BackendChoice) -> Result<Device, Box<dyn std::error::Error>> {
     let cpu = |why: String| Device::Cpu(format!("CPU ({}, {} threads): {why}", kestrel_cpu::simd_name(), kestrel_cpu::threads()));
     match choice {
@@ -80,7 +86,7 @@ pub fn load_with_slots(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize
     let start = Instant::now();
     let device = device(cache.backend)?;
     let total = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
-    let options = LoadOptions { slots: if matches!(device, Device::Gpu(_)) { slots } else { 1 }, ..cache.load_options() };
+    let options = slot_options(&device, cache, slots);
     let show_bar = !quiet && std::io::stderr().is_terminal();
     let mut bar = |p: &LoadProgress| {
         if show_bar {
@@ -106,14 +112,20 @@ pub fn load_with_slots(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize
 }
 
 /// A model of `shape` made in memory with random weights (`kestrel_model::synthetic`).
-pub fn load_synthetic(shape: &kestrel_model::synthetic::SyntheticShape, cache: &CacheArgs) -> Result<Loaded, Box<dyn std::error::Error>> {
+pub fn load_synthetic(
+    shape: &kestrel_model::synthetic::SyntheticShape,
+    cache: &CacheArgs,
+    slots: usize,
+) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
-    let options = cache.load_options();
-    let (loader, on) = match device(cache.backend)? {
+    let device = device(cache.backend)?;
+    let options = slot_options(&device, cache, slots);
+    let (loader, on) = match device {
         Device::Gpu(gpu) => (kestrel_model::ModelLoader::new(&gpu, options), gpu.info.adapter_name.clone()),
         Device::Cpu(why) => (kestrel_model::ModelLoader::new_cpu(options), why),
     };
-    let model = pollster::block_on(kestrel_model::synthetic::load_synthetic(loader, shape, 1)).map_err(coded)?;
+    let mut model = pollster::block_on(kestrel_model::synthetic::load_synthetic(loader, shape, 1)).map_err(coded)?;
+    model.set_slots(slots).map_err(coded)?;
     eprintln!(
         "made and loaded synthetic {} ({} layers) on {on} in {:.2} s",
         shape.name,

@@ -1,4 +1,4 @@
-//! `kestrel bench batch`: batched decode on the CPU backend. Aggregate decode throughput of B
+//! `kestrel bench batch`: batched decode on either backend. Aggregate decode throughput of B
 //! sequences stepped together (B = 1, 2, 4, 8 by default) and its ratio to one sequence's, and
 //! the running sequences' inter-token latency while a long prompt is admitted: in chunks of
 //! `--prefill-chunk` tokens (as `kestrel serve` admits it), and in one piece for comparison.
@@ -12,14 +12,18 @@ use serde::Serialize;
 
 use super::stats::{Percentiles, Spread};
 use super::{workload, BenchResult};
-use crate::commands::load::{load_with_slots, CacheArgs};
+use crate::commands::load::{load_synthetic, load_with_slots, CacheArgs};
 use crate::commands::CliResult;
 
 #[derive(Args)]
 pub struct BatchArgs {
     /// The GGUF file (default: the default model).
-    #[arg(long, short)]
+    #[arg(long, short, conflicts_with = "synthetic")]
     model: Option<PathBuf>,
+    /// Instead of a file, a model made in memory with random weights in the real layout of a
+    /// model size (as `kestrel bench model --synthetic`): 135m, 1b or 8b.
+    #[arg(long, value_parser = ["135m", "1b", "8b"])]
+    synthetic: Option<String>,
     /// Sequences decoded together, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = clap::value_parser!(u32).range(1..=16))]
     batch_sizes: Vec<u32>,
@@ -92,10 +96,15 @@ struct BatchReport {
 
 pub fn run(args: &BatchArgs) -> CliResult {
     let started = Instant::now();
-    let path = crate::model_path::resolve(args.model.clone());
     let sizes: Vec<usize> = args.batch_sizes.iter().map(|&b| b as usize).collect();
     let max_batch = sizes.iter().copied().max().unwrap_or(1);
-    let mut model = load_with_slots(&path, &args.cache, false, max_batch)?.model;
+    let mut model = match &args.synthetic {
+        Some(name) => {
+            let shape = kestrel_model::synthetic::synthetic_shape(name).ok_or_else(|| format!("unknown synthetic shape {name}"))?;
+            load_synthetic(&shape, &args.cache, max_batch)?.model
+        }
+        None => load_with_slots(&crate::model_path::resolve(args.model.clone()), &args.cache, false, max_batch)?.model,
+    };
     let bench_ids = workload::read_bench_ids(&args.prompts, model.config().vocab)?;
     let (prompt_tokens, decode_tokens) = (args.prompt_tokens as usize, args.decode_tokens as usize);
     // Sequence i's prompt starts i tokens into the text: different prompts, the same length.

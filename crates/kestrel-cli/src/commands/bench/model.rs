@@ -117,7 +117,7 @@ pub fn run(args: &ModelArgs) -> CliResult {
     let (path, file_bytes, loaded) = match &args.synthetic {
         Some(name) => {
             let shape = kestrel_model::synthetic::synthetic_shape(name).ok_or_else(|| format!("unknown synthetic shape {name}"))?;
-            let loaded = load_synthetic(&shape, &args.cache)?;
+            let loaded = load_synthetic(&shape, &args.cache, 1)?;
             (PathBuf::from(format!("synthetic:{name}")), 0, loaded)
         }
         None => {
