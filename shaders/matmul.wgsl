@@ -116,8 +116,11 @@ fn load_w_tile(lid: u32, n0: u32, k0: u32) {
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n_tokens = min(step.n_tokens, params.max_tokens);
-    let n0 = wg.x * BN;
-    let m0 = wg.y * BM;
+    // Token tiles vary fastest: the workgroups that read the same weight tile (the larger
+    // operand) run together, and a device that splits the grid into ranges (lavapipe's threads)
+    // gives each range its share of every token tile, short last ones included.
+    let n0 = wg.y * BN;
+    let m0 = wg.x * BM;
     if (m0 >= n_tokens || n0 >= params.rows) {
         return;
     }

@@ -27,9 +27,10 @@ pub struct MatmulDispatch {
 
 impl MatmulDispatch {
     /// The grid for a chunk of `n_tokens` (clamped to the `max_tokens` the buffers were bound
-    /// for; the shader clamps the step's count the same way). 0 tokens records nothing.
+    /// for; the shader clamps the step's count the same way): token tiles in x, feature tiles in
+    /// y (shaders/matmul.wgsl says why). 0 tokens records nothing.
     pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
-        [self.feature_tiles, n_tokens.min(self.max_tokens).div_ceil(TILE_TOKENS), 1]
+        [n_tokens.min(self.max_tokens).div_ceil(TILE_TOKENS), self.feature_tiles, 1]
     }
 }
 
@@ -188,6 +189,6 @@ fn bind_tiled(
         )));
     }
     let max_tokens = params.max_tokens();
-    let dispatch = Dispatch::new(gpu, kernel, pipeline.clone(), resources, [feature_tiles, max_tokens.div_ceil(TILE_TOKENS), 1]);
+    let dispatch = Dispatch::new(gpu, kernel, pipeline.clone(), resources, [max_tokens.div_ceil(TILE_TOKENS), feature_tiles, 1]);
     Ok(MatmulDispatch { dispatch, feature_tiles, max_tokens })
 }
