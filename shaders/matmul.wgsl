@@ -3,8 +3,10 @@
 //
 // A workgroup computes a BM x BN tile of y (tokens x output features). For each slice of BK = 32
 // columns (one quant block) it stages x[BM][BK] and the dequantized W[BN][BK] in workgroup
-// memory; each of its 128 threads then accumulates a TM x TN register block whose tokens are 8
-// apart and whose features are 16 apart, so that neighbouring threads write neighbouring y words.
+// memory; each of its 64 threads then accumulates an 8 x TN register block whose tokens are 8
+// apart and whose features are 8 apart, so that neighbouring threads write neighbouring y words.
+// The block's size sets the kernel's speed: each multiply-add of a step reads one of 8 + TN tile
+// words shared by the block's 8 * TN products.
 //
 // Epilogues (defines) as in matvec.wgsl: BIAS, ACCUMULATE (in-place y += x W^T; each y element is
 // read then written by the same invocation), SWIGLU (gate `w`, up `w_up`; the tile is then only
@@ -25,53 +27,57 @@
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
 #endif
 
-const THREADS: u32 = 128u;
-const BM: u32 = 32u;
+const THREADS: u32 = 64u;
+const BM: u32 = 64u;
 const BK: u32 = 32u;
 #if SWIGLU
 const BN: u32 = 32u;
 #else
 const BN: u32 = 64u;
 #endif
-const TM: u32 = 4u;       // tokens per thread, BM / TM = 8 apart (one vec4 of accumulators)
-const TN: u32 = BN / 16u; // features per thread, 16 apart
-// Tile rows are padded by one word so that threads reading the same column of different rows
-// hit different banks.
-const STRIDE: u32 = BK + 1u;
+// Each thread accumulates TM = 8 tokens, 8 apart (two vec4s of accumulators), by TN features,
+// 8 apart: a step of the inner loop reads 8 + TN tile words for 8 * TN multiply-adds.
+const TN: u32 = BN / 8u;
 
-var<workgroup> x_tile: array<f32, BM * STRIDE>;
-var<workgroup> w_tile: array<f32, BN * STRIDE>;
+// Tiles are unpadded (64 x 32 x 2 words fill the 16 KiB of workgroup memory WebGPU guarantees);
+// a word's column is XORed with its row instead, so that threads reading one column of
+// different rows hit different banks.
+fn tile_index(row: u32, col: u32) -> u32 {
+    return row * BK + (col ^ (row % BK));
+}
+
+var<workgroup> x_tile: array<f32, BM * BK>;
+var<workgroup> w_tile: array<f32, BN * BK>;
 #if SWIGLU
-var<workgroup> up_tile: array<f32, BN * STRIDE>;
+var<workgroup> up_tile: array<f32, BN * BK>;
 #endif
 
 fn store_unit(tile_row: u32, cols: vec2<u32>, unit: Unit, is_up: bool) {
     for (var i = 0u; i < 4u; i++) {
 #if SWIGLU
         if (is_up) {
-            up_tile[tile_row * STRIDE + cols.x + i] = unit.lo[i];
-            up_tile[tile_row * STRIDE + cols.y + i] = unit.hi[i];
+            up_tile[tile_index(tile_row, cols.x + i)] = unit.lo[i];
+            up_tile[tile_index(tile_row, cols.y + i)] = unit.hi[i];
             continue;
         }
 #endif
-        w_tile[tile_row * STRIDE + cols.x + i] = unit.lo[i];
-        w_tile[tile_row * STRIDE + cols.y + i] = unit.hi[i];
+        w_tile[tile_index(tile_row, cols.x + i)] = unit.lo[i];
+        w_tile[tile_index(tile_row, cols.y + i)] = unit.hi[i];
     }
 }
 
-// Stages x[m0 .. m0 + BM][k0 .. k0 + BK]; tokens past the last are clamped to it (their results
-// are never stored), columns past K are zero.
-fn load_x_tile(lid: u32, m0: u32, k0: u32, n_tokens: u32) {
-    for (var i = lid; i < BM * BK; i += THREADS) {
+// Stages x[m0 .. m0 + rows][k0 .. k0 + BK], the tile's rows that are step tokens (the others
+// are never read into a stored result); columns past K are zero.
+fn load_x_tile(lid: u32, m0: u32, k0: u32, rows: u32) {
+    for (var i = lid; i < rows * BK; i += THREADS) {
         let r = i / BK;
         let c = i % BK;
-        let m = min(m0 + r, n_tokens - 1u);
         let k = k0 + c;
         var v = 0.0;
         if (k < params.cols) {
-            v = x[m * params.cols + k];
+            v = x[(m0 + r) * params.cols + k];
         }
-        x_tile[r * STRIDE + c] = v;
+        x_tile[tile_index(r, c)] = v;
     }
 }
 
@@ -97,9 +103,9 @@ fn load_w_tile(lid: u32, n0: u32, k0: u32) {
                     v_up = load_up_dense(n, k);
 #endif
                 }
-                w_tile[r * STRIDE + k - k0] = v;
+                w_tile[tile_index(r, k - k0)] = v;
 #if SWIGLU
-                up_tile[r * STRIDE + k - k0] = v_up;
+                up_tile[tile_index(r, k - k0)] = v_up;
 #endif
             }
             continue;
@@ -124,63 +130,78 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (m0 >= n_tokens || n0 >= params.rows) {
         return;
     }
-    let tm = lid / 16u;
-    let tn = lid % 16u;
-    // acc[j][i]: token tm + 8i, feature tn + 16j. The TM = 4 tokens of a feature form one vec4,
-    // so the inner loop is TN vector FMAs.
-    var acc: array<vec4<f32>, TN>;
+    let tm = lid / 8u;
+    let tn = lid % 8u;
+    // lo[j][i]: token tm + 8i, hi[j][i]: token tm + 32 + 8i, both of feature tn + 8j.
+    var lo: array<vec4<f32>, TN>;
+    var hi: array<vec4<f32>, TN>;
 #if SWIGLU
-    var acc_up: array<vec4<f32>, TN>;
+    var up_lo: array<vec4<f32>, TN>;
+    var up_hi: array<vec4<f32>, TN>;
 #endif
     // In a tile that runs past the step's last token (a short prompt, a prompt's last few
-    // tokens), threads with no step token skip the products and threads with only their first
-    // compute that one alone, in the full path's order (the same bits). The counts are loop
-    // bounds, the same for the 16 threads of a `tm`.
-    let valid = n_tokens - m0;
-    let one_token_steps = select(0u, BK, tm < valid && tm + 8u >= valid);
-    let all_token_steps = select(0u, BK, tm + 8u < valid);
+    // tokens), a thread computes only as many of its tokens as it has: 1, up to 4 (`lo`) or all
+    // 8, each product in the same order whatever the count (the same bits). The counts are loop
+    // bounds, the same for the 8 threads of a `tm`: a divergent branch would run both sides on
+    // a SIMD device that masks lanes, while a loop ends when none of its lanes is left.
+    let rows = min(n_tokens - m0, BM);
+    let tokens = select(0u, (rows - tm + 7u) / 8u, tm < rows);
+    let one_token_steps = select(0u, BK, tokens == 1u);
+    let lo_steps = select(0u, BK, tokens >= 2u && tokens <= 4u);
+    let all_steps = select(0u, BK, tokens > 4u);
     for (var k0 = 0u; k0 < params.cols; k0 += BK) {
-        load_x_tile(lid, m0, k0, n_tokens);
+        load_x_tile(lid, m0, k0, rows);
         load_w_tile(lid, n0, k0);
         workgroupBarrier();
         for (var kk = 0u; kk < one_token_steps; kk++) {
-            let a = x_tile[tm * STRIDE + kk];
+            let a = x_tile[tile_index(tm, kk)];
             for (var j = 0u; j < TN; j++) {
-                acc[j].x = fma(a, w_tile[(tn + 16u * j) * STRIDE + kk], acc[j].x);
+                lo[j].x = fma(a, w_tile[tile_index(tn + 8u * j, kk)], lo[j].x);
 #if SWIGLU
-                acc_up[j].x = fma(a, up_tile[(tn + 16u * j) * STRIDE + kk], acc_up[j].x);
+                up_lo[j].x = fma(a, up_tile[tile_index(tn + 8u * j, kk)], up_lo[j].x);
 #endif
             }
         }
-        for (var kk = 0u; kk < all_token_steps; kk++) {
-            let a = vec4<f32>(
-                x_tile[tm * STRIDE + kk],
-                x_tile[(tm + 8u) * STRIDE + kk],
-                x_tile[(tm + 16u) * STRIDE + kk],
-                x_tile[(tm + 24u) * STRIDE + kk],
-            );
+        for (var kk = 0u; kk < lo_steps; kk++) {
+            let a = x_lo(tm, kk);
             for (var j = 0u; j < TN; j++) {
-                acc[j] = fma(a, vec4<f32>(w_tile[(tn + 16u * j) * STRIDE + kk]), acc[j]);
+                let b = vec4<f32>(w_tile[tile_index(tn + 8u * j, kk)]);
+                lo[j] = fma(a, b, lo[j]);
 #if SWIGLU
-                acc_up[j] = fma(a, vec4<f32>(up_tile[(tn + 16u * j) * STRIDE + kk]), acc_up[j]);
+                let b_up = vec4<f32>(up_tile[tile_index(tn + 8u * j, kk)]);
+                up_lo[j] = fma(a, b_up, up_lo[j]);
+#endif
+            }
+        }
+        for (var kk = 0u; kk < all_steps; kk++) {
+            let a = x_lo(tm, kk);
+            let a_hi = x_lo(tm + 32u, kk);
+            for (var j = 0u; j < TN; j++) {
+                let b = vec4<f32>(w_tile[tile_index(tn + 8u * j, kk)]);
+                lo[j] = fma(a, b, lo[j]);
+                hi[j] = fma(a_hi, b, hi[j]);
+#if SWIGLU
+                let b_up = vec4<f32>(up_tile[tile_index(tn + 8u * j, kk)]);
+                up_lo[j] = fma(a, b_up, up_lo[j]);
+                up_hi[j] = fma(a_hi, b_up, up_hi[j]);
 #endif
             }
         }
         workgroupBarrier();
     }
 
-    for (var i = 0u; i < TM; i++) {
+    for (var i = 0u; i < 8u; i++) {
         let m = m0 + tm + 8u * i;
         for (var j = 0u; j < TN; j++) {
-            let n = n0 + tn + 16u * j;
+            let n = n0 + tn + 8u * j;
             if (m >= n_tokens || n >= params.rows) {
                 continue;
             }
             let index = m * params.out_stride + params.out_offset + n;
 #if SWIGLU
-            var value = gate_activation(acc[j][i]) * acc_up[j][i];
+            var value = gate_activation(pick(lo[j], hi[j], i)) * pick(up_lo[j], up_hi[j], i);
 #else
-            var value = acc[j][i];
+            var value = pick(lo[j], hi[j], i);
 #endif
 #if BIAS
             value += bias[n];
@@ -191,4 +212,22 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             y[index] = value;
         }
     }
+}
+
+// Tokens `first`, `first` + 8, + 16 and + 24 of the x tile at column `kk`.
+fn x_lo(first: u32, kk: u32) -> vec4<f32> {
+    return vec4<f32>(
+        x_tile[tile_index(first, kk)],
+        x_tile[tile_index(first + 8u, kk)],
+        x_tile[tile_index(first + 16u, kk)],
+        x_tile[tile_index(first + 24u, kk)],
+    );
+}
+
+// Accumulator i of 8 (tokens 8 apart) held as two vec4s.
+fn pick(lo: vec4<f32>, hi: vec4<f32>, i: u32) -> f32 {
+    if (i < 4u) {
+        return lo[i];
+    }
+    return hi[i - 4u];
 }

@@ -13,7 +13,7 @@ use crate::params::GateActivation;
 use crate::{DType, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 
 /// Tokens per workgroup tile (shaders/matmul.wgsl `BM`).
-const TILE_TOKENS: u32 = 32;
+const TILE_TOKENS: u32 = 64;
 /// Output features per workgroup tile (`BN`): narrower for SwiGLU, which stages two weight tiles.
 const TILE_FEATURES: u32 = 64;
 const TILE_FEATURES_SWIGLU: u32 = 32;
