@@ -11,6 +11,17 @@
 // Epilogues (defines) as in matvec.wgsl: BIAS, ACCUMULATE (in-place y += x W^T; each y element is
 // read then written by the same invocation), SWIGLU (gate `w`, up `w_up`; the tile is then only
 // 32 features wide so that both weight tiles fit in 16 KiB of workgroup memory).
+//
+// SHARE_X (subgroups of at least 8 lanes): the 8 threads of a token group, when they are 8
+// aligned lanes of one subgroup, read one x word each per step and exchange them by shuffles, so
+// a step reads 1 + TN tile words instead of 8 + TN (on devices whose workgroup-memory bandwidth
+// bounds the product, and on lavapipe where each read is a per-lane gather).
+#include "subgroups"
+#if SHARE_X
+// The shuffles run in loops whose trip counts are the same for the lanes of a token group, which
+// are the only lanes a lane reads from; the analysis cannot see that.
+diagnostic(off, subgroup_uniformity);
+#endif
 #include "quant"
 #include "activation"
 #include "step"
@@ -45,6 +56,15 @@ const TN: u32 = BN / 8u;
 fn tile_index(row: u32, col: u32) -> u32 {
     return row * BK + (col ^ (row % BK));
 }
+
+// The thread's accumulators. lo[j][i]: token tm + 8i, hi[j][i]: token tm + 32 + 8i, both of
+// feature tn + 8j (up_*: the same of the up projection).
+var<private> lo: array<vec4<f32>, TN>;
+var<private> hi: array<vec4<f32>, TN>;
+#if SWIGLU
+var<private> up_lo: array<vec4<f32>, TN>;
+var<private> up_hi: array<vec4<f32>, TN>;
+#endif
 
 var<workgroup> x_tile: array<f32, BM * BK>;
 var<workgroup> w_tile: array<f32, BN * BK>;
@@ -119,8 +139,85 @@ fn load_w_tile(lid: u32, n0: u32, k0: u32) {
     }
 }
 
+// Products of step kk for the thread's first token (a) with each of its features.
+fn one_token_step(kk: u32, tn: u32, a: f32) {
+    for (var j = 0u; j < TN; j++) {
+        lo[j].x = fma(a, w_tile[tile_index(tn + 8u * j, kk)], lo[j].x);
+#if SWIGLU
+        up_lo[j].x = fma(a, up_tile[tile_index(tn + 8u * j, kk)], up_lo[j].x);
+#endif
+    }
+}
+
+// Products of step kk for the thread's first 4 tokens (a) with each of its features.
+fn lo_step(kk: u32, tn: u32, a: vec4<f32>) {
+    for (var j = 0u; j < TN; j++) {
+        lo[j] = fma(a, vec4<f32>(w_tile[tile_index(tn + 8u * j, kk)]), lo[j]);
+#if SWIGLU
+        up_lo[j] = fma(a, vec4<f32>(up_tile[tile_index(tn + 8u * j, kk)]), up_lo[j]);
+#endif
+    }
+}
+
+// Products of step kk for all 8 of the thread's tokens (a, a_hi) with each of its features.
+fn all_step(kk: u32, tn: u32, a: vec4<f32>, a_hi: vec4<f32>) {
+    for (var j = 0u; j < TN; j++) {
+        let b = vec4<f32>(w_tile[tile_index(tn + 8u * j, kk)]);
+        lo[j] = fma(a, b, lo[j]);
+        hi[j] = fma(a_hi, b, hi[j]);
+#if SWIGLU
+        let b_up = vec4<f32>(up_tile[tile_index(tn + 8u * j, kk)]);
+        up_lo[j] = fma(a, b_up, up_lo[j]);
+        up_hi[j] = fma(a_hi, b_up, up_hi[j]);
+#endif
+    }
+}
+
+// Tokens `first`, `first` + 8, + 16 and + 24 of the x tile at column kk.
+fn x_lo(first: u32, kk: u32) -> vec4<f32> {
+    return vec4<f32>(
+        x_tile[tile_index(first, kk)],
+        x_tile[tile_index(first + 8u, kk)],
+        x_tile[tile_index(first + 16u, kk)],
+        x_tile[tile_index(first + 24u, kk)],
+    );
+}
+
+#if SHARE_X
+// The words that lanes `first` .. `first` + 3 read.
+fn shuffled(own: f32, first: u32) -> vec4<f32> {
+    return vec4<f32>(
+        subgroupShuffle(own, first),
+        subgroupShuffle(own, first + 1u),
+        subgroupShuffle(own, first + 2u),
+        subgroupShuffle(own, first + 3u),
+    );
+}
+#endif
+
+// Accumulator i of 8 (tokens 8 apart) of feature j.
+fn accumulated(j: u32, i: u32) -> f32 {
+#if SWIGLU
+    if (i < 4u) {
+        return gate_activation(lo[j][i]) * up_lo[j][i];
+    }
+    return gate_activation(hi[j][i - 4u]) * up_hi[j][i - 4u];
+#else
+    if (i < 4u) {
+        return lo[j][i];
+    }
+    return hi[j][i - 4u];
+#endif
+}
+
 @compute @workgroup_size(THREADS)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+#if SHARE_X
+    @builtin(subgroup_invocation_id) lane: u32,
+#endif
+) {
     let n_tokens = min(step.n_tokens, params.max_tokens);
     // Token tiles vary fastest: the workgroups that read the same weight tile (the larger
     // operand) run together, and a device that splits the grid into ranges (lavapipe's threads)
@@ -132,13 +229,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     let tm = lid / 8u;
     let tn = lid % 8u;
-    // lo[j][i]: token tm + 8i, hi[j][i]: token tm + 32 + 8i, both of feature tn + 8j.
-    var lo: array<vec4<f32>, TN>;
-    var hi: array<vec4<f32>, TN>;
-#if SWIGLU
-    var up_lo: array<vec4<f32>, TN>;
-    var up_hi: array<vec4<f32>, TN>;
-#endif
     // In a tile that runs past the step's last token (a short prompt, a prompt's last few
     // tokens), a thread computes only as many of its tokens as it has: 1, up to 4 (`lo`) or all
     // 8, each product in the same order whatever the count (the same bits). The counts are loop
@@ -147,46 +237,47 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let rows = min(n_tokens - m0, BM);
     let tokens = select(0u, (rows - tm + 7u) / 8u, tm < rows);
     let one_token_steps = select(0u, BK, tokens == 1u);
-    let lo_steps = select(0u, BK, tokens >= 2u && tokens <= 4u);
-    let all_steps = select(0u, BK, tokens > 4u);
+    var lo_steps = select(0u, BK, tokens >= 2u && tokens <= 4u);
+    var all_steps = select(0u, BK, tokens > 4u);
+#if SHARE_X
+    // Whether this thread's token group is lanes `group` .. `group` + 7 of its subgroup (how a
+    // device maps threads to lanes is its own; every lane of such a group finds the same). Its
+    // steps then shuffle x instead of reading it.
+    let group = lane & ~7u;
+    var grouped = true;
+    for (var i = 0u; i < 8u; i++) {
+        grouped = grouped && subgroupShuffle(tm, group + i) == tm;
+    }
+    let shared_lo_steps = select(0u, lo_steps, grouped);
+    let shared_all_steps = select(0u, all_steps, grouped);
+    lo_steps -= shared_lo_steps;
+    all_steps -= shared_all_steps;
+    let role = lane & 7u;
+#endif
     for (var k0 = 0u; k0 < params.cols; k0 += BK) {
         load_x_tile(lid, m0, k0, rows);
         load_w_tile(lid, n0, k0);
         workgroupBarrier();
         for (var kk = 0u; kk < one_token_steps; kk++) {
-            let a = x_tile[tile_index(tm, kk)];
-            for (var j = 0u; j < TN; j++) {
-                lo[j].x = fma(a, w_tile[tile_index(tn + 8u * j, kk)], lo[j].x);
-#if SWIGLU
-                up_lo[j].x = fma(a, up_tile[tile_index(tn + 8u * j, kk)], up_lo[j].x);
-#endif
-            }
+            one_token_step(kk, tn, x_tile[tile_index(tm, kk)]);
         }
         for (var kk = 0u; kk < lo_steps; kk++) {
-            let a = x_lo(tm, kk);
-            for (var j = 0u; j < TN; j++) {
-                let b = vec4<f32>(w_tile[tile_index(tn + 8u * j, kk)]);
-                lo[j] = fma(a, b, lo[j]);
-#if SWIGLU
-                let b_up = vec4<f32>(up_tile[tile_index(tn + 8u * j, kk)]);
-                up_lo[j] = fma(a, b_up, up_lo[j]);
-#endif
-            }
+            lo_step(kk, tn, x_lo(tm, kk));
         }
         for (var kk = 0u; kk < all_steps; kk++) {
-            let a = x_lo(tm, kk);
-            let a_hi = x_lo(tm + 32u, kk);
-            for (var j = 0u; j < TN; j++) {
-                let b = vec4<f32>(w_tile[tile_index(tn + 8u * j, kk)]);
-                lo[j] = fma(a, b, lo[j]);
-                hi[j] = fma(a_hi, b, hi[j]);
-#if SWIGLU
-                let b_up = vec4<f32>(up_tile[tile_index(tn + 8u * j, kk)]);
-                up_lo[j] = fma(a, b_up, up_lo[j]);
-                up_hi[j] = fma(a_hi, b_up, up_hi[j]);
-#endif
-            }
+            all_step(kk, tn, x_lo(tm, kk), x_lo(tm + 32u, kk));
         }
+#if SHARE_X
+        for (var kk = 0u; kk < shared_lo_steps; kk++) {
+            // Lanes 4-7 of the group read the same tokens as lanes 0-3.
+            let own = x_tile[tile_index(tm + 8u * (role & 3u), kk)];
+            lo_step(kk, tn, shuffled(own, group));
+        }
+        for (var kk = 0u; kk < shared_all_steps; kk++) {
+            let own = x_tile[tile_index(tm + 8u * role, kk)];
+            all_step(kk, tn, shuffled(own, group), shuffled(own, group + 4u));
+        }
+#endif
         workgroupBarrier();
     }
 
@@ -198,11 +289,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
                 continue;
             }
             let index = m * params.out_stride + params.out_offset + n;
-#if SWIGLU
-            var value = gate_activation(pick(lo[j], hi[j], i)) * pick(up_lo[j], up_hi[j], i);
-#else
-            var value = pick(lo[j], hi[j], i);
-#endif
+            var value = accumulated(j, i);
 #if BIAS
             value += bias[n];
 #endif
@@ -212,22 +299,4 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             y[index] = value;
         }
     }
-}
-
-// Tokens `first`, `first` + 8, + 16 and + 24 of the x tile at column `kk`.
-fn x_lo(first: u32, kk: u32) -> vec4<f32> {
-    return vec4<f32>(
-        x_tile[tile_index(first, kk)],
-        x_tile[tile_index(first + 8u, kk)],
-        x_tile[tile_index(first + 16u, kk)],
-        x_tile[tile_index(first + 24u, kk)],
-    );
-}
-
-// Accumulator i of 8 (tokens 8 apart) held as two vec4s.
-fn pick(lo: vec4<f32>, hi: vec4<f32>, i: u32) -> f32 {
-    if (i < 4u) {
-        return lo[i];
-    }
-    return hi[i - 4u];
 }

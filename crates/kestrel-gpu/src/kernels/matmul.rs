@@ -10,6 +10,7 @@ use super::weights::{
     OutputColumns, WeightParams,
 };
 use crate::params::GateActivation;
+use crate::preprocess::Defines;
 use crate::{DType, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 
 /// Tokens per workgroup tile (shaders/matmul.wgsl `BM`).
@@ -17,6 +18,15 @@ const TILE_TOKENS: u32 = 64;
 /// Output features per workgroup tile (`BN`): narrower for SwiGLU, which stages two weight tiles.
 const TILE_FEATURES: u32 = 64;
 const TILE_FEATURES_SWIGLU: u32 = 32;
+
+/// The weight type's defines, and SHARE_X where the device's subgroups have at least the 8 lanes
+/// of a token group (shaders/matmul.wgsl).
+fn matmul_defines(gpu: &Gpu, kernel: &str, ty: GgmlType) -> Result<Defines, GpuError> {
+    let mut defines = weight_defines(kernel, ty)?;
+    let share_x = gpu.features.subgroups && gpu.features.subgroup_min_size >= 8;
+    defines.insert("SHARE_X".into(), if share_x { "1" } else { "0" }.into());
+    Ok(defines)
+}
 
 /// A bound matmul whose grid depends on the step's token count.
 pub struct MatmulDispatch {
@@ -54,7 +64,7 @@ pub struct MatmulKernel {
 
 impl MatmulKernel {
     pub async fn new(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue) -> Result<Self, GpuError> {
-        let mut defines = weight_defines("matmul", ty)?;
+        let mut defines = matmul_defines(gpu, "matmul", ty)?;
         epilogue.add_defines(&mut defines);
         Ok(Self { pipeline: gpu.pipelines.get("matmul", "main", &defines).await?, ty, epilogue })
     }
@@ -115,7 +125,7 @@ pub struct SwigluMatmulKernel {
 
 impl SwigluMatmulKernel {
     pub async fn new(gpu: &Gpu, ty: GgmlType, act: GateActivation) -> Result<Self, GpuError> {
-        let mut defines = weight_defines("swiglu matmul", ty)?;
+        let mut defines = matmul_defines(gpu, "swiglu matmul", ty)?;
         add_gate_defines(&mut defines, act);
         Ok(Self { pipeline: gpu.pipelines.get("matmul", "main", &defines).await?, ty })
     }
