@@ -6,7 +6,8 @@
 // memory; each of its 64 threads then accumulates an 8 x TN register block whose tokens are 8
 // apart and whose features are 8 apart, so that neighbouring threads write neighbouring y words.
 // The block's size sets the kernel's speed: each multiply-add of a step reads one of 8 + TN tile
-// words shared by the block's 8 * TN products.
+// words shared by the block's 8 * TN products. A tile of at most 8 tokens skips the weight tile
+// and runs as a batched matvec (`few_token_tile`). Every path sums a product in the same order.
 //
 // Epilogues (defines) as in matvec.wgsl: BIAS, ACCUMULATE (in-place y += x W^T; each y element is
 // read then written by the same invocation), SWIGLU (gate `w`, up `w_up`; the tile is then only
@@ -15,7 +16,8 @@
 // SHARE_X (subgroups of at least 8 lanes): the 8 threads of a token group, when they are 8
 // aligned lanes of one subgroup, read one x word each per step and exchange them by shuffles, so
 // a step reads 1 + TN tile words instead of 8 + TN (on devices whose workgroup-memory bandwidth
-// bounds the product, and on lavapipe where each read is a per-lane gather).
+// bounds the product, and on lavapipe where each read is a per-lane gather); in a few-token tile
+// any 8 aligned lanes share the x words all threads read.
 #include "subgroups"
 #if SHARE_X
 // The shuffles run in loops whose trip counts are the same for the lanes of a token group, which
@@ -72,27 +74,55 @@ var<workgroup> w_tile: array<f32, BN * BK>;
 var<workgroup> up_tile: array<f32, BN * BK>;
 #endif
 
-fn store_unit(tile_row: u32, cols: vec2<u32>, unit: Unit, is_up: bool) {
-    for (var i = 0u; i < 4u; i++) {
+// Unit `u` of row `n` (of `w_up` when `is_up`). A dense unit running past K (dense rows need not
+// be whole units) is read column by column, zero past K.
+fn slice_unit(n: u32, u: u32, is_up: bool) -> Unit {
+#if DENSE
+    if (8u * u + 8u > params.cols) {
+        var values: array<f32, 8>;
+        for (var e = 0u; e < 8u; e++) {
+            let k = 8u * u + e;
+            if (k >= params.cols) {
+                break;
+            }
 #if SWIGLU
-        if (is_up) {
-            up_tile[tile_index(tile_row, cols.x + i)] = unit.lo[i];
-            up_tile[tile_index(tile_row, cols.y + i)] = unit.hi[i];
-            continue;
-        }
+            if (is_up) {
+                values[e] = load_up_dense(n, k);
+                continue;
+            }
 #endif
-        w_tile[tile_index(tile_row, cols.x + i)] = unit.lo[i];
-        w_tile[tile_index(tile_row, cols.y + i)] = unit.hi[i];
+            values[e] = load_dense(n, k);
+        }
+        return Unit(
+            vec4<f32>(values[0], values[1], values[2], values[3]),
+            vec4<f32>(values[4], values[5], values[6], values[7]),
+        );
     }
+#endif
+#if SWIGLU
+    if (is_up) {
+        return load_up_unit(n, u);
+    }
+#endif
+    return load_unit(n, u);
 }
 
-// Stages x[m0 .. m0 + rows][k0 .. k0 + BK], the tile's rows that are step tokens (the others
-// are never read into a stored result); columns past K are zero.
+// The row column, from the slice's start, of tile column `c`. The tiles keep each unit's 8
+// weights together (unit v of the slice in columns 8v .. 8v + 7), the order in which the
+// few-token path takes them from the weight buffer; every path sums in tile column order.
+fn slice_col(c: u32) -> u32 {
+    let cols = unit_cols(c / 8u);
+    let e = c % 8u;
+    return select(cols.y + e - 4u, cols.x + e, e < 4u);
+}
+
+// Stages x[m0 .. m0 + rows][k0 .. k0 + BK] in tile column order, the tile's rows that are step
+// tokens (the others are never read into a stored result); columns past K are zero.
 fn load_x_tile(lid: u32, m0: u32, k0: u32, rows: u32) {
     for (var i = lid; i < rows * BK; i += THREADS) {
         let r = i / BK;
         let c = i % BK;
-        let k = k0 + c;
+        let k = k0 + slice_col(c);
         var v = 0.0;
         if (k < params.cols) {
             v = x[(m0 + r) * params.cols + k];
@@ -109,32 +139,18 @@ fn load_w_tile(lid: u32, n0: u32, k0: u32) {
     for (var i = lid; i < BN * 4u; i += THREADS) {
         let r = i % BN;
         let n = min(n0 + r, params.rows - 1u);
-        let u = k0 / 8u + i / BN;
-#if DENSE
-        // A unit running past K (dense rows need not be whole units) is read column by column.
-        if (8u * u + 8u > params.cols) {
-            for (var e = 0u; e < 8u; e++) {
-                let k = 8u * u + e;
-                var v = 0.0;
-                var v_up = 0.0;
-                if (k < params.cols) {
-                    v = load_dense(n, k);
-#if SWIGLU
-                    v_up = load_up_dense(n, k);
-#endif
-                }
-                w_tile[tile_index(r, k - k0)] = v;
-#if SWIGLU
-                up_tile[tile_index(r, k - k0)] = v_up;
-#endif
-            }
-            continue;
+        let v = i / BN;
+        let unit = slice_unit(n, k0 / 8u + v, false);
+        for (var e = 0u; e < 4u; e++) {
+            w_tile[tile_index(r, 8u * v + e)] = unit.lo[e];
+            w_tile[tile_index(r, 8u * v + 4u + e)] = unit.hi[e];
         }
-#endif
-        let cols = unit_cols(u) - vec2<u32>(k0);
-        store_unit(r, cols, load_unit(n, u), false);
 #if SWIGLU
-        store_unit(r, cols, load_up_unit(n, u), true);
+        let up = slice_unit(n, k0 / 8u + v, true);
+        for (var e = 0u; e < 4u; e++) {
+            up_tile[tile_index(r, 8u * v + e)] = up.lo[e];
+            up_tile[tile_index(r, 8u * v + 4u + e)] = up.hi[e];
+        }
 #endif
     }
 }
@@ -183,6 +199,16 @@ fn x_lo(first: u32, kk: u32) -> vec4<f32> {
     );
 }
 
+// Tokens `first` .. `first` + 3 of the x tile at column c.
+fn x_consecutive(first: u32, c: u32) -> vec4<f32> {
+    return vec4<f32>(
+        x_tile[tile_index(first, c)],
+        x_tile[tile_index(first + 1u, c)],
+        x_tile[tile_index(first + 2u, c)],
+        x_tile[tile_index(first + 3u, c)],
+    );
+}
+
 #if SHARE_X
 // The words that lanes `first` .. `first` + 3 read.
 fn shuffled(own: f32, first: u32) -> vec4<f32> {
@@ -210,6 +236,81 @@ fn accumulated(j: u32, i: u32) -> f32 {
 #endif
 }
 
+// Writes output (token m, feature n) with the epilogue.
+fn store_output(m: u32, n: u32, product: f32) {
+    let index = m * params.out_stride + params.out_offset + n;
+    var value = product;
+#if BIAS
+    value += bias[n];
+#endif
+#if ACCUMULATE
+    value += y[index];
+#endif
+    y[index] = value;
+}
+
+// Products of tile column c for the few-token path: tokens 0-3 (a) and 4-7 (a_hi) with the
+// thread's feature, whose weight is b (and b_up).
+fn few_token_step(a: vec4<f32>, a_hi: vec4<f32>, b: f32, b_up: f32) {
+    lo[0] = fma(a, vec4<f32>(b), lo[0]);
+    hi[0] = fma(a_hi, vec4<f32>(b), hi[0]);
+#if SWIGLU
+    up_lo[0] = fma(a, vec4<f32>(b_up), up_lo[0]);
+    up_hi[0] = fma(a_hi, vec4<f32>(b_up), up_hi[0]);
+#endif
+}
+
+// A tile of at most 8 tokens (a short prompt, the single token of a cached follow-up) is a
+// batched matvec: staging the weights would cost more than their few products, so thread t takes
+// feature n0 + t for every token, its units straight from the weight buffer, in tile column
+// order as the block path (the same bits). Accumulators: lo[0] tokens 0-3, hi[0] tokens 4-7.
+fn few_token_tile(lid: u32, lane: u32, n0: u32, m0: u32, rows: u32) {
+    let n = min(n0 + lid, params.rows - 1u);
+#if SHARE_X
+    // Every thread takes the same x words: lane i of 8 reads token i's and shuffles.
+    let group = lane & ~7u;
+    let role = lane & 7u;
+#endif
+    for (var k0 = 0u; k0 < params.cols; k0 += BK) {
+        load_x_tile(lid, m0, k0, rows);
+        workgroupBarrier();
+        for (var v = 0u; v < 4u; v++) {
+            let w_unit = slice_unit(n, k0 / 8u + v, false);
+#if SWIGLU
+            let up_unit = slice_unit(n, k0 / 8u + v, true);
+#endif
+            for (var e = 0u; e < 8u; e++) {
+                let c = 8u * v + e;
+#if SHARE_X
+                let own = x_tile[tile_index(role, c)];
+                let a = shuffled(own, group);
+                let a_hi = shuffled(own, group + 4u);
+#else
+                let a = x_consecutive(0u, c);
+                var a_hi = vec4<f32>();
+                if (rows > 4u) {
+                    a_hi = x_consecutive(4u, c);
+                }
+#endif
+                let b = select(w_unit.hi[e % 4u], w_unit.lo[e % 4u], e < 4u);
+#if SWIGLU
+                let b_up = select(up_unit.hi[e % 4u], up_unit.lo[e % 4u], e < 4u);
+#else
+                let b_up = 0.0;
+#endif
+                few_token_step(a, a_hi, b, b_up);
+            }
+        }
+        workgroupBarrier();
+    }
+    if (n0 + lid >= params.rows || lid >= BN) {
+        return;
+    }
+    for (var i = 0u; i < rows; i++) {
+        store_output(m0 + i, n0 + lid, accumulated(0u, i));
+    }
+}
+
 @compute @workgroup_size(THREADS)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -235,6 +336,14 @@ fn main(
     // bounds, the same for the 8 threads of a `tm`: a divergent branch would run both sides on
     // a SIMD device that masks lanes, while a loop ends when none of its lanes is left.
     let rows = min(n_tokens - m0, BM);
+    if (rows <= 8u) {
+#if SHARE_X
+        few_token_tile(lid, lane, n0, m0, rows);
+#else
+        few_token_tile(lid, 0u, n0, m0, rows);
+#endif
+        return;
+    }
     let tokens = select(0u, (rows - tm + 7u) / 8u, tm < rows);
     let one_token_steps = select(0u, BK, tokens == 1u);
     var lo_steps = select(0u, BK, tokens >= 2u && tokens <= 4u);
@@ -285,18 +394,9 @@ fn main(
         let m = m0 + tm + 8u * i;
         for (var j = 0u; j < TN; j++) {
             let n = n0 + tn + 8u * j;
-            if (m >= n_tokens || n >= params.rows) {
-                continue;
+            if (m < n_tokens && n < params.rows) {
+                store_output(m, n, accumulated(j, i));
             }
-            let index = m * params.out_stride + params.out_offset + n;
-            var value = accumulated(j, i);
-#if BIAS
-            value += bias[n];
-#endif
-#if ACCUMULATE
-            value += y[index];
-#endif
-            y[index] = value;
         }
     }
 }

@@ -659,3 +659,45 @@ fn batched_matvec_is_the_one_token_matvec_per_token() {
     assert!(matches!(kernel.bind(&gpu, &w, &x, &y, None), Err(GpuError::InvalidArgs(_))));
     assert!(matches!(pollster::block_on(MatvecKernel::batched(&gpu, GgmlType::Q8_0, Epilogue::NONE, 17)), Err(GpuError::InvalidArgs(_))));
 }
+
+/// A token's prefill products do not depend on the chunk it runs in: a tile of at most 8 tokens
+/// (the batched-matvec path), a tile whose threads have 1, 2-4 or 8 of their tokens, and a full
+/// tile give it the same bits, plain and fused gate/up, on both devices (the model relies on it:
+/// a prompt whose prefix was cached gets the same tokens as cold).
+#[test]
+fn matmul_token_products_do_not_depend_on_the_chunk() {
+    let mut rng = common::rng(14);
+    // (first token, tokens) of chunks cut from a 70-token prompt.
+    let chunks = [(0, 1), (5, 3), (64, 6), (10, 8), (3, 9), (20, 17), (30, 40), (0, 64)];
+    for (i, (ty, n, k)) in [(GgmlType::Q4_1, 70, 576), (GgmlType::Q4_K, 33, 512), (GgmlType::F32, 9, 70)].into_iter().enumerate() {
+        let w = Weights::random(&mut rng, ty, n, k);
+        let up = Weights::random(&mut rng, ty, n, k);
+        let m = 70;
+        let x = common::random_vec(&mut rng, m * k, 1.0);
+        let (device, gpu) = devices().into_iter().nth(i % 2).unwrap();
+        let (weights, up_weights) = (w.upload(&gpu), up.upload(&gpu));
+        let plain = pollster::block_on(MatmulKernel::new(&gpu, ty, Epilogue::NONE)).unwrap();
+        let fused = pollster::block_on(SwigluMatmulKernel::new(&gpu, ty, GateActivation::Silu)).unwrap();
+        let step = StepUniform::new(&gpu);
+        // The products of tokens first..first + count run as one chunk: (plain, fused).
+        let products = |first: usize, count: usize| {
+            let x_t = Tensor::from_f32(&gpu, "x", &[count, k], &x[first * k..][..count * k]).unwrap();
+            let y = Tensor::zeros(&gpu, "y", &[count, n], kestrel_gpu::DType::F32).unwrap();
+            let dispatch = plain.bind(&gpu, &weights, &x_t, &y, None, &step, count as u32).unwrap();
+            let y = run_matmul(&gpu, &step, &dispatch, &y, count);
+            let ffn = Tensor::zeros(&gpu, "ffn", &[count, n], kestrel_gpu::DType::F32).unwrap();
+            let dispatch = fused.bind(&gpu, &weights, &up_weights, &x_t, &ffn, &step, count as u32).unwrap();
+            (y, run_matmul(&gpu, &step, &dispatch, &ffn, count))
+        };
+        let (whole, whole_ffn) = products(0, m);
+        let bound = dot_bounds(&matmul(&abs(&x), m, &w.abs(), n, k));
+        assert_within(&format!("matmul {ty} M={m} ({device})"), &whole, &matmul(&x, m, &w.values, n, k), &bound);
+        for (first, count) in chunks {
+            let (y, ffn) = products(first, count);
+            let what = format!("{ty} {n}x{k} tokens {first}..{} ({device})", first + count);
+            let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same(&y, &whole[first * n..][..count * n]), "matmul {what}: differs from the 70-token chunk");
+            assert!(same(&ffn, &whole_ffn[first * n..][..count * n]), "swiglu matmul {what}: differs from the 70-token chunk");
+        }
+    }
+}
