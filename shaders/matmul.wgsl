@@ -189,23 +189,13 @@ fn all_step(kk: u32, tn: u32, a: vec4<f32>, a_hi: vec4<f32>) {
     }
 }
 
-// Tokens `first`, `first` + 8, + 16 and + 24 of the x tile at column kk.
-fn x_lo(first: u32, kk: u32) -> vec4<f32> {
-    return vec4<f32>(
-        x_tile[tile_index(first, kk)],
-        x_tile[tile_index(first + 8u, kk)],
-        x_tile[tile_index(first + 16u, kk)],
-        x_tile[tile_index(first + 24u, kk)],
-    );
-}
-
-// Tokens `first` .. `first` + 3 of the x tile at column c.
-fn x_consecutive(first: u32, c: u32) -> vec4<f32> {
+// Tokens `first`, `first` + `apart`, + 2 `apart` and + 3 `apart` of the x tile at column c.
+fn x_tokens(first: u32, apart: u32, c: u32) -> vec4<f32> {
     return vec4<f32>(
         x_tile[tile_index(first, c)],
-        x_tile[tile_index(first + 1u, c)],
-        x_tile[tile_index(first + 2u, c)],
-        x_tile[tile_index(first + 3u, c)],
+        x_tile[tile_index(first + apart, c)],
+        x_tile[tile_index(first + 2u * apart, c)],
+        x_tile[tile_index(first + 3u * apart, c)],
     );
 }
 
@@ -286,10 +276,10 @@ fn few_token_tile(lid: u32, lane: u32, n0: u32, m0: u32, rows: u32) {
                 let a = shuffled(own, group);
                 let a_hi = shuffled(own, group + 4u);
 #else
-                let a = x_consecutive(0u, c);
+                let a = x_tokens(0u, 1u, c);
                 var a_hi = vec4<f32>();
                 if (rows > 4u) {
-                    a_hi = x_consecutive(4u, c);
+                    a_hi = x_tokens(4u, 1u, c);
                 }
 #endif
                 let b = select(w_unit.hi[e % 4u], w_unit.lo[e % 4u], e < 4u);
@@ -371,10 +361,10 @@ fn main(
             one_token_step(kk, tn, x_tile[tile_index(tm, kk)]);
         }
         for (var kk = 0u; kk < lo_steps; kk++) {
-            lo_step(kk, tn, x_lo(tm, kk));
+            lo_step(kk, tn, x_tokens(tm, 8u, kk));
         }
         for (var kk = 0u; kk < all_steps; kk++) {
-            all_step(kk, tn, x_lo(tm, kk), x_lo(tm + 32u, kk));
+            all_step(kk, tn, x_tokens(tm, 8u, kk), x_tokens(tm + 32u, 8u, kk));
         }
 #if SHARE_X
         for (var kk = 0u; kk < shared_lo_steps; kk++) {
