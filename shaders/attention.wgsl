@@ -9,8 +9,9 @@
 //   workgroup per (chunk of CHUNK positions, head, query) writes its chunk's (max, sum, acc[HD])
 //   to `partials`;
 // - DECODE_COMBINE: one workgroup per (head, query) merges the chunks' partials into the output;
-// - PREFILL: one workgroup per (tile of BQ queries, head) walks the keys in blocks of BK. The
-//   queries of a prefill step are one sequence's consecutive positions.
+// - PREFILL: one workgroup per (tile of BQ queries, head) walks the keys in blocks of BK, each
+//   thread with a register block of scores and of output sums. The queries of a prefill step are
+//   one sequence's consecutive positions.
 // Scores are q.k * scale, soft-capped to cap * tanh(s / cap) when `softcap` > 0 (Gemma 2); with a
 // sliding window (`window` > 0) the query at position p sees keys p - window + 1..=p.
 #include "subgroups"
@@ -66,29 +67,36 @@ fn first_decode_chunk(pos: u32) -> u32 {
     return (pos + 1u - params.window) / CHUNK;
 }
 
-#if DECODE_PARTIAL
+#if !DECODE_COMBINE
+// The bindings the decode partial and the prefill kernels share.
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 #if KV_F16
 @group(0) @binding(2) var<storage, read> k_cache: array<vec2<u32>>;
-@group(0) @binding(3) var<storage, read> v_cache: array<u32>;
 
 // Values 4i..4i + 3 of the K cache.
 fn k4(i: u32) -> vec4<f32> {
     let w = k_cache[i];
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
+#else
+@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
+
+fn k4(i: u32) -> vec4<f32> {
+    return k_cache[i];
+}
+#endif
+#endif
+
+#if DECODE_PARTIAL
+#if KV_F16
+@group(0) @binding(3) var<storage, read> v_cache: array<u32>;
 
 fn v1(i: u32) -> f32 {
     return unpack2x16float(v_cache[i >> 1u])[i & 1u];
 }
 #else
-@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<f32>;
-
-fn k4(i: u32) -> vec4<f32> {
-    return k_cache[i];
-}
 
 fn v1(i: u32) -> f32 {
     return v_cache[i];
@@ -223,65 +231,159 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 #endif
 
 #if PREFILL
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> params: Params;
-@group(0) @binding(2) var<storage, read> q: array<f32>;
 #if KV_F16
-@group(0) @binding(3) var<storage, read> k_cache: array<u32>;
-@group(0) @binding(4) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec2<u32>>;
 
-// Value i of the K (or V) cache.
-fn cache_value(cache_is_v: bool, i: u32) -> f32 {
-    var w: u32;
-    if (cache_is_v) {
-        w = v_cache[i >> 1u];
-    } else {
-        w = k_cache[i >> 1u];
-    }
-    return unpack2x16float(w)[i & 1u];
+// Values 4i..4i + 3 of the V cache.
+fn v4(i: u32) -> vec4<f32> {
+    let w = v_cache[i];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 #else
-@group(0) @binding(3) var<storage, read> k_cache: array<f32>;
-@group(0) @binding(4) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
 
-fn cache_value(cache_is_v: bool, i: u32) -> f32 {
-    if (cache_is_v) {
-        return v_cache[i];
-    }
-    return k_cache[i];
+fn v4(i: u32) -> vec4<f32> {
+    return v_cache[i];
 }
 #endif
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
-@group(0) @binding(6) var<storage, read> rows: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> rows: array<vec2<u32>>;
+@group(0) @binding(6) var<uniform> step: Step;
 
-const WG: u32 = 256u;
-// Queries and keys per block (the Rust side's `prefill_tile`: smaller for large heads so that
-// the tiles fit 16 KiB of workgroup memory).
+// The tile's shape comes from the Rust side's `PrefillTile` (smaller for large heads, so that it
+// fits 16 KiB of workgroup memory): BQ queries attend to blocks of BK keys. Every thread keeps a
+// register block of each phase's results, so that a workgroup-memory read feeds several
+// multiply-adds.
+const WG: u32 = 64u;
 const BQ: u32 = {{BQ}}u;
 const BK: u32 = {{BK}}u;
-// In the softmax/V phase each query row is owned by COLS threads, each with HD / COLS outputs.
-const COLS: u32 = WG / BQ;
-const PER_THREAD: u32 = HD / COLS;
-// K/V rows padded by one word so that the score phase (thread j reads row j) hits distinct banks.
-const ROW: u32 = HD + 1u;
+// Scores: a thread computes SQ x SK of them, queries qg + Q_GROUPS * i and keys kg + K_GROUPS * j
+// (kg varies fastest across threads: neighbours read the same query and different keys).
+const SQ: u32 = {{SQ}}u;
+const SK: u32 = {{SK}}u;
+const K_GROUPS: u32 = BK / SK;
+const Q_GROUPS: u32 = BQ / SQ;
+const SCORE_THREADS: u32 = Q_GROUPS * K_GROUPS;
+// Outputs: a thread sums PR queries x two vec4 columns, queries og + OUT_Q_GROUPS * i and vec4
+// columns cg and cg + COL_GROUPS (cg varies fastest: neighbours read neighbouring V words).
+const PR: u32 = {{PR}}u;
+const COL_GROUPS: u32 = HD4 / 2u;
+const OUT_Q_GROUPS: u32 = BQ / PR;
+const OUT_THREADS: u32 = OUT_Q_GROUPS * COL_GROUPS;
+// K/V rows padded by one vec4 and score rows by one word, so that threads reading different
+// rows at the same column hit different banks.
+const ROW4: u32 = HD4 + 1u;
+const SROW: u32 = BK + 1u;
 
-var<workgroup> q_tile: array<f32, BQ * HD>;
-var<workgroup> kv_tile: array<f32, BK * ROW>;
-var<workgroup> scores: array<f32, BQ * BK>;
+var<workgroup> kv_tile: array<vec4<f32>, BK * ROW4>;
+// A block's scores, then (after the softmax phase) their exp(score - running max).
+var<workgroup> scores: array<f32, BQ * SROW>;
+// Per query: the factor that rescales its sums to the block's new running max; after the last
+// block, its softmax denominator.
+var<workgroup> row_factor: array<f32, BQ>;
 
-// Loads cache rows first..first + BK of kv head kvh of `slot` (zeros past `end`) into kv_tile.
-fn load_block(cache_is_v: bool, slot: u32, kvh: u32, first: u32, end: u32, lid: u32) {
-    for (var i = lid; i < BK * HD; i += WG) {
-        let j = i / HD;
-        var v = 0.0;
+var<private> qk: array<f32, SQ * SK>;
+var<private> acc: array<vec4<f32>, 2u * PR>;
+
+// Whether the query at `query_pos` sees key `key` (causal, inside the cache, inside the window).
+fn visible(query_pos: u32, key: u32, kv_end: u32) -> bool {
+    return key <= query_pos && key < kv_end && in_window(query_pos, key);
+}
+
+// Loads cache rows first..first + BK of kv head kvh of `slot` (zeros from `end` on) into kv_tile.
+fn load_block(is_v: bool, slot: u32, kvh: u32, first: u32, end: u32, lid: u32) {
+    let base = cache_row(slot, kvh, first) / 4u;
+    for (var i = lid; i < BK * HD4; i += WG) {
+        let j = i / HD4;
+        var v = vec4<f32>(0.0);
         if (first + j < end) {
-            v = cache_value(cache_is_v, cache_row(slot, kvh, first) + i);
+            if (is_v) {
+                v = v4(base + i);
+            } else {
+                v = k4(base + i);
+            }
         }
-        kv_tile[j * ROW + i % HD] = v;
+        kv_tile[j * ROW4 + i % HD4] = v;
     }
 }
 
-@compute @workgroup_size(256)
+// Thread `lid` (< SCORE_THREADS) writes its SQ x SK scores of the K block starting at key kb.
+fn score_block(lid: u32, kb: u32, tile_pos: u32, kv_end: u32, h: u32, t0: u32, n_rows: u32) {
+    let kg = lid % K_GROUPS;
+    let qg = lid / K_GROUPS;
+    for (var e = 0u; e < SQ * SK; e++) {
+        qk[e] = 0.0;
+    }
+    // The thread's q rows (rows past the step's last repeat it: their results are never stored).
+    var q_rows: array<u32, SQ>;
+    for (var i = 0u; i < SQ; i++) {
+        q_rows[i] = ((t0 + min(qg + Q_GROUPS * i, n_rows - 1u)) * params.n_heads + h) * HD4;
+    }
+    for (var d = 0u; d < HD4; d++) {
+        for (var i = 0u; i < SQ; i++) {
+            let qv = q[q_rows[i] + d];
+            for (var j = 0u; j < SK; j++) {
+                qk[i * SK + j] += dot(qv, kv_tile[(kg + K_GROUPS * j) * ROW4 + d]);
+            }
+        }
+    }
+    for (var i = 0u; i < SQ; i++) {
+        let r = qg + Q_GROUPS * i;
+        for (var j = 0u; j < SK; j++) {
+            let c = kg + K_GROUPS * j;
+            var s = NEG_BIG;
+            if (visible(tile_pos + r, kb + c, kv_end)) {
+                s = score_of(qk[i * SK + j]);
+            }
+            scores[r * SROW + c] = s;
+        }
+    }
+}
+
+// The online softmax of query row r over the block at kb: replaces its scores with their
+// weights exp(score - new max), leaves the factor rescaling its earlier sums in row_factor, and
+// returns its new (max, sum of weights).
+fn softmax_row(r: u32, kb: u32, query_pos: u32, kv_end: u32, m: f32, l: f32) -> vec2<f32> {
+    var block_max = NEG_BIG;
+    for (var j = 0u; j < BK; j++) {
+        block_max = max(block_max, scores[r * SROW + j]);
+    }
+    let m_new = max(m, block_max);
+    let factor = exp(m - m_new);
+    var sum = l * factor;
+    for (var j = 0u; j < BK; j++) {
+        var p = 0.0;
+        if (visible(query_pos, kb + j, kv_end)) {
+            p = exp(scores[r * SROW + j] - m_new);
+        }
+        sum += p;
+        scores[r * SROW + j] = p;
+    }
+    row_factor[r] = factor;
+    return vec2<f32>(m_new, sum);
+}
+
+// Thread `lid` (< OUT_THREADS) rescales its sums and adds the block's weighted V rows.
+fn accumulate_block(lid: u32) {
+    let cg = lid % COL_GROUPS;
+    let og = lid / COL_GROUPS;
+    for (var i = 0u; i < PR; i++) {
+        let factor = row_factor[og + OUT_Q_GROUPS * i];
+        acc[2u * i] *= factor;
+        acc[2u * i + 1u] *= factor;
+    }
+    for (var j = 0u; j < BK; j++) {
+        let v_lo = kv_tile[j * ROW4 + cg];
+        let v_hi = kv_tile[j * ROW4 + cg + COL_GROUPS];
+        for (var i = 0u; i < PR; i++) {
+            let p = scores[(og + OUT_Q_GROUPS * i) * SROW + j];
+            acc[2u * i] += p * v_lo;
+            acc[2u * i + 1u] += p * v_hi;
+        }
+    }
+}
+
+@compute @workgroup_size(64)
 fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t0 = wg.x * BQ;
     let h = wg.y;
@@ -291,76 +393,54 @@ fn prefill(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index
     let kvh = kv_head(h);
     // The step's first query: its slot, and the position the step's consecutive positions start at.
     let slot = rows[0].x;
-    let pos0 = rows[0].y;
+    let tile_pos = rows[0].y + t0;
     let n_rows = min(BQ, step.n_tokens - t0);
-    for (var i = lid; i < BQ * HD; i += WG) {
-        var v = 0.0;
-        if (i / HD < n_rows) {
-            v = q[((t0 + i / HD) * params.n_heads + h) * HD + i % HD];
-        }
-        q_tile[i] = v;
+    for (var e = 0u; e < 2u * PR; e++) {
+        acc[e] = vec4<f32>(0.0);
     }
     // Keys 0..kv_end cover the tile's last query; each row masks the keys after its own position.
-    let kv_end = min(pos0 + t0 + n_rows, params.max_ctx);
-    let r = lid / COLS;
-    let col = lid % COLS;
-    let row_pos = pos0 + t0 + r;
-    var m = NEG_BIG;
-    var l = 0.0;
-    var acc: array<f32, PER_THREAD>;
+    let kv_end = min(tile_pos + n_rows, params.max_ctx);
     // With a window, blocks before the first key of the tile's first query are skipped.
     var first_key = 0u;
-    if (params.window != 0u && pos0 + t0 + 1u > params.window) {
-        first_key = (pos0 + t0 + 1u - params.window) / BK * BK;
+    if (params.window != 0u && tile_pos + 1u > params.window) {
+        first_key = (tile_pos + 1u - params.window) / BK * BK;
     }
+    // The running max and sum of weights of query row lid (lid < BQ).
+    var ml = vec2<f32>(NEG_BIG, 0.0);
     for (var kb = first_key; kb < kv_end; kb += BK) {
         load_block(false, slot, kvh, kb, kv_end, lid);
         workgroupBarrier();
-        if (lid < BQ * BK) {
-            let sr = lid / BK;
-            let sj = lid % BK;
-            var s = NEG_BIG;
-            let query_pos = pos0 + t0 + sr;
-            if (kb + sj <= query_pos && kb + sj < kv_end && in_window(query_pos, kb + sj)) {
-                var qk = 0.0;
-                for (var d = 0u; d < HD; d++) {
-                    qk += q_tile[sr * HD + d] * kv_tile[sj * ROW + d];
-                }
-                s = score_of(qk);
-            }
-            scores[lid] = s;
+        if (lid < SCORE_THREADS) {
+            score_block(lid, kb, tile_pos, kv_end, h, t0, n_rows);
         }
         workgroupBarrier();
+        // The K block is no longer read: V takes its place while the rows' softmax runs.
         load_block(true, slot, kvh, kb, kv_end, lid);
+        if (lid < BQ) {
+            ml = softmax_row(lid, kb, tile_pos + lid, kv_end, ml.x, ml.y);
+        }
         workgroupBarrier();
-
-        var block_max = NEG_BIG;
-        for (var j = 0u; j < BK; j++) {
-            block_max = max(block_max, scores[r * BK + j]);
+        if (lid < OUT_THREADS) {
+            accumulate_block(lid);
         }
-        let m_new = max(m, block_max);
-        let rescale = exp(m - m_new);
-        l *= rescale;
-        for (var i = 0u; i < PER_THREAD; i++) {
-            acc[i] *= rescale;
-        }
-        for (var j = 0u; j < BK; j++) {
-            if (kb + j <= row_pos && kb + j < kv_end && in_window(row_pos, kb + j)) {
-                let p = exp(scores[r * BK + j] - m_new);
-                l += p;
-                for (var i = 0u; i < PER_THREAD; i++) {
-                    acc[i] += p * kv_tile[j * ROW + col + COLS * i];
-                }
-            }
-        }
-        m = m_new;
-        // The next block overwrites kv_tile and scores.
+        // The next block overwrites kv_tile, the scores and the factors.
         workgroupBarrier();
     }
-    if (r < n_rows) {
-        let dst = ((t0 + r) * params.n_heads + h) * HD;
-        for (var i = 0u; i < PER_THREAD; i++) {
-            out[dst + col + COLS * i] = acc[i] / l;
+    if (lid < BQ) {
+        row_factor[lid] = ml.y;
+    }
+    workgroupBarrier();
+    if (lid < OUT_THREADS) {
+        let cg = lid % COL_GROUPS;
+        let og = lid / COL_GROUPS;
+        for (var i = 0u; i < PR; i++) {
+            let r = og + OUT_Q_GROUPS * i;
+            if (r < n_rows) {
+                let dst = ((t0 + r) * params.n_heads + h) * HD4;
+                let l = row_factor[r];
+                out[dst + cg] = acc[2u * i] / l;
+                out[dst + cg + COL_GROUPS] = acc[2u * i + 1u] / l;
+            }
         }
     }
 }

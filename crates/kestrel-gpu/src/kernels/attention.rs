@@ -11,18 +11,68 @@ use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParam
 
 /// KV positions per decode workgroup (`CHUNK` in the shader).
 const DECODE_CHUNK: u32 = 256;
-/// The head dimensions the attention kernels are built for: multiples of the prefill tile's 32
-/// columns whose tiles fit WebGPU's 16 KiB of workgroup memory (Phi-3's 96, Gemma's 256).
+/// The head dimensions the attention kernels are built for: multiples of the 8 columns a prefill
+/// thread sums, whose tiles fit WebGPU's 16 KiB of workgroup memory (Phi-3's 96, Gemma's 256).
 pub const HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 
-/// The prefill tile for a head size: (queries, keys) per block (`BQ`, `BK` in the shader). The
-/// query tile, the padded key/value block and the scores take 4 * (BQ * HD + BK * (HD + 1) +
-/// BQ * BK) bytes: 12.9 KiB at 128 with (8, 16); 256 needs (4, 8) for 12.2 KiB.
-fn prefill_tile(head_dim: usize) -> (u32, u32) {
-    if head_dim > 128 {
-        (4, 8)
-    } else {
-        (8, 16)
+/// WebGPU's guaranteed workgroup memory, which the prefill tile must fit.
+const WORKGROUP_BYTES: usize = 16 * 1024;
+/// Threads of a prefill workgroup (`WG` in the shader).
+const PREFILL_THREADS: usize = 64;
+
+/// The prefill kernel's tile for a head size (the `BQ`, `BK`, `SQ`, `SK` and `PR` defines): a
+/// workgroup takes `queries` queries over blocks of `keys` keys; each thread computes
+/// `score_queries` x `score_keys` scores of a block and sums `out_queries` queries x 8 output
+/// columns. The padded K/V block, the padded scores and a factor per query take
+/// 4 * (BK * (HD + 4) + BQ * (BK + 1) + BQ) bytes: 12.9 KiB at 64 with (32, 32), 10.5 KiB at 128
+/// with (32, 16), 8.8 KiB at 256 with (16, 8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PrefillTile {
+    queries: usize,
+    keys: usize,
+    score_queries: usize,
+    score_keys: usize,
+    out_queries: usize,
+}
+
+impl PrefillTile {
+    /// 32 queries (16 for heads over 128 values, so that a thread's sums stay at 64 registers) and
+    /// the most keys, up to 32, whose block fits the workgroup memory. The score blocks are as
+    /// large as 64 threads allow, up to 4 x 4 (8 vec4 reads for 16 dot products); the output
+    /// blocks as small as they allow (more threads busy).
+    fn for_head_dim(head_dim: usize) -> Self {
+        let queries = if head_dim > 128 { 16 } else { 32 };
+        let mut keys = 32;
+        while keys > 1 && Self::bytes(head_dim, queries, keys) > WORKGROUP_BYTES {
+            keys /= 2;
+        }
+        let per_thread = (queries * keys).div_ceil(PREFILL_THREADS);
+        let score_keys = match per_thread {
+            16.. => 4,
+            4.. => 2,
+            _ => 1,
+        };
+        let score_queries = (per_thread / score_keys).clamp(1, queries);
+        // Each thread sums two vec4 columns: head_dim / 8 column groups.
+        let column_groups = head_dim / 8;
+        let mut out_queries = 1;
+        while (queries / out_queries) * column_groups > PREFILL_THREADS {
+            out_queries *= 2;
+        }
+        Self { queries, keys, score_queries, score_keys, out_queries }
+    }
+
+    /// The workgroup memory of a tile (the shader's `kv_tile`, `scores`, `row_factor`).
+    fn bytes(head_dim: usize, queries: usize, keys: usize) -> usize {
+        4 * (keys * (head_dim + 4) + queries * (keys + 1) + queries)
+    }
+
+    fn defines(&self, defines: &mut Defines) {
+        for (name, value) in
+            [("BQ", self.queries), ("BK", self.keys), ("SQ", self.score_queries), ("SK", self.score_keys), ("PR", self.out_queries)]
+        {
+            defines.insert(name.into(), value.to_string());
+        }
     }
 }
 
@@ -125,12 +175,11 @@ impl AttentionKernel {
         if !HEAD_DIMS.contains(&head_dim) {
             return Err(GpuError::InvalidArgs(format!("attention: head_dim {head_dim} is not one of {HEAD_DIMS:?}")));
         }
-        let (bq, bk) = prefill_tile(head_dim);
+        let tile = PrefillTile::for_head_dim(head_dim);
         let pipeline = |kind: &str, entry: &'static str| {
             let mut defines = Defines::new();
             defines.insert("HD".into(), head_dim.to_string());
-            defines.insert("BQ".into(), bq.to_string());
-            defines.insert("BK".into(), bk.to_string());
+            tile.defines(&mut defines);
             defines.insert(kind.into(), "1".into());
             kv_defines(&mut defines, kv);
             async move { gpu.pipelines.get("attention", entry, &defines).await }
@@ -138,7 +187,7 @@ impl AttentionKernel {
         Ok(Self {
             head_dim,
             kv,
-            prefill_queries: bq,
+            prefill_queries: tile.queries as u32,
             decode_partial: pipeline("DECODE_PARTIAL", "decode_partial").await?,
             decode_combine: pipeline("DECODE_COMBINE", "decode_combine").await?,
             prefill: pipeline("PREFILL", "prefill").await?,
@@ -226,13 +275,13 @@ impl AttentionKernel {
             "attention.prefill",
             self.prefill.clone(),
             &[
-                step.buffer.as_entire_binding(),
                 params.as_entire_binding(),
                 q.buffer.as_entire_binding(),
                 cache.k.buffer.as_entire_binding(),
                 cache.v.buffer.as_entire_binding(),
                 out.buffer.as_entire_binding(),
                 rows_of.tensor.buffer.as_entire_binding(),
+                step.buffer.as_entire_binding(),
             ],
             [rows.div_ceil(self.prefill_queries), n_heads, 1],
         );
@@ -306,5 +355,28 @@ impl StepOp for PrefillAttention {
     /// Attention of the step's `n_tokens` queries.
     fn record(&self, rec: &mut Recorder, step: &StepParams) {
         self.dispatch.record_with(rec, self.workgroups(step.n_tokens));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every head size's tile fits the workgroup memory, keeps its phases within the workgroup's
+    /// threads (at least half of them busy summing) and divides evenly into register blocks.
+    #[test]
+    fn prefill_tiles_fit_the_workgroup() {
+        for head_dim in HEAD_DIMS {
+            let t = PrefillTile::for_head_dim(head_dim);
+            let bytes = PrefillTile::bytes(head_dim, t.queries, t.keys);
+            assert!(bytes <= WORKGROUP_BYTES, "{head_dim}: {t:?} takes {bytes} bytes");
+            assert!(head_dim % 8 == 0 && t.queries % t.score_queries == 0 && t.keys % t.score_keys == 0, "{head_dim}: {t:?}");
+            assert_eq!(t.queries % t.out_queries, 0, "{head_dim}: {t:?}");
+            let score_threads = (t.queries / t.score_queries) * (t.keys / t.score_keys);
+            let out_threads = (t.queries / t.out_queries) * (head_dim / 8);
+            assert!(score_threads <= PREFILL_THREADS && out_threads <= PREFILL_THREADS, "{head_dim}: {t:?}");
+            assert!(2 * out_threads >= PREFILL_THREADS, "{head_dim}: {t:?}");
+            assert!(t.queries <= PREFILL_THREADS, "{head_dim}: one softmax thread per query");
+        }
     }
 }
