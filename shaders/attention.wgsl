@@ -68,24 +68,25 @@ fn first_decode_chunk(pos: u32) -> u32 {
 }
 
 #if !DECODE_COMBINE
-// The bindings the decode partial and the prefill kernels share.
+// The bindings and cache words the decode partial and the prefill kernels share. A Word4 holds
+// four cache values as the cache stores them, so that the prefill kernel stages K and V blocks
+// without converting them (f16: half the workgroup memory and half the reads of f32).
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 #if KV_F16
-@group(0) @binding(2) var<storage, read> k_cache: array<vec2<u32>>;
+alias Word4 = vec2<u32>;
 
-// Values 4i..4i + 3 of the K cache.
-fn k4(i: u32) -> vec4<f32> {
-    let w = k_cache[i];
+fn unpack4(w: Word4) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 #else
-@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
+alias Word4 = vec4<f32>;
 
-fn k4(i: u32) -> vec4<f32> {
-    return k_cache[i];
+fn unpack4(w: Word4) -> vec4<f32> {
+    return w;
 }
 #endif
+@group(0) @binding(2) var<storage, read> k_cache: array<Word4>;
 #endif
 
 #if DECODE_PARTIAL
@@ -158,7 +159,7 @@ fn decode_partial(
         let row = cache_row(slot, kvh, p) / 4u;
         var qk = 0.0;
         for (var d = 0u; d < HD4; d++) {
-            qk += dot(q_head[d], k4(row + d));
+            qk += dot(q_head[d], unpack4(k_cache[row + d]));
         }
         score = score_of(qk);
     }
@@ -231,21 +232,7 @@ fn decode_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
 #endif
 
 #if PREFILL
-#if KV_F16
-@group(0) @binding(3) var<storage, read> v_cache: array<vec2<u32>>;
-
-// Values 4i..4i + 3 of the V cache.
-fn v4(i: u32) -> vec4<f32> {
-    let w = v_cache[i];
-    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-}
-#else
-@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
-
-fn v4(i: u32) -> vec4<f32> {
-    return v_cache[i];
-}
-#endif
+@group(0) @binding(3) var<storage, read> v_cache: array<Word4>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> rows: array<vec2<u32>>;
 @group(0) @binding(6) var<uniform> step: Step;
@@ -275,7 +262,7 @@ const OUT_THREADS: u32 = OUT_Q_GROUPS * COL_GROUPS;
 const ROW4: u32 = HD4 + 1u;
 const SROW: u32 = BK + 1u;
 
-var<workgroup> kv_tile: array<vec4<f32>, BK * ROW4>;
+var<workgroup> kv_tile: array<Word4, BK * ROW4>;
 // A block's scores, then (after the softmax phase) their exp(score - running max).
 var<workgroup> scores: array<f32, BQ * SROW>;
 // Per query: the factor that rescales its sums to the block's new running max; after the last
@@ -295,12 +282,12 @@ fn load_block(is_v: bool, slot: u32, kvh: u32, first: u32, end: u32, lid: u32) {
     let base = cache_row(slot, kvh, first) / 4u;
     for (var i = lid; i < BK * HD4; i += WG) {
         let j = i / HD4;
-        var v = vec4<f32>(0.0);
+        var v = Word4();
         if (first + j < end) {
             if (is_v) {
-                v = v4(base + i);
+                v = v_cache[base + i];
             } else {
-                v = k4(base + i);
+                v = k_cache[base + i];
             }
         }
         kv_tile[j * ROW4 + i % HD4] = v;
@@ -323,7 +310,7 @@ fn score_block(lid: u32, kb: u32, tile_pos: u32, kv_end: u32, h: u32, t0: u32, n
         for (var i = 0u; i < SQ; i++) {
             let qv = q[q_rows[i] + d];
             for (var j = 0u; j < SK; j++) {
-                qk[i * SK + j] += dot(qv, kv_tile[(kg + K_GROUPS * j) * ROW4 + d]);
+                qk[i * SK + j] += dot(qv, unpack4(kv_tile[(kg + K_GROUPS * j) * ROW4 + d]));
             }
         }
     }
@@ -373,8 +360,8 @@ fn accumulate_block(lid: u32) {
         acc[2u * i + 1u] *= factor;
     }
     for (var j = 0u; j < BK; j++) {
-        let v_lo = kv_tile[j * ROW4 + cg];
-        let v_hi = kv_tile[j * ROW4 + cg + COL_GROUPS];
+        let v_lo = unpack4(kv_tile[j * ROW4 + cg]);
+        let v_hi = unpack4(kv_tile[j * ROW4 + cg + COL_GROUPS]);
         for (var i = 0u; i < PR; i++) {
             let p = scores[(og + OUT_Q_GROUPS * i) * SROW + j];
             acc[2u * i] += p * v_lo;
