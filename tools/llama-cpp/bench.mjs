@@ -4,7 +4,7 @@
 //
 //   node tools/llama-cpp/bench.mjs --model M.gguf [--threads 2] [--prompt-tokens 128,512]
 //        [--decode-tokens 128] [--repeats 3] [--warmup 1] [--json OUT.json]
-//        [--prompts tests/data/reference/greedy.json] [--ctx 2048] [--batch 512]
+//        [--prompts tests/data/reference/greedy.json] [--ctx N] [--batch 512]
 //        [--flash-attention off|on|auto] [--gpu vulkan]
 //
 // --gpu vulkan: llama.cpp's Vulkan build (@node-llama-cpp/linux-x64-vulkan) with every layer
@@ -53,7 +53,7 @@ import { HERE, loadLlama, parseArgs, versionInfo } from "./common.mjs";
 const { opts, pos } = parseArgs(process.argv.slice(2), {
     model: "", threads: 2, "prompt-tokens": "128,512", "decode-tokens": 128, repeats: 3, warmup: 1,
     json: "", prompts: path.join(HERE, "..", "..", "tests", "data", "reference", "greedy.json"),
-    ctx: 2048, batch: 512, "flash-attention": "off", "log-level": "warn", gpu: "",
+    ctx: 0, batch: 512, "flash-attention": "off", "log-level": "warn", gpu: "",
 });
 if (!["", "vulkan"].includes(opts.gpu)) throw new Error("--gpu must be vulkan (or absent for the CPU build)");
 const gpu = opts.gpu || false;
@@ -65,6 +65,8 @@ if (!opts.model || pos.length) {
 const promptSizes = String(opts["prompt-tokens"]).split(",").map(Number);
 const D = opts["decode-tokens"];
 if (promptSizes.some((p) => !(p > 0)) || !(D >= 0) || !(opts.repeats >= 1)) throw new Error("bad sizes");
+// The default context holds the longest prompt and its decode: 2048, or the next multiple of 1024.
+if (!opts.ctx) opts.ctx = Math.max(2048, Math.ceil((Math.max(...promptSizes) + D) / 1024) * 1024);
 if (Math.max(...promptSizes) + D > opts.ctx) throw new Error(`--ctx ${opts.ctx} too small`);
 const fa = { auto: "auto", on: true, off: false }[opts["flash-attention"]];
 if (fa === undefined) throw new Error("--flash-attention must be auto, on or off");
