@@ -257,7 +257,7 @@ const PR: u32 = {{PR}}u;
 const COL_GROUPS: u32 = HD4 / 2u;
 const OUT_Q_GROUPS: u32 = BQ / PR;
 const OUT_THREADS: u32 = OUT_Q_GROUPS * COL_GROUPS;
-// K/V rows padded by one vec4 and score rows by one word, so that threads reading different
+// K/V rows padded by one Word4 and score rows by one word, so that threads reading different
 // rows at the same column hit different banks.
 const ROW4: u32 = HD4 + 1u;
 const SROW: u32 = BK + 1u;

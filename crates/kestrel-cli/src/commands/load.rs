@@ -27,11 +27,21 @@ pub struct CacheArgs {
     /// reads; llama.cpp's default) or f32.
     #[arg(long, default_value = "f16", value_parser = parse_kv_type)]
     pub kv_cache: KvType,
+    /// Prompt tokens per prefill pass, where a command sets it (`kestrel bench model --chunk`);
+    /// otherwise the loader's default.
+    #[arg(skip)]
+    pub max_chunk: Option<usize>,
 }
 
 impl CacheArgs {
     pub fn load_options(&self) -> LoadOptions {
-        LoadOptions { context_length: self.context, kv_cache: self.kv_cache, ..LoadOptions::default() }
+        let defaults = LoadOptions::default();
+        LoadOptions {
+            context_length: self.context,
+            kv_cache: self.kv_cache,
+            max_chunk: self.max_chunk.unwrap_or(defaults.max_chunk),
+            ..defaults
+        }
     }
 }
 

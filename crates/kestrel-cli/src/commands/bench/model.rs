@@ -54,6 +54,9 @@ pub struct ModelArgs {
     wall_clock: bool,
     #[command(flatten)]
     cache: CacheArgs,
+    /// Prompt tokens per prefill pass (default: the loader's), to compare chunk sizes.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    chunk: Option<u32>,
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -114,16 +117,17 @@ struct CpuInfo {
 
 pub fn run(args: &ModelArgs) -> CliResult {
     let started = Instant::now();
+    let cache = CacheArgs { max_chunk: args.chunk.map(|c| c as usize), ..args.cache.clone() };
     let (path, file_bytes, loaded) = match &args.synthetic {
         Some(name) => {
             let shape = kestrel_model::synthetic::synthetic_shape(name).ok_or_else(|| format!("unknown synthetic shape {name}"))?;
-            let loaded = load_synthetic(&shape, &args.cache, 1)?;
+            let loaded = load_synthetic(&shape, &cache, 1)?;
             (PathBuf::from(format!("synthetic:{name}")), 0, loaded)
         }
         None => {
             let path = crate::model_path::resolve(args.model.clone());
             let file_bytes = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?.len();
-            let loaded = load(&path, &args.cache, false)?;
+            let loaded = load(&path, &cache, false)?;
             (path, file_bytes, loaded)
         }
     };
