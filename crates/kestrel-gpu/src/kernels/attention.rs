@@ -23,9 +23,9 @@ const PREFILL_THREADS: usize = 64;
 /// The prefill kernel's tile for a head size (the `BQ`, `BK`, `SQ`, `SK` and `PR` defines): a
 /// workgroup takes `queries` queries over blocks of `keys` keys; each thread computes
 /// `score_queries` x `score_keys` scores of a block and sums `out_queries` queries x 8 output
-/// columns. The padded K/V block, the padded scores and a factor per query take
-/// 4 * (BK * (HD + 4) + BQ * (BK + 1) + BQ) bytes: 12.9 KiB at 64 with (32, 32), 10.5 KiB at 128
-/// with (32, 16), 8.8 KiB at 256 with (16, 8).
+/// columns. The padded K/V block (f32; an f16 cache's takes half), the padded scores and a factor
+/// per query take 4 * (BK * (HD + 4) + BQ * (BK + 1) + BQ) bytes: 12.9 KiB at 64 with (32, 32),
+/// 10.5 KiB at 128 with (32, 16), 8.8 KiB at 256 with (16, 8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct PrefillTile {
     queries: usize,
