@@ -370,8 +370,11 @@ mod tests {
             let t = PrefillTile::for_head_dim(head_dim);
             let bytes = PrefillTile::bytes(head_dim, t.queries, t.keys);
             assert!(bytes <= WORKGROUP_BYTES, "{head_dim}: {t:?} takes {bytes} bytes");
-            assert!(head_dim % 8 == 0 && t.queries % t.score_queries == 0 && t.keys % t.score_keys == 0, "{head_dim}: {t:?}");
-            assert_eq!(t.queries % t.out_queries, 0, "{head_dim}: {t:?}");
+            let divides = head_dim.is_multiple_of(8)
+                && t.queries.is_multiple_of(t.score_queries)
+                && t.keys.is_multiple_of(t.score_keys)
+                && t.queries.is_multiple_of(t.out_queries);
+            assert!(divides, "{head_dim}: {t:?}");
             let score_threads = (t.queries / t.score_queries) * (t.keys / t.score_keys);
             let out_threads = (t.queries / t.out_queries) * (head_dim / 8);
             assert!(score_threads <= PREFILL_THREADS && out_threads <= PREFILL_THREADS, "{head_dim}: {t:?}");
