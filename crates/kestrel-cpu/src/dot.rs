@@ -54,6 +54,15 @@ impl<'a> Scales<'a> {
         }
     }
 
+    /// Value i as f32.
+    #[inline]
+    pub(crate) fn get(self, i: usize) -> f32 {
+        match self {
+            Scales::F32(s) => s[i],
+            Scales::F16(h) => f16_to_f32(h[i]),
+        }
+    }
+
     /// The values as f32: borrowed, or converted into `buf`.
     fn to_f32<'b>(self, buf: &'b mut Vec<f32>) -> &'b [f32]
     where
@@ -313,13 +322,11 @@ mod avx2 {
             /// product than one token at a time.
             #[target_feature(enable = $features)]
             pub(super) unsafe fn products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-                let mut bufs: [Vec<f32>; ROWS] = Default::default();
                 let mut r = 0;
                 while r < rows {
                     let tile_rows = (rows - r).min(ROWS);
-                    let [buf0, buf1] = &mut bufs;
-                    let row0 = RowView::of(&w, r, n, buf0);
-                    let row1 = if tile_rows == 2 { Some(RowView::of(&w, r + 1, n, buf1)) } else { None };
+                    let row0 = RowView::of(&w, r);
+                    let row1 = if tile_rows == 2 { Some(RowView::of(&w, r + 1)) } else { None };
                     let mut t = 0;
                     while t < n {
                         let tile_tokens = (n - t).min(TOKENS);
@@ -389,8 +396,8 @@ mod avx2 {
                 let mut sums = [[0f32; T]; R];
                 for i in 0..R {
                     for j in 0..T {
-                        // As llama.cpp sums them: one group after another, after the scaled products.
-                        sums[i][j] = horizontal_sum(acc[i][j]) + rows[i].offsets(acts[j]);
+                        let (with_offsets, tail) = rows[i].add_offsets(acc[i][j], acts[j]);
+                        sums[i][j] = horizontal_sum(with_offsets) + tail;
                     }
                 }
                 sums
@@ -444,7 +451,7 @@ mod avx2 {
     }
 
     /// A weight row's levels, and its scales and offsets: f16 ones are converted by F16C as the
-    /// products read them, except offsets read for several tokens, converted once into a buffer.
+    /// products read them.
     #[derive(Clone, Copy)]
     struct RowView<'a> {
         levels: Levels<'a>,
@@ -454,31 +461,33 @@ mod avx2 {
     }
 
     impl<'a> RowView<'a> {
-        /// Row r of `w`; its offsets converted into `buf` where they are f16 and `tokens` > 1.
         #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn of(w: &IntRows<'a>, r: usize, tokens: usize, buf: &'a mut Vec<f32>) -> Self {
+        fn of(w: &IntRows<'a>, r: usize) -> Self {
             let (levels, scale, offset) = w.row_parts(r);
-            let offset = match offset {
-                Some(o @ Scales::F16(_)) if tokens > 1 => Some(Scales::F32(to_f32(o, buf))),
-                other => other,
-            };
             Self { levels, group: w.group, scale, offset }
         }
 
-        /// `offsets_dot` of the row's offsets and x's group sums.
+        /// `acc` with the row's offsets times x's group sums (`offsets_dot`) added to its lanes,
+        /// 8 groups a step, and the groups after the last 8 as a scalar: the lanes' sum plus that
+        /// scalar is the row's offsets term. (A scalar loop of dependent additions here cost as much
+        /// as the products of a 576-weight row.)
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn offsets(&self, x: ActRow<'_>) -> f32 {
-            match self.offset {
-                None => 0.0,
-                Some(Scales::F32(o)) => super::offsets_dot(o, self.group, x),
-                Some(Scales::F16(o)) => {
-                    // The same sum, each offset converted as it is read.
-                    let sums = if self.group == ACT_BLOCK { x.sums32 } else { x.sums16 };
-                    o.iter().zip(sums).map(|(&o, s)| _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(o)))) * s).sum()
-                }
+        unsafe fn add_offsets(&self, mut acc: __m256, x: ActRow<'_>) -> (__m256, f32) {
+            let Some(offset) = self.offset else { return (acc, 0.0) };
+            let sums = if self.group == ACT_BLOCK { x.sums32 } else { x.sums16 };
+            let groups = offset.len().min(sums.len());
+            let body = groups / 8 * 8;
+            let mut g = 0;
+            while g < body {
+                let o = match offset {
+                    Scales::F32(v) => _mm256_loadu_ps(v.as_ptr().add(g)),
+                    Scales::F16(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(g).cast())),
+                };
+                acc = _mm256_fmadd_ps(o, _mm256_loadu_ps(sums.as_ptr().add(g)), acc);
+                g += 8;
             }
+            (acc, (body..groups).map(|g| offset.get(g) * sums[g]).sum())
         }
     }
 
@@ -502,25 +511,6 @@ mod avx2 {
         } else {
             _mm256_set_m128(_mm256_castps256_ps128(broadcast(row.scale, 2 * b + 1)), _mm256_castps256_ps128(broadcast(row.scale, 2 * b)))
         }
-    }
-
-    /// Values as f32: borrowed, or converted 8 at a time by F16C into `buf` (no zeroing first).
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn to_f32<'b>(s: Scales<'b>, buf: &'b mut Vec<f32>) -> &'b [f32] {
-        let h = match s {
-            Scales::F32(v) => return v,
-            Scales::F16(h) => h,
-        };
-        buf.clear();
-        let mut chunks = h.chunks_exact(8);
-        for chunk in &mut chunks {
-            let mut eight = [0f32; 8];
-            _mm256_storeu_ps(eight.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(chunk.as_ptr().cast())));
-            buf.extend_from_slice(&eight);
-        }
-        buf.extend(chunks.remainder().iter().map(|&bits| super::f16_to_f32(bits)));
-        buf
     }
 
     pub(super) fn f32_dot_checked(a: &[f32], b: &[f32]) -> f32 {
