@@ -14,6 +14,14 @@ use std::ops::Range;
 
 use crate::parallel::for_each_chunk;
 
+/// One layer's keys and values, `[kv_head][position][head_dim]` each: f32, or f16 bits (half the
+/// memory and half the bytes a step reads; the values an f16 cache holds in either case).
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    F32 { k: &'a [f32], v: &'a [f32] },
+    F16 { k: &'a [u16], v: &'a [u16] },
+}
+
 /// A layer's attention: shapes, the scores' scale and soft cap, and the sliding window.
 #[derive(Clone, Copy, Debug)]
 pub struct Attention {
@@ -52,7 +60,14 @@ impl Attention {
     /// the caches, which hold positions `0..pos + n`.
     ///
     /// Panics on inconsistent shapes (bugs of the caller).
-    pub fn apply(&self, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: usize) -> Vec<f32> {
+    pub fn apply(&self, q: &[f32], cache: KvRows<'_>, pos: usize) -> Vec<f32> {
+        match cache {
+            KvRows::F32 { k, v } => self.apply_to(q, k, v, pos),
+            KvRows::F16 { k, v } => self.apply_to(q, k, v, pos),
+        }
+    }
+
+    fn apply_to<E: CacheValue>(&self, q: &[f32], k_cache: &[E], v_cache: &[E], pos: usize) -> Vec<f32> {
         let hd = self.head_dim;
         assert!(self.n_kv_heads > 0 && self.n_heads.is_multiple_of(self.n_kv_heads), "attention: head counts");
         assert!(k_cache.len() == self.n_kv_heads * self.max_ctx * hd && v_cache.len() == k_cache.len(), "attention: cache size");
@@ -129,24 +144,24 @@ impl Attention {
 }
 
 /// One task: a KV head's query rows for some tokens, over one span of keys.
-struct Task<'a> {
+struct Task<'a, E> {
     attention: &'a Attention,
     q: &'a [f32],
     /// The KV head's keys and values, `[position][head_dim]`.
-    k: &'a [f32],
-    v: &'a [f32],
+    k: &'a [E],
+    v: &'a [E],
     pos: usize,
     kv_head: usize,
     tokens: Range<usize>,
     span: Range<usize>,
 }
 
-impl Task<'_> {
+impl<E: CacheValue> Task<'_, E> {
     /// Writes each row's partial result into `part` (`[row][HEADER + head_dim]`).
     fn run(&self, part: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
             return unsafe { self.run_avx2(part) };
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -156,7 +171,7 @@ impl Task<'_> {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_avx2(&self, part: &mut [f32]) {
         self.run_with::<lanes::Avx2>(part)
     }
@@ -203,8 +218,8 @@ impl Task<'_> {
             // Past the last row or key, a tile repeats it and its sums are not stored.
             let qs: [&[f32]; ROW_TILE] = std::array::from_fn(|i| rows[(r0 + i).min(rows.len() - 1)].0);
             for j0 in (0..keys).step_by(KEY_TILE) {
-                let ks: [&[f32]; KEY_TILE] = std::array::from_fn(|j| &self.k[(first + (j0 + j).min(keys - 1)) * hd..][..hd]);
-                let tile = score_tile::<L>(&qs, &ks);
+                let ks: [&[E]; KEY_TILE] = std::array::from_fn(|j| &self.k[(first + (j0 + j).min(keys - 1)) * hd..][..hd]);
+                let tile = score_tile::<L, E>(&qs, &ks);
                 for (i, sums) in tile.iter().enumerate().take(rows.len() - r0) {
                     for (j, &s) in sums.iter().enumerate().take(keys - j0) {
                         weights[(r0 + i) * keys + j0 + j] = s;
@@ -259,8 +274,8 @@ impl Task<'_> {
                 let dims = (hd - d0).min(DIM_TILE);
                 let mut tile = [[0f32; DIM_TILE]; ROW_TILE];
                 match dims {
-                    DIM_TILE => value_tile::<L, 2>(&ws, v, hd, d0, &mut tile),
-                    LANES.. => value_tile::<L, 1>(&ws, v, hd, d0, &mut tile),
+                    DIM_TILE => value_tile::<L, E, 2>(&ws, v, hd, d0, &mut tile),
+                    LANES.. => value_tile::<L, E, 1>(&ws, v, hd, d0, &mut tile),
                     _ => value_tail(&ws, v, hd, d0, &mut tile),
                 }
                 let dims = if dims >= LANES { dims / LANES * LANES } else { dims };
@@ -276,7 +291,7 @@ impl Task<'_> {
 /// `q_i · k_j` for a tile of rows and keys: `LANES` partial sums each, over the head's
 /// dimensions in steps of `LANES`, then added; the dimensions after the last whole step one by one.
 #[inline(always)]
-fn score_tile<L: Lanes>(qs: &[&[f32]; ROW_TILE], ks: &[&[f32]; KEY_TILE]) -> [[f32; KEY_TILE]; ROW_TILE] {
+fn score_tile<L: Lanes, E: CacheValue>(qs: &[&[f32]; ROW_TILE], ks: &[&[E]; KEY_TILE]) -> [[f32; KEY_TILE]; ROW_TILE] {
     let hd = qs[0].len();
     let body = hd / LANES * LANES;
     let mut acc = [[L::zero(); KEY_TILE]; ROW_TILE];
@@ -284,7 +299,7 @@ fn score_tile<L: Lanes>(qs: &[&[f32]; ROW_TILE], ks: &[&[f32]; KEY_TILE]) -> [[f
         // Loops rather than `array::from_fn`, whose closures are not inlined into the AVX2 caller.
         let mut k = [L::zero(); KEY_TILE];
         for (k, key) in k.iter_mut().zip(ks) {
-            *k = L::load(&key[c..c + LANES]);
+            *k = E::load(&key[c..c + LANES]);
         }
         for (acc, q) in acc.iter_mut().zip(qs) {
             let q = L::load(&q[c..c + LANES]);
@@ -296,7 +311,7 @@ fn score_tile<L: Lanes>(qs: &[&[f32]; ROW_TILE], ks: &[&[f32]; KEY_TILE]) -> [[f
     let mut sums = [[0f32; KEY_TILE]; ROW_TILE];
     for ((sums, acc), q) in sums.iter_mut().zip(&acc).zip(qs) {
         for ((sum, acc), k) in sums.iter_mut().zip(acc).zip(ks) {
-            let tail: f32 = q[body..].iter().zip(&k[body..hd]).map(|(a, b)| a * b).sum();
+            let tail: f32 = q[body..].iter().zip(&k[body..hd]).map(|(a, &b)| a * b.to_f32()).sum();
             *sum = acc.sum() + tail;
         }
     }
@@ -306,12 +321,18 @@ fn score_tile<L: Lanes>(qs: &[&[f32]; ROW_TILE], ks: &[&[f32]; KEY_TILE]) -> [[f
 /// `Σ_j w_i[j] · v_j[d0..d0 + C·LANES]` for a tile of rows into `out`'s first `C·LANES`
 /// columns (`v`: the span's value rows of `hd`).
 #[inline(always)]
-fn value_tile<L: Lanes, const C: usize>(ws: &[&[f32]; ROW_TILE], v: &[f32], hd: usize, d0: usize, out: &mut [[f32; DIM_TILE]; ROW_TILE]) {
+fn value_tile<L: Lanes, E: CacheValue, const C: usize>(
+    ws: &[&[f32]; ROW_TILE],
+    v: &[E],
+    hd: usize,
+    d0: usize,
+    out: &mut [[f32; DIM_TILE]; ROW_TILE],
+) {
     let mut acc = [[L::zero(); C]; ROW_TILE];
     for (j, v_row) in v.chunks_exact(hd).enumerate() {
         let mut vs = [L::zero(); C];
         for (c, x) in vs.iter_mut().enumerate() {
-            *x = L::load(&v_row[d0 + c * LANES..d0 + (c + 1) * LANES]);
+            *x = E::load(&v_row[d0 + c * LANES..d0 + (c + 1) * LANES]);
         }
         for (acc, w) in acc.iter_mut().zip(ws) {
             let w = L::splat(w[j]);
@@ -328,13 +349,44 @@ fn value_tile<L: Lanes, const C: usize>(ws: &[&[f32]; ROW_TILE], v: &[f32], hd: 
 }
 
 /// `value_tile` for the last `hd - d0` (< `LANES`) dimensions, one at a time.
-fn value_tail(ws: &[&[f32]; ROW_TILE], v: &[f32], hd: usize, d0: usize, out: &mut [[f32; DIM_TILE]; ROW_TILE]) {
+fn value_tail<E: CacheValue>(ws: &[&[f32]; ROW_TILE], v: &[E], hd: usize, d0: usize, out: &mut [[f32; DIM_TILE]; ROW_TILE]) {
     for (out, w) in out.iter_mut().zip(ws) {
         for (j, v_row) in v.chunks_exact(hd).enumerate() {
             for (o, x) in out.iter_mut().zip(&v_row[d0..]) {
-                *o += w[j] * x;
+                *o += w[j] * x.to_f32();
             }
         }
+    }
+}
+
+/// A value as a KV cache stores it: f32, or f16 bits.
+trait CacheValue: Copy + Send + Sync {
+    fn to_f32(self) -> f32;
+    /// `s`'s first 8 values, in lanes.
+    fn load<L: Lanes>(s: &[Self]) -> L;
+}
+
+impl CacheValue for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    #[inline(always)]
+    fn load<L: Lanes>(s: &[Self]) -> L {
+        L::load(s)
+    }
+}
+
+impl CacheValue for u16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        crate::dot::f16_to_f32(self)
+    }
+
+    #[inline(always)]
+    fn load<L: Lanes>(s: &[Self]) -> L {
+        L::load_f16(s)
     }
 }
 
@@ -344,6 +396,8 @@ trait Lanes: Copy {
     fn splat(x: f32) -> Self;
     /// `s`'s first 8 values.
     fn load(s: &[f32]) -> Self;
+    /// `s`'s first 8 values, f16 bits.
+    fn load_f16(s: &[u16]) -> Self;
     /// Into `out`'s first 8 values.
     fn store(self, out: &mut [f32]);
     /// `self · b + c`, fused where the instruction set has it.
@@ -417,6 +471,15 @@ mod lanes {
         }
 
         #[inline(always)]
+        fn load_f16(s: &[u16]) -> Self {
+            let mut lanes = [0.0; LANES];
+            for (x, &h) in lanes.iter_mut().zip(&s[..LANES]) {
+                *x = crate::dot::f16_to_f32(h);
+            }
+            Self(lanes)
+        }
+
+        #[inline(always)]
         fn store(self, out: &mut [f32]) {
             out[..LANES].copy_from_slice(&self.0);
         }
@@ -477,8 +540,8 @@ mod lanes {
         }
     }
 
-    /// One AVX2 register, with FMA. Made only inside `Task::run_avx2`, which runs after the CPU
-    /// reported both, so the intrinsics below always have their instructions.
+    /// One AVX2 register, with FMA and F16C. Made only inside `Task::run_avx2`, which runs after
+    /// the CPU reported all three, so the intrinsics below always have their instructions.
     #[cfg(target_arch = "x86_64")]
     #[derive(Clone, Copy)]
     pub(super) struct Avx2(std::arch::x86_64::__m256);
@@ -501,6 +564,14 @@ mod lanes {
             assert!(s.len() >= LANES, "lanes: a short load");
             // SAFETY: 8 values are readable (checked); AVX2 is present.
             Self(unsafe { std::arch::x86_64::_mm256_loadu_ps(s.as_ptr()) })
+        }
+
+        #[inline(always)]
+        fn load_f16(s: &[u16]) -> Self {
+            use std::arch::x86_64::*;
+            assert!(s.len() >= LANES, "lanes: a short load");
+            // SAFETY: 8 halves (16 bytes) are readable (checked); F16C is present.
+            Self(unsafe { _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())) })
         }
 
         #[inline(always)]
@@ -597,6 +668,28 @@ mod lanes {
             assert!(s.len() >= LANES, "lanes: a short load");
             // SAFETY: 8 values are readable (checked); wasm loads need no alignment.
             unsafe { Self([core::arch::wasm32::v128_load(s.as_ptr().cast()), core::arch::wasm32::v128_load(s.as_ptr().add(4).cast())]) }
+        }
+
+        /// wasm has no f16 conversion: `f16_to_f32`'s bit moves in integer lanes. Normal halves
+        /// rebias their exponent (+112 << 23); zeros and subnormals are their mantissa times
+        /// 2^-24; infinities and NaNs keep an all-ones exponent.
+        #[inline(always)]
+        fn load_f16(s: &[u16]) -> Self {
+            use core::arch::wasm32::*;
+            assert!(s.len() >= LANES, "lanes: a short load");
+            // SAFETY: 8 halves (16 bytes) are readable (checked).
+            let h = unsafe { v128_load(s.as_ptr().cast()) };
+            let convert = |h: v128| {
+                let sign = i32x4_shl(v128_and(h, i32x4_splat(0x8000)), 16);
+                let magnitude = v128_and(h, i32x4_splat(0x7fff));
+                let normal = i32x4_add(i32x4_shl(magnitude, 13), i32x4_splat(0x3800_0000));
+                let special = i32x4_add(normal, i32x4_splat(0x3800_0000));
+                let tiny = f32x4_mul(f32x4_convert_i32x4(magnitude), f32x4_splat(1.0 / 16_777_216.0));
+                let value = v128_bitselect(tiny, normal, i32x4_lt(magnitude, i32x4_splat(0x0400)));
+                let value = v128_bitselect(special, value, i32x4_ge(magnitude, i32x4_splat(0x7c00)));
+                v128_or(value, sign)
+            };
+            Self([convert(u32x4_extend_low_u16x8(h)), convert(u32x4_extend_high_u16x8(h))])
         }
 
         #[inline(always)]

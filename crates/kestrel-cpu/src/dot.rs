@@ -85,7 +85,7 @@ impl<'a> Scales<'a> {
 /// without F16C (wasm, baseline x86-64), several times slower, and a row converts its scales for
 /// every dot product of a decode step.
 #[inline]
-fn f16_to_f32(bits: u16) -> f32 {
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
     let exponent = bits & 0x7c00;
     if exponent == 0 || exponent == 0x7c00 {
         return half::f16::from_bits(bits).to_f32();

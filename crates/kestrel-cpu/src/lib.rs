@@ -12,7 +12,7 @@ mod error;
 mod matrix;
 mod parallel;
 
-pub use attention::Attention;
+pub use attention::{Attention, KvRows};
 pub use dot::f32_dot_portable;
 pub use error::CpuError;
 pub use matrix::Matrix;

@@ -1,8 +1,8 @@
 //! The CPU attention against the textbook softmax in f64, for prefill chunks and single decode
 //! tokens (whose keys split into spans), grouped and plain heads, head sizes with and without
-//! whole tiles, a sliding window and a soft cap.
+//! whole tiles, a sliding window and a soft cap; caches of f16 values stored as f16 or as f32.
 
-use kestrel_cpu::Attention;
+use kestrel_cpu::{Attention, KvRows};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -52,11 +52,26 @@ fn random(rng: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
+/// Values an f16 cache holds (every few an exact zero or a subnormal), as f16 bits.
+fn halves(rng: &mut StdRng, n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|i| match i % 97 {
+            0 => 0,
+            1 => 0x8000 | (i % 0x3ff) as u16,
+            _ => half::f16::from_f32(rng.random_range(-1.0f32..1.0)).to_bits(),
+        })
+        .collect()
+}
+
+fn widen(h: &[u16]) -> Vec<f32> {
+    h.iter().map(|&b| half::f16::from_bits(b).to_f32()).collect()
+}
+
 fn check(a: Attention, pos: usize, n: usize, rng: &mut StdRng) {
     let cache = a.n_kv_heads * a.max_ctx * a.head_dim;
     let (k, v) = (random(rng, cache), random(rng, cache));
     let q = random(rng, n * a.n_heads * a.head_dim);
-    let got = a.apply(&q, &k, &v, pos);
+    let got = a.apply(&q, KvRows::F32 { k: &k, v: &v }, pos);
     let want = textbook(&a, &q, &k, &v, pos);
     assert_eq!(got.len(), want.len());
     let limit = bound(&a, pos + n);
@@ -110,11 +125,34 @@ fn a_token_gives_the_same_bits_in_a_chunk_and_alone() {
         let (k, v) = (random(&mut rng, cache), random(&mut rng, cache));
         let (pos, n, width) = (1100, 37, a.n_heads * a.head_dim);
         let q = random(&mut rng, n * width);
-        let chunk = a.apply(&q, &k, &v, pos);
+        let kv = KvRows::F32 { k: &k, v: &v };
+        let chunk = a.apply(&q, kv, pos);
         for t in 0..n {
-            let alone = a.apply(&q[t * width..][..width], &k, &v, pos + t);
+            let alone = a.apply(&q[t * width..][..width], kv, pos + t);
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&alone), bits(&chunk[t * width..][..width]), "{a:?}: token {t}");
+        }
+    }
+}
+
+/// An f16 cache's values give the same bits stored as f16 as stored as f32, and are within the
+/// bound of the textbook softmax.
+#[test]
+fn f16_storage_gives_the_f32_storages_bits() {
+    let mut rng = StdRng::seed_from_u64(14);
+    for a in [attention(9, 3, 64, 1200), attention(6, 3, 36, 1200)] {
+        let cache = a.n_kv_heads * a.max_ctx * a.head_dim;
+        let (k16, v16) = (halves(&mut rng, cache), halves(&mut rng, cache));
+        let (k, v) = (widen(&k16), widen(&v16));
+        for (pos, n) in [(0, 30), (1150, 1), (700, 9)] {
+            let q = random(&mut rng, n * a.n_heads * a.head_dim);
+            let stored16 = a.apply(&q, KvRows::F16 { k: &k16, v: &v16 }, pos);
+            let stored32 = a.apply(&q, KvRows::F32 { k: &k, v: &v }, pos);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&stored16), bits(&stored32), "{a:?} pos {pos} n {n}");
+            let want = textbook(&a, &q, &k, &v, pos);
+            let limit = bound(&a, pos + n);
+            assert!(stored16.iter().zip(&want).all(|(g, w)| (f64::from(*g) - w).abs() <= limit), "{a:?} pos {pos} n {n}");
         }
     }
 }

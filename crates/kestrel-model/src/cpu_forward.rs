@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use kestrel_cpu::KvRows;
 use kestrel_gguf::GgmlType;
 use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig, Scores};
 use kestrel_gpu::reference::{norm, rope};
@@ -29,8 +30,11 @@ pub trait CpuKernels {
     fn split_rows(m: Self::Matrix, at: usize) -> Result<(Self::Matrix, Self::Matrix), ModelError>;
     /// Bytes the matrix takes.
     fn bytes(m: &Self::Matrix) -> usize;
-    /// Causal attention of `q` (`[n][n_heads * head_dim]`, token `t` at `pos + t`) over the caches.
-    fn attention(shape: &AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: usize, scores: &Scores) -> Vec<f32>;
+    /// Whether an f16 KV cache keeps f16 bits (else f32 values rounded to f16).
+    const F16_BITS: bool;
+    /// Causal attention of `q` (`[n][n_heads * head_dim]`, token `t` at `pos + t`) over a layer's
+    /// caches.
+    fn attention(shape: &AttentionShape, q: &[f32], cache: KvRows<'_>, pos: usize, scores: &Scores) -> Vec<f32>;
 }
 
 struct Layer<M> {
@@ -57,16 +61,68 @@ struct Layer<M> {
     down: M,
 }
 
-/// One sequence's keys and values: `[layer]` of `[kv_head][position][head_dim]`. Allocated
-/// zeroed, so the system commits a page only when a position in it is first written.
+/// One layer's keys and values, `[kv_head][position][head_dim]` each. Allocated zeroed, so the
+/// system commits a page only when a position in it is first written.
+enum LayerKv {
+    F32 {
+        k: Vec<f32>,
+        v: Vec<f32>,
+    },
+    /// f16 bits: half the memory and half the bytes attention reads.
+    F16 {
+        k: Vec<u16>,
+        v: Vec<u16>,
+    },
+}
+
+impl LayerKv {
+    fn new(len: usize, f16_bits: bool) -> Self {
+        if f16_bits {
+            Self::F16 { k: vec![0; len], v: vec![0; len] }
+        } else {
+            Self::F32 { k: vec![0.0; len], v: vec![0.0; len] }
+        }
+    }
+
+    /// Stores a key and a value row at offset `at`, rounded as the cache type `kv` rounds them.
+    fn write(&mut self, at: usize, key: &[f32], value: &[f32], kv: KvType) {
+        match self {
+            Self::F32 { k, v } => {
+                for (cache, row) in [(k, key), (v, value)] {
+                    cache[at..][..row.len()].iter_mut().zip(row).for_each(|(c, &x)| *c = kv.stored(x));
+                }
+            }
+            Self::F16 { k, v } => {
+                for (cache, row) in [(k, key), (v, value)] {
+                    cache[at..][..row.len()].iter_mut().zip(row).for_each(|(c, &x)| *c = half::f16::from_f32(x).to_bits());
+                }
+            }
+        }
+    }
+
+    fn rows(&self) -> KvRows<'_> {
+        match self {
+            Self::F32 { k, v } => KvRows::F32 { k, v },
+            Self::F16 { k, v } => KvRows::F16 { k, v },
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Self::F32 { k, v } => 4 * (k.len() + v.len()),
+            Self::F16 { k, v } => 2 * (k.len() + v.len()),
+        }
+    }
+}
+
+/// One sequence's caches, a layer each.
 struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    layers: Vec<LayerKv>,
 }
 
 impl KvCache {
-    fn new(layers: usize, len: usize) -> Self {
-        Self { k: (0..layers).map(|_| vec![0.0; len]).collect(), v: (0..layers).map(|_| vec![0.0; len]).collect() }
+    fn new(layers: usize, len: usize, f16_bits: bool) -> Self {
+        Self { layers: (0..layers).map(|_| LayerKv::new(len, f16_bits)).collect() }
     }
 }
 
@@ -171,7 +227,7 @@ impl<K: CpuKernels> CpuForward<K> {
             embedding: matrix(Role::TokenEmbedding)?,
             output_norm: vector(Role::OutputNorm)?,
             output: if config.tied_embeddings { None } else { Some(matrix(Role::Output)?) },
-            caches: vec![KvCache::new(config.n_layers, shape.cache_len())],
+            caches: vec![KvCache::new(config.n_layers, shape.cache_len(), K::F16_BITS && kv == KvType::F16)],
             config,
             layers,
             shape,
@@ -204,7 +260,7 @@ impl<K: CpuKernels> CpuForward<K> {
     /// Bytes of the KV caches, every slot's (what they may grow to: pages never written are
     /// not committed).
     pub fn cache_bytes(&self) -> usize {
-        self.caches.iter().flat_map(|c| c.k.iter().chain(&c.v)).map(|v| 4 * v.len()).sum()
+        self.caches.iter().flat_map(|c| &c.layers).map(LayerKv::bytes).sum()
     }
 
     /// KV caches, one per sequence a batched step may hold.
@@ -214,8 +270,8 @@ impl<K: CpuKernels> CpuForward<K> {
 
     /// Keeps `n` KV caches (at least 1): slots added are empty, slots removed are freed.
     pub fn set_slots(&mut self, n: usize) {
-        let (layers, len) = (self.config.n_layers, self.shape.cache_len());
-        self.caches.resize_with(n.max(1), || KvCache::new(layers, len));
+        let (layers, len, f16_bits) = (self.config.n_layers, self.shape.cache_len(), K::F16_BITS && self.kv == KvType::F16);
+        self.caches.resize_with(n.max(1), || KvCache::new(layers, len, f16_bits));
     }
 
     /// Runs `tokens` at positions `pos..`, appends them to the caches, and returns the logits
@@ -265,8 +321,7 @@ impl<K: CpuKernels> CpuForward<K> {
             let rotate = |x: &[f32], p: usize| layer.rope.as_ref().map_or_else(|| x.to_vec(), |config| rope::rope(x, hd, p, config));
             let mut attn = Vec::with_capacity(q.len());
             for (step, &first) in steps.iter().zip(&starts) {
-                let cache = &mut self.caches[step.slot];
-                let (k_cache, v_cache) = (&mut cache.k[l], &mut cache.v[l]);
+                let cache = &mut self.caches[step.slot].layers[l];
                 let mut q_roped = Vec::with_capacity(step.tokens.len() * q_width);
                 for t in 0..step.tokens.len() {
                     let (row, p) = (first + t, step.pos + t);
@@ -274,12 +329,10 @@ impl<K: CpuKernels> CpuForward<K> {
                     let k_roped = rotate(&k[row * kv_width..][..kv_width], p);
                     for kvh in 0..c.n_kv_heads {
                         let at = (kvh * self.shape.max_ctx + p) * hd;
-                        let stored = |x: &[f32]| x.iter().map(|&x| self.kv.stored(x)).collect::<Vec<f32>>();
-                        k_cache[at..at + hd].copy_from_slice(&stored(&k_roped[kvh * hd..][..hd]));
-                        v_cache[at..at + hd].copy_from_slice(&stored(&v[row * kv_width + kvh * hd..][..hd]));
+                        cache.write(at, &k_roped[kvh * hd..][..hd], &v[row * kv_width + kvh * hd..][..hd], self.kv);
                     }
                 }
-                attn.extend(K::attention(&self.shape, &q_roped, k_cache, v_cache, step.pos, &layer.scores));
+                attn.extend(K::attention(&self.shape, &q_roped, cache.rows(), step.pos, &layer.scores));
             }
             let o = K::apply(&layer.attn_output, &attn);
             let post_norm = |y: Vec<f32>, i: usize| match &layer.post_norms {

@@ -2,6 +2,7 @@
 //! references, every weight dequantized. Slow and simple on purpose: the tests check the GPU
 //! forward pass's logits, and the CPU backend's, against it.
 
+use kestrel_cpu::KvRows;
 use kestrel_gguf::{GgmlType, GgufHeader};
 use kestrel_gpu::params::{AttentionShape, KvType, Scores};
 use kestrel_gpu::reference::{attention, matmul};
@@ -48,8 +49,17 @@ impl CpuKernels for Reference {
         4 * m.values.len()
     }
 
-    fn attention(shape: &AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[f32], pos: usize, scores: &Scores) -> Vec<f32> {
-        attention::attention(shape, q, k_cache, v_cache, pos, scores)
+    /// The reference keeps f32 values (rounded to f16 for an f16 cache), as its attention reads them.
+    const F16_BITS: bool = false;
+
+    fn attention(shape: &AttentionShape, q: &[f32], cache: KvRows<'_>, pos: usize, scores: &Scores) -> Vec<f32> {
+        match cache {
+            KvRows::F32 { k, v } => attention::attention(shape, q, k, v, pos, scores),
+            KvRows::F16 { k, v } => {
+                let widen = |h: &[u16]| h.iter().map(|&b| half::f16::from_bits(b).to_f32()).collect::<Vec<f32>>();
+                attention::attention(shape, q, &widen(k), &widen(v), pos, scores)
+            }
+        }
     }
 }
 

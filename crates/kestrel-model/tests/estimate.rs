@@ -32,6 +32,10 @@ fn the_estimate_matches_the_loaded_model_and_predicts_the_binding_limit() {
     assert_eq!(estimate.weight_bytes, c.weight_bytes(), "weights on the GPU");
     assert_eq!(estimate.kv_cache_bytes, c.kv_cache_bytes(), "the f16 KV cache's buffers");
     drop(c);
+    // The CPU backend keeps an f16 cache in f16 bits too.
+    let cpu = common::load_cpu(&common::default_model_path(), CONTEXT);
+    assert_eq!(estimate.kv_cache_bytes, cpu.kv_cache_bytes(), "the CPU backend's f16 KV cache");
+    drop(cpu);
     let f32_cache = Estimate::from_header(&header(), Some(CONTEXT), KvType::F32, 1).unwrap();
     assert_eq!(f32_cache.kv_cache_bytes, 2 * estimate.kv_cache_bytes, "an f32 cache is twice the f16 one");
 
