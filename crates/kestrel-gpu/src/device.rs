@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::faults::DeviceFaults;
+use crate::signal::Signal;
 use crate::{GpuError, PipelineCache};
 
 /// What the caller allows the runtime to use. Tests force features off to cover the fallbacks.
@@ -200,6 +201,19 @@ impl Gpu {
     /// every check from then on), `OutOfMemory` or `Device` (once).
     pub fn check_faults(&self) -> Result<(), GpuError> {
         self.faults.check()
+    }
+
+    /// Resolves once every submission so far has finished on the device (natively by waiting
+    /// for it; on wasm as the browser's promise, without blocking the worker), then fails with a
+    /// fault the device reported meanwhile.
+    pub async fn work_done(&self) -> Result<(), GpuError> {
+        let signal = Signal::<()>::default();
+        let sender = signal.clone();
+        self.queue.on_submitted_work_done(move || sender.complete(()));
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Device(e.to_string()))?;
+        signal.await;
+        self.check_faults()
     }
 
     /// Bytes of device memory held by live allocations, as the backend's allocator reports it;

@@ -13,6 +13,7 @@ mod readback;
 mod recorder;
 mod shaders;
 mod shards;
+mod signal;
 mod step;
 mod tensor;
 

@@ -1,11 +1,7 @@
 //! Reading results back to the CPU. On wasm the map is awaited as a promise and never blocks
 //! the worker; natively the device is polled until the map completes.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
-
+use crate::signal::Signal;
 use crate::{Gpu, GpuError};
 
 /// A mappable staging buffer that results are copied into before being read.
@@ -47,7 +43,7 @@ impl Readback {
             )));
         }
         let slice = self.buffer.slice(..size);
-        let signal = MapSignal::default();
+        let signal = Signal::<Result<(), wgpu::BufferAsyncError>>::default();
         let sender = signal.clone();
         slice.map_async(wgpu::MapMode::Read, move |result| sender.complete(result));
         #[cfg(not(target_arch = "wasm32"))]
@@ -76,41 +72,5 @@ impl Readback {
     /// Reads `size` bytes as u32 values.
     pub async fn read_u32(&self, gpu: &Gpu, size: u64) -> Result<Vec<u32>, GpuError> {
         Ok(bytemuck::pod_collect_to_vec(&self.read(gpu, size).await?))
-    }
-}
-
-type MapResult = Result<(), wgpu::BufferAsyncError>;
-
-/// A one-shot future completed by the map callback (which may run on another thread natively).
-#[derive(Clone, Default)]
-struct MapSignal {
-    state: Arc<Mutex<(Option<MapResult>, Option<Waker>)>>,
-}
-
-impl MapSignal {
-    fn complete(&self, result: MapResult) {
-        let waker = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            state.0 = Some(result);
-            state.1.take()
-        };
-        if let Some(waker) = waker {
-            waker.wake();
-        }
-    }
-}
-
-impl Future for MapSignal {
-    type Output = MapResult;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<MapResult> {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match state.0.take() {
-            Some(result) => Poll::Ready(result),
-            None => {
-                state.1 = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
     }
 }

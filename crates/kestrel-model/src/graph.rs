@@ -14,9 +14,11 @@ use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding,
 use kestrel_gpu::kernels::{Epilogue, OutputColumns};
 use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig};
 use kestrel_gpu::{DType, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepRows, StepUniform, Tensor, WeightTensor};
+use web_time::Instant;
 
 use crate::config::ModelConfig;
 use crate::options::{MAX_LOGIT_BIAS, MAX_PENALTY_WINDOW};
+use crate::pacing::SubmitPacer;
 
 mod batch;
 mod plan;
@@ -190,6 +192,7 @@ pub const PENALTY_CAPACITY: u32 = (MAX_PENALTY_WINDOW + MAX_LOGIT_BIAS) as u32;
 pub const TOKEN_SLOTS: usize = 4;
 
 /// Where a step's token ids come from.
+#[derive(Clone, Copy)]
 pub enum StepInput<'a> {
     /// Ids written by the host (a prompt chunk), run with the prefill kernels.
     Tokens(&'a [u32]),
@@ -256,6 +259,7 @@ impl Graph {
         let mut caches = Vec::with_capacity(c.n_layers);
         for (l, w) in weights.layers.iter().enumerate() {
             let cache = KvCache::new(gpu, &format!("blk.{l}.kv"), shape, kv, slots)?;
+            plan.begin_layer();
             plan.all("rmsnorm", norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?);
             for (part, out) in w.qkv.with_columns(c.qkv_width()) {
                 let (weight, bias) = (&part.weight, part.bias.as_ref());
@@ -403,6 +407,61 @@ impl Graph {
     /// to readback slot `slot % TOKEN_SLOTS` (`read_token`). `draw` numbers the step's random
     /// draw (`StepParams::draw`).
     pub fn submit_step(&self, input: StepInput, pos: usize, draw: u32, output: &StepOutput, slot: usize) -> Result<(), GpuError> {
+        let step = self.begin_step(input, pos, draw)?;
+        let mut rec = Recorder::new(&self.gpu);
+        if let StepInput::Sampled = input {
+            rec.copy(&self.act.sampled.buffer, 0, &self.act.token_ids.buffer, 0, 4);
+        }
+        // Prompt tokens always take the prefill kernels, even one alone: a token's results then do
+        // not depend on how much of its prompt was cached (the matmul computes each row alike
+        // whatever the chunk), so a prompt whose cached prefix came from prompts gives the same
+        // tokens warm as cold. The decode kernels (matvec, flash-decoding) sum in another order:
+        // rows a previous reply wrote may differ from a cold prefill's in the last bits, which
+        // a later turn that reuses them can see where two logits are that close.
+        let plan = match input {
+            StepInput::Tokens(_) => &self.plan.prefill,
+            StepInput::Decode(_) | StepInput::Sampled => &self.plan.decode,
+        };
+        plan::record(&mut rec, plan, &step);
+        self.finish_step(rec, &step, output, slot);
+        Ok(())
+    }
+
+    /// `submit_step` of a prompt chunk with its layers cut into pieces (`SubmitPacer`): each
+    /// piece is submitted once the previous one has finished, so no submission holds the device
+    /// much longer than the pacer's budget, and the page is drawn between them. The same kernels
+    /// run in the same order as in one submission: the same results.
+    pub async fn submit_prompt_paced(
+        &self,
+        tokens: &[u32],
+        pos: usize,
+        output: &StepOutput,
+        slot: usize,
+        pacer: &mut SubmitPacer,
+    ) -> Result<(), GpuError> {
+        let step = self.begin_step(StepInput::Tokens(tokens), pos, 0)?;
+        let layers = self.plan.layer_starts.len();
+        let mut first = 0;
+        while first < layers {
+            let end = first + pacer.layers_per_piece(layers - first);
+            let mut rec = Recorder::new(&self.gpu);
+            plan::record(&mut rec, self.plan.prefill_part(first, end), &step);
+            let submitted = Instant::now();
+            if end == layers {
+                self.finish_step(rec, &step, output, slot);
+            } else {
+                rec.submit();
+            }
+            self.gpu.work_done().await?;
+            pacer.observe(end - first, submitted.elapsed());
+            first = end;
+        }
+        Ok(())
+    }
+
+    /// Checks a step's size and writes its uniforms, rows (slot 0: one sequence generates alone)
+    /// and token ids.
+    fn begin_step(&self, input: StepInput, pos: usize, draw: u32) -> Result<StepParams, GpuError> {
         let n = match input {
             StepInput::Tokens(tokens) => tokens.len(),
             StepInput::Decode(_) | StepInput::Sampled => 1,
@@ -416,34 +475,27 @@ impl Graph {
         let gpu = &self.gpu;
         let step = StepParams::new(n as u32, pos as u32, draw);
         self.step.write(gpu, &step);
-        // One sequence generates alone in slot 0.
         self.act.rows.write_run(gpu, 0, pos as u32, n as u32)?;
-        let mut rec = Recorder::new(gpu);
         match input {
             StepInput::Tokens(tokens) => gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(tokens)),
             StepInput::Decode(token) => gpu.write(&self.act.token_ids.buffer, 0, bytemuck::bytes_of(&token)),
-            StepInput::Sampled => rec.copy(&self.act.sampled.buffer, 0, &self.act.token_ids.buffer, 0, 4),
+            StepInput::Sampled => {}
         }
-        // Prompt tokens always take the prefill kernels, even one alone: a token's results then do
-        // not depend on how much of its prompt was cached (the matmul computes each row alike
-        // whatever the chunk), so a prompt whose cached prefix came from prompts gives the same
-        // tokens warm as cold. The decode kernels (matvec, flash-decoding) sum in another order:
-        // rows a previous reply wrote may differ from a cold prefill's in the last bits, which
-        // a later turn that reuses them can see where two logits are that close.
-        let plan = match input {
-            StepInput::Tokens(_) => &self.plan.prefill,
-            StepInput::Decode(_) | StepInput::Sampled => &self.plan.decode,
-        };
-        plan::record(&mut rec, plan, &step);
+        Ok(step)
+    }
+
+    /// Records the step's output after its layers (unless `output` is `None`: the LM head on the
+    /// last token and the sampler into readback slot `slot % TOKEN_SLOTS`) and submits it.
+    fn finish_step(&self, mut rec: Recorder, step: &StepParams, output: &StepOutput, slot: usize) {
         let slot = slot % TOKEN_SLOTS;
         let samples = !matches!(output, StepOutput::None);
         if samples {
-            plan::record(&mut rec, &self.plan.logits, &step);
+            plan::record(&mut rec, &self.plan.logits, step);
             if matches!(output, StepOutput::TokenAndLogits) {
                 let size = self.act.logits.byte_size();
                 rec.copy(&self.act.logits.buffer, 0, self.logits_readback.buffer(), 0, size);
             }
-            plan::record(&mut rec, &self.plan.sample, &step);
+            plan::record(&mut rec, &self.plan.sample, step);
             rec.copy(&self.act.sampled.buffer, 0, self.token_readbacks[slot].buffer(), 0, 8);
         }
         let submission = rec.submit();
@@ -452,7 +504,6 @@ impl Graph {
                 submissions[slot] = Some(submission);
             }
         }
-        Ok(())
     }
 
     /// The token and its probability sampled by the step that wrote readback slot `slot`

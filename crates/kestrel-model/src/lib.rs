@@ -12,6 +12,7 @@ mod load;
 mod model;
 pub mod options;
 mod output;
+mod pacing;
 mod penalties;
 pub mod prefix_snapshot;
 pub mod reference;

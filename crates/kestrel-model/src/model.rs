@@ -2,6 +2,8 @@
 //! reuse of the KV cache across requests, chunked prefill, decode with GPU sampling, stop
 //! conditions and streamed text.
 
+use std::time::Duration;
+
 use kestrel_gpu::params::{KvType, Penalties, PenaltyEntry, SamplingParams};
 use kestrel_gpu::Gpu;
 use kestrel_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -14,6 +16,7 @@ use crate::error::bad_model;
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
 use crate::options::GenerateOptions;
 use crate::output::{Accepted, TokenOutput};
+use crate::pacing::{SubmitPacer, SubmitReport, MAX_SUBMIT_BUDGET};
 use crate::penalties::PenaltyPolicy;
 use crate::prefix_snapshot::{self, KvLayout};
 use crate::ModelError;
@@ -84,6 +87,10 @@ pub struct Timings {
     /// steps run ahead the device stays busy meanwhile; it is the GPU step time where the GPU is
     /// the bottleneck, and near zero where the host is.
     pub host_wait_ms_per_token: f64,
+    /// With a submission budget on the GPU (`Model::set_submit_budget`; else null): the prompt's
+    /// submissions and the longest one's time from its submit to its end.
+    pub prefill_submissions: Option<usize>,
+    pub longest_prefill_submission_ms: Option<f64>,
 }
 
 /// A finished generation. On the wire (what the wasm engine resolves to) `{text,
@@ -112,6 +119,8 @@ pub struct Model {
     pub(crate) next_sequence: u64,
     /// Decode steps kept submitted ahead of the token being read (`set_decode_run_ahead`).
     run_ahead: usize,
+    /// With a submission budget (`set_submit_budget`), how prompt chunks are cut on the GPU.
+    pacer: Option<SubmitPacer>,
 }
 
 /// Where a model's steps run.
@@ -248,6 +257,7 @@ impl Model {
             sequences: Vec::new(),
             next_sequence: 0,
             run_ahead: DEFAULT_DECODE_RUN_AHEAD,
+            pacer: None,
         })
     }
 
@@ -267,6 +277,26 @@ impl Model {
         }
         self.run_ahead = steps;
         Ok(())
+    }
+
+    /// Bounds the device time of one GPU submission of a prompt (None: each chunk is one
+    /// submission, the fastest where nothing else draws on the device): its chunks go in pieces
+    /// of whole layers, each submitted after the previous one finished (`pacing.rs`). The
+    /// browser engine sets it from the display's frame time. No effect on the CPU backend.
+    pub fn set_submit_budget(&mut self, budget: Option<Duration>) -> Result<(), ModelError> {
+        if budget.is_some_and(|b| b.is_zero() || b > MAX_SUBMIT_BUDGET) {
+            return Err(ModelError::InvalidOption {
+                name: "submit_budget_ms",
+                reason: format!("must be above 0 and at most {} ms", MAX_SUBMIT_BUDGET.as_millis()),
+            });
+        }
+        self.pacer = budget.map(SubmitPacer::new);
+        Ok(())
+    }
+
+    /// The submission budget set by `set_submit_budget`.
+    pub fn submit_budget(&self) -> Option<Duration> {
+        self.pacer.as_ref().map(SubmitPacer::budget)
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -423,7 +453,7 @@ impl Model {
         self.cached[0].clear();
         self.backend.set_sampling(&SamplingParams::greedy())?;
         self.backend.set_penalties(&Penalties::default(), Vec::new())?;
-        self.prefill(tokens, 0, true)?;
+        self.prefill(tokens, 0, true).await?;
         self.cached[0] = tokens.to_vec();
         self.backend.read_logits().await
     }
@@ -444,8 +474,11 @@ impl Model {
     }
 
     /// Submits `tokens[from..]` in chunks; the last chunk samples into token slot 0 (and copies
-    /// logits when `logits`).
-    fn prefill(&mut self, tokens: &[u32], from: usize, logits: bool) -> Result<(), ModelError> {
+    /// logits when `logits`). With a submission budget on the GPU the chunks go in pieces, and
+    /// what they measured is returned.
+    async fn prefill(&mut self, tokens: &[u32], from: usize, logits: bool) -> Result<Option<SubmitReport>, ModelError> {
+        // What a failed prefill's pieces measured is not this one's.
+        self.pacer.as_mut().map(SubmitPacer::take_report);
         let chunk = self.backend.max_chunk();
         let mut pos = from;
         while pos < tokens.len() {
@@ -455,10 +488,14 @@ impl Model {
                 (true, false) => StepOutput::Token,
                 (true, true) => StepOutput::TokenAndLogits,
             };
-            self.backend.submit_step(StepInput::Tokens(&tokens[pos..end]), pos, 0, &output, 0)?;
+            let input = &tokens[pos..end];
+            match (&self.backend, self.pacer.as_mut()) {
+                (Backend::Gpu(g), Some(pacer)) => g.submit_prompt_paced(input, pos, &output, 0, pacer).await?,
+                _ => self.backend.submit_step(StepInput::Tokens(input), pos, 0, &output, 0)?,
+            }
             pos = end;
         }
-        Ok(())
+        Ok(self.pacer.as_mut().map(SubmitPacer::take_report))
     }
 
     /// Generates from `prompt`, calling `on_token` for every generated token; generation stops
@@ -500,7 +537,7 @@ impl Model {
         let mut history = prompt.to_vec();
         write_penalties(&mut self.backend, &history)?;
         let want_logits = options.logprobs > 0;
-        self.prefill(prompt, reused, want_logits)?;
+        let pieces = self.prefill(prompt, reused, want_logits).await?;
         let mut token = self.backend.read_token(0).await?;
         self.cached[0] = prompt.to_vec();
         let ttft = start.elapsed();
@@ -563,7 +600,7 @@ impl Model {
         // this request rather than the next.
         self.backend.check_faults()?;
         let decode_tokens = output.generated.len().saturating_sub(1);
-        let timings = Timings::measured(prompt.len(), reused, ttft, decode_tokens, decode_start.elapsed(), host_wait);
+        let timings = Timings::measured(prompt.len(), reused, ttft, decode_tokens, decode_start.elapsed(), host_wait).with_pieces(pieces);
         let TokenOutput { generated, text, logprobs, .. } = output;
         Ok(Generation { prompt_tokens: prompt.to_vec(), tokens: generated, text, finish_reason, timings, logprobs })
     }
@@ -636,10 +673,12 @@ mod tests {
             "decode_ms",
             "decode_tok_s",
             "host_wait_ms_per_token",
+            "prefill_submissions",
+            "longest_prefill_submission_ms",
         ] {
             assert!(timings.contains_key(key), "timings.{key}");
         }
-        assert_eq!(timings.len(), 9);
+        assert_eq!(timings.len(), 11);
         for (reason, name) in [(FinishReason::Stop, "stop"), (FinishReason::Length, "length"), (FinishReason::Abort, "abort")] {
             assert_eq!(serde_json::to_value(reason).unwrap(), name);
             assert_eq!(reason.as_str(), name);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use kestrel_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::model::{StepLogprobs, Timings, TokenEvent};
+use crate::pacing::SubmitReport;
 use crate::stop::StopMatcher;
 use crate::{GenerateOptions, ModelError};
 
@@ -100,6 +101,17 @@ impl Timings {
             decode_ms: decode.as_secs_f64() * 1e3,
             decode_tok_s: if decode_tokens > 0 { decode_tokens as f64 / decode.as_secs_f64().max(1e-9) } else { 0.0 },
             host_wait_ms_per_token: per_decode_token(host_wait.as_secs_f64() * 1e3),
+            prefill_submissions: None,
+            longest_prefill_submission_ms: None,
+        }
+    }
+
+    /// The timings with what a paced prefill measured (`SubmitPacer`), if it ran paced.
+    pub(crate) fn with_pieces(self, pieces: Option<SubmitReport>) -> Self {
+        Timings {
+            prefill_submissions: pieces.map(|p| p.pieces),
+            longest_prefill_submission_ms: pieces.map(|p| p.longest.as_secs_f64() * 1e3),
+            ..self
         }
     }
 }

@@ -3,7 +3,9 @@
 
 mod common;
 
-use kestrel_model::{ChatMessage, FinishReason, GenerateOptions, ModelError, Prompt};
+use std::time::Duration;
+
+use kestrel_model::{ChatMessage, FinishReason, GenerateOptions, LoadOptions, ModelError, Prompt};
 
 fn chat(content: &str) -> Vec<ChatMessage> {
     vec![ChatMessage::new("user", content)]
@@ -234,6 +236,50 @@ fn decode_steps_run_ahead_change_nothing() {
     let fresh = pollster::block_on(model.generate(&follow, &greedy, &mut |_| true)).unwrap();
     assert_eq!(reused.tokens, fresh.tokens, "steps run ahead of an abort leave no trace");
     assert!(model.set_decode_run_ahead(0).is_err() && model.set_decode_run_ahead(5).is_err());
+}
+
+/// A submission budget (what the browser engine sets so the page keeps drawing) cuts a prompt's
+/// chunks into pieces of whole layers, each submitted after the previous one ended: the same
+/// logits bits and tokens as one submission a chunk. A budget no layer fits gives one piece a
+/// layer; the timings count the pieces and give the longest, within the time to first token.
+#[test]
+fn a_submission_budget_cuts_prefill_into_pieces_and_changes_nothing() {
+    let options = LoadOptions { context_length: Some(64), max_chunk: 4, ..LoadOptions::default() };
+    let mut model = common::load_with(&common::gpu(), &common::default_model_path(), options);
+    let layers = model.config().n_layers;
+    // Two chunks: 4 tokens and 2.
+    let prompt = common::bench_ids(6);
+    let greedy = GenerateOptions { max_tokens: 4, ignore_eos: true, ..GenerateOptions::greedy() };
+    let bits = |logits: Vec<f32>| logits.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+
+    let whole_logits = bits(pollster::block_on(model.prompt_logits(&prompt)).unwrap());
+    model.reset();
+    let whole = pollster::block_on(model.generate(&prompt, &greedy, &mut |_| true)).unwrap();
+    assert_eq!((whole.timings.prefill_submissions, whole.timings.longest_prefill_submission_ms), (None, None));
+
+    model.set_submit_budget(Some(Duration::from_nanos(1))).unwrap();
+    assert_eq!(bits(pollster::block_on(model.prompt_logits(&prompt)).unwrap()), whole_logits, "logits in pieces");
+    model.reset();
+    let paced = pollster::block_on(model.generate(&prompt, &greedy, &mut |_| true)).unwrap();
+    assert_eq!(paced.tokens, whole.tokens);
+    let t = &paced.timings;
+    assert_eq!(t.prefill_submissions, Some(2 * layers), "one piece a layer of each chunk");
+    let longest = t.longest_prefill_submission_ms.expect("paced");
+    assert!(longest > 0.0 && longest <= t.ttft_ms, "longest piece {longest} ms of a {} ms prefill", t.ttft_ms);
+
+    // A budget every layer fits: after the first piece (one layer, measured) larger pieces.
+    model.set_submit_budget(Some(Duration::from_secs(1))).unwrap();
+    model.reset();
+    let roomy = pollster::block_on(model.generate(&prompt, &greedy, &mut |_| true)).unwrap();
+    assert_eq!(roomy.tokens, whole.tokens);
+    let pieces = roomy.timings.prefill_submissions.expect("paced");
+    assert!((2..2 * layers).contains(&pieces), "{pieces} pieces for 2 chunks of {layers} layers");
+
+    for bad in [Duration::ZERO, Duration::from_millis(1001)] {
+        assert!(matches!(model.set_submit_budget(Some(bad)), Err(ModelError::InvalidOption { name: "submit_budget_ms", .. })));
+    }
+    model.set_submit_budget(None).unwrap();
+    assert_eq!(model.submit_budget(), None);
 }
 
 /// Batched sequences on the GPU: prompts with the prefill kernels, decodes of several sequences

@@ -27,6 +27,9 @@ pub struct StepPlan {
     pub decode: Vec<PlannedOp>,
     /// The same for a chunk of tokens.
     pub prefill: Vec<PlannedOp>,
+    /// Where each layer's part of `prefill` begins (the embedding goes with the first layer):
+    /// a chunk submitted in pieces is cut there.
+    pub layer_starts: Vec<usize>,
     /// The final norm, the last token's row and the LM head: the logits.
     pub logits: Vec<PlannedOp>,
     /// Logit bias and penalties, then the draw.
@@ -46,6 +49,18 @@ impl StepPlan {
     /// A plan whose batches run up to each of `columns` tokens.
     pub fn with_batches(columns: &[usize]) -> Self {
         Self { batches: columns.iter().map(|&columns| BatchPlan { columns, ops: Vec::new() }).collect(), ..Self::default() }
+    }
+
+    /// Marks the start of the next layer's part of the prefill list.
+    pub fn begin_layer(&mut self) {
+        self.layer_starts.push(if self.layer_starts.is_empty() { 0 } else { self.prefill.len() });
+    }
+
+    /// The prefill list's part from layer `first` up to (not including) layer `end`; the last
+    /// layer's part runs to the end of the list.
+    pub fn prefill_part(&self, first: usize, end: usize) -> &[PlannedOp] {
+        let at = |layer: usize| self.layer_starts.get(layer).copied().unwrap_or(self.prefill.len());
+        self.prefill.get(at(first)..at(end)).unwrap_or(&[])
     }
 
     /// Appends `op` to the decode, the prefill and every batch list.
