@@ -56,12 +56,12 @@ export function markdown(run) {
     `Model ${run.model.file} (${mib(run.model.bytes)}). Native: ${run.native?.kestrel?.adapter ? `${run.native.kestrel.adapter.name} (${run.native.kestrel.adapter.backend}; ${run.native.kestrel.adapter.features.join(', ') || 'no optional features'})` : '–'}; browser: ${run.browser?.browser ?? '–'}, WebGPU adapter ${adapterName(run.browser?.adapter)} (${KEY_FEATURES.map((f) => `${f}: ${run.browser?.adapter?.features?.includes(f) ? 'yes' : 'no'}`).join(', ')}).`,
     'Times are medians over the repeats; ITL is the time between streamed tokens (p50 / p90 / p99 over every step of every repeat).',
     '',
-    '| env | engine | backend | prompt | decode | repeats | load (cold / warm) | TTFT | prefill tok/s | decode tok/s | ITL p50 / p90 / p99 ms | memory | main thread: longest task, dropped frames |',
-    '|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|',
+    '| env | engine | backend | prompt | decode | repeats | load (cold / warm) | TTFT | prefill tok/s | decode tok/s | ITL p50 / p90 / p99 ms | memory | main thread: longest task, dropped frames | longest GPU submission of a prompt |',
+    '|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|',
   ];
   for (const r of rows) {
     if (r.note) {
-      lines.push(`| ${r.env} | ${r.engine} | ${r.backend} | | | | ${r.note} | | | | | | |`);
+      lines.push(`| ${r.env} | ${r.engine} | ${r.backend} | | | | ${r.note} | | | | | | | |`);
       continue;
     }
     const load = r.warm_load_ms != null ? `${secs(r.load_ms)} / ${secs(r.warm_load_ms)}` : secs(r.load_ms);
@@ -71,7 +71,7 @@ export function markdown(run) {
     const main = r.longest_task_ms != null || r.dropped_frames != null ? `${longest}, ${r.dropped_frames ?? '–'} dropped` : '–';
     const gpu = r.gpu_weight_bytes != null ? `, ${mib(r.gpu_weight_bytes)} GPU weights` : '';
     const mem = r.memory_bytes != null ? `${mib(r.memory_bytes)} (${r.memory_what})${gpu}` : '–';
-    lines.push(`| ${r.env} | ${r.engine} | ${r.backend} | ${r.prompt_tokens} | ${r.decode_tokens} | ${r.repeats ?? '–'} | ${load} | ${secs(r.ttft_ms)} | ${fmt(r.prefill_tok_s, 2)} | ${fmt(r.decode_tok_s, 2)} | ${itl} | ${mem} | ${main} |`);
+    lines.push(`| ${r.env} | ${r.engine} | ${r.backend} | ${r.prompt_tokens} | ${r.decode_tokens} | ${r.repeats ?? '–'} | ${load} | ${secs(r.ttft_ms)} | ${fmt(r.prefill_tok_s, 2)} | ${fmt(r.decode_tok_s, 2)} | ${itl} | ${mem} | ${main} | ${r.longest_submission_ms != null ? `${fmt(r.longest_submission_ms, 0)} ms` : '–'} |`);
   }
   const rat = ratios(rows);
   if (rat.length) {

@@ -7,7 +7,7 @@ const row = (fields) => ({
   // 'cpu N' for N threads.
   env: null, engine: null, backend: null, pairs: null, prompt_tokens: null, decode_tokens: null, repeats: null,
   load_ms: null, warm_load_ms: null, ttft_ms: null, prefill_tok_s: null, decode_tok_s: null,
-  itl_ms: null, memory_bytes: null, memory_what: null, gpu_weight_bytes: null, longest_task_ms: null, long_tasks: null, dropped_frames: null, note: null,
+  itl_ms: null, memory_bytes: null, memory_what: null, gpu_weight_bytes: null, longest_task_ms: null, long_tasks: null, dropped_frames: null, longest_submission_ms: null, note: null,
   ...fields,
 });
 
@@ -64,6 +64,9 @@ export function browserRows(e) {
       // counts only JS heaps in headless Chromium 156.
       memory_bytes: e.wasm_heap_bytes ?? null, memory_what: 'wasm heap peak', gpu_weight_bytes: kestrelCpu ? null : e.model?.weight_bytes ?? null,
       longest_task_ms: e.main_thread?.longest_task_ms, long_tasks: e.main_thread?.long_tasks, dropped_frames: e.main_thread?.dropped_frames,
+      // Kestrel's longest GPU submission of a prompt over the repeats (its decode steps are one
+      // submission each: their time is the ITL).
+      longest_submission_ms: runs.some((r) => r.longest_submission_ms != null) ? Math.max(...runs.map((r) => r.longest_submission_ms ?? 0)) : null,
     });
   });
 }

@@ -51,6 +51,8 @@ export interface EngineInfo {
     tied_embeddings: boolean; weight_bytes: number; weight_bytes_per_token: number; chat_template: boolean;
     /** Requests generated at once as one batch (the `slots` option). */
     slots: number;
+    /** The GPU time one submission of a prompt may take (the `submit_budget_ms` option); null: none, or the CPU backend. */
+    submit_budget_ms: number | null;
   } | null;
   /** The wasm engine's version (null with backend 'remote'). */
   version: string | null;
@@ -125,6 +127,9 @@ export interface Usage {
     time_per_output_token_s: number;
     /** Time the worker spent blocked waiting for decode steps' tokens, per token (steps run ahead keep the GPU busy meanwhile). */
     host_wait_per_output_token_s: number;
+    /** With a submission budget on the GPU (else null): the prompt's GPU submissions, and the longest one's time from its submit to its end. */
+    prefill_submissions: number | null;
+    longest_prefill_submission_s: number | null;
     e2e_latency_s: number;
   };
 }
@@ -141,6 +146,9 @@ export interface Timings {
   decode_ms: number;
   decode_tok_s: number;
   host_wait_ms_per_token: number;
+  /** With a submission budget on the GPU (else null): the prompt's submissions, and the longest one's time. */
+  prefill_submissions: number | null;
+  longest_prefill_submission_ms: number | null;
   /** From the worker receiving the request to the result. */
   e2e_ms: number;
 }
@@ -264,6 +272,13 @@ export interface CreateEngineOptions {
    * of waiting in turn, and each gives the tokens it gives alone.
    */
   slots?: number;
+  /**
+   * The GPU time in ms one submission of a prompt may take (at most 1000): a prompt chunk goes to
+   * the GPU in pieces of whole layers, each after the previous one finished, so that the browser
+   * (whose GPU process also draws the page) draws frames between them. Default: half the
+   * display's frame interval, measured as the engine's worker starts; 0: a whole chunk at once.
+   */
+  submit_budget_ms?: number;
   /**
    * Keep the conversation's KV cache across page loads: after each request its rows are saved in
    * the Origin Private File System (keyed by the model file's sha256 and the token ids; the file is

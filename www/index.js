@@ -197,6 +197,8 @@ function usageOf(r) {
       time_to_first_token_s: t.ttft_ms / 1e3,
       time_per_output_token_s: t.decode_tokens > 0 ? t.decode_ms / 1e3 / t.decode_tokens : 0,
       host_wait_per_output_token_s: t.host_wait_ms_per_token / 1e3,
+      prefill_submissions: t.prefill_submissions ?? null,
+      longest_prefill_submission_s: t.longest_prefill_submission_ms == null ? null : t.longest_prefill_submission_ms / 1e3,
       e2e_latency_s: t.e2e_ms / 1e3,
     },
   };
@@ -398,7 +400,7 @@ class Engine {
   /**
    * @param {string | Blob} model
    * @param {CreateEngineOptions['onProgress']} onProgress
-   * @param {CreateEngineOptions['gpu'] & { backend?: 'webgpu' | 'cpu' | 'auto', context_length?: number, kv_cache?: 'f16' | 'f32', slots?: number }} gpu
+   * @param {CreateEngineOptions['gpu'] & { backend?: 'webgpu' | 'cpu' | 'auto', context_length?: number, kv_cache?: 'f16' | 'f32', slots?: number, submit_budget_ms?: number }} gpu
    * @param {string | undefined} sha256
    * @param {{ maxBytes: number } | null} persist `persistPrefix`
    */
@@ -540,6 +542,11 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * `slots` (1 to 16, default 1): how many requests run at once as one batch, each with its own
  * KV cache of context_length tokens; concurrent `create()` calls then share each pass of the
  * model instead of waiting in turn. `engine.info.model.slots` says how many run.
+ * `submit_budget_ms`: the GPU time one submission of a prompt may take, so that the browser,
+ * whose GPU process also draws the page, draws frames between them (default: half the display's
+ * frame interval, measured as the worker starts; 0: a whole prompt chunk at once, a little faster
+ * where nothing else is drawn). `engine.info.model.submit_budget_ms` says what runs;
+ * `usage.extra.longest_prefill_submission_s` what the longest took.
  * `onStatus({status})` follows the engine recovering by itself from a lost GPU device: the
  * request in flight fails with `device_lost`, then 'device_lost', 'reloading' (the model from the
  * Cache API or the same File), 'ready' (or 'failed' with `error`); later requests wait for it.
@@ -559,7 +566,7 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * @returns {Promise<EngineApi>}
  */
 export async function createEngine(options) {
-  const { model, onProgress, onStatus, backend = 'auto', gpu, context_length, kv_cache, slots, remote, sha256, persistPrefix } = options ?? {};
+  const { model, onProgress, onStatus, backend = 'auto', gpu, context_length, kv_cache, slots, submit_budget_ms, remote, sha256, persistPrefix } = options ?? {};
   if (!['webgpu', 'cpu', 'auto'].includes(backend)) {
     throw kestrelError('invalid_option', "invalid option backend: expected 'webgpu', 'cpu' or 'auto'");
   }
@@ -579,7 +586,7 @@ export async function createEngine(options) {
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   const engine = new Engine(worker, onStatus);
   try {
-    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, backend, context_length, kv_cache, slots }, sha256, persist);
+    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, backend, context_length, kv_cache, slots, submit_budget_ms }, sha256, persist);
   } catch (e) {
     worker.terminate();
     const code = /** @type {KestrelError} */ (e)?.code;

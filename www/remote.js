@@ -168,7 +168,7 @@ export class RemoteBackend {
       prompt_tokens: promptTokens, prefill_tokens: promptTokens, reused_tokens: 0, ttft_ms: ttft,
       prefill_tok_s: promptTokens / Math.max(ttft / 1e3, 1e-9), decode_tokens: Math.max(completionTokens - 1, 0),
       decode_ms: end - (firstToken || end), decode_tok_s: completionTokens > 1 ? (completionTokens - 1) / Math.max((end - firstToken) / 1e3, 1e-9) : 0,
-      host_wait_ms_per_token: 0,
+      host_wait_ms_per_token: 0, prefill_submissions: null, longest_prefill_submission_ms: null,
     };
     timings.e2e_ms = end - start;
     return {

@@ -56,9 +56,43 @@ async function initWasm() {
 async function getEngine(gpuOptions) {
   if (!engine) {
     await initWasm();
-    engine = await Engine.create(gpuOptions ?? null);
+    engine = await Engine.create(await withSubmitBudget(gpuOptions));
   }
   return engine;
+}
+
+// The display's frame interval, measured from requestAnimationFrame as the worker starts (where
+// the browser offers it to workers, and the page is visible), else that of 60 Hz.
+const frameInterval = measureFrameInterval();
+
+function measureFrameInterval() {
+  const fallback = 1000 / 60;
+  if (typeof self.requestAnimationFrame !== 'function') return Promise.resolve(fallback);
+  return new Promise((resolve) => {
+    const stamps = [];
+    const timer = setTimeout(() => resolve(fallback), 500);
+    const tick = (t) => {
+      stamps.push(t);
+      if (stamps.length < 6) {
+        self.requestAnimationFrame(tick);
+        return;
+      }
+      clearTimeout(timer);
+      const gaps = stamps.slice(1).map((s, i) => s - stamps[i]).sort((a, b) => a - b);
+      const median = gaps[gaps.length >> 1];
+      resolve(median > 1 && median < 200 ? median : fallback);
+    };
+    self.requestAnimationFrame(tick);
+  });
+}
+
+/**
+ * `gpuOptions` with the default submission budget where it sets none: half a frame, so that a
+ * prompt's GPU work leaves the GPU process room to draw the page in every frame.
+ */
+async function withSubmitBudget(gpuOptions) {
+  if (gpuOptions?.submit_budget_ms != null) return gpuOptions;
+  return { ...gpuOptions, submit_budget_ms: (await frameInterval) / 2 };
 }
 
 /** Moves the engine to the CPU backend (with `backend` 'auto', for a model the GPU cannot hold). */

@@ -21,19 +21,24 @@ test('sha256 is checked as the model streams; cached models are listed and delet
     const failed = await createEngine({ model, sha256: wrong, context_length: contextLength }).then(() => null, (e) => ({ code: e.code, message: e.message }));
     const afterFailure = await listCachedModels();
     const badOption = await createEngine({ model, sha256: 'xyz' }).then(() => null, (e) => e.code);
-    const engine = await createEngine({ model, sha256: sha256.toUpperCase(), context_length: contextLength });
+    const badBudget = await createEngine({ model, submit_budget_ms: 1001 }).then(() => null, (e) => e.code);
+    // No submission budget: each prompt chunk is one GPU submission.
+    const engine = await createEngine({ model, sha256: sha256.toUpperCase(), context_length: contextLength, submit_budget_ms: 0 });
+    const budget = engine.info.model.submit_budget_ms;
     await engine.unload();
     const listed = await listCachedModels();
     const url = new URL(model, location.href).href;
     const cached = await hasModelInCache(model);
     const deleted = await deleteModelFromCache(model);
-    return { failed, afterFailure, badOption, listed, url, cached, deleted, afterDelete: await listCachedModels() };
+    return { failed, afterFailure, badOption, badBudget, budget, listed, url, cached, deleted, afterDelete: await listCachedModels() };
   }, { model: MODEL_URL, sha256: SHA256, contextLength: CONTEXT_LENGTH });
   console.log('cache:', JSON.stringify(r));
   assert.equal(r.failed?.code, 'bad_model');
   assert.match(r.failed.message, new RegExp(`sha256 is ${SHA256}`));
   assert.deepEqual(r.afterFailure, [], 'the copy that failed the check was not kept');
   assert.equal(r.badOption, 'invalid_option');
+  assert.equal(r.badBudget, 'invalid_option');
+  assert.equal(r.budget, null);
   assert.deepEqual(r.listed, [{ url: r.url, bytes: file.length }]);
   assert.equal(r.cached, true);
   assert.equal(r.deleted, true);

@@ -54,6 +54,14 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
     assert.equal(last.choices[0].finish_reason, native.finish_reason);
     assert.equal(last.usage.completion_tokens, native.token_ids.length);
     assert.ok(last.usage.extra.time_to_first_token_s > 0);
+    // The default submission budget, half a frame: the prompt went to the GPU in pieces (the
+    // first piece is one layer, before any is measured), the longest within the prefill, and the
+    // greedy tokens above are the native CLI's, which submits a chunk at once.
+    const budget = result.info.model.submit_budget_ms;
+    assert.ok(budget > 0 && budget <= 100, `default submit budget ${budget} ms`);
+    const { prefill_submissions: pieces, longest_prefill_submission_s: longest } = last.usage.extra;
+    assert.ok(pieces >= 2, `${pieces} prefill submissions`);
+    assert.ok(longest > 0 && longest <= last.usage.extra.time_to_first_token_s, `longest submission ${longest} s`);
     assert.equal(result.chunks[0].object, 'chat.completion.chunk');
     firstTurn = { prompt: PROMPT, reply: text, promptTokens: last.usage.prompt_tokens, completionTokens: native.token_ids.length };
   });

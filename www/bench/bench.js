@@ -14,8 +14,9 @@ const WLLAMA_URL = './vendor/wllama/index.js';
 const WLLAMA_WASM = new URL('./vendor/wllama/wllama.wasm', import.meta.url).href;
 
 /**
- * Runs `generate(text, maxTokens, onToken)` (resolving to {prompt_tokens}, the prompt tokens the
- * engine ran) for each prompt, `repeats` times. Every engine is timed the same way, by when its
+ * Runs `generate(text, maxTokens, onToken)` (resolving to {prompt_tokens, longest_submission_ms}:
+ * the prompt tokens the engine ran, and its longest GPU submission of them where it reports one)
+ * for each prompt, `repeats` times. Every engine is timed the same way, by when its
  * tokens reach the page: TTFT from the request to the first token, decode over the steps after.
  */
 async function runWorkload({ prompts, decodeTokens, repeats }, generate) {
@@ -35,6 +36,7 @@ async function runWorkload({ prompts, decodeTokens, repeats }, generate) {
       const decodeMs = times.at(-1) - times[0];
       runs.push({
         prompt_tokens: reported.prompt_tokens,
+        longest_submission_ms: reported.longest_submission_ms ?? null,
         ttft_ms: ttft,
         prefill_tok_s: reported.prompt_tokens / (ttft / 1e3),
         decode_tok_s: decodeTokens / (decodeMs / 1e3),
@@ -66,7 +68,8 @@ export async function runKestrel({ modelUrl, prompts, decodeTokens, repeats, bac
       if (chunk.usage) usage = chunk.usage;
     }
     if (!usage) throw new Error('the last chunk carried no usage');
-    return { prompt_tokens: usage.extra.prefill_tokens };
+    const longest = usage.extra.longest_prefill_submission_s;
+    return { prompt_tokens: usage.extra.prefill_tokens, longest_submission_ms: longest == null ? null : longest * 1e3 };
   };
   const result = await runWorkload({ prompts, decodeTokens, repeats }, generate);
   const memory = await measureMemory();

@@ -10,13 +10,17 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::time::Duration;
 
 use js_sys::{Function, Promise};
 use kestrel_gguf::GgufStreamReader;
 use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::estimate::{DeviceLimits, Estimate};
-use kestrel_model::{LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, SequenceEvent, SequenceId, TokenEvent, MAX_SLOTS};
+use kestrel_model::{
+    BackendKind, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, SequenceEvent, SequenceId, TokenEvent, MAX_SLOTS,
+    MAX_SUBMIT_BUDGET,
+};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use wasm_bindgen::prelude::*;
@@ -63,6 +67,8 @@ struct State {
     load_options: RefCell<LoadOptions>,
     /// KV slots a model gets (`create`'s `slots`).
     slots: Cell<usize>,
+    /// The GPU submission budget a model gets (`create`'s `submit_budget_ms`).
+    submit_budget: Cell<Option<Duration>>,
     busy: Cell<bool>,
     abort: Cell<bool>,
     /// `unload()` was called during a generation: drop the model when it ends.
@@ -103,6 +109,7 @@ impl State {
         let mut model = loader.finish().await.map_err(|e| model_error(&e))?;
         // The GPU backend allocated its slots at load (`LoadOptions::slots`); the CPU's grow here.
         model.set_slots(self.slots.get()).map_err(|e| model_error(&e))?;
+        model.set_submit_budget(self.submit_budget.get()).map_err(|e| model_error(&e))?;
         let c = model.config();
         let info = json!({
             "name": c.name,
@@ -121,6 +128,8 @@ impl State {
             "weight_bytes_per_token": model.weight_bytes_per_token(),
             "chat_template": model.tokenizer().chat_template().is_some(),
             "slots": model.slots(),
+            // The CPU backend submits nothing to a device.
+            "submit_budget_ms": model.submit_budget().filter(|_| model.backend() == BackendKind::Gpu).map(|b| b.as_secs_f64() * 1e3),
         });
         *self.model_info.borrow_mut() = Some(info);
         *self.model.borrow_mut() = Some(model);
@@ -249,6 +258,23 @@ fn slots_option(value: &JsValue) -> Result<usize, JsValue> {
     }
 }
 
+/// The `submit_budget_ms` option (absent or 0: none): a number of milliseconds up to
+/// `MAX_SUBMIT_BUDGET`.
+fn submit_budget_option(value: &JsValue) -> Result<Option<Duration>, JsValue> {
+    if value.is_undefined() || value.is_null() {
+        return Ok(None);
+    }
+    let max_ms = MAX_SUBMIT_BUDGET.as_secs_f64() * 1e3;
+    match value.as_f64() {
+        Some(0.0) => Ok(None),
+        Some(ms) if ms > 0.0 && ms <= max_ms => Ok(Some(Duration::from_secs_f64(ms / 1e3))),
+        _ => Err(js_error(
+            "invalid_option",
+            &format!("invalid option submit_budget_ms: {value:?} must be 0 (none) or a number of ms up to {max_ms}"),
+        )),
+    }
+}
+
 /// The `kv_cache` option: 'f16' or 'f32' (None: not a string).
 fn kv_type(name: Option<&str>) -> Result<KvType, JsValue> {
     name.and_then(KvType::from_name).ok_or_else(|| {
@@ -282,8 +308,11 @@ impl Engine {
     /// as the reason for 'cpu'. Other `options` (all optional): `{allow_f16, allow_subgroups,
     /// allow_timestamps}` (booleans, default true) to force optional features off,
     /// `context_length` (KV cache tokens; default: the model's training context, at most 4096),
-    /// `kv_cache` ('f16', the default, or 'f32') and `slots` (1 to 16, default 1: requests
-    /// generated at once as one batch, each with its own KV cache of `context_length` tokens).
+    /// `kv_cache` ('f16', the default, or 'f32'), `slots` (1 to 16, default 1: requests
+    /// generated at once as one batch, each with its own KV cache of `context_length` tokens) and
+    /// `submit_budget_ms` (above 0 and at most 1000: a prompt chunk goes to the GPU in pieces of
+    /// about that much device time each, so the page is drawn between them; 0 or absent: one
+    /// submission a chunk).
     pub async fn create(options: JsValue) -> Result<Engine, JsValue> {
         install_panic_hook();
         let string_option = |name: &str| -> Option<String> {
@@ -340,6 +369,11 @@ impl Engine {
                 load_options.kv_cache = kv_type(kv.as_string().as_deref())?;
             }
         }
+        let submit_budget = if options.is_object() {
+            submit_budget_option(&js_sys::Reflect::get(&options, &JsValue::from_str("submit_budget_ms")).unwrap_or(JsValue::UNDEFINED))?
+        } else {
+            None
+        };
         let (gpu, cpu_reason) = match backend.as_str() {
             "cpu" => (None, Some(string_option("backend_reason").unwrap_or_else(|| "backend 'cpu' was asked for".into()))),
             "webgpu" => (Some(Gpu::new(&gpu_options).await.map_err(|e| model_error(&ModelError::Gpu(e)))?), None),
@@ -369,6 +403,7 @@ impl Engine {
         *state.cpu_reason.borrow_mut() = cpu_reason;
         *state.load_options.borrow_mut() = load_options;
         state.slots.set(slots);
+        state.submit_budget.set(submit_budget);
         Ok(Engine { state: Rc::new(state) })
     }
 

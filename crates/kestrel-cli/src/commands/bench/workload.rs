@@ -50,6 +50,10 @@ pub struct WorkloadResult {
     pub decode_tok_s: Option<Spread>,
     /// Host time between consecutive streamed tokens, pooled over the repeats.
     pub itl_ms: Option<Percentiles>,
+    /// With a submission budget (`--submit-budget-ms`): a prompt's GPU submissions and the
+    /// longest one over the repeats, from its submit to its end.
+    pub prefill_submissions: Option<usize>,
+    pub longest_submission_ms: Option<f64>,
 }
 
 /// One generation's measurements.
@@ -58,6 +62,8 @@ struct RunSample {
     prefill_tok_s: f64,
     decode_tok_s: f64,
     itl_ms: Vec<f64>,
+    prefill_submissions: Option<usize>,
+    longest_submission_ms: Option<f64>,
 }
 
 /// Runs `prompt` then `decode_tokens` decode steps `repeats` times, each from an empty cache.
@@ -85,6 +91,8 @@ pub fn run(model: &mut Model, prompt: &[u32], decode_tokens: usize, repeats: usi
         prefill_tok_s: figure(|s| s.prefill_tok_s),
         decode_tok_s: figure(|s| s.decode_tok_s),
         itl_ms: Percentiles::of(&itl),
+        prefill_submissions: samples.iter().filter_map(|s| s.prefill_submissions).max(),
+        longest_submission_ms: samples.iter().filter_map(|s| s.longest_submission_ms).reduce(f64::max),
     })
 }
 
@@ -110,5 +118,12 @@ fn generate(model: &mut Model, prompt: &[u32], decode_tokens: usize) -> BenchRes
     if t.decode_tokens != decode_tokens {
         return Err(format!("asked for {decode_tokens} decode steps, the model ran {}", t.decode_tokens).into());
     }
-    Ok(RunSample { ttft_ms: t.ttft_ms, prefill_tok_s: t.prefill_tok_s, decode_tok_s: t.decode_tok_s, itl_ms })
+    Ok(RunSample {
+        ttft_ms: t.ttft_ms,
+        prefill_tok_s: t.prefill_tok_s,
+        decode_tok_s: t.decode_tok_s,
+        itl_ms,
+        prefill_submissions: t.prefill_submissions,
+        longest_submission_ms: t.longest_prefill_submission_ms,
+    })
 }
