@@ -427,10 +427,7 @@ impl Graph {
         Ok(())
     }
 
-    /// `submit_step` of a prompt chunk with its layers cut into pieces (`SubmitPacer`): each
-    /// piece is submitted once the previous one has finished, so no submission holds the device
-    /// much longer than the pacer's budget, and the page is drawn between them. The same kernels
-    /// run in the same order as in one submission: the same results.
+    /// `submit_step` of a prompt chunk with its layers cut into pieces (`submit_prefill_paced`).
     pub async fn submit_prompt_paced(
         &self,
         tokens: &[u32],
@@ -440,17 +437,37 @@ impl Graph {
         pacer: &mut SubmitPacer,
     ) -> Result<(), GpuError> {
         let step = self.begin_step(StepInput::Tokens(tokens), pos, 0)?;
+        self.submit_prefill_paced(&step, pacer, |rec| {
+            self.finish_step(rec, &step, output, slot);
+            Ok(())
+        })
+        .await
+    }
+
+    /// Records the prefill list for `step` in pieces of whole layers (`SubmitPacer`), each
+    /// submitted once the previous one has finished, so no submission holds the device much
+    /// longer than the pacer's budget and the page is drawn between them; `finish` records what
+    /// follows the last layer into the last piece and submits it. The same kernels run in the
+    /// same order as in one submission: the same results.
+    async fn submit_prefill_paced(
+        &self,
+        step: &StepParams,
+        pacer: &mut SubmitPacer,
+        finish: impl FnOnce(Recorder) -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
         let layers = self.plan.layer_starts.len();
+        let mut finish = Some(finish);
         let mut first = 0;
         while first < layers {
             let end = first + pacer.layers_per_piece(layers - first);
             let mut rec = Recorder::new(&self.gpu);
-            plan::record(&mut rec, self.plan.prefill_part(first, end), &step);
+            plan::record(&mut rec, self.plan.prefill_part(first, end), step);
             let submitted = Instant::now();
-            if end == layers {
-                self.finish_step(rec, &step, output, slot);
-            } else {
-                rec.submit();
+            match finish.take_if(|_| end == layers) {
+                Some(finish) => finish(rec)?,
+                None => {
+                    rec.submit();
+                }
             }
             self.gpu.work_done().await?;
             pacer.observe(end - first, submitted.elapsed());

@@ -120,7 +120,7 @@ pub struct Model {
     /// Decode steps kept submitted ahead of the token being read (`set_decode_run_ahead`).
     run_ahead: usize,
     /// With a submission budget (`set_submit_budget`), how prompt chunks are cut on the GPU.
-    pacer: Option<SubmitPacer>,
+    pub(crate) pacer: Option<SubmitPacer>,
 }
 
 /// Where a model's steps run.

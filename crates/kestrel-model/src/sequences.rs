@@ -25,6 +25,7 @@ use crate::cpu_forward::SequenceStep;
 use crate::graph::{BatchSample, BatchSequence, Graph};
 use crate::model::{common_prefix, sampling_params, top_logprobs, Backend};
 use crate::output::{Accepted, TokenOutput};
+use crate::pacing::SubmitPacer;
 use crate::penalties::PenaltyPolicy;
 use crate::{FinishReason, GenerateOptions, Generation, Model, ModelError, Timings, TokenEvent};
 
@@ -94,7 +95,12 @@ enum Sampled {
 
 /// A batched step on the GPU: each sampling sequence's penalties for its tokens so far, then the
 /// step (`Graph::run_batch`), with each sequence's draw number.
-async fn run_on_gpu(graph: &Graph, steps: &[SequenceStep<'_>], sequences: &[&Sequence]) -> Result<Vec<Option<Sampled>>, ModelError> {
+async fn run_on_gpu(
+    graph: &Graph,
+    steps: &[SequenceStep<'_>],
+    sequences: &[&Sequence],
+    pacer: Option<&mut SubmitPacer>,
+) -> Result<Vec<Option<Sampled>>, ModelError> {
     let mut batch = Vec::with_capacity(steps.len());
     for (step, seq) in steps.iter().zip(sequences) {
         if step.logits {
@@ -110,7 +116,7 @@ async fn run_on_gpu(graph: &Graph, steps: &[SequenceStep<'_>], sequences: &[&Seq
             logits: seq.options.logprobs > 0,
         });
     }
-    Ok(graph.run_batch(&batch).await?.into_iter().map(|s| s.map(Sampled::Device)).collect())
+    Ok(graph.run_batch(&batch, pacer).await?.into_iter().map(|s| s.map(Sampled::Device)).collect())
 }
 
 impl Model {
@@ -257,7 +263,7 @@ impl Model {
             Backend::Cpu(c) => c.run_batch(&steps).map(|rows| rows.into_iter().map(|l| l.map(Sampled::Logits)).collect()),
             Backend::Gpu(g) => {
                 let sequences: Vec<&Sequence> = plan.iter().map(|(i, ..)| &self.sequences[*i]).collect();
-                run_on_gpu(g, &steps, &sequences).await
+                run_on_gpu(g, &steps, &sequences, self.pacer.as_mut()).await
             }
         };
         let sampled = match result {

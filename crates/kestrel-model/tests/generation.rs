@@ -285,7 +285,8 @@ fn a_submission_budget_cuts_prefill_into_pieces_and_changes_nothing() {
 /// Batched sequences on the GPU: prompts with the prefill kernels, decodes of several sequences
 /// as one step whose products read each weight once for all of them, each sequence sampled on
 /// the device by its slot's sampler. Each gives exactly what it gives alone (greedy, logprobs,
-/// a seeded draw with penalties), and the slots are the ones the model was loaded with.
+/// a seeded draw with penalties), also with the prompts' chunks submitted in pieces of a layer
+/// (a submission budget no layer fits), and the slots are the ones the model was loaded with.
 #[test]
 fn gpu_batched_sequences_give_what_each_gives_alone() {
     let options = kestrel_model::LoadOptions { context_length: Some(256), slots: 4, ..kestrel_model::LoadOptions::default() };
@@ -295,7 +296,8 @@ fn gpu_batched_sequences_give_what_each_gives_alone() {
     let requests = common::mixed_requests(12, 6);
     let alone = common::generate_alone(&mut model, &requests);
     model.reset();
-    // Prompts enter 16 tokens a step, interleaved with the others' decodes.
+    // Prompts enter 16 tokens a step, interleaved with the others' decodes, a layer a submission.
+    model.set_submit_budget(Some(Duration::from_nanos(1))).unwrap();
     common::assert_batched_as_alone(&mut model, &requests, &alone, 16);
     assert_eq!(model.set_slots(5).expect_err("more slots than loaded").code(), "invalid_option");
     model.set_slots(2).expect("fewer slots than loaded");

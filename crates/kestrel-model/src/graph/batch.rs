@@ -10,6 +10,7 @@ use kestrel_gpu::params::{Penalties, PenaltyEntry, SamplingParams};
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 use super::{plan, Graph, PENALTY_CAPACITY};
+use crate::pacing::SubmitPacer;
 use crate::ModelError;
 
 /// One sequence's part of a batched step.
@@ -75,7 +76,12 @@ impl Graph {
 
     /// Runs one batched step (at most one sequence per slot). Returns, in order, each sequence's
     /// sampled token where it sampled.
-    pub async fn run_batch(&self, sequences: &[BatchSequence<'_>]) -> Result<Vec<Option<BatchSample>>, ModelError> {
+    /// With a `pacer`, prompt chunks go to the device in pieces (`Graph::submit_prompt_paced`).
+    pub async fn run_batch(
+        &self,
+        sequences: &[BatchSequence<'_>],
+        mut pacer: Option<&mut SubmitPacer>,
+    ) -> Result<Vec<Option<BatchSample>>, ModelError> {
         let mut slots: Vec<usize> = sequences.iter().map(|s| s.slot).collect();
         slots.sort_unstable();
         slots.dedup();
@@ -95,7 +101,7 @@ impl Graph {
         for s in sequences.iter().filter(|s| !s.decoding) {
             let sampled_row = s.sample.is_some().then_some(row);
             row += usize::from(s.sample.is_some());
-            self.submit_prompt_chunk(s, sampled_row)?;
+            self.submit_prompt_chunk(s, sampled_row, pacer.as_deref_mut()).await?;
         }
         if !decodes.is_empty() {
             self.submit_decode_batch(&decodes, row)?;
@@ -113,9 +119,15 @@ impl Graph {
     }
 
     /// Submits one sequence's prompt chunk (or chunks of at most `max_chunk`), with the prefill
-    /// kernels as a prompt alone runs; when it samples, its last token's logits are sampled by its
-    /// slot's sampler into readback row `row`.
-    fn submit_prompt_chunk(&self, s: &BatchSequence<'_>, row: Option<usize>) -> Result<(), GpuError> {
+    /// kernels as a prompt alone runs (in pieces with a `pacer`, as a prompt alone runs with one);
+    /// when it samples, its last token's logits are sampled by its slot's sampler into readback
+    /// row `row`.
+    async fn submit_prompt_chunk(
+        &self,
+        s: &BatchSequence<'_>,
+        row: Option<usize>,
+        mut pacer: Option<&mut SubmitPacer>,
+    ) -> Result<(), GpuError> {
         let pieces = s.tokens.chunks(self.max_chunk);
         let last = pieces.len().saturating_sub(1);
         for (k, piece) in pieces.enumerate() {
@@ -128,13 +140,22 @@ impl Graph {
             self.step.write(gpu, &step);
             self.act.rows.write_run(gpu, s.slot as u32, pos as u32, n as u32)?;
             gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(piece));
-            let mut rec = Recorder::new(gpu);
-            plan::record(&mut rec, &self.plan.prefill, &step);
-            if let (true, Some(row), Some(draw)) = (k == last, row, s.sample) {
-                plan::record(&mut rec, &self.plan.logits, &step);
-                self.record_sample(&mut rec, &self.act.logits.buffer, 0, s, draw, row)?;
+            let finish = |mut rec: Recorder| -> Result<(), GpuError> {
+                if let (true, Some(row), Some(draw)) = (k == last, row, s.sample) {
+                    plan::record(&mut rec, &self.plan.logits, &step);
+                    self.record_sample(&mut rec, &self.act.logits.buffer, 0, s, draw, row)?;
+                }
+                rec.submit();
+                Ok(())
+            };
+            match pacer.as_deref_mut() {
+                Some(pacer) => self.submit_prefill_paced(&step, pacer, finish).await?,
+                None => {
+                    let mut rec = Recorder::new(gpu);
+                    plan::record(&mut rec, &self.plan.prefill, &step);
+                    finish(rec)?;
+                }
             }
-            rec.submit();
         }
         Ok(())
     }
