@@ -1,8 +1,9 @@
 //! The GPU forward pass against the CPU reference forward pass (plain f32, from the kernels'
 //! references) on the same file: the default Q4_1 model for prompts of 1, 7 and 200 tokens (200
-//! spans two prefill chunks of 128), a random-weight Gemma 2 for 2,048, Q8_0 / Q4_0 / F16 versions of it made by `kestrel quantize`
-//! for 1, 7 and 40, and llama.cpp's Q4_K_M of it (Q5_0, Q8_0, Q4_K and Q6_K tensors, with Q, K and V of
-//! different types in 14 layers) for 1, 7 and 130 tokens.
+//! spans two prefill chunks of 128), Q8_0 / Q4_0 / F16 versions of it made by `kestrel quantize`
+//! for 1, 7 and 40, llama.cpp's Q4_K_M of it (Q5_0, Q8_0, Q4_K and Q6_K tensors, with Q, K and V
+//! of different types in 14 layers) for 1, 7 and 130 tokens, and random-weight models of other
+//! architectures, one of them (Gemma 2) for 2,048 tokens.
 //!
 //! Both passes keep K and V as the GPU cache does (f16 by default: the reference rounds them the
 //! same way), so the bound measures the kernels, not the cache's precision; the f32 cache is
