@@ -53,20 +53,64 @@ fn x4(b: u32, first: u32) -> vec4<f32> {
     return x[b * (params.cols / 4u) + first / 4u];
 }
 
-// Every token's activations of one unit of 8 (`cols`: unit_cols), loaded once for the thread's
-// R rows.
+// A token's activations of one unit of 8, loaded once for the thread's R rows.
 struct XUnit {
     lo: vec4<f32>,
     hi: vec4<f32>,
 }
 
-fn x_units(cols: vec2<u32>) -> array<XUnit, COLUMNS> {
-    var units: array<XUnit, COLUMNS>;
+#if BATCHED
+// The thread's partial sums of its R rows for every token (.x for `w`, .y for `w_up`), and every
+// token's activations of one unit.
+alias Sums = array<array<vec2<f32>, R>, COLUMNS>;
+alias Xs = array<XUnit, COLUMNS>;
+
+fn token_sums(sums: Sums, b: u32) -> array<vec2<f32>, R> {
+    return sums[b];
+}
+
+// Every token's activations of the unit of 8 at `cols` (unit_cols).
+fn x_units(cols: vec2<u32>) -> Xs {
+    var units: Xs;
     for (var b = 0u; b < COLUMNS; b++) {
         units[b] = XUnit(x4(b, cols.x), x4(b, cols.y));
     }
     return units;
 }
+
+// Adds one unit of row i's weights times each token's activations to component `c` of its sums.
+fn add_unit(sums: ptr<function, Sums>, i: u32, xs: Xs, weights: Unit, c: u32) {
+    for (var b = 0u; b < COLUMNS; b++) {
+        (*sums)[b][i][c] += dot(weights.lo, xs[b].lo) + dot(weights.hi, xs[b].hi);
+    }
+}
+
+// Adds `v` to the first token's sums of row i (dense rows' last columns, one token only).
+fn add_to_first(sums: ptr<function, Sums>, i: u32, v: vec2<f32>) {
+    (*sums)[0][i] += v;
+}
+#else
+// One token: its sums and activations outside arrays of tokens, which not every compiler keeps
+// in registers (they made the one-token kernel 1.7x slower on lavapipe).
+alias Sums = array<vec2<f32>, R>;
+alias Xs = XUnit;
+
+fn token_sums(sums: Sums, b: u32) -> array<vec2<f32>, R> {
+    return sums;
+}
+
+fn x_units(cols: vec2<u32>) -> Xs {
+    return XUnit(x4(0u, cols.x), x4(0u, cols.y));
+}
+
+fn add_unit(sums: ptr<function, Sums>, i: u32, xs: Xs, weights: Unit, c: u32) {
+    (*sums)[i][c] += dot(weights.lo, xs.lo) + dot(weights.hi, xs.hi);
+}
+
+fn add_to_first(sums: ptr<function, Sums>, i: u32, v: vec2<f32>) {
+    (*sums)[i] += v;
+}
+#endif
 
 // (d, m) of the halves of the block starting at unit `first`: units 0-1 in .xy, 2-3 in .zw.
 fn block_scales(s: array<u32, SCALE_WORDS>, row: u32, first: u32) -> vec4<f32> {
@@ -77,7 +121,6 @@ fn block_scales(s: array<u32, SCALE_WORDS>, row: u32, first: u32) -> vec4<f32> {
     return vec4<f32>(lo, lo);
 }
 
-#if BATCHED
 @compute @workgroup_size(LANES * SLICES)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -100,28 +143,32 @@ fn main(
     for (var i = 0u; i < R; i++) {
         rows[i] = min(first_row + i * LANES, params.rows - 1u);
     }
-    var sums = row_partials(rows, slice);
+    let sums = row_partials(rows, slice);
     for (var b = 0u; b < COLUMNS; b++) {
+        var token = token_sums(sums, b);
 #if SLICED
-        partials[lid] = sums[b];
+        // The tokens take turns in `partials`: the previous one's must have been read.
+        if (b > 0u) {
+            workgroupBarrier();
+        }
+        partials[lid] = token;
         workgroupBarrier();
+#endif
+        // Slice 0 adds the other slices' partials and stores. No early exit for the others: every
+        // thread must reach the next token's barrier in uniform control flow.
         if (slice == 0u) {
+#if SLICED
             for (var s = 1u; s < SLICES; s++) {
                 for (var i = 0u; i < R; i++) {
-                    sums[b][i] += partials[lane + s * LANES][i];
+                    token[i] += partials[lane + s * LANES][i];
                 }
             }
-        }
-        // The next token's partials overwrite these.
-        workgroupBarrier();
-        if (slice != 0u) {
-            continue;
-        }
 #endif
-        for (var i = 0u; i < R; i++) {
-            let row = first_row + i * LANES;
-            if (row < params.rows) {
-                store(b, row, sums[b][i]);
+            for (var i = 0u; i < R; i++) {
+                let row = first_row + i * LANES;
+                if (row < params.rows) {
+                    store(b, row, token[i]);
+                }
             }
         }
     }
@@ -129,37 +176,29 @@ fn main(
 
 // This thread's share of the dot product(s) of each of its rows for every token: each weight
 // unit is decoded once for all COLUMNS tokens, each token's x once for all R rows.
-fn row_partials(rows: array<u32, R>, slice: u32) -> array<array<vec2<f32>, R>, COLUMNS> {
-    var sums: array<array<vec2<f32>, R>, COLUMNS>;
+fn row_partials(rows: array<u32, R>, slice: u32) -> Sums {
+    var sums: Sums;
     let units = params.cols / 8u;
 #if DENSE
     // Dense rows have no blocks (and need not be whole units): unit by unit, then the columns
     // after the last whole unit one by one.
     for (var u = slice; u < units; u += SLICES) {
-        let cols = unit_cols(u);
-        let xs = x_units(cols);
+        let xs = x_units(unit_cols(u));
         for (var i = 0u; i < R; i++) {
-            let gate = load_unit(rows[i], u);
+            add_unit(&sums, i, xs, load_unit(rows[i], u), 0u);
 #if SWIGLU
-            let up = load_up_unit(rows[i], u);
+            add_unit(&sums, i, xs, load_up_unit(rows[i], u), 1u);
 #endif
-            for (var b = 0u; b < COLUMNS; b++) {
-                let xlo = xs[b].lo;
-                let xhi = xs[b].hi;
-                sums[b][i].x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
-#if SWIGLU
-                sums[b][i].y += dot(up.lo, xlo) + dot(up.hi, xhi);
-#endif
-            }
         }
     }
     // (Only one token here: the host refuses COLUMNS > 1 for rows that are not whole vec4s.)
     for (var col = units * 8u + slice; col < params.cols; col += SLICES) {
         let xc = x[col / 4u][col % 4u];
         for (var i = 0u; i < R; i++) {
-            sums[0][i].x += load_dense(rows[i], col) * xc;
 #if SWIGLU
-            sums[0][i].y += load_up_dense(rows[i], col) * xc;
+            add_to_first(&sums, i, vec2<f32>(load_dense(rows[i], col), load_up_dense(rows[i], col)) * xc);
+#else
+            add_to_first(&sums, i, vec2<f32>(load_dense(rows[i], col) * xc, 0.0));
 #endif
         }
     }
@@ -204,153 +243,11 @@ fn row_partials(rows: array<u32, R>, slice: u32) -> array<array<vec2<f32>, R>, C
         }
         for (var k = 0u; k < 4u; k++) {
             let u = first + k;
-            let cols = unit_cols(u);
-            let xs = x_units(cols);
+            let xs = x_units(unit_cols(u));
             for (var i = 0u; i < R; i++) {
-                let gate = load_unit_in(rows[i], u, select(scale[i].xy, scale[i].zw, k >= 2u), high[i]);
+                add_unit(&sums, i, xs, load_unit_in(rows[i], u, select(scale[i].xy, scale[i].zw, k >= 2u), high[i]), 0u);
 #if SWIGLU
-                let up = load_up_unit_in(rows[i], u, select(up_scale[i].xy, up_scale[i].zw, k >= 2u), up_high[i]);
-#endif
-                for (var b = 0u; b < COLUMNS; b++) {
-                    let xlo = xs[b].lo;
-                    let xhi = xs[b].hi;
-                    sums[b][i].x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
-#if SWIGLU
-                    sums[b][i].y += dot(up.lo, xlo) + dot(up.hi, xhi);
-#endif
-                }
-            }
-        }
-    }
-#endif
-    return sums;
-}
-
-#else
-// The one-token kernel: the same sums in the same order as the batched one's per token (its
-// activations kept in registers, which an array of tokens' would not be on every compiler).
-@compute @workgroup_size(LANES * SLICES)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
-#if SLICED
-    let lane = lid % LANES;
-    let slice = lid / LANES;
-#else
-    // A constant, so that the compiler sees the activation addresses as workgroup-uniform.
-    let lane = lid;
-    let slice = 0u;
-#endif
-    // The thread's rows are LANES apart, so each of its loads is coalesced with its neighbours'.
-    // Rows past the last compute the last row again (their sums are never stored): the loops over
-    // R stay constant (unrolled, in registers) and the workgroup uniform up to the barrier.
-    let first_row = (wg.x + wg.y * nwg.x) * LANES * R + lane;
-    var rows: array<u32, R>;
-    for (var i = 0u; i < R; i++) {
-        rows[i] = min(first_row + i * LANES, params.rows - 1u);
-    }
-    var sums = row_partials(rows, slice);
-#if SLICED
-    partials[lid] = sums;
-    workgroupBarrier();
-    if (slice != 0u) {
-        return;
-    }
-    for (var s = 1u; s < SLICES; s++) {
-        for (var i = 0u; i < R; i++) {
-            sums[i] += partials[lane + s * LANES][i];
-        }
-    }
-#endif
-    for (var i = 0u; i < R; i++) {
-        let row = first_row + i * LANES;
-        if (row < params.rows) {
-            store(0u, row, sums[i]);
-        }
-    }
-}
-
-// This thread's share of the dot product(s) of each of its rows: x is loaded once for all R.
-fn row_partials(rows: array<u32, R>, slice: u32) -> array<vec2<f32>, R> {
-    var sums: array<vec2<f32>, R>;
-    let units = params.cols / 8u;
-#if DENSE
-    // Dense rows have no blocks (and need not be whole units): unit by unit, then the columns
-    // after the last whole unit one by one.
-    for (var u = slice; u < units; u += SLICES) {
-        let cols = unit_cols(u);
-        let xlo = x4(0u, cols.x);
-        let xhi = x4(0u, cols.y);
-        for (var i = 0u; i < R; i++) {
-            let gate = load_unit(rows[i], u);
-            sums[i].x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
-#if SWIGLU
-            let up = load_up_unit(rows[i], u);
-            sums[i].y += dot(up.lo, xlo) + dot(up.hi, xhi);
-#endif
-        }
-    }
-    for (var col = units * 8u + slice; col < params.cols; col += SLICES) {
-        let xc = x[col / 4u][col % 4u];
-        for (var i = 0u; i < R; i++) {
-            sums[i].x += load_dense(rows[i], col) * xc;
-#if SWIGLU
-            sums[i].y += load_up_dense(rows[i], col) * xc;
-#endif
-        }
-    }
-#else
-    // Q4_K and Q5_K keep one set of scale words per super-block of 32 units: loaded once per
-    // super-block (each slice reaches a new one at the same step, so the test is uniform).
-    var scales: array<array<u32, SCALE_WORDS>, R>;
-#if SWIGLU
-    var up_scales: array<array<u32, SCALE_WORDS>, R>;
-#endif
-    var scales_of = 0xffffffffu;
-    for (var first = 4u * slice; first < units; first += 4u * SLICES) {
-#if SCALES_K
-        let scale_group = first / 32u;
-#else
-        let scale_group = first;
-#endif
-        if (scale_group != scales_of) {
-            scales_of = scale_group;
-            for (var i = 0u; i < R; i++) {
-                scales[i] = load_scale_words(rows[i], first);
-#if SWIGLU
-                up_scales[i] = load_up_scale_words(rows[i], first);
-#endif
-            }
-        }
-        // The block's plane words, and its (d, m) decoded once: one per half block (.xy for
-        // units 0-1, .zw for 2-3), the same unless the type scales 16 weights (Q6_K).
-        var high: array<vec2<u32>, R>;
-        var scale: array<vec4<f32>, R>;
-#if SWIGLU
-        var up_high: array<vec2<u32>, R>;
-        var up_scale: array<vec4<f32>, R>;
-#endif
-        for (var i = 0u; i < R; i++) {
-            high[i] = load_block_high(rows[i], first);
-            scale[i] = block_scales(scales[i], rows[i], first);
-#if SWIGLU
-            up_high[i] = load_up_block_high(rows[i], first);
-            up_scale[i] = block_scales(up_scales[i], rows[i], first);
-#endif
-        }
-        for (var k = 0u; k < 4u; k++) {
-            let u = first + k;
-            let cols = unit_cols(u);
-            let xlo = x4(0u, cols.x);
-            let xhi = x4(0u, cols.y);
-            for (var i = 0u; i < R; i++) {
-                let gate = load_unit_in(rows[i], u, select(scale[i].xy, scale[i].zw, k >= 2u), high[i]);
-                sums[i].x += dot(gate.lo, xlo) + dot(gate.hi, xhi);
-#if SWIGLU
-                let up = load_up_unit_in(rows[i], u, select(up_scale[i].xy, up_scale[i].zw, k >= 2u), up_high[i]);
-                sums[i].y += dot(up.lo, xlo) + dot(up.hi, xhi);
+                add_unit(&sums, i, xs, load_up_unit_in(rows[i], u, select(up_scale[i].xy, up_scale[i].zw, k >= 2u), up_high[i]), 1u);
 #endif
             }
         }
@@ -358,8 +255,6 @@ fn row_partials(rows: array<u32, R>, slice: u32) -> array<vec2<f32>, R> {
 #endif
     return sums;
 }
-
-#endif
 
 fn store(b: u32, row: u32, total: vec2<f32>) {
 #if SWIGLU
