@@ -122,15 +122,29 @@ gpu_check_smoke() {
   KESTREL_BIN="$target_dir/debug/kestrel" bench/gpu-check.sh --smoke
 }
 
+# Where the native tests write each WGSL variant they compile (KESTREL_DUMP_WGSL), for the browser
+# suite to compile again with Chromium's Tint (tests/browser/shaders.test.mjs).
+wgsl_variants=$target_dir/wgsl-variants
+
+# Unless `./build.sh test`'s native tests just wrote them: the kernel tests that build both decode
+# matvec variants (and most kernels) write them.
+shader_variants() {
+  if [ -z "$native_tests_ran" ] || [ -z "$(ls -A "$wgsl_variants" 2>/dev/null)" ]; then
+    rm -rf "$wgsl_variants"
+    KESTREL_DUMP_WGSL="$wgsl_variants" cargo test -p kestrel-gpu --test matmul --test attention --test rmsnorm
+  fi
+}
+
 # The browser suite compares with the native CLI, built in the dev profile so that it reuses what
 # `cargo test` compiled.
 browser_tests() {
   build_dev_cli
   build_wasm
   browser_models
+  shader_variants || return
   # The soak at a size that takes about 2 minutes on SwiftShader on a busy 2-core machine;
   # soak_browser runs the full one.
-  (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" SOAK_REQUESTS=${SOAK_REQUESTS:-8} node --test --test-concurrency=1 --test-reporter=spec)
+  (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" KESTREL_WGSL_DIR="$wgsl_variants" SOAK_REQUESTS=${SOAK_REQUESTS:-8} node --test --test-concurrency=1 --test-reporter=spec)
 }
 
 # The npm package from the tarball `npm pack` makes, in a small app that Vite 5-8 and webpack 5
@@ -288,7 +302,8 @@ case "$cmd" in
     # Before the tests, and sharing their dependencies' builds: only the workspace is linted.
     timed "clippy" cargo clippy --workspace --all-targets --no-deps -- -D warnings || status=1
     timed "typescript" npm --prefix tests/browser run --silent typecheck || status=1
-    timed "native tests" cargo test --workspace --no-fail-fast || status=1
+    rm -rf "$wgsl_variants"
+    timed "native tests" env KESTREL_DUMP_WGSL="$wgsl_variants" cargo test --workspace --no-fail-fast || status=1
     native_tests_ran=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "server tests" server_tests || status=1

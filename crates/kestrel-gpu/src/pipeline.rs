@@ -67,6 +67,8 @@ impl PipelineCache {
 
     async fn compile(&self, key: &PipelineKey) -> Result<wgpu::ComputePipeline, GpuError> {
         let source = preprocess(&key.shader, &key.defines)?;
+        #[cfg(not(target_arch = "wasm32"))]
+        dump_variant(key);
         let label = format!("{}::{}", key.shader, key.entry);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
@@ -85,4 +87,28 @@ impl PipelineCache {
         }
         Ok(pipeline)
     }
+}
+
+/// With `KESTREL_DUMP_WGSL=DIR`, writes a compiled variant's source as a browser would compile it
+/// (with `enable subgroups;` where it uses them) to `DIR/<shader>.<defines>.wgsl`, so that another
+/// compiler can check every variant the native tests built: the browser suite runs them through
+/// Chromium's Tint, which checks what naga does not (barriers in uniform control flow), including
+/// the real-GPU variants that its SwiftShader adapter never picks. A failed write only loses it.
+#[cfg(not(target_arch = "wasm32"))]
+fn dump_variant(key: &PipelineKey) {
+    let Some(dir) = std::env::var_os("KESTREL_DUMP_WGSL") else {
+        return;
+    };
+    let mut defines = key.defines.clone();
+    if defines.get("SUBGROUPS").is_some_and(|v| v != "0") {
+        defines.insert("WGSL_ENABLE_SUBGROUPS".into(), "1".into());
+    }
+    let Ok(source) = preprocess(&key.shader, &defines) else {
+        return;
+    };
+    let parts: Vec<String> = key.defines.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let name = format!("{}.{}.wgsl", key.shader, parts.join("."));
+    let name: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || "._=-".contains(c) { c } else { '_' }).collect();
+    let dir = std::path::Path::new(&dir);
+    let _ = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(dir.join(name), source));
 }
