@@ -227,7 +227,7 @@ impl<K: CpuKernels> CpuForward<K> {
             embedding: matrix(Role::TokenEmbedding)?,
             output_norm: vector(Role::OutputNorm)?,
             output: if config.tied_embeddings { None } else { Some(matrix(Role::Output)?) },
-            caches: vec![KvCache::new(config.n_layers, shape.cache_len(), K::F16_BITS && kv == KvType::F16)],
+            caches: vec![Self::empty_cache(config.n_layers, shape.cache_len(), kv)],
             config,
             layers,
             shape,
@@ -270,8 +270,14 @@ impl<K: CpuKernels> CpuForward<K> {
 
     /// Keeps `n` KV caches (at least 1): slots added are empty, slots removed are freed.
     pub fn set_slots(&mut self, n: usize) {
-        let (layers, len, f16_bits) = (self.config.n_layers, self.shape.cache_len(), K::F16_BITS && self.kv == KvType::F16);
-        self.caches.resize_with(n.max(1), || KvCache::new(layers, len, f16_bits));
+        let (layers, len, kv) = (self.config.n_layers, self.shape.cache_len(), self.kv);
+        self.caches.resize_with(n.max(1), || Self::empty_cache(layers, len, kv));
+    }
+
+    /// A sequence's empty KV cache: f16 values kept as f16 bits where the kernels read them so
+    /// (`CpuKernels::F16_BITS`), else widened to f32.
+    fn empty_cache(layers: usize, len: usize, kv: KvType) -> KvCache {
+        KvCache::new(layers, len, K::F16_BITS && kv == KvType::F16)
     }
 
     /// Runs `tokens` at positions `pos..`, appends them to the caches, and returns the logits
