@@ -30,7 +30,7 @@ pub use kestrel_tokenizer::ChatMessage;
 pub use load::{LoadOptions, LoadProgress, ModelLoader};
 pub use model::{BackendKind, FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD};
 pub use options::GenerateOptions;
-pub use pacing::MAX_SUBMIT_BUDGET;
+pub use pacing::{submit_budget_from_ms, MAX_SUBMIT_BUDGET};
 pub use request::Request;
 pub use sequences::{BatchStep, SequenceEvent, SequenceId, MAX_SLOTS};
 

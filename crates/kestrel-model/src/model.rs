@@ -16,7 +16,7 @@ use crate::error::bad_model;
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
 use crate::options::GenerateOptions;
 use crate::output::{Accepted, TokenOutput};
-use crate::pacing::{SubmitPacer, SubmitReport, MAX_SUBMIT_BUDGET};
+use crate::pacing::{check_budget, SubmitPacer, SubmitReport};
 use crate::penalties::PenaltyPolicy;
 use crate::prefix_snapshot::{self, KvLayout};
 use crate::ModelError;
@@ -284,13 +284,7 @@ impl Model {
     /// of whole layers, each submitted after the previous one finished (`pacing.rs`). The
     /// browser engine sets it from the display's frame time. No effect on the CPU backend.
     pub fn set_submit_budget(&mut self, budget: Option<Duration>) -> Result<(), ModelError> {
-        if budget.is_some_and(|b| b.is_zero() || b > MAX_SUBMIT_BUDGET) {
-            return Err(ModelError::InvalidOption {
-                name: "submit_budget_ms",
-                reason: format!("must be above 0 and at most {} ms", MAX_SUBMIT_BUDGET.as_millis()),
-            });
-        }
-        self.pacer = budget.map(SubmitPacer::new);
+        self.pacer = budget.map(check_budget).transpose()?.map(SubmitPacer::new);
         Ok(())
     }
 

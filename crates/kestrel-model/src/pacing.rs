@@ -6,9 +6,36 @@
 
 use std::time::Duration;
 
+use crate::ModelError;
+
 /// The largest budget `Model::set_submit_budget` takes: beyond a second a submission is no
 /// longer bounded in any sense a page would notice.
 pub const MAX_SUBMIT_BUDGET: Duration = Duration::from_secs(1);
+
+/// A budget in milliseconds as the CLI and the npm package take it: 0 is none, else above 0 and
+/// at most `MAX_SUBMIT_BUDGET`.
+pub fn submit_budget_from_ms(ms: f64) -> Result<Option<Duration>, ModelError> {
+    if ms == 0.0 {
+        return Ok(None);
+    }
+    let budget = Duration::try_from_secs_f64(ms / 1e3).map_err(|_| bad_budget())?;
+    check_budget(budget).map(Some)
+}
+
+/// `budget` if it is above 0 and at most `MAX_SUBMIT_BUDGET`.
+pub(crate) fn check_budget(budget: Duration) -> Result<Duration, ModelError> {
+    if budget.is_zero() || budget > MAX_SUBMIT_BUDGET {
+        return Err(bad_budget());
+    }
+    Ok(budget)
+}
+
+fn bad_budget() -> ModelError {
+    ModelError::InvalidOption {
+        name: "submit_budget_ms",
+        reason: format!("must be 0 (none), or above 0 and at most {} ms", MAX_SUBMIT_BUDGET.as_millis()),
+    }
+}
 
 /// Cuts prompt chunks into pieces that each take at most `budget` on the device, and keeps
 /// what the pieces measured for the generation's timings.
@@ -70,6 +97,16 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn budgets_in_ms_are_checked() {
+        assert_eq!(submit_budget_from_ms(0.0).unwrap(), None);
+        assert_eq!(submit_budget_from_ms(8.5).unwrap(), Some(Duration::from_micros(8500)));
+        assert_eq!(submit_budget_from_ms(1000.0).unwrap(), Some(MAX_SUBMIT_BUDGET));
+        for bad in [-1.0, 1000.5, f64::NAN, f64::INFINITY] {
+            assert!(submit_budget_from_ms(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn the_first_piece_is_one_layer() {

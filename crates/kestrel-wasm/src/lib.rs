@@ -18,8 +18,8 @@ use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::estimate::{DeviceLimits, Estimate};
 use kestrel_model::{
-    BackendKind, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, SequenceEvent, SequenceId, TokenEvent, MAX_SLOTS,
-    MAX_SUBMIT_BUDGET,
+    submit_budget_from_ms, BackendKind, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, SequenceEvent, SequenceId,
+    TokenEvent, MAX_SLOTS,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -258,21 +258,15 @@ fn slots_option(value: &JsValue) -> Result<usize, JsValue> {
     }
 }
 
-/// The `submit_budget_ms` option (absent or 0: none): a number of milliseconds up to
-/// `MAX_SUBMIT_BUDGET`.
+/// The `submit_budget_ms` option (absent or 0: none): a number of milliseconds
+/// (`submit_budget_from_ms`).
 fn submit_budget_option(value: &JsValue) -> Result<Option<Duration>, JsValue> {
     if value.is_undefined() || value.is_null() {
         return Ok(None);
     }
-    let max_ms = MAX_SUBMIT_BUDGET.as_secs_f64() * 1e3;
-    match value.as_f64() {
-        Some(0.0) => Ok(None),
-        Some(ms) if ms > 0.0 && ms <= max_ms => Ok(Some(Duration::from_secs_f64(ms / 1e3))),
-        _ => Err(js_error(
-            "invalid_option",
-            &format!("invalid option submit_budget_ms: {value:?} must be 0 (none) or a number of ms up to {max_ms}"),
-        )),
-    }
+    let ms =
+        value.as_f64().ok_or_else(|| js_error("invalid_option", &format!("invalid option submit_budget_ms: {value:?} is not a number")))?;
+    submit_budget_from_ms(ms).map_err(|e| model_error(&e))
 }
 
 /// The `kv_cache` option: 'f16' or 'f32' (None: not a string).

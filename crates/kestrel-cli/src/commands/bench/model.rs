@@ -4,7 +4,7 @@
 //! suite (bench/run.mjs), a short Markdown summary on stdout.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::Args;
 use kestrel_gpu::Gpu;
@@ -56,9 +56,9 @@ pub struct ModelArgs {
     cache: CacheArgs,
     /// Bound a prompt's GPU submissions to about this many ms each (its chunks go in pieces of
     /// whole layers, as the browser engine runs them so the page keeps drawing), to measure what
-    /// that costs; the results then give the longest submission.
-    #[arg(long, value_parser = parse_submit_budget)]
-    submit_budget_ms: Option<Duration>,
+    /// that costs (0: none); the results then give the longest submission.
+    #[arg(long)]
+    submit_budget_ms: Option<f64>,
     /// Prompt tokens per prefill pass (default: the loader's), to compare chunk sizes.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4096))]
     chunk: Option<u32>,
@@ -120,18 +120,9 @@ struct CpuInfo {
     kv_cache_bytes: u64,
 }
 
-fn parse_submit_budget(text: &str) -> Result<Duration, String> {
-    let ms: f64 = text.parse().map_err(|e| format!("{text}: {e}"))?;
-    let max_ms = kestrel_model::MAX_SUBMIT_BUDGET.as_secs_f64() * 1e3;
-    if ms > 0.0 && ms <= max_ms {
-        Ok(Duration::from_secs_f64(ms / 1e3))
-    } else {
-        Err(format!("{text}: the budget must be above 0 and at most {max_ms} ms"))
-    }
-}
-
 pub fn run(args: &ModelArgs) -> CliResult {
     let started = Instant::now();
+    let submit_budget = args.submit_budget_ms.map(kestrel_model::submit_budget_from_ms).transpose()?.flatten();
     let cache = CacheArgs { max_chunk: args.chunk.map(|c| c as usize), ..args.cache.clone() };
     let (path, file_bytes, loaded) = match &args.synthetic {
         Some(name) => {
@@ -147,7 +138,7 @@ pub fn run(args: &ModelArgs) -> CliResult {
         }
     };
     let mut model = loaded.model;
-    model.set_submit_budget(args.submit_budget_ms)?;
+    model.set_submit_budget(submit_budget)?;
     let gpu = model.gpu().cloned();
     let info = model_info(&model, &path, file_bytes);
     let (adapter, gpu_memory, copy_gb_per_s, cpu) = match &gpu {
