@@ -282,13 +282,15 @@ impl Model {
     /// Bounds the device time of one GPU submission of a prompt (None: each chunk is one
     /// submission, the fastest where nothing else draws on the device): its chunks go in pieces
     /// of whole layers, each submitted after the previous one finished (`pacing.rs`). The
-    /// browser engine sets it from the display's frame time. No effect on the CPU backend.
+    /// browser engine sets it from the display's frame time. The CPU backend has no device to
+    /// share and keeps none (its prompts report no submissions).
     pub fn set_submit_budget(&mut self, budget: Option<Duration>) -> Result<(), ModelError> {
-        self.pacer = budget.map(check_budget).transpose()?.map(SubmitPacer::new);
+        let budget = budget.map(check_budget).transpose()?;
+        self.pacer = budget.filter(|_| matches!(self.backend, Backend::Gpu(_))).map(SubmitPacer::new);
         Ok(())
     }
 
-    /// The submission budget set by `set_submit_budget`.
+    /// The submission budget set by `set_submit_budget` (None on the CPU backend).
     pub fn submit_budget(&self) -> Option<Duration> {
         self.pacer.as_ref().map(SubmitPacer::budget)
     }

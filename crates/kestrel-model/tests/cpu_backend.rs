@@ -38,10 +38,14 @@ fn prefill_chunks_and_decode_steps_give_the_same_logits() {
 #[test]
 fn cached_prefix_and_seeded_sampling_repeat_exactly() {
     let mut model = load(128);
+    // A GPU submission budget (the browser engine sets one on every backend) paces nothing here.
+    model.set_submit_budget(Some(std::time::Duration::from_millis(8))).expect("a budget in range");
+    assert_eq!(model.submit_budget(), None, "the CPU backend keeps no submission budget");
     let prompt = common::bench_ids(24);
     let options =
         GenerateOptions { max_tokens: 12, temperature: 0.9, top_k: 40, seed: Some(7), ignore_eos: true, ..GenerateOptions::default() };
     let cold = pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).expect("cold");
+    assert_eq!((cold.timings.prefill_submissions, cold.timings.longest_prefill_submission_ms), (None, None));
     let warm = pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).expect("warm");
     assert_eq!(warm.timings.reused_tokens, prompt.len() - 1, "the second request reuses the cached prompt");
     assert_eq!(cold.tokens, warm.tokens);

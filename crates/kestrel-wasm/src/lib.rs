@@ -18,8 +18,8 @@ use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::estimate::{DeviceLimits, Estimate};
 use kestrel_model::{
-    submit_budget_from_ms, BackendKind, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, SequenceEvent, SequenceId,
-    TokenEvent, MAX_SLOTS,
+    submit_budget_from_ms, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, SequenceEvent, SequenceId, TokenEvent,
+    MAX_SLOTS,
 };
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -129,7 +129,7 @@ impl State {
             "chat_template": model.tokenizer().chat_template().is_some(),
             "slots": model.slots(),
             // The CPU backend submits nothing to a device.
-            "submit_budget_ms": model.submit_budget().filter(|_| model.backend() == BackendKind::Gpu).map(|b| b.as_secs_f64() * 1e3),
+            "submit_budget_ms": model.submit_budget().map(|b| b.as_secs_f64() * 1e3),
         });
         *self.model_info.borrow_mut() = Some(info);
         *self.model.borrow_mut() = Some(model);
