@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
-import { CONTEXT_LENGTH, launch, MINUTES, MODEL_URL, openTestPage, ROOT, serveAndLaunch } from './harness.mjs';
+import { assertBatchedAsAlone, CONTEXT_LENGTH, launch, MINUTES, MODEL_URL, openTestPage, ROOT, runBatchedAndAlone, serveAndLaunch } from './harness.mjs';
 
 /** The llama.cpp margin under which a CPU-backend step may flip: its 8-bit activations round as
  * llama.cpp's do but after sums in another order, so an activation at a level boundary can round
@@ -92,55 +92,18 @@ describe('The CPU backend in Chromium', { timeout: 30 * MINUTES }, () => {
   test('(k) with slots, concurrent requests on the CPU run as one batch and give what each gives alone', { timeout: 15 * MINUTES }, async () => {
     const page = await openTestPage(env.browser.context, env.server.url);
     page.setDefaultTimeout(10 * MINUTES);
-    const r = await page.evaluate(async ({ model, contextLength }) => {
-      const { createEngine } = window.kestrel;
-      const requests = [
-        { prompt: 'The capital of France is', max_tokens: 8 },
-        { prompt: 'Once upon a time', max_tokens: 10 },
-        { prompt: 'def fibonacci(n):', max_tokens: 12, temperature: 0.8, seed: 3 },
-      ].map((q) => ({ temperature: 0, ignore_eos: true, ...q }));
-      const ids = (out) => out.kestrel.token_ids;
-      // Alone: one request at a time, on an engine without slots.
-      const single = await createEngine({ model, backend: 'cpu', context_length: contextLength });
-      const alone = [];
-      for (const q of requests) alone.push(await single.completions.create(q));
-      await single.unload();
-
-      const engine = await createEngine({ model, backend: 'cpu', context_length: contextLength, slots: 4 });
-      const order = []; // which request each streamed chunk belonged to, in arrival order
-      const run = async (q, i, abortAfter) => {
-        const controller = new AbortController();
-        const chunks = [];
-        for await (const c of await engine.completions.create({ ...q, stream: true, signal: controller.signal })) {
-          chunks.push(c);
-          if (c.choices[0]?.text != null && c.choices[0].finish_reason == null) order.push(i);
-          if (abortAfter && chunks.length === abortAfter) controller.abort();
-        }
-        const last = chunks[chunks.length - 1];
-        return { text: chunks.map((c) => c.choices[0]?.text ?? '').join(''), ids: last.kestrel.token_ids, finish: last.choices[0]?.finish_reason };
-      };
-      const together = await Promise.all([
-        ...requests.map((q, i) => run(q, i)),
-        run({ prompt: 'A long story:', max_tokens: 200, temperature: 0, ignore_eos: true }, 3, 2),
-      ]);
-      const badSlots = await createEngine({ model, backend: 'cpu', slots: 0 }).then(() => null, (e) => e.code);
-      const slots = engine.info.model.slots;
-      await engine.unload();
-      return { alone: alone.map((a) => ({ ids: ids(a), text: a.choices[0].text })), together, order, slots, badSlots };
-    }, { model: MODEL_URL, contextLength: CONTEXT_LENGTH });
-    assert.equal(r.slots, 4);
-    assert.equal(r.badSlots, 'invalid_option');
-    for (let i = 0; i < 3; i++) {
-      assert.deepEqual(r.together[i].ids, r.alone[i].ids, `request ${i}: batched tokens differ from alone`);
-      assert.equal(r.together[i].text, r.alone[i].text);
-      assert.equal(r.together[i].finish, 'length');
-    }
-    const aborted = r.together[3];
-    assert.equal(aborted.finish, 'abort');
-    assert.ok(aborted.ids.length < 200, 'the aborted request stopped');
-    // Batched, the streams interleave: a later request's tokens come before an earlier one ends.
-    const lastOf = (i) => r.order.lastIndexOf(i);
-    assert.ok(r.order.indexOf(1) < lastOf(0) && r.order.indexOf(2) < lastOf(1), `streams ran one after another: ${r.order.join('')}`);
+    const requests = [
+      { prompt: 'The capital of France is', max_tokens: 8 },
+      { prompt: 'Once upon a time', max_tokens: 10 },
+      { prompt: 'def fibonacci(n):', max_tokens: 12, temperature: 0.8, seed: 3 },
+    ].map((q) => ({ temperature: 0, ignore_eos: true, ...q }));
+    const aborted = { prompt: 'A long story:', max_tokens: 200, temperature: 0, ignore_eos: true };
+    const r = await runBatchedAndAlone(page, { backend: 'cpu', contextLength: CONTEXT_LENGTH, slots: 4, requests, aborted });
+    assert.equal(r.info.backend, 'cpu');
+    assert.equal(r.info.model.slots, 4);
+    assertBatchedAsAlone(r, requests, aborted);
+    const badSlots = await page.evaluate((model) => window.kestrel.createEngine({ model, backend: 'cpu', slots: 0 }).then(() => null, (e) => e.code), MODEL_URL);
+    assert.equal(badSlots, 'invalid_option');
     await page.close();
   });
 });

@@ -1,5 +1,6 @@
 // Shared set-up of the browser tests: the static server, headless Chromium with WebGPU through
 // SwiftShader, and the native CLI's greedy output to compare with.
+import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -123,4 +124,62 @@ export function gpuProcessBytes(browser) {
     }
   }
   throw new Error(`no GPU process of the browser with profile ${browser.userDataDir}`);
+}
+
+/**
+ * On the test `page`: each of `requests` (completions) alone, one at a time on an engine without
+ * slots, then all of them at once on an engine with `slots`, streamed, together with `aborted`,
+ * a long request aborted after its second chunk. Both engines on `backend` with `contextLength`.
+ * Resolves to `{ alone: [{ids, text}], together: [{ids, text, finish}]` (`aborted`'s last),
+ * `order` (the request of each streamed token chunk, in arrival order), `info` (the batched
+ * engine's) `}`.
+ */
+export function runBatchedAndAlone(page, { backend, contextLength, slots, requests, aborted }) {
+  return page.evaluate(async ({ model, backend, contextLength, slots, requests, aborted }) => {
+    const { createEngine } = window.kestrel;
+    const single = await createEngine({ model, backend, context_length: contextLength });
+    const alone = [];
+    for (const q of requests) {
+      const out = await single.completions.create(q);
+      alone.push({ ids: out.kestrel.token_ids, text: out.choices[0].text });
+    }
+    await single.unload();
+
+    const engine = await createEngine({ model, backend, context_length: contextLength, slots });
+    const order = [];
+    const run = async (q, i, abortAfter) => {
+      const controller = new AbortController();
+      const chunks = [];
+      for await (const c of await engine.completions.create({ ...q, stream: true, signal: controller.signal })) {
+        chunks.push(c);
+        if (c.choices[0]?.text != null && c.choices[0].finish_reason == null) order.push(i);
+        if (abortAfter && chunks.length === abortAfter) controller.abort();
+      }
+      const last = chunks[chunks.length - 1];
+      return { text: chunks.map((c) => c.choices[0]?.text ?? '').join(''), ids: last.kestrel.token_ids, finish: last.choices[0]?.finish_reason };
+    };
+    const together = await Promise.all([...requests.map((q, i) => run(q, i)), run(aborted, requests.length, 2)]);
+    const info = engine.info;
+    await engine.unload();
+    return { alone, together, order, info };
+  }, { model: MODEL_URL, backend, contextLength, slots, requests, aborted });
+}
+
+/**
+ * What `runBatchedAndAlone` must show: each request's tokens and text batched as alone, run to
+ * its length; the aborted one stopped early; the streams interleaved (each request's first token
+ * before the previous one's last), so they did run together.
+ */
+export function assertBatchedAsAlone(r, requests, aborted) {
+  requests.forEach((q, i) => {
+    assert.deepEqual(r.together[i].ids, r.alone[i].ids, `request ${i}: batched tokens differ from alone`);
+    assert.equal(r.together[i].text, r.alone[i].text);
+    assert.equal(r.together[i].finish, 'length');
+  });
+  const stopped = r.together[requests.length];
+  assert.equal(stopped.finish, 'abort');
+  assert.ok(stopped.ids.length < aborted.max_tokens, 'the aborted request stopped');
+  for (let i = 1; i < requests.length; i++) {
+    assert.ok(r.order.indexOf(i) < r.order.lastIndexOf(i - 1), `streams ran one after another: ${r.order.join('')}`);
+  }
 }
