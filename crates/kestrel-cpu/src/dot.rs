@@ -182,7 +182,7 @@ fn available() -> Vec<Kernels> {
         sets
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    return vec![Kernels { name: "simd128", int: |w, x, out| products_by(w, x, out, simd128::int_dot), f32: simd128::f32_dot }, portable];
+    return vec![Kernels { name: "simd128", int: simd128::products, f32: simd128::f32_dot }, portable];
     #[cfg(not(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128"))))]
     vec![portable]
 }
@@ -218,12 +218,24 @@ pub(crate) fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
     (kernels().f32)(a, b)
 }
 
+impl<'a> ActRow<'a> {
+    /// `Σ_{e in g} x[e]` for each group g of `group` (16 or 32) values: what the offsets of a
+    /// weight row with that group multiply.
+    #[inline]
+    fn group_sums(self, group: usize) -> &'a [f32] {
+        if group == ACT_BLOCK {
+            self.sums32
+        } else {
+            self.sums16
+        }
+    }
+}
+
 /// `Σ_g offset[g] · Σ_{e in g} x[e]` over groups of `group` weights, one group after another as
 /// llama.cpp adds them (a few dozen terms a row: a plain loop).
 #[inline]
 fn offsets_dot(offset: &[f32], group: usize, x: ActRow<'_>) -> f32 {
-    let sums = if group == ACT_BLOCK { x.sums32 } else { x.sums16 };
-    offset.iter().zip(sums).map(|(o, s)| o * s).sum()
+    offset.iter().zip(x.group_sums(group)).map(|(o, s)| o * s).sum()
 }
 
 /// Level `e` (0..32) of block `b`.
@@ -469,26 +481,43 @@ mod avx2 {
         }
 
         /// `acc` with the row's offsets times x's group sums (`offsets_dot`) added to its lanes,
-        /// 8 groups a step, and the groups after the last 8 as a scalar: the lanes' sum plus that
-        /// scalar is the row's offsets term. (A scalar loop of dependent additions here cost as much
-        /// as the products of a 576-weight row.)
+        /// 8 groups a step; the groups after the last whole 8 in one more step over the row's last
+        /// 8 groups with the lanes already added masked off; a row of under 8 groups as a scalar.
+        /// The lanes' sum plus that scalar is the row's offsets term. (A scalar loop of dependent
+        /// additions here cost as much as the products of a 576-weight row, and even a scalar
+        /// tail of 2 groups, converting each f16 alone, was a tenth of a batched decode step.)
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn add_offsets(&self, mut acc: __m256, x: ActRow<'_>) -> (__m256, f32) {
             let Some(offset) = self.offset else { return (acc, 0.0) };
-            let sums = if self.group == ACT_BLOCK { x.sums32 } else { x.sums16 };
+            let sums = x.group_sums(self.group);
             let groups = offset.len().min(sums.len());
-            let body = groups / 8 * 8;
-            let mut g = 0;
-            while g < body {
+            if groups < 8 {
+                return (acc, (0..groups).map(|g| offset.get(g) * sums[g]).sum());
+            }
+            let eight = |g: usize| {
                 let o = match offset {
                     Scales::F32(v) => _mm256_loadu_ps(v.as_ptr().add(g)),
                     Scales::F16(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(g).cast())),
                 };
-                acc = _mm256_fmadd_ps(o, _mm256_loadu_ps(sums.as_ptr().add(g)), acc);
+                (o, _mm256_loadu_ps(sums.as_ptr().add(g)))
+            };
+            let body = groups / 8 * 8;
+            let mut g = 0;
+            while g < body {
+                let (o, s) = eight(g);
+                acc = _mm256_fmadd_ps(o, s, acc);
                 g += 8;
             }
-            (acc, (body..groups).map(|g| offset.get(g) * sums[g]).sum())
+            if body < groups {
+                let last = groups - 8;
+                // Lane j is group last + j: added above where last + j < body.
+                let added = _mm256_set1_epi32((body - last) as i32 - 1);
+                let fresh = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), added));
+                let (o, s) = eight(last);
+                acc = _mm256_fmadd_ps(_mm256_and_ps(o, fresh), s, acc);
+            }
+            (acc, 0.0)
         }
     }
 
@@ -549,8 +578,13 @@ mod avx2 {
 mod simd128 {
     use core::arch::wasm32::*;
 
-    use super::{offsets_dot, ActRow, IntRow, Levels, F32_LANES};
+    use super::{ActRow, IntRow, IntRows, Levels, F32_LANES};
+    use crate::activations::QuantizedRows;
     use crate::ACT_BLOCK;
+
+    /// Activation rows a tile computes: each weight block is widened once for all of them (four
+    /// sums and a block's weights stay in registers on x86's 16 and ARM's 32).
+    const TOKENS: usize = 4;
 
     /// The first 16 bytes of `values`.
     fn load<T>(values: &[T]) -> v128 {
@@ -559,42 +593,64 @@ mod simd128 {
         unsafe { v128_load(values.as_ptr().cast()) }
     }
 
-    /// 16 weight levels (i8 lanes) times 16 activation levels, summed pairwise into 4 i32 lanes
-    /// (`i32x4_dot_i16x8` of the levels widened to i16).
-    fn dot16(w: v128, x: &[i8]) -> v128 {
-        let x = load(x);
-        i32x4_add(
-            i32x4_dot_i16x8(i16x8_extend_low_i8x16(w), i16x8_extend_low_i8x16(x)),
-            i32x4_dot_i16x8(i16x8_extend_high_i8x16(w), i16x8_extend_high_i8x16(x)),
-        )
+    /// `int_products` in tiles of one weight row times up to `TOKENS` activation rows. The
+    /// activations are widened to i16 once per call rather than once per weight row, and each
+    /// weight block once per tile, so the products are `i32x4_dot_i16x8` of ready operands.
+    pub(super) fn products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32]) {
+        let (cols, n) = (w.cols, x.rows(w.cols));
+        let wide: Vec<i16> = x.q.iter().map(|&q| i16::from(q)).collect();
+        let acts: Vec<(ActRow<'_>, &[i16])> = (0..n).map(|t| (x.row(t, cols), &wide[t * cols..][..cols])).collect();
+        let mut bufs = [Vec::new(), Vec::new()];
+        for (r, ys) in out.chunks_exact_mut(n).enumerate().take(w.rows()) {
+            let row = w.row(r, &mut bufs);
+            for (ys, acts) in ys.chunks_mut(TOKENS).zip(acts.chunks(TOKENS)) {
+                match ys.len() {
+                    4 => ys.copy_from_slice(&tile::<4>(row, acts)),
+                    3 => ys.copy_from_slice(&tile::<3>(row, acts)),
+                    2 => ys.copy_from_slice(&tile::<2>(row, acts)),
+                    _ => ys.copy_from_slice(&tile::<1>(row, acts)),
+                }
+            }
+        }
     }
 
-    /// Block b's two halves of 16 levels.
-    fn halves(levels: Levels<'_>, b: usize) -> (v128, v128) {
-        match levels {
+    /// Weight row `w` times the first `T` of `acts` (each an activation row and its levels as i16).
+    #[inline]
+    fn tile<const T: usize>(w: IntRow<'_>, acts: &[(ActRow<'_>, &[i16])]) -> [f32; T] {
+        let acts: [(ActRow<'_>, &[i16]); T] = std::array::from_fn(|j| acts[j]);
+        let mut acc = [f32x4_splat(0.0); T];
+        for b in 0..acts[0].1.len() / ACT_BLOCK {
+            let levels = widened_block(w.levels, b);
+            for (acc, (act, wide)) in acc.iter_mut().zip(&acts) {
+                let xs = &wide[b * ACT_BLOCK..][..ACT_BLOCK];
+                let dot = |i: usize| i32x4_dot_i16x8(levels[i], load(&xs[8 * i..]));
+                let (lo, hi) = (i32x4_add(dot(0), dot(1)), i32x4_add(dot(2), dot(3)));
+                let d = act.d[b];
+                *acc = if w.group == ACT_BLOCK {
+                    f32x4_add(*acc, f32x4_mul(f32x4_convert_i32x4(i32x4_add(lo, hi)), f32x4_splat(w.scale[b] * d)))
+                } else {
+                    let (s0, s1) = (w.scale[2 * b] * d, w.scale[2 * b + 1] * d);
+                    let scaled =
+                        f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s0)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s1)));
+                    f32x4_add(*acc, scaled)
+                };
+            }
+        }
+        // The offsets term in f32 lanes too: a scalar loop is about a tenth of a tile's operations
+        // at 576 weights a row.
+        std::array::from_fn(|j| horizontal_sum(acc[j]) + w.offset.map_or(0.0, |o| f32_dot(o, acts[j].0.group_sums(w.group))))
+    }
+
+    /// Block b's 32 levels as four i16x8 vectors.
+    fn widened_block(levels: Levels<'_>, b: usize) -> [v128; 4] {
+        let (lo, hi) = match levels {
             Levels::Nibbles(n) => {
                 let raw = load(&n[b * ACT_BLOCK / 2..]);
                 (v128_and(raw, u8x16_splat(0x0F)), u8x16_shr(raw, 4))
             }
             Levels::Bytes(q) => (load(&q[b * ACT_BLOCK..]), load(&q[b * ACT_BLOCK + 16..])),
-        }
-    }
-
-    pub(super) fn int_dot(w: IntRow<'_>, x: ActRow<'_>) -> f32 {
-        let mut acc = f32x4_splat(0.0);
-        for (b, (xq, &d)) in x.q.chunks_exact(ACT_BLOCK).zip(x.d).enumerate() {
-            let (lo, hi) = halves(w.levels, b);
-            let (lo, hi) = (dot16(lo, &xq[..16]), dot16(hi, &xq[16..]));
-            acc = if w.group == ACT_BLOCK {
-                f32x4_add(acc, f32x4_mul(f32x4_convert_i32x4(i32x4_add(lo, hi)), f32x4_splat(w.scale[b] * d)))
-            } else {
-                let (s0, s1) = (w.scale[2 * b] * d, w.scale[2 * b + 1] * d);
-                let scaled =
-                    f32x4_add(f32x4_mul(f32x4_convert_i32x4(lo), f32x4_splat(s0)), f32x4_mul(f32x4_convert_i32x4(hi), f32x4_splat(s1)));
-                f32x4_add(acc, scaled)
-            };
-        }
-        horizontal_sum(acc) + w.offset.map_or(0.0, |o| offsets_dot(o, w.group, x))
+        };
+        [i16x8_extend_low_i8x16(lo), i16x8_extend_high_i8x16(lo), i16x8_extend_low_i8x16(hi), i16x8_extend_high_i8x16(hi)]
     }
 
     pub(super) fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
