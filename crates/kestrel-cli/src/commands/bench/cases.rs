@@ -70,19 +70,23 @@ pub fn weights(gpu: &Gpu, matrix: &Matrix, ty: GgmlType) -> Result<Vec<WeightTen
     (0..count).map(|_| WeightTensor::from_f32(gpu, matrix.name, ty, matrix.rows, matrix.cols, &values)).collect()
 }
 
-/// One token through the matrix (decode). Bytes: weights + x (K f32) + y (N f32, twice when
-/// accumulating into it).
-pub fn matvec(gpu: &Gpu, matrix: &Matrix, weights: &[WeightTensor]) -> Result<Prepared, GpuError> {
+/// `tokens` tokens through the matrix as a decode step runs them: one token, or a batched step's
+/// (each weight read once for all of them). Bytes: weights + x (tokens x K f32) + y (tokens x N
+/// f32, twice when accumulating into it).
+pub fn matvec(gpu: &Gpu, matrix: &Matrix, weights: &[WeightTensor], tokens: u32) -> Result<Prepared, GpuError> {
     let (w, ty) = (&weights[0], weights[0].ty);
-    let x = random_tensor(gpu, "bench.x", &[matrix.cols])?;
-    let y = Tensor::zeros(gpu, "bench.y", &[matrix.rows], DType::F32)?;
+    let m = tokens as usize;
+    let x = random_tensor(gpu, "bench.x", &[m, matrix.cols])?;
+    let y = Tensor::zeros(gpu, "bench.y", &[m, matrix.rows], DType::F32)?;
     let dispatch = match matrix.product {
-        Product::Swiglu => block_on(SwigluMatvecKernel::new(gpu, ty, GateActivation::Silu))?.bind(gpu, w, &weights[1], &x, &y)?,
+        Product::Swiglu => {
+            block_on(SwigluMatvecKernel::batched(gpu, ty, GateActivation::Silu, tokens))?.bind(gpu, w, &weights[1], &x, &y)?
+        }
         Product::Plain | Product::Accumulate => {
-            block_on(MatvecKernel::new(gpu, ty, epilogue(matrix.product)))?.bind(gpu, w, &x, &y, None)?
+            block_on(MatvecKernel::batched(gpu, ty, epilogue(matrix.product), tokens))?.bind(gpu, w, &x, &y, None)?
         }
     };
-    let bytes = weight_bytes(weights) + product_activation_bytes(matrix, 1);
+    let bytes = weight_bytes(weights) + product_activation_bytes(matrix, m);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec)) })
 }
 

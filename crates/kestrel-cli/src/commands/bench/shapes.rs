@@ -20,6 +20,10 @@ pub const WEIGHT_TYPES: [GgmlType; 10] = [
 /// Tokens of a prefill chunk (matmul, prefill attention, the prefill rows of the small kernels).
 pub const PREFILL_TOKENS: u32 = 128;
 
+/// Sequences of a batched decode step (`kestrel serve`'s default slots): their products run as the
+/// batched matvec, timed beside the tiled matmul over as many tokens, the alternative it beat.
+pub const DECODE_BATCH: u32 = 8;
+
 /// KV lengths decode attention is timed at.
 pub const DECODE_KV_LENS: [u32; 2] = [512, 2048];
 

@@ -9,7 +9,7 @@ use kestrel_gpu::{Gpu, GpuError};
 
 use super::cases::{self, Prepared};
 use super::report::{gb_per_s, CaseId, Row};
-use super::shapes::{whole_blocks, Matrix, ModelShape, Product, DECODE_KV_LENS, PREFILL_TOKENS, WEIGHT_TYPES};
+use super::shapes::{whole_blocks, Matrix, ModelShape, Product, DECODE_BATCH, DECODE_KV_LENS, PREFILL_TOKENS, WEIGHT_TYPES};
 use super::timing::Timer;
 use super::BenchResult;
 
@@ -29,6 +29,13 @@ pub struct Suite<'a> {
     copy_gb_per_s: f64,
     fma_gflop_per_s: f64,
     rows: Vec<Row>,
+}
+
+/// The two matrix-product kernels.
+#[derive(Clone, Copy)]
+enum Kernel {
+    Matvec,
+    Matmul,
 }
 
 /// Threads of the FMA yardstick: enough to fill the largest GPUs (an H200's 132 SMs hold 2048
@@ -96,38 +103,41 @@ impl<'a> Suite<'a> {
         self.rows
     }
 
-    /// matvec (decode) and matmul (prefill) with one set of weights, quantized once (and not
-    /// at all when neither runs).
+    /// The matrix's products with one set of weights, quantized once (and not at all when none
+    /// runs): decode (matvec), a batched decode step of `DECODE_BATCH` sequences (the batched
+    /// matvec, and the tiled matmul over as many tokens that it is measured against), prefill
+    /// (matmul).
     fn matrix(&mut self, model: &ModelShape, matrix: &Matrix, ty: GgmlType) -> BenchResult<()> {
         let gpu = self.gpu;
         let count = if matrix.product == Product::Swiglu { "2x" } else { "" };
         let shape = format!("{} {count}{}x{}", matrix.name, matrix.rows, matrix.cols);
-        let matvec_id = case_id(model.name, "matvec", ty.name(), shape.clone());
-        let matmul_id = case_id(model.name, "matmul", ty.name(), format!("{shape}, M={PREFILL_TOKENS}"));
-        let (want_matvec, want_matmul) = (self.wants(&matvec_id), self.wants(&matmul_id));
-        if !want_matvec && !want_matmul {
+        let id = |kernel, shape: String| case_id(model.name, kernel, ty.name(), shape);
+        let products = [
+            (id("matvec", shape.clone()), Kernel::Matvec, 1),
+            (id("matvec", format!("{shape}, B={DECODE_BATCH}")), Kernel::Matvec, DECODE_BATCH),
+            (id("matmul", format!("{shape}, M={DECODE_BATCH}")), Kernel::Matmul, DECODE_BATCH),
+            (id("matmul", format!("{shape}, M={PREFILL_TOKENS}")), Kernel::Matmul, PREFILL_TOKENS),
+        ];
+        let wanted: Vec<_> = products.into_iter().filter(|(id, ..)| self.wants(id)).collect();
+        if wanted.is_empty() {
             return Ok(());
         }
         if let Err(GpuError::Limit { needed, limit, .. }) = cases::check_fits(gpu, matrix, ty) {
-            for (id, wanted) in [(matvec_id, want_matvec), (matmul_id, want_matmul)] {
-                if wanted {
-                    self.push(Row::over_limit(id, needed, limit));
-                }
+            for (id, ..) in wanted {
+                self.push(Row::over_limit(id, needed, limit));
             }
             return Ok(());
         }
-        let (matvec_macs, matmul_macs) = (matrix.macs(1), matrix.macs(PREFILL_TOKENS));
-        let run_matvec = want_matvec && self.fast_enough(&matvec_id, matvec_macs);
-        let run_matmul = want_matmul && self.fast_enough(&matmul_id, matmul_macs);
-        if !run_matvec && !run_matmul {
+        let runs: Vec<_> = wanted.into_iter().filter(|(id, _, tokens)| self.fast_enough(id, matrix.macs(*tokens))).collect();
+        if runs.is_empty() {
             return Ok(());
         }
         let weights = cases::weights(gpu, matrix, ty)?;
-        if run_matvec {
-            self.product_case(matvec_id, matvec_macs, || cases::matvec(gpu, matrix, &weights))?;
-        }
-        if run_matmul {
-            self.product_case(matmul_id, matmul_macs, || cases::matmul(gpu, matrix, &weights, PREFILL_TOKENS))?;
+        for (id, kernel, tokens) in runs {
+            self.product_case(id, matrix.macs(tokens), || match kernel {
+                Kernel::Matvec => cases::matvec(gpu, matrix, &weights, tokens),
+                Kernel::Matmul => cases::matmul(gpu, matrix, &weights, tokens),
+            })?;
         }
         Ok(())
     }
