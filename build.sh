@@ -3,10 +3,10 @@
 #   ./build.sh [run] ["prompt"]  build the CLI, fetch the default model, generate text with it
 #   ./build.sh test              run every test: native (kernels on the GPU, via lavapipe where there
 #                                is none), then the browser suite and the bundler test (headless
-#                                Chromium, SwiftShader)
+#                                Chromium, SwiftShader), and each long run at a smoke size
 #   ./build.sh bench [options]   the benchmark suite: Kestrel native and in headless Chrome, llama.cpp
 #                                and wllama on the same GGUF (bench/run.mjs; options: see its header)
-#   ./build.sh test-native       the native tests only (`cargo test --workspace`)
+#   ./build.sh test-native       the native tests only (`cargo test --workspace`, and kestrel-cpu's in WASI)
 #   ./build.sh soak [N] [C]      the long reliability runs: natively N requests (default 1000) from two
 #                                clients with aborts and C load/unload cycles (default 100), then the
 #                                browser's (SOAK_REQUESTS, default 100); `test` runs short ones
@@ -108,11 +108,34 @@ bench() {
   node bench/run.mjs "$@"
 }
 
+# The benchmark suite at its smallest (bench/run.mjs --smoke) with the dev-profile CLI, written to
+# a scratch folder: every part, native and in Chromium, still runs and renders its report.
+bench_smoke() {
+  build_dev_cli
+  build_wasm
+  local out rc=0
+  out=$(mktemp -d)
+  (export KESTREL_BIN="$target_dir/debug/kestrel" && bench --smoke --results "$out") || rc=$?
+  rm -rf "$out"
+  return $rc
+}
+
 # The dev-profile CLI (target/debug/kestrel) as `cargo test --workspace` builds it for the CLI's
 # own tests: with the tests' dependency features, so after them this compiles nothing, where
 # `cargo build -p kestrel-cli` would compile a second variant of the dependencies (minutes in CI).
 build_dev_cli() {
   cargo test --workspace --no-run
+}
+
+# kestrel-cpu's tests built for wasm with simd128 (.cargo/config.toml), as the npm package's CPU
+# backend runs its kernels, in Node's WASI on V8 (tests/wasm/wasi-run.mjs): the simd128 products
+# against the portable ones, which the native tests cannot reach.
+wasm_kernel_tests() {
+  if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-wasip1; then
+    rustup target add wasm32-wasip1
+  fi
+  CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings=ExperimentalWarning $PWD/tests/wasm/wasi-run.mjs" \
+    cargo test -p kestrel-cpu --target wasm32-wasip1
 }
 
 # bench/gpu-check.sh in its smallest size on this machine's device (lavapipe without a GPU), with
@@ -305,10 +328,12 @@ case "$cmd" in
     rm -rf "$wgsl_variants"
     timed "native tests" env KESTREL_DUMP_WGSL="$wgsl_variants" cargo test --workspace --no-fail-fast || status=1
     native_tests_ran=1
+    timed "wasm kernel tests" wasm_kernel_tests || status=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "server tests" server_tests || status=1
     timed "browser tests" browser_tests || status=1
     timed "bundler tests" bundler_tests || status=1
+    timed "bench smoke" bench_smoke || status=1
     timed "fuzz smoke" fuzz 10 smoke || status=1
     echo "== time of each part:"
     printf '%s\n' "${timings[@]}"
@@ -318,6 +343,7 @@ case "$cmd" in
     setup
     scripts/make-q4-k-m.sh
     cargo test --workspace --no-fail-fast
+    wasm_kernel_tests
     ;;
   test-browser)
     setup

@@ -8,6 +8,7 @@ import { chromium } from 'playwright-core';
 import { launchChromium } from '../www/chromium.mjs';
 import { startServer } from '../www/serve.mjs';
 import { ROOT } from './paths.mjs';
+import { spread } from './stats.mjs';
 
 /** Copies wllama's bundle and wasm where the static server serves them (www/bench/vendor/, git-ignored). */
 function vendorWllama() {
@@ -22,10 +23,12 @@ function vendorWllama() {
 }
 
 /**
- * Runs the browser workload: Kestrel, wllama on CPU threads, wllama on WebGPU (or why it cannot).
- * `prompts`: [{prompt_tokens, text}]. Resolves to {browser, adapter, wllama_version, engines}.
+ * Runs the browser workload: Kestrel, wllama on CPU threads, wllama on WebGPU (or why it cannot),
+ * then, unless `batch` is null, Kestrel's batching ('auto' backend): `batch.sizes` concurrent
+ * requests of `batch.decodeTokens` steps each. `prompts`: [{prompt_tokens, text}]. Resolves to
+ * {browser, adapter, wllama_version, engines, batch}.
  */
-export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, threads, contextLength, realGpu = false, only = null }) {
+export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, threads, contextLength, realGpu = false, only = null, batch = null }) {
   const wllamaVersion = vendorWllama();
   const server = await startServer();
   const launched = await launchChromium(chromium, {
@@ -70,7 +73,30 @@ export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, thr
         await p.close();
       }
     }
-    return { browser: `Chromium ${context.browser()?.version() ?? ''}`.trim(), cross_origin_isolated: isolated, adapter, wllama_version: wllamaVersion, engines };
+    let batched = null;
+    if (batch) {
+      console.error('browser: kestrel-batch');
+      const p = await open();
+      try {
+        const r = await p.evaluate((w) => window.bench.runKestrelBatch(w), {
+          modelUrl, prompts, repeats, decodeTokens: batch.decodeTokens, batchSizes: batch.sizes, backend: 'auto',
+        });
+        const one = spread(r.batches.find((b) => b.batch === 1)?.decode_tok_s ?? []);
+        batched = {
+          ...r,
+          rows: r.batches.map((b) => {
+            const rate = spread(b.decode_tok_s);
+            return { batch: b.batch, decode_tok_s: rate, ratio_to_batch_1: one ? rate.median / one.median : null };
+          }),
+        };
+      } catch (e) {
+        batched = { error: String(e.message ?? e).split('\n')[0] };
+        console.error(`  kestrel-batch failed: ${e.message}`);
+      } finally {
+        await p.close();
+      }
+    }
+    return { browser: `Chromium ${context.browser()?.version() ?? ''}`.trim(), cross_origin_isolated: isolated, adapter, wllama_version: wllamaVersion, engines, batch: batched };
   } finally {
     await launched.close();
     await server.close();

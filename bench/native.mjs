@@ -28,11 +28,12 @@ export async function runKestrelNative({ model, promptTokens, decodeTokens, repe
   return readJson(out);
 }
 
-/** `kestrel bench batch` on the CPU backend: decode tok/s of 1, 2, 4, 8 sequences together and the
- * running sequences' inter-token latency while a long prompt is admitted. */
-export async function runKestrelBatch({ model, decodeTokens, repeats, threads, out }) {
+/** `kestrel bench batch` on the CPU backend: decode tok/s of `batchSizes` sequences together and
+ * the running sequences' inter-token latency while a prompt of `longPrompt` tokens is admitted. */
+export async function runKestrelBatch({ model, decodeTokens, repeats, threads, batchSizes = [1, 2, 4, 8], longPrompt = 512, out }) {
   if (!existsSync(KESTREL)) throw new Error(`${KESTREL} is missing: build it with \`cargo build --release -p kestrel-cli\``);
-  await exec(KESTREL, ['bench', 'batch', '--backend', 'cpu', '--model', model, '--decode-tokens', String(decodeTokens), '--repeats', String(repeats), '--json', out],
+  await exec(KESTREL, ['bench', 'batch', '--backend', 'cpu', '--model', model, '--batch-sizes', batchSizes.join(','), '--long-prompt', String(longPrompt),
+    '--decode-tokens', String(decodeTokens), '--repeats', String(repeats), '--json', out],
     { XDG_RUNTIME_DIR: process.env.XDG_RUNTIME_DIR ?? '/tmp', ...(threads ? { RAYON_NUM_THREADS: String(threads) } : {}) });
   return readJson(out);
 }

@@ -83,11 +83,18 @@ export function markdown(run) {
   const batch = run.native?.kestrel_batch;
   if (batch?.rows) {
     lines.push('', `Batched decode, native CPU backend (${batch.simd}, ${batch.threads} threads): ${batch.prompt_tokens}-token prompts, ${batch.decode_tokens} decode steps, all sequences' tokens per second (kestrel bench batch).`, '');
-    lines.push('| sequences | decode tok/s | × 1 sequence |', '|--:|--:|--:|');
-    for (const r of batch.rows) lines.push(`| ${r.batch} | ${fmt(r.decode_tok_s.median, 1)} | ${r.ratio_to_batch_1 == null ? '–' : `${r.ratio_to_batch_1.toFixed(2)}×`} |`);
+    lines.push(...batchTable(batch.rows, 'sequence'));
     const a = batch.admission;
     const p = (q) => (q ? `${fmt(q.p50, 0)} / ${fmt(q.p99, 0)}` : '–');
     if (a) lines.push('', `A ${a.long_prompt_tokens}-token prompt admitted while ${a.running} sequences decode, their ITL p50 / p99 ms: before ${p(a.before)}; in chunks of ${a.prefill_chunk} ${p(a.chunked)} (its TTFT ${secs(a.ttft_chunked_ms)}); in one step ${p(a.unchunked)} (TTFT ${secs(a.ttft_unchunked_ms)}).`);
+  }
+  const bb = run.browser?.batch;
+  if (bb?.rows) {
+    const where = bb.backend === 'cpu' ? `CPU backend (${bb.cpu?.simd}, ${bb.cpu?.threads} thread${bb.cpu?.threads === 1 ? '' : 's'})` : bb.backend;
+    lines.push('', `Batched decode in the browser, Kestrel's ${where}, chosen by backend 'auto': concurrent requests on one engine with slots, ${bb.prompt_tokens}-token prompts, all requests' tokens per second while every one decodes (median of ${bb.repeats}).`, '');
+    lines.push(...batchTable(bb.rows, 'request'));
+  } else if (bb?.error) {
+    lines.push('', `Batched decode in the browser: failed: ${bb.error}`);
   }
   const k = run.native?.kestrel;
   if (k?.roofline) {
@@ -102,6 +109,13 @@ export function markdown(run) {
     lines.push(`| sum | ${s.families_sum_gpu_ms.toFixed(1)} | |`);
   }
   return lines.join('\n') + '\n';
+}
+
+/** The lines of a batch-size table: {batch, decode_tok_s: {median}, ratio_to_batch_1} rows. */
+function batchTable(rows, unit) {
+  const out = [`| ${unit}s | decode tok/s | × 1 ${unit} |`, '|--:|--:|--:|'];
+  for (const r of rows) out.push(`| ${r.batch} | ${fmt(r.decode_tok_s.median, 1)} | ${r.ratio_to_batch_1 == null ? '–' : `${r.ratio_to_batch_1.toFixed(2)}×`} |`);
+  return out;
 }
 
 /** The optional WebGPU features that decide what an engine can run. */

@@ -7,9 +7,14 @@
 //   node bench/run.mjs [--model models/X.gguf] [--threads 2]
 //       [--prompt-tokens 32] [--decode-tokens 16] [--repeats 2]                  native sizes
 //       [--browser-prompt-tokens 16] [--browser-decode-tokens 4] [--browser-repeats 2]
+//       [--browser-batch-sizes 1,2,4] [--browser-batch-decode-tokens 16]   concurrent requests
+//                           on one engine ('auto' backend: the CPU on a software adapter)
 //       [--full]            the issue's workload everywhere: prompts 128,512, 128 decode steps, 5 repeats
+//       [--smoke]           every part at its smallest (8-token prompts, 2 steps, 1 repeat; batches of
+//                           1 and 2): `./build.sh test` runs it to keep the suite working
+//       [--results DIR]     write there instead of bench/results/
 //       [--gpu]             Chromium on the machine's GPU instead of SwiftShader
-//       [--skip native,batch,llama,browser]   leave parts out
+//       [--skip native,batch,llama,browser,browser-batch]   leave parts out
 //       [--browser-engines kestrel,kestrel-cpu,wllama-cpu,wllama-webgpu]   only these in Chromium
 //
 // The defaults fit a 2-core machine without a GPU (lavapipe natively, SwiftShader in Chrome,
@@ -34,7 +39,11 @@ const { values: opt } = parseArgs({
     'browser-prompt-tokens': { type: 'string', default: '16' },
     'browser-decode-tokens': { type: 'string', default: '4' },
     'browser-repeats': { type: 'string', default: '2' },
+    'browser-batch-sizes': { type: 'string', default: '1,2,4' },
+    'browser-batch-decode-tokens': { type: 'string', default: '16' },
     full: { type: 'boolean', default: false },
+    smoke: { type: 'boolean', default: false },
+    results: { type: 'string', default: RESULTS },
     gpu: { type: 'boolean', default: false },
     skip: { type: 'string', default: '' },
     'browser-engines': { type: 'string', default: '' },
@@ -74,11 +83,18 @@ const settings = {
     ? { prompt_tokens: FULL.prompts, decode_tokens: FULL.decode, repeats: FULL.repeats, threads, gpu: opt.gpu }
     : { prompt_tokens: counts('browser-prompt-tokens', opt['browser-prompt-tokens']), decode_tokens: count('browser-decode-tokens', opt['browser-decode-tokens']), repeats: count('browser-repeats', opt['browser-repeats']), threads, gpu: opt.gpu },
 };
+settings.native.batch = { sizes: [1, 2, 4, 8], long_prompt: 512 };
+settings.browser.batch = { sizes: counts('browser-batch-sizes', opt['browser-batch-sizes']), decode_tokens: count('browser-batch-decode-tokens', opt['browser-batch-decode-tokens']) };
+if (opt.smoke) {
+  Object.assign(settings.native, { prompt_tokens: [8], decode_tokens: 2, repeats: 1, batch: { sizes: [1, 2], long_prompt: 16 } });
+  Object.assign(settings.browser, { prompt_tokens: [8], decode_tokens: 2, repeats: 1, batch: { sizes: [1, 2], decode_tokens: 4 } });
+}
+const results = resolve(opt.results);
 const skip = new Set(opt.skip.split(',').filter(Boolean));
 
 const started = new Date();
 const stamp = started.toISOString().replace(/[:.]/g, '-');
-const raw = join(RESULTS, 'raw', stamp);
+const raw = join(results, 'raw', stamp);
 mkdirSync(raw, { recursive: true });
 const run = {
   schema: 'kestrel-bench/1',
@@ -123,7 +139,7 @@ if (!skip.has('native')) {
 }
 if (!skip.has('batch')) {
   run.native.kestrel_batch = await attempt('Kestrel, native, CPU, batched decode', () => runKestrelBatch({
-    model, decodeTokens: n.decode_tokens, repeats: n.repeats, threads, out: join(raw, 'kestrel_batch.json'),
+    model, decodeTokens: n.decode_tokens, repeats: n.repeats, threads, batchSizes: n.batch.sizes, longPrompt: n.batch.long_prompt, out: join(raw, 'kestrel_batch.json'),
   }));
 }
 if (!skip.has('llama')) {
@@ -147,6 +163,7 @@ if (!skip.has('browser')) {
     return runBrowser({
       modelUrl, prompts, decodeTokens: b.decode_tokens, repeats: b.repeats, threads, realGpu: b.gpu, only: opt['browser-engines'] ? opt['browser-engines'].split(',') : null,
       contextLength: Math.max(...b.prompt_tokens) + b.decode_tokens + 64,
+      batch: skip.has('browser-batch') ? null : { sizes: b.batch.sizes, decodeTokens: b.batch.decode_tokens },
     });
   });
 }
@@ -154,11 +171,23 @@ run.machine.loadavg_end = os.loadavg();
 run.wall_s = (Date.now() - started.getTime()) / 1e3;
 
 // The JSON first: a report that fails to render can be made again from it (report.mjs FILE).
-const json = join(RESULTS, `${stamp}.json`);
+const json = join(results, `${stamp}.json`);
 writeFileSync(json, JSON.stringify(run, null, 2) + '\n');
-writeFileSync(join(RESULTS, 'latest.json'), JSON.stringify(run, null, 2) + '\n');
+writeFileSync(join(results, 'latest.json'), JSON.stringify(run, null, 2) + '\n');
 const table = markdown(run);
-writeFileSync(join(RESULTS, 'latest.md'), table);
-writeFileSync(join(RESULTS, 'latest.svg'), svg(run));
+writeFileSync(join(results, 'latest.md'), table);
+writeFileSync(join(results, 'latest.svg'), svg(run));
 console.log(`\n${table}`);
-console.error(`wrote ${json}, ${join(RESULTS, 'latest.md')}, ${join(RESULTS, 'latest.svg')} (${run.wall_s.toFixed(0)} s)`);
+console.error(`wrote ${json}, ${join(results, 'latest.md')}, ${join(results, 'latest.svg')} (${run.wall_s.toFixed(0)} s)`);
+
+// Every part's figures are written; the exit status says whether any part failed.
+const failed = [
+  ...Object.entries(run.native).filter(([, r]) => r?.error).map(([key]) => key),
+  ...(run.browser?.error ? ['browser'] : []),
+  ...(run.browser?.engines ?? []).filter((e) => e.error).map((e) => `browser ${e.name}`),
+  ...(run.browser?.batch?.error ? ['browser batch'] : []),
+];
+if (failed.length) {
+  console.error(`failed: ${failed.join(', ')}`);
+  process.exit(1);
+}

@@ -83,6 +83,45 @@ export async function runKestrel({ modelUrl, prompts, decodeTokens, repeats, bac
   return { engine: 'kestrel', backend: info.backend, cpu: info.cpu, version: info.version, gpu: info.gpu, model: info.model, cold_load_ms: coldLoadMs, warm_load_ms: warmLoadMs, memory, wasm_heap_bytes: wasmHeap, ...result };
 }
 
+/**
+ * Kestrel's batching: for each B of `batchSizes`, `repeats` times, B concurrent requests for the
+ * same prompt on one engine with `slots` for the largest B ('auto': the WebGPU backend on a real
+ * GPU, the CPU backend on a software adapter). The rate counts every request's tokens that reach
+ * the page while all B decode, from the last request's first token to the first request's last
+ * one, so prompts being prefilled and requests already done count for nothing. Resolves to the
+ * engine's backend and, per B, the rate of each repeat.
+ */
+export async function runKestrelBatch({ modelUrl, prompts, decodeTokens, repeats, batchSizes, backend }) {
+  const engine = await createEngine({ model: modelUrl, backend, slots: Math.max(...batchSizes) });
+  const text = prompts[0].text;
+  const stream = async () => {
+    const times = [];
+    const chunks = await engine.completions.create({ prompt: text, stream: true, max_tokens: decodeTokens + 1, temperature: 0, ignore_eos: true });
+    for await (const chunk of chunks) {
+      if (chunk.choices[0]?.token_id != null) times.push(performance.now());
+    }
+    if (times.length !== decodeTokens + 1) throw new Error(`asked for ${decodeTokens + 1} tokens, the engine streamed ${times.length}`);
+    return times;
+  };
+  const batches = [];
+  for (const batch of batchSizes) {
+    const rates = [];
+    for (let r = 0; r < repeats; r += 1) {
+      const streams = await Promise.all(Array.from({ length: batch }, stream));
+      const from = Math.max(...streams.map((t) => t[0]));
+      const to = Math.min(...streams.map((t) => t.at(-1)));
+      if (to <= from) throw new Error(`batch ${batch}: a request ended before another's first token`);
+      const tokens = streams.reduce((n, t) => n + t.filter((x) => x > from && x <= to).length, 0);
+      rates.push(tokens / ((to - from) / 1e3));
+      console.log(`batch ${batch}: repeat ${r + 1}/${repeats}: ${rates.at(-1).toFixed(2)} tok/s`);
+    }
+    batches.push({ batch, decode_tok_s: rates });
+  }
+  const info = engine.info;
+  await engine.unload();
+  return { backend: info.backend, cpu: info.cpu, prompt_tokens: prompts[0].prompt_tokens, decode_tokens: decodeTokens, repeats, batches };
+}
+
 /** The adapter's name and features as this page sees them (null without WebGPU). */
 export async function adapterInfo() {
   const adapter = await navigator.gpu?.requestAdapter();
