@@ -325,7 +325,7 @@ mod avx2 {
             use std::arch::x86_64::*;
 
             use super::super::{ActRow, IntRows, Levels};
-            use super::{horizontal_sum, weight_block, weight_scales, RowView, ROWS, TOKENS};
+            use super::{add_offsets, horizontal_sum, weight_block, weight_scales, RowView, ROWS, TOKENS};
             use crate::activations::QuantizedRows;
             use crate::ACT_BLOCK;
 
@@ -335,6 +335,7 @@ mod avx2 {
             /// product than one token at a time.
             #[target_feature(enable = $features)]
             pub(super) unsafe fn products(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
+                let act_rows: Vec<ActRow<'_>> = (0..n).map(|t| x.row(t, w.cols)).collect();
                 let mut r = 0;
                 while r < rows {
                     let tile_rows = (rows - r).min(ROWS);
@@ -343,8 +344,8 @@ mod avx2 {
                     let mut t = 0;
                     while t < n {
                         let tile_tokens = (n - t).min(TOKENS);
-                        let acts = |i: usize| x.row(t + i.min(tile_tokens - 1), w.cols);
-                        let acts = [acts(0), acts(1), acts(2), acts(3)];
+                        // A tile of fewer tokens repeats its last row in the unused places.
+                        let acts: [ActRow<'_>; TOKENS] = std::array::from_fn(|i| act_rows[t + i.min(tile_tokens - 1)]);
                         macro_rules! run {
                             ($nibbles:literal, $t:literal) => {
                                 match row1 {
@@ -406,11 +407,10 @@ mod avx2 {
                         }
                     }
                 }
-                let mut sums = [[0f32; T]; R];
+                let mut sums = add_offsets(&rows, acts, &mut acc);
                 for i in 0..R {
                     for j in 0..T {
-                        let (with_offsets, tail) = rows[i].add_offsets(acc[i][j], acts[j]);
-                        sums[i][j] = horizontal_sum(with_offsets) + tail;
+                        sums[i][j] += horizontal_sum(acc[i][j]);
                     }
                 }
                 sums
@@ -479,45 +479,64 @@ mod avx2 {
             let (levels, scale, offset) = w.row_parts(r);
             Self { levels, group: w.group, scale, offset }
         }
+    }
 
-        /// `acc` with the row's offsets times x's group sums (`offsets_dot`) added to its lanes,
-        /// 8 groups a step; the groups after the last whole 8 in one more step over the row's last
-        /// 8 groups with the lanes already added masked off; a row of under 8 groups as a scalar.
-        /// The lanes' sum plus that scalar is the row's offsets term. (A scalar loop of dependent
-        /// additions here cost as much as the products of a 576-weight row, and even a scalar
-        /// tail of 2 groups, converting each f16 alone, was a tenth of a batched decode step.)
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn add_offsets(&self, mut acc: __m256, x: ActRow<'_>) -> (__m256, f32) {
-            let Some(offset) = self.offset else { return (acc, 0.0) };
-            let sums = x.group_sums(self.group);
-            let groups = offset.len().min(sums.len());
+    /// The tile's offsets terms (`offsets_dot`: each row's offsets times each token's group sums)
+    /// added to its accumulators' lanes, 8 groups a step, each row's 8 offsets loaded (and
+    /// converted from f16) once for all the tile's tokens; the groups after the last whole 8 in one
+    /// more step over the row's last 8 groups, with the lanes already added masked off. A row of
+    /// under 8 groups gets its terms as scalars, returned per row and token (0 otherwise); the
+    /// lanes' sum plus that scalar is the offsets term. (A scalar loop of dependent additions here
+    /// cost as much as the products of a 576-weight row, and converting the offsets again for each
+    /// token a sixth of a batched decode step.)
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn add_offsets<const R: usize, const T: usize>(
+        rows: &[RowView<'_>; R],
+        acts: &[ActRow<'_>; TOKENS],
+        acc: &mut [[__m256; T]; R],
+    ) -> [[f32; T]; R] {
+        let mut scalars = [[0f32; T]; R];
+        for (row, (acc, scalars)) in rows.iter().zip(acc.iter_mut().zip(&mut scalars)) {
+            let Some(offset) = row.offset else { continue };
+            let sums: [&[f32]; T] = std::array::from_fn(|j| acts[j].group_sums(row.group));
+            let groups = offset.len().min(sums[0].len());
             if groups < 8 {
-                return (acc, (0..groups).map(|g| offset.get(g) * sums[g]).sum());
+                for (scalar, sums) in scalars.iter_mut().zip(sums) {
+                    *scalar = (0..groups).map(|g| offset.get(g) * sums[g]).sum();
+                }
+                continue;
             }
-            let eight = |g: usize| {
-                let o = match offset {
-                    Scales::F32(v) => _mm256_loadu_ps(v.as_ptr().add(g)),
-                    Scales::F16(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(g).cast())),
-                };
-                (o, _mm256_loadu_ps(sums.as_ptr().add(g)))
-            };
             let body = groups / 8 * 8;
             let mut g = 0;
             while g < body {
-                let (o, s) = eight(g);
-                acc = _mm256_fmadd_ps(o, s, acc);
+                let o = eight_scales(offset, g);
+                for (acc, sums) in acc.iter_mut().zip(sums) {
+                    *acc = _mm256_fmadd_ps(o, _mm256_loadu_ps(sums.as_ptr().add(g)), *acc);
+                }
                 g += 8;
             }
             if body < groups {
                 let last = groups - 8;
-                // Lane j is group last + j: added above where last + j < body.
+                // Lane k is group last + k: added above where last + k < body.
                 let added = _mm256_set1_epi32((body - last) as i32 - 1);
                 let fresh = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), added));
-                let (o, s) = eight(last);
-                acc = _mm256_fmadd_ps(_mm256_and_ps(o, fresh), s, acc);
+                let o = _mm256_and_ps(eight_scales(offset, last), fresh);
+                for (acc, sums) in acc.iter_mut().zip(sums) {
+                    *acc = _mm256_fmadd_ps(o, _mm256_loadu_ps(sums.as_ptr().add(last)), *acc);
+                }
             }
-            (acc, 0.0)
+        }
+        scalars
+    }
+
+    /// Values i..i + 8 of `s` (which has them) as f32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn eight_scales(s: Scales<'_>, i: usize) -> __m256 {
+        match s {
+            Scales::F32(v) => _mm256_loadu_ps(v.as_ptr().add(i)),
+            Scales::F16(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(i).cast())),
         }
     }
 
@@ -687,7 +706,21 @@ mod tests {
     /// rows and tokens: whole tiles of rows and tokens and the remainders of each.
     #[test]
     fn chosen_kernels_agree_with_the_portable_ones() {
-        let (rows, cols) = (5, 576);
+        // 576 weights a row: whole steps of 8 offset groups and a masked last step (18 or 36
+        // groups); 160: rows of 5 groups (scalar offsets) and of 10 (one step and a masked one).
+        for cols in [576, 160] {
+            kernels_agree_with_the_portable_ones(cols);
+        }
+        let x: Vec<f32> = (0..9 * 576).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
+        let want = f32_dot_portable(&x, &x);
+        for set in available() {
+            let got = (set.f32)(&x, &x);
+            assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{}", set.name);
+        }
+    }
+
+    fn kernels_agree_with_the_portable_ones(cols: usize) {
+        let rows = 5;
         let bytes: Vec<i8> = (0..rows * cols).map(|i| ((i * 37 % 255) as i32 - 127) as i8).collect();
         let nibbles: Vec<u8> = (0..rows * cols / 2).map(|i| (i * 53 % 256) as u8).collect();
         let x: Vec<f32> = (0..9 * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
@@ -711,18 +744,13 @@ mod tests {
                         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                             assert!(
                                 (g - w).abs() <= 1e-4 * w.abs().max(1.0),
-                                "{} group {group} {format:?} n {n} [{i}]: {g} vs {w}",
+                                "{} cols {cols} group {group} {format:?} n {n} [{i}]: {g} vs {w}",
                                 set.name
                             );
                         }
                     }
                 }
             }
-        }
-        let want = f32_dot_portable(&x, &x);
-        for set in available() {
-            let got = (set.f32)(&x, &x);
-            assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{}", set.name);
         }
     }
 }
