@@ -28,7 +28,6 @@ import { promptTexts, runKestrelBatch, runKestrelNative, runLlamaCpp } from './n
 import { ROOT, RESULTS } from './paths.mjs';
 import { markdown, svg } from './report.mjs';
 
-const FULL = { prompts: [128, 512], decode: 128, repeats: 5 };
 const { values: opt } = parseArgs({
   options: {
     model: { type: 'string', default: 'models/SmolLM2-135M-Instruct.Q4_1.gguf' },
@@ -75,20 +74,35 @@ if (resolve(ROOT, 'models', basename(model)) !== model) {
   process.exit(2);
 }
 const threads = count('threads', opt.threads);
-const settings = {
-  native: opt.full
-    ? { prompt_tokens: FULL.prompts, decode_tokens: FULL.decode, repeats: FULL.repeats, threads }
-    : { prompt_tokens: counts('prompt-tokens', opt['prompt-tokens']), decode_tokens: count('decode-tokens', opt['decode-tokens']), repeats: count('repeats', opt.repeats), threads },
-  browser: opt.full
-    ? { prompt_tokens: FULL.prompts, decode_tokens: FULL.decode, repeats: FULL.repeats, threads, gpu: opt.gpu }
-    : { prompt_tokens: counts('browser-prompt-tokens', opt['browser-prompt-tokens']), decode_tokens: count('browser-decode-tokens', opt['browser-decode-tokens']), repeats: count('browser-repeats', opt['browser-repeats']), threads, gpu: opt.gpu },
-};
-settings.native.batch = { sizes: [1, 2, 4, 8], long_prompt: 512 };
-settings.browser.batch = { sizes: counts('browser-batch-sizes', opt['browser-batch-sizes']), decode_tokens: count('browser-batch-decode-tokens', opt['browser-batch-decode-tokens']) };
-if (opt.smoke) {
-  Object.assign(settings.native, { prompt_tokens: [8], decode_tokens: 2, repeats: 1, batch: { sizes: [1, 2], long_prompt: 16 } });
-  Object.assign(settings.browser, { prompt_tokens: [8], decode_tokens: 2, repeats: 1, batch: { sizes: [1, 2], decode_tokens: 4 } });
+if (opt.full && opt.smoke) {
+  console.error('--full and --smoke are two sizes of the whole suite: give one');
+  process.exit(2);
 }
+/**
+ * Prompt lengths, decode steps and repeats: the issue's workload (--full), each part's smallest
+ * (--smoke), or else the options whose names start with `prefix`.
+ */
+function sizes(prefix) {
+  if (opt.full) return { prompt_tokens: [128, 512], decode_tokens: 128, repeats: 5 };
+  if (opt.smoke) return { prompt_tokens: [8], decode_tokens: 2, repeats: 1 };
+  const name = (n) => `${prefix}${n}`;
+  return {
+    prompt_tokens: counts(name('prompt-tokens'), opt[name('prompt-tokens')]),
+    decode_tokens: count(name('decode-tokens'), opt[name('decode-tokens')]),
+    repeats: count(name('repeats'), opt[name('repeats')]),
+  };
+}
+const settings = {
+  native: { ...sizes(''), threads, batch: opt.smoke ? { sizes: [1, 2], long_prompt: 16 } : { sizes: [1, 2, 4, 8], long_prompt: 512 } },
+  browser: {
+    ...sizes('browser-'),
+    threads,
+    gpu: opt.gpu,
+    batch: opt.smoke
+      ? { sizes: [1, 2], decode_tokens: 4 }
+      : { sizes: counts('browser-batch-sizes', opt['browser-batch-sizes']), decode_tokens: count('browser-batch-decode-tokens', opt['browser-batch-decode-tokens']) },
+  },
+};
 const results = resolve(opt.results);
 const skip = new Set(opt.skip.split(',').filter(Boolean));
 

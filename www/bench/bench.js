@@ -28,9 +28,7 @@ async function runWorkload({ prompts, decodeTokens, repeats }, generate) {
       const times = [];
       const start = performance.now();
       const reported = await generate(text, decodeTokens + 1, () => times.push(performance.now()));
-      if (times.length !== decodeTokens + 1) {
-        throw new Error(`asked for ${decodeTokens + 1} tokens, the engine streamed ${times.length}`);
-      }
+      checkStreamed(times, decodeTokens + 1);
       const itl = times.slice(1).map((t, i) => t - times[i]);
       const ttft = times[0] - start;
       const decodeMs = times.at(-1) - times[0];
@@ -49,6 +47,26 @@ async function runWorkload({ prompts, decodeTokens, repeats }, generate) {
   return { workloads: results, main_thread: watch.stop() };
 }
 
+/** Throws unless the engine streamed the `asked` tokens, each timed in `times`. */
+function checkStreamed(times, asked) {
+  if (times.length !== asked) throw new Error(`asked for ${asked} tokens, the engine streamed ${times.length}`);
+}
+
+/**
+ * Streams Kestrel's greedy completion of `text` (`maxTokens`, past any end of text), calling
+ * `onToken` as each token reaches the page; resolves to the usage its last chunk carries.
+ */
+async function streamGreedy(engine, text, maxTokens, onToken) {
+  let usage = null;
+  const stream = await engine.completions.create({ prompt: text, stream: true, max_tokens: maxTokens, temperature: 0, ignore_eos: true });
+  for await (const chunk of stream) {
+    if (chunk.choices[0]?.token_id != null) onToken();
+    if (chunk.usage) usage = chunk.usage;
+  }
+  if (!usage) throw new Error('the last chunk carried no usage');
+  return usage;
+}
+
 /**
  * Kestrel on `backend` ('webgpu' or 'cpu'): cold load (Cache API emptied first), the workload,
  * then a warm load from the cache.
@@ -61,13 +79,7 @@ export async function runKestrel({ modelUrl, prompts, decodeTokens, repeats, bac
   const generate = async (text, maxTokens, onToken) => {
     // Each repeat from an empty cache: otherwise the engine reuses the previous prompt's prefix.
     await engine.reset();
-    let usage = null;
-    const stream = await engine.completions.create({ prompt: text, stream: true, max_tokens: maxTokens, temperature: 0, ignore_eos: true });
-    for await (const chunk of stream) {
-      if (chunk.choices[0]?.token_id != null) onToken();
-      if (chunk.usage) usage = chunk.usage;
-    }
-    if (!usage) throw new Error('the last chunk carried no usage');
+    const usage = await streamGreedy(engine, text, maxTokens, onToken);
     const longest = usage.extra.longest_prefill_submission_s;
     return { prompt_tokens: usage.extra.prefill_tokens, longest_submission_ms: longest == null ? null : longest * 1e3 };
   };
@@ -96,11 +108,8 @@ export async function runKestrelBatch({ modelUrl, prompts, decodeTokens, repeats
   const text = prompts[0].text;
   const stream = async () => {
     const times = [];
-    const chunks = await engine.completions.create({ prompt: text, stream: true, max_tokens: decodeTokens + 1, temperature: 0, ignore_eos: true });
-    for await (const chunk of chunks) {
-      if (chunk.choices[0]?.token_id != null) times.push(performance.now());
-    }
-    if (times.length !== decodeTokens + 1) throw new Error(`asked for ${decodeTokens + 1} tokens, the engine streamed ${times.length}`);
+    await streamGreedy(engine, text, decodeTokens + 1, () => times.push(performance.now()));
+    checkStreamed(times, decodeTokens + 1);
     return times;
   };
   const batches = [];
