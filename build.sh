@@ -73,13 +73,19 @@ ensure_wasm_bindgen() {
   fi
 }
 
+# `ensure_rust_target T`: adds Rust target T with rustup where it is missing (a Rust installed
+# without rustup must bring its own).
+ensure_rust_target() {
+  if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx "$1"; then
+    rustup target add "$1"
+  fi
+}
+
 # What the wasm build and the browser tests need: the wasm target, wasm-bindgen-cli, Chromium
 # (WebGPU through its bundled SwiftShader), playwright-core.
 setup_web() {
   export PATH="$HOME/.cargo/bin:$PATH"
-  if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
-    rustup target add wasm32-unknown-unknown
-  fi
+  ensure_rust_target wasm32-unknown-unknown
   ensure_wasm_bindgen
   if [ ! -x /usr/bin/chromium ]; then
     apt_install chromium
@@ -131,9 +137,7 @@ build_dev_cli() {
 # backend runs its kernels, in Node's WASI on V8 (tests/wasm/wasi-run.mjs): the simd128 products
 # against the portable ones, which the native tests cannot reach.
 wasm_kernel_tests() {
-  if command -v rustup >/dev/null && ! rustup target list --installed | grep -qx wasm32-wasip1; then
-    rustup target add wasm32-wasip1
-  fi
+  ensure_rust_target wasm32-wasip1
   CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings=ExperimentalWarning $PWD/tests/wasm/wasi-run.mjs" \
     cargo test -p kestrel-cpu --target wasm32-wasip1
 }
