@@ -1,12 +1,34 @@
 // Types of the `kestrel` browser package.
 
-/** Every error the package throws: `code` is stable, `message` precise. */
-export interface KestrelError extends Error {
-  code:
-    | 'no_webgpu' | 'bad_model' | 'unsupported_quant' | 'device_limits' | 'context_overflow'
-    | 'invalid_option' | 'tokenizer' | 'template' | 'gpu' | 'device_lost' | 'out_of_memory' | 'fetch_failed' | 'no_model' | 'busy'
-    | 'worker_error' | 'unloaded' | 'internal' | (string & {});
+/**
+ * The stable codes of KestrelError:
+ * - loading: `bad_model` (not a GGUF file, a corrupt one, a wrong sha256, or a URL that answered
+ *   with a web page), `unsupported_quant`, `fetch_failed`, `device_limits` (the model does not fit
+ *   this device, with the numbers), `out_of_memory`, `no_webgpu`;
+ * - requests: `invalid_option` (a bad option, named in the message), `context_overflow`,
+ *   `template` (the model's chat template failed), `tokenizer`, `no_model`, `busy`, `needs_gpu`;
+ * - the GPU: `gpu`, `device_lost` (the engine recovers by itself, see EngineStatus);
+ * - saved KV prefixes: `bad_snapshot`, `snapshot_mismatch`;
+ * - the engine: `worker_error` (its worker could not start), `unloaded`, `internal` (a bug);
+ * - `remote_error`: the `remote` server failed or answered with a code of its own (in `remote`).
+ */
+export type KestrelErrorCode =
+  | 'bad_model' | 'unsupported_quant' | 'fetch_failed' | 'device_limits' | 'out_of_memory' | 'no_webgpu'
+  | 'invalid_option' | 'context_overflow' | 'template' | 'tokenizer' | 'no_model' | 'busy' | 'needs_gpu'
+  | 'gpu' | 'device_lost' | 'bad_snapshot' | 'snapshot_mismatch'
+  | 'worker_error' | 'unloaded' | 'internal' | 'remote_error';
+
+/** Every error the package throws or rejects with: `code` is stable, `message` precise. */
+export declare class KestrelError extends Error {
+  constructor(code: KestrelErrorCode, message: string, details?: { remote?: { status: number; code: string | null } });
+  readonly name: 'KestrelError';
+  readonly code: KestrelErrorCode;
+  /** With code `remote_error` from a server's answer (and codes mapped from one): its HTTP status and its own code. */
+  readonly remote?: { status: number; code: string | null };
 }
+
+/** Whether `e` is a KestrelError (also one from another copy of the package, where `instanceof` is false). */
+export function isKestrelError(e: unknown): e is KestrelError;
 
 export interface LoadProgress {
   phase: 'download' | 'cache' | 'upload' | 'compile' | 'ready';
@@ -62,6 +84,12 @@ export interface EngineInfo {
    * the model ran from the network and downloads again next time) or `cache_failed`.
    */
   model_cache?: { stored: boolean; error: { code: 'quota_exceeded' | 'cache_failed'; message: string } | null };
+  /**
+   * With `persistPrefix`: whether KV prefixes are saved and restored, and why not where they are
+   * not (the CPU backend keeps no snapshots; the Origin Private File System is missing). Null
+   * without the option.
+   */
+  persist_prefix?: { enabled: boolean; reason: string | null } | null;
 }
 
 export interface ChatMessage {
@@ -230,6 +258,12 @@ export interface Engine {
   reset(): Promise<void>;
   /** What the engine holds now (answered after the requests queued before it). */
   memory(): Promise<EngineMemory>;
+  /**
+   * Resolves once the work after the requests before it has ended: with `persistPrefix`, the KV
+   * prefix of the last request written to storage (it is saved after the answer, so a page that
+   * reloads at once should await this first).
+   */
+  flush(): Promise<void>;
   /** Frees the model's GPU memory and stops the worker. */
   unload(): Promise<void>;
 }

@@ -5,12 +5,15 @@
 /**
  * @import {
  *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEngineOptions,
- *   Engine as EngineApi, EngineInfo, EngineMemory, EngineStatus, Estimate, FinishReason, KestrelDetails, KestrelError, LoadProgress, Timings, Usage,
+ *   Engine as EngineApi, EngineInfo, EngineMemory, EngineStatus, Estimate, FinishReason, KestrelDetails, KestrelErrorCode, LoadProgress, Timings, Usage,
  * } from './index.d.ts'
  * @import { GenerateResult } from './remote.js'
  */
 
-import { RemoteBackend, kestrelError } from './remote.js';
+import { isKestrelError, KestrelError, kestrelError } from './errors.js';
+import { RemoteBackend } from './remote.js';
+
+export { isKestrelError, KestrelError };
 import { PREFIX_DIRECTORY } from './storage.js';
 
 /**
@@ -120,7 +123,7 @@ export async function estimate(options) {
     return await new Promise((resolve, reject) => {
       worker.onmessage = ({ data }) => {
         if (data.type === 'result') resolve(data.value);
-        else if (data.type === 'error') reject(kestrelError(data.error.code, data.error.message));
+        else if (data.type === 'error') reject(kestrelError(/** @type {KestrelErrorCode} */ (data.error.code), data.error.message));
       };
       worker.onerror = (e) => reject(workerError(e));
       const url = model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model;
@@ -260,8 +263,10 @@ function openaiRequest(kind, request, backend, model) {
   const result = backend.generate(body, {
     onStart: (id) => {
       requestId = id;
-      // Aborted while queued: the worker stops it at its first token.
-      if (signal?.aborted || cancelled) queueMicrotask(onAbort);
+      // Aborted before it was sent (or while queued): the abort goes out before the request
+      // itself (onStart runs first), so a stepped engine ends it with no token, and the GPU's
+      // single-sequence path at its first.
+      if (signal?.aborted || cancelled) onAbort();
     },
     onToken: stream ? (/** @type {string} */ text, /** @type {number | undefined} */ tokenId) => out.push(chunk([choice(text, { finish_reason: null, token_id: tokenId ?? null })])) : null,
   }).finally(() => signal?.removeEventListener('abort', onAbort));
@@ -345,7 +350,7 @@ class Engine {
     else {
       this.#pending.delete(msg.id);
       if (msg.type === 'result') p.resolve(msg.value);
-      else p.reject(kestrelError(msg.error.code, msg.error.message));
+      else p.reject(kestrelError(/** @type {KestrelErrorCode} */ (msg.error.code), msg.error.message));
     }
   }
 
@@ -448,6 +453,15 @@ class Engine {
     return this.#call({ type: 'memory' });
   }
 
+  /**
+   * Resolves once the work after the requests queued before it has ended: with `persistPrefix`,
+   * the last request's KV prefix written to storage (it is saved after the answer).
+   * @returns {Promise<void>}
+   */
+  flush() {
+    return this.#call({ type: 'flush' });
+  }
+
   /** Drops the model (freeing its GPU memory) and stops the worker; the engine is unusable after. */
   async unload() {
     if (this.#closed) return;
@@ -458,13 +472,66 @@ class Engine {
 }
 
 /**
+ * Checks a remote engine's requests with the local engines' own code (the wasm engine's
+ * `validateRequest`, in a worker of its own started at the first request), so that a mistake
+ * fails here with their codes instead of reaching the server.
+ */
+class RequestValidator {
+  /** @type {Worker | null} */
+  #worker = null;
+  #nextId = 1;
+  /** @type {Map<number, { resolve: (value: unknown) => void, reject: (error: unknown) => void }>} */
+  #pending = new Map();
+
+  /**
+   * Resolves when `body` (the worker's request body) is one a local engine accepts; rejects with
+   * its error otherwise.
+   * @param {Record<string, unknown>} body
+   * @returns {Promise<unknown>}
+   */
+  check(body) {
+    const worker = this.#worker ?? this.#start();
+    const id = this.#nextId++;
+    return new Promise((resolve, reject) => {
+      this.#pending.set(id, { resolve, reject });
+      worker.postMessage({ type: 'validate', id, request: body });
+    });
+  }
+
+  #start() {
+    const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+    worker.onmessage = ({ data }) => {
+      const p = this.#pending.get(data.id);
+      if (!p || (data.type !== 'result' && data.type !== 'error')) return;
+      this.#pending.delete(data.id);
+      if (data.type === 'result') p.resolve(undefined);
+      else p.reject(kestrelError(/** @type {KestrelErrorCode} */ (data.error.code), data.error.message));
+    };
+    worker.onerror = (e) => {
+      for (const p of this.#pending.values()) p.reject(workerError(e));
+      this.#pending.clear();
+      this.close();
+    };
+    this.#worker = worker;
+    return worker;
+  }
+
+  close() {
+    this.#worker?.terminate();
+    this.#worker = null;
+  }
+}
+
+/**
  * An engine whose requests go to an OpenAI-compatible server (createEngine's `remote`), chosen
- * when this browser cannot run the model. Same API; nothing is held locally.
+ * when this browser cannot run the model. Same API, and the same checks of a request before it
+ * is sent; nothing is held locally.
  * @implements {EngineApi}
  */
 class RemoteEngine {
   /** @type {RemoteBackend} */
   #backend;
+  #validator = new RequestValidator();
   #closed = false;
 
   /**
@@ -490,11 +557,23 @@ class RemoteEngine {
    */
   #create(kind, request) {
     if (this.#closed) return Promise.reject(kestrelError('unloaded', 'the engine was unloaded'));
-    return openaiRequest(kind, request, this.#backend, this.#backend.model);
+    const remote = this.#backend;
+    /** @type {Backend} */
+    const backend = {
+      generate: async (body, handlers) => {
+        await this.#validator.check(body);
+        return remote.generate(body, handlers);
+      },
+      abort: (id) => remote.abort(id),
+    };
+    return openaiRequest(kind, request, backend, remote.model);
   }
 
   /** The server keeps its own cache: nothing to forget here. */
   async reset() {}
+
+  /** Nothing is saved here. */
+  async flush() {}
 
   /** @returns {Promise<EngineMemory>} */
   async memory() {
@@ -505,6 +584,7 @@ class RemoteEngine {
   async unload() {
     this.#closed = true;
     this.#backend.abortAll();
+    this.#validator.close();
   }
 }
 

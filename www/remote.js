@@ -3,8 +3,10 @@
 // `remote` to createEngine; the package makes no other requests.
 
 /**
- * @import { FinishReason, KestrelDetails, KestrelError, RemoteOptions, Timings } from './index.d.ts'
+ * @import { FinishReason, KestrelDetails, KestrelErrorCode, RemoteOptions, Timings } from './index.d.ts'
  */
+
+import { KestrelError, isKestrelError, kestrelError } from './errors.js';
 
 /**
  * What a generation resolves to, local or remote (kestrel_model::Generation's wire form, with
@@ -16,17 +18,20 @@
  */
 
 /**
- * @param {string} code
- * @param {string} message
- * @returns {KestrelError}
+ * The codes a server may answer with that mean what the package's own do (kestrel serve sends
+ * Kestrel's codes; OpenAI's name for a prompt that does not fit is `context_length_exceeded`).
+ * @type {Map<string, KestrelErrorCode>}
  */
-export function kestrelError(code, message) {
-  return Object.assign(new Error(message), { code });
-}
+const SERVER_CODES = new Map([
+  ['invalid_option', 'invalid_option'], ['context_overflow', 'context_overflow'], ['context_length_exceeded', 'context_overflow'],
+  ['template', 'template'], ['tokenizer', 'tokenizer'], ['bad_model', 'bad_model'], ['out_of_memory', 'out_of_memory'],
+  ['device_lost', 'device_lost'],
+]);
 
 /**
- * The error an OpenAI-compatible server answered with, under its own code (`error.code`, else
- * its type, else `http_<status>`).
+ * The error an OpenAI-compatible server answered with: under the package's code where the server's
+ * means the same (SERVER_CODES), else `remote_error`; `remote` keeps the status and the server's
+ * own code (`error.code`, else its type).
  * @param {number} status
  * @param {string} body
  */
@@ -37,8 +42,9 @@ function serverError(status, body) {
   } catch {
     error = null;
   }
-  const code = error?.code ?? error?.type ?? `http_${status}`;
-  return kestrelError(String(code), `the remote server answered ${status}: ${error?.message ?? body.slice(0, 200)}`);
+  const serverCode = error?.code ?? error?.type ?? null;
+  const code = SERVER_CODES.get(String(serverCode)) ?? 'remote_error';
+  return new KestrelError(code, `the remote server answered ${status}: ${error?.message ?? body.slice(0, 200)}`, { remote: { status, code: serverCode == null ? null : String(serverCode) } });
 }
 
 /**
@@ -134,7 +140,7 @@ export class RemoteBackend {
       for await (const data of sseData(response.body)) {
         if (data === '[DONE]') break;
         const chunk = JSON.parse(data);
-        if (chunk.error) throw kestrelError(String(chunk.error.code ?? chunk.error.type ?? 'remote_error'), `the remote server failed: ${chunk.error.message}`);
+        if (chunk.error) throw serverError(200, JSON.stringify(chunk));
         if (chunk.usage) usage = chunk.usage;
         if (chunk.kestrel) details = chunk.kestrel;
         const choice = chunk.choices?.[0];
@@ -151,7 +157,7 @@ export class RemoteBackend {
       }
     } catch (e) {
       if (!controller.signal.aborted) {
-        throw /** @type {any} */ (e)?.code ? e : kestrelError('remote_error', `the remote server could not be reached: ${/** @type {Error} */ (e).message}`);
+        throw isKestrelError(e) ? e : kestrelError('remote_error', `the remote server could not be reached: ${/** @type {Error} */ (e).message}`);
       }
       finish = 'abort';
     } finally {

@@ -2,7 +2,7 @@
 // ({type, id, ...}); it answers with 'progress', 'token', 'result' and 'error' messages.
 // The page (index.js) queues requests, except generations on an engine with several slots (the
 // `slots` option): those come at once and run here as one batch (`batch`).
-import init, { Engine, HeaderProbe, Sha256Hasher } from './pkg/kestrel_wasm.js';
+import init, { Engine, HeaderProbe, Sha256Hasher, validateRequest } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 import { adapterName } from './adapter-name.js';
 import { storageRoom } from './storage.js';
@@ -17,6 +17,10 @@ let recovery = null; // the reload under way after a device loss; requests wait 
 let prefixes = null; // the PrefixStore of the loaded model, with `persistPrefix`
 let saving = Promise.resolve(); // the KV prefix being saved after a request; the next one waits for it
 let slots = 1; // requests the loaded model generates at once (info.slots)
+// Whether generations run through the stepped loop (`batch`), which yields to the worker's event
+// loop between steps: with several slots, and always on the CPU backend, whose `generate` never
+// awaits anything and so would let no abort in until it ended.
+let stepped = false;
 
 // The GPUBuffers this worker holds, for `memory()`: created, and neither destroyed nor garbage
 // collected. Counted here, where every buffer passes, because wgpu cannot: on the web it drops a
@@ -105,6 +109,24 @@ async function cpuEngine(gpuOptions, reason) {
 const fail = (code, message) => Object.assign(new Error(message), { code });
 
 /**
+ * The error for a URL that answered with something other than a model file, judged from the
+ * response alone before its bytes are read: an error status, or a web page or JSON where a dev
+ * server answers a path it does not have with its index.html, or a model hub's page of the file
+ * was given instead of its download link. Null for a response that may be the file.
+ */
+function notAModel(response, url) {
+  const type = response.headers.get('content-type') ?? '';
+  const kind = /^\s*(text\/html|application\/xhtml)/i.test(type) ? 'an HTML page' : /json/i.test(type) ? 'JSON' : null;
+  if (!response.ok) {
+    return fail('fetch_failed', `could not fetch ${url}: HTTP ${response.status}${type ? ` (${kind ?? type})` : ''}`);
+  }
+  if (!kind) return null;
+  return fail('bad_model', `${url} is not a GGUF file: the server answered with ${kind} (Content-Type: ${type}). `
+    + 'Check the model URL: a dev server answers a path it does not have with its index.html, and a model hub '
+    + 'serves the file itself only from its download link (on Hugging Face, /resolve/ rather than /blob/).');
+}
+
+/**
  * Reads the GGUF header of `model` (a URL or a Blob) and no more: HTTP range requests of growing
  * size, or, where the server ignores ranges, the start of the body until the header is complete.
  */
@@ -126,7 +148,9 @@ async function readHeader(model) {
       throw fail('fetch_failed', `could not fetch ${model}: ${e.message}`);
     }
     if (response.status === 416) throw truncated();
-    if (!response.ok || !response.body) throw fail('fetch_failed', `could not fetch ${model}: HTTP ${response.status}`);
+    const wrong = notAModel(response, model);
+    if (wrong) throw wrong;
+    if (!response.body) throw fail('fetch_failed', `could not fetch ${model}: HTTP ${response.status} without a body`);
     if (response.status === 206) {
       const bytes = new Uint8Array(await response.arrayBuffer());
       if (probe.push(bytes)) return probe;
@@ -235,9 +259,9 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
       } catch (e) {
         throw Object.assign(new Error(`could not fetch ${url}: ${e.message}`), { code: 'fetch_failed' });
       }
-      if (!response.ok || !response.body) {
-        throw Object.assign(new Error(`could not fetch ${url}: HTTP ${response.status}`), { code: 'fetch_failed' });
-      }
+      const wrong = notAModel(response, url);
+      if (wrong) throw wrong;
+      if (!response.body) throw fail('fetch_failed', `could not fetch ${url}: HTTP ${response.status} without a body`);
       total = Number(response.headers.get('content-length')) || 0;
       body = response.body;
       if (cache && total > (await storageRoom())) {
@@ -287,16 +311,20 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
     post({ type: 'progress', id, progress: { phase: 'compile', loaded, total } });
     const info = await eng.finishLoad();
     await describeAdapter(info);
+    // Whether `persistPrefix` works here, and why not (engine.info.persist_prefix).
+    let persistOff = null;
     if (persist && info.backend === 'cpu') {
-      console.info('kestrel: persistPrefix is off on the CPU backend (its KV prefix snapshots are GPU copies)');
+      persistOff = 'the CPU backend keeps no KV prefix snapshots (they are copies of GPU buffers)';
     } else if (persist) {
       // Keyed by the file and the cache's value type: an f32 engine's snapshots neither serve nor
       // supersede an f16 one's.
       prefixes = await PrefixStore.open(`${digest}:${gpuOptions?.kv_cache ?? 'f16'}`, persist.maxBytes).catch((e) => {
-        console.warn('kestrel: persistPrefix is off, the Origin Private File System is not available:', e?.message ?? e);
+        persistOff = `the Origin Private File System is not available: ${e?.message ?? e}`;
         return null;
       });
     }
+    if (persistOff) console.warn(`kestrel: persistPrefix is off: ${persistOff}`);
+    info.persist_prefix = persist ? { enabled: !persistOff, reason: persistOff } : null;
     if (cachePut) {
       const err = await cachePut;
       if (err instanceof Error) {
@@ -307,6 +335,7 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
     if (cacheError) console.warn(`kestrel: ${cacheError.message}`);
     info.model_cache = { stored: phase === 'cache' || (cachePut !== null && !cacheError), error: cacheError };
     slots = info.model?.slots ?? 1;
+    stepped = slots > 1 || info.backend === 'cpu';
     post({ type: 'progress', id, progress: { phase: 'ready', loaded, total } });
     return info;
   } catch (e) {
@@ -394,10 +423,11 @@ async function generate(id, request) {
 }
 
 /**
- * Batched generation (an engine with several slots): requests wait for a free slot, then
- * every step runs all of the admitted ones' next tokens as one pass of the model. Between steps
- * the loop yields, so new requests join and aborts arrive; an aborted request ends before the
- * next step and frees its slot.
+ * Stepped generation (an engine with several slots, or any on the CPU backend): requests wait
+ * for a free slot, then every step runs all of the admitted ones' next tokens as one pass of the
+ * model. Between steps the loop yields, so new requests join and aborts arrive; an aborted
+ * request ends before the next step and frees its slot (one aborted before it was admitted ends
+ * with no token).
  */
 const batch = {
   /** Requests waiting for a slot: {id, request, start, resolve, reject}. */
@@ -516,8 +546,8 @@ self.onmessage = async ({ data }) => {
     if (current === id && engine) engine.abort();
     return;
   }
-  if (type === 'generate' && slots > 1 && engine) {
-    // Batched: runs beside the others instead of after them.
+  if (type === 'generate' && stepped && engine) {
+    // Stepped: with several slots, runs beside the others instead of after them.
     try {
       post({ type: 'result', id, value: await generateBatched(id, data.request) });
     } catch (e) {
@@ -553,9 +583,18 @@ self.onmessage = async ({ data }) => {
         lastLoad = null;
         prefixes = null;
         slots = 1;
+        stepped = false;
         break;
       case 'estimate':
         value = await estimate(data.model, data.context_length, data.kv_cache, data.slots);
+        break;
+      case 'validate':
+        // A remote engine's request, checked as this engine would check it (index.js).
+        await initWasm();
+        validateRequest(JSON.stringify(data.request));
+        break;
+      case 'flush':
+        // Answered once the save after the last request has ended (`await saving` above).
         break;
       case 'memory':
         value = { wasm_bytes: wasmMemory?.buffer.byteLength ?? 0, gpu_buffers: gpuBuffers.count, gpu_buffer_bytes: gpuBuffers.bytes };

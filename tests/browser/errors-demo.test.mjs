@@ -19,7 +19,8 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
           await window.kestrel.createEngine({ model });
           return { ok: true };
         } catch (e) {
-          return { code: e.code, message: e.message, isError: e instanceof Error };
+          const { KestrelError, isKestrelError } = window.kestrel;
+          return { code: e.code, message: e.message, isError: e instanceof KestrelError && isKestrelError(e) && e instanceof Error };
         }
       };
       const garbage = await attempt(new Blob([new Uint8Array(4096).fill(7)]));
@@ -31,6 +32,12 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
       flipped.set([0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f], 8);
       const corrupt = await attempt(new Blob([flipped]));
       const missing = await attempt('/models/does-not-exist.gguf');
+      // A URL that answers with a web page (as a dev server's index.html fallback does), as a URL
+      // and as the bytes of a saved page.
+      const pageUrl = new URL('/tests/browser/page.html', location.href).href;
+      const html = await attempt(pageUrl);
+      const htmlEstimate = await window.kestrel.estimate({ model: pageUrl }).then(() => ({ ok: true }), (e) => ({ code: e.code, message: e.message }));
+      const savedPage = await attempt(new Blob(['<!doctype html><title>Model page</title>']));
       // The page still works: a good model loads and generates.
       const engine = await window.kestrel.createEngine({ model: new Blob([head]), context_length: contextLength });
       const out = await engine.completions.create({ prompt: 'Hello', temperature: 0, max_tokens: 2 });
@@ -48,7 +55,7 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
       }
       const after = await engine.completions.create({ prompt: 'Hello', temperature: 0, max_tokens: 1 });
       await engine.unload();
-      return { garbage, truncated, corrupt, missing, tokens: out.usage.completion_tokens, invalid, overflow, after: after.usage.completion_tokens };
+      return { garbage, truncated, corrupt, missing, html, htmlEstimate, savedPage, tokens: out.usage.completion_tokens, invalid, overflow, after: after.usage.completion_tokens };
     }, { modelUrl: MODEL_URL, contextLength: CONTEXT_LENGTH });
     console.log(JSON.stringify(r, null, 1));
     for (const k of ['garbage', 'truncated', 'corrupt']) {
@@ -56,6 +63,15 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
       assert.ok(r[k].isError && r[k].message.length > 10);
     }
     assert.equal(r.missing.code, 'fetch_failed');
+    assert.ok(r.missing.isError, 'errors are KestrelErrors');
+    // The web page: named as one, with its URL and Content-Type, before any byte is parsed.
+    for (const k of ['html', 'htmlEstimate']) {
+      assert.equal(r[k].code, 'bad_model', `${k}: ${JSON.stringify(r[k])}`);
+      assert.match(r[k].message, /answered with an HTML page \(Content-Type: text\/html/);
+      assert.ok(r[k].message.includes('/tests/browser/page.html'), r[k].message);
+    }
+    assert.equal(r.savedPage.code, 'bad_model');
+    assert.match(r.savedPage.message, /an HTML page or XML document, not the model file/);
     assert.equal(r.tokens, 2);
     assert.equal(r.invalid.code, 'invalid_option');
     assert.match(r.invalid.message, /temperature/);

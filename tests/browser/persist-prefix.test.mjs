@@ -52,11 +52,15 @@ test('persistPrefix: a reload prefills only the new tokens; corrupt snapshots ar
   const first = await page.evaluate(async ({ model, prompt, options, contextLength }) => {
     const engine = await window.kestrel.createEngine({ model, persistPrefix: true, context_length: contextLength });
     const r = await engine.completions.create({ prompt, ...options });
-    await engine.memory();
-    await engine.unload();
-    return { text: r.choices[0].text, ...r.kestrel };
+    // The snapshot is written after the answer: flush() waits for it, so a reload may follow.
+    await engine.flush();
+    window.firstEngine = engine;
+    return { text: r.choices[0].text, persist: engine.info.persist_prefix, ...r.kestrel };
   }, { model: MODEL_URL, prompt: FIRST, options: GREEDY, contextLength: CONTEXT_LENGTH });
+  assert.deepEqual(first.persist, { enabled: true, reason: null });
+  // Listed while the engine is still loaded: flush() alone made the snapshot readable.
   const firstSaved = await listSnapshots(page);
+  await page.evaluate(() => window.firstEngine.unload());
   assert.equal(firstSaved.length, 1, 'one snapshot after the first request');
   // The cache holds the prompt and every generated token but the last, which never ran.
   const saved = [...first.prompt_token_ids, ...first.token_ids.slice(0, -1)];
@@ -133,5 +137,22 @@ test('persistPrefix: a reload prefills only the new tokens; corrupt snapshots ar
 
   const bad = await page.evaluate(({ model }) => window.kestrel.createEngine({ model, persistPrefix: { maxBytes: -1 } }).then(() => null, (e) => e.code), { model: MODEL_URL });
   assert.equal(bad, 'invalid_option');
+  // The CPU backend keeps no snapshots, and says so in engine.info instead of staying silent.
+  const beforeCpu = await listSnapshots(page);
+  const cpu = await page.evaluate(async ({ model, prompt, options, contextLength }) => {
+    const engine = await window.kestrel.createEngine({ model, backend: 'cpu', persistPrefix: true, context_length: contextLength });
+    await engine.completions.create({ prompt, ...options });
+    await engine.flush();
+    const persist = engine.info.persist_prefix;
+    await engine.unload();
+    const plain = await window.kestrel.createEngine({ model, backend: 'cpu', context_length: contextLength });
+    const none = plain.info.persist_prefix;
+    await plain.unload();
+    return { persist, none };
+  }, { model: MODEL_URL, prompt: other, options: GREEDY, contextLength: CONTEXT_LENGTH });
+  assert.equal(cpu.persist.enabled, false);
+  assert.match(cpu.persist.reason, /CPU backend/);
+  assert.equal(cpu.none, null, 'without persistPrefix, persist_prefix is null');
+  assert.deepEqual(await listSnapshots(page), beforeCpu, 'the CPU engine saved nothing');
   await page.close();
 });

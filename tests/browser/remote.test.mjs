@@ -41,8 +41,28 @@ test('without WebGPU, `remote` runs the same requests on an OpenAI-compatible se
       }
       const failure = await engine.completions.create({ prompt: 'x', temperature: -1 }).catch((e) => ({ code: e.code, message: e.message }));
       const wrongKey = await (await createEngine({ model, remote: { baseURL, apiKey: 'wrong' } })).completions
-        .create({ prompt: 'x', max_tokens: 1 }).catch((e) => e.code);
-      return { info: engine.info, text, last, whole, pieces, finish, failure, wrongKey };
+        .create({ prompt: 'x', max_tokens: 1 }).catch((e) => ({ code: e.code, remote: e.remote, typed: e instanceof window.kestrel.KestrelError }));
+      // Checked in the page before sending: a server nobody listens on never hears of these, and
+      // they fail with the local engines' codes (not remote_error, as an unreachable server would).
+      const offline = await createEngine({ model, remote: { baseURL: 'http://127.0.0.1:9/v1' } });
+      const local = {};
+      for (const [name, bad] of Object.entries({
+        temperature: { prompt: 'x', temperature: -1 },
+        max_tokens: { prompt: 'x', max_tokens: 0 },
+        top_p: { messages: [{ role: 'user', content: 'x' }], top_p: 2, stream: true },
+        stop: { prompt: 'x', stop: [''] },
+      })) {
+        try {
+          const result = await (bad.messages ? offline.chat.completions.create(bad) : offline.completions.create(bad));
+          if (Symbol.asyncIterator in result) for await (const chunk of result) void chunk;
+          local[name] = null;
+        } catch (e) {
+          local[name] = { code: e.code, message: e.message };
+        }
+      }
+      const unreachable = await offline.completions.create({ prompt: 'x', max_tokens: 1 }).catch((e) => e.code);
+      await offline.unload();
+      return { info: engine.info, text, last, whole, pieces, finish, failure, wrongKey, local, unreachable };
     }, { model: MODEL_URL, baseURL: api.url, prompt: PROMPT, maxTokens: MAX_TOKENS });
     console.log('remote:', JSON.stringify({ info: r.info, text: r.text, usage: r.last.usage, pieces: r.pieces, failure: r.failure }));
 
@@ -63,7 +83,13 @@ test('without WebGPU, `remote` runs the same requests on an OpenAI-compatible se
     assert.ok(r.pieces >= 1 && r.pieces < 50, `${r.pieces} pieces streamed after the abort`);
     assert.equal(r.failure.code, 'invalid_option');
     assert.match(r.failure.message, /temperature/);
-    assert.equal(r.wrongKey, 'invalid_api_key');
+    // A server's own code that means nothing to the package: remote_error, with the server's code kept.
+    assert.deepEqual(r.wrongKey, { code: 'remote_error', remote: { status: 401, code: 'invalid_api_key' }, typed: true });
+    for (const [name, e] of Object.entries(r.local)) {
+      assert.equal(e?.code, 'invalid_option', `${name}: ${JSON.stringify(e)}`);
+      assert.ok(e.message.includes(name), `${name}: ${e.message}`);
+    }
+    assert.equal(r.unreachable, 'remote_error', 'a valid request does go to the server');
   } finally {
     await browser.close();
     await api.close();

@@ -15,7 +15,7 @@ pub enum GgufError {
     #[error("GGUF file truncated: {context} is incomplete at offset {offset}, {missing} bytes missing")]
     Truncated { context: String, offset: u64, missing: u64 },
 
-    #[error("not a GGUF file: magic bytes at offset 0 are {found:02x?}, expected \"GGUF\"")]
+    #[error("not a GGUF file: magic bytes at offset 0 are {found:02x?}, expected \"GGUF\"{}", looks_like(.found))]
     BadMagic { found: [u8; 4] },
 
     #[error("unsupported GGUF version {version} at offset 4 (supported: 2, 3)")]
@@ -95,4 +95,19 @@ pub enum GgufError {
 
     #[error("I/O error on {path}: {source}")]
     Io { path: String, source: std::io::Error },
+}
+
+/// What a file that is not GGUF seems to be from its first bytes, for the magic-bytes error: most
+/// often a web page or an API's JSON saved or served in place of the model (a model hub's page of
+/// the file instead of its download link, a dev server's index.html for a wrong path).
+fn looks_like(start: &[u8; 4]) -> String {
+    let text = String::from_utf8_lossy(start);
+    match start[0] {
+        b'<' => format!(" (they read {text:?}: an HTML page or XML document, not the model file; check its URL or download)"),
+        b'{' | b'[' => format!(" (they read {text:?}: JSON, not the model file; check its URL or download)"),
+        _ if start.iter().all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace()) => {
+            format!(" (they read {text:?}: text, not the model file; check its URL or download)")
+        }
+        _ => String::new(),
+    }
 }

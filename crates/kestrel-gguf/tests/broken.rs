@@ -133,6 +133,16 @@ fn bad_magic_and_versions() {
     let mut b = good.clone();
     b[3] = b'G';
     check_header("bad_magic", &b, |e| matches!(e, GgufError::BadMagic { found } if found == b"GGUG"));
+    // A web page, JSON or text saved or served in place of the model says what it is.
+    for (start, says) in [(&b"<!doctype html><html>"[..], "an HTML page"), (b"{\"error\": \"not found\"}", "JSON"), (b"Not Found", "text")]
+    {
+        let e = parse_header(start).unwrap_err();
+        assert!(matches!(e, GgufError::BadMagic { .. }), "{e:?}");
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    // A binary file that is not GGUF has no guess.
+    let e = parse_header(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]).unwrap_err();
+    assert!(!e.to_string().contains("they read"), "{e}");
     for (name, version) in [("version_1", 1u32), ("version_99", 99)] {
         let mut b = good.clone();
         put_u32(&mut b, 4, version);

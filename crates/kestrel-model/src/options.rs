@@ -101,6 +101,21 @@ impl GenerateOptions {
     /// request limit (the [`MAX_PENALTY_WINDOW`]-style constants of this module), before any
     /// work: an option out of range is an `invalid_option` error naming it.
     pub fn validate(&self, vocab: usize) -> Result<(), ModelError> {
+        self.validate_for_any_model()?;
+        let bad = |name: &'static str, reason: String| Err(ModelError::InvalidOption { name, reason });
+        if let Some(&(id, _)) = self.logit_bias.iter().find(|&&(id, _)| id as usize >= vocab) {
+            return bad("logit_bias", format!("token id {id} is outside the vocabulary of {vocab}"));
+        }
+        if let Some(&id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+            return bad("stop_token_ids", format!("token id {id} is outside the vocabulary of {vocab}"));
+        }
+        Ok(())
+    }
+
+    /// The checks of [`GenerateOptions::validate`] that need no model: all but the token ids
+    /// against its vocabulary. The browser package runs them before it sends a request to a
+    /// remote server, so a mistake fails there with the code a local engine gives.
+    pub fn validate_for_any_model(&self) -> Result<(), ModelError> {
         let bad = |name: &'static str, reason: String| Err(ModelError::InvalidOption { name, reason });
         if self.max_tokens == 0 {
             return bad("max_tokens", "must be at least 1".into());
@@ -129,18 +144,12 @@ impl GenerateOptions {
             return bad("logit_bias", format!("{} entries, at most {MAX_LOGIT_BIAS} are allowed", self.logit_bias.len()));
         }
         for &(id, bias) in &self.logit_bias {
-            if id as usize >= vocab {
-                return bad("logit_bias", format!("token id {id} is outside the vocabulary of {vocab}"));
-            }
             if bias.is_nan() || bias == f32::INFINITY {
                 return bad("logit_bias", format!("bias {bias} for token {id} must be a number or -inf"));
             }
         }
         if self.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
             return bad("stop_token_ids", format!("{} ids, at most {MAX_STOP_TOKEN_IDS} are allowed", self.stop_token_ids.len()));
-        }
-        if let Some(&id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
-            return bad("stop_token_ids", format!("token id {id} is outside the vocabulary of {vocab}"));
         }
         if self.stop.len() > MAX_STOP_STRINGS {
             return bad("stop", format!("{} stop strings, at most {MAX_STOP_STRINGS} are allowed", self.stop.len()));
@@ -250,6 +259,9 @@ mod tests {
         ];
         for (options, expected) in cases {
             assert_eq!(invalid_option_name(&options, 100), Some(expected), "{options:?}");
+            // Without a model, only the token ids against its vocabulary go unchecked.
+            let vocab_only = matches!(expected, "logit_bias" | "stop_token_ids") && options.validate(u32::MAX as usize).is_ok();
+            assert_eq!(options.validate_for_any_model().is_ok(), vocab_only, "{options:?}");
         }
     }
 

@@ -602,6 +602,18 @@ impl Sha256Hasher {
     }
 }
 
+/// Checks a generation request (the worker's request body) as a local engine checks it before
+/// any work, for a request that goes to a remote server instead: its fields, exactly one of
+/// `prompt` and `messages`, and every option's range (all but token ids against a vocabulary,
+/// which only the model knows). Throws the local engines' `invalid_option` error.
+#[wasm_bindgen(js_name = validateRequest)]
+pub fn validate_request(request: &str) -> Result<(), JsValue> {
+    install_panic_hook();
+    let request = Request::parse(request).map_err(|e| model_error(&e))?;
+    request.prompt().map_err(|e| model_error(&e))?;
+    request.options.validate_for_any_model().map_err(|e| model_error(&e))
+}
+
 /// Reads a GGUF file's header as its first bytes arrive (no GPU needed), then answers whether the
 /// model fits: `estimate()` in the browser package, and `createEngine`'s check before a download.
 #[wasm_bindgen]
