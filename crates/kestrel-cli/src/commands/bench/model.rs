@@ -31,6 +31,11 @@ pub struct ModelArgs {
     /// matrices and a Q6_K embedding (kestrel_model::synthetic).
     #[arg(long, value_parser = ["135m", "1b", "8b"])]
     synthetic: Option<String>,
+    /// With --synthetic: write that model to this GGUF file and exit, so that other engines
+    /// (llama.cpp, wllama, the browser) run the same file; `kestrel quantize` makes it any other
+    /// weight type.
+    #[arg(long, requires = "synthetic")]
+    write: Option<PathBuf>,
     /// Prompt lengths to prefill, comma-separated (each from an empty KV cache).
     #[arg(long, value_delimiter = ',', default_value = "128", value_parser = clap::value_parser!(u32).range(1..))]
     prompt_tokens: Vec<u32>,
@@ -120,6 +125,28 @@ struct CpuInfo {
     kv_cache_bytes: u64,
 }
 
+/// Writes the synthetic model `shape` (seed 1, as the bench loads it) to the GGUF file `out`.
+fn write_synthetic(shape: &kestrel_model::synthetic::SyntheticShape, out: &std::path::Path) -> CliResult {
+    use std::io::Write;
+    let started = Instant::now();
+    let file = std::fs::File::create(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let mut file = std::io::BufWriter::new(file);
+    let mut written = 0u64;
+    shape.generate(1, &mut |chunk| {
+        written += chunk.len() as u64;
+        file.write_all(chunk).map_err(|e| kestrel_model::ModelError::BadModel(format!("writing {}: {e}", out.display())))
+    })?;
+    file.flush().map_err(|e| format!("{}: {e}", out.display()))?;
+    eprintln!(
+        "wrote synthetic {} to {}: {:.1} MB in {:.1} s",
+        shape.name,
+        out.display(),
+        written as f64 / 1e6,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 pub fn run(args: &ModelArgs) -> CliResult {
     let started = Instant::now();
     let submit_budget = args.submit_budget_ms.map(kestrel_model::submit_budget_from_ms).transpose()?.flatten();
@@ -127,6 +154,9 @@ pub fn run(args: &ModelArgs) -> CliResult {
     let (path, file_bytes, loaded) = match &args.synthetic {
         Some(name) => {
             let shape = kestrel_model::synthetic::synthetic_shape(name).ok_or_else(|| format!("unknown synthetic shape {name}"))?;
+            if let Some(out) = &args.write {
+                return write_synthetic(&shape, out);
+            }
             let loaded = load_synthetic(&shape, &cache, 1)?;
             (PathBuf::from(format!("synthetic:{name}")), 0, loaded)
         }
