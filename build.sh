@@ -2,8 +2,9 @@
 # Kestrel's one entry point.
 #   ./build.sh [run] ["prompt"]  build the CLI, fetch the default model, generate text with it
 #   ./build.sh test              run every test: native (kernels on the GPU, via lavapipe where there
-#                                is none), then the browser suite and the bundler test (headless
-#                                Chromium, SwiftShader), and each long run at a smoke size
+#                                is none), then the browser suite, the package's tarball check and
+#                                the bundler test (headless Chromium, SwiftShader), and each long
+#                                run at a smoke size
 #   ./build.sh bench [options]   the benchmark suite: Kestrel native and in headless Chrome, llama.cpp
 #                                and wllama on the same GGUF (bench/run.mjs; options: see its header)
 #   ./build.sh test-native       the native tests only (`cargo test --workspace`, and kestrel-cpu's in WASI)
@@ -13,6 +14,7 @@
 #   ./build.sh test-browser      the browser end-to-end tests only
 #   ./build.sh test-bundlers     the bundler test only: the npm package's tarball in an app built with
 #                                Vite 5-8 and webpack 5 and run by Vite's dev servers, in Chromium
+#   ./build.sh test-package      the npm package's tarball only: its files, metadata and publint
 #   ./build.sh test-server       the `kestrel serve` end-to-end tests only (OpenAI's Python client)
 #   ./build.sh load [N] [C]      `kestrel serve` under N streamed requests (default 64) from C
 #                                concurrent clients (default 16), some abandoned: P50/P99 latencies
@@ -184,6 +186,14 @@ bundler_tests() {
   (cd tests/bundlers && node --test --test-reporter=spec bundlers.test.mjs)
 }
 
+# The npm package's tarball as `npm pack ./www` makes it (tests/package): the README, licenses and
+# CHANGELOG, every file its modules load and nothing of the tests or demo, its metadata, and
+# publint's verdict. A few seconds once the wasm, which the tarball ships, is built.
+package_tests() {
+  build_wasm || return
+  (cd tests/package && npm ci --no-audit --no-fund --silent && node --test --test-reporter=spec)
+}
+
 # The random-weight qwen3 models the browser tests serve: written by the native tests that use
 # them (which check the plain one's sha256 against the file llama.cpp's reference was made from),
 # run here unless `./build.sh test`'s native tests just wrote them (native_tests_ran).
@@ -336,6 +346,7 @@ case "$cmd" in
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "server tests" server_tests || status=1
     timed "browser tests" browser_tests || status=1
+    timed "package tests" package_tests || status=1
     timed "bundler tests" bundler_tests || status=1
     timed "bench smoke" bench_smoke || status=1
     timed "fuzz smoke" fuzz 10 smoke || status=1
@@ -358,6 +369,10 @@ case "$cmd" in
     setup
     setup_web
     bundler_tests
+    ;;
+  test-package)
+    setup_web
+    package_tests
     ;;
   test-server)
     setup
@@ -388,7 +403,7 @@ case "$cmd" in
     bench "$@"
     ;;
   *)
-    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | test-bundlers | test-server | load [requests] [clients] | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port]]" >&2
+    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | test-bundlers | test-package | test-server | load [requests] [clients] | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port]]" >&2
     exit 2
     ;;
 esac
