@@ -352,6 +352,18 @@ export interface RemoteOptions {
   model?: string;
 }
 
+/** The memory a model's buffers must fit in, and where that number comes from. */
+export interface MemoryLimit {
+  bytes: number;
+  /**
+   * 'device_memory': the host memory the browser reports (`navigator.deviceMemory`), where it is
+   * below Chrome's cap of 8 GiB; 'default': 16 GiB, the VRAM of high-end consumer GPUs, where the
+   * browser reports the cap or nothing (WebGPU reports no memory size); 'wasm32': the 4 GiB that
+   * 32-bit wasm memory can grow to (the CPU backend's).
+   */
+  source: 'device_memory' | 'default' | 'wasm32';
+}
+
 /** Will a model fit, from its GGUF header alone (see `estimate`). */
 export interface Estimate {
   name: string;
@@ -365,22 +377,49 @@ export interface Estimate {
   slots: number;
   /** K and V of every layer at `context_length` for every slot, in the cache's value type. */
   kv_cache_bytes: number;
+  /** The GPU's activation buffers: a prompt chunk's, the logits', the decode attention's scratch. */
+  activation_bytes: number;
+  /** Weights + KV cache + activations: what the GPU must hold at once. */
+  total_bytes: number;
   /** The largest buffer one binding must hold. */
   largest_binding: { name: string; bytes: number };
-  /** Tensors of a type Kestrel cannot run on the GPU. */
+  /** Tensors of a type Kestrel cannot run. */
   unsupported: { tensor: string; type: string }[];
   /** The adapter's limits compared with (null without WebGPU). */
   limits: { maxBufferSize: number; maxStorageBufferBindingSize: number } | null;
+  /** What a GPU here can plausibly hold, which `total_bytes` must not exceed. */
+  memory_limit: MemoryLimit;
+  /** Whether the GPU can load it: every binding within `limits`, `total_bytes` within `memory_limit`. */
   fits: boolean;
-  /** Why not: `device_limits`, `unsupported_quant` or `no_webgpu`, with the numbers in `reason`. */
-  code: string | null;
+  /** Why not: `device_limits`, `unsupported_quant` or `no_webgpu`, with the numbers that decided it in `reason`. */
+  code: 'device_limits' | 'unsupported_quant' | 'no_webgpu' | null;
   reason: string | null;
+  /**
+   * The CPU backend (backend 'cpu', and 'auto' where the GPU cannot run the model): the wasm memory
+   * it needs, and whether that fits 32-bit wasm's 4 GiB (`memory_limit`).
+   */
+  cpu: {
+    /** Weights + KV cache + scratch + the engine's own. */
+    bytes: number;
+    /** The weights as the CPU backend stores them (integers with f32 scales). */
+    weight_bytes: number;
+    kv_cache_bytes: number;
+    /** The larger of the load's transient buffers (the largest tensor's bytes) and a step's. */
+    scratch_bytes: number;
+    /** The engine itself: its data and stack, the tokenizer and the header's metadata. */
+    engine_bytes: number;
+    memory_limit: MemoryLimit;
+    fits: boolean;
+    /** Why not: `device_limits` or `unsupported_quant`, with the numbers in `reason`. */
+    code: 'device_limits' | 'unsupported_quant' | null;
+    reason: string | null;
+  };
 }
 
 /**
  * Reads only the GGUF header of `model` (an HTTP range request, or the first bytes of a File) and
  * says whether it fits this browser's GPU with `slots` (default 1) `context_length`-token KV
- * caches.
+ * caches, and whether it fits the CPU backend's wasm memory (`cpu`).
  */
 export function estimate(options: { model: string | URL | Blob; context_length?: number; kv_cache?: 'f16' | 'f32'; slots?: number }): Promise<Estimate>;
 /** Deletes every KV prefix `persistPrefix` saved in this origin's storage; true when there were any. */

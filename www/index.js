@@ -105,11 +105,16 @@ export async function clearSavedPrefixes() {
 }
 
 /**
- * Whether `model` (a URL, a File or a Blob) fits this browser's GPU with `slots` KV caches
- * (default 1, as `createEngine`'s option) of `context_length` tokens (of `kv_cache` values:
- * 'f16', the default, or 'f32'), from its GGUF header alone (an HTTP range request; no weight is
- * fetched): weight and KV cache bytes, the largest single buffer, unsupported tensors, and the
- * verdict against the adapter's limits with the reason when it does not fit.
+ * Whether `model` (a URL, a File or a Blob) fits this browser with `slots` KV caches (default 1,
+ * as `createEngine`'s option) of `context_length` tokens (of `kv_cache` values: 'f16', the
+ * default, or 'f32'), from its GGUF header alone (an HTTP range request; no weight is fetched):
+ * weight, KV cache and activation bytes and their total, the largest single buffer, unsupported
+ * tensors. `fits` is the GPU's verdict: every buffer within the adapter's limits, and the total
+ * within what the GPU can plausibly hold (`memory_limit`: WebGPU reports no memory size, so the
+ * host memory `navigator.deviceMemory` reports where it is under 8 GiB, else 16 GiB). `cpu` is the
+ * CPU backend's: the wasm memory it needs against 32-bit wasm's 4 GiB. Where a verdict is no,
+ * `code` says why (`device_limits`, `unsupported_quant`, `no_webgpu`) and `reason` names the
+ * numbers that decided it. `createEngine` makes the same checks before a download.
  * @param {{ model: string | URL | Blob, context_length?: number, kv_cache?: 'f16' | 'f32', slots?: number }} options
  * @returns {Promise<Estimate>}
  */

@@ -187,19 +187,50 @@ function describedAdapter() {
 }
 
 /**
- * Will `model` fit this browser's GPU with `slots` (absent: 1) `contextLength`-token KV caches of
- * `kvCache` values ('f16' or 'f32'; absent: f16): the estimate from its header and the verdict
- * against the adapter's limits.
+ * Will `model` fit this browser with `slots` (absent: 1) `contextLength`-token KV caches of
+ * `kvCache` values ('f16' or 'f32'; absent: f16): the estimate from its header; the GPU verdict
+ * against the adapter's limits and the memory a GPU here can plausibly hold (`memory_limit`, from
+ * `navigator.deviceMemory`); the CPU backend's (`cpu`) against 32-bit wasm memory. With `gpu`
+ * false, no adapter is asked for and the GPU verdict is left null (`fits`).
  */
-async function estimate(model, contextLength, kvCache, slots) {
+async function estimate(model, contextLength, kvCache, slots, { gpu = true } = {}) {
   const probe = await readHeader(typeof model === 'string' ? new URL(model, self.location.href).href : model);
-  const adapter = await describedAdapter();
-  const limits = adapter ? { maxBufferSize: adapter.limits.maxBufferSize, maxStorageBufferBindingSize: adapter.limits.maxStorageBufferBindingSize } : null;
-  const result = probe.estimate(contextLength ?? undefined, limits?.maxBufferSize, limits?.maxStorageBufferBindingSize, kvCache ?? undefined, slots);
-  probe.free();
-  result.limits = limits;
-  if (!adapter) Object.assign(result, { fits: false, code: 'no_webgpu', reason: 'WebGPU is not available here (no adapter)' });
-  return result;
+  try {
+    const adapter = gpu ? await describedAdapter() : null;
+    const limits = adapter ? { maxBufferSize: adapter.limits.maxBufferSize, maxStorageBufferBindingSize: adapter.limits.maxStorageBufferBindingSize } : null;
+    // GiB, rounded down and capped at 8 (Chrome's workers have it; other browsers none).
+    const deviceMemory = typeof navigator.deviceMemory === 'number' ? navigator.deviceMemory : undefined;
+    const result = probe.estimate(contextLength ?? undefined, limits?.maxBufferSize, limits?.maxStorageBufferBindingSize, kvCache ?? undefined, slots, deviceMemory);
+    result.limits = limits;
+    if (gpu && !adapter) Object.assign(result, { fits: false, code: 'no_webgpu', reason: 'WebGPU is not available here (no adapter)' });
+    return result;
+  } finally {
+    probe.free();
+  }
+}
+
+/**
+ * The engine to load `model` (a URL or a Blob) on, judged from its header before any weight is
+ * read. On WebGPU: the GPU where the model fits it (every binding, and the total within what the
+ * GPU can plausibly hold); with backend 'auto', otherwise the CPU backend where the model fits
+ * 32-bit wasm memory. On the CPU backend ('cpu', or 'auto' without a usable GPU): the engine
+ * where the model fits wasm memory. Otherwise fails with the verdict's code and numbers:
+ * `device_limits` (which a `remote` server takes over) or `unsupported_quant`.
+ */
+async function fittingEngine(model, eng, gpuOptions) {
+  const onGpu = eng.backend() === 'webgpu';
+  const fits = await estimate(model, gpuOptions?.context_length, gpuOptions?.kv_cache, gpuOptions?.slots, { gpu: onGpu });
+  const { cpu } = fits;
+  if (!onGpu) {
+    if (!cpu.fits) throw fail(cpu.code, `the model does not fit this device: ${cpu.reason}`);
+    return eng;
+  }
+  if (fits.fits !== false) return eng;
+  if ((gpuOptions?.backend ?? 'auto') !== 'auto' || fits.code === 'unsupported_quant') {
+    throw fail(fits.code, `the model does not fit this device: ${fits.reason}`);
+  }
+  if (!cpu.fits) throw fail(cpu.code, `the model fits neither the GPU (${fits.reason}) nor the CPU backend (${cpu.reason})`);
+  return cpuEngine(gpuOptions, `the model does not fit the GPU: ${fits.reason}`);
 }
 
 /** Adds the browser's own adapter description (wgpu's name is often empty on the web). */
@@ -242,16 +273,10 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
       body = hit.body;
       total = Number(hit.headers.get('content-length')) || 0;
     } else {
-      // Before downloading gigabytes, check from the header alone that the model fits the GPU;
-      // with backend 'auto' one that does not runs on the CPU.
-      if (eng.backend() === 'webgpu') {
-        const fits = await estimate(url, gpuOptions?.context_length, gpuOptions?.kv_cache, gpuOptions?.slots);
-        if (fits.fits === false && (gpuOptions?.backend ?? 'auto') === 'auto' && fits.code !== 'unsupported_quant') {
-          eng = await cpuEngine(gpuOptions, `the model does not fit the GPU: ${fits.reason}`);
-        } else if (fits.fits === false) {
-          throw fail(fits.code, `the model does not fit this device: ${fits.reason}`);
-        }
-      }
+      // Before downloading gigabytes, check from the header alone that the model fits the GPU,
+      // or with backend 'auto' the CPU backend where the GPU cannot hold it, or on the CPU
+      // backend wasm memory.
+      eng = await fittingEngine(url, eng, gpuOptions);
       phase = 'download';
       let response;
       try {
@@ -277,6 +302,8 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
       }
     }
   } else if (model instanceof Blob) {
+    // The same check from the file's header, before streaming gigabytes into the engine.
+    eng = await fittingEngine(model, eng, gpuOptions);
     body = model.stream();
     total = model.size;
   } else {

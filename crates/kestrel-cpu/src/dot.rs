@@ -55,9 +55,8 @@ impl<'a> Scales<'a> {
     }
 
     /// Value i as f32.
-    #[cfg(target_arch = "x86_64")]
     #[inline]
-    fn get(self, i: usize) -> f32 {
+    pub(crate) fn get(self, i: usize) -> f32 {
         match self {
             Scales::F32(s) => s[i],
             Scales::F16(h) => f16_to_f32(h[i]),

@@ -8,4 +8,7 @@ pub enum CpuError {
     UnsupportedType { ty: GgmlType },
     #[error("a {rows} x {cols} matrix: {reason}")]
     Shape { rows: usize, cols: usize, reason: String },
+    /// The allocator had no room (in wasm: the instance's memory cannot grow that far).
+    #[error("cannot allocate {bytes} bytes for {what}")]
+    OutOfMemory { bytes: u64, what: String },
 }

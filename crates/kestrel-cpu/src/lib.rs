@@ -6,12 +6,15 @@
 //! multiply f32 activations, as llama.cpp's do.
 
 mod activations;
+mod alloc;
 mod attention;
 mod dot;
 mod error;
+mod interleaved;
 mod matrix;
 mod parallel;
 
+pub use alloc::{zeroed, ZeroBits};
 pub use attention::{Attention, KvRows};
 pub use dot::f32_dot_portable;
 pub use error::CpuError;

@@ -2,12 +2,14 @@
 //! formats of at most 4 bits) with a scale and an offset per 32 weights (per 16 for Q6_K), F16
 //! and F32 as f32. `apply` is `y = x·Wᵀ` for rows of x.
 
-use kestrel_gguf::quant::{int_groups, IntGroups, INT_GROUP};
+use kestrel_gguf::quant::{int_groups, INT_GROUP};
 use kestrel_gguf::GgmlType;
 
 use crate::activations::{ActFormat, QuantizedRows};
+use crate::alloc::{split_off, with_capacity};
 use crate::dot::{f32_dot, int_products, IntRows, Levels, Scales};
 use crate::error::CpuError;
+use crate::interleaved::{self, GroupRows};
 use crate::parallel::for_row_chunks;
 use crate::ACT_BLOCK;
 
@@ -44,11 +46,20 @@ enum ScaleStore {
 }
 
 impl ScaleStore {
-    fn new(values: Vec<f32>, f16: bool) -> Self {
-        if f16 {
-            ScaleStore::F16(values.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect())
-        } else {
-            ScaleStore::F32(values)
+    fn new(values: Vec<f32>, f16: bool, what: &dyn Fn() -> String) -> Result<Self, CpuError> {
+        if !f16 {
+            return Ok(ScaleStore::F32(values));
+        }
+        let mut bits = with_capacity(values.len(), what)?;
+        bits.extend(values.iter().map(|&v| half::f16::from_f32(v).to_bits()));
+        Ok(ScaleStore::F16(bits))
+    }
+
+    /// The values mapped by `f32s` or `f16s`, whichever the store holds.
+    fn map(&self, f32s: impl Fn(&[f32]) -> Vec<f32>, f16s: impl Fn(&[u16]) -> Vec<u16>) -> Self {
+        match self {
+            ScaleStore::F32(v) => ScaleStore::F32(f32s(v)),
+            ScaleStore::F16(h) => ScaleStore::F16(f16s(h)),
         }
     }
 
@@ -78,11 +89,11 @@ impl ScaleStore {
         }
     }
 
-    fn split_off(&mut self, at: usize) -> Self {
-        match self {
-            ScaleStore::F32(v) => ScaleStore::F32(v.split_off(at)),
-            ScaleStore::F16(h) => ScaleStore::F16(h.split_off(at)),
-        }
+    fn split_off(&mut self, at: usize, what: &dyn Fn() -> String) -> Result<Self, CpuError> {
+        Ok(match self {
+            ScaleStore::F32(v) => ScaleStore::F32(split_off(v, at, what)?),
+            ScaleStore::F16(h) => ScaleStore::F16(split_off(h, at, what)?),
+        })
     }
 }
 
@@ -91,54 +102,106 @@ enum LevelStore {
     /// Block of 32: byte j holds weight j in the low nibble and j + 16 in the high one.
     Nibbles(Vec<u8>),
     Bytes(Vec<i8>),
+    /// Nibbles of rows in groups of 8, interleaved for the products that sum 8 rows at once
+    /// (`interleaved`'s layout; the scales and offsets are interleaved alike). Where the machine
+    /// has their SIMD code, for 4-bit formats of one scale per 32 weights and a multiple of 8 rows.
+    Nibbles8(Vec<u8>),
+}
+
+/// Blocks decoded to integers at a time: a few hundred KiB of transient integers, where decoding
+/// the whole matrix at once held one byte per weight beside the result (525 MB for an 8B
+/// model's embedding table, more than 32-bit wasm can spare).
+const DECODE_BLOCKS: usize = 4096;
+
+/// How a quantized type is stored: weights per scale (every format but Q6_K has one scale and min
+/// per 32, its two groups of 16 agreeing), whether levels are kept two a byte, and whether the
+/// products have an offset per scale (the formats with a min, and Q4_0, whose signed levels are
+/// kept as unsigned nibbles).
+struct IntLayout {
+    group: usize,
+    nibbles: bool,
+    offset: bool,
+}
+
+impl IntLayout {
+    fn of(ty: GgmlType) -> Self {
+        Self {
+            group: if ty == GgmlType::Q6_K { INT_GROUP } else { ACT_BLOCK },
+            nibbles: matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K),
+            offset: matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K),
+        }
+    }
 }
 
 impl IntWeights {
-    fn new(ty: GgmlType, g: IntGroups) -> Self {
-        let group = if ty == GgmlType::Q6_K { INT_GROUP } else { ACT_BLOCK };
-        // Every format but Q6_K has one scale and min per 32 (its two groups of 16 agree).
-        let per_group = |v: Vec<f32>| if group == INT_GROUP { v } else { v.into_iter().step_by(ACT_BLOCK / INT_GROUP).collect() };
-        let scale = per_group(g.scale);
-        let min = g.min.map(per_group);
+    /// `n` weights stored as `bytes` of type `ty` (whole blocks: checked by the caller), converted
+    /// a run of blocks at a time into buffers allocated once, fallibly; `what` names the matrix
+    /// in an allocation error.
+    fn from_ggml(ty: GgmlType, bytes: &[u8], n: usize, what: &dyn Fn() -> String) -> Result<Self, CpuError> {
+        let IntLayout { group, nibbles, offset: has_offset } = IntLayout::of(ty);
+        let per_group = group / INT_GROUP;
         let bias: i8 = if ty == GgmlType::Q4_0 { 8 } else { 0 };
-        let offset: Option<Vec<f32>> = match (min, bias) {
-            (min, 0) => min,
-            (_, b) => Some(scale.iter().map(|s| -f32::from(b) * s).collect()),
-        };
+        let mut levels =
+            if nibbles { LevelStore::Nibbles(with_capacity(n / 2, what)?) } else { LevelStore::Bytes(with_capacity(n, what)?) };
+        let mut scale = with_capacity(n / group, what)?;
+        let mut offset = if has_offset { Some(with_capacity(n / group, what)?) } else { None };
+        let (block_bytes, block) = (ty.type_size() as usize, ty.block_size() as usize);
+        for part in bytes.chunks(DECODE_BLOCKS * block_bytes) {
+            let g = int_groups(ty, part, part.len() / block_bytes * block)?;
+            let scales = g.scale.iter().step_by(per_group).copied();
+            // The format's min where it has one, else what the stored levels' bias adds.
+            match (&mut offset, g.min) {
+                (Some(o), Some(min)) => o.extend(min.into_iter().step_by(per_group)),
+                (Some(o), None) => o.extend(scales.clone().map(|s| -f32::from(bias) * s)),
+                (None, _) => {}
+            }
+            scale.extend(scales);
+            match &mut levels {
+                // (Made Nibbles here: `interleaved` weaves them after.)
+                LevelStore::Nibbles(packed) | LevelStore::Nibbles8(packed) => {
+                    for block in g.q.chunks_exact(ACT_BLOCK) {
+                        let (lo, hi) = block.split_at(ACT_BLOCK / 2);
+                        packed.extend(lo.iter().zip(hi).map(|(&a, &b)| (a + bias) as u8 & 0x0F | ((b + bias) as u8) << 4));
+                    }
+                }
+                LevelStore::Bytes(q) => q.extend_from_slice(&g.q),
+            }
+        }
         // Not in wasm: without F16C, converting a row's scales for each dot product costs more
         // than the bytes save (decode in Chromium went from 27 to 20 tok/s).
         let f16 = cfg!(not(target_arch = "wasm32")) && ScaleStore::fits_f16(&scale) && offset.as_deref().is_none_or(ScaleStore::fits_f16);
-        let (scale, offset) = (ScaleStore::new(scale, f16), offset.map(|o| ScaleStore::new(o, f16)));
-        let levels = if matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K) {
-            let mut packed = Vec::with_capacity(g.q.len() / 2);
-            for block in g.q.chunks_exact(ACT_BLOCK) {
-                let (lo, hi) = block.split_at(ACT_BLOCK / 2);
-                packed.extend(lo.iter().zip(hi).map(|(&a, &b)| (a + bias) as u8 & 0x0F | ((b + bias) as u8) << 4));
-            }
-            LevelStore::Nibbles(packed)
-        } else {
-            LevelStore::Bytes(g.q)
-        };
-        let act = if ty.block_size() as usize == ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
-        Self { levels, group, scale, offset, bias, act }
+        let scale = ScaleStore::new(scale, f16, what)?;
+        let offset = offset.map(|o| ScaleStore::new(o, f16, what)).transpose()?;
+        let act = if block == ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
+        Ok(Self { levels, group, scale, offset, bias, act })
     }
 
     fn bytes(&self) -> usize {
         let levels = match &self.levels {
-            LevelStore::Nibbles(n) => n.len(),
+            LevelStore::Nibbles(n) | LevelStore::Nibbles8(n) => n.len(),
             LevelStore::Bytes(q) => q.len(),
         };
         levels + self.scale.bytes() + self.offset.as_ref().map_or(0, ScaleStore::bytes)
     }
 
-    /// The format's level of weight `i` (counted over the whole matrix).
-    fn level(&self, i: usize) -> i8 {
+    /// The format's level of weight `i` (counted over the whole matrix, of `cols` weights a row).
+    fn level(&self, i: usize, cols: usize) -> i8 {
+        let nibble = |byte: u8| (if i % ACT_BLOCK < ACT_BLOCK / 2 { byte & 0x0F } else { byte >> 4 }) as i8 - self.bias;
         match &self.levels {
-            LevelStore::Nibbles(n) => {
-                let byte = n[i / ACT_BLOCK * (ACT_BLOCK / 2) + i % (ACT_BLOCK / 2)];
-                (if i % ACT_BLOCK < ACT_BLOCK / 2 { byte & 0x0F } else { byte >> 4 }) as i8 - self.bias
+            LevelStore::Nibbles(n) => nibble(n[i / ACT_BLOCK * (ACT_BLOCK / 2) + i % (ACT_BLOCK / 2)]),
+            LevelStore::Nibbles8(n) => {
+                let (r, e) = (i / cols, i % cols);
+                nibble(n[interleaved::byte_index(r, e / ACT_BLOCK, e % (ACT_BLOCK / 2), cols / ACT_BLOCK)])
             }
             LevelStore::Bytes(q) => q[i],
+        }
+    }
+
+    /// Where the scale (and offset) of weight `i` is kept.
+    fn group_of(&self, i: usize, cols: usize) -> usize {
+        match &self.levels {
+            LevelStore::Nibbles8(_) => interleaved::value_index(i / cols, i % cols / ACT_BLOCK, cols / ACT_BLOCK),
+            _ => i / self.group,
         }
     }
 
@@ -146,8 +209,8 @@ impl IntWeights {
     fn row(&self, r: usize, cols: usize) -> Vec<f32> {
         (r * cols..(r + 1) * cols)
             .map(|i| {
-                let g = i / self.group;
-                let scaled = f32::from(self.level(i)) * self.scale.get(g);
+                let g = self.group_of(i, cols);
+                let scaled = f32::from(self.level(i, cols)) * self.scale.get(g);
                 match (&self.offset, self.bias) {
                     (Some(offset), 0) => scaled + offset.get(g),
                     _ => scaled,
@@ -156,54 +219,105 @@ impl IntWeights {
             .collect()
     }
 
-    /// Rows `first..first + count` for the dot products.
-    fn rows_view(&self, first: usize, count: usize, cols: usize) -> IntRows<'_> {
-        let groups = cols / self.group;
+    /// `out = x · Wᵀ` for rows `first..first + out.len() / n` (whole groups of 8 where they are
+    /// interleaved: `rows_per_task`), `n` tokens a row.
+    fn products(&self, first: usize, x: &QuantizedRows, out: &mut [f32], n: usize, cols: usize) {
+        let (groups, count) = (cols / self.group, out.len() / n);
+        let (start, len) = (first * groups, count * groups);
+        let (scale, offset) = (self.scale.view().part(start, len), self.offset.as_ref().map(|o| o.view().part(start, len)));
         let levels = match &self.levels {
             LevelStore::Nibbles(n) => Levels::Nibbles(&n[first * cols / 2..][..count * cols / 2]),
             LevelStore::Bytes(q) => Levels::Bytes(&q[first * cols..][..count * cols]),
+            LevelStore::Nibbles8(n) => {
+                let levels = &n[first * cols / 2..][..count * cols / 2];
+                return interleaved::products(GroupRows { levels, scale, offset, cols }, x, out);
+            }
         };
-        let (start, len) = (first * groups, count * groups);
-        let (scale, offset) = (self.scale.view().part(start, len), self.offset.as_ref().map(|o| o.view().part(start, len)));
-        IntRows { levels, group: self.group, scale, offset, cols }
+        int_products(IntRows { levels, group: self.group, scale, offset, cols }, x, out)
+    }
+
+    /// The rows a product's task takes a multiple of.
+    fn rows_per_task(&self) -> usize {
+        match self.levels {
+            LevelStore::Nibbles8(_) => interleaved::GROUP_ROWS,
+            _ => 1,
+        }
+    }
+
+    /// These `rows` rows of `cols` weights interleaved in groups of 8 where the machine has the
+    /// products for that and the format suits them (4-bit levels, one scale per 32, whole
+    /// groups of rows); else as they are. Native only (`interleaved::has_simd`), where an
+    /// allocation failure is not the risk it is in 32-bit wasm.
+    fn interleaved(self, rows: usize, cols: usize) -> Self {
+        let LevelStore::Nibbles(n) = &self.levels else { return self };
+        if !interleaved::has_simd() || self.group != ACT_BLOCK || !rows.is_multiple_of(interleaved::GROUP_ROWS) {
+            return self;
+        }
+        let blocks = cols / ACT_BLOCK;
+        let levels = LevelStore::Nibbles8(interleaved::interleave_levels(n, rows, cols));
+        let weave = |s: &ScaleStore| {
+            s.map(|v| interleaved::interleave_values(v, rows, blocks, false), |h| interleaved::interleave_values(h, rows, blocks, false))
+        };
+        Self { levels, scale: weave(&self.scale), offset: self.offset.as_ref().map(weave), ..self }
+    }
+
+    /// Interleaved rows back one after another (`rows` rows of `cols` weights).
+    fn deinterleaved(self, rows: usize, cols: usize) -> Self {
+        let LevelStore::Nibbles8(n) = &self.levels else { return self };
+        let blocks = cols / ACT_BLOCK;
+        let levels = LevelStore::Nibbles(interleaved::deinterleave_levels(n, rows, cols));
+        let unweave = |s: &ScaleStore| {
+            s.map(|v| interleaved::interleave_values(v, rows, blocks, true), |h| interleaved::interleave_values(h, rows, blocks, true))
+        };
+        Self { levels, scale: unweave(&self.scale), offset: self.offset.as_ref().map(unweave), ..self }
     }
 
     /// The rows before `at` (of `cols` weights) and the rows from it.
-    fn split_rows(self, at: usize, cols: usize) -> (Self, Self) {
-        let Self { levels, group, mut scale, offset, bias, act } = self;
+    fn split_rows(self, rows: usize, at: usize, cols: usize, what: &dyn Fn() -> String) -> Result<(Self, Self), CpuError> {
+        // Interleaved groups split at a group's edge as they are; elsewhere the rows go back in
+        // order first.
+        let this = if at.is_multiple_of(interleaved::GROUP_ROWS) { self } else { self.deinterleaved(rows, cols) };
+        let Self { levels, group, mut scale, offset, bias, act } = this;
         let (levels, levels_tail) = match levels {
+            LevelStore::Nibbles8(mut n) => {
+                let tail = split_off(&mut n, at * cols / 2, what)?;
+                (LevelStore::Nibbles8(n), LevelStore::Nibbles8(tail))
+            }
             LevelStore::Nibbles(mut n) => {
-                let tail = n.split_off(at * cols / 2);
+                let tail = split_off(&mut n, at * cols / 2, what)?;
                 (LevelStore::Nibbles(n), LevelStore::Nibbles(tail))
             }
             LevelStore::Bytes(mut q) => {
-                let tail = q.split_off(at * cols);
+                let tail = split_off(&mut q, at * cols, what)?;
                 (LevelStore::Bytes(q), LevelStore::Bytes(tail))
             }
         };
-        let scale_tail = scale.split_off(at * cols / group);
+        let scale_tail = scale.split_off(at * cols / group, what)?;
         let (offset, offset_tail) = match offset {
             Some(mut o) => {
-                let tail = o.split_off(at * cols / group);
+                let tail = o.split_off(at * cols / group, what)?;
                 (Some(o), Some(tail))
             }
             None => (None, None),
         };
-        (
+        Ok((
             Self { levels, group, scale, offset, bias, act },
             Self { levels: levels_tail, group, scale: scale_tail, offset: offset_tail, bias, act },
-        )
+        ))
     }
 }
 
 impl Matrix {
     /// A `rows` x `cols` matrix stored as GGUF bytes of type `ty`: the quantized types the GPU
     /// runs (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), F16 and F32.
+    /// Its buffers are allocated fallibly: no room is `CpuError::OutOfMemory`.
     pub fn from_ggml(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Result<Self, CpuError> {
         let n = rows.checked_mul(cols).ok_or_else(|| CpuError::Shape { rows, cols, reason: "too many elements".into() })?;
+        let what = || format!("a {rows} x {cols} {ty} matrix");
         let weights = match ty {
             GgmlType::F32 | GgmlType::F16 => {
-                let mut values = vec![0.0; n];
+                let mut values = with_capacity(n, &what)?;
+                values.resize(n, 0.0);
                 kestrel_gguf::quant::dequantize(ty, bytes, &mut values)?;
                 Weights::F32(values)
             }
@@ -218,7 +332,11 @@ impl Matrix {
                 if !cols.is_multiple_of(ty.block_size() as usize) {
                     return Err(CpuError::Shape { rows, cols, reason: format!("rows are not whole {ty} blocks") });
                 }
-                Weights::Int(IntWeights::new(ty, int_groups(ty, bytes, n)?))
+                // Checked whole here: the conversion decodes the bytes a run of blocks at a time.
+                if ty.row_bytes(n as u64) != Some(bytes.len() as u64) {
+                    return Err(CpuError::Shape { rows, cols, reason: format!("{} bytes are not its {ty} data", bytes.len()) });
+                }
+                Weights::Int(IntWeights::from_ggml(ty, bytes, n, &what)?.interleaved(rows, cols))
             }
             _ => return Err(CpuError::UnsupportedType { ty }),
         };
@@ -231,6 +349,30 @@ impl Matrix {
 
     pub fn cols(&self) -> usize {
         self.cols
+    }
+
+    /// The bytes `from_ggml` stores `n` weights of `ty` in (None: a type it does not run), with
+    /// the scales in f16 where `f16_scales` (natively, when every scale and offset of the matrix
+    /// is exactly an f16) or f32 (always in wasm).
+    pub fn stored_bytes(ty: GgmlType, n: u64, f16_scales: bool) -> Option<u64> {
+        match ty {
+            GgmlType::F32 | GgmlType::F16 => n.checked_mul(4),
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K => {
+                let layout = IntLayout::of(ty);
+                let levels = if layout.nibbles { n / 2 } else { n };
+                let scale_bytes = if f16_scales { 2 } else { 4 };
+                let scale_arrays = if layout.offset { 2 } else { 1 };
+                Some(levels + n / layout.group as u64 * scale_bytes * scale_arrays)
+            }
+            _ => None,
+        }
     }
 
     /// Bytes the weights take in memory.
@@ -256,13 +398,14 @@ impl Matrix {
         if at > rows {
             return Err(CpuError::Shape { rows, cols, reason: format!("no row {at} to split at") });
         }
+        let what = || format!("rows {at}.. of a {rows} x {cols} matrix");
         let (head, tail) = match self.weights {
             Weights::F32(mut v) => {
-                let tail = v.split_off(at * cols);
+                let tail = split_off(&mut v, at * cols, &what)?;
                 (Weights::F32(v), Weights::F32(tail))
             }
             Weights::Int(w) => {
-                let (head, tail) = w.split_rows(at, cols);
+                let (head, tail) = w.split_rows(rows, at, cols, &what)?;
                 (Weights::Int(head), Weights::Int(tail))
             }
         };
@@ -295,7 +438,7 @@ impl Matrix {
         // Row-major by weight row first, so each task writes one contiguous run.
         let mut by_row = vec![0f32; rows * n];
         match &self.weights {
-            Weights::F32(w) => for_row_chunks(&mut by_row, n, |first, out| {
+            Weights::F32(w) => for_row_chunks(&mut by_row, n, 1, |first, out| {
                 for (i, ys) in out.chunks_exact_mut(n).enumerate() {
                     let w_row = &w[(first + i) * cols..][..cols];
                     for (t, y) in ys.iter_mut().enumerate() {
@@ -312,7 +455,7 @@ impl Matrix {
                     }
                 };
                 let xq = &quantized[at].1;
-                for_row_chunks(&mut by_row, n, |first, out| int_products(w.rows_view(first, out.len() / n, cols), xq, out));
+                for_row_chunks(&mut by_row, n, w.rows_per_task(), |first, out| w.products(first, xq, out, n, cols));
             }
         }
         if n == 1 {

@@ -5,8 +5,9 @@
 const ROWS_PER_TASK: usize = 64;
 
 /// Calls `f(first_row, out)` for consecutive runs of rows, `out` holding `per_row` values for
-/// each row of the run.
-pub(crate) fn for_row_chunks(out: &mut [f32], per_row: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+/// each row of the run; every run but the last is a multiple of `align` rows (a matrix's
+/// interleaved groups).
+pub(crate) fn for_row_chunks(out: &mut [f32], per_row: usize, align: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if per_row == 0 {
         return;
     }
@@ -16,11 +17,12 @@ pub(crate) fn for_row_chunks(out: &mut [f32], per_row: usize, f: impl Fn(usize, 
         let rows = out.len() / per_row;
         // About four tasks a thread, so that a thread slowed by another process does not hold
         // up the product, and no fewer rows a task than ROWS_PER_TASK.
-        let task = rows.div_ceil(4 * rayon::current_num_threads()).max(ROWS_PER_TASK);
+        let task = rows.div_ceil(4 * rayon::current_num_threads()).max(ROWS_PER_TASK).next_multiple_of(align.max(1));
         out.par_chunks_mut(task * per_row).enumerate().for_each(|(i, run)| f(i * task, run));
         return;
     }
-    // One thread: the whole run at once, without the pool's splitting.
+    // One thread: the whole run at once, without the pool's splitting (so no runs to align).
+    let _ = align;
     f(0, out);
 }
 

@@ -41,8 +41,9 @@ fn bound(w_row: &[f32], x: &[f32], block: usize) -> f32 {
 #[test]
 fn products_match_f32_within_the_activation_rounding_bound() {
     let mut rng = StdRng::seed_from_u64(7);
-    let (rows, cols) = (150, 512);
-    for ty in TYPES {
+    // 152 rows: the 4-bit formats' rows interleaved in groups of 8 where the machine has their
+    // SIMD products; 150: rows one after another.
+    for (ty, rows, cols) in TYPES.into_iter().flat_map(|ty| [(ty, 150, 512), (ty, 152, 512)]) {
         let bytes = quant::quantize(ty, &random(&mut rng, rows * cols, 0.05)).unwrap();
         let mut w = vec![0.0; rows * cols];
         quant::dequantize(ty, &bytes, &mut w).unwrap();
@@ -83,10 +84,27 @@ fn split_rows_keeps_each_half_of_the_product() {
     for ty in [GgmlType::Q4_K, GgmlType::Q4_1, GgmlType::F32] {
         let bytes = quant::quantize(ty, &random(&mut rng, rows * cols, 0.1)).unwrap();
         let whole = Matrix::from_ggml(ty, &bytes, rows, cols).unwrap().apply(&random(&mut StdRng::seed_from_u64(1), cols, 1.0));
-        let (a, b) = Matrix::from_ggml(ty, &bytes, rows, cols).unwrap().split_rows(40).unwrap();
         let x = random(&mut StdRng::seed_from_u64(1), cols, 1.0);
-        assert_eq!((a.rows(), b.rows()), (40, 56));
-        assert_eq!([a.apply(&x), b.apply(&x)].concat(), whole, "{ty}");
+        // At the edge of a group of 8 interleaved rows, and inside one.
+        for at in [40, 44] {
+            let (a, b) = Matrix::from_ggml(ty, &bytes, rows, cols).unwrap().split_rows(at).unwrap();
+            assert_eq!((a.rows(), b.rows()), (at, rows - at));
+            let (ya, yb) = (a.apply(&x), b.apply(&x));
+            for (i, (got, want)) in ya.iter().chain(&yb).zip(&whole).enumerate() {
+                // The halves may sum a row with another kernel than the whole matrix did.
+                assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{ty} split at {at}, row {i}: {got} vs {want}");
+            }
+            let (mut wa, mut wb) = (vec![0.0; at * cols], vec![0.0; (rows - at) * cols]);
+            for (r, w) in wa.chunks_mut(cols).enumerate() {
+                w.copy_from_slice(&a.row(r));
+            }
+            for (r, w) in wb.chunks_mut(cols).enumerate() {
+                w.copy_from_slice(&b.row(r));
+            }
+            let whole_matrix = Matrix::from_ggml(ty, &bytes, rows, cols).unwrap();
+            let rows_of_whole: Vec<f32> = (0..rows).flat_map(|r| whole_matrix.row(r)).collect();
+            assert_eq!([wa, wb].concat(), rows_of_whole, "{ty} split at {at}: the rows' values");
+        }
         assert!(Matrix::from_ggml(ty, &bytes, rows, cols).unwrap().split_rows(97).is_err());
     }
 }
@@ -95,8 +113,37 @@ fn split_rows_keeps_each_half_of_the_product() {
 fn unsupported_types_and_ragged_rows_are_errors() {
     let q2 = quant::quantize(GgmlType::Q2_K, &[0.5; 256]).unwrap();
     assert!(Matrix::from_ggml(GgmlType::Q2_K, &q2, 1, 256).is_err());
+    assert_eq!(Matrix::stored_bytes(GgmlType::Q2_K, 256, false), None);
     let q4 = quant::quantize(GgmlType::Q4_0, &[0.5; 64]).unwrap();
     assert!(Matrix::from_ggml(GgmlType::Q4_0, &q4, 1, 32).is_err(), "byte count of 2 rows for 1");
     let k = quant::quantize(GgmlType::Q4_K, &[0.5; 512]).unwrap();
     assert!(Matrix::from_ggml(GgmlType::Q4_K, &k, 4, 128).is_err(), "rows of half a super-block");
+}
+
+/// A matrix is converted a run of blocks at a time (4096): over several runs, the last one
+/// partial, every row still gathers the dequantizer's values and its products agree with the
+/// same rows converted alone; its bytes are one of the two layouts `stored_bytes` gives.
+#[test]
+fn matrices_of_many_decoding_runs_keep_every_row() {
+    let mut rng = StdRng::seed_from_u64(9);
+    // 1,075,200 weights: 4.1 runs of 256-weight blocks, 32.8 of 32-weight ones.
+    let (rows, cols) = (2100, 512);
+    for ty in TYPES {
+        let bytes = quant::quantize(ty, &random(&mut rng, rows * cols, 0.05)).unwrap();
+        let mut w = vec![0.0; rows * cols];
+        quant::dequantize(ty, &bytes, &mut w).unwrap();
+        let m = Matrix::from_ggml(ty, &bytes, rows, cols).unwrap();
+        // What the will-it-fit estimate counts: the layout in f32 scales (wasm) or in f16 ones.
+        let n = (rows * cols) as u64;
+        let stored = [false, true].map(|f16| Matrix::stored_bytes(ty, n, f16).unwrap());
+        assert!(stored.contains(&(m.bytes() as u64)), "{ty}: {} bytes, the layouts {stored:?}", m.bytes());
+        for r in [0, 255, 256, 1024, 2047, 2048, rows - 1] {
+            assert_eq!(m.row(r), w[r * cols..][..cols].to_vec(), "{ty} row {r}");
+        }
+        let tail_rows = 52;
+        let tail_bytes = &bytes[bytes.len() - tail_rows * ty.row_bytes(cols as u64).unwrap() as usize..];
+        let alone = Matrix::from_ggml(ty, tail_bytes, tail_rows, cols).unwrap();
+        let x = random(&mut rng, cols, 1.0);
+        assert_eq!(m.apply(&x)[rows - tail_rows..], alone.apply(&x)[..], "{ty}");
+    }
 }

@@ -8,7 +8,7 @@ use kestrel_gpu::params::{AttentionShape, KvType, Penalties, PenaltyEntry, Sampl
 use kestrel_gpu::reference::sample;
 
 use crate::cpu_forward::{CpuForward, CpuKernels, SequenceStep};
-use crate::error::{bad_model, ModelError};
+use crate::error::ModelError;
 use crate::graph::{StepInput, StepOutput, TOKEN_SLOTS};
 
 /// `kestrel-cpu`'s kernels: 8-bit activations times the weights' integers, in SIMD, threaded.
@@ -22,7 +22,7 @@ impl CpuKernels for Quantized {
             kestrel_cpu::CpuError::UnsupportedType { ty } => {
                 ModelError::UnsupportedQuant { tensor: format!("a {rows} x {cols} matrix"), ty: ty.name().to_string() }
             }
-            other => bad_model(other.to_string()),
+            other => other.into(),
         })
     }
 
@@ -40,7 +40,7 @@ impl CpuKernels for Quantized {
     }
 
     fn split_rows(m: Self::Matrix, at: usize) -> Result<(Self::Matrix, Self::Matrix), ModelError> {
-        m.split_rows(at).map_err(|e| bad_model(e.to_string()))
+        Ok(m.split_rows(at)?)
     }
 
     fn bytes(m: &Self::Matrix) -> usize {

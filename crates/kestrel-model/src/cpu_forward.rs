@@ -62,7 +62,8 @@ struct Layer<M> {
 }
 
 /// One layer's keys and values, `[kv_head][position][head_dim]` each. Allocated zeroed, so the
-/// system commits a page only when a position in it is first written.
+/// system commits a page only when a position in it is first written, and fallibly: no room is
+/// `out_of_memory`, not an abort.
 enum LayerKv {
     F32 {
         k: Vec<f32>,
@@ -76,12 +77,13 @@ enum LayerKv {
 }
 
 impl LayerKv {
-    fn new(len: usize, f16_bits: bool) -> Self {
-        if f16_bits {
-            Self::F16 { k: vec![0; len], v: vec![0; len] }
+    fn new(len: usize, f16_bits: bool) -> Result<Self, ModelError> {
+        let what = || format!("a layer's KV cache ({len} values)");
+        Ok(if f16_bits {
+            Self::F16 { k: kestrel_cpu::zeroed(len, &what)?, v: kestrel_cpu::zeroed(len, &what)? }
         } else {
-            Self::F32 { k: vec![0.0; len], v: vec![0.0; len] }
-        }
+            Self::F32 { k: kestrel_cpu::zeroed(len, &what)?, v: kestrel_cpu::zeroed(len, &what)? }
+        })
     }
 
     /// Stores a key and a value row at offset `at`, rounded as the cache type `kv` rounds them.
@@ -121,8 +123,8 @@ struct KvCache {
 }
 
 impl KvCache {
-    fn new(layers: usize, len: usize, f16_bits: bool) -> Self {
-        Self { layers: (0..layers).map(|_| LayerKv::new(len, f16_bits)).collect() }
+    fn new(layers: usize, len: usize, f16_bits: bool) -> Result<Self, ModelError> {
+        Ok(Self { layers: (0..layers).map(|_| LayerKv::new(len, f16_bits)).collect::<Result<_, _>>()? })
     }
 }
 
@@ -227,7 +229,7 @@ impl<K: CpuKernels> CpuForward<K> {
             embedding: matrix(Role::TokenEmbedding)?,
             output_norm: vector(Role::OutputNorm)?,
             output: if config.tied_embeddings { None } else { Some(matrix(Role::Output)?) },
-            caches: vec![Self::empty_cache(config.n_layers, shape.cache_len(), kv)],
+            caches: vec![Self::empty_cache(config.n_layers, shape, kv)?],
             config,
             layers,
             shape,
@@ -263,21 +265,55 @@ impl<K: CpuKernels> CpuForward<K> {
         self.caches.iter().flat_map(|c| &c.layers).map(LayerKv::bytes).sum()
     }
 
+    /// Bytes of every buffer the model holds: its matrices, norm and bias vectors and KV caches
+    /// (the RoPE tables, a few hundred bytes a layer, aside), which the will-it-fit estimate
+    /// predicts.
+    pub fn buffer_bytes(&self) -> usize {
+        let floats = |v: &[f32]| 4 * v.len();
+        let optional = |v: &Option<Vec<f32>>| v.as_deref().map_or(0, floats);
+        let vectors: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let post_norms = l.post_norms.as_ref().map_or(0, |[a, b]| floats(a) + floats(b));
+                floats(&l.attn_norm)
+                    + floats(&l.ffn_norm)
+                    + post_norms
+                    + [&l.q_bias, &l.k_bias, &l.v_bias, &l.q_norm, &l.k_norm].into_iter().map(optional).sum::<usize>()
+            })
+            .sum();
+        self.matrix_bytes() + vectors + floats(&self.output_norm) + self.cache_bytes()
+    }
+
     /// KV caches, one per sequence a batched step may hold.
     pub fn slots(&self) -> usize {
         self.caches.len()
     }
 
-    /// Keeps `n` KV caches (at least 1): slots added are empty, slots removed are freed.
-    pub fn set_slots(&mut self, n: usize) {
-        let (layers, len, kv) = (self.config.n_layers, self.shape.cache_len(), self.kv);
-        self.caches.resize_with(n.max(1), || Self::empty_cache(layers, len, kv));
+    /// Keeps `n` KV caches (at least 1): slots added are empty, slots removed are freed. No room
+    /// for the caches added is `out_of_memory`, with the slots as they were.
+    pub fn set_slots(&mut self, n: usize) -> Result<(), ModelError> {
+        let (layers, shape, kv) = (self.config.n_layers, self.shape, self.kv);
+        let n = n.max(1);
+        self.caches.truncate(n);
+        let added = (self.caches.len()..n).map(|_| Self::empty_cache(layers, shape, kv)).collect::<Result<Vec<_>, _>>()?;
+        self.caches.extend(added);
+        Ok(())
     }
 
     /// A sequence's empty KV cache: f16 values kept as f16 bits where the kernels read them so
-    /// (`CpuKernels::F16_BITS`), else widened to f32.
-    fn empty_cache(layers: usize, len: usize, kv: KvType) -> KvCache {
-        KvCache::new(layers, len, K::F16_BITS && kv == KvType::F16)
+    /// (`CpuKernels::F16_BITS`), else widened to f32. A layer's length is counted without
+    /// overflow: a context no memory holds (the page may ask for a billion positions, whose
+    /// product wraps a 32-bit size into a small one) is `out_of_memory` too.
+    fn empty_cache(layers: usize, shape: AttentionShape, kv: KvType) -> Result<KvCache, ModelError> {
+        let f16_bits = K::F16_BITS && kv == KvType::F16;
+        let len = shape.n_kv_heads.checked_mul(shape.max_ctx).and_then(|n| n.checked_mul(shape.head_dim));
+        let len = len.ok_or_else(|| {
+            let value_bytes: u64 = if f16_bits { 2 } else { 4 };
+            let bytes = [shape.n_kv_heads, shape.max_ctx, shape.head_dim].into_iter().fold(value_bytes, |a, b| a.saturating_mul(b as u64));
+            ModelError::OutOfMemory { what: format!("a layer's KV cache of {} positions", shape.max_ctx), bytes }
+        })?;
+        KvCache::new(layers, len, f16_bits)
     }
 
     /// Runs `tokens` at positions `pos..`, appends them to the caches, and returns the logits

@@ -23,6 +23,10 @@ pub enum ModelError {
     /// A feature only the GPU backend has, asked of a model on the CPU backend.
     #[error("{0} needs the GPU backend")]
     NeedsGpu(&'static str),
+    /// The CPU backend could not allocate a buffer of the model (in the browser: 32-bit wasm
+    /// memory cannot grow that far). Nothing is left half-loaded: a smaller model still loads.
+    #[error("out of memory: cannot allocate {bytes} bytes for {what}")]
+    OutOfMemory { what: String, bytes: u64 },
     /// The error of a batched step, as each of its sequences gets it.
     #[error("{message}")]
     InBatch { code: &'static str, message: String },
@@ -39,6 +43,8 @@ impl ModelError {
     pub fn code(&self) -> &'static str {
         use kestrel_gpu::GpuError as G;
         match self {
+            // The stream reader could not buffer a tensor: the file may be sound, the memory short.
+            Self::OutOfMemory { .. } | Self::Gguf(kestrel_gguf::GgufError::Allocation { .. }) => "out_of_memory",
             Self::BadModel(_) | Self::Gguf(_) | Self::UnsupportedArch(_) => "bad_model",
             Self::UnsupportedQuant { .. } => "unsupported_quant",
             Self::ContextOverflow { .. } => "context_overflow",
@@ -58,6 +64,16 @@ impl ModelError {
             Self::Gpu(G::OutOfMemory(_)) => "out_of_memory",
             Self::Gpu(G::UnsupportedWeights(_)) => "unsupported_quant",
             Self::Gpu(_) => "gpu",
+        }
+    }
+}
+
+/// A CPU kernel's error: no room for a buffer is `out_of_memory`, the others a bad file.
+impl From<kestrel_cpu::CpuError> for ModelError {
+    fn from(e: kestrel_cpu::CpuError) -> Self {
+        match e {
+            kestrel_cpu::CpuError::OutOfMemory { what, bytes } => Self::OutOfMemory { what, bytes },
+            other => bad_model(other.to_string()),
         }
     }
 }

@@ -339,6 +339,15 @@ impl Model {
         }
     }
 
+    /// The CPU backend's buffers: its weights, norm and bias vectors and KV caches, which the
+    /// will-it-fit estimate predicts (None on the GPU backend, whose device counts its own).
+    pub fn cpu_buffer_bytes(&self) -> Option<u64> {
+        match &self.backend {
+            Backend::Gpu(_) => None,
+            Backend::Cpu(c) => Some(c.forward.buffer_bytes() as u64),
+        }
+    }
+
     /// The weights' memory, as the backend holds them.
     pub fn weight_bytes(&self) -> u64 {
         match &self.backend {

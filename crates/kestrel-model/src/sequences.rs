@@ -137,7 +137,7 @@ impl Model {
             return invalid("cannot change while sequences run".into());
         }
         match &mut self.backend {
-            Backend::Cpu(c) => c.forward.set_slots(n),
+            Backend::Cpu(c) => c.forward.set_slots(n)?,
             Backend::Gpu(g) if n > g.slots => {
                 return invalid(format!("{n}: the model was loaded with {} (the load option slots)", g.slots));
             }

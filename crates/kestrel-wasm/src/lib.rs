@@ -16,7 +16,7 @@ use js_sys::{Function, Promise};
 use kestrel_gguf::GgufStreamReader;
 use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, GpuOptions};
-use kestrel_model::estimate::{DeviceLimits, Estimate};
+use kestrel_model::estimate::{DeviceLimits, Estimate, MemoryLimit};
 use kestrel_model::{
     submit_budget_from_ms, LoadOptions, LoadProgress, Model, ModelError, ModelLoader, Request, SequenceEvent, SequenceId, TokenEvent,
     MAX_SLOTS,
@@ -646,10 +646,14 @@ impl HeaderProbe {
     }
 
     /// `{name, arch, file_bytes, weight_bytes, context_length, slots, kv_cache_bytes,
-    /// largest_binding: {name, bytes}, unsupported: [{tensor, type}], fits, code, reason}` for
+    /// activation_bytes, total_bytes, largest_binding: {name, bytes}, unsupported: [{tensor,
+    /// type}], cpu: {bytes, weight_bytes, kv_cache_bytes, scratch_bytes, engine_bytes,
+    /// memory_limit, fits, code, reason}, memory_limit: {bytes, source}, fits, code, reason}` for
     /// `slots` KV caches (absent: 1) of `context_length` tokens (absent: the load's default) of
-    /// `kv_cache` values ('f16' or 'f32'; absent: f16), against the limits given (absent: `fits`
-    /// is null).
+    /// `kv_cache` values ('f16' or 'f32'; absent: f16). The GPU verdict is against the adapter
+    /// limits given (absent: `fits` is null) and what the GPU can plausibly hold, judged from
+    /// `device_memory` (`navigator.deviceMemory`, GiB; absent where the browser has none); the
+    /// CPU backend's against 32-bit wasm memory.
     pub fn estimate(
         &self,
         context_length: Option<u32>,
@@ -657,21 +661,27 @@ impl HeaderProbe {
         max_binding: Option<f64>,
         kv_cache: Option<String>,
         slots: JsValue,
+        device_memory: Option<f64>,
     ) -> Result<JsValue, JsValue> {
         let header = self.reader.header().ok_or_else(|| js_error("bad_model", "the GGUF header has not arrived yet"))?;
         let kv = kv_cache.map_or(Ok(KvType::default()), |name| kv_type(Some(&name)))?;
         let slots = slots_option(&slots)?;
         let estimate = Estimate::from_header(header, context_length.map(|c| c as usize), kv, slots).map_err(|e| model_error(&e))?;
-        let mut value = serde_json::to_value(&estimate).map_err(|e| js_error("internal", &e.to_string()))?;
+        fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, JsValue> {
+            serde_json::to_value(v).map_err(|e| js_error("internal", &e.to_string()))
+        }
+        let memory = MemoryLimit::gpu(device_memory);
+        let mut value = to_value(&estimate)?;
         let verdict = match (max_buffer_size, max_binding) {
             (Some(buffer), Some(binding)) => {
                 let limits = DeviceLimits { max_buffer_size: buffer as u64, max_storage_buffer_binding_size: binding as u64 };
-                serde_json::to_value(estimate.verdict(&limits)).map_err(|e| js_error("internal", &e.to_string()))?
+                to_value(&estimate.verdict(&limits, &memory))?
             }
             _ => json!({ "fits": null, "code": null, "reason": null }),
         };
         if let (Some(out), Some(verdict)) = (value.as_object_mut(), verdict.as_object()) {
             out.extend(verdict.clone());
+            out.insert("memory_limit".into(), to_value(&memory)?);
         }
         Ok(to_js(&value))
     }

@@ -9,8 +9,9 @@ use bytemuck::{Pod, Zeroable};
 use crate::params::{AttentionShape, KvType, Scores};
 use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
 
-/// KV positions per decode workgroup (`CHUNK` in the shader).
-const DECODE_CHUNK: u32 = 256;
+/// KV positions per decode workgroup (`CHUNK` in the shader): each has its partial result in the
+/// decode scratch (`bind_decode`), which the will-it-fit estimate counts.
+pub const DECODE_CHUNK: u32 = 256;
 /// The head dimensions the attention kernels are built for: multiples of the 8 columns a prefill
 /// thread sums, whose tiles fit WebGPU's 16 KiB of workgroup memory (Phi-3's 96, Gemma's 256).
 pub const HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];

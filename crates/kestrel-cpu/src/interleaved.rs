@@ -1,0 +1,299 @@
+//! Weight rows of 4-bit levels in groups of 8, interleaved so that one 32-byte load holds 4 level
+//! bytes (8 weights) of each of the 8 rows, as llama.cpp's CPU build repacks Q4_0 for AVX2. A
+//! `maddubs` of that load with 4 activation bytes broadcast to every lane then sums weights of
+//! all 8 rows at once, so a block's integer sums end in the lanes as one vector of the 8 rows,
+//! and the float work (convert, scale, accumulate) is done once per block for 8 rows instead of
+//! once per row: about half the instructions per weight of the row-by-row tiles, for a decode
+//! step (one token) and a prompt (a tile of up to 4) alike. Each group's blocks are one stream
+//! of memory.
+//!
+//! Layout (`cols` weights a row, `blocks = cols / 32`): byte `m` of chunk `k` (0..4) of row `i`
+//! (0..8) of row group `g`, block `b`, sits at `((g · blocks + b) · 4 + k) · 32 + 4 · i + m`, and
+//! is byte `4k + m` of that row's block in `Levels::Nibbles` order (weight `4k + m` in its low
+//! nibble, `16 + 4k + m` in its high one). Scales and offsets, one per 32 weights, are
+//! interleaved alike: the value of row `i`, block `b` of group `g` at `(g · blocks + b) · 8 + i`.
+
+use crate::activations::QuantizedRows;
+use crate::dot::Scales;
+use crate::ACT_BLOCK;
+
+/// Rows a group interleaves: one per lane of an AVX2 vector of i32 or f32.
+pub(crate) const GROUP_ROWS: usize = 8;
+/// Bytes of one row's block (32 levels, two a byte).
+const ROW_BLOCK_BYTES: usize = ACT_BLOCK / 2;
+
+/// Where byte `j` (0..16) of row `r`'s block `b` lies in the interleaved levels.
+#[inline]
+pub(crate) fn byte_index(r: usize, b: usize, j: usize, blocks: usize) -> usize {
+    let (g, i) = (r / GROUP_ROWS, r % GROUP_ROWS);
+    ((g * blocks + b) * 4 + j / 4) * 32 + 4 * i + j % 4
+}
+
+/// Where the scale (or offset) of row `r`'s block `b` lies in the interleaved scales.
+#[inline]
+pub(crate) fn value_index(r: usize, b: usize, blocks: usize) -> usize {
+    (r / GROUP_ROWS * blocks + b) * GROUP_ROWS + r % GROUP_ROWS
+}
+
+/// `rows` (a multiple of 8) rows of `Levels::Nibbles` levels, interleaved.
+pub(crate) fn interleave_levels(nibbles: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let blocks = cols / ACT_BLOCK;
+    let mut out = vec![0u8; nibbles.len()];
+    for r in 0..rows {
+        for b in 0..blocks {
+            let block = &nibbles[(r * blocks + b) * ROW_BLOCK_BYTES..][..ROW_BLOCK_BYTES];
+            for (j, &byte) in block.iter().enumerate() {
+                out[byte_index(r, b, j, blocks)] = byte;
+            }
+        }
+    }
+    out
+}
+
+/// The interleaved levels back in `Levels::Nibbles` order.
+pub(crate) fn deinterleave_levels(levels: &[u8], rows: usize, cols: usize) -> Vec<u8> {
+    let blocks = cols / ACT_BLOCK;
+    let mut out = vec![0u8; levels.len()];
+    for r in 0..rows {
+        for b in 0..blocks {
+            for j in 0..ROW_BLOCK_BYTES {
+                out[(r * blocks + b) * ROW_BLOCK_BYTES + j] = levels[byte_index(r, b, j, blocks)];
+            }
+        }
+    }
+    out
+}
+
+/// `rows` rows of one value per block (`blocks` a row), interleaved; `back` undoes it.
+pub(crate) fn interleave_values<T: Copy + Default>(values: &[T], rows: usize, blocks: usize, back: bool) -> Vec<T> {
+    let mut out = vec![T::default(); values.len()];
+    for r in 0..rows {
+        for b in 0..blocks {
+            let (plain, woven) = (r * blocks + b, value_index(r, b, blocks));
+            if back {
+                out[plain] = values[woven];
+            } else {
+                out[woven] = values[plain];
+            }
+        }
+    }
+    out
+}
+
+/// Consecutive whole groups of interleaved rows: their levels, scales and offsets.
+#[derive(Clone, Copy)]
+pub(crate) struct GroupRows<'a> {
+    pub levels: &'a [u8],
+    pub scale: Scales<'a>,
+    pub offset: Option<Scales<'a>>,
+    pub cols: usize,
+}
+
+impl GroupRows<'_> {
+    fn rows(&self) -> usize {
+        self.levels.len() * 2 / self.cols
+    }
+}
+
+/// Whether this machine runs the interleaved products with SIMD (else a matrix keeps its rows
+/// one after another, for the row-by-row kernels).
+pub(crate) fn has_simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `out[r·n + t] = Σ_e w_r[e]·x_t[e]` for the rows of `w` and the `n` rows of `x` (as
+/// `dot::int_products`).
+pub(crate) fn products(w: GroupRows<'_>, x: &QuantizedRows, out: &mut [f32]) {
+    let (rows, n) = (w.rows(), x.rows(w.cols));
+    assert!(
+        w.cols.is_multiple_of(ACT_BLOCK)
+            && rows.is_multiple_of(GROUP_ROWS)
+            && w.scale.len() * ACT_BLOCK == rows * w.cols
+            && w.offset.is_none_or(|o| o.len() == w.scale.len())
+            && out.len() == rows * n
+            && x.d.len() * ACT_BLOCK == x.q.len(),
+        "interleaved products: shapes differ"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_simd() {
+        // SAFETY: AVX2, FMA and F16C are present; the shapes were checked above, and every load
+        // reads within the group's levels and scales and a token's activation row.
+        unsafe { avx2::products(w, x, out, rows, n) };
+        return;
+    }
+    products_portable(w, x, out, rows, n);
+}
+
+/// The products one weight at a time: the reference the SIMD code is tested against.
+pub(crate) fn products_portable(w: GroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
+    let blocks = w.cols / ACT_BLOCK;
+    for r in 0..rows {
+        for t in 0..n {
+            let act = x.row(t, w.cols);
+            let mut sum = 0f32;
+            for b in 0..blocks {
+                let levels = (0..ACT_BLOCK).map(|e| {
+                    let byte = w.levels[byte_index(r, b, e % ROW_BLOCK_BYTES, blocks)];
+                    i32::from(if e < ROW_BLOCK_BYTES { byte & 0x0F } else { byte >> 4 })
+                });
+                let isum: i32 = levels.zip(&act.q[b * ACT_BLOCK..][..ACT_BLOCK]).map(|(l, &q)| l * i32::from(q)).sum();
+                let at = value_index(r, b, blocks);
+                sum += w.scale.get(at) * act.d[b] * isum as f32;
+                if let Some(offset) = w.offset {
+                    sum += offset.get(at) * act.sums32[b];
+                }
+            }
+            out[r * n + t] = sum;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{GroupRows, GROUP_ROWS, ROW_BLOCK_BYTES};
+    use crate::activations::QuantizedRows;
+    use crate::dot::{ActRow, Scales};
+    use crate::ACT_BLOCK;
+
+    /// Bytes of one group's block.
+    const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * ROW_BLOCK_BYTES;
+    /// Tokens a tile computes: each group's block is loaded and split into nibbles once for them.
+    const TOKENS: usize = 4;
+    /// How far ahead of the block being read the levels are fetched into the cache, in bytes (a
+    /// decode step streams every weight once; the hardware prefetchers stop at each 4 KiB page).
+    const PREFETCH_BYTES: usize = 4096;
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn products(w: GroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
+        let acts: Vec<ActRow<'_>> = (0..n).map(|t| x.row(t, w.cols)).collect();
+        for g in 0..rows / GROUP_ROWS {
+            let mut t = 0;
+            while t < n {
+                let tile_tokens = (n - t).min(TOKENS);
+                // A tile of fewer tokens repeats its last row in the unused places.
+                let tile_acts: [ActRow<'_>; TOKENS] = std::array::from_fn(|i| acts[t + i.min(tile_tokens - 1)]);
+                let mut sums = [[0f32; GROUP_ROWS]; TOKENS];
+                match tile_tokens {
+                    4 => tile::<4>(&w, g, &tile_acts, &mut sums),
+                    3 => tile::<3>(&w, g, &tile_acts, &mut sums),
+                    2 => tile::<2>(&w, g, &tile_acts, &mut sums),
+                    _ => tile::<1>(&w, g, &tile_acts, &mut sums),
+                }
+                for (j, token) in sums.iter().enumerate().take(tile_tokens) {
+                    for (i, &v) in token.iter().enumerate() {
+                        *out.get_unchecked_mut((g * GROUP_ROWS + i) * n + t + j) = v;
+                    }
+                }
+                t += tile_tokens;
+            }
+        }
+    }
+
+    /// Group g's 8 rows times the first `T` of `acts`, into `sums[token][row]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const T: usize>(w: &GroupRows<'_>, g: usize, acts: &[ActRow<'_>; TOKENS], sums: &mut [[f32; GROUP_ROWS]; TOKENS]) {
+        let blocks = w.cols / ACT_BLOCK;
+        let levels = w.levels.as_ptr().add(g * blocks * GROUP_BLOCK_BYTES);
+        let (mask, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..blocks {
+            let block = levels.add(b * GROUP_BLOCK_BYTES);
+            _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_BYTES).cast());
+            _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_BYTES + 64).cast());
+            let raw: [__m256i; 4] = std::array::from_fn(|k| _mm256_loadu_si256(block.add(32 * k).cast()));
+            let low: [__m256i; 4] = std::array::from_fn(|k| _mm256_and_si256(raw[k], mask));
+            let high: [__m256i; 4] = std::array::from_fn(|k| _mm256_and_si256(_mm256_srli_epi16(raw[k], 4), mask));
+            let at = (g * blocks + b) * GROUP_ROWS;
+            let scale = eight(w.scale, at);
+            let offset = w.offset.map(|o| eight(o, at));
+            for j in 0..T {
+                let q = acts[j].q.as_ptr().add(b * ACT_BLOCK);
+                // Each maddubs lane pair is at most 2 · 15 · 128 apart from zero, so the 8 of
+                // them add up in i16 without overflow; then one madd makes the rows' i32 sums.
+                let mut pairs = _mm256_setzero_si256();
+                for k in 0..4 {
+                    let x_low = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
+                    let x_high = _mm256_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
+                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low[k], x_low));
+                    pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(high[k], x_high));
+                }
+                let block_sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                let d = _mm256_set1_ps(*acts[j].d.get_unchecked(b));
+                acc[j] = _mm256_fmadd_ps(block_sums, _mm256_mul_ps(scale, d), acc[j]);
+                if let Some(offset) = offset {
+                    acc[j] = _mm256_fmadd_ps(offset, _mm256_set1_ps(*acts[j].sums32.get_unchecked(b)), acc[j]);
+                }
+            }
+        }
+        for j in 0..T {
+            _mm256_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
+        }
+    }
+
+    /// Values i..i + 8 of `s` as f32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn eight(s: Scales<'_>, i: usize) -> __m256 {
+        match s {
+            Scales::F32(v) => _mm256_loadu_ps(v.as_ptr().add(i)),
+            Scales::F16(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(i).cast())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::activations::ActFormat;
+    use crate::dot::{int_products, IntRows, Levels};
+
+    /// The interleaved products give the row-by-row kernels' sums for the same weights (up to
+    /// the order of the f32 additions), with f32 and f16 scales, with and without offsets, for
+    /// one token, a whole tile and a tile's remainder; the SIMD code gives the portable code's.
+    #[test]
+    fn interleaved_products_are_the_row_layouts() {
+        let (rows, cols) = (24, 256);
+        let blocks = cols / ACT_BLOCK;
+        let nibbles: Vec<u8> = (0..rows * cols / 2).map(|i| (i * 53 % 251) as u8).collect();
+        let woven = interleave_levels(&nibbles, rows, cols);
+        assert_eq!(deinterleave_levels(&woven, rows, cols), nibbles);
+        // Exact in f16, so both storages give the same sums.
+        let scale: Vec<f32> = (0..rows * blocks).map(|g| (1 + g % 11) as f32 / 256.0).collect();
+        let offset: Vec<f32> = (0..rows * blocks).map(|g| -((g % 13) as f32) / 64.0).collect();
+        let to_f16 = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+        let (scale_w, offset_w) = (interleave_values(&scale, rows, blocks, false), interleave_values(&offset, rows, blocks, false));
+        assert_eq!(interleave_values(&scale_w, rows, blocks, true), scale);
+        let (scale16, offset16, scale16_w, offset16_w) = (to_f16(&scale), to_f16(&offset), to_f16(&scale_w), to_f16(&offset_w));
+        let x: Vec<f32> = (0..5 * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
+        let stores = [
+            (Scales::F32(&scale), Scales::F32(&offset), Scales::F32(&scale_w), Scales::F32(&offset_w)),
+            (Scales::F16(&scale16), Scales::F16(&offset16), Scales::F16(&scale16_w), Scales::F16(&offset16_w)),
+        ];
+        for (format, n) in [ActFormat::Q8_0, ActFormat::Q8K].into_iter().flat_map(|f| [1, 4, 5].map(|n| (f, n))) {
+            let xq = QuantizedRows::new(&x[..n * cols], format);
+            for (with_offset, (s, o, s_w, o_w)) in [false, true].into_iter().flat_map(|o| stores.map(|s| (o, s))) {
+                let plain =
+                    IntRows { levels: Levels::Nibbles(&nibbles), group: ACT_BLOCK, scale: s, offset: with_offset.then_some(o), cols };
+                let mut want = vec![0f32; rows * n];
+                int_products(plain, &xq, &mut want);
+                let w = GroupRows { levels: &woven, scale: s_w, offset: with_offset.then_some(o_w), cols };
+                let (mut got, mut portable) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+                products(w, &xq, &mut got);
+                products_portable(w, &xq, &mut portable, rows, n);
+                for (i, ((g, p), w)) in got.iter().zip(&portable).zip(&want).enumerate() {
+                    let tolerance = 1e-4 * w.abs().max(1.0);
+                    assert!(
+                        (g - w).abs() <= tolerance && (p - w).abs() <= tolerance,
+                        "{format:?} n {n} offset {with_offset} [{i}]: {g} / {p} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
