@@ -230,7 +230,7 @@ impl IntWeights {
             LevelStore::Bytes(q) => Levels::Bytes(&q[first * cols..][..count * cols]),
             LevelStore::Nibbles8(n) => {
                 let levels = &n[first * cols / 2..][..count * cols / 2];
-                return interleaved::products(GroupRows { levels, scale, offset, cols }, x, out);
+                return interleaved::products(GroupRows { levels, scale, offset, bias: f32::from(self.bias), cols }, x, out);
             }
         };
         int_products(IntRows { levels, group: self.group, scale, offset, cols }, x, out)
@@ -258,7 +258,9 @@ impl IntWeights {
         let weave = |s: &ScaleStore| {
             s.map(|v| interleaved::interleave_values(v, rows, blocks, false), |h| interleaved::interleave_values(h, rows, blocks, false))
         };
-        Self { levels, scale: weave(&self.scale), offset: self.offset.as_ref().map(weave), ..self }
+        // Q4_0's offsets are its bias times the scales: the interleaved products apply the bias.
+        let offset = if self.bias == 0 { self.offset.as_ref().map(weave) } else { None };
+        Self { levels, scale: weave(&self.scale), offset, ..self }
     }
 
     /// Interleaved rows back one after another (`rows` rows of `cols` weights).
@@ -269,7 +271,19 @@ impl IntWeights {
         let unweave = |s: &ScaleStore| {
             s.map(|v| interleaved::interleave_values(v, rows, blocks, true), |h| interleaved::interleave_values(h, rows, blocks, true))
         };
-        Self { levels, scale: unweave(&self.scale), offset: self.offset.as_ref().map(unweave), ..self }
+        let scale = unweave(&self.scale);
+        // The row kernels take Q4_0's bias as offsets of -bias · scale (exact in f16 too: the
+        // bias is a power of two).
+        let minus_bias = -f32::from(self.bias);
+        let offset = match &self.offset {
+            Some(o) => Some(unweave(o)),
+            None if self.bias != 0 => Some(scale.map(
+                |v| v.iter().map(|s| minus_bias * s).collect(),
+                |h| h.iter().map(|&b| half::f16::from_f32(minus_bias * half::f16::from_bits(b).to_f32()).to_bits()).collect(),
+            )),
+            None => None,
+        };
+        Self { levels, scale, offset, ..self }
     }
 
     /// The rows before `at` (of `cols` weights) and the rows from it.
