@@ -28,6 +28,8 @@ pub fn simd_name() -> &'static str {
     dot::simd_name()
 }
 
+#[cfg(not(target_arch = "wasm32"))]
+pub use parallel::copy_bandwidth;
 pub use parallel::on_pool;
 
 /// Threads the CPU backend's pool runs (`on_pool`).

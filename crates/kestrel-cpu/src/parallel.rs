@@ -68,3 +68,22 @@ pub(crate) fn threads() -> usize {
     #[cfg(target_arch = "wasm32")]
     return 1;
 }
+
+/// The pool's copy bandwidth in GB/s (bytes read plus bytes written, a second), over two buffers
+/// of `bytes` copied by all its threads, the best of 5 after a warm-up: the bench's roofline of a
+/// decode step, which streams every weight once, as the GPU's copy kernel is the GPU's.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn copy_bandwidth(bytes: usize) -> f64 {
+    use rayon::prelude::*;
+    let source = vec![1u8; bytes];
+    let mut target = vec![0u8; bytes];
+    let chunk = bytes.div_ceil(4 * threads()).max(1);
+    let mut copy = || {
+        let start = std::time::Instant::now();
+        on_pool(|| target.par_chunks_mut(chunk).zip(source.par_chunks(chunk)).for_each(|(t, s)| t.copy_from_slice(s)));
+        start.elapsed().as_secs_f64()
+    };
+    copy();
+    let best = (0..5).map(|_| copy()).fold(f64::INFINITY, f64::min);
+    2.0 * bytes as f64 / best.max(1e-9) / 1e9
+}

@@ -48,7 +48,8 @@ pub struct ModelArgs {
     /// Times each prompt length is run; medians and ranges are reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     repeats: u32,
-    /// Size of the copy kernel's buffers in MiB (the roofline's bandwidth).
+    /// Size of the copy kernel's buffers in MiB (the roofline's bandwidth; on the CPU backend,
+    /// of the two buffers a copy on its threads runs between, at least 256).
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
     copy_mib: u64,
     /// Skip the per-kernel-family profile of a decode step.
@@ -184,7 +185,11 @@ pub fn run(args: &ModelArgs) -> CliResult {
                 weight_bytes: model.weight_bytes(),
                 kv_cache_bytes: model.kv_cache_bytes(),
             };
-            (None, None, None, Some(cpu))
+            // The memory's copy rate with the backend's threads: a decode step's roofline. At
+            // least 256 MiB, past any CPU cache.
+            let copy = kestrel_cpu::copy_bandwidth((args.copy_mib.max(256) as usize) << 20);
+            eprintln!("copy on {} threads: {copy:.2} GB/s", cpu.threads);
+            (None, None, Some(copy), Some(cpu))
         }
     };
 
