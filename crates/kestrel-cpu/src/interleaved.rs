@@ -35,7 +35,9 @@ pub(crate) fn value_index(r: usize, b: usize, blocks: usize) -> usize {
     (r / GROUP_ROWS * blocks + b) * GROUP_ROWS + r % GROUP_ROWS
 }
 
-/// `rows` (a multiple of 8) rows of `Levels::Nibbles` levels, interleaved.
+/// `rows` (a multiple of 8) rows of `Levels::Nibbles` levels, interleaved (a matrix writes its
+/// levels to their places as it converts them; the tests build layouts with this).
+#[cfg(test)]
 pub(crate) fn interleave_levels(nibbles: &[u8], rows: usize, cols: usize) -> Vec<u8> {
     let blocks = cols / ACT_BLOCK;
     let mut out = vec![0u8; nibbles.len()];

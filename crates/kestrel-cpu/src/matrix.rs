@@ -6,7 +6,7 @@ use kestrel_gguf::quant::{int_groups, INT_GROUP};
 use kestrel_gguf::GgmlType;
 
 use crate::activations::{ActFormat, QuantizedRows};
-use crate::alloc::{split_off, with_capacity};
+use crate::alloc::{split_off, with_capacity, zeroed};
 use crate::dot::{f32_dot, int_products, IntRows, Levels, Scales};
 use crate::error::CpuError;
 use crate::interleaved::{self, GroupRows};
@@ -137,15 +137,25 @@ impl IntLayout {
 }
 
 impl IntWeights {
-    /// `n` weights stored as `bytes` of type `ty` (whole blocks: checked by the caller), converted
-    /// a run of blocks at a time into buffers allocated once, fallibly; `what` names the matrix
-    /// in an allocation error.
-    fn from_ggml(ty: GgmlType, bytes: &[u8], n: usize, what: &dyn Fn() -> String) -> Result<Self, CpuError> {
+    /// `rows` x `cols` weights stored as `bytes` of type `ty` (whole blocks: checked by the
+    /// caller), converted a run of blocks at a time into buffers allocated once, fallibly; `what`
+    /// names the matrix in an allocation error. Where the machine has the interleaved products
+    /// and the format suits them (4-bit levels, one scale per 32, whole groups of 8 rows), the
+    /// levels go straight to their interleaved places (`interleaved`'s layout), and the scales and
+    /// offsets are interleaved alike after.
+    fn from_ggml(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize, what: &dyn Fn() -> String) -> Result<Self, CpuError> {
+        let n = rows * cols;
         let IntLayout { group, nibbles, offset: has_offset } = IntLayout::of(ty);
         let per_group = group / INT_GROUP;
         let bias: i8 = if ty == GgmlType::Q4_0 { 8 } else { 0 };
-        let mut levels =
-            if nibbles { LevelStore::Nibbles(with_capacity(n / 2, what)?) } else { LevelStore::Bytes(with_capacity(n, what)?) };
+        let woven = nibbles && group == ACT_BLOCK && interleaved::has_simd() && rows.is_multiple_of(interleaved::GROUP_ROWS);
+        let mut levels = match (nibbles, woven) {
+            (true, true) => LevelStore::Nibbles8(zeroed(n / 2, what)?),
+            (true, false) => LevelStore::Nibbles(with_capacity(n / 2, what)?),
+            (false, _) => LevelStore::Bytes(with_capacity(n, what)?),
+        };
+        // Blocks converted so far, and blocks a row.
+        let (mut done, row_blocks) = (0, cols / ACT_BLOCK);
         let mut scale = with_capacity(n / group, what)?;
         let mut offset = if has_offset { Some(with_capacity(n / group, what)?) } else { None };
         let (block_bytes, block) = (ty.type_size() as usize, ty.block_size() as usize);
@@ -159,16 +169,39 @@ impl IntWeights {
                 (None, _) => {}
             }
             scale.extend(scales);
+            // Block of 32 levels: byte j holds level j in its low nibble and j + 16 in its high one.
+            let nibble_bytes = |block: &[i8]| -> [u8; ACT_BLOCK / 2] {
+                let (lo, hi) = block.split_at(ACT_BLOCK / 2);
+                let mut bytes = [0u8; ACT_BLOCK / 2];
+                for ((byte, &a), &b) in bytes.iter_mut().zip(lo).zip(hi) {
+                    *byte = (a + bias) as u8 & 0x0F | ((b + bias) as u8) << 4;
+                }
+                bytes
+            };
             match &mut levels {
-                // (Made Nibbles here: `interleaved` weaves them after.)
-                LevelStore::Nibbles(packed) | LevelStore::Nibbles8(packed) => {
+                LevelStore::Nibbles(packed) => {
                     for block in g.q.chunks_exact(ACT_BLOCK) {
-                        let (lo, hi) = block.split_at(ACT_BLOCK / 2);
-                        packed.extend(lo.iter().zip(hi).map(|(&a, &b)| (a + bias) as u8 & 0x0F | ((b + bias) as u8) << 4));
+                        packed.extend(nibble_bytes(block));
+                    }
+                }
+                LevelStore::Nibbles8(woven) => {
+                    for block in g.q.chunks_exact(ACT_BLOCK) {
+                        let (r, b) = (done / row_blocks, done % row_blocks);
+                        // The block's 4 runs of 4 bytes, each to its chunk of the row's group.
+                        for (j, run) in nibble_bytes(block).chunks_exact(4).enumerate() {
+                            let at = interleaved::byte_index(r, b, 4 * j, row_blocks);
+                            woven[at..at + 4].copy_from_slice(run);
+                        }
+                        done += 1;
                     }
                 }
                 LevelStore::Bytes(q) => q.extend_from_slice(&g.q),
             }
+        }
+        if woven {
+            scale = interleaved::interleave_values(&scale, rows, row_blocks, false);
+            // Q4_0's offsets are its bias times the scales: the interleaved products apply the bias.
+            offset = if bias == 0 { offset.map(|o| interleaved::interleave_values(&o, rows, row_blocks, false)) } else { None };
         }
         // Not in wasm: without F16C, converting a row's scales for each dot product costs more
         // than the bytes save (decode in Chromium went from 27 to 20 tok/s).
@@ -245,25 +278,6 @@ impl IntWeights {
             LevelStore::Nibbles8(_) => interleaved::GROUP_ROWS,
             _ => 1,
         }
-    }
-
-    /// These `rows` rows of `cols` weights interleaved in groups of 8 where the machine has the
-    /// products for that and the format suits them (4-bit levels, one scale per 32, whole
-    /// groups of rows); else as they are. Native only (`interleaved::has_simd`), where an
-    /// allocation failure is not the risk it is in 32-bit wasm.
-    fn interleaved(self, rows: usize, cols: usize) -> Self {
-        let LevelStore::Nibbles(n) = &self.levels else { return self };
-        if !interleaved::has_simd() || self.group != ACT_BLOCK || !rows.is_multiple_of(interleaved::GROUP_ROWS) {
-            return self;
-        }
-        let blocks = cols / ACT_BLOCK;
-        let levels = LevelStore::Nibbles8(interleaved::interleave_levels(n, rows, cols));
-        let weave = |s: &ScaleStore| {
-            s.map(|v| interleaved::interleave_values(v, rows, blocks, false), |h| interleaved::interleave_values(h, rows, blocks, false))
-        };
-        // Q4_0's offsets are its bias times the scales: the interleaved products apply the bias.
-        let offset = if self.bias == 0 { self.offset.as_ref().map(weave) } else { None };
-        Self { levels, scale: weave(&self.scale), offset, ..self }
     }
 
     /// Interleaved rows back one after another (`rows` rows of `cols` weights).
@@ -353,7 +367,7 @@ impl Matrix {
                 if ty.row_bytes(n as u64) != Some(bytes.len() as u64) {
                     return Err(CpuError::Shape { rows, cols, reason: format!("{} bytes are not its {ty} data", bytes.len()) });
                 }
-                Weights::Int(IntWeights::from_ggml(ty, bytes, n, &what)?.interleaved(rows, cols))
+                Weights::Int(IntWeights::from_ggml(ty, bytes, rows, cols, &what)?)
             }
             _ => return Err(CpuError::UnsupportedType { ty }),
         };
