@@ -21,12 +21,14 @@ pub(crate) fn with_capacity<T>(len: usize, what: &dyn Fn() -> String) -> Result<
 /// Types whose all-zero bits are a valid value, for `zeroed`.
 pub trait ZeroBits: Copy + sealed::Sealed {}
 impl ZeroBits for u8 {}
+impl ZeroBits for i8 {}
 impl ZeroBits for u16 {}
 impl ZeroBits for f32 {}
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for u8 {}
+    impl Sealed for i8 {}
     impl Sealed for u16 {}
     impl Sealed for f32 {}
 }
@@ -40,7 +42,7 @@ pub fn zeroed<T: ZeroBits>(len: usize, what: &dyn Fn() -> String) -> Result<Vec<
     }
     // Fails above isize::MAX bytes (2 GiB in wasm32), as a Vec's capacity would.
     let layout = Layout::array::<T>(len).map_err(|_| no_room::<T>(len, what))?;
-    // SAFETY: the layout's size is non-zero (len > 0, and u8, u16 and f32 are not zero-sized).
+    // SAFETY: the layout's size is non-zero (len > 0, and none of the types is zero-sized).
     let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
     if ptr.is_null() {
         return Err(no_room::<T>(len, what));

@@ -281,7 +281,7 @@ pub fn f32_dot_portable(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{ActRow, IntRows, Levels, Scales, F32_LANES};
@@ -554,7 +554,7 @@ mod avx2 {
     /// Values i..i + 8 of `s` (which has them) as f32 lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn eight_scales(s: Scales<'_>, i: usize) -> __m256 {
+    pub(crate) unsafe fn eight_scales(s: Scales<'_>, i: usize) -> __m256 {
         match s {
             Scales::F32(v) => _mm256_loadu_ps(v.as_ptr().add(i)),
             Scales::F16(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(i).cast())),

@@ -159,41 +159,49 @@ pub(crate) fn products_portable(w: GroupRows<'_>, x: &QuantizedRows, out: &mut [
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{GroupRows, GROUP_ROWS, ROW_BLOCK_BYTES};
     use crate::activations::QuantizedRows;
-    use crate::dot::{ActRow, Scales};
+    use crate::dot::avx2::eight_scales;
+    use crate::dot::ActRow;
     use crate::ACT_BLOCK;
 
     /// Bytes of one group's block.
     const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * ROW_BLOCK_BYTES;
-    /// Tokens a tile computes: each group's block is loaded and split into nibbles once for them.
-    const TOKENS: usize = 4;
+    /// Tokens a tile computes: each group's block is loaded (and split into nibbles) once for them.
+    pub(crate) const TOKENS: usize = 4;
     /// How far ahead of the block being read the levels are fetched into the cache, in bytes (a
     /// decode step streams every weight once; the hardware prefetchers stop at each 4 KiB page).
-    const PREFETCH_BYTES: usize = 4096;
+    pub(crate) const PREFETCH_BYTES: usize = 4096;
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn products(w: GroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-        let acts: Vec<ActRow<'_>> = (0..n).map(|t| x.row(t, w.cols)).collect();
+    /// A token tile's sums: `sums[token][row]` for a group's 8 rows.
+    pub(crate) type TileSums = [[f32; GROUP_ROWS]; TOKENS];
+
+    /// `out[r·n + t]` for the `rows` weight rows (whole groups of 8) and the `n` rows of `x` (of
+    /// `cols` values), tile by tile: `tile(g, acts, tokens, sums)` computes group g's 8 rows for the
+    /// first `tokens` of `acts` (a tile of fewer than `TOKENS` repeats its last row in the unused
+    /// places), for the interleaved nibble and byte layouts alike.
+    pub(crate) fn by_tiles(
+        x: &QuantizedRows,
+        cols: usize,
+        rows: usize,
+        n: usize,
+        out: &mut [f32],
+        mut tile: impl FnMut(usize, &[ActRow<'_>; TOKENS], usize, &mut TileSums),
+    ) {
+        let acts: Vec<ActRow<'_>> = (0..n).map(|t| x.row(t, cols)).collect();
         for g in 0..rows / GROUP_ROWS {
             let mut t = 0;
             while t < n {
                 let tile_tokens = (n - t).min(TOKENS);
-                // A tile of fewer tokens repeats its last row in the unused places.
                 let tile_acts: [ActRow<'_>; TOKENS] = std::array::from_fn(|i| acts[t + i.min(tile_tokens - 1)]);
                 let mut sums = [[0f32; GROUP_ROWS]; TOKENS];
-                match tile_tokens {
-                    4 => tile::<4>(&w, g, &tile_acts, &mut sums),
-                    3 => tile::<3>(&w, g, &tile_acts, &mut sums),
-                    2 => tile::<2>(&w, g, &tile_acts, &mut sums),
-                    _ => tile::<1>(&w, g, &tile_acts, &mut sums),
-                }
+                tile(g, &tile_acts, tile_tokens, &mut sums);
                 for (j, token) in sums.iter().enumerate().take(tile_tokens) {
                     for (i, &v) in token.iter().enumerate() {
-                        *out.get_unchecked_mut((g * GROUP_ROWS + i) * n + t + j) = v;
+                        out[(g * GROUP_ROWS + i) * n + t + j] = v;
                     }
                 }
                 t += tile_tokens;
@@ -201,10 +209,22 @@ mod avx2 {
         }
     }
 
+    /// # Safety
+    /// AVX2, FMA and F16C are present, and `w`, `x` and `out` have the shapes `products` checks.
+    pub(super) unsafe fn products(w: GroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
+        by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match tokens {
+            // SAFETY: as this function's.
+            4 => unsafe { tile::<4>(&w, g, acts, sums) },
+            3 => unsafe { tile::<3>(&w, g, acts, sums) },
+            2 => unsafe { tile::<2>(&w, g, acts, sums) },
+            _ => unsafe { tile::<1>(&w, g, acts, sums) },
+        });
+    }
+
     /// Group g's 8 rows times the first `T` of `acts`, into `sums[token][row]`.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const T: usize>(w: &GroupRows<'_>, g: usize, acts: &[ActRow<'_>; TOKENS], sums: &mut [[f32; GROUP_ROWS]; TOKENS]) {
+    unsafe fn tile<const T: usize>(w: &GroupRows<'_>, g: usize, acts: &[ActRow<'_>; TOKENS], sums: &mut TileSums) {
         let blocks = w.cols / ACT_BLOCK;
         let levels = w.levels.as_ptr().add(g * blocks * GROUP_BLOCK_BYTES);
         let (mask, ones, minus_bias) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1), _mm256_set1_ps(-w.bias));
@@ -217,8 +237,8 @@ mod avx2 {
             let low: [__m256i; 4] = std::array::from_fn(|k| _mm256_and_si256(raw[k], mask));
             let high: [__m256i; 4] = std::array::from_fn(|k| _mm256_and_si256(_mm256_srli_epi16(raw[k], 4), mask));
             let at = (g * blocks + b) * GROUP_ROWS;
-            let scale = eight(w.scale, at);
-            let offset = w.offset.map(|o| eight(o, at));
+            let scale = eight_scales(w.scale, at);
+            let offset = w.offset.map(|o| eight_scales(o, at));
             for j in 0..T {
                 let q = acts[j].q.as_ptr().add(b * ACT_BLOCK);
                 // Each maddubs lane pair is at most 2 · 15 · 128 apart from zero, so the 8 of
@@ -243,16 +263,6 @@ mod avx2 {
         }
         for j in 0..T {
             _mm256_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
-        }
-    }
-
-    /// Values i..i + 8 of `s` as f32 lanes.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn eight(s: Scales<'_>, i: usize) -> __m256 {
-        match s {
-            Scales::F32(v) => _mm256_loadu_ps(v.as_ptr().add(i)),
-            Scales::F16(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(i).cast())),
         }
     }
 }

@@ -11,6 +11,7 @@ mod attention;
 mod dot;
 mod error;
 mod interleaved;
+mod interleaved_bytes;
 mod matrix;
 mod parallel;
 

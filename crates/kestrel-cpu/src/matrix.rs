@@ -10,6 +10,7 @@ use crate::alloc::{split_off, with_capacity, zeroed};
 use crate::dot::{f32_dot, int_products, IntRows, Levels, Scales};
 use crate::error::CpuError;
 use crate::interleaved::{self, GroupRows};
+use crate::interleaved_bytes::{self, ByteGroupRows};
 use crate::parallel::{for_each_chunk, for_row_chunks};
 
 /// Tokens a task of a product's transposition takes: a cache line of f32 sums.
@@ -100,6 +101,10 @@ impl ScaleStore {
     }
 }
 
+/// The quantized types kept as integer levels with scales (the ones the GPU runs).
+const INT_TYPES: [GgmlType; 8] =
+    [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+
 /// Formats of at most 4 bits keep two levels a byte, half the memory a decode step streams.
 enum LevelStore {
     /// Block of 32: byte j holds weight j in the low nibble and j + 16 in the high one.
@@ -109,6 +114,9 @@ enum LevelStore {
     /// (`interleaved`'s layout; the scales and offsets are interleaved alike). Where the machine
     /// has their SIMD code, for 4-bit formats of one scale per 32 weights and a multiple of 8 rows.
     Nibbles8(Vec<u8>),
+    /// Byte levels of rows in groups of 8, interleaved alike (`interleaved_bytes`' layout), for
+    /// the other formats, where the machine has the SIMD code and for a multiple of 8 rows.
+    Bytes8(Vec<i8>),
 }
 
 /// Blocks decoded to integers at a time: a few hundred KiB of transient integers, where decoding
@@ -148,11 +156,12 @@ impl IntWeights {
         let IntLayout { group, nibbles, offset: has_offset } = IntLayout::of(ty);
         let per_group = group / INT_GROUP;
         let bias: i8 = if ty == GgmlType::Q4_0 { 8 } else { 0 };
-        let woven = nibbles && group == ACT_BLOCK && interleaved::has_simd() && rows.is_multiple_of(interleaved::GROUP_ROWS);
+        let woven = (group == ACT_BLOCK || !nibbles) && interleaved::has_simd() && rows.is_multiple_of(interleaved::GROUP_ROWS);
         let mut levels = match (nibbles, woven) {
             (true, true) => LevelStore::Nibbles8(zeroed(n / 2, what)?),
             (true, false) => LevelStore::Nibbles(with_capacity(n / 2, what)?),
-            (false, _) => LevelStore::Bytes(with_capacity(n, what)?),
+            (false, true) => LevelStore::Bytes8(zeroed(n, what)?),
+            (false, false) => LevelStore::Bytes(with_capacity(n, what)?),
         };
         // Blocks converted so far, and blocks a row.
         let (mut done, row_blocks) = (0, cols / ACT_BLOCK);
@@ -195,13 +204,25 @@ impl IntWeights {
                         done += 1;
                     }
                 }
+                LevelStore::Bytes8(woven) => {
+                    for block in g.q.chunks_exact(ACT_BLOCK) {
+                        let (r, b) = (done / row_blocks, done % row_blocks);
+                        // The block's 8 runs of 4 levels, each to its chunk of the row's group.
+                        for (j, run) in block.chunks_exact(4).enumerate() {
+                            let at = interleaved_bytes::level_index(r, b, 4 * j, row_blocks);
+                            woven[at..at + 4].copy_from_slice(run);
+                        }
+                        done += 1;
+                    }
+                }
                 LevelStore::Bytes(q) => q.extend_from_slice(&g.q),
             }
         }
         if woven {
-            scale = interleaved::interleave_values(&scale, rows, row_blocks, false);
+            let row_groups = cols / group;
+            scale = interleaved::interleave_values(&scale, rows, row_groups, false);
             // Q4_0's offsets are its bias times the scales: the interleaved products apply the bias.
-            offset = if bias == 0 { offset.map(|o| interleaved::interleave_values(&o, rows, row_blocks, false)) } else { None };
+            offset = if bias == 0 { offset.map(|o| interleaved::interleave_values(&o, rows, row_groups, false)) } else { None };
         }
         // Not in wasm: without F16C, converting a row's scales for each dot product costs more
         // than the bytes save (decode in Chromium went from 27 to 20 tok/s).
@@ -215,7 +236,7 @@ impl IntWeights {
     fn bytes(&self) -> usize {
         let levels = match &self.levels {
             LevelStore::Nibbles(n) | LevelStore::Nibbles8(n) => n.len(),
-            LevelStore::Bytes(q) => q.len(),
+            LevelStore::Bytes(q) | LevelStore::Bytes8(q) => q.len(),
         };
         levels + self.scale.bytes() + self.offset.as_ref().map_or(0, ScaleStore::bytes)
     }
@@ -230,14 +251,18 @@ impl IntWeights {
                 nibble(n[interleaved::byte_index(r, e / ACT_BLOCK, e % (ACT_BLOCK / 2), cols / ACT_BLOCK)])
             }
             LevelStore::Bytes(q) => q[i],
+            LevelStore::Bytes8(q) => {
+                let (r, e) = (i / cols, i % cols);
+                q[interleaved_bytes::level_index(r, e / ACT_BLOCK, e % ACT_BLOCK, cols / ACT_BLOCK)]
+            }
         }
     }
 
     /// Where the scale (and offset) of weight `i` is kept.
     fn group_of(&self, i: usize, cols: usize) -> usize {
         match &self.levels {
-            LevelStore::Nibbles8(_) => interleaved::value_index(i / cols, i % cols / ACT_BLOCK, cols / ACT_BLOCK),
-            _ => i / self.group,
+            LevelStore::Nibbles8(_) | LevelStore::Bytes8(_) => interleaved::value_index(i / cols, i % cols / self.group, cols / self.group),
+            LevelStore::Nibbles(_) | LevelStore::Bytes(_) => i / self.group,
         }
     }
 
@@ -268,6 +293,10 @@ impl IntWeights {
                 let levels = &n[first * cols / 2..][..count * cols / 2];
                 return interleaved::products(GroupRows { levels, scale, offset, bias: f32::from(self.bias), cols }, x, out);
             }
+            LevelStore::Bytes8(q) => {
+                let levels = &q[first * cols..][..count * cols];
+                return interleaved_bytes::products(ByteGroupRows { levels, group: self.group, scale, offset, cols }, x, out);
+            }
         };
         int_products(IntRows { levels, group: self.group, scale, offset, cols }, x, out)
     }
@@ -275,18 +304,21 @@ impl IntWeights {
     /// The rows a product's task takes a multiple of.
     fn rows_per_task(&self) -> usize {
         match self.levels {
-            LevelStore::Nibbles8(_) => interleaved::GROUP_ROWS,
-            _ => 1,
+            LevelStore::Nibbles8(_) | LevelStore::Bytes8(_) => interleaved::GROUP_ROWS,
+            LevelStore::Nibbles(_) | LevelStore::Bytes(_) => 1,
         }
     }
 
     /// Interleaved rows back one after another (`rows` rows of `cols` weights).
     fn deinterleaved(self, rows: usize, cols: usize) -> Self {
-        let LevelStore::Nibbles8(n) = &self.levels else { return self };
-        let blocks = cols / ACT_BLOCK;
-        let levels = LevelStore::Nibbles(interleaved::deinterleave_levels(n, rows, cols));
+        let levels = match &self.levels {
+            LevelStore::Nibbles8(n) => LevelStore::Nibbles(interleaved::deinterleave_levels(n, rows, cols)),
+            LevelStore::Bytes8(q) => LevelStore::Bytes(interleaved_bytes::deinterleave_levels(q, rows, cols)),
+            LevelStore::Nibbles(_) | LevelStore::Bytes(_) => return self,
+        };
+        let groups = cols / self.group;
         let unweave = |s: &ScaleStore| {
-            s.map(|v| interleaved::interleave_values(v, rows, blocks, true), |h| interleaved::interleave_values(h, rows, blocks, true))
+            s.map(|v| interleaved::interleave_values(v, rows, groups, true), |h| interleaved::interleave_values(h, rows, groups, true))
         };
         let scale = unweave(&self.scale);
         // The row kernels take Q4_0's bias as offsets of -bias · scale (exact in f16 too: the
@@ -322,6 +354,10 @@ impl IntWeights {
                 let tail = split_off(&mut q, at * cols, what)?;
                 (LevelStore::Bytes(q), LevelStore::Bytes(tail))
             }
+            LevelStore::Bytes8(mut q) => {
+                let tail = split_off(&mut q, at * cols, what)?;
+                (LevelStore::Bytes8(q), LevelStore::Bytes8(tail))
+            }
         };
         let scale_tail = scale.split_off(at * cols / group, what)?;
         let (offset, offset_tail) = match offset {
@@ -352,14 +388,7 @@ impl Matrix {
                 kestrel_gguf::quant::dequantize(ty, bytes, &mut values)?;
                 Weights::F32(values)
             }
-            GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q8_0
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K => {
+            ty if INT_TYPES.contains(&ty) => {
                 if !cols.is_multiple_of(ty.block_size() as usize) {
                     return Err(CpuError::Shape { rows, cols, reason: format!("rows are not whole {ty} blocks") });
                 }
@@ -388,14 +417,7 @@ impl Matrix {
     pub fn stored_bytes(ty: GgmlType, n: u64, f16_scales: bool) -> Option<u64> {
         match ty {
             GgmlType::F32 | GgmlType::F16 => n.checked_mul(4),
-            GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q8_0
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K => {
+            ty if INT_TYPES.contains(&ty) => {
                 let layout = IntLayout::of(ty);
                 let levels = if layout.nibbles { n / 2 } else { n };
                 let scale_bytes = if f16_scales { 2 } else { 4 };

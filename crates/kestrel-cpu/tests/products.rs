@@ -81,7 +81,7 @@ fn products_match_f32_within_the_activation_rounding_bound() {
 fn split_rows_keeps_each_half_of_the_product() {
     let mut rng = StdRng::seed_from_u64(8);
     let (rows, cols) = (96, 256);
-    for ty in [GgmlType::Q4_K, GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::F32] {
+    for ty in [GgmlType::Q4_K, GgmlType::Q4_1, GgmlType::Q4_0, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F32] {
         let bytes = quant::quantize(ty, &random(&mut rng, rows * cols, 0.1)).unwrap();
         let whole = Matrix::from_ggml(ty, &bytes, rows, cols).unwrap().apply(&random(&mut StdRng::seed_from_u64(1), cols, 1.0));
         let x = random(&mut StdRng::seed_from_u64(1), cols, 1.0);

@@ -1,0 +1,245 @@
+//! Weight rows of byte levels (Q8_0, Q5_0, Q5_1, Q5_K, Q6_K) in groups of 8, interleaved as
+//! `interleaved` does the 4-bit ones: one 32-byte load holds 4 levels of each of the 8 rows, and a
+//! `maddubs` of their magnitudes with 4 activation bytes (given the levels' signs) broadcast to
+//! every lane sums 4 weights of all 8 rows at once; a block's 8 such loads end as one vector of
+//! the 8 rows' integer sums (two for Q6_K's groups of 16), converted, scaled and accumulated
+//! once for the 8 rows.
+//!
+//! Layout (`cols` weights a row, `blocks = cols / 32`): level `m` of chunk `k` (0..8) of row `i`
+//! (0..8) of row group `g`, block `b`, sits at `((g · blocks + b) · 8 + k) · 32 + 4 · i + m`, and
+//! is level `4k + m` of that row's block. Scales and offsets, one per group of 16 or 32 weights,
+//! are interleaved as `interleaved::value_index` says, with the groups of a row for its blocks.
+
+use crate::activations::QuantizedRows;
+use crate::dot::Scales;
+use crate::interleaved::{value_index, GROUP_ROWS};
+use crate::ACT_BLOCK;
+
+/// Where level `e` (0..32) of row `r`'s block `b` lies in the interleaved levels.
+#[inline]
+pub(crate) fn level_index(r: usize, b: usize, e: usize, blocks: usize) -> usize {
+    let (g, i) = (r / GROUP_ROWS, r % GROUP_ROWS);
+    ((g * blocks + b) * 8 + e / 4) * 32 + 4 * i + e % 4
+}
+
+/// The interleaved levels back one row after another.
+pub(crate) fn deinterleave_levels(levels: &[i8], rows: usize, cols: usize) -> Vec<i8> {
+    let blocks = cols / ACT_BLOCK;
+    let mut out = vec![0i8; levels.len()];
+    for r in 0..rows {
+        for b in 0..blocks {
+            for e in 0..ACT_BLOCK {
+                out[(r * blocks + b) * ACT_BLOCK + e] = levels[level_index(r, b, e, blocks)];
+            }
+        }
+    }
+    out
+}
+
+/// Consecutive whole groups of interleaved rows: their levels, scales and offsets, a scale per
+/// `group` (16 or 32) weights; `w = scale · level + offset`.
+#[derive(Clone, Copy)]
+pub(crate) struct ByteGroupRows<'a> {
+    pub levels: &'a [i8],
+    pub group: usize,
+    pub scale: Scales<'a>,
+    pub offset: Option<Scales<'a>>,
+    pub cols: usize,
+}
+
+impl ByteGroupRows<'_> {
+    fn rows(&self) -> usize {
+        self.levels.len() / self.cols
+    }
+}
+
+/// `out[r·n + t] = Σ_e w_r[e]·x_t[e]` for the rows of `w` and the `n` rows of `x`.
+pub(crate) fn products(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &mut [f32]) {
+    let (rows, n) = (w.rows(), x.rows(w.cols));
+    assert!(
+        w.cols.is_multiple_of(ACT_BLOCK)
+            && matches!(w.group, 16 | 32)
+            && rows.is_multiple_of(GROUP_ROWS)
+            && w.scale.len() * w.group == rows * w.cols
+            && w.offset.is_none_or(|o| o.len() == w.scale.len() && w.group == ACT_BLOCK)
+            && out.len() == rows * n
+            && x.d.len() * ACT_BLOCK == x.q.len(),
+        "interleaved byte products: shapes differ"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::interleaved::has_simd() {
+        // SAFETY: AVX2, FMA and F16C are present; the shapes were checked above, and every load
+        // reads within the group's levels and scales and a token's activation row.
+        unsafe { avx2::products(w, x, out, rows, n) };
+        return;
+    }
+    products_portable(w, x, out, rows, n);
+}
+
+/// The products one weight at a time: the reference the SIMD code is tested against.
+pub(crate) fn products_portable(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
+    let (blocks, groups) = (w.cols / ACT_BLOCK, w.cols / w.group);
+    for r in 0..rows {
+        for t in 0..n {
+            let act = x.row(t, w.cols);
+            let mut sum = 0f32;
+            for b in 0..blocks {
+                let q = &act.q[b * ACT_BLOCK..][..ACT_BLOCK];
+                for part in 0..ACT_BLOCK / w.group {
+                    let range = part * w.group..(part + 1) * w.group;
+                    let isum: i32 = range.map(|e| i32::from(w.levels[level_index(r, b, e, blocks)]) * i32::from(q[e])).sum();
+                    let at = value_index(r, b * ACT_BLOCK / w.group + part, groups);
+                    sum += w.scale.get(at) * act.d[b] * isum as f32;
+                }
+                if let Some(offset) = w.offset {
+                    sum += offset.get(value_index(r, b, groups)) * act.sums32[b];
+                }
+            }
+            out[r * n + t] = sum;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{ByteGroupRows, GROUP_ROWS};
+    use crate::activations::QuantizedRows;
+    use crate::dot::avx2::eight_scales;
+    use crate::dot::ActRow;
+    use crate::interleaved::avx2::{by_tiles, TileSums, PREFETCH_BYTES, TOKENS};
+    use crate::ACT_BLOCK;
+
+    /// Bytes of one group's block: 8 rows of 32 levels.
+    const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * ACT_BLOCK;
+
+    /// # Safety
+    /// AVX2, FMA and F16C are present, and `w`, `x` and `out` have the shapes `products` checks.
+    pub(super) unsafe fn products(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
+        by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match (w.group == ACT_BLOCK, tokens) {
+            // SAFETY: as this function's.
+            (true, 4) => unsafe { tile::<4, false>(&w, g, acts, sums) },
+            (true, 3) => unsafe { tile::<3, false>(&w, g, acts, sums) },
+            (true, 2) => unsafe { tile::<2, false>(&w, g, acts, sums) },
+            (true, _) => unsafe { tile::<1, false>(&w, g, acts, sums) },
+            (false, 4) => unsafe { tile::<4, true>(&w, g, acts, sums) },
+            (false, 3) => unsafe { tile::<3, true>(&w, g, acts, sums) },
+            (false, 2) => unsafe { tile::<2, true>(&w, g, acts, sums) },
+            (false, _) => unsafe { tile::<1, true>(&w, g, acts, sums) },
+        });
+    }
+
+    /// Group g's 8 rows times the first `T` of `acts`, into `sums[token][row]`; `HALVES`: a scale
+    /// per 16 weights (chunks 0-3 of a block are its first 16, 4-7 its second).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const T: usize, const HALVES: bool>(w: &ByteGroupRows<'_>, g: usize, acts: &[ActRow<'_>; TOKENS], sums: &mut TileSums) {
+        let (blocks, groups) = (w.cols / ACT_BLOCK, w.cols / w.group);
+        let levels = w.levels.as_ptr().add(g * blocks * GROUP_BLOCK_BYTES);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..blocks {
+            let block = levels.add(b * GROUP_BLOCK_BYTES);
+            for line in 0..GROUP_BLOCK_BYTES / 64 {
+                _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_BYTES + 64 * line).cast());
+            }
+            // i32 sums of each row's first and second 16 weights (all 32 in `first` without HALVES).
+            let mut first = [_mm256_setzero_si256(); T];
+            let mut second = [_mm256_setzero_si256(); T];
+            for k in 0..8 {
+                let levels = _mm256_loadu_si256(block.add(32 * k).cast());
+                let magnitudes = _mm256_sign_epi8(levels, levels);
+                for j in 0..T {
+                    let x = _mm256_set1_epi32(acts[j].q.as_ptr().add(b * ACT_BLOCK + 4 * k).cast::<i32>().read_unaligned());
+                    // |w| · (x with w's sign): at most 2 · 128 · 127 a pair, within i16.
+                    let four = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(x, levels)), ones);
+                    if HALVES && k >= 4 {
+                        second[j] = _mm256_add_epi32(second[j], four);
+                    } else {
+                        first[j] = _mm256_add_epi32(first[j], four);
+                    }
+                }
+            }
+            let (scale_first, scale_second) = if HALVES {
+                (eight_scales(w.scale, (g * groups + 2 * b) * GROUP_ROWS), eight_scales(w.scale, (g * groups + 2 * b + 1) * GROUP_ROWS))
+            } else {
+                let s = eight_scales(w.scale, (g * groups + b) * GROUP_ROWS);
+                (s, s)
+            };
+            let offset = w.offset.map(|o| eight_scales(o, (g * groups + b) * GROUP_ROWS));
+            for j in 0..T {
+                let d = _mm256_set1_ps(*acts[j].d.get_unchecked(b));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first[j]), _mm256_mul_ps(scale_first, d), acc[j]);
+                if HALVES {
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second[j]), _mm256_mul_ps(scale_second, d), acc[j]);
+                }
+                if let Some(offset) = offset {
+                    acc[j] = _mm256_fmadd_ps(offset, _mm256_set1_ps(*acts[j].sums32.get_unchecked(b)), acc[j]);
+                }
+            }
+        }
+        for j in 0..T {
+            _mm256_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::activations::ActFormat;
+    use crate::dot::{int_products, IntRows, Levels};
+    use crate::interleaved::interleave_values;
+
+    /// The interleaved byte products give the row kernels' sums for the same weights (up to the
+    /// order of the f32 additions), with scales per 32 and per 16, f32 and f16, with and without
+    /// offsets, for one token, a whole tile and a tile's remainder.
+    #[test]
+    fn interleaved_byte_products_are_the_row_layouts() {
+        let (rows, cols) = (16, 256);
+        let blocks = cols / ACT_BLOCK;
+        let plain_levels: Vec<i8> = (0..rows * cols).map(|i| ((i * 37 % 255) as i32 - 127) as i8).collect();
+        let mut woven = vec![0i8; rows * cols];
+        for r in 0..rows {
+            for b in 0..blocks {
+                for e in 0..ACT_BLOCK {
+                    woven[level_index(r, b, e, blocks)] = plain_levels[(r * blocks + b) * ACT_BLOCK + e];
+                }
+            }
+        }
+        assert_eq!(deinterleave_levels(&woven, rows, cols), plain_levels);
+        let x: Vec<f32> = (0..5 * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
+        for group in [32, 16] {
+            let groups = cols / group;
+            // Exact in f16, so both storages give the same sums.
+            let scale: Vec<f32> = (0..rows * groups).map(|g| (1 + g % 11) as f32 / 256.0).collect();
+            let offset: Vec<f32> = (0..rows * groups).map(|g| -((g % 13) as f32) / 64.0).collect();
+            let (scale_w, offset_w) = (interleave_values(&scale, rows, groups, false), interleave_values(&offset, rows, groups, false));
+            let to_f16 = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
+            let (scale16, scale16_w) = (to_f16(&scale), to_f16(&scale_w));
+            for (format, n) in [ActFormat::Q8_0, ActFormat::Q8K].into_iter().flat_map(|f| [1, 4, 5].map(|n| (f, n))) {
+                let xq = QuantizedRows::new(&x[..n * cols], format);
+                let offsets = if group == ACT_BLOCK { vec![false, true] } else { vec![false] };
+                for with_offset in offsets {
+                    for (s, s_w) in [(Scales::F32(&scale), Scales::F32(&scale_w)), (Scales::F16(&scale16), Scales::F16(&scale16_w))] {
+                        let (o, o_w) = (with_offset.then_some(Scales::F32(&offset)), with_offset.then_some(Scales::F32(&offset_w)));
+                        let plain = IntRows { levels: Levels::Bytes(&plain_levels), group, scale: s, offset: o, cols };
+                        let w = ByteGroupRows { levels: &woven, group, scale: s_w, offset: o_w, cols };
+                        let (mut want, mut got, mut portable) = (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; rows * n]);
+                        int_products(plain, &xq, &mut want);
+                        products(w, &xq, &mut got);
+                        products_portable(w, &xq, &mut portable, rows, n);
+                        for (i, ((g, p), w)) in got.iter().zip(&portable).zip(&want).enumerate() {
+                            let tolerance = 1e-4 * w.abs().max(1.0);
+                            assert!(
+                                (g - w).abs() <= tolerance && (p - w).abs() <= tolerance,
+                                "group {group} {format:?} n {n} offset {with_offset} [{i}]: {g} / {p} vs {w}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
