@@ -17,7 +17,6 @@ mod parallel;
 
 pub use alloc::{zeroed, ZeroBits};
 pub use attention::{Attention, KvRows};
-pub use dot::f32_dot_portable;
 pub use error::CpuError;
 pub use matrix::Matrix;
 

@@ -1,6 +1,6 @@
 //! GGUF for Kestrel: an incremental reader (header first, then each tensor's bytes as they
-//! arrive), the ggml quant block formats with CPU (de)quantizers and the GPU repacking, a
-//! writer and a whole-file quantizer.
+//! arrive), the ggml quant block formats with CPU (de)quantizers, a writer and a whole-file
+//! quantizer. File formats only: the GPU's layout of the blocks is kestrel-gpu's.
 
 mod cursor;
 mod error;
@@ -23,7 +23,7 @@ pub use header::{
     parse_header, GgufHeader, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GGUF_MAGIC, MAX_ARRAY_LEN, MAX_METADATA_KEYS, MAX_NESTING, MAX_TENSORS,
 };
 pub use metadata::{Metadata, MetadataValue};
-pub use quant::{dequantize, is_gpu_supported, pack_for_gpu, quantize, unpack_from_gpu, GpuPacked};
+pub use quant::{dequantize, quantize};
 pub use quantize_file::{quantize_model, QuantizeReport};
 pub use quantize_recipe::QuantizeTarget;
 pub use stream::{EventSink, GgufStreamReader, StreamEvent, MAX_HEADER_BYTES};

@@ -1,9 +1,9 @@
-//! Quant formats: hand-checked blocks, round-trip bounds, GPU packing, and agreement with the
-//! `gguf` Python package on the default model.
+//! Quant formats: hand-checked blocks, round-trip bounds, and agreement with the `gguf` Python
+//! package on the default model.
 
 mod common;
 
-use kestrel_gguf::{dequantize, pack_for_gpu, parse_header, quantize, unpack_from_gpu, GgmlType, GgufError};
+use kestrel_gguf::{dequantize, parse_header, quantize, GgmlType, GgufError};
 use rand::{Rng, SeedableRng};
 
 fn hex(s: &str) -> Vec<u8> {
@@ -136,60 +136,6 @@ fn size_and_type_errors() {
     assert!(matches!(dequantize(GgmlType::Q8_0, &[0; 33], &mut out), Err(GgufError::SizeMismatch { .. })));
     assert!(matches!(dequantize(GgmlType::Q8_0, &[0; 34], &mut out[..31]), Err(GgufError::SizeMismatch { .. })));
     assert!(matches!(quantize(GgmlType::Q4_1, &[0.0; 33]), Err(GgufError::SizeMismatch { .. })));
-}
-
-#[test]
-fn gpu_pack_round_trips_random_blocks() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(4);
-    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1] {
-        for (rows, cols) in [(1, 32), (3, 32), (5, 96), (2, 64), (7, 160)] {
-            // Random bytes: scales get arbitrary f16 bit patterns, NaN and infinity included.
-            let n = ty.row_bytes(cols).unwrap() * rows;
-            let bytes: Vec<u8> = (0..n).map(|_| rng.random()).collect();
-            let packed = pack_for_gpu(ty, &bytes, rows, cols).unwrap();
-            assert_eq!(unpack_from_gpu(ty, &packed, rows, cols).unwrap(), bytes, "{ty} {rows}x{cols}");
-        }
-    }
-}
-
-#[test]
-fn gpu_layout_is_as_documented() {
-    // One row is padded to a tile of 32 rows: quant word j of row 0 is word 32 j.
-    let tile = kestrel_gguf::quant::ROW_TILE as usize;
-    // Three Q8_0 blocks: 24 quant words, then 2 scale words, the last one's high half zero.
-    let mut bytes = Vec::new();
-    for b in 0..3u8 {
-        bytes.extend([0x11 * (b + 1), 0xA0 + b]); // d
-        bytes.extend((0..32).map(|j| j + 32 * b)); // qs
-    }
-    let p = pack_for_gpu(GgmlType::Q8_0, &bytes, 1, 96).unwrap();
-    assert_eq!(p.scale_offset as usize, 24 * tile);
-    assert_eq!(p.words.len(), 24 * tile + 2);
-    assert_eq!(p.words[0], u32::from_le_bytes([0, 1, 2, 3]));
-    assert_eq!(p.words[8 * tile], u32::from_le_bytes([32, 33, 34, 35]));
-    assert!(p.words[1..tile].iter().all(|&w| w == 0), "padding rows are zero");
-    assert_eq!(p.words[24 * tile], 0xA011 | (0xA122 << 16));
-    assert_eq!(p.words[24 * tile + 1], 0xA233);
-
-    // One Q4_1 block: 4 quant words, then d | m << 16.
-    let mut block = vec![0x34, 0x12, 0x78, 0x56];
-    block.extend(0..16u8);
-    let p = pack_for_gpu(GgmlType::Q4_1, &block, 1, 32).unwrap();
-    let quants: Vec<u32> = (0..4).map(|j| p.words[j * tile]).collect();
-    assert_eq!(quants, [0x0302_0100, 0x0706_0504, 0x0B0A_0908, 0x0F0E_0D0C]);
-    assert_eq!((p.scale_offset as usize, p.words[4 * tile]), (4 * tile, 0x5678_1234));
-
-    // Q4_0 scales pair up like Q8_0's.
-    let p = pack_for_gpu(GgmlType::Q4_0, &[[0x01, 0x3C].as_slice(), &[0u8; 16]].concat(), 1, 32).unwrap();
-    assert_eq!((p.words.len(), p.scale_offset as usize, p.words[4 * tile]), (4 * tile + 1, 4 * tile, 0x3C01));
-
-    // F16: element 2i low, 2i + 1 high; odd row length rejected.
-    let p = pack_for_gpu(GgmlType::F16, &[0x01, 0x3C, 0x00, 0x40], 1, 2).unwrap();
-    assert_eq!((p.words[0], p.words.len(), p.scale_offset as usize), (0x4000_3C01, tile, tile));
-    assert!(matches!(pack_for_gpu(GgmlType::F16, &[0; 6], 1, 3), Err(GgufError::SizeMismatch { .. })));
-    assert!(matches!(pack_for_gpu(GgmlType::Q4_1, &[0; 20], 1, 16), Err(GgufError::SizeMismatch { .. })));
-    assert!(matches!(pack_for_gpu(GgmlType::Q4_1, &[0; 19], 1, 32), Err(GgufError::SizeMismatch { .. })));
-    assert!(matches!(pack_for_gpu(GgmlType::IQ2_XXS, &[0; 66], 1, 256), Err(GgufError::UnsupportedType { .. })));
 }
 
 /// First 64 values of some tensors, as the `gguf` Python package dequantizes them

@@ -1,8 +1,9 @@
 //! Kestrel's GPU runtime: device and limits, tensors, a pipeline cache built from the WGSL files
 //! in `shaders/`, a recorder that batches dispatches into one submit, the per-step uniform and
-//! the `StepOp`s that record from it, and async readback. It also holds the kernels (`kernels`)
-//! and their plain-f32 CPU references (`reference`). It knows nothing about language models
-//! beyond the shapes of its kernels.
+//! the `StepOp`s that record from it, async readback, the weights' GPU layout (`layout`) and the
+//! kernels (`kernels`). The parameter types the kernels take and their f32 CPU references are
+//! kestrel-ops', shared with the CPU backend. It knows nothing about language models beyond the
+//! shapes of its kernels.
 
 mod device;
 mod error;
@@ -18,8 +19,7 @@ mod step;
 mod tensor;
 
 pub mod kernels;
-pub mod params;
-pub mod reference;
+pub mod layout;
 
 pub use device::{Gpu, GpuFeatures, GpuInfo, GpuOptions, KernelChoice, MatvecVariant};
 pub use error::GpuError;

@@ -3,7 +3,8 @@
 //! cannot take a storage buffer as an argument, so kernels are specialized textually with these
 //! constructs:
 //!
-//! - `#include "name"` inlines another file of `shaders/` (once; later includes of it are no-ops),
+//! - `#include "name"` inlines another file of `shaders/`, or the WGSL of a parameter block
+//!   declared in Rust (`shader_source`), once (later includes of it are no-ops),
 //! - `#include "name" KEY=VALUE ...` inlines it with those defines added for that file and what
 //!   it includes (they shadow the caller's), once per distinct set of arguments: one text
 //!   instantiated for several buffers, e.g. the weight loaders of `w` and of `w_up`,

@@ -1,15 +1,28 @@
-//! The WGSL sources, embedded at compile time. One kernel family per file in `shaders/`; shared
-//! helpers (quant block decoding and its loaders, workgroup reductions, the subgroup preamble,
-//! activations, the step uniform) are files that others `#include`.
+//! The WGSL sources, embedded at compile time. One kernel family per file in the crate's
+//! `shaders/`; shared helpers (quant block decoding and its loaders, workgroup reductions, the
+//! subgroup preamble, activations) are files that others `#include`. The parameter blocks shared
+//! with Rust are not files: each is declared once, in Rust, by `kestrel_ops::gpu_struct!`, and a
+//! shader includes its WGSL text by the Rust type's name (`#include "StepParams"`): lowercase
+//! names are files, CamelCase names are Rust types.
 
-/// Returns the source of the shader file `name` (without the `.wgsl` extension).
+use kestrel_ops::params::PenaltyEntry;
+
+use crate::kernels::attention::AttentionParams;
+use crate::kernels::rmsnorm::RmsNormParams;
+use crate::kernels::rope::RopeParams;
+use crate::kernels::sample::{PenaltyUniform, SampleUniform};
+use crate::kernels::{CopyParams, FmaParams, WeightParams};
+use crate::StepParams;
+
+/// Returns the source of the shader file `name` (without the `.wgsl` extension), or the WGSL
+/// declaration of the parameter block of Rust type `name`.
 pub fn shader_source(name: &str) -> Option<&'static str> {
-    SHADERS.iter().find(|(n, _)| *n == name).map(|(_, src)| *src)
+    SHADERS.iter().chain(PARAMETER_BLOCKS).find(|(n, _)| *n == name).map(|(_, src)| *src)
 }
 
 macro_rules! shaders {
     ($($name:literal),* $(,)?) => {
-        &[$(($name, include_str!(concat!("../../../shaders/", $name, ".wgsl")))),*]
+        &[$(($name, include_str!(concat!("../shaders/", $name, ".wgsl")))),*]
     };
 }
 
@@ -28,6 +41,28 @@ const SHADERS: &[(&str, &str)] = shaders![
     "rmsnorm",
     "rope",
     "sample",
-    "step",
     "subgroups",
 ];
+
+macro_rules! parameter_blocks {
+    ($($ty:ident),* $(,)?) => {
+        &[$((stringify!($ty), $ty::WGSL)),*]
+    };
+}
+
+/// Every `gpu_struct!` a shader reads, by its Rust name.
+const PARAMETER_BLOCKS: &[(&str, &str)] = parameter_blocks![
+    AttentionParams,
+    CopyParams,
+    FmaParams,
+    PenaltyEntry,
+    PenaltyUniform,
+    RmsNormParams,
+    RopeParams,
+    SampleUniform,
+    StepParams,
+    WeightParams,
+];
+
+#[cfg(test)]
+mod tests;

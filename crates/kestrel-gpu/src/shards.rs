@@ -5,9 +5,9 @@
 //! `WeightTensor`; products over it write their own output columns (`OutputColumns`) and the
 //! embedding gather reads the ids in its row range.
 
-use kestrel_gguf::{quant, GgmlType};
+use kestrel_gguf::GgmlType;
 
-use crate::{Gpu, GpuError, WeightTensor};
+use crate::{layout, Gpu, GpuError, WeightTensor};
 
 /// One shard: rows `first_row .. first_row + weight.rows` of the whole matrix.
 pub struct RowShard {
@@ -56,9 +56,9 @@ impl RowShards {
 }
 
 /// The most rows of a `cols`-wide `ty` matrix whose packed form fits in `limit` bytes, in whole
-/// tiles of `quant::ROW_TILE` rows (all of them when the whole matrix fits).
+/// tiles of `layout::ROW_TILE` rows (all of them when the whole matrix fits).
 fn rows_per_shard(ty: GgmlType, rows: usize, cols: usize, limit: u64, label: &str) -> Result<usize, GpuError> {
-    let packed_bytes = |r: usize| -> Result<u64, GpuError> { Ok(4 * quant::gpu_sections(ty, r as u64, cols as u64)?.total()) };
+    let packed_bytes = |r: usize| -> Result<u64, GpuError> { Ok(4 * layout::gpu_sections(ty, r as u64, cols as u64)?.total()) };
     let whole = packed_bytes(rows)?;
     if whole <= limit {
         return Ok(rows);
@@ -73,7 +73,7 @@ fn rows_per_shard(ty: GgmlType, rows: usize, cols: usize, limit: u64, label: &st
         return Err(GpuError::Limit { what: format!("{label}: one row of {cols} {ty} weights"), needed: packed_bytes(1)?, limit });
     }
     // Whole tiles of the interleaved layout: a shard of a partial tile holds padding rows.
-    let tile = quant::ROW_TILE as usize;
+    let tile = layout::ROW_TILE as usize;
     Ok(if r >= tile { r / tile * tile } else { r })
 }
 
@@ -87,7 +87,7 @@ mod tests {
         let (rows, cols) = (49152, 576);
         let limit = 8 << 20;
         let r = rows_per_shard(GgmlType::Q4_1, rows, cols, limit, "t").unwrap();
-        let bytes = |r: usize| 4 * quant::gpu_sections(GgmlType::Q4_1, r as u64, cols as u64).unwrap().total();
+        let bytes = |r: usize| 4 * layout::gpu_sections(GgmlType::Q4_1, r as u64, cols as u64).unwrap().total();
         assert!(bytes(r) <= limit && bytes(r + 1) > limit, "{r} rows: {} bytes", bytes(r));
         assert_eq!(rows_per_shard(GgmlType::Q4_1, rows, cols, 1 << 30, "t").unwrap(), rows);
         // Not even one row fits.

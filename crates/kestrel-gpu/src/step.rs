@@ -1,23 +1,24 @@
 //! The per-step uniform shared by every kernel whose work depends on where in the sequence it
 //! runs. Written once before each submit; everything else a kernel needs is fixed at bind time.
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::{DType, Gpu, GpuError, Recorder, Tensor};
 
-/// Mirrors `struct Step` in `shaders/step.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
-pub struct StepParams {
-    /// Tokens processed in this step (1 for decode, the chunk length for prefill).
-    pub n_tokens: u32,
-    /// Position of the first of those tokens in the sequence.
-    pub pos: u32,
-    /// Valid KV cache length after this step: `pos + n_tokens`.
-    pub kv_len: u32,
-    /// Number of this step's random draw: the sampler hashes it with the request's seed, so
-    /// successive steps draw different values.
-    pub draw: u32,
+kestrel_ops::gpu_struct! {
+    /// The per-step values, shared by every kernel that depends on the position in the
+    /// sequence: `struct Step` in WGSL, which a shader gets with `#include "StepParams"` and binds
+    /// as `var<uniform> step: Step` at the binding its kernel's Rust side documents.
+    #[derive(Debug, Default, PartialEq, Eq)]
+    pub struct StepParams as Step {
+        /// Tokens processed in this step (1 for decode, the chunk length for prefill).
+        pub n_tokens: u32,
+        /// Position of the first of those tokens in the sequence.
+        pub pos: u32,
+        /// Valid KV cache length after this step: `pos + n_tokens`.
+        pub kv_len: u32,
+        /// Number of this step's random draw: the sampler hashes it with the request's seed, so
+        /// successive steps draw different values.
+        pub draw: u32,
+    }
 }
 
 impl StepParams {

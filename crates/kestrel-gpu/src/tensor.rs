@@ -1,9 +1,9 @@
 //! Tensors on the GPU: activations (f32 or u32 elements) and weights repacked from GGUF blocks
-//! into the aligned layout the kernels read (see `kestrel_gguf::quant::pack_for_gpu`).
+//! into the aligned layout the kernels read (see `layout::pack_for_gpu`).
 
 use kestrel_gguf::{quant, GgmlType};
 
-use crate::{Gpu, GpuError, Readback};
+use crate::{layout, Gpu, GpuError, Readback};
 
 /// Element type of an activation tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,10 +91,10 @@ pub struct WeightTensor {
 impl WeightTensor {
     /// Repacks GGUF block bytes and uploads them.
     pub fn from_gguf_bytes(gpu: &Gpu, label: &str, ty: GgmlType, rows: usize, cols: usize, bytes: &[u8]) -> Result<Self, GpuError> {
-        if !quant::is_gpu_supported(ty) {
+        if !layout::is_gpu_supported(ty) {
             return Err(GpuError::UnsupportedWeights(format!("{label}: {}", ty.name())));
         }
-        let packed = quant::pack_for_gpu(ty, bytes, rows as u64, cols as u64)?;
+        let packed = layout::pack_for_gpu(ty, bytes, rows as u64, cols as u64)?;
         let buffer = gpu.storage_buffer_init(label, bytemuck::cast_slice(&packed.words))?;
         Ok(Self { buffer, ty, rows, cols, plane_offset: packed.plane_offset, scale_offset: packed.scale_offset })
     }

@@ -3,9 +3,9 @@
 mod common;
 
 use kestrel_gpu::kernels::attention::{AttentionKernel, KvCache};
-use kestrel_gpu::params::{AttentionShape, KvType, Scores};
-use kestrel_gpu::reference::attention::attention;
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
+use kestrel_ops::params::{AttentionShape, KvType, Scores};
+use kestrel_ops::reference::attention::attention;
 
 // Outputs are convex combinations of V values in [-1, 1]. The GPU differs from the f64
 // reference by f32 dot products (|score| up to ~6), exp's few-ULP error and f32 sums over up

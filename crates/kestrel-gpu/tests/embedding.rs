@@ -7,9 +7,9 @@ mod common;
 
 use kestrel_gguf::{quant, GgmlType};
 use kestrel_gpu::kernels::embedding::EmbeddingKernel;
-use kestrel_gpu::reference::embedding::embedding;
-use kestrel_gpu::reference::matmul::dequantize_weights;
 use kestrel_gpu::{DType, GpuError, GpuOptions, Recorder, RowShards, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
+use kestrel_ops::reference::embedding::embedding;
+use kestrel_ops::reference::matmul::dequantize_weights;
 
 const SENTINEL: f32 = 1234.5;
 

@@ -16,9 +16,9 @@ use kestrel_gguf::{quant, GgmlType};
 use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
 use kestrel_gpu::kernels::matvec::{MatvecKernel, SwigluMatvecKernel};
 use kestrel_gpu::kernels::{Epilogue, OutputColumns};
-use kestrel_gpu::params::GateActivation;
-use kestrel_gpu::reference::matmul::{dequantize_weights, gated, matmul};
 use kestrel_gpu::{Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
+use kestrel_ops::params::GateActivation;
+use kestrel_ops::reference::matmul::{dequantize_weights, gated, matmul};
 use rand::rngs::StdRng;
 
 /// Relative tolerance against Σ|x_k·w_k| (see the module comment).

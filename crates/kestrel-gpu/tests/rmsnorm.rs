@@ -3,8 +3,8 @@
 mod common;
 
 use kestrel_gpu::kernels::rmsnorm::{HeadNormKernel, HeadSpan, RmsNormKernel};
-use kestrel_gpu::reference::norm::rmsnorm;
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
+use kestrel_ops::reference::norm::rmsnorm;
 
 // Each output is x * inv_rms * w: two roundings of the products plus inverseSqrt (2 ULP) and the
 // f32 tree sum of squares (relative error ~ log2(n) * 2^-24 for n <= 2048, halved by the sqrt).

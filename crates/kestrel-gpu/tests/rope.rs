@@ -4,9 +4,9 @@ mod common;
 
 use kestrel_gpu::kernels::attention::KvCache;
 use kestrel_gpu::kernels::rope::RopeKernel;
-use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig, RopeMode, YarnRamp};
-use kestrel_gpu::reference::rope::rope;
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
+use kestrel_ops::params::{AttentionShape, KvType, RopeConfig, RopeMode, YarnRamp};
+use kestrel_ops::reference::rope::rope;
 use rand::Rng;
 
 // The shader's angle is exact to ~2e-7 rad (fixed-point turns, reduced to [-pi, pi) before

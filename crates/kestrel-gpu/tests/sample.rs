@@ -2,9 +2,9 @@
 mod common;
 
 use kestrel_gpu::kernels::sample::{PenaltyKernel, SampleKernel};
-use kestrel_gpu::params::{Penalties, PenaltyEntry, SamplingParams};
-use kestrel_gpu::reference::sample as reference;
 use kestrel_gpu::{DType, Gpu, Readback, Recorder, StepOp, StepParams, StepUniform, Tensor};
+use kestrel_ops::params::{Penalties, PenaltyEntry, SamplingParams};
+use kestrel_ops::reference::sample as reference;
 use rand::Rng;
 
 fn devices() -> [Gpu; 2] {

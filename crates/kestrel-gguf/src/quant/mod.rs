@@ -1,26 +1,21 @@
 //! ggml tensor formats on the CPU: conversion to and from f32, bit-exact with ggml's
-//! reference code (ggml-quants.c `quantize_row_*_ref` / `dequantize_row_*`), and the
-//! repacking of blocks into the aligned layout the GPU kernels read.
+//! reference code (ggml-quants.c `quantize_row_*_ref` / `dequantize_row_*`), and each block
+//! format's layout (the `q*` modules' `BLOCK_BYTES` and `OFFSET_*`), which kestrel-gpu's repack
+//! into its own layout reads.
 
 mod float;
-mod gpu;
 mod int_block;
 mod kquant;
-mod q2_k;
-mod q3_k;
-mod q4_0;
-mod q4_1;
-mod q4_k;
-mod q5_0;
-mod q5_1;
-mod q5_k;
-mod q6_k;
-mod q8_0;
-
-pub use gpu::{
-    gpu_format, gpu_sections, is_gpu_supported, pack_for_gpu, padded_rows, tiled_index, unpack_from_gpu, GpuFormat, GpuPacked, GpuScales,
-    GpuSections, ROW_TILE,
-};
+pub mod q2_k;
+pub mod q3_k;
+pub mod q4_0;
+pub mod q4_1;
+pub mod q4_k;
+pub mod q5_0;
+pub mod q5_1;
+pub mod q5_k;
+pub mod q6_k;
+pub mod q8_0;
 
 pub use int_block::{int_groups, IntGroups, INT_GROUP};
 
@@ -28,10 +23,10 @@ use crate::error::GgufError;
 use crate::types::GgmlType;
 
 /// Elements per block of the legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
-pub(crate) const QK: usize = 32;
+pub const QK: usize = 32;
 
 /// Elements per super-block of the K-quants (Q2_K .. Q6_K), ggml's QK_K.
-pub(crate) const QK_K: usize = 256;
+pub const QK_K: usize = 256;
 
 /// Converts `bytes` of type `ty` into `out`, whose length is the element count.
 pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), GgufError> {
@@ -98,7 +93,7 @@ fn data_len(ty: GgmlType, n: u64, operation: &'static str) -> Result<u64, GgufEr
 
 /// Fixed-size views of the consecutive `N`-byte blocks of `bytes`. Callers check the length
 /// first; `chunks_exact` guarantees every chunk converts, so nothing is ever dropped.
-pub(crate) fn blocks<const N: usize>(bytes: &[u8]) -> impl Iterator<Item = &[u8; N]> {
+pub fn blocks<const N: usize>(bytes: &[u8]) -> impl Iterator<Item = &[u8; N]> {
     bytes.chunks_exact(N).filter_map(|c| c.try_into().ok())
 }
 
@@ -162,7 +157,7 @@ pub(crate) fn f16_at<const N: usize>(block: &[u8; N], at: usize) -> f32 {
 mod tests {
     use super::*;
 
-    /// The block sizes and field offsets the (de)quantizers and the GPU repack use agree with
+    /// The block sizes and field offsets the (de)quantizers and kestrel-gpu's repack use agree with
     /// ggml's type table, and the fields tile each block.
     #[test]
     fn block_layouts_match_the_type_table() {

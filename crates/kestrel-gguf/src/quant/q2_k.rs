@@ -5,11 +5,11 @@
 use super::kquant::{level_2bit, make_qkx2_quants, nearest_int, pack_2bit, Search};
 use super::{f16_at, f16_bits, f16_value, QK_K};
 
-pub(crate) const BLOCK_BYTES: usize = 84;
-pub(crate) const OFFSET_SCALES: usize = 0;
-pub(crate) const OFFSET_QS: usize = QK_K / 16;
-pub(crate) const OFFSET_D: usize = OFFSET_QS + QK_K / 4;
-pub(crate) const OFFSET_DMIN: usize = OFFSET_D + 2;
+pub const BLOCK_BYTES: usize = 84;
+pub const OFFSET_SCALES: usize = 0;
+pub const OFFSET_QS: usize = QK_K / 16;
+pub const OFFSET_D: usize = OFFSET_QS + QK_K / 4;
+pub const OFFSET_DMIN: usize = OFFSET_D + 2;
 
 /// quantize_row_q2_K_ref's trial scales for make_qkx2_quants.
 const SEARCH: Search = Search { rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: true };

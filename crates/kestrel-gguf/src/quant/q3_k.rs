@@ -7,11 +7,11 @@
 use super::kquant::{level_2bit, make_q3_quants, nearest_int, pack_2bit};
 use super::{f16_at, f16_bits, f16_value, QK_K};
 
-pub(crate) const BLOCK_BYTES: usize = 110;
-pub(crate) const OFFSET_HMASK: usize = 0;
-pub(crate) const OFFSET_QS: usize = QK_K / 8;
-pub(crate) const OFFSET_SCALES: usize = OFFSET_QS + QK_K / 4;
-pub(crate) const OFFSET_D: usize = OFFSET_SCALES + 12;
+pub const BLOCK_BYTES: usize = 110;
+pub const OFFSET_HMASK: usize = 0;
+pub const OFFSET_QS: usize = QK_K / 8;
+pub const OFFSET_SCALES: usize = OFFSET_QS + QK_K / 4;
+pub const OFFSET_D: usize = OFFSET_SCALES + 12;
 
 pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
     let mut levels = [0u8; QK_K];

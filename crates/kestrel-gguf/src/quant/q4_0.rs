@@ -4,7 +4,7 @@
 use super::int_block::IntBlock;
 use super::{f16_bits, f16_value, signed_abs_max, QK};
 
-pub(crate) const BLOCK_BYTES: usize = 18;
+pub const BLOCK_BYTES: usize = 18;
 
 pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
     // The value of largest magnitude, with its sign, maps to -8.

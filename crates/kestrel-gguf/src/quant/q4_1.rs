@@ -4,7 +4,7 @@
 use super::int_block::IntBlock;
 use super::{f16_bits, f16_value, min_max, QK};
 
-pub(crate) const BLOCK_BYTES: usize = 20;
+pub const BLOCK_BYTES: usize = 20;
 
 pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
     let (min, max) = min_max(x);

@@ -7,11 +7,11 @@ use super::int_block::{IntBlock, INT_GROUP};
 use super::kquant::{self, scale_min_k4, Search, SCALE_MIN_BYTES};
 use super::{f16_at, QK_K};
 
-pub(crate) const BLOCK_BYTES: usize = 144;
-pub(crate) const OFFSET_D: usize = 0;
-pub(crate) const OFFSET_DMIN: usize = 2;
-pub(crate) const OFFSET_SCALES: usize = 4;
-pub(crate) const OFFSET_QS: usize = OFFSET_SCALES + SCALE_MIN_BYTES;
+pub const BLOCK_BYTES: usize = 144;
+pub const OFFSET_D: usize = 0;
+pub const OFFSET_DMIN: usize = 2;
+pub const OFFSET_SCALES: usize = 4;
+pub const OFFSET_QS: usize = OFFSET_SCALES + SCALE_MIN_BYTES;
 
 /// quantize_row_q4_K_ref's trial scales for make_qkx2_quants.
 const SEARCH: Search = Search { rmin: -1.0, rdelta: 0.1, nstep: 20, use_mad: false };

@@ -5,10 +5,10 @@
 use super::int_block::IntBlock;
 use super::{f16_at, f16_bits, signed_abs_max, QK};
 
-pub(crate) const BLOCK_BYTES: usize = 22;
-pub(crate) const OFFSET_D: usize = 0;
-pub(crate) const OFFSET_QH: usize = 2;
-pub(crate) const OFFSET_QS: usize = 6;
+pub const BLOCK_BYTES: usize = 22;
+pub const OFFSET_D: usize = 0;
+pub const OFFSET_QH: usize = 2;
+pub const OFFSET_QS: usize = 6;
 
 pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
     // As Q4_0: the value of largest magnitude, with its sign, maps to -16.

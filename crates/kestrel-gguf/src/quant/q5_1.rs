@@ -5,11 +5,11 @@ use super::int_block::IntBlock;
 use super::q5_0::{pack_5bit, unpack_5bit};
 use super::{f16_at, f16_bits, min_max, QK};
 
-pub(crate) const BLOCK_BYTES: usize = 24;
-pub(crate) const OFFSET_D: usize = 0;
-pub(crate) const OFFSET_M: usize = 2;
-pub(crate) const OFFSET_QH: usize = 4;
-pub(crate) const OFFSET_QS: usize = 8;
+pub const BLOCK_BYTES: usize = 24;
+pub const OFFSET_D: usize = 0;
+pub const OFFSET_M: usize = 2;
+pub const OFFSET_QH: usize = 4;
+pub const OFFSET_QS: usize = 8;
 
 pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
     let (min, max) = min_max(x);

@@ -8,12 +8,12 @@ use super::kquant::{self, Search, SCALE_MIN_BYTES};
 use super::q4_k::scale_min_groups;
 use super::QK_K;
 
-pub(crate) const BLOCK_BYTES: usize = 176;
-pub(crate) const OFFSET_D: usize = 0;
-pub(crate) const OFFSET_DMIN: usize = 2;
-pub(crate) const OFFSET_SCALES: usize = 4;
-pub(crate) const OFFSET_QH: usize = OFFSET_SCALES + SCALE_MIN_BYTES;
-pub(crate) const OFFSET_QS: usize = OFFSET_QH + QK_K / 8;
+pub const BLOCK_BYTES: usize = 176;
+pub const OFFSET_D: usize = 0;
+pub const OFFSET_DMIN: usize = 2;
+pub const OFFSET_SCALES: usize = 4;
+pub const OFFSET_QH: usize = OFFSET_SCALES + SCALE_MIN_BYTES;
+pub const OFFSET_QS: usize = OFFSET_QH + QK_K / 8;
 
 /// quantize_row_q5_K_ref's trial scales for make_qkx2_quants.
 const SEARCH: Search = Search { rmin: -0.5, rdelta: 0.1, nstep: 15, use_mad: false };

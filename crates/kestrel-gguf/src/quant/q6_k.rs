@@ -8,11 +8,11 @@ use super::int_block::{IntBlock, INT_GROUP};
 use super::kquant::{make_qx_quants, nearest_int, GROUP_MAX_EPS};
 use super::{f16_at, f16_bits, f16_value, QK_K};
 
-pub(crate) const BLOCK_BYTES: usize = 210;
-pub(crate) const OFFSET_QL: usize = 0;
-pub(crate) const OFFSET_QH: usize = QK_K / 2;
-pub(crate) const OFFSET_SCALES: usize = OFFSET_QH + QK_K / 4;
-pub(crate) const OFFSET_D: usize = OFFSET_SCALES + QK_K / 16;
+pub const BLOCK_BYTES: usize = 210;
+pub const OFFSET_QL: usize = 0;
+pub const OFFSET_QH: usize = QK_K / 2;
+pub const OFFSET_SCALES: usize = OFFSET_QH + QK_K / 4;
+pub const OFFSET_D: usize = OFFSET_SCALES + QK_K / 16;
 
 pub(super) fn quantize_block(x: &[f32; QK_K]) -> [u8; BLOCK_BYTES] {
     let mut levels = [0u8; QK_K];

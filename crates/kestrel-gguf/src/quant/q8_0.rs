@@ -3,7 +3,7 @@
 use super::int_block::IntBlock;
 use super::{f16_bits, f16_value, QK};
 
-pub(crate) const BLOCK_BYTES: usize = 34;
+pub const BLOCK_BYTES: usize = 34;
 
 pub(super) fn quantize_block(x: &[f32; QK]) -> [u8; BLOCK_BYTES] {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));

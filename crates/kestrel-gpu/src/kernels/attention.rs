@@ -4,9 +4,8 @@
 
 use std::sync::Arc;
 
-use bytemuck::{Pod, Zeroable};
+use kestrel_ops::params::{AttentionShape, KvType, Scores};
 
-use crate::params::{AttentionShape, KvType, Scores};
 use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
 
 /// KV positions per decode workgroup (`CHUNK` in the shader): each has its partial result in the
@@ -77,19 +76,20 @@ impl PrefillTile {
     }
 }
 
-/// Mirrors `Params` in `shaders/attention.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    n_heads: u32,
-    n_kv_heads: u32,
-    max_ctx: u32,
-    max_chunks: u32,
-    scale: f32,
-    // 0: no soft cap.
-    softcap: f32,
-    // 0: no sliding window.
-    window: u32,
+kestrel_ops::gpu_struct! {
+    /// The attention kernels' uniform (`Params` in `shaders/attention.wgsl`).
+    pub(crate) struct AttentionParams as Params {
+        n_heads: u32,
+        n_kv_heads: u32,
+        max_ctx: u32,
+        /// Chunks reserved per head in `partials` (max_ctx / CHUNK rounded up).
+        max_chunks: u32,
+        scale: f32,
+        /// 0: no soft cap.
+        softcap: f32,
+        /// 0: no sliding window.
+        window: u32,
+    }
 }
 
 /// One layer's KV cache: K and V in separate buffers, each `[slots][n_kv_heads][max_ctx][head_dim]`
@@ -289,7 +289,7 @@ impl AttentionKernel {
         Ok(PrefillAttention { dispatch, n_heads, queries_per_tile: self.prefill_queries })
     }
 
-    fn params(&self, q: &Tensor, cache: &KvCache, out: &Tensor, scores: &Scores) -> Result<Params, GpuError> {
+    fn params(&self, q: &Tensor, cache: &KvCache, out: &Tensor, scores: &Scores) -> Result<AttentionParams, GpuError> {
         let shape = cache.shape;
         let invalid = |why: String| Err(GpuError::InvalidArgs(format!("attention: {why}")));
         if shape.head_dim != self.head_dim {
@@ -311,7 +311,7 @@ impl AttentionKernel {
         if !scale.is_finite() || softcap.is_some_and(|c| !(c.is_finite() && c > 0.0)) || window == Some(0) {
             return invalid(format!("scores {scores:?}: a finite scale, a finite positive cap and a window of 1 or more"));
         }
-        Ok(Params {
+        Ok(AttentionParams {
             n_heads: shape.n_heads as u32,
             n_kv_heads: shape.n_kv_heads as u32,
             max_ctx: shape.max_ctx as u32,

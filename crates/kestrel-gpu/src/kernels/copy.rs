@@ -2,6 +2,14 @@ use std::sync::Arc;
 
 use crate::{grid, Defines, Dispatch, Gpu, GpuError, Tensor};
 
+kestrel_ops::gpu_struct! {
+    /// The copy kernel's uniform (`Params` in shaders/copy.wgsl).
+    pub(crate) struct CopyParams as Params {
+        /// 16-byte elements to copy.
+        n_vec4: u32,
+    }
+}
+
 /// `dst = src`, 16 bytes per thread: the bandwidth yardstick of `kestrel bench kernels`.
 pub struct CopyKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
@@ -22,7 +30,7 @@ impl CopyKernel {
             )));
         }
         let n_vec4 = (src.byte_size() / 16) as u32;
-        let params = gpu.uniform_buffer("copy.params", bytemuck::bytes_of(&n_vec4));
+        let params = gpu.uniform_buffer("copy.params", bytemuck::bytes_of(&CopyParams { n_vec4 }));
         let workgroups = grid(n_vec4.div_ceil(256), gpu.limits.max_compute_workgroups_per_dimension);
         Ok(Dispatch::new(
             gpu,

@@ -3,20 +3,19 @@
 
 use std::sync::Arc;
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Tensor};
 
 /// Independent vec4 chains per thread (`CHAINS` in the shader).
 const CHAINS: u64 = 8;
 
-/// Mirrors `Params` in `shaders/fma.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-pub struct FmaParams {
-    pub iterations: u32,
-    pub scale: f32,
-    pub shift: f32,
+kestrel_ops::gpu_struct! {
+    /// The FMA kernel's uniform (`Params` in `shaders/fma.wgsl`).
+    pub struct FmaParams as Params {
+        pub iterations: u32,
+        /// Each step maps a to a * scale + shift: |a| stays bounded (scale < 1), never denormal.
+        pub scale: f32,
+        pub shift: f32,
+    }
 }
 
 impl FmaParams {

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use kestrel_gguf::GgmlType;
+use kestrel_ops::params::GateActivation;
 
 use super::weights::{
     add_gate_defines, check_bias, check_distinct, check_same_layout, check_tensor, check_weight_type, weight_defines, Epilogue,
     OutputColumns, WeightParams,
 };
-use crate::params::GateActivation;
 use crate::preprocess::Defines;
 use crate::{DType, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 

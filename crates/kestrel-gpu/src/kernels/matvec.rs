@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use kestrel_gguf::GgmlType;
+use kestrel_ops::params::GateActivation;
 
 use super::weights::{
     add_gate_defines, check_bias, check_distinct, check_same_layout, check_tensor, check_weight_type, weight_defines, Epilogue,
     OutputColumns, WeightParams,
 };
-use crate::params::GateActivation;
 use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, RowShards, Tensor, WeightTensor};
 
 /// Lanes of each slice of a matvec workgroup (`LANES` in shaders/matvec.wgsl).

@@ -17,6 +17,10 @@ pub use copy::CopyKernel;
 pub use fma::{FmaKernel, FmaParams};
 pub use weights::{Epilogue, OutputColumns};
 
+// The shaders' `#include` reads these parameter blocks' WGSL (`crate::shaders`).
+pub(crate) use copy::CopyParams;
+pub(crate) use weights::WeightParams;
+
 use crate::GpuError;
 
 /// A model constant baked into a kernel as a WGSL float literal (a `{{NAME}}` define): Rust's

@@ -3,19 +3,19 @@
 
 use std::sync::Arc;
 
-use bytemuck::{Pod, Zeroable};
-
 use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
-/// Mirrors `Params` in `shaders/rmsnorm.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    n: u32,
-    eps: f32,
-    rows_per_token: u32,
-    token_stride: u32,
-    offset: u32,
+kestrel_ops::gpu_struct! {
+    /// The RMSNorm kernels' uniform (`Params` in `shaders/rmsnorm.wgsl`).
+    pub(crate) struct RmsNormParams as Params {
+        n: u32,
+        eps: f32,
+        rows_per_token: u32,
+        /// Values from one token's first row to the next token's.
+        token_stride: u32,
+        /// Where a token's first row starts.
+        offset: u32,
+    }
 }
 
 /// `out[t][i] = x[t][i] / sqrt(mean(x[t]^2) + eps) * weight[i]`, one workgroup per row.
@@ -94,7 +94,7 @@ impl RmsNormKernel {
             return invalid("out must be a different buffer than x".into());
         }
         check_eps(eps)?;
-        let params = Params { n: n as u32, eps, rows_per_token: 1, token_stride: n as u32, offset: 0 };
+        let params = RmsNormParams { n: n as u32, eps, rows_per_token: 1, token_stride: n as u32, offset: 0 };
         Ok(bind_rows(gpu, "rmsnorm", &self.pipeline, step, &params, x, weight, Some(out)))
     }
 }
@@ -107,7 +107,7 @@ fn bind_rows(
     label: &str,
     pipeline: &Arc<wgpu::ComputePipeline>,
     step: &StepUniform,
-    params: &Params,
+    params: &RmsNormParams,
     x: &Tensor,
     weight: &Tensor,
     out: Option<&Tensor>,
@@ -152,7 +152,8 @@ impl HeadNormKernel {
             return invalid(format!("weight has {} values, heads have {head_dim}", weight.len()));
         }
         check_eps(eps)?;
-        let params = Params { n: head_dim as u32, eps, rows_per_token: heads as u32, token_stride: width as u32, offset: offset as u32 };
+        let params =
+            RmsNormParams { n: head_dim as u32, eps, rows_per_token: heads as u32, token_stride: width as u32, offset: offset as u32 };
         Ok(bind_rows(gpu, "head_rmsnorm", &self.pipeline, step, &params, x, weight, None))
     }
 }

@@ -4,25 +4,26 @@
 use std::f64::consts::TAU;
 use std::sync::Arc;
 
-use bytemuck::{Pod, Zeroable};
+use kestrel_ops::params::{KvType, RopeConfig, RopeMode};
 
 use super::attention::{kv_defines, KvCache};
-use crate::params::{KvType, RopeConfig, RopeMode};
 use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
 
 const WORKGROUP: u32 = 256;
 
-/// Mirrors `Params` in `shaders/rope.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    max_ctx: u32,
-    neox: u32,
-    rotate: u32,
-    mscale: f32,
+kestrel_ops::gpu_struct! {
+    /// The RoPE kernel's uniform (`Params` in `shaders/rope.wgsl`).
+    pub(crate) struct RopeParams as Params {
+        n_heads: u32,
+        n_kv_heads: u32,
+        head_dim: u32,
+        max_ctx: u32,
+        /// 0: pairs (2i, 2i + 1) as ggml's NORM mode; 1: pairs (i, i + head_dim / 2) as NEOX.
+        neox: u32,
+        /// 0: Q and K are copied unrotated (a layer without RoPE).
+        rotate: u32,
+        mscale: f32,
+    }
 }
 
 pub struct RopeKernel {
@@ -89,7 +90,7 @@ impl RopeKernel {
             Some(config) => turns_per_position(config, hd)?,
             None => vec![[0, 0]; hd / 2],
         };
-        let params = Params {
+        let params = RopeParams {
             n_heads: shape.n_heads as u32,
             n_kv_heads: shape.n_kv_heads as u32,
             head_dim: hd as u32,

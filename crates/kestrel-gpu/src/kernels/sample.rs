@@ -14,9 +14,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use bytemuck::{Pod, Zeroable};
+use kestrel_ops::params::{Penalties, PenaltyEntry, SamplingParams};
 
-use crate::params::{Penalties, PenaltyEntry, SamplingParams};
 use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 /// Logits reduced per `argmax_partials` workgroup (`CHUNK` in shaders/sample.wgsl).
@@ -26,22 +25,25 @@ const PARTIAL_WORDS: u64 = 3;
 /// `@workgroup_size` of shaders/penalties.wgsl.
 const PENALTY_WORKGROUP: u32 = 64;
 
-/// Mirrors `struct Params` in shaders/sample.wgsl.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct SampleUniform {
-    n: u32,
-    top_k: u32,
-    temperature: f32,
-    top_p: f32,
-    min_p: f32,
-    seed: u32,
-    _pad: [u32; 2],
+kestrel_ops::gpu_struct! {
+    /// The sampler's uniform (`Params` in shaders/sample.wgsl).
+    #[derive(Debug, Default)]
+    pub(crate) struct SampleUniform as Params {
+        /// Elements of src: the vocabulary, or the number of partial records for argmax_final.
+        n: u32,
+        top_k: u32,
+        temperature: f32,
+        top_p: f32,
+        min_p: f32,
+        seed: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
 }
 
 impl SampleUniform {
     fn new(n: u32, p: &SamplingParams) -> Self {
-        Self { n, top_k: p.top_k, temperature: p.temperature, top_p: p.top_p, min_p: p.min_p, seed: p.seed, _pad: [0; 2] }
+        Self { n, top_k: p.top_k, temperature: p.temperature, top_p: p.top_p, min_p: p.min_p, seed: p.seed, _pad0: 0, _pad1: 0 }
     }
 }
 
@@ -135,7 +137,7 @@ pub struct SampleBinding {
 impl SampleBinding {
     /// Writes a request's options (queued: effective from the next submit).
     pub fn set_params(&self, gpu: &Gpu, params: &SamplingParams) -> Result<(), GpuError> {
-        params.validate()?;
+        params.validate().map_err(GpuError::InvalidArgs)?;
         gpu.write(&self.params, 0, bytemuck::bytes_of(&SampleUniform::new(self.n_vocab, params)));
         self.greedy.store(params.is_greedy(), Ordering::Relaxed);
         Ok(())
@@ -154,16 +156,19 @@ impl StepOp for SampleBinding {
     }
 }
 
-/// Mirrors `struct Params` in shaders/penalties.wgsl.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
-struct PenaltyUniform {
-    n_vocab: u32,
-    n_entries: u32,
-    repeat: f32,
-    frequency: f32,
-    presence: f32,
-    _pad: [u32; 3],
+kestrel_ops::gpu_struct! {
+    /// The logit processing's uniform (`Params` in shaders/penalties.wgsl).
+    #[derive(Debug, Default)]
+    pub(crate) struct PenaltyUniform as Params {
+        n_vocab: u32,
+        n_entries: u32,
+        repeat: f32,
+        frequency: f32,
+        presence: f32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
 
 /// Logit bias and repetition penalties, applied in place to the logits before sampling.
@@ -229,7 +234,7 @@ impl PenaltyBinding {
             repeat: penalties.repeat,
             frequency: penalties.frequency,
             presence: penalties.presence,
-            _pad: [0; 3],
+            ..Default::default()
         };
         gpu.write(&self.entries, 0, bytemuck::cast_slice(entries));
         gpu.write(&self.params, 0, bytemuck::bytes_of(&uniform));

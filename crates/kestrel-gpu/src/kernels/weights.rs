@@ -2,11 +2,10 @@
 //! specialization of shaders/quant.wgsl, the `WeightParams` uniform, the epilogue choice, where
 //! outputs go, and the checks of their arguments.
 
-use bytemuck::{Pod, Zeroable};
-use kestrel_gguf::quant::{self, GpuScales};
 use kestrel_gguf::GgmlType;
+use kestrel_ops::params::GateActivation;
 
-use crate::params::GateActivation;
+use crate::layout::{self, GpuScales};
 use crate::{DType, Defines, Gpu, GpuError, Tensor, WeightTensor};
 
 /// What a matvec or matmul kernel does with `x·Wᵀ` before storing it. Fixed when the kernel is
@@ -63,20 +62,31 @@ impl OutputColumns {
     }
 }
 
-/// Mirrors `struct WeightParams` in shaders/quant.wgsl (padded to 16 bytes for the uniform).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-pub(crate) struct WeightParams {
-    rows: u32,
-    cols: u32,
-    row_words: u32,
-    plane_offset: u32,
-    scale_offset: u32,
-    max_tokens: u32,
-    out_offset: u32,
-    out_stride: u32,
-    first_row: u32,
-    total_rows: u32,
+kestrel_ops::gpu_struct! {
+    /// The weight-reading kernels' uniform (`WeightParams` in shaders/quant.wgsl).
+    #[derive(Debug)]
+    pub(crate) struct WeightParams as WeightParams {
+        /// N: output features (or vocabulary for the embedding table).
+        rows: u32,
+        /// K: input features, contiguous in a row.
+        cols: u32,
+        /// Quant-section words per row.
+        row_words: u32,
+        /// First word of the plane section (bit-plane types).
+        plane_offset: u32,
+        /// First word of the scale section.
+        scale_offset: u32,
+        /// Rows the activation buffers hold (matmul, embedding).
+        max_tokens: u32,
+        /// Output column of row 0 (matvec, matmul): y holds several products' columns.
+        out_offset: u32,
+        /// Values per token row of y (matmul).
+        out_stride: u32,
+        /// Row 0's row in the whole table, when it is one shard of several (embedding).
+        first_row: u32,
+        /// Rows of the whole table (embedding).
+        total_rows: u32,
+    }
 }
 
 impl WeightParams {
@@ -84,7 +94,7 @@ impl WeightParams {
     /// the kernels address fits in u32 indices, and describes it for the shaders.
     pub(crate) fn new(kernel: &str, w: &WeightTensor, max_tokens: u32) -> Result<Self, GpuError> {
         let invalid = |msg: String| GpuError::InvalidArgs(format!("{kernel}: {msg}"));
-        if !quant::is_gpu_supported(w.ty) {
+        if !layout::is_gpu_supported(w.ty) {
             return Err(GpuError::UnsupportedWeights(format!("{kernel}: {}", w.ty)));
         }
         let (rows, cols) = (w.rows as u64, w.cols as u64);
@@ -93,7 +103,7 @@ impl WeightParams {
         }
         // The packer's own section sizes; its errors (row length not whole blocks, too many
         // words for u32 indices) name the type and shape.
-        let sections = quant::gpu_sections(w.ty, rows, cols).map_err(|e| invalid(e.to_string()))?;
+        let sections = layout::gpu_sections(w.ty, rows, cols).map_err(|e| invalid(e.to_string()))?;
         if rows * cols > u64::from(u32::MAX) {
             return Err(invalid(format!("weight matrix {rows} x {cols} is too large for 32-bit indexing (shard it)")));
         }
@@ -164,10 +174,10 @@ impl WeightParams {
 }
 
 /// The quant.wgsl defines that name `ty`'s family besides its own `WTYPE_<name>`: DENSE, or
-/// its scale layout (SCALES_*) and PLANES for the bit-plane types (`kestrel_gguf::quant`'s
-/// `gpu_format`, the one list of GPU types); `None` for the types the kernels cannot read.
+/// its scale layout (SCALES_*) and PLANES for the bit-plane types (`layout::gpu_format`,
+/// the one list of GPU types); `None` for the types the kernels cannot read.
 fn family_defines(ty: GgmlType) -> Option<Vec<&'static str>> {
-    let format = quant::gpu_format(ty)?;
+    let format = layout::gpu_format(ty)?;
     let scales = match format.scales {
         GpuScales::Dense => "DENSE",
         GpuScales::D => "SCALES_D",

@@ -12,22 +12,12 @@
 //   Then one uniform u in [0,1) from a PCG hash of (params.seed, step.draw) selects the first
 //   allowed token, in index order, whose cumulative weight exp((logit - max) / temperature)
 //   exceeds u * total. dst[0] = token, dst[1] = its probability under that distribution.
-#include "step"
+#include "StepParams"
 // The tree reductions on every device (the entry points take no subgroup built-ins): the sums
 // are added in one order everywhere.
 #include "reduce" SUBGROUPS=0
 
-struct Params {
-    // Elements of src: the vocabulary, or the number of partial records for argmax_final.
-    n: u32,
-    top_k: u32,
-    temperature: f32,
-    top_p: f32,
-    min_p: f32,
-    seed: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+#include "SampleUniform"
 
 @group(0) @binding(0) var<uniform> params: Params;
 // Logits (sample, argmax_partials) or partial records (argmax_final), read as raw words so that

@@ -4,12 +4,7 @@
 // latency; the values start from the thread index and a uniform, so the compiler can fold
 // nothing, and each thread writes its sum, so it can drop nothing.
 
-struct Params {
-    iterations: u32,
-    // Each step maps a to a * scale + shift: |a| stays bounded (scale < 1), never denormal.
-    scale: f32,
-    shift: f32,
-}
+#include "FmaParams"
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;

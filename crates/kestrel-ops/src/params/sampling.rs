@@ -1,9 +1,5 @@
 //! A request's sampler options and penalties.
 
-use bytemuck::{Pod, Zeroable};
-
-use crate::GpuError;
-
 /// Options of one request's sampler. `temperature <= 0` is greedy; `top_k == 0`, `top_p >= 1`
 /// and `min_p == 0` disable their filters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -25,8 +21,9 @@ impl SamplingParams {
         self.temperature <= 0.0
     }
 
-    pub(crate) fn validate(&self) -> Result<(), GpuError> {
-        let bad = |what: &str| Err(GpuError::InvalidArgs(format!("sampling: {what} ({self:?})")));
+    /// Checks the ranges the samplers assume; the error says which option is out of range.
+    pub fn validate(&self) -> Result<(), String> {
+        let bad = |what: &str| Err(format!("sampling: {what} ({self:?})"));
         if !self.temperature.is_finite() {
             return bad("temperature must be finite");
         }
@@ -63,18 +60,19 @@ impl Default for Penalties {
     }
 }
 
-/// One token's logit processing, as uploaded (`struct Entry` in penalties.wgsl): its logit gets
-/// `bias` added, then, when `count > 0`, the repeat, frequency and presence penalties. A list
-/// holds each token at most once.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Pod, Zeroable)]
-pub struct PenaltyEntry {
-    pub token: u32,
-    /// Occurrences in the recent-token window (0: bias only).
-    pub count: u32,
-    /// Sum of the logit biases given for this token (`f32::NEG_INFINITY` bans it).
-    pub bias: f32,
-    _pad: u32,
+crate::gpu_struct! {
+    /// One token's logit processing, as uploaded (`Entry`, the element of penalties.wgsl's
+    /// storage array): its logit gets `bias` added, then, when `count > 0`, the repeat, frequency
+    /// and presence penalties. A list holds each token at most once.
+    #[derive(Debug, Default, PartialEq)]
+    pub struct PenaltyEntry as Entry {
+        pub token: u32,
+        /// Occurrences in the recent-token window (0: bias only).
+        pub count: u32,
+        /// Sum of the logit biases given for this token (`f32::NEG_INFINITY` bans it).
+        pub bias: f32,
+        _pad: u32,
+    }
 }
 
 impl PenaltyEntry {

@@ -6,23 +6,8 @@
 // so no two threads ever touch the same logit and duplicates are counted exactly.
 // Bindings: 0 params, 1 entries (read), 2 logits (read_write).
 
-struct Params {
-    n_vocab: u32,
-    n_entries: u32,
-    repeat: f32,
-    frequency: f32,
-    presence: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-struct Entry {
-    token: u32,
-    count: u32,
-    bias: f32,
-    _pad: u32,
-}
+#include "PenaltyUniform"
+#include "PenaltyEntry"
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> entries: array<Entry>;

@@ -1,4 +1,4 @@
-//! The activation of a gated FFN (shaders/activation.wgsl on the GPU).
+//! The activation of a gated FFN (kestrel-gpu's shaders/activation.wgsl on the GPU).
 
 /// The activation of a gated FFN's gate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

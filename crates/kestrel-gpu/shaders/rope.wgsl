@@ -11,18 +11,9 @@
 // and WGSL's sin/cos promise nothing outside [-pi, pi]. So each pair's frequency arrives as a
 // 64-bit fixed-point fraction of a turn per position (`turns`, lo/hi words); the integer product
 // with the position wraps exactly to the fraction of a turn, reduced to [-pi, pi) before sin/cos.
-#include "step"
+#include "StepParams"
 
-struct Params {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    max_ctx: u32,
-    // 0: pairs (2i, 2i + 1) as ggml's NORM mode; 1: pairs (i, i + head_dim / 2) as NEOX.
-    neox: u32,
-    rotate: u32,
-    mscale: f32,
-}
+#include "RopeParams"
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> params: Params;

@@ -26,7 +26,7 @@ diagnostic(off, subgroup_uniformity);
 #endif
 #include "quant"
 #include "activation"
-#include "step"
+#include "StepParams"
 
 @group(0) @binding(0) var<uniform> params: WeightParams;
 @group(0) @binding(1) var<uniform> step: Step;

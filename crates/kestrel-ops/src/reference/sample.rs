@@ -1,5 +1,5 @@
-//! CPU sampling, mirroring `shaders/sample.wgsl` and `shaders/penalties.wgsl`, written the way
-//! llama.cpp's sampler chain reads: sort, truncate, renormalize, draw.
+//! CPU sampling, mirroring kestrel-gpu's `shaders/sample.wgsl` and `shaders/penalties.wgsl`,
+//! written the way llama.cpp's sampler chain reads: sort, truncate, renormalize, draw.
 
 use crate::params::{Penalties, PenaltyEntry, SamplingParams};
 

@@ -15,19 +15,10 @@
 // Scores are q.k * scale, soft-capped to cap * tanh(s / cap) when `softcap` > 0 (Gemma 2); with a
 // sliding window (`window` > 0) the query at position p sees keys p - window + 1..=p.
 #include "subgroups"
-#include "step"
+#include "StepParams"
 #include "activation"
 
-struct Params {
-    n_heads: u32,
-    n_kv_heads: u32,
-    max_ctx: u32,
-    // Chunks reserved per head in `partials` (max_ctx / CHUNK rounded up).
-    max_chunks: u32,
-    scale: f32,
-    softcap: f32,
-    window: u32,
-}
+#include "AttentionParams"
 
 const HD: u32 = {{HD}}u;
 const HD4: u32 = HD / 4u;

@@ -6,7 +6,7 @@
 // before; this only keeps a bad id from reading out of bounds). Rows are multiplied by SCALE
 // (Gemma's sqrt(hidden); 1 elsewhere, which is exact).
 #include "quant"
-#include "step"
+#include "StepParams"
 
 @group(0) @binding(0) var<uniform> params: WeightParams;
 @group(0) @binding(1) var<uniform> step: Step;

@@ -5,17 +5,9 @@
 // to `out` (Gemma's post-attention and post-FFN norms, added into the hidden state). The sum of
 // squares is reduced by `workgroup_sum` (reduce.wgsl).
 #include "subgroups"
-#include "step"
+#include "StepParams"
 
-struct Params {
-    n: u32,
-    eps: f32,
-    rows_per_token: u32,
-    // Values from one token's first row to the next token's.
-    token_stride: u32,
-    // Where a token's first row starts.
-    offset: u32,
-}
+#include "RmsNormParams"
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> params: Params;

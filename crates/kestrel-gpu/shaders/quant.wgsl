@@ -1,4 +1,4 @@
-// Decoders of the GPU weight layouts written by `kestrel_gguf::quant::pack_for_gpu`, shared by
+// Decoders of the GPU weight layouts written by `kestrel_gpu::layout::pack_for_gpu`, shared by
 // the matvec, matmul and embedding kernels. Exactly one WTYPE_* define selects the type. The Rust
 // side (`weight_defines` in kernels/matvec.rs) adds the type's family: DENSE for F32/F16 (no
 // blocks, no scales, any row length), else one SCALES_* define naming the scale layout, and
@@ -23,26 +23,14 @@
 // The including kernel declares `params: WeightParams` and the weight buffer `w: array<u32>`
 // (and `w_up` under SWIGLU), which the loaders at the end (quant_loaders.wgsl) read.
 
-// Mirrors `WeightParams` in crates/kestrel-gpu/src/kernels/matvec.rs.
-struct WeightParams {
-    rows: u32,          // N: output features (or vocabulary for the embedding table)
-    cols: u32,          // K: input features, contiguous in a row
-    row_words: u32,     // quant-section words per row
-    plane_offset: u32,  // first word of the plane section (bit-plane types)
-    scale_offset: u32,  // first word of the scale section
-    max_tokens: u32,    // rows the activation buffers hold (matmul, embedding)
-    out_offset: u32,    // output column of row 0 (matvec, matmul): y holds several products' columns
-    out_stride: u32,    // values per token row of y (matmul)
-    first_row: u32,     // row 0's row in the whole table, when it is one shard of several (embedding)
-    total_rows: u32,    // rows of the whole table (embedding)
-}
+#include "WeightParams"
 
 struct Unit {
     lo: vec4<f32>,
     hi: vec4<f32>,
 }
 
-// Mirrors `kestrel_gguf::quant::ROW_TILE`.
+// Mirrors `kestrel_gpu::layout::ROW_TILE`.
 const ROW_TILE: u32 = 32u;
 
 // Index in a tiled section of word `j` of row `row`, rows of `per_row` words.

@@ -1,9 +1,7 @@
 // Plain buffer copy, four words per thread. Its bandwidth is the yardstick the benchmarks
 // compare every other kernel against ("fraction of copy bandwidth").
 
-struct Params {
-    n_vec4: u32,
-}
+#include "CopyParams"
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> src: array<vec4<u32>>;
