@@ -6,14 +6,13 @@ use std::sync::Arc;
 
 use kestrel_gpu::kernels::attention::{AttentionKernel, KvCache};
 use kestrel_gpu::kernels::embedding::EmbeddingKernel;
-use kestrel_gpu::kernels::matmul::{MatmulKernel, SwigluMatmulKernel};
-use kestrel_gpu::kernels::matvec::{MatvecKernel, SwigluMatvecKernel};
+use kestrel_gpu::kernels::matvec::MatvecKernel;
 use kestrel_gpu::kernels::rmsnorm::{HeadNormKernel, HeadSpan, RmsNormKernel};
 use kestrel_gpu::kernels::rope::RopeKernel;
 use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel};
 use kestrel_gpu::kernels::{Epilogue, OutputColumns};
-use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig};
 use kestrel_gpu::{DType, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepRows, StepUniform, Tensor, WeightTensor};
+use kestrel_ops::params::{AttentionShape, KvType, RopeConfig};
 use web_time::Instant;
 
 use crate::config::ModelConfig;
@@ -22,10 +21,12 @@ use crate::pacing::SubmitPacer;
 
 mod batch;
 mod plan;
+mod products;
 mod profile;
 use batch::SlotSampler;
 pub use batch::{BatchSample, BatchSequence};
 use plan::{batch_columns, LastRowCopy, PlannedOp, StepPlan};
+use products::{Product, Products};
 pub use profile::{KernelFamily, StepHostTime};
 
 /// A weight matrix and its optional bias vector.
@@ -50,12 +51,14 @@ impl QkvWeights {
         self.parts.iter().filter_map(|p| p.bias.as_ref()).map(Tensor::byte_size).sum()
     }
 
-    /// Each part with the output columns it writes in rows of `qkv_width`.
-    fn with_columns(&self, qkv_width: usize) -> impl Iterator<Item = (&Projection, OutputColumns)> {
+    /// Each part's product, writing its columns of rows of `qkv_width` (with its bias, if any).
+    fn products(&self, qkv_width: usize) -> impl Iterator<Item = Product<'_>> {
         self.parts.iter().scan(0u32, move |offset, part| {
             let out = OutputColumns { offset: *offset, stride: qkv_width as u32 };
             *offset += part.weight.rows as u32;
-            Some((part, out))
+            let bias = part.bias.as_ref();
+            let epilogue = if bias.is_some() { Epilogue::BIAS } else { Epilogue::NONE };
+            Some(Product::Matrix { weight: &part.weight, bias, epilogue, out })
         })
     }
 }
@@ -75,6 +78,13 @@ pub struct LayerWeights {
     pub down: WeightTensor,
 }
 
+impl LayerWeights {
+    /// Bytes of the layer's weight matrices (what a one-token step reads of it).
+    fn matrix_bytes(&self) -> u64 {
+        self.qkv.byte_size() + self.attn_output.byte_size() + self.gate.byte_size() + self.up.byte_size() + self.down.byte_size()
+    }
+}
+
 pub struct Weights {
     /// The vocabulary x hidden tables, in row shards where one binding cannot hold them.
     pub embedding: RowShards,
@@ -92,11 +102,7 @@ impl Weights {
     /// Bytes of weights one decode step reads (every matrix once, the LM head once, one
     /// embedding row): the numerator of the memory-bandwidth roofline.
     pub fn bytes_per_token(&self) -> u64 {
-        let layers: u64 = self
-            .layers
-            .iter()
-            .map(|l| l.qkv.byte_size() + l.attn_output.byte_size() + l.gate.byte_size() + l.up.byte_size() + l.down.byte_size())
-            .sum();
+        let layers: u64 = self.layers.iter().map(LayerWeights::matrix_bytes).sum();
         layers + self.lm_head().byte_size() + self.embedding.byte_size() / self.embedding.rows as u64
     }
 
@@ -105,13 +111,7 @@ impl Weights {
             let extra: u64 = l.qk_norm.iter().chain(&l.post_norms).flatten().map(Tensor::byte_size).sum();
             l.attn_norm.byte_size() + l.ffn_norm.byte_size() + l.qkv.bias_byte_size() + extra
         };
-        let layers: u64 = self
-            .layers
-            .iter()
-            .map(|l| {
-                vectors(l) + l.qkv.byte_size() + l.attn_output.byte_size() + l.gate.byte_size() + l.up.byte_size() + l.down.byte_size()
-            })
-            .sum();
+        let layers: u64 = self.layers.iter().map(|l| vectors(l) + l.matrix_bytes()).sum();
         layers + self.embedding.byte_size() + self.output_norm.byte_size() + self.output.as_ref().map_or(0, RowShards::byte_size)
     }
 }
@@ -132,6 +132,27 @@ struct Activations {
     /// A batched decode step's logits, one row per sequence.
     batch_logits: Tensor,
     sampled: Tensor,
+}
+
+impl Activations {
+    /// The buffers for chunks of up to `chunk` tokens and batches of up to `slots` sequences.
+    fn new(gpu: &Gpu, c: &ModelConfig, chunk: usize, slots: usize) -> Result<Self, GpuError> {
+        let f32t = |label: &str, shape: &[usize]| Tensor::zeros(gpu, label, shape, DType::F32);
+        Ok(Self {
+            token_ids: Tensor::zeros(gpu, "token_ids", &[chunk], DType::U32)?,
+            rows: StepRows::new(gpu, chunk)?,
+            x: f32t("x", &[chunk, c.hidden])?,
+            normed: f32t("normed", &[chunk, c.hidden])?,
+            qkv: f32t("qkv", &[chunk, c.qkv_width()])?,
+            q: f32t("q", &[chunk, c.q_width()])?,
+            attn: f32t("attn", &[chunk, c.q_width()])?,
+            ffn: f32t("ffn", &[chunk, c.ffn])?,
+            last_normed: f32t("last_normed", &[c.hidden])?,
+            logits: f32t("logits", &[c.vocab])?,
+            batch_logits: f32t("batch_logits", &[slots, c.vocab])?,
+            sampled: Tensor::zeros(gpu, "sampled", &[2], DType::U32)?,
+        })
+    }
 }
 
 /// How much a graph holds: the KV cache length and slots, the longest chunk, the cache's type.
@@ -223,24 +244,10 @@ impl Graph {
             return Err(GpuError::InvalidArgs(format!("{slots} KV slots: 1 to the longest chunk, {max_chunk}")));
         }
         let c = &config;
-        let chunk = max_chunk;
-        let f32t = |label: &str, shape: &[usize]| Tensor::zeros(gpu, label, shape, DType::F32);
-        let act = Activations {
-            token_ids: Tensor::zeros(gpu, "token_ids", &[chunk], DType::U32)?,
-            rows: StepRows::new(gpu, chunk)?,
-            x: f32t("x", &[chunk, c.hidden])?,
-            normed: f32t("normed", &[chunk, c.hidden])?,
-            qkv: f32t("qkv", &[chunk, c.qkv_width()])?,
-            q: f32t("q", &[chunk, c.q_width()])?,
-            attn: f32t("attn", &[chunk, c.q_width()])?,
-            ffn: f32t("ffn", &[chunk, c.ffn])?,
-            last_normed: f32t("last_normed", &[c.hidden])?,
-            logits: f32t("logits", &[c.vocab])?,
-            batch_logits: f32t("batch_logits", &[slots, c.vocab])?,
-            sampled: Tensor::zeros(gpu, "sampled", &[2], DType::U32)?,
-        };
+        let act = Activations::new(gpu, c, max_chunk, slots)?;
         let step = StepUniform::new(gpu);
-        let max_tokens = chunk as u32;
+        let max_tokens = max_chunk as u32;
+        let products = Products { gpu, step: &step, max_tokens };
         let shape = AttentionShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: c.head_dim, max_ctx };
         let norm = RmsNormKernel::new(gpu).await?;
         let post_norm = if c.post_norms { Some(RmsNormKernel::accumulating(gpu).await?) } else { None };
@@ -261,23 +268,8 @@ impl Graph {
             let cache = KvCache::new(gpu, &format!("blk.{l}.kv"), shape, kv, slots)?;
             plan.begin_layer();
             plan.all("rmsnorm", norm.bind(gpu, &step, &act.x, &w.attn_norm, &act.normed, c.rms_eps)?);
-            for (part, out) in w.qkv.with_columns(c.qkv_width()) {
-                let (weight, bias) = (&part.weight, part.bias.as_ref());
-                let epilogue = if bias.is_some() { Epilogue::BIAS } else { Epilogue::NONE };
-                let matvec = MatvecKernel::new(gpu, weight.ty, epilogue).await?;
-                let matmul = MatmulKernel::new(gpu, weight.ty, epilogue).await?;
-                plan.split(
-                    "matvec qkv",
-                    matvec.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias)?,
-                    matmul.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias, &step, max_tokens)?,
-                );
-                for batch in &mut plan.batches {
-                    let matvec = MatvecKernel::batched(gpu, weight.ty, epilogue, batch.columns as u32).await?;
-                    batch.ops.push(PlannedOp {
-                        family: "matvec qkv",
-                        op: Arc::new(matvec.bind_columns(gpu, weight, &act.normed, &act.qkv, out, bias)?),
-                    });
-                }
+            for qkv in w.qkv.products(c.qkv_width()) {
+                products.emit(&mut plan, "matvec qkv", qkv, &act.normed, &act.qkv).await?;
             }
             if let (Some(kernel), Some([q_norm, k_norm])) = (&head_norm, &w.qk_norm) {
                 let q_span = HeadSpan { offset: 0, heads: c.n_heads, head_dim: c.head_dim };
@@ -295,52 +287,17 @@ impl Graph {
             if slots > 1 {
                 plan.every_batch("attention", Arc::new(attention.bind_decode(gpu, &act.rows, &act.q, &cache, &act.attn, &scores, slots)?));
             }
-            let o = &w.attn_output;
-            plan.split(
-                "matvec o",
-                MatvecKernel::new(gpu, o.ty, residual_epilogue).await?.bind(gpu, o, &act.attn, residual_out, None)?,
-                MatmulKernel::new(gpu, o.ty, residual_epilogue).await?.bind(gpu, o, &act.attn, residual_out, None, &step, max_tokens)?,
-            );
-            for batch in &mut plan.batches {
-                let matvec = MatvecKernel::batched(gpu, o.ty, residual_epilogue, batch.columns as u32).await?;
-                batch.ops.push(PlannedOp { family: "matvec o", op: Arc::new(matvec.bind(gpu, o, &act.attn, residual_out, None)?) });
-            }
+            let o = Product::matrix(&w.attn_output, residual_epilogue);
+            products.emit(&mut plan, "matvec o", o, &act.attn, residual_out).await?;
             let post_norms = post_norm.as_ref().zip(w.post_norms.as_ref());
             if let Some((kernel, [attn_post, _])) = post_norms {
                 plan.all("rmsnorm", kernel.bind(gpu, &step, &act.normed, attn_post, &act.x, c.rms_eps)?);
             }
             plan.all("rmsnorm", norm.bind(gpu, &step, &act.x, &w.ffn_norm, &act.normed, c.rms_eps)?);
-            let (act_fn, ty) = (c.gate_activation, w.gate.ty);
-            plan.split(
-                "matvec gate+up swiglu",
-                SwigluMatvecKernel::new(gpu, ty, act_fn).await?.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn)?,
-                SwigluMatmulKernel::new(gpu, ty, act_fn).await?.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn, &step, max_tokens)?,
-            );
-            for batch in &mut plan.batches {
-                let swiglu = SwigluMatvecKernel::batched(gpu, ty, act_fn, batch.columns as u32).await?;
-                batch.ops.push(PlannedOp {
-                    family: "matvec gate+up swiglu",
-                    op: Arc::new(swiglu.bind(gpu, &w.gate, &w.up, &act.normed, &act.ffn)?),
-                });
-            }
-            let down = &w.down;
-            plan.split(
-                "matvec down",
-                MatvecKernel::new(gpu, down.ty, residual_epilogue).await?.bind(gpu, down, &act.ffn, residual_out, None)?,
-                MatmulKernel::new(gpu, down.ty, residual_epilogue).await?.bind(
-                    gpu,
-                    down,
-                    &act.ffn,
-                    residual_out,
-                    None,
-                    &step,
-                    max_tokens,
-                )?,
-            );
-            for batch in &mut plan.batches {
-                let matvec = MatvecKernel::batched(gpu, down.ty, residual_epilogue, batch.columns as u32).await?;
-                batch.ops.push(PlannedOp { family: "matvec down", op: Arc::new(matvec.bind(gpu, down, &act.ffn, residual_out, None)?) });
-            }
+            let gate_up = Product::GateUp { gate: &w.gate, up: &w.up, act: c.gate_activation };
+            products.emit(&mut plan, "matvec gate+up swiglu", gate_up, &act.normed, &act.ffn).await?;
+            let down = Product::matrix(&w.down, residual_epilogue);
+            products.emit(&mut plan, "matvec down", down, &act.ffn, residual_out).await?;
             if let Some((kernel, [_, ffn_post])) = post_norms {
                 plan.all("rmsnorm", kernel.bind(gpu, &step, &act.normed, ffn_post, &act.x, c.rms_eps)?);
             }
@@ -366,7 +323,7 @@ impl Graph {
         // A batch's tokens are each their sequence's last: every row of `normed` gets its logits.
         for batch in &mut plan.batches {
             for shard in lm_kernel(batch.columns).await?.bind_shards(gpu, lm, &act.normed, &act.batch_logits)? {
-                batch.ops.push(PlannedOp { family: "matvec lm head", op: Arc::new(shard) });
+                batch.push("matvec lm head", shard);
             }
         }
         let (penalty_kernel, sample_kernel) = (PenaltyKernel::new(gpu).await?, SampleKernel::new(gpu).await?);

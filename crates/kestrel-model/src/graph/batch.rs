@@ -6,8 +6,8 @@
 //! its options, its seed and its draw number: every sequence gets the token it would get alone.
 
 use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel};
-use kestrel_gpu::params::{Penalties, PenaltyEntry, SamplingParams};
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
+use kestrel_ops::params::{Penalties, PenaltyEntry, SamplingParams};
 
 use super::{plan, Graph, PENALTY_CAPACITY};
 use crate::pacing::SubmitPacer;

@@ -45,6 +45,13 @@ pub struct BatchPlan {
     pub ops: Vec<PlannedOp>,
 }
 
+impl BatchPlan {
+    /// Appends `op`, a kernel bound for this batch's tokens.
+    pub fn push(&mut self, family: &'static str, op: impl StepOp + 'static) {
+        self.ops.push(PlannedOp { family, op: Arc::new(op) });
+    }
+}
+
 impl StepPlan {
     /// A plan whose batches run up to each of `columns` tokens.
     pub fn with_batches(columns: &[usize]) -> Self {
