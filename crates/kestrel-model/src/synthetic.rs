@@ -27,43 +27,47 @@ pub struct SyntheticShape {
     pub embedding_type: GgmlType,
 }
 
-/// SmolLM2-135M (its 576-wide rows allow no K-quants: Q4_1 as the default model), Llama 3.2 1B
-/// and Llama 3.1 8B (Q4_K matrices, Q6_K embedding, as in their Q4_K_M files).
-pub const SYNTHETIC_SHAPES: [SyntheticShape; 3] = [
-    SyntheticShape {
-        name: "135m",
-        n_layers: 30,
-        hidden: 576,
-        ffn: 1536,
-        n_heads: 9,
-        n_kv_heads: 3,
-        vocab: 49152,
-        matrix_type: GgmlType::Q4_1,
-        embedding_type: GgmlType::Q4_1,
-    },
-    SyntheticShape {
-        name: "1b",
-        n_layers: 16,
-        hidden: 2048,
-        ffn: 8192,
-        n_heads: 32,
-        n_kv_heads: 8,
-        vocab: 128256,
-        matrix_type: GgmlType::Q4_K,
-        embedding_type: GgmlType::Q6_K,
-    },
-    SyntheticShape {
-        name: "8b",
-        n_layers: 32,
-        hidden: 4096,
-        ffn: 14336,
-        n_heads: 32,
-        n_kv_heads: 8,
-        vocab: 128256,
-        matrix_type: GgmlType::Q4_K,
-        embedding_type: GgmlType::Q6_K,
-    },
-];
+/// SmolLM2-135M, the default model (its 576-wide rows allow no K-quants: Q4_1 as its file).
+pub const SMOLLM2_135M: SyntheticShape = SyntheticShape {
+    name: "135m",
+    n_layers: 30,
+    hidden: 576,
+    ffn: 1536,
+    n_heads: 9,
+    n_kv_heads: 3,
+    vocab: 49152,
+    matrix_type: GgmlType::Q4_1,
+    embedding_type: GgmlType::Q4_1,
+};
+
+/// Llama 3.2 1B (Q4_K matrices, Q6_K embedding, as in its Q4_K_M file).
+pub const LLAMA_1B: SyntheticShape = SyntheticShape {
+    name: "1b",
+    n_layers: 16,
+    hidden: 2048,
+    ffn: 8192,
+    n_heads: 32,
+    n_kv_heads: 8,
+    vocab: 128256,
+    matrix_type: GgmlType::Q4_K,
+    embedding_type: GgmlType::Q6_K,
+};
+
+/// Llama 3.1 8B (Q4_K matrices, Q6_K embedding, as in its Q4_K_M file).
+pub const LLAMA_8B: SyntheticShape = SyntheticShape {
+    name: "8b",
+    n_layers: 32,
+    hidden: 4096,
+    ffn: 14336,
+    n_heads: 32,
+    n_kv_heads: 8,
+    vocab: 128256,
+    matrix_type: GgmlType::Q4_K,
+    embedding_type: GgmlType::Q6_K,
+};
+
+/// Every shape, by size: the ones `synthetic_shape` finds by name.
+pub const SYNTHETIC_SHAPES: [SyntheticShape; 3] = [SMOLLM2_135M, LLAMA_1B, LLAMA_8B];
 
 /// The shape called `name` (case-insensitive).
 pub fn synthetic_shape(name: &str) -> Option<SyntheticShape> {
@@ -100,8 +104,23 @@ fn block_pool(ty: GgmlType, scale: f32, rng: &mut SplitMix) -> Result<Vec<u8>, M
 }
 
 impl SyntheticShape {
-    fn head_dim(&self) -> usize {
+    pub fn head_dim(&self) -> usize {
         self.hidden / self.n_heads
+    }
+
+    /// Width of the attention output (all query heads).
+    pub fn q_width(&self) -> usize {
+        self.n_heads * self.head_dim()
+    }
+
+    /// Width of the K (and of the V) projection's output.
+    pub fn kv_width(&self) -> usize {
+        self.n_kv_heads * self.head_dim()
+    }
+
+    /// Width of the fused Q|K|V projection's output.
+    pub fn qkv_width(&self) -> usize {
+        self.q_width() + 2 * self.kv_width()
     }
 
     fn metadata(&self) -> Metadata {
@@ -145,7 +164,7 @@ impl SyntheticShape {
 
     /// The tensors in file order: name, (rows, cols), type.
     fn tensors(&self) -> Vec<(String, usize, usize, GgmlType)> {
-        let (h, f, q, kv) = (self.hidden, self.ffn, self.n_heads * self.head_dim(), self.n_kv_heads * self.head_dim());
+        let (h, f, q, kv) = (self.hidden, self.ffn, self.q_width(), self.kv_width());
         let mut out = vec![("token_embd.weight".to_string(), self.vocab, h, self.embedding_type)];
         for l in 0..self.n_layers {
             let name = |s: &str| format!("blk.{l}.{s}");

@@ -60,7 +60,7 @@ fn header_with_types(retype: impl Fn(&str) -> Option<GgmlType>) -> Vec<u8> {
 
 /// The default model's header as `edit` changes its metadata and tensor list, without data.
 fn header_with(edit: impl Fn(&mut Metadata, &mut Vec<TensorSpec>)) -> Vec<u8> {
-    let (header, _) = kestrel_gguf::read_file(&common::default_model_path()).expect("read");
+    let (header, _) = common::default_model_file();
     let mut metadata = header.metadata.clone();
     let mut specs: Vec<TensorSpec> =
         header.tensors.iter().map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type }).collect();

@@ -21,12 +21,18 @@ fn generate(model: &mut Model, at_token: &mut dyn FnMut(usize)) -> Result<Vec<u3
     Ok(generation.tokens)
 }
 
+/// The small synthetic model on a device of its own (each test here breaks its device, which must
+/// not go back to the shared pool), and the tokens it generates while the device is sound.
+fn sound_model() -> (kestrel_gpu::Gpu, Model, Vec<u32>) {
+    let gpu = common::own_gpu();
+    let mut model = common::load_on(&gpu, &common::synthetic::QWEN3_F32.write(), 64);
+    let expected = generate(&mut model, &mut |_| {}).expect("generate while the device is sound");
+    (gpu, model, expected)
+}
+
 #[test]
 fn device_lost_mid_generation_is_coded_and_a_new_device_works() {
-    let path = common::synthetic::QWEN3_F32.write();
-    let gpu = common::gpu();
-    let mut model = common::load_on(&gpu, &path, 64);
-    let expected = generate(&mut model, &mut |_| {}).expect("generate before the loss");
+    let (gpu, mut model, expected) = sound_model();
     assert_eq!(expected.len(), options().max_tokens);
 
     let err = generate(&mut model, &mut |i| {
@@ -41,16 +47,13 @@ fn device_lost_mid_generation_is_coded_and_a_new_device_works() {
     assert_eq!(err.code(), "device_lost", "{err}");
 
     // A new device loads the model again and gives the same tokens as before the loss.
-    let mut model = common::load_on(&common::gpu(), &path, 64);
+    let mut model = common::load_on(&common::own_gpu(), &common::synthetic::QWEN3_F32.write(), 64);
     assert_eq!(generate(&mut model, &mut |_| {}).expect("generate on a new device"), expected);
 }
 
 #[test]
 fn failed_allocation_mid_generation_is_coded_and_the_next_request_works() {
-    let path = common::synthetic::QWEN3_F32.write();
-    let gpu = common::gpu();
-    let mut model = common::load_on(&gpu, &path, 64);
-    let expected = generate(&mut model, &mut |_| {}).expect("generate");
+    let (gpu, mut model, expected) = sound_model();
 
     // A buffer larger than the device allows fails on the device, outside any error scope: the
     // error wgpu would otherwise turn into a panic.

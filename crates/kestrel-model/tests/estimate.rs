@@ -8,10 +8,10 @@ mod common;
 
 use common::synthetic::{SyntheticModel, SyntheticRope, GEMMA3_F32, GEMMA3_Q4_K, PHI3_F32, QWEN2_F32, QWEN2_Q8_0, QWEN3_F32};
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::params::KvType;
 use kestrel_gpu::GpuOptions;
 use kestrel_model::estimate::{cpu_weight_bytes, DeviceLimits, Estimate, MemoryLimit};
 use kestrel_model::{GenerateOptions, LoadOptions, ModelError};
+use kestrel_ops::params::KvType;
 
 const CONTEXT: usize = 256;
 
@@ -127,7 +127,8 @@ fn the_cpu_estimate_is_what_the_cpu_backend_allocates() {
 fn the_gpu_total_is_what_the_device_allocates() {
     for (context, slots) in [(CONTEXT, 1), (1024, 4)] {
         let estimate = Estimate::from_header(&header(), Some(context), KvType::default(), slots).unwrap();
-        let gpu = common::gpu();
+        // A fresh device: nothing another test left on a pooled one is in the count.
+        let gpu = common::own_gpu();
         let before = common::settled_gpu_bytes(&gpu);
         let options = LoadOptions { context_length: Some(context), slots, ..LoadOptions::default() };
         let mut model = common::load_with(&gpu, &common::default_model_path(), options);

@@ -25,7 +25,8 @@ fn cycle(gpu: &kestrel_gpu::Gpu, bytes: &[u8]) {
 fn load_unload_cycles_return_gpu_and_process_memory() {
     let cycles: usize = std::env::var("KESTREL_LEAK_CYCLES").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
     let bytes = std::fs::read(common::synthetic::QWEN3_F32.write()).expect("read the synthetic model");
-    let gpu = common::gpu();
+    // A fresh device: "empty" is a device no other test has used.
+    let gpu = common::own_gpu();
     let empty = common::settled_gpu_bytes(&gpu);
     // Two cycles first: the pipelines compiled and the allocators' pools grown once.
     for _ in 0..2 {

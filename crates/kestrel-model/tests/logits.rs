@@ -21,10 +21,10 @@ mod common;
 use std::path::Path;
 
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::params::KvType;
 use kestrel_gpu::GpuOptions;
 use kestrel_model::reference::ReferenceModel;
 use kestrel_model::{LoadOptions, Model};
+use kestrel_ops::params::KvType;
 
 /// Bounds on |gpu - cpu| / max|logit| by the cache's value type (see the file's doc).
 fn relative_tolerance(kv: KvType) -> f32 {
@@ -40,18 +40,31 @@ fn check_file(path: &Path, label: &str, lengths: &[usize]) {
     check_model(common::load(path, CONTEXT), path, label, lengths, CONTEXT);
 }
 
+/// The reference's logits, by file, context, cache type and prompt length: computed once per
+/// binary, so the tests that check the same file (the default model's) share them.
+static REFERENCE_LOGITS: common::Shared<Vec<f32>> = common::Shared::new();
+
 /// `model`, loaded from `path` with a context of `context`, against the reference.
 fn check_model(mut model: Model, path: &Path, label: &str, lengths: &[usize], context: usize) {
     let bench_ids = common::ids(&common::greedy_reference()["bench_prompt"]["ids"]);
-    let (header, tensors) = kestrel_gguf::read_file(path).expect("read the model");
+    let kv = model.kv_cache();
+    // Built at its first use (the logits may all be known already) and run for each prompt from
+    // position 0, which overwrites every cache row the prompt reads: as a fresh one would.
+    let mut reference: Option<ReferenceModel> = None;
     for &n in lengths {
         // The bench prompt, repeated where `n` is longer.
         let prompt: Vec<u32> = bench_ids.iter().cycle().take(n).copied().collect();
         let prompt = prompt.as_slice();
         let gpu = pollster::block_on(model.prompt_logits(prompt)).expect("gpu logits");
-        let kv = model.kv_cache();
-        let mut reference = ReferenceModel::new(&header, &tensors, context, kv).expect("reference model");
-        let want = reference.forward(prompt).expect("reference logits");
+        let key = format!("{} {context} {} {n}", path.display(), kv.name());
+        let want = REFERENCE_LOGITS.get_or_make(&key, || {
+            let reference = reference.get_or_insert_with(|| {
+                let (header, tensors) = kestrel_gguf::read_file(path).expect("read the model");
+                ReferenceModel::new(&header, &tensors, context, kv).expect("reference model")
+            });
+            reference.pos = 0;
+            reference.forward(prompt).expect("reference logits")
+        });
         let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = gpu.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0f32, f32::max);
         eprintln!(

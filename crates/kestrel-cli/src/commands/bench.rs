@@ -26,7 +26,7 @@ use clap::{Args, Subcommand};
 use kestrel_gpu::{Gpu, GpuOptions, MatvecVariant};
 
 use self::report::{Adapter, Report, TABLE_HEADER};
-use self::shapes::{DEFAULT_MODEL, ONE_B};
+use self::shapes::BENCH_SHAPES;
 use self::suite::Suite;
 use self::timing::{Timer, TimingSettings};
 use super::CliResult;
@@ -124,8 +124,8 @@ fn kernels(args: &KernelsArgs) -> CliResult {
     let mut suite = Suite::new(&gpu, &timer, args.filter.as_deref(), max_call_ms);
     let copy_gb_per_s = suite.copy(copy_bytes(&gpu, args.copy_mib))?;
     let fma_gflop_per_s = suite.fma()?;
-    for model in [DEFAULT_MODEL, ONE_B] {
-        suite.model(&model)?;
+    for model in &BENCH_SHAPES {
+        suite.model(model)?;
     }
     let rows = suite.into_rows();
 

@@ -1,11 +1,19 @@
 //! Shared by the model tests: the default model, a GPU that fails loudly when missing, and
 //! llama.cpp's reference outputs (tests/data/reference, copied from shared/reference).
+//!
+//! What a test binary needs again and again is made once per binary and shared: the device (and
+//! with it the compiled pipelines), the default model's parsed file, the model files the tests
+//! write. Each is immutable once made; every test still loads the models it runs, so no test
+//! sees another's state.
 #![allow(dead_code)]
 
 pub mod synthetic;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 
+use kestrel_gguf::GgufHeader;
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::{GenerateOptions, LoadOptions, Model};
 use serde_json::Value;
@@ -20,7 +28,25 @@ pub fn default_model_path() -> PathBuf {
     path
 }
 
+/// A device no other test is using, from the binary's pool: its pipeline cache keeps what the
+/// tests that used it before compiled, so a kernel compiles about once per test thread instead
+/// of once per model load, while tests running at the same time still have queues of their own
+/// (lavapipe runs a queue's work in order: one shared queue would serialize them). Tests that
+/// count the device's memory or break it take their own (`own_gpu`).
 pub fn gpu() -> Gpu {
+    static POOL: Mutex<Vec<Gpu>> = Mutex::new(Vec::new());
+    let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+    // Free when the pool holds the only handle: every test that used it has dropped its own.
+    if let Some(free) = pool.iter().find(|gpu| Arc::strong_count(&gpu.info) == 1) {
+        return free.clone();
+    }
+    let gpu = own_gpu();
+    pool.push(gpu.clone());
+    gpu
+}
+
+/// A device of the test's own, with the default options.
+pub fn own_gpu() -> Gpu {
     gpu_with(&GpuOptions::default())
 }
 
@@ -61,6 +87,38 @@ pub fn resident_bytes() -> u64 {
 pub fn settled_gpu_bytes(gpu: &Gpu) -> u64 {
     gpu.device.poll(kestrel_gpu::wgpu::PollType::wait_indefinitely()).expect("poll the device");
     gpu.allocated_bytes().expect("lavapipe's Vulkan backend reports its allocations")
+}
+
+/// The default model's file, read once for the binary: its header and each tensor's bytes.
+pub fn default_model_file() -> &'static (GgufHeader, Vec<Vec<u8>>) {
+    static FILE: LazyLock<(GgufHeader, Vec<Vec<u8>>)> =
+        LazyLock::new(|| kestrel_gguf::read_file(&default_model_path()).expect("read the default model"));
+    &FILE
+}
+
+/// Values made once per binary, by key: the first test that asks for one makes it, a test that
+/// asks while it is being made waits for it, and every later one gets a copy. For what is the
+/// same every time it is made (a file written, a reference's logits).
+pub struct Shared<T>(LazyLock<Mutex<HashMap<String, Arc<OnceLock<T>>>>>);
+
+impl<T: Clone> Shared<T> {
+    pub const fn new() -> Self {
+        Self(LazyLock::new(Mutex::default))
+    }
+
+    pub fn get_or_make(&self, key: &str, make: impl FnOnce() -> T) -> T {
+        // The map is locked only to find the key's cell: values of other keys are made meanwhile.
+        let cell = self.0.lock().unwrap_or_else(PoisonError::into_inner).entry(key.to_string()).or_default().clone();
+        cell.get_or_init(make).clone()
+    }
+}
+
+/// Runs `write` for `key` once per binary and returns its path ever after: the files the tests
+/// write are the same bytes every time, so the binary's other tests (and its later calls) reuse
+/// the first.
+pub fn write_once(key: &str, write: impl FnOnce() -> PathBuf) -> PathBuf {
+    static WRITTEN: Shared<PathBuf> = Shared::new();
+    WRITTEN.get_or_make(key, write)
 }
 
 /// llama.cpp's Q4_K_M of the default model, made by scripts/make-q4-k-m.sh.
@@ -133,28 +191,33 @@ pub const ROPE_VARIANTS: [RopeVariant; 2] = [
 ];
 
 /// Writes `variant` of the default model to the test target directory (deterministic: the same
-/// bytes on every run, which tests/data/<reference_dir>/README.md's sha256 records) and returns
-/// its path.
+/// bytes on every run, which tests/data/<reference_dir>/README.md's sha256 records; once per
+/// binary) and returns its path.
 pub fn rope_variant(variant: &RopeVariant) -> PathBuf {
+    write_once(variant.reference_dir, || write_rope_variant(variant))
+}
+
+fn write_rope_variant(variant: &RopeVariant) -> PathBuf {
     use kestrel_gguf::{GgmlType, GgufWriter, MetadataValue, TensorSpec};
-    let (header, tensors) = kestrel_gguf::read_file(&default_model_path()).expect("read the default model");
+    let (header, tensors) = default_model_file();
     let mut metadata = header.metadata.clone();
     for (key, value) in variant.metadata {
         metadata.set(*key, MetadataValue::F32(*value));
     }
     let mut specs: Vec<TensorSpec> =
         header.tensors.iter().map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type }).collect();
-    let mut data: Vec<Vec<u8>> = tensors;
+    let mut data: Vec<&[u8]> = tensors.iter().map(Vec::as_slice).collect();
+    let values: Vec<u8>;
     if let Some(factor) = variant.factors {
-        let values: Vec<u8> = (0..32).flat_map(|i| factor(i).to_le_bytes()).collect();
+        values = (0..32).flat_map(|i| factor(i).to_le_bytes()).collect();
         specs.insert(0, TensorSpec { name: "rope_freqs.weight".into(), dims: vec![32], ggml_type: GgmlType::F32 });
-        data.insert(0, values);
+        data.insert(0, &values);
     }
     let name = variant.reference_dir.trim_start_matches("reference-");
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("SmolLM2-135M-Instruct.Q4_1.{name}.gguf"));
     let file = std::io::BufWriter::new(std::fs::File::create(&path).expect("create the variant file"));
     let mut writer = GgufWriter::new(file, &metadata, &specs).expect("write the header");
-    for bytes in &data {
+    for bytes in data {
         writer.write_tensor(bytes).expect("write a tensor");
     }
     writer.finish().expect("finish the variant file");

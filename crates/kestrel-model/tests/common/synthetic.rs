@@ -301,7 +301,7 @@ fn uniform(rng: &mut StdRng, n: usize, std: f32) -> Vec<f32> {
 /// The keys of the default model that describe its tokenizer (vocabulary, merges, special
 /// tokens, chat template): every `tokenizer.*` key.
 fn tokenizer_metadata() -> Metadata {
-    let (header, _) = kestrel_gguf::read_file(&super::default_model_path()).expect("read the default model");
+    let (header, _) = super::default_model_file();
     let mut out = Metadata::new();
     for (key, value) in header.metadata.iter().filter(|(k, _)| k.starts_with("tokenizer.")) {
         out.set(key, value.clone());
@@ -436,8 +436,13 @@ impl SyntheticModel {
     }
 
     /// Writes the model to the test target directory (unless a file with the expected sha256 is
-    /// already there), checks its sha256 against the reference's, and returns its path.
+    /// already there), checks its sha256 against the reference's, and returns its path; once per
+    /// binary (`super::write_once`).
     pub fn write(&self) -> PathBuf {
+        super::write_once(&self.file_name(), || self.write_checked())
+    }
+
+    fn write_checked(&self) -> PathBuf {
         let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(self.file_name());
         if std::fs::read(&path).map(|bytes| sha256_hex(&bytes) == self.sha256).unwrap_or(false) {
             return path;

@@ -13,11 +13,12 @@ use kestrel_gpu::kernels::rope::RopeKernel;
 use kestrel_gpu::kernels::sample::SampleKernel;
 use kestrel_gpu::kernels::Epilogue;
 use kestrel_gpu::kernels::{CopyKernel, FmaKernel, FmaParams};
-use kestrel_gpu::params::{AttentionShape, GateActivation, KvType, RopeConfig, RopeMode, SamplingParams, Scores};
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor, WeightTensor};
+use kestrel_model::synthetic::SyntheticShape;
+use kestrel_ops::params::{AttentionShape, GateActivation, KvType, RopeConfig, RopeMode, SamplingParams, Scores};
 use pollster::block_on;
 
-use super::shapes::{matrix_bytes, Matrix, ModelShape, Product};
+use super::shapes::{matrix_bytes, Matrix, Product};
 
 /// A kernel bound and ready to time. Bind groups keep their buffers alive, so the recording
 /// closure needs to own nothing but the dispatches.
@@ -113,7 +114,7 @@ pub fn matmul(gpu: &Gpu, matrix: &Matrix, weights: &[WeightTensor], tokens: u32)
 
 /// Rows of a `vocab` x `hidden` table for `tokens` random ids. Bytes: ids + the gathered rows
 /// in `ty` + the f32 output.
-pub fn embedding(gpu: &Gpu, model: &ModelShape, ty: GgmlType, tokens: u32) -> Result<Prepared, GpuError> {
+pub fn embedding(gpu: &Gpu, model: &SyntheticShape, ty: GgmlType, tokens: u32) -> Result<Prepared, GpuError> {
     let table_matrix = Matrix { name: "token_embd", rows: model.vocab, cols: model.hidden, product: Product::Plain };
     let table = weights(gpu, &table_matrix, ty)?.remove(0);
     let t = tokens as usize;
@@ -130,7 +131,7 @@ pub fn embedding(gpu: &Gpu, model: &ModelShape, ty: GgmlType, tokens: u32) -> Re
 }
 
 /// RMSNorm of `tokens` rows of `hidden`. Bytes: x + weight + out.
-pub fn rmsnorm(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, GpuError> {
+pub fn rmsnorm(gpu: &Gpu, model: &SyntheticShape, tokens: u32) -> Result<Prepared, GpuError> {
     let shape = [tokens as usize, model.hidden];
     let x = random_tensor(gpu, "bench.x", &shape)?;
     let weight = random_tensor(gpu, "bench.norm", &[model.hidden])?;
@@ -145,7 +146,7 @@ pub fn rmsnorm(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, G
 /// RoPE of `tokens` fused QKV rows ending at position `MAX_CTX`, Q to its buffer and K, V into
 /// the (default, f16) cache. Bytes: the QKV rows read + Q and the cache's K and V written + the
 /// angle table.
-pub fn rope(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, GpuError> {
+pub fn rope(gpu: &Gpu, model: &SyntheticShape, tokens: u32) -> Result<Prepared, GpuError> {
     let t = tokens as usize;
     let qkv = random_tensor(gpu, "bench.qkv", &[t, model.qkv_width()])?;
     let q = Tensor::zeros(gpu, "bench.q", &[t, model.q_width()], DType::F32)?;
@@ -155,20 +156,20 @@ pub fn rope(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, GpuE
     let rows = step_rows(gpu, params)?;
     let config = RopeConfig::new(RopeMode::Norm, 10_000.0);
     let dispatch = block_on(RopeKernel::new(gpu, cache.kv))?.bind(gpu, &step, &rows, Some(&config), &qkv, &q, &cache)?;
-    let angle_table = (model.head_dim / 2) as u64 * 8;
+    let angle_table = (model.head_dim() / 2) as u64 * 8;
     let bytes = qkv.byte_size() + q.byte_size() + kv_bytes(model, tokens) + angle_table;
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
 
 /// Decode attention of one query over `kv_len` cached positions. Bytes: q + K and V of the
 /// `kv_len` positions + out (the partials scratch is not counted).
-pub fn attention_decode(gpu: &Gpu, model: &ModelShape, kv_len: u32) -> Result<Prepared, GpuError> {
+pub fn attention_decode(gpu: &Gpu, model: &SyntheticShape, kv_len: u32) -> Result<Prepared, GpuError> {
     let cache = random_cache(gpu, model, kv_len as usize)?;
     let q = random_tensor(gpu, "bench.q", &[1, model.q_width()])?;
     let out = Tensor::zeros(gpu, "bench.attn", &[1, model.q_width()], DType::F32)?;
     let params = StepParams::new(1, kv_len - 1, 0);
     let rows = step_rows(gpu, params)?;
-    let kernel = block_on(AttentionKernel::new(gpu, model.head_dim, cache.kv))?;
+    let kernel = block_on(AttentionKernel::new(gpu, model.head_dim(), cache.kv))?;
     let dispatch = kernel.bind_decode(gpu, &rows, &q, &cache, &out, &attention_scores(model), 1)?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, kv_len);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
@@ -176,7 +177,7 @@ pub fn attention_decode(gpu: &Gpu, model: &ModelShape, kv_len: u32) -> Result<Pr
 
 /// Causal prefill attention of `tokens` queries at positions `0..tokens`. Bytes: q + K and V
 /// of those positions + out.
-pub fn attention_prefill(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<Prepared, GpuError> {
+pub fn attention_prefill(gpu: &Gpu, model: &SyntheticShape, tokens: u32) -> Result<Prepared, GpuError> {
     let t = tokens as usize;
     let cache = random_cache(gpu, model, t)?;
     let q = random_tensor(gpu, "bench.q", &[t, model.q_width()])?;
@@ -184,7 +185,7 @@ pub fn attention_prefill(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<P
     let params = StepParams::new(tokens, 0, 0);
     let step = step_uniform(gpu, params);
     let rows = step_rows(gpu, params)?;
-    let kernel = block_on(AttentionKernel::new(gpu, model.head_dim, cache.kv))?;
+    let kernel = block_on(AttentionKernel::new(gpu, model.head_dim(), cache.kv))?;
     let dispatch = kernel.bind_prefill(gpu, &step, &rows, &q, &cache, &out, &attention_scores(model))?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, tokens);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
@@ -193,7 +194,7 @@ pub fn attention_prefill(gpu: &Gpu, model: &ModelShape, tokens: u32) -> Result<P
 /// Token selection over `vocab` random logits with `params` (greedy: the argmax kernels).
 /// Bytes: the logits read once + the 8-byte result (the sampler makes about 20 passes over
 /// the logits when top-k and top-p are on; on a GPU they stay in L2).
-pub fn sample(gpu: &Gpu, model: &ModelShape, params: &SamplingParams) -> Result<Prepared, GpuError> {
+pub fn sample(gpu: &Gpu, model: &SyntheticShape, params: &SamplingParams) -> Result<Prepared, GpuError> {
     let logits = random_tensor(gpu, "bench.logits", &[model.vocab])?;
     let out = Tensor::zeros(gpu, "bench.token", &[2], DType::U32)?;
     let step_params = StepParams::new(1, 0, 1);
@@ -223,23 +224,23 @@ fn product_activation_bytes(matrix: &Matrix, tokens: usize) -> u64 {
     (tokens * (matrix.cols + y_passes * matrix.rows)) as u64 * F32
 }
 
-fn attention_shape(model: &ModelShape, max_ctx: usize) -> AttentionShape {
-    AttentionShape { n_heads: model.n_heads, n_kv_heads: model.n_kv_heads, head_dim: model.head_dim, max_ctx }
+fn attention_shape(model: &SyntheticShape, max_ctx: usize) -> AttentionShape {
+    AttentionShape { n_heads: model.n_heads, n_kv_heads: model.n_kv_heads, head_dim: model.head_dim(), max_ctx }
 }
 
-fn attention_scores(model: &ModelShape) -> Scores {
-    Scores::scaled(1.0 / (model.head_dim as f32).sqrt())
+fn attention_scores(model: &SyntheticShape) -> Scores {
+    Scores::scaled(1.0 / (model.head_dim() as f32).sqrt())
 }
 
 /// K and V of `positions` positions, f32.
 /// K and V of `positions` positions in the default cache's value type.
-fn kv_bytes(model: &ModelShape, positions: u32) -> u64 {
-    2 * (model.n_kv_heads * model.head_dim * KvType::default().bytes()) as u64 * u64::from(positions)
+fn kv_bytes(model: &SyntheticShape, positions: u32) -> u64 {
+    2 * (model.n_kv_heads * model.head_dim() * KvType::default().bytes()) as u64 * u64::from(positions)
 }
 
 /// A KV cache (the default type, f16) of exactly `max_ctx` positions filled with random keys
 /// and values.
-fn random_cache(gpu: &Gpu, model: &ModelShape, max_ctx: usize) -> Result<KvCache, GpuError> {
+fn random_cache(gpu: &Gpu, model: &SyntheticShape, max_ctx: usize) -> Result<KvCache, GpuError> {
     let cache = KvCache::new(gpu, "bench.cache", attention_shape(model, max_ctx), KvType::default(), 1)?;
     let values = random_values(cache.shape.cache_len());
     gpu.write(&cache.k.buffer, 0, &cache.kv.encode(&values));

@@ -1,7 +1,9 @@
-//! The model shapes the kernels are benchmarked at, and the weight matrices of one layer (plus
-//! the LM head) that the matvec and matmul kernels see at each.
+//! The weight matrices of one layer (plus the LM head) that the matvec and matmul kernels see at
+//! each model shape they are benchmarked at. The shapes themselves are the synthetic models'
+//! (`kestrel_model::synthetic`), the one definition of each model size.
 
 use kestrel_gguf::GgmlType;
+use kestrel_model::synthetic::{SyntheticShape, LLAMA_1B, SMOLLM2_135M};
 
 /// The weight types the GPU kernels read, in the order the table lists them.
 pub const WEIGHT_TYPES: [GgmlType; 10] = [
@@ -27,25 +29,8 @@ pub const DECODE_BATCH: u32 = 8;
 /// KV lengths decode attention is timed at.
 pub const DECODE_KV_LENS: [u32; 2] = [512, 2048];
 
-/// The dimensions of a Llama-family model that set the kernels' shapes.
-#[derive(Clone, Copy, Debug)]
-pub struct ModelShape {
-    /// Short name shown in the table's first column.
-    pub name: &'static str,
-    pub hidden: usize,
-    pub ffn: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub vocab: usize,
-}
-
-/// The default model, SmolLM2-135M.
-pub const DEFAULT_MODEL: ModelShape =
-    ModelShape { name: "135M", hidden: 576, ffn: 1536, n_heads: 9, n_kv_heads: 3, head_dim: 64, vocab: 49152 };
-
-/// A 1B-class model (Llama 3.2 1B).
-pub const ONE_B: ModelShape = ModelShape { name: "1B", hidden: 2048, ffn: 8192, n_heads: 32, n_kv_heads: 8, head_dim: 64, vocab: 128_256 };
+/// The model shapes the kernels are benchmarked at: the default model's and a 1B-class one's.
+pub const BENCH_SHAPES: [SyntheticShape; 2] = [SMOLLM2_135M, LLAMA_1B];
 
 /// What the model does with a matrix product, which picks the kernel variant it uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,28 +60,17 @@ impl Matrix {
     }
 }
 
-impl ModelShape {
-    /// Width of the fused Q|K|V projection's output.
-    pub fn qkv_width(&self) -> usize {
-        (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
-    }
-
-    /// Width of the attention output (all query heads).
-    pub fn q_width(&self) -> usize {
-        self.n_heads * self.head_dim
-    }
-
-    /// The matrices of one layer and the LM head, with the products the model computes with them.
-    pub fn matrices(&self) -> [Matrix; 5] {
-        let m = |name, rows, cols, product| Matrix { name, rows, cols, product };
-        [
-            m("qkv", self.qkv_width(), self.hidden, Product::Plain),
-            m("o", self.hidden, self.q_width(), Product::Accumulate),
-            m("gate/up", self.ffn, self.hidden, Product::Swiglu),
-            m("down", self.hidden, self.ffn, Product::Accumulate),
-            m("lm_head", self.vocab, self.hidden, Product::Plain),
-        ]
-    }
+/// The matrices of one layer of `model` and its LM head, with the products the model computes
+/// with them.
+pub fn matrices(model: &SyntheticShape) -> [Matrix; 5] {
+    let m = |name, rows, cols, product| Matrix { name, rows, cols, product };
+    [
+        m("qkv", model.qkv_width(), model.hidden, Product::Plain),
+        m("o", model.hidden, model.q_width(), Product::Accumulate),
+        m("gate/up", model.ffn, model.hidden, Product::Swiglu),
+        m("down", model.hidden, model.ffn, Product::Accumulate),
+        m("lm_head", model.vocab, model.hidden, Product::Plain),
+    ]
 }
 
 /// Whether rows of `cols` weights are whole blocks of `ty`. The K-quants need multiples of 256,

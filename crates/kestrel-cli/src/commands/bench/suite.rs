@@ -4,12 +4,13 @@
 use std::collections::HashMap;
 
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::params::{KvType, SamplingParams};
 use kestrel_gpu::{Gpu, GpuError};
+use kestrel_model::synthetic::SyntheticShape;
+use kestrel_ops::params::{KvType, SamplingParams};
 
 use super::cases::{self, Prepared};
 use super::report::{gb_per_s, CaseId, Row};
-use super::shapes::{whole_blocks, Matrix, ModelShape, Product, DECODE_BATCH, DECODE_KV_LENS, PREFILL_TOKENS, WEIGHT_TYPES};
+use super::shapes::{matrices, whole_blocks, Matrix, Product, DECODE_BATCH, DECODE_KV_LENS, PREFILL_TOKENS, WEIGHT_TYPES};
 use super::timing::Timer;
 use super::BenchResult;
 
@@ -81,10 +82,10 @@ impl<'a> Suite<'a> {
     }
 
     /// Every kernel at `model`'s shapes.
-    pub fn model(&mut self, model: &ModelShape) -> BenchResult<()> {
+    pub fn model(&mut self, model: &SyntheticShape) -> BenchResult<()> {
         let first_row = self.rows.len();
         for ty in WEIGHT_TYPES {
-            for matrix in model.matrices().iter().filter(|m| whole_blocks(ty, m.cols)) {
+            for matrix in matrices(model).iter().filter(|m| whole_blocks(ty, m.cols)) {
                 self.matrix(model, matrix, ty)?;
             }
             if whole_blocks(ty, model.hidden) {
@@ -107,7 +108,7 @@ impl<'a> Suite<'a> {
     /// runs): decode (matvec), a batched decode step of `DECODE_BATCH` sequences (the batched
     /// matvec, and the tiled matmul over as many tokens that it is measured against), prefill
     /// (matmul).
-    fn matrix(&mut self, model: &ModelShape, matrix: &Matrix, ty: GgmlType) -> BenchResult<()> {
+    fn matrix(&mut self, model: &SyntheticShape, matrix: &Matrix, ty: GgmlType) -> BenchResult<()> {
         let gpu = self.gpu;
         let count = if matrix.product == Product::Swiglu { "2x" } else { "" };
         let shape = format!("{} {count}{}x{}", matrix.name, matrix.rows, matrix.cols);
@@ -168,7 +169,7 @@ impl<'a> Suite<'a> {
         Ok(())
     }
 
-    fn embedding(&mut self, model: &ModelShape, ty: GgmlType) -> BenchResult<()> {
+    fn embedding(&mut self, model: &SyntheticShape, ty: GgmlType) -> BenchResult<()> {
         let gpu = self.gpu;
         for tokens in [1, PREFILL_TOKENS] {
             let shape = format!("{}x{}, {tokens} tok", model.vocab, model.hidden);
@@ -178,22 +179,22 @@ impl<'a> Suite<'a> {
     }
 
     /// RMSNorm and RoPE for one decode token and a prefill chunk.
-    fn small_kernels(&mut self, model: &ModelShape) -> BenchResult<()> {
+    fn small_kernels(&mut self, model: &SyntheticShape) -> BenchResult<()> {
         let gpu = self.gpu;
         for tokens in [1, PREFILL_TOKENS] {
             let shape = format!("{tokens}x{}", model.hidden);
             self.case(case_id(model.name, "rmsnorm", "f32", shape), || cases::rmsnorm(gpu, model, tokens))?;
         }
         for tokens in [1, PREFILL_TOKENS] {
-            let shape = format!("{tokens}x{}, {}/{} heads x {}", model.qkv_width(), model.n_heads, model.n_kv_heads, model.head_dim);
+            let shape = format!("{tokens}x{}, {}/{} heads x {}", model.qkv_width(), model.n_heads, model.n_kv_heads, model.head_dim());
             self.case(case_id(model.name, "rope", KvType::default().name(), shape), || cases::rope(gpu, model, tokens))?;
         }
         Ok(())
     }
 
-    fn attention(&mut self, model: &ModelShape) -> BenchResult<()> {
+    fn attention(&mut self, model: &SyntheticShape) -> BenchResult<()> {
         let gpu = self.gpu;
-        let heads = format!("{}/{} heads x {}", model.n_heads, model.n_kv_heads, model.head_dim);
+        let heads = format!("{}/{} heads x {}", model.n_heads, model.n_kv_heads, model.head_dim());
         for kv_len in DECODE_KV_LENS {
             let id = case_id(model.name, "attn decode", KvType::default().name(), format!("kv {kv_len}, {heads}"));
             self.case(id, || cases::attention_decode(gpu, model, kv_len))?;
@@ -203,7 +204,7 @@ impl<'a> Suite<'a> {
         Ok(())
     }
 
-    fn sampling(&mut self, model: &ModelShape) -> BenchResult<()> {
+    fn sampling(&mut self, model: &SyntheticShape) -> BenchResult<()> {
         let gpu = self.gpu;
         let greedy = SamplingParams::greedy();
         let id = case_id(model.name, "argmax", "f32", format!("vocab {}", model.vocab));
