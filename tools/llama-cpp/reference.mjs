@@ -10,8 +10,9 @@
 //    @huggingface/jinja (the Jinja engine node-llama-cpp itself uses for GGUF templates), with
 //    messages, add_generation_prompt = true, bos_token / eos_token from the vocabulary; `raw`
 //    prompts are used as-is.
-//  - tokenized by llama.cpp (common_tokenize, parse_special = true, add_special = false: the
-//    GGUF's add_bos_token = false, so add_special = true would add nothing either; checked).
+//  - tokenized by llama.cpp (common_tokenize, parse_special = true, add_special = false), with
+//    the BOS token first where the vocabulary adds one (llama.cpp's add_special = true, as
+//    llama-cli and llama-server tokenize a prompt; bos_added says which).
 //  - evaluated with llama_decode, then STEPS greedy tokens: each step takes llama.cpp's greedy
 //    sampler's token (argmax of the raw logits) and records the top-5 raw logits; it does not
 //    stop at end-of-generation tokens (first_eog_index says where the first one came).
@@ -58,8 +59,9 @@ const bosId = meta.tokenizer.ggml.bos_token_id;
 const eosId = meta.tokenizer.ggml.eos_token_id;
 const tokenText = (id) => meta.tokenizer.ggml.tokens[id];
 const addBosMeta = meta.tokenizer.ggml.add_bos_token;
-if (model.tokens.shouldPrependBosToken || model.tokens.shouldAppendEosToken) {
-    throw new Error("this model adds BOS/EOS tokens; the reference format assumes it adds none");
+const addBos = model.tokens.shouldPrependBosToken;
+if (model.tokens.shouldAppendEosToken) {
+    throw new Error("this model adds an EOS token; the reference format assumes it adds none");
 }
 
 const chatTemplate = meta.tokenizer.chat_template;
@@ -130,7 +132,7 @@ const results = [];
 for (const p of promptsDoc.prompts) {
     const text = p.kind === "chat" ? renderChat(p.messages) : p.text;
     if (p.kind !== "chat" && p.kind !== "raw") throw new Error(`prompt ${p.id}: unknown kind ${p.kind}`);
-    const ids = tokenize(text);
+    const ids = (addBos ? [bosId] : []).concat(tokenize(text));
     const t0 = performance.now();
     const { r0, greedy, margins } = await runPrompt(ids);
     const eog = greedy.findIndex((t) => eogIds.includes(t));
@@ -140,8 +142,8 @@ for (const p of promptsDoc.prompts) {
         prompt_text: text,
         prompt_ids: ids,
         n_prompt: ids.length,
-        bos_added: false,
-        add_special_false_identical: true,
+        bos_added: addBos,
+        add_special_false_identical: !addBos,
         greedy_ids: greedy,
         greedy_pieces: greedy.map(piece),
         greedy_text: detok(greedy),
@@ -192,9 +194,9 @@ const doc = {
         eos_id: eosId,
         eog_ids: eogIds,
         chat_template_renderer: "@huggingface/jinja (node-llama-cpp's dependency), add_generation_prompt=true",
-        how: "common_tokenize(text, add_special=false, parse_special=true) via node-llama-cpp; the GGUF sets " +
-            "tokenizer.ggml.add_bos_token=false and no add_eos_token, so add_special=true would add nothing " +
-            "(bos_added=false, add_special_false_identical=true for every prompt).",
+        how: "common_tokenize(text, add_special=false, parse_special=true) via node-llama-cpp, after the BOS " +
+            "token where the vocabulary adds one (bos_added; add_special_false_identical is then false); no " +
+            "model here adds EOS.",
     },
     prompts: results,
     ...(benchPrompt ? { bench_prompt: benchPrompt } : {}),

@@ -10,8 +10,8 @@ fn meta_err(e: impl std::fmt::Display) -> TokenizerError {
 }
 
 impl Vocabulary {
-    /// Reads the `tokenizer.*` keys. Special-token ids outside the vocabulary are
-    /// ignored (llama.cpp warns and ignores them too).
+    /// Reads the `tokenizer.*` keys. A special-token id outside the vocabulary is ignored
+    /// (llama.cpp warns and keeps its default, as for an absent key).
     pub fn from_metadata(md: &Metadata) -> Result<Self> {
         let model_name = md.get_str("tokenizer.ggml.model").map_err(meta_err)?.ok_or(TokenizerError::MissingKey("tokenizer.ggml.model"))?;
         let model = match model_name {
@@ -69,18 +69,33 @@ impl Vocabulary {
             .map(|m| m.into_iter().map(str::to_string).collect())
             .unwrap_or_default();
         let id = |key: &str| -> Result<Option<u32>> { Ok(md.get_u32(key).map_err(meta_err)?.filter(|&i| (i as usize) < n)) };
+        // llama.cpp's ids for a file that names none (or one out of range): SentencePiece's
+        // <unk> <s> </s> at 0, 1, 2, and GPT-2's <|endoftext|> at 11 for both ends.
+        let (bos_default, eos_default, unk_default) = match model {
+            VocabularyModel::Llama => (Some(1), Some(2), Some(0)),
+            VocabularyModel::Gpt2 => (Some(11), Some(11), None),
+        };
+        let in_range = |d: Option<u32>| d.filter(|&i| (i as usize) < n);
         Ok(Vocabulary {
             model,
             pre,
             scores,
             token_types,
             merges,
-            bos: id("tokenizer.ggml.bos_token_id")?,
-            eos: id("tokenizer.ggml.eos_token_id")?,
+            bos: id("tokenizer.ggml.bos_token_id")?.or(in_range(bos_default)),
+            eos: id("tokenizer.ggml.eos_token_id")?.or(in_range(eos_default)),
             eot: id("tokenizer.ggml.eot_token_id")?,
             eom: id("tokenizer.ggml.eom_token_id")?,
-            unk: id("tokenizer.ggml.unknown_token_id")?,
+            unk: id("tokenizer.ggml.unknown_token_id")?.or(in_range(unk_default)),
             pad: id("tokenizer.ggml.padding_token_id")?,
+            // The deprecated keys are read after the new ones in llama.cpp, so they win.
+            fim_pre: id("tokenizer.ggml.prefix_token_id")?.or(id("tokenizer.ggml.fim_pre_token_id")?),
+            fim_suf: id("tokenizer.ggml.suffix_token_id")?.or(id("tokenizer.ggml.fim_suf_token_id")?),
+            fim_mid: id("tokenizer.ggml.middle_token_id")?.or(id("tokenizer.ggml.fim_mid_token_id")?),
+            fim_pad: id("tokenizer.ggml.fim_pad_token_id")?,
+            fim_rep: id("tokenizer.ggml.fim_rep_token_id")?,
+            fim_sep: id("tokenizer.ggml.fim_sep_token_id")?,
+            model_name: md.get_str("general.name").map_err(meta_err)?.map(str::to_string),
             add_bos: md.get_bool("tokenizer.ggml.add_bos_token").map_err(meta_err)?,
             add_eos: md.get_bool("tokenizer.ggml.add_eos_token").map_err(meta_err)?,
             add_space_prefix: md.get_bool("tokenizer.ggml.add_space_prefix").map_err(meta_err)?,

@@ -16,6 +16,7 @@ mod chat;
 mod error;
 mod gguf;
 mod pre;
+mod special;
 mod stream;
 mod tokenizer;
 mod vocab;

@@ -2,6 +2,7 @@
 
 use std::sync::OnceLock;
 
+use std::collections::HashMap;
 use tokenizers::decoders::{byte_fallback::ByteFallback, fuse::Fuse, sequence::Sequence as DecoderSequence, strip::Strip, DecoderWrapper};
 use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::normalizers::{prepend::Prepend, replace::Replace, utils::Sequence as NormalizerSequence, NormalizerWrapper};
@@ -10,42 +11,8 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::error::{Result, TokenizerError};
 use crate::pre::PreTokenizerKind;
-use crate::vocab::{TokenType, Vocabulary, VocabularyModel};
-
-/// Token texts llama.cpp treats as end-of-generation wherever they appear in a
-/// vocabulary (`special_eog_ids` in llama-vocab.cpp).
-const EOG_TEXTS: &[&str] = &[
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<|return|>",
-    "<|call|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|eom_id|>",
-    "<EOT>",
-    "_<EOT>",
-    "<|end_of_text|>",
-    "<end_of_utterance>",
-];
-/// Texts llama.cpp auto-detects as the end-of-turn token when the GGUF names none.
-const EOT_TEXTS: &[&str] = &[
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-    "_<EOT>",
-    "<｜end▁of▁sentence｜>",
-    "<end_of_utterance>",
-];
-const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
-/// FIM pad / repo / file-separator tokens: llama.cpp adds these to the EOG set.
-const FIM_PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"];
-const FIM_REP_TEXTS: &[&str] = &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
-const FIM_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
+use crate::special::{attr, Fragment, GivenIds, Specials};
+use crate::vocab::{Vocabulary, VocabularyModel};
 
 /// How the text of a token is turned back into bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,23 +26,24 @@ enum PieceStyle {
 /// A tokenizer for one model: encode text to ids and decode ids to text exactly as
 /// llama.cpp does for the same GGUF file.
 ///
-/// Special tokens (GGUF token types control, user-defined and unknown) are always
-/// recognised in the input text and become single ids (llama.cpp's
+/// Special tokens (control, user-defined and unknown, with the types llama.cpp gives them) are
+/// split out of the input text first and become single ids, as llama.cpp's
+/// `tokenizer_st_partition` does; [`Tokenizer::encode`] parses control tokens too (llama.cpp's
 /// `parse_special = true`), so a rendered chat prompt tokenizes correctly.
 /// Decoding renders special tokens as their text.
 #[derive(Clone)]
 pub struct Tokenizer {
+    /// The vocabulary's model, without special tokens: it encodes the text between them.
     hf: tokenizers::Tokenizer,
+    /// Token text by id (empty for ids a tokenizer.json leaves undefined).
+    texts: Vec<String>,
+    specials: Specials,
     /// Bytes of each token when decoded; `None` for ids the vocabulary does not define.
     pieces: Vec<Option<Box<[u8]>>>,
     bos: Option<u32>,
     eos: Option<u32>,
-    eot: Option<u32>,
-    eog: Vec<u32>,
     add_bos: bool,
     add_eos: bool,
-    /// BOS/EOS are added by this crate (GGUF) rather than by the tokenizer.json post-processor.
-    manual_special: bool,
     /// Strip one leading space from the first decoded token (SentencePiece add_space_prefix).
     strip_first_space: bool,
     chat_template: Option<String>,
@@ -87,7 +55,7 @@ impl std::fmt::Debug for Tokenizer {
             .field("vocab_size", &self.pieces.len())
             .field("bos", &self.bos)
             .field("eos", &self.eos)
-            .field("eog", &self.eog)
+            .field("eog", &self.specials.eog)
             .field("add_bos", &self.add_bos)
             .field("add_eos", &self.add_eos)
             .finish_non_exhaustive()
@@ -123,7 +91,7 @@ impl Tokenizer {
             by_text.entry(t.clone()).or_insert(id as u32);
         }
 
-        let (mut hf, style, add_bos_default, strip_first_space) = match v.model {
+        let (hf, style, add_bos_default, strip_first_space) = match v.model {
             VocabularyModel::Gpt2 => {
                 let pre = PreTokenizerKind::from_gguf_name(v.pre.as_deref())?;
                 let merges = parse_merges(&v.merges)?;
@@ -188,62 +156,66 @@ impl Tokenizer {
             }
         };
 
-        // Special tokens: matched as a whole in the text before any other processing.
-        let specials: Vec<AddedToken> = (0..n)
-            .filter(|&i| v.token_type(i).is_special_text() && !v.tokens[i].is_empty())
-            .map(|i| AddedToken::from(v.tokens[i].clone(), true).normalized(false))
-            .collect();
-        hf.add_special_tokens(&specials);
-
-        let pieces = (0..n).map(|i| Some(token_piece(style, v.token_type(i), &v.tokens[i]).into_boxed_slice())).collect();
-
-        let find = |texts: &[&str]| texts.iter().find_map(|t| by_text.get(*t).copied());
-        let eot = v.eot.or_else(|| find(EOT_TEXTS));
-        let eom = v.eom.or_else(|| find(EOM_TEXTS));
-        let mut eog: Vec<u32> = Vec::new();
-        let mut add_eog = |id: Option<u32>| {
-            if let Some(id) = id {
-                if !eog.contains(&id) {
-                    eog.push(id);
-                }
-            }
+        let attrs: Vec<u16> = (0..n).map(|i| v.token_type(i).attr()).collect();
+        let by_text: HashMap<String, u32> = by_text.into_iter().collect();
+        let given = GivenIds {
+            eos: v.eos,
+            eot: v.eot,
+            eom: v.eom,
+            fim_pre: v.fim_pre,
+            fim_suf: v.fim_suf,
+            fim_mid: v.fim_mid,
+            fim_pad: v.fim_pad,
+            fim_rep: v.fim_rep,
+            fim_sep: v.fim_sep,
         };
-        add_eog(find(FIM_PAD_TEXTS));
-        add_eog(find(FIM_REP_TEXTS));
-        add_eog(find(FIM_SEP_TEXTS));
-        for t in EOG_TEXTS {
-            add_eog(by_text.get(*t).copied());
-        }
-        add_eog(v.eos);
-        add_eog(eot);
-        add_eog(eom);
-        eog.sort_unstable();
+        let specials = Specials::derive(&v.tokens, attrs, &by_text, &given, v.model_name.as_deref());
+        let pieces = (0..n).map(|i| Some(token_piece(style, specials.attrs[i], &v.tokens[i]).into_boxed_slice())).collect();
 
         let add_bos = v.add_bos.unwrap_or(add_bos_default) && v.bos.is_some();
         let add_eos = v.add_eos.unwrap_or(false) && v.eos.is_some();
         Ok(Tokenizer {
             hf,
+            texts: v.tokens.clone(),
+            specials,
             pieces,
             bos: v.bos,
             eos: v.eos,
-            eot,
-            eog,
             add_bos,
             add_eos,
-            manual_special: true,
             strip_first_space,
             chat_template: v.chat_template.clone(),
         })
     }
 
-    /// Builds the tokenizer from a Hugging Face `tokenizer.json`. BOS/EOS are then
-    /// added by its post-processor; BOS/EOS ids are taken from the post-processor's
-    /// template when it has one, else from well-known token texts (`<s>`, `</s>`,
+    /// Builds the tokenizer from a Hugging Face `tokenizer.json`. BOS/EOS are added
+    /// where its post-processor's template adds them, and taken from that template
+    /// when it has one, else from well-known token texts (`<s>`, `</s>`,
     /// `<|begin_of_text|>`, `<|endoftext|>`, ...). tokenizer.json carries no chat
     /// template: set one with [`Tokenizer::with_chat_template`].
     pub fn from_json(bytes: &[u8]) -> Result<Self> {
-        let json: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| TokenizerError::Json(e.to_string()))?;
-        let hf = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError::Json(e.to_string()))?;
+        let json_err = |e: &dyn std::fmt::Display| TokenizerError::Json(e.to_string());
+        let mut json: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| json_err(&e))?;
+        // The added tokens are split out of the text by `Specials`, with the types llama.cpp's
+        // converter gives them (special: control, else user-defined); the model without them
+        // encodes the text in between.
+        let mut added: Vec<(u32, String, bool)> = Vec::new();
+        if let Some(list) = json.get("added_tokens").and_then(|a| a.as_array()) {
+            for t in list {
+                let id = t.get("id").and_then(|i| i.as_u64()).and_then(|i| u32::try_from(i).ok());
+                let content = t.get("content").and_then(|c| c.as_str());
+                match (id, content) {
+                    (Some(id), Some(content)) => {
+                        added.push((id, content.to_string(), t.get("special").and_then(|b| b.as_bool()).unwrap_or(false)))
+                    }
+                    _ => return Err(TokenizerError::Json(format!("an added token without an id and content: {t}"))),
+                }
+            }
+        }
+        if let Some(root) = json.as_object_mut() {
+            root.insert("added_tokens".into(), serde_json::Value::Array(Vec::new()));
+        }
+        let hf = tokenizers::Tokenizer::from_bytes(serde_json::to_vec(&json).map_err(|e| json_err(&e))?).map_err(|e| json_err(&e))?;
         let decoder = json.get("decoder").cloned().unwrap_or(serde_json::Value::Null);
         let decoder_types = collect_types(&decoder);
         let byte_fallback = json.pointer("/model/byte_fallback").and_then(|b| b.as_bool()).unwrap_or(false);
@@ -256,29 +228,24 @@ impl Tokenizer {
         };
         let strip_first_space = decoder_types.iter().any(|t| t == "Strip" || t == "Metaspace") && style == Some(PieceStyle::SentencePiece);
 
-        let vocab = hf.get_vocab(true);
-        let added = hf.get_added_tokens_decoder();
-        let n = vocab.values().copied().max().map_or(0, |m| m as usize + 1);
+        let vocab = hf.get_vocab(false);
+        let n = vocab.values().chain(added.iter().map(|a| &a.0)).copied().max().map_or(0, |m| m as usize + 1);
         if n == 0 {
             return Err(TokenizerError::Json("the vocabulary is empty".into()));
         }
-        let mut pieces: Vec<Option<Box<[u8]>>> = vec![None; n];
+        let mut texts = vec![String::new(); n];
+        let mut attrs = vec![0u16; n];
         for (text, &id) in &vocab {
-            let bytes = if let Some(a) = added.get(&id) {
-                a.content.as_bytes().to_vec()
-            } else {
-                match style {
-                    Some(s) => {
-                        let ty = if s == PieceStyle::SentencePiece && is_byte_token(text) { TokenType::Byte } else { TokenType::Normal };
-                        token_piece(s, ty, text)
-                    }
-                    None => hf.decode(&[id], false).map_err(|e| TokenizerError::Json(e.to_string()))?.into_bytes(),
-                }
-            };
-            if let Some(slot) = pieces.get_mut(id as usize) {
-                *slot = Some(bytes.into_boxed_slice());
-            }
+            let byte = style == Some(PieceStyle::SentencePiece) && is_byte_token(text);
+            texts[id as usize] = text.clone();
+            attrs[id as usize] = if byte { attr::BYTE } else { attr::NORMAL };
         }
+        for (id, content, special) in &added {
+            texts[*id as usize] = content.clone();
+            attrs[*id as usize] = if *special { attr::CONTROL } else { attr::USER_DEFINED };
+        }
+        let by_text: HashMap<String, u32> =
+            texts.iter().enumerate().filter(|(_, t)| !t.is_empty()).map(|(id, t)| (t.clone(), id as u32)).collect();
 
         // BOS / EOS from a TemplateProcessing post-processor.
         let mut bos = None;
@@ -288,7 +255,7 @@ impl Tokenizer {
         if let Some(single) = find_template_single(&json) {
             let special_id = |item: &serde_json::Value| -> Option<u32> {
                 let name = item.pointer("/SpecialToken/id")?.as_str()?;
-                vocab.get(name).copied()
+                by_text.get(name).copied()
             };
             if let Some(first) = single.first().and_then(special_id) {
                 bos = Some(first);
@@ -301,25 +268,44 @@ impl Tokenizer {
                 }
             }
         }
-        let find = |texts: &[&str]| texts.iter().find_map(|t| vocab.get(*t).copied());
+        let find = |texts: &[&str]| texts.iter().find_map(|t| by_text.get(*t).copied());
         let bos = bos.or_else(|| find(&["<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"]));
         let eos = eos.or_else(|| find(&["<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>"]));
-        let eot = find(EOT_TEXTS);
-        let mut eog: Vec<u32> = EOG_TEXTS.iter().filter_map(|t| vocab.get(*t).copied()).collect();
-        for id in [eos, eot, find(EOM_TEXTS)].into_iter().flatten() {
-            if !eog.contains(&id) {
-                eog.push(id);
+        let specials = Specials::derive(&texts, attrs, &by_text, &GivenIds { eos, ..GivenIds::default() }, None);
+
+        let mut pieces: Vec<Option<Box<[u8]>>> = vec![None; n];
+        for (id, text) in texts.iter().enumerate() {
+            if text.is_empty() {
+                continue;
             }
+            let a = specials.attrs[id];
+            let bytes = match style {
+                Some(s) => token_piece(s, a, text),
+                None if a & attr::NORMAL == 0 => text.as_bytes().to_vec(),
+                None => hf.decode(&[id as u32], false).map_err(|e| json_err(&e))?.into_bytes(),
+            };
+            pieces[id] = Some(bytes.into_boxed_slice());
         }
-        eog.sort_unstable();
-        Ok(Tokenizer { hf, pieces, bos, eos, eot, eog, add_bos, add_eos, manual_special: false, strip_first_space, chat_template: None })
+        Ok(Tokenizer { hf, texts, specials, pieces, bos, eos, add_bos, add_eos, strip_first_space, chat_template: None })
     }
 
     /// The equivalent Hugging Face `tokenizer.json` (for a GGUF-built tokenizer: the
     /// vocabulary, merges, pre-tokenizer, special tokens and decoder; BOS/EOS
     /// insertion is not part of it).
     pub fn to_json(&self) -> Result<String> {
-        self.hf.to_string(false).map_err(|e| TokenizerError::Json(e.to_string()))
+        let mut hf = self.hf.clone();
+        let added = |bits: u16| -> Vec<AddedToken> {
+            self.specials
+                .in_text
+                .iter()
+                .filter(|&&id| self.specials.attrs[id as usize] & bits != 0)
+                .map(|&id| AddedToken::from(self.texts[id as usize].clone(), true).normalized(false))
+                .collect()
+        };
+        // Hugging Face's `special` flag is what llama.cpp's converter reads back as control.
+        hf.add_special_tokens(&added(attr::CONTROL | attr::UNKNOWN));
+        hf.add_tokens(&added(attr::USER_DEFINED).into_iter().map(|t| t.special(false)).collect::<Vec<_>>());
+        hf.to_string(false).map_err(|e| TokenizerError::Json(e.to_string()))
     }
 
     /// Replaces the chat template (e.g. for a tokenizer.json, which has none).
@@ -328,17 +314,31 @@ impl Tokenizer {
         self
     }
 
-    /// Encodes `text`. Special-token text (`<|im_start|>`...) always becomes the
-    /// special token. `add_special` adds BOS / EOS as the model asks
-    /// ([`Tokenizer::add_bos`], [`Tokenizer::add_eos`]), as llama.cpp's `add_special`.
+    /// Encodes `text` with special-token parsing on: the text of a special token
+    /// (`<|im_start|>`...) becomes that token. `add_special` adds BOS / EOS as the model
+    /// asks ([`Tokenizer::add_bos`], [`Tokenizer::add_eos`]), as llama.cpp's `add_special`.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let enc = self.hf.encode(text, add_special && !self.manual_special).map_err(|e| TokenizerError::Encode(e.to_string()))?;
-        let mut ids = Vec::with_capacity(enc.len() + 2);
-        if add_special && self.manual_special && self.add_bos {
+        self.encode_with(text, add_special, true)
+    }
+
+    /// Encodes `text` as llama.cpp's `llama_tokenize(text, add_special, parse_special)`:
+    /// with `parse_special` off, the text of control and unknown tokens is encoded as
+    /// text, while user-defined tokens are still matched.
+    pub fn encode_with(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let mut ids = Vec::with_capacity(text.len() / 3 + 2);
+        if add_special && self.add_bos {
             ids.extend(self.bos);
         }
-        ids.extend_from_slice(enc.get_ids());
-        if add_special && self.manual_special && self.add_eos {
+        for fragment in self.specials.partition(&self.texts, text, parse_special) {
+            match fragment {
+                Fragment::Token(id) => ids.push(id),
+                Fragment::Text(t) => {
+                    let enc = self.hf.encode(t, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+                    ids.extend_from_slice(enc.get_ids());
+                }
+            }
+        }
+        if add_special && self.add_eos {
             ids.extend(self.eos);
         }
         Ok(ids)
@@ -402,19 +402,25 @@ impl Tokenizer {
 
     /// End-of-turn token (from the GGUF, else detected by text as llama.cpp does).
     pub fn eot_id(&self) -> Option<u32> {
-        self.eot
+        self.specials.eot
     }
 
-    /// All end-of-generation ids, sorted: EOS, EOT, EOM, FIM pad/repo/separator and
-    /// every token whose text llama.cpp treats as an end (`<|im_end|>`,
-    /// `<|eot_id|>`, `<|endoftext|>`, `<end_of_turn>`, ...).
+    /// All end-of-generation ids, sorted, as llama.cpp's `special_eog_ids`: EOS, EOT,
+    /// EOM, FIM pad/repo/separator and every token whose text llama.cpp treats as an
+    /// end (`<|im_end|>`, `<|eot_id|>`, `<|endoftext|>`, `<end_of_turn>`, `</s>`, ...).
     pub fn eog_ids(&self) -> &[u32] {
-        &self.eog
+        &self.specials.eog
     }
 
     /// Whether `id` ends generation.
     pub fn is_eog(&self, id: u32) -> bool {
-        self.eog.binary_search(&id).is_ok()
+        self.specials.eog.binary_search(&id).is_ok()
+    }
+
+    /// Whether `id` is a control token (llama.cpp's `LLAMA_TOKEN_ATTR_CONTROL`, which it
+    /// also gives the tokens on its end-of-generation and fill-in-the-middle lists).
+    pub fn is_control(&self, id: u32) -> bool {
+        self.specials.attrs.get(id as usize).is_some_and(|a| a & attr::CONTROL != 0)
     }
 
     /// Whether `encode(_, true)` prepends BOS.
@@ -520,11 +526,12 @@ fn parse_byte_token(text: &str) -> Option<u8> {
     u8::from_str_radix(text.get(3..5)?, 16).ok()
 }
 
-/// What llama.cpp's `token_to_piece(special = true)` produces for a token.
-fn token_piece(style: PieceStyle, ty: TokenType, text: &str) -> Vec<u8> {
-    match ty {
-        TokenType::Control | TokenType::UserDefined | TokenType::Unknown => text.as_bytes().to_vec(),
-        TokenType::Normal => match style {
+/// What llama.cpp's `token_to_piece(special = true)` produces for a token of attributes `a`.
+fn token_piece(style: PieceStyle, a: u16, text: &str) -> Vec<u8> {
+    if a & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0 {
+        text.as_bytes().to_vec()
+    } else if a & attr::NORMAL != 0 {
+        match style {
             PieceStyle::ByteLevel => {
                 let mut out = Vec::with_capacity(text.len());
                 for c in text.chars() {
@@ -539,12 +546,11 @@ fn token_piece(style: PieceStyle, ty: TokenType, text: &str) -> Vec<u8> {
                 out
             }
             PieceStyle::SentencePiece => text.replace('▁', " ").into_bytes(),
-        },
-        TokenType::Byte => match style {
-            PieceStyle::SentencePiece => parse_byte_token(text).map(|b| vec![b]).unwrap_or_default(),
-            PieceStyle::ByteLevel => Vec::new(),
-        },
-        TokenType::Unused | TokenType::Undefined => Vec::new(),
+        }
+    } else if a & attr::BYTE != 0 && style == PieceStyle::SentencePiece {
+        parse_byte_token(text).map(|b| vec![b]).unwrap_or_default()
+    } else {
+        Vec::new()
     }
 }
 

@@ -34,12 +34,6 @@ impl TokenType {
             _ => Self::Undefined,
         }
     }
-
-    /// Tokens llama.cpp matches as whole special tokens in text before BPE
-    /// (with `parse_special = true`): control, user-defined and unknown.
-    pub fn is_special_text(self) -> bool {
-        matches!(self, Self::Control | Self::UserDefined | Self::Unknown)
-    }
 }
 
 /// Everything the tokenizer needs, as read from GGUF metadata. Fields are public so
@@ -64,6 +58,17 @@ pub struct Vocabulary {
     pub eom: Option<u32>,
     pub unk: Option<u32>,
     pub pad: Option<u32>,
+    /// Fill-in-the-middle tokens (`tokenizer.ggml.fim_*_token_id`): prefix, suffix, middle,
+    /// pad, repository and file separator. Pad, repository and separator end generation.
+    pub fim_pre: Option<u32>,
+    pub fim_suf: Option<u32>,
+    pub fim_mid: Option<u32>,
+    pub fim_pad: Option<u32>,
+    pub fim_rep: Option<u32>,
+    pub fim_sep: Option<u32>,
+    /// `general.name`: llama.cpp strips the whitespace after special tokens for Phi-3 models
+    /// by this name.
+    pub model_name: Option<String>,
     /// `tokenizer.ggml.add_bos_token` (`None`: llama.cpp's default for the model/pre).
     pub add_bos: Option<bool>,
     /// `tokenizer.ggml.add_eos_token`.

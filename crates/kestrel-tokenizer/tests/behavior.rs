@@ -335,6 +335,6 @@ fn tokenizer_json_round_trip() {
         assert_eq!(j.encode(text, true).unwrap(), ids);
         assert_eq!(j.decode(&ids).unwrap(), text);
     }
-    assert_eq!(j.eog_ids(), &[0, 2]); // no FIM detection from tokenizer.json
+    assert_eq!(j.eog_ids(), t.eog_ids());
     assert!(matches!(Tokenizer::from_json(b"{not json"), Err(TokenizerError::Json(_))));
 }
