@@ -3,8 +3,8 @@
 
 use kestrel_gguf::{GgufHeader, Metadata, MetadataValue};
 use kestrel_gpu::kernels::attention::HEAD_DIMS;
-pub use kestrel_gpu::params::{GateActivation, RopeMode};
-use kestrel_gpu::params::{RopeConfig, Scores, YarnRamp};
+pub use kestrel_ops::params::{GateActivation, RopeMode};
+use kestrel_ops::params::{RopeConfig, Scores, YarnRamp};
 
 use crate::error::{bad_model, ModelError};
 use crate::tensors::Role;

@@ -1,11 +1,11 @@
 //! The CPU backend: the graph of `cpu_forward` on `kestrel-cpu`'s quantized kernels, and the
 //! steps generation submits to it (prefill chunks and decode steps, each sampled on the CPU by
-//! the GPU sampler's own definition, `kestrel_gpu::reference::sample`, so a seed draws the same
+//! the GPU sampler's own definition, `kestrel_ops::reference::sample`, so a seed draws the same
 //! tokens on either backend given the same logits).
 
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::params::{AttentionShape, KvType, Penalties, PenaltyEntry, SamplingParams, Scores};
-use kestrel_gpu::reference::sample;
+use kestrel_ops::params::{AttentionShape, KvType, Penalties, PenaltyEntry, SamplingParams, Scores};
+use kestrel_ops::reference::sample;
 
 use crate::cpu_forward::{CpuForward, CpuKernels, SequenceStep};
 use crate::error::ModelError;

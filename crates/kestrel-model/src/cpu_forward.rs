@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use kestrel_cpu::KvRows;
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::params::{AttentionShape, KvType, RopeConfig, Scores};
-use kestrel_gpu::reference::{norm, rope};
+use kestrel_ops::params::{AttentionShape, KvType, RopeConfig, Scores};
+use kestrel_ops::reference::{norm, rope};
 
 use crate::config::ModelConfig;
 use crate::error::{bad_model, ModelError};

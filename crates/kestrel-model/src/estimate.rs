@@ -7,10 +7,10 @@
 //! `createEngine` first, which picks the backend from the two verdicts).
 
 use kestrel_cpu::Matrix;
-use kestrel_gguf::quant::gpu_sections;
-use kestrel_gguf::{is_gpu_supported, GgufHeader, TensorInfo};
+use kestrel_gguf::{GgufHeader, TensorInfo};
 use kestrel_gpu::kernels::attention::DECODE_CHUNK;
-use kestrel_gpu::params::KvType;
+use kestrel_gpu::layout::{gpu_sections, is_gpu_supported};
+use kestrel_ops::params::KvType;
 use serde::Serialize;
 
 use crate::config::ModelConfig;

@@ -16,7 +16,6 @@ mod pacing;
 mod penalties;
 pub mod prefix_snapshot;
 pub mod reference;
-pub mod request;
 mod sequences;
 pub mod stop;
 pub mod synthetic;
@@ -28,10 +27,11 @@ pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};
 pub use kestrel_tokenizer::ChatMessage;
 pub use load::{LoadOptions, LoadProgress, ModelLoader};
-pub use model::{BackendKind, FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD};
+pub use model::{
+    reusable_prefix, BackendKind, FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD,
+};
 pub use options::GenerateOptions;
 pub use pacing::{submit_budget_from_ms, MAX_SUBMIT_BUDGET};
-pub use request::Request;
 pub use sequences::{BatchStep, SequenceEvent, SequenceId, MAX_SLOTS};
 
 /// Native convenience: loads a GGUF file from disk onto the GPU, streaming it in chunks.

@@ -6,8 +6,8 @@
 use std::collections::{HashMap, HashSet};
 
 use kestrel_gguf::{GgmlType, GgufError, GgufHeader, GgufStreamReader, StreamEvent, TensorInfo};
-use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, RowShards, Tensor, WeightTensor};
+use kestrel_ops::params::KvType;
 use kestrel_tokenizer::Tokenizer;
 
 use crate::config::ModelConfig;

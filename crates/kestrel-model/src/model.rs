@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use kestrel_gpu::params::{KvType, Penalties, PenaltyEntry, SamplingParams};
 use kestrel_gpu::Gpu;
+use kestrel_ops::params::{KvType, Penalties, PenaltyEntry, SamplingParams};
 use kestrel_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
@@ -91,6 +91,10 @@ pub struct Timings {
     /// submissions and the longest one's time from its submit to its end.
     pub prefill_submissions: Option<usize>,
     pub longest_prefill_submission_ms: Option<f64>,
+    /// From the engine receiving the request to its end, queueing included: set by the engine
+    /// core's scheduler (`kestrel-engine`), which sees the request arrive; 0 from the model alone.
+    #[serde(default)]
+    pub e2e_ms: f64,
 }
 
 /// A finished generation. On the wire (what the wasm engine resolves to) `{text,
@@ -374,6 +378,15 @@ impl Model {
         Ok(self.template.render(messages, true)?)
     }
 
+    /// A request's prompt token ids, checked as generation checks them: every option and limit
+    /// before the prompt is rendered and encoded, then the prompt against the context.
+    pub fn prepare(&self, prompt: &Prompt<'_>, options: &GenerateOptions) -> Result<Vec<u32>, ModelError> {
+        options.validate(self.config().vocab)?;
+        let tokens = self.encode(prompt)?;
+        self.check_prompt(&tokens)?;
+        Ok(tokens)
+    }
+
     /// Token ids of a prompt. BOS is added when the model asks for it and the text does not
     /// already start with it (chat templates often write it themselves).
     pub fn encode(&self, prompt: &Prompt<'_>) -> Result<Vec<u32>, ModelError> {
@@ -536,8 +549,7 @@ impl Model {
         let write_penalties = |backend: &mut Backend, history: &[u32]| -> Result<(), ModelError> {
             backend.set_penalties(&policy.penalties, policy.entries(history))
         };
-        // Keep the longest cached prefix, but always run the last prompt token for its logits.
-        let reused = common_prefix(&self.cached[0], prompt).min(prompt.len() - 1);
+        let reused = reusable_tokens(&self.cached[0], prompt);
         self.cached[0].truncate(reused);
         let mut history = prompt.to_vec();
         write_penalties(&mut self.backend, &history)?;
@@ -615,6 +627,17 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// The tokens of `prompt` whose KV rows a cache holding `cached` keeps for it.
+pub(crate) fn reusable_tokens(cached: &[u32], prompt: &[u32]) -> usize {
+    reusable_prefix(common_prefix(cached, prompt), prompt.len())
+}
+
+/// Of a prefix of `shared` tokens that a cache holds of a `prompt_len`-token prompt, the tokens
+/// whose KV rows are kept: all but the last prompt token, which always runs for its logits.
+pub fn reusable_prefix(shared: usize, prompt_len: usize) -> usize {
+    shared.min(prompt_len.saturating_sub(1))
+}
+
 /// The sampler's parameters for `options`: its seed, or the clock's.
 pub(crate) fn sampling_params(options: &GenerateOptions) -> SamplingParams {
     let seed = options.seed.unwrap_or_else(clock_seed);
@@ -680,10 +703,11 @@ mod tests {
             "host_wait_ms_per_token",
             "prefill_submissions",
             "longest_prefill_submission_ms",
+            "e2e_ms",
         ] {
             assert!(timings.contains_key(key), "timings.{key}");
         }
-        assert_eq!(timings.len(), 11);
+        assert_eq!(timings.len(), 12);
         for (reason, name) in [(FinishReason::Stop, "stop"), (FinishReason::Length, "length"), (FinishReason::Abort, "abort")] {
             assert_eq!(serde_json::to_value(reason).unwrap(), name);
             assert_eq!(reason.as_str(), name);

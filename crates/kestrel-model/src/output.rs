@@ -103,6 +103,7 @@ impl Timings {
             host_wait_ms_per_token: per_decode_token(host_wait.as_secs_f64() * 1e3),
             prefill_submissions: None,
             longest_prefill_submission_ms: None,
+            e2e_ms: 0.0,
         }
     }
 

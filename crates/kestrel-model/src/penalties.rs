@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use kestrel_gpu::params::{Penalties, PenaltyEntry};
+use kestrel_ops::params::{Penalties, PenaltyEntry};
 
 use crate::GenerateOptions;
 

@@ -15,8 +15,8 @@
 //! values as the cache holds them. Last, the SHA-256 of everything before it.
 
 use kestrel_gpu::kernels::attention::KvCache;
-use kestrel_gpu::params::KvType;
 use kestrel_gpu::{Gpu, Readback, Tensor};
+use kestrel_ops::params::KvType;
 use sha2::{Digest, Sha256};
 
 use crate::config::ModelConfig;

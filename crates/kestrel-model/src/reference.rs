@@ -4,8 +4,8 @@
 
 use kestrel_cpu::KvRows;
 use kestrel_gguf::{GgmlType, GgufHeader};
-use kestrel_gpu::params::{AttentionShape, KvType, Scores};
-use kestrel_gpu::reference::{attention, matmul};
+use kestrel_ops::params::{AttentionShape, KvType, Scores};
+use kestrel_ops::reference::{attention, matmul};
 
 use crate::config::ModelConfig;
 use crate::cpu_forward::{CpuForward, CpuKernels, CpuTensors};

@@ -17,13 +17,13 @@ use std::time::Duration;
 use web_time::Instant;
 
 use kestrel_gpu::kernels::matvec::MAX_MATVEC_COLUMNS;
-use kestrel_gpu::params::SamplingParams;
-use kestrel_gpu::reference::sample;
 use kestrel_gpu::GpuError;
+use kestrel_ops::params::SamplingParams;
+use kestrel_ops::reference::sample;
 
 use crate::cpu_forward::SequenceStep;
 use crate::graph::{BatchSample, BatchSequence, Graph};
-use crate::model::{common_prefix, sampling_params, top_logprobs, Backend};
+use crate::model::{common_prefix, reusable_tokens, sampling_params, top_logprobs, Backend};
 use crate::output::{Accepted, TokenOutput};
 use crate::pacing::SubmitPacer;
 use crate::penalties::PenaltyPolicy;
@@ -192,8 +192,7 @@ impl Model {
         if let Backend::Gpu(g) = &self.backend {
             g.set_slot_sampling(slot, &sampling)?;
         }
-        // Keep the longest cached prefix, but always run the last prompt token for its logits.
-        let reused = common_prefix(&self.cached[slot], prompt).min(prompt.len() - 1);
+        let reused = reusable_tokens(&self.cached[slot], prompt);
         // The slot's rows past `reused` are about to change; until the sequence ends, it holds them.
         self.cached[slot].clear();
         let id = SequenceId(self.next_sequence);

@@ -152,7 +152,7 @@ pub fn gpu_runs(e: &Expected, info: &TensorInfo) -> bool {
     if e.rows == 1 {
         matches!(info.ggml_type, GgmlType::F32 | GgmlType::F16)
     } else {
-        kestrel_gguf::is_gpu_supported(info.ggml_type)
+        kestrel_gpu::layout::is_gpu_supported(info.ggml_type)
     }
 }
 

@@ -4,11 +4,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use kestrel_model::{Generation, Request};
+use kestrel_engine::openai::Endpoint;
+use kestrel_engine::Request;
+use kestrel_model::Generation;
 use lru::LruCache;
 use serde_json::json;
-
-use crate::openai::Endpoint;
 
 pub struct ResponseCache {
     entries: Mutex<Entries>,

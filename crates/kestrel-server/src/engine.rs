@@ -1,18 +1,21 @@
-//! The engine thread: owns the model and generates the admitted requests, streaming each token
-//! to its request's channel. On the CPU backend it runs up to one request per KV slot as one
-//! batch (`batching.rs`); on the GPU backend, one at a time. Requests that arrive while every
-//! slot is busy wait in the queue; past the queue's bound they are refused at once (HTTP 429).
+//! The engine thread: owns the model inside the engine core's scheduler (`kestrel_engine::
+//! Scheduler`: batched on the CPU backend or with several KV slots, else one request at a time)
+//! and routes each request's events to its channel, timing them for the metrics. Requests that
+//! arrive while every slot is busy wait in the scheduler's queue; past the queue's bound they are
+//! refused at once (HTTP 429).
 //!
 //! A request is cancelled by dropping its [`Ticket`] (the client went away, or the HTTP handler
-//! ended): generation stops at its next token (with batching: before the next step). Shutdown
-//! aborts the running requests and refuses the queued ones.
+//! ended): the scheduler aborts it before its next step or at its next token. Shutdown aborts
+//! the running requests and refuses the queued ones.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kestrel_model::{BackendKind, Generation, Model, ModelError, Request, TokenEvent};
+use kestrel_engine::{Aborts, Event as EngineEvent, Request, RequestId, Scheduler};
+use kestrel_model::{Generation, Model, TokenEvent};
 use tokio::sync::mpsc as async_mpsc;
 
 use crate::error::ApiError;
@@ -24,36 +27,44 @@ pub enum Event {
     Done(Result<Generation, ApiError>),
 }
 
-pub(crate) struct Job {
-    pub request: Request,
-    pub events: async_mpsc::UnboundedSender<Event>,
-    pub cancelled: Arc<AtomicBool>,
-    pub arrived: Instant,
+struct Job {
+    id: RequestId,
+    request: Request,
+    events: async_mpsc::UnboundedSender<Event>,
+    arrived: Instant,
 }
 
-impl Job {
-    /// Whether to stop generating for it: its client is gone, or the server is stopping.
-    pub fn abandoned(&self, shared: &Shared) -> bool {
-        self.cancelled.load(Ordering::Relaxed) || shared.stopping.load(Ordering::Relaxed)
-    }
+/// A request the engine thread holds: where its events go, and its times for the metrics.
+struct Route {
+    events: async_mpsc::UnboundedSender<Event>,
+    arrived: Instant,
+    started: bool,
+    last_token: Option<Instant>,
 }
 
 /// A request admitted to the engine: its events, and its cancellation when dropped.
 pub struct Ticket {
+    id: RequestId,
     events: async_mpsc::UnboundedReceiver<Event>,
-    cancelled: Arc<AtomicBool>,
+    aborts: Aborts,
+    /// Its `Done` has come: nothing is left to abort.
+    ended: bool,
 }
 
 impl Ticket {
     /// The next event; `None` only if the engine is gone.
     pub async fn next(&mut self) -> Option<Event> {
-        self.events.recv().await
+        let event = self.events.recv().await;
+        self.ended |= matches!(event, Some(Event::Done(_)) | None);
+        event
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.cancelled.store(true, Ordering::Relaxed);
+        if !self.ended {
+            self.aborts.abort(self.id);
+        }
     }
 }
 
@@ -61,31 +72,36 @@ pub struct Engine {
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
+    aborts: Aborts,
     metrics: Arc<Metrics>,
     /// Where the model runs ("gpu" or "cpu").
     backend: &'static str,
+    next_id: AtomicU64,
 }
 
 /// What the engine thread and the handlers share.
-pub(crate) struct Shared {
-    /// Admitted requests not yet finished: the running one and the queued ones.
+struct Shared {
+    /// Admitted requests not yet finished: the running ones and the queued ones.
     pending: AtomicUsize,
     /// The most that may be pending: the slots and the queue.
     capacity: usize,
     /// Sequences generated at once.
     slots: usize,
     /// Set by shutdown: the running requests stop, queued ones are refused.
-    pub stopping: AtomicBool,
+    stopping: AtomicBool,
     /// A running mean of request durations in milliseconds, for `Retry-After`.
     mean_duration_ms: AtomicU64,
 }
 
 impl Engine {
     /// Starts the engine thread with `model`, generating for as many requests at once as it has
-    /// KV slots (`Model::set_slots`, batched) and admitting up to `queue` waiting requests.
+    /// KV slots (`Model::set_slots`) and admitting up to `queue` waiting requests; a batched step
+    /// prompts at most `prefill_chunk` tokens in all.
     pub fn start(model: Model, queue: usize, prefill_chunk: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
-        let backend = model.backend();
+        let backend = model.backend().as_str();
         let slots = model.slots();
+        let scheduler = Scheduler::new(model, prefill_chunk);
+        let aborts = scheduler.aborts();
         let (jobs, inbox) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
             pending: AtomicUsize::new(0),
@@ -97,19 +113,9 @@ impl Engine {
         let thread = {
             let shared = shared.clone();
             let metrics = metrics.clone();
-            // One GPU slot runs each request alone, its decode steps run ahead and sampled on the
-            // device; otherwise requests run as batched sequences.
-            let batched = backend == BackendKind::Cpu || slots > 1;
-            std::thread::Builder::new().name("kestrel-engine".into()).spawn(move || {
-                if batched {
-                    crate::batching::run(model, &inbox, &shared, &metrics, prefill_chunk);
-                } else {
-                    run(model, &inbox, &shared, &metrics);
-                }
-            })?
+            std::thread::Builder::new().name("kestrel-engine".into()).spawn(move || run(scheduler, &inbox, &shared, &metrics))?
         };
-        let backend = backend.as_str();
-        Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, metrics, backend })
+        Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, aborts, metrics, backend, next_id: AtomicU64::new(0) })
     }
 
     /// Admits `request`, or refuses it when every slot and the queue are taken.
@@ -126,21 +132,21 @@ impl Engine {
             return Err(ApiError::busy(wait_s.max(1)));
         }
         let (events, receiver) = async_mpsc::unbounded_channel();
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let job = Job { request, events, cancelled: cancelled.clone(), arrived: Instant::now() };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.metrics.queue_depth.inc();
-        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(job).is_ok());
+        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(Job { id, request, events, arrived: Instant::now() }).is_ok());
         if !sent {
             self.metrics.queue_depth.dec();
             self.shared.pending.fetch_sub(1, Ordering::AcqRel);
             return Err(ApiError::shutting_down());
         }
-        Ok(Ticket { events: receiver, cancelled })
+        Ok(Ticket { id, events: receiver, aborts: self.aborts.clone(), ended: false })
     }
 
-    /// Stops admitting; the running request ends at its next token and queued ones are refused.
+    /// Stops admitting; running requests end at their next step or token, queued ones are refused.
     pub fn abort_all(&self) {
         self.shared.stopping.store(true, Ordering::Relaxed);
+        self.aborts.abort_all();
     }
 
     /// Where the model runs: "gpu" or "cpu".
@@ -167,73 +173,134 @@ impl Engine {
     }
 }
 
-/// One request at a time (the GPU backend with one KV slot), each decoded with its steps run
-/// ahead.
-fn run(mut model: Model, inbox: &mpsc::Receiver<Job>, shared: &Shared, metrics: &Metrics) {
-    update_gauges(&model, metrics);
-    while let Ok(job) = inbox.recv() {
-        metrics.queue_depth.dec();
-        let result = if job.cancelled.load(Ordering::Relaxed) {
-            None
-        } else if shared.stopping.load(Ordering::Relaxed) {
-            Some(Err(ApiError::shutting_down()))
-        } else {
-            metrics.queue_wait.observe(job.arrived.elapsed().as_secs_f64());
-            metrics.slots_in_use.set(1);
-            let result = generate(&mut model, &job, shared, metrics);
-            metrics.slots_in_use.set(0);
-            Some(result)
-        };
-        finish(&job, result, shared, metrics);
-        update_gauges(&model, metrics);
+/// The engine thread's loop: takes new requests in, steps the scheduler while it has work, and
+/// sleeps until a request comes when it has none (or every handle to the engine is gone).
+fn run(mut scheduler: Scheduler, inbox: &mpsc::Receiver<Job>, shared: &Shared, metrics: &Metrics) {
+    let mut routes: HashMap<RequestId, Route> = HashMap::new();
+    let mut open = true;
+    update_gauges(scheduler.model(), metrics);
+    while open || !scheduler.is_idle() {
+        if scheduler.is_idle() {
+            match inbox.recv() {
+                Ok(job) => take(&mut scheduler, job, &mut routes, shared, metrics),
+                Err(_) => break,
+            }
+        }
+        loop {
+            match inbox.try_recv() {
+                Ok(job) => take(&mut scheduler, job, &mut routes, shared, metrics),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        if shared.stopping.load(Ordering::Relaxed) {
+            for id in scheduler.take_queued() {
+                if let Some(route) = routes.remove(&id) {
+                    metrics.queue_depth.dec();
+                    finish(&route, Err(ApiError::shutting_down()), shared, metrics);
+                }
+            }
+        }
+        let batched = scheduler.is_batched();
+        let report = pollster::block_on(scheduler.step(&mut |id, event| route_event(&mut routes, id, event, batched, shared, metrics)));
+        if let Some(sequences) = report.batch {
+            metrics.batch_size.observe(sequences as f64);
+        }
+        metrics.slots_in_use.set(scheduler.running() as i64);
+        update_gauges(scheduler.model(), metrics);
     }
 }
 
-/// A job's end: its result (None: its client is gone before it started), the metrics of a
-/// finished generation, and its place among the pending requests freed.
-pub(crate) fn finish(job: &Job, result: Option<Result<Generation, ApiError>>, shared: &Shared, metrics: &Metrics) {
-    if let Some(result) = result {
-        let elapsed = job.arrived.elapsed();
-        if let Ok(generation) = &result {
-            metrics.request_duration.observe(elapsed.as_secs_f64());
-            metrics.prompt_tokens.inc_by(generation.prompt_tokens.len() as u64);
-            metrics.generated_tokens.inc_by(generation.tokens.len() as u64);
-            remember_duration(shared, elapsed);
-        }
-        let _ = job.events.send(Event::Done(result));
+/// Submits a job's request to the scheduler; one that cannot run ends here with its error.
+fn take(scheduler: &mut Scheduler, job: Job, routes: &mut HashMap<RequestId, Route>, shared: &Shared, metrics: &Metrics) {
+    let route = Route { events: job.events, arrived: job.arrived, started: false, last_token: None };
+    if shared.stopping.load(Ordering::Relaxed) {
+        metrics.queue_depth.dec();
+        return finish(&route, Err(ApiError::shutting_down()), shared, metrics);
     }
+    match scheduler.submit(job.id, &job.request) {
+        Ok(()) => {
+            routes.insert(job.id, route);
+        }
+        Err(e) => {
+            metrics.queue_depth.dec();
+            finish(&route, Err(ApiError::from(&e)), shared, metrics);
+        }
+    }
+}
+
+/// Delivers one scheduler event to its request's channel, with its metrics. False when the
+/// receiver is gone (the scheduler then aborts the request).
+fn route_event(
+    routes: &mut HashMap<RequestId, Route>,
+    id: RequestId,
+    event: EngineEvent,
+    batched: bool,
+    shared: &Shared,
+    metrics: &Metrics,
+) -> bool {
+    match event {
+        EngineEvent::Started => {
+            if let Some(route) = routes.get_mut(&id) {
+                route.started = true;
+                metrics.queue_depth.dec();
+                metrics.queue_wait.observe(route.arrived.elapsed().as_secs_f64());
+                if !batched {
+                    metrics.slots_in_use.set(1);
+                }
+            }
+            true
+        }
+        EngineEvent::Token(token) => {
+            let Some(route) = routes.get_mut(&id) else { return false };
+            if token.id.is_some() {
+                observe_token(route, metrics);
+                if !batched {
+                    metrics.batch_size.observe(1.0);
+                }
+            }
+            route.events.send(Event::Token(token)).is_ok()
+        }
+        EngineEvent::Done(result) => {
+            if let Some(route) = routes.remove(&id) {
+                if !route.started {
+                    metrics.queue_depth.dec();
+                }
+                finish(&route, result.map_err(|e| ApiError::from(&e)), shared, metrics);
+            }
+            true
+        }
+    }
+}
+
+/// A request's end: its result, the metrics of a generation that ran, and its place among the
+/// pending requests freed.
+fn finish(route: &Route, result: Result<Generation, ApiError>, shared: &Shared, metrics: &Metrics) {
+    let elapsed = route.arrived.elapsed();
+    if let (Ok(generation), true) = (&result, route.started) {
+        metrics.request_duration.observe(elapsed.as_secs_f64());
+        metrics.prompt_tokens.inc_by(generation.prompt_tokens.len() as u64);
+        metrics.generated_tokens.inc_by(generation.tokens.len() as u64);
+        remember_duration(shared, elapsed);
+    }
+    let _ = route.events.send(Event::Done(result));
     shared.pending.fetch_sub(1, Ordering::AcqRel);
 }
 
-/// Times a token of `job` whose previous one came at `last` (None: its first).
-pub(crate) fn observe_token(job: &Job, last: &mut Option<Instant>, metrics: &Metrics) {
+/// Times a token: the first after the request arrived, the others after the one before.
+fn observe_token(route: &mut Route, metrics: &Metrics) {
     let now = Instant::now();
-    match *last {
-        None => metrics.time_to_first_token.observe((now - job.arrived).as_secs_f64()),
+    match route.last_token {
+        None => metrics.time_to_first_token.observe((now - route.arrived).as_secs_f64()),
         Some(last) => metrics.inter_token_latency.observe((now - last).as_secs_f64()),
     }
-    *last = Some(now);
+    route.last_token = Some(now);
 }
 
-fn generate(model: &mut Model, job: &Job, shared: &Shared, metrics: &Metrics) -> Result<Generation, ApiError> {
-    let as_api = |e: ModelError| ApiError::from(&e);
-    let options = &job.request.options;
-    // Every option and request limit before the prompt is encoded, as the browser engine does.
-    options.validate(model.config().vocab).map_err(as_api)?;
-    let tokens = model.encode(&job.request.prompt().map_err(as_api)?).map_err(as_api)?;
-    let mut last_token: Option<Instant> = None;
-    let mut on_token = |event: &TokenEvent| -> bool {
-        if event.id.is_some() {
-            observe_token(job, &mut last_token, metrics);
-            metrics.batch_size.observe(1.0);
-        }
-        let delivered = job.events.send(Event::Token(event.clone())).is_ok();
-        delivered && !job.abandoned(shared)
-    };
-    pollster::block_on(model.generate(&tokens, options, &mut on_token)).map_err(as_api)
-}
-
-pub(crate) fn update_gauges(model: &Model, metrics: &Metrics) {
+fn update_gauges(model: &Model, metrics: &Metrics) {
     metrics.kv_cache_tokens.set(model.kv_cache_tokens() as i64);
     metrics.model_memory.set(model.weight_bytes() + model.kv_cache_bytes());
     if let Some(bytes) = model.gpu().and_then(|gpu| gpu.allocated_bytes()) {

@@ -4,7 +4,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kestrel_model::ModelError;
+use kestrel_engine::EngineError;
 use serde_json::json;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -57,20 +57,19 @@ impl ApiError {
     }
 }
 
-impl From<&ModelError> for ApiError {
-    fn from(e: &ModelError) -> Self {
-        let code = e.code();
-        let (status, kind) = match code {
-            "invalid_option" | "context_overflow" | "template" | "tokenizer" => (StatusCode::BAD_REQUEST, "invalid_request_error"),
+impl From<&EngineError> for ApiError {
+    fn from(e: &EngineError) -> Self {
+        let (status, kind) = match e.code {
+            "invalid_option" | "invalid_json" | "context_overflow" | "template" | "tokenizer" => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error")
+            }
             "device_lost" | "out_of_memory" => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "server_error"),
         };
         // OpenAI's own name for a prompt that does not fit.
-        let code = if code == "context_overflow" { "context_length_exceeded" } else { code };
-        let mut error = Self::new(status, kind, code, e.to_string());
-        if let ModelError::InvalidOption { name, .. } = e {
-            error.param = Some((*name).to_string());
-        }
+        let code = if e.code == "context_overflow" { "context_length_exceeded" } else { e.code };
+        let mut error = Self::new(status, kind, code, e.message.clone());
+        error.param = e.param.clone();
         error
     }
 }
@@ -87,19 +86,25 @@ impl IntoResponse for ApiError {
 
 #[cfg(test)]
 mod tests {
+    use kestrel_model::ModelError;
+
     use super::*;
+
+    fn api(e: ModelError) -> ApiError {
+        ApiError::from(&EngineError::from(e))
+    }
 
     #[test]
     fn model_errors_map_to_openai_statuses_and_codes() {
-        let e = ApiError::from(&ModelError::InvalidOption { name: "temperature", reason: "must be >= 0".into() });
+        let e = api(ModelError::InvalidOption { name: "temperature", reason: "must be >= 0".into() });
         assert_eq!(
             (e.status, e.kind, e.code, e.param.as_deref()),
             (StatusCode::BAD_REQUEST, "invalid_request_error", "invalid_option", Some("temperature"))
         );
-        let e = ApiError::from(&ModelError::ContextOverflow { needed: 10, context: 8 });
+        let e = api(ModelError::ContextOverflow { needed: 10, context: 8 });
         assert_eq!((e.status, e.code), (StatusCode::BAD_REQUEST, "context_length_exceeded"));
         assert!(e.message.contains("10") && e.message.contains('8'), "{}", e.message);
-        let e = ApiError::from(&ModelError::BadModel("x".into()));
+        let e = api(ModelError::BadModel("x".into()));
         assert_eq!((e.status, e.kind), (StatusCode::INTERNAL_SERVER_ERROR, "server_error"));
         let body = ApiError::busy(3).body();
         assert_eq!(body["error"]["code"], "rate_limit_exceeded");

@@ -1,17 +1,16 @@
 //! `kestrel serve`: a local OpenAI-compatible HTTP server (axum on tokio) over one loaded model.
 //! `POST /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent events or
 //! whole), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus). Requests share the
-//! CLI's and the npm package's options, defaults and error codes (`kestrel_model::Request`);
+//! CLI's and the npm package's options, defaults and error codes, and their scheduler and OpenAI
+//! layer (`kestrel_engine`);
 //! errors are OpenAI-shaped JSON. One engine thread generates, on the CPU backend for up to
 //! one request per KV slot at once (continuous batching); requests beyond the slots wait in a
 //! bounded queue, and past the queue get 429 with `Retry-After`.
 
-mod batching;
 mod cache;
 mod engine;
 mod error;
 mod metrics;
-mod openai;
 mod routes;
 
 use std::future::Future;
@@ -52,7 +51,7 @@ impl Default for ServerConfig {
             model_name: "kestrel".into(),
             api_key: None,
             queue: 16,
-            prefill_chunk: 32,
+            prefill_chunk: kestrel_engine::DEFAULT_PREFILL_CHUNK,
             response_cache_bytes: 8 << 20,
             max_body_bytes: 4 << 20,
             shutdown_grace: Duration::from_secs(10),

@@ -17,7 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream;
-use kestrel_model::Generation;
+use kestrel_engine::openai::{self, Answer, Endpoint, ResponseMeta};
+use kestrel_model::{Generation, TokenEvent};
 use serde_json::{json, Value};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
@@ -25,7 +26,6 @@ use crate::cache::{self, ResponseCache};
 use crate::engine::{Engine, Event, Ticket};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::openai::{self, Endpoint, ResponseMeta};
 
 /// The response header that says whether the exact-response cache answered (`hit`) or was
 /// looked in first (`miss`); absent when the request could not be cached.
@@ -222,10 +222,11 @@ async fn respond(
         let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "invalid_body" };
         ApiError::new(rejection.status(), "invalid_request_error", code, rejection.body_text())
     })?;
-    let api = openai::parse(endpoint, &body)?;
-    let meta = ResponseMeta::new(endpoint, state.serial.fetch_add(1, Ordering::Relaxed), &state.model_name);
+    let api = openai::parse_body(endpoint, &body).map_err(|e| ApiError::from(&e))?;
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let meta = ResponseMeta::new(endpoint, state.serial.fetch_add(1, Ordering::Relaxed), created, &state.model_name);
     let key = if may_cache(headers) { cache::key(endpoint, &api.request) } else { None };
-    let reply = Reply { state: state.clone(), meta, key, include_usage: api.include_usage };
+    let reply = Reply { state: state.clone(), answer: Answer::new(meta, api.stream, api.include_usage), key };
     if let Some(hit) = reply.key.as_deref().and_then(|key| state.cache.get(key)) {
         state.metrics.response_cache_hits.inc();
         outcome.finished(&hit);
@@ -241,7 +242,7 @@ async fn respond(
             Some(event) => event,
             None => return Err(engine_gone()),
         };
-        reply.stream_with(Some(ticket), first, None, outcome.hand_over(), false)
+        reply.stream_with(Some(ticket), first, VecDeque::new(), outcome.hand_over(), false)
     } else {
         let generation = loop {
             match ticket.next().await {
@@ -277,9 +278,8 @@ fn with_cache_header(mut response: Response, value: &'static str) -> Response {
 /// How one request's answer is written.
 struct Reply {
     state: Arc<AppState>,
-    meta: ResponseMeta,
+    answer: Answer,
     key: Option<String>,
-    include_usage: bool,
 }
 
 impl Reply {
@@ -292,25 +292,20 @@ impl Reply {
         }
     }
 
-    fn whole(&self, generation: &Generation, cache_hit: bool) -> Response {
-        Json(self.meta.completion(generation, cache_hit)).into_response()
+    fn whole(mut self, generation: &Generation, cache_hit: bool) -> Response {
+        let body = self.answer.on_done(generation, Some(cache_hit)).pop().unwrap_or(Value::Null);
+        Json(body).into_response()
     }
 
     /// A stored answer as a stream: the whole text in one chunk.
-    fn stream_stored(self, generation: Generation, outcome: Outcome) -> Response {
-        let text = generation.text.clone();
-        self.stream_with(None, Event::Done(Ok(generation)), Some(text), outcome, true)
+    fn stream_stored(mut self, generation: Generation, outcome: Outcome) -> Response {
+        let text = TokenEvent { text: generation.text.clone(), id: None, logprobs: None };
+        let queued = self.answer.on_token(&text).iter().map(data).collect();
+        self.stream_with(None, Event::Done(Ok(generation)), queued, outcome, true)
     }
 
-    /// A stream of `text` (if any), then of `first` and the ticket's events.
-    fn stream_with(self, ticket: Option<Ticket>, first: Event, text: Option<String>, outcome: Outcome, cache_hit: bool) -> Response {
-        let mut queued = VecDeque::new();
-        if self.meta.endpoint == Endpoint::Chat {
-            queued.push_back(data(&self.meta.chunk(None, None)));
-        }
-        if let Some(text) = text.filter(|t| !t.is_empty()) {
-            queued.push_back(data(&self.meta.chunk(Some(&text), None)));
-        }
+    /// A stream of the `queued` chunks, then of `first` and the ticket's events.
+    fn stream_with(self, ticket: Option<Ticket>, first: Event, queued: VecDeque<SseEvent>, outcome: Outcome, cache_hit: bool) -> Response {
         let sse = SseStream { reply: self, ticket, first: Some(first), queued, done: false, outcome, cache_hit };
         let events = stream::unfold(sse, |mut sse| async move { sse.next().await.map(|event| (Ok::<_, Infallible>(event), sse)) });
         Sse::new(events).keep_alive(KeepAlive::default()).into_response()
@@ -349,22 +344,15 @@ impl SseStream {
                     None => None,
                 },
             };
-            let meta = &self.reply.meta;
+            let answer = &mut self.reply.answer;
             match event {
-                Some(Event::Token(token)) => {
-                    if !token.text.is_empty() {
-                        self.queued.push_back(data(&meta.chunk(Some(&token.text), token.id)));
-                    }
-                }
+                Some(Event::Token(token)) => self.queued.extend(answer.on_token(&token).iter().map(data)),
                 Some(Event::Done(Ok(generation))) => {
+                    self.queued.extend(answer.on_done(&generation, Some(self.cache_hit)).iter().map(data));
                     if !self.cache_hit {
                         self.reply.store(&generation);
                     }
                     self.outcome.finished(&generation);
-                    self.queued.push_back(data(&meta.final_chunk(&generation, self.cache_hit)));
-                    if self.reply.include_usage {
-                        self.queued.push_back(data(&meta.usage_chunk(&generation, self.cache_hit)));
-                    }
                     self.queued.push_back(SseEvent::default().data("[DONE]"));
                     self.finish();
                 }

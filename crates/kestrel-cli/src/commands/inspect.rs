@@ -23,7 +23,7 @@ pub fn run(path: &Path, all_tensors: bool) -> CliResult {
     let total: u64 = header.tensors.iter().map(|t| t.n_bytes()).sum();
     println!("tensors ({}, {:.1} MiB):", header.tensors.len(), total as f64 / (1 << 20) as f64);
     for (name, (ty, n, bytes)) in &by_type {
-        let note = if kestrel_gguf::is_gpu_supported(*ty) { "" } else { "  (not supported on the GPU)" };
+        let note = if kestrel_gpu::layout::is_gpu_supported(*ty) { "" } else { "  (not supported on the GPU)" };
         println!("  {name:<8} {n:>5} tensors {:>10.1} MiB{note}", *bytes as f64 / (1 << 20) as f64);
     }
     if all_tensors {

@@ -5,9 +5,10 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::Instant;
 
-use kestrel_gpu::params::KvType;
+use kestrel_engine::{choose_backend, BackendPreference, Placement, Platform};
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::{LoadOptions, LoadProgress, Model};
+use kestrel_ops::params::KvType;
 
 use super::coded;
 
@@ -65,16 +66,19 @@ fn slot_options(device: &Device, cache: &CacheArgs, slots: usize) -> LoadOptions
 }
 
 fn device(choice: BackendChoice) -> Result<Device, Box<dyn std::error::Error>> {
-    let cpu = |why: String| Device::Cpu(format!("CPU ({}, {} threads): {why}", kestrel_cpu::simd_name(), kestrel_cpu::threads()));
-    match choice {
-        BackendChoice::Cpu => Ok(cpu("--backend cpu".into())),
-        BackendChoice::Gpu => Ok(Device::Gpu(Box::new(Gpu::new_blocking(&GpuOptions::default()).map_err(|e| coded(e.into()))?))),
-        BackendChoice::Auto => Ok(match Gpu::new_blocking(&GpuOptions::default()) {
-            Ok(gpu) if gpu.info.software => cpu(format!("the GPU adapter {} is a software rasterizer", gpu.info.adapter_name)),
-            Ok(gpu) => Device::Gpu(Box::new(gpu)),
-            Err(e) => cpu(format!("no GPU ({e})")),
-        }),
-    }
+    let preference = match choice {
+        BackendChoice::Auto => BackendPreference::Auto,
+        BackendChoice::Gpu => BackendPreference::Gpu,
+        BackendChoice::Cpu => BackendPreference::Cpu,
+    };
+    let platform = Platform { api: "GPU", missing_api: None, cpu_asked: "--backend cpu" };
+    let placement = pollster::block_on(choose_backend(preference, &GpuOptions::default(), &platform)).map_err(coded)?;
+    Ok(match placement {
+        Placement::Gpu(gpu) => Device::Gpu(gpu),
+        Placement::Cpu { reason } => {
+            Device::Cpu(format!("CPU ({}, {} threads): {reason}", kestrel_cpu::simd_name(), kestrel_cpu::threads()))
+        }
+    })
 }
 
 fn parse_kv_type(name: &str) -> Result<KvType, String> {

@@ -1,7 +1,8 @@
 //! A generation request in its wire form: a raw `prompt` or chat `messages`, and the generation
 //! options under [`GenerateOptions`]' serde names (absent options take
-//! [`GenerateOptions::default`], llama.cpp's defaults). The browser engine and `kestrel serve`
-//! both parse requests here, so they accept the same fields and refuse the same mistakes.
+//! [`GenerateOptions::default`], llama.cpp's defaults). The OpenAI layer (`openai.rs`) makes one
+//! from either endpoint's body, for the browser engine and `kestrel serve` alike, so they accept
+//! the same fields and refuse the same mistakes.
 
 use std::collections::BTreeMap;
 
@@ -9,7 +10,9 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::{ChatMessage, GenerateOptions, ModelError, Prompt};
+use kestrel_model::{ChatMessage, GenerateOptions, Prompt};
+
+use crate::EngineError;
 
 #[derive(Debug, Deserialize)]
 pub struct Request {
@@ -25,13 +28,13 @@ pub struct Request {
 
 impl Request {
     /// Parses a request from JSON text; see [`Request::from_value`].
-    pub fn parse(json: &str) -> Result<Request, ModelError> {
+    pub fn parse(json: &str) -> Result<Request, EngineError> {
         Self::from_value(serde_json::from_str(json).map_err(|e| invalid(&e))?)
     }
 
     /// Parses a request from a JSON value. A field set to `null` is the same as an absent one;
     /// an unknown field is an `invalid_option` error that lists the known ones.
-    pub fn from_value(mut value: Value) -> Result<Request, ModelError> {
+    pub fn from_value(mut value: Value) -> Result<Request, EngineError> {
         if let Some(fields) = value.as_object_mut() {
             fields.retain(|_, v| !v.is_null());
         }
@@ -49,17 +52,25 @@ impl Request {
     }
 
     /// What to generate from: exactly one of `prompt` and `messages`.
-    pub fn prompt(&self) -> Result<Prompt<'_>, ModelError> {
+    pub fn prompt(&self) -> Result<Prompt<'_>, EngineError> {
         match (&self.prompt, &self.messages) {
             (Some(text), None) => Ok(Prompt::Text(text)),
             (None, Some(messages)) => Ok(Prompt::Chat(messages)),
-            _ => Err(ModelError::InvalidOption { name: "prompt", reason: "give exactly one of prompt and messages".into() }),
+            _ => Err(EngineError::invalid("prompt", "invalid option prompt: give exactly one of prompt and messages")),
         }
+    }
+
+    /// Checks everything that needs no model: the prompt's form and every option's range (token
+    /// ids are checked against the vocabulary when a model takes the request). A remote engine's
+    /// requests are checked here before they are sent.
+    pub fn validate_for_any_model(&self) -> Result<(), EngineError> {
+        self.prompt()?;
+        self.options.validate_for_any_model().map_err(EngineError::from)
     }
 }
 
-fn invalid(e: &dyn std::fmt::Display) -> ModelError {
-    ModelError::InvalidOption { name: "request", reason: e.to_string() }
+fn invalid(e: &dyn std::fmt::Display) -> EngineError {
+    EngineError::invalid("request", format!("invalid option request: {e}"))
 }
 
 #[cfg(test)]
@@ -99,7 +110,7 @@ mod tests {
         let err = |json: &str| match Request::parse(json) {
             Ok(_) => panic!("{json} parsed"),
             Err(e) => {
-                assert_eq!(e.code(), "invalid_option");
+                assert_eq!(e.code, "invalid_option");
                 e.to_string()
             }
         };

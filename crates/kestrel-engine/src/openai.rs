@@ -1,0 +1,465 @@
+//! OpenAI's request and response shapes over Kestrel's own, once for every front end: the npm
+//! package's `chat.completions.create` / `completions.create` (local and remote engines alike)
+//! and `kestrel serve`'s `/v1/chat/completions` and `/v1/completions`. The envelope fields
+//! (`stream`, `n`, `logprobs`, ...) are taken here, and everything else is the generation
+//! [`Request`] (the same options, defaults and errors). Answers are built here too, as JSON
+//! values: streamed chunks, the whole completion, the usage with its details.
+
+use kestrel_model::{ChatMessage, FinishReason, Generation, TokenEvent};
+use serde_json::{json, Map, Value};
+
+use crate::{EngineError, Request};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    /// The endpoint a front end names: `chat` or `completions`.
+    pub fn from_name(name: &str) -> Option<Endpoint> {
+        match name {
+            "chat" => Some(Self::Chat),
+            "completions" => Some(Self::Completions),
+            _ => None,
+        }
+    }
+
+    /// The label in metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Chat => "chat_completions",
+            Self::Completions => "completions",
+        }
+    }
+
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Self::Chat => "chatcmpl",
+            Self::Completions => "cmpl",
+        }
+    }
+
+    fn chunk_object(self) -> &'static str {
+        match self {
+            Self::Chat => "chat.completion.chunk",
+            Self::Completions => "text_completion",
+        }
+    }
+}
+
+/// A parsed request to one of the two generation endpoints.
+#[derive(Debug)]
+pub struct ApiRequest {
+    pub request: Request,
+    pub stream: bool,
+    /// `stream_options.include_usage`: a last chunk with no choices and the usage.
+    pub include_usage: bool,
+}
+
+/// Envelope fields that change nothing here: accepted and dropped.
+const IGNORED: [&str; 4] = ["model", "user", "metadata", "store"];
+
+/// Roles a chat template knows. OpenAI's `developer` is its newer name for `system`.
+const ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
+
+/// Parses an endpoint's body given as JSON bytes (a bad body is `invalid_json`).
+pub fn parse_body(endpoint: Endpoint, body: &[u8]) -> Result<ApiRequest, EngineError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| EngineError::new("invalid_json", format!("the body is not valid JSON: {e}")))?;
+    parse(endpoint, value)
+}
+
+/// Parses an endpoint's body. A field set to `null` is the same as an absent one.
+pub fn parse(endpoint: Endpoint, value: Value) -> Result<ApiRequest, EngineError> {
+    let Value::Object(mut fields) = value else {
+        return Err(EngineError::new("invalid_json", "the body must be a JSON object"));
+    };
+    fields.retain(|_, v| !v.is_null());
+    for name in IGNORED {
+        fields.remove(name);
+    }
+    let stream = take_bool(&mut fields, "stream")?;
+    let include_usage = match fields.remove("stream_options") {
+        None => false,
+        Some(Value::Object(mut options)) => take_bool(&mut options, "include_usage")?,
+        Some(_) => return Err(EngineError::invalid("stream_options", "stream_options must be an object")),
+    };
+    match fields.remove("n") {
+        None => {}
+        Some(n) if n.as_u64() == Some(1) => {}
+        Some(n) => return Err(EngineError::invalid("n", format!("n must be 1 (one choice per request), got {n}"))),
+    }
+    if let Some(max) = fields.remove("max_completion_tokens") {
+        fields.entry("max_tokens").or_insert(max);
+    }
+    take_logprobs(&mut fields)?;
+    match endpoint {
+        Endpoint::Chat => {
+            let messages = fields.remove("messages").ok_or_else(|| EngineError::invalid("messages", "messages is required"))?;
+            if fields.contains_key("prompt") {
+                return Err(EngineError::invalid("prompt", "prompt is not a chat completions field; use completions"));
+            }
+            fields.insert("messages".into(), chat_messages(messages)?);
+        }
+        Endpoint::Completions => {
+            // A prompt may come as a list of one.
+            let not_text = || EngineError::invalid("prompt", "prompt must be a string (or a list of one string)");
+            let prompt = match fields.remove("prompt") {
+                Some(Value::String(text)) => text,
+                Some(Value::Array(list)) => match <[Value; 1]>::try_from(list) {
+                    Ok([Value::String(text)]) => text,
+                    _ => return Err(not_text()),
+                },
+                Some(_) => return Err(not_text()),
+                None => return Err(EngineError::invalid("prompt", "prompt is required")),
+            };
+            if fields.contains_key("messages") {
+                return Err(EngineError::invalid("messages", "messages is not a completions field; use chat completions"));
+            }
+            fields.insert("prompt".into(), Value::String(prompt));
+        }
+    }
+    let request = Request::from_value(Value::Object(fields))?;
+    Ok(ApiRequest { request, stream, include_usage })
+}
+
+/// `logprobs` as the engine takes it: the number of most likely tokens each step reports. Chat
+/// requests (and the npm package's) give a flag and `top_logprobs` the count; OpenAI's text
+/// completions give the count itself.
+fn take_logprobs(fields: &mut Map<String, Value>) -> Result<(), EngineError> {
+    let top = fields.remove("top_logprobs");
+    let count = match fields.remove("logprobs") {
+        None | Some(Value::Bool(false)) => return Ok(()),
+        Some(Value::Bool(true)) => match &top {
+            None => 1,
+            Some(top) => top.as_u64().ok_or_else(|| EngineError::invalid("top_logprobs", "top_logprobs must be a non-negative integer"))?,
+        },
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(0) => return Ok(()),
+            Some(n) => n,
+            None => return Err(EngineError::invalid("logprobs", format!("logprobs must be a boolean or a non-negative integer, got {n}"))),
+        },
+        Some(other) => {
+            return Err(EngineError::invalid("logprobs", format!("logprobs must be a boolean or a non-negative integer, got {other}")))
+        }
+    };
+    fields.insert("logprobs".into(), json!(count.max(1)));
+    Ok(())
+}
+
+fn take_bool(fields: &mut Map<String, Value>, name: &'static str) -> Result<bool, EngineError> {
+    match fields.remove(name) {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(b),
+        Some(other) => Err(EngineError::invalid(name, format!("{name} must be a boolean, got {other}"))),
+    }
+}
+
+/// OpenAI's messages as the chat template takes them: a known role and text content (a string,
+/// or a list of text parts, which are joined).
+fn chat_messages(messages: Value) -> Result<Value, EngineError> {
+    let bad = |message: String| EngineError::invalid("messages", message);
+    let Value::Array(messages) = messages else { return Err(bad("messages must be a list".into())) };
+    if messages.is_empty() {
+        return Err(bad("messages must not be empty".into()));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, message) in messages.iter().enumerate() {
+        let role = message.get("role").and_then(Value::as_str).ok_or_else(|| bad(format!("messages[{i}].role must be a string")))?;
+        if !ROLES.contains(&role) {
+            return Err(bad(format!("messages[{i}].role {role:?} is not one of {}", ROLES.join(", "))));
+        }
+        let role = if role == "developer" { "system" } else { role };
+        let content = match message.get("content") {
+            Some(Value::String(text)) => text.clone(),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                        (Some("text"), Some(piece)) => text.push_str(piece),
+                        _ => return Err(bad(format!("messages[{i}].content: only text parts are supported"))),
+                    }
+                }
+                text
+            }
+            _ => return Err(bad(format!("messages[{i}].content must be a string or a list of text parts"))),
+        };
+        out.push(ChatMessage::new(role, content));
+    }
+    serde_json::to_value(out).map_err(|e| bad(e.to_string()))
+}
+
+/// What the responses of one request share.
+#[derive(Clone, Debug)]
+pub struct ResponseMeta {
+    pub endpoint: Endpoint,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseMeta {
+    /// `serial` numbers the requests of one engine; `created` is the Unix time in seconds. The id
+    /// is `{prefix}-{serial}-{created in hex}`: it orders one engine's requests, and the time keeps
+    /// those of an engine started again apart.
+    pub fn new(endpoint: Endpoint, serial: u64, created: u64, model: &str) -> Self {
+        Self { endpoint, id: format!("{}-{serial}-{created:x}", endpoint.id_prefix()), created, model: model.to_string() }
+    }
+
+    fn envelope(&self, object: &str, choices: Value) -> Value {
+        json!({ "id": self.id, "object": object, "created": self.created, "model": self.model, "system_fingerprint": null, "choices": choices })
+    }
+
+    /// A chat stream's first chunk: the role, as OpenAI sends it before the content.
+    fn role_chunk(&self) -> Value {
+        let choice = json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null });
+        self.envelope(self.endpoint.chunk_object(), json!([choice]))
+    }
+
+    /// A streamed chunk of text, with the token it came from (None: held-back text flushed).
+    fn chunk(&self, text: &str, token_id: Option<u32>) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                json!({ "index": 0, "delta": { "content": text }, "logprobs": null, "finish_reason": null, "token_id": token_id })
+            }
+            Endpoint::Completions => json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": null, "token_id": token_id }),
+        };
+        self.envelope(self.endpoint.chunk_object(), json!([choice]))
+    }
+
+    /// The stream's last chunk with a choice: its finish reason, the usage and Kestrel's details.
+    fn final_chunk(&self, generation: &Generation, cache_hit: Option<bool>) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => json!({ "index": 0, "delta": {}, "logprobs": null, "finish_reason": generation.finish_reason }),
+            Endpoint::Completions => json!({ "index": 0, "text": "", "logprobs": null, "finish_reason": generation.finish_reason }),
+        };
+        let mut chunk = self.envelope(self.endpoint.chunk_object(), json!([choice]));
+        chunk["usage"] = usage(generation, cache_hit);
+        chunk["kestrel"] = details(generation, cache_hit);
+        chunk
+    }
+
+    /// `stream_options.include_usage`'s chunk: no choices, the usage.
+    fn usage_chunk(&self, generation: &Generation, cache_hit: Option<bool>) -> Value {
+        let mut chunk = self.envelope(self.endpoint.chunk_object(), json!([]));
+        chunk["usage"] = usage(generation, cache_hit);
+        chunk
+    }
+
+    /// The whole answer of a request that did not stream.
+    fn completion(&self, generation: &Generation, cache_hit: Option<bool>) -> Value {
+        let mut body = match self.endpoint {
+            Endpoint::Chat => self.envelope(
+                "chat.completion",
+                json!([{ "index": 0, "message": { "role": "assistant", "content": generation.text }, "logprobs": null, "finish_reason": generation.finish_reason }]),
+            ),
+            Endpoint::Completions => self.envelope(
+                "text_completion",
+                json!([{ "index": 0, "text": generation.text, "logprobs": null, "finish_reason": generation.finish_reason }]),
+            ),
+        };
+        body["usage"] = usage(generation, cache_hit);
+        body["kestrel"] = details(generation, cache_hit);
+        body
+    }
+}
+
+/// One request's answer as it is written: the engine's events in, OpenAI's JSON values out.
+#[derive(Debug)]
+pub struct Answer {
+    pub meta: ResponseMeta,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Whether a chat stream has sent its role chunk.
+    opened: bool,
+}
+
+impl Answer {
+    pub fn new(meta: ResponseMeta, stream: bool, include_usage: bool) -> Self {
+        Self { meta, stream, include_usage, opened: false }
+    }
+
+    /// The chunks a token gives when streaming (a chat's role chunk first): nothing for a whole
+    /// answer, nor for a flush with no text.
+    pub fn on_token(&mut self, token: &TokenEvent) -> Vec<Value> {
+        if !self.stream || (token.id.is_none() && token.text.is_empty()) {
+            return Vec::new();
+        }
+        let mut out = self.open();
+        out.push(self.meta.chunk(&token.text, token.id));
+        out
+    }
+
+    /// What the end gives: streamed, the final chunk (and the usage chunk with `include_usage`);
+    /// whole, the completion. `cache_hit`: whether a response cache answered (a server's; None
+    /// where there is none).
+    pub fn on_done(&mut self, generation: &Generation, cache_hit: Option<bool>) -> Vec<Value> {
+        if !self.stream {
+            return vec![self.meta.completion(generation, cache_hit)];
+        }
+        let mut out = self.open();
+        out.push(self.meta.final_chunk(generation, cache_hit));
+        if self.include_usage {
+            out.push(self.meta.usage_chunk(generation, cache_hit));
+        }
+        out
+    }
+
+    fn open(&mut self) -> Vec<Value> {
+        if self.meta.endpoint != Endpoint::Chat || std::mem::replace(&mut self.opened, true) {
+            return Vec::new();
+        }
+        vec![self.meta.role_chunk()]
+    }
+}
+
+/// OpenAI's usage: token counts, the prompt tokens the KV cache already held, and Kestrel's
+/// speeds and latencies (`extra`); with a response cache, whether it answered.
+fn usage(generation: &Generation, cache_hit: Option<bool>) -> Value {
+    let prompt = generation.prompt_tokens.len();
+    let completion = generation.tokens.len();
+    let t = &generation.timings;
+    let per_token = if t.decode_tokens > 0 { t.decode_ms / 1e3 / t.decode_tokens as f64 } else { 0.0 };
+    let mut usage = json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": { "cached_tokens": t.reused_tokens },
+        "extra": {
+            "prefill_tokens": t.prefill_tokens,
+            "reused_tokens": t.reused_tokens,
+            "prefill_tokens_per_s": t.prefill_tok_s,
+            "decode_tokens_per_s": t.decode_tok_s,
+            "time_to_first_token_s": t.ttft_ms / 1e3,
+            "time_per_output_token_s": per_token,
+            "host_wait_per_output_token_s": t.host_wait_ms_per_token / 1e3,
+            "prefill_submissions": t.prefill_submissions,
+            "longest_prefill_submission_s": t.longest_prefill_submission_ms.map(|ms| ms / 1e3),
+            "e2e_latency_s": t.e2e_ms / 1e3,
+        },
+    });
+    if let Some(hit) = cache_hit {
+        usage["response_cache_hit"] = json!(hit);
+    }
+    usage
+}
+
+/// Kestrel's own details of a generation (`kestrel`): token ids, timings, log-probabilities.
+fn details(generation: &Generation, cache_hit: Option<bool>) -> Value {
+    let mut details = json!({
+        "prompt_token_ids": generation.prompt_tokens,
+        "token_ids": generation.tokens,
+        "timings": generation.timings,
+        "logprobs": generation.logprobs,
+    });
+    if let Some(hit) = cache_hit {
+        details["response_cache_hit"] = json!(hit);
+    }
+    details
+}
+
+/// Whether a result may be stored in a response cache: a whole answer.
+pub fn is_complete(generation: &Generation) -> bool {
+    generation.finish_reason != FinishReason::Abort
+}
+
+#[cfg(test)]
+mod tests {
+    use kestrel_model::Timings;
+
+    use super::*;
+
+    fn parsed(endpoint: Endpoint, body: Value) -> Result<ApiRequest, EngineError> {
+        parse(endpoint, body)
+    }
+
+    fn generation() -> Generation {
+        let timings = Timings {
+            prompt_tokens: 3,
+            prefill_tokens: 1,
+            reused_tokens: 2,
+            decode_tokens: 1,
+            decode_ms: 4.0,
+            e2e_ms: 9.0,
+            ..Timings::default()
+        };
+        Generation {
+            prompt_tokens: vec![1, 2, 3],
+            tokens: vec![7, 8],
+            text: "hi!".into(),
+            finish_reason: FinishReason::Length,
+            timings,
+            logprobs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn both_endpoints_take_openai_bodies_and_refuse_mistakes() {
+        let chat = parsed(
+            Endpoint::Chat,
+            json!({"model": "x", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                   "stream": true, "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 3, "max_completion_tokens": 5, "n": 1}),
+        )
+        .expect("a chat body");
+        assert!(chat.stream && chat.include_usage);
+        let messages = chat.request.messages.as_ref().expect("messages");
+        assert_eq!((messages[0].role.as_str(), messages[0].content.as_str()), ("system", "ab"));
+        assert_eq!((chat.request.options.logprobs, chat.request.options.max_tokens), (3, 5));
+        // Text completions: the count itself, or the package's flag; a list of one prompt.
+        let text = parsed(Endpoint::Completions, json!({"prompt": ["p"], "logprobs": 2})).expect("a completions body");
+        assert_eq!((text.request.prompt.as_deref(), text.request.options.logprobs, text.stream), (Some("p"), 2, false));
+        let flag = parsed(Endpoint::Completions, json!({"prompt": "p", "logprobs": true})).expect("the package's flag");
+        assert_eq!(flag.request.options.logprobs, 1);
+        let code = |endpoint, body| parsed(endpoint, body).map(|_| ()).expect_err("refused");
+        assert_eq!(code(Endpoint::Chat, json!({"prompt": "p"})).param.as_deref(), Some("messages"));
+        assert_eq!(code(Endpoint::Chat, json!({"messages": [{"role": "x", "content": "c"}]})).param.as_deref(), Some("messages"));
+        assert_eq!(code(Endpoint::Completions, json!({"prompt": "p", "n": 2})).param.as_deref(), Some("n"));
+        assert_eq!(code(Endpoint::Completions, json!({"prompt": "p", "stream": "yes"})).param.as_deref(), Some("stream"));
+        assert_eq!(code(Endpoint::Completions, json!({"prompt": "p", "logprobs": -1})).param.as_deref(), Some("logprobs"));
+        assert_eq!(code(Endpoint::Completions, json!({"prompt": "p", "max_token": 3})).code, "invalid_option");
+        assert_eq!(code(Endpoint::Completions, json!("p")).code, "invalid_json");
+    }
+
+    #[test]
+    fn a_chat_stream_opens_with_the_role_and_ends_with_usage_and_details() {
+        let meta = ResponseMeta::new(Endpoint::Chat, 5, 1_700_000_000, "m");
+        let mut answer = Answer::new(meta, true, true);
+        let first = answer.on_token(&TokenEvent { id: Some(7), text: "hi".into(), logprobs: None });
+        assert_eq!(first.len(), 2, "the role chunk, then the content");
+        assert_eq!(first[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+        assert_eq!(first[1]["choices"][0]["delta"], json!({"content": "hi"}));
+        assert_eq!(first[1]["choices"][0]["token_id"], 7);
+        assert_eq!(first[1]["object"], "chat.completion.chunk");
+        assert_eq!(first[0]["id"], first[1]["id"]);
+        // A token with no text still streams (its id counts); an empty flush does not.
+        assert_eq!(answer.on_token(&TokenEvent { id: Some(8), text: String::new(), logprobs: None }).len(), 1);
+        assert!(answer.on_token(&TokenEvent { id: None, text: String::new(), logprobs: None }).is_empty());
+        let end = answer.on_done(&generation(), None);
+        assert_eq!(end.len(), 2, "the final chunk, then include_usage's");
+        assert_eq!(end[0]["choices"][0]["finish_reason"], "length");
+        assert_eq!(end[0]["usage"]["completion_tokens"], 2);
+        assert_eq!(end[0]["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+        assert_eq!(end[0]["usage"]["extra"]["time_per_output_token_s"], 0.004);
+        assert_eq!(end[0]["usage"]["extra"]["e2e_latency_s"], 0.009);
+        assert!(end[0]["usage"].get("response_cache_hit").is_none(), "no cache, no field");
+        assert_eq!(end[0]["kestrel"]["token_ids"], json!([7, 8]));
+        assert_eq!(end[1]["choices"], json!([]));
+        assert_eq!(end[1]["usage"]["total_tokens"], 5);
+    }
+
+    #[test]
+    fn a_whole_answer_is_one_completion() {
+        let meta = ResponseMeta::new(Endpoint::Completions, 1, 0, "m");
+        let mut answer = Answer::new(meta, false, false);
+        assert!(answer.on_token(&TokenEvent { id: Some(7), text: "hi".into(), logprobs: None }).is_empty());
+        let out = answer.on_done(&generation(), Some(true));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0]["object"], "text_completion");
+        assert_eq!(out[0]["choices"][0]["text"], "hi!");
+        assert_eq!(out[0]["usage"]["response_cache_hit"], true);
+        assert_eq!(out[0]["kestrel"]["response_cache_hit"], true);
+        assert!(out[0]["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")));
+    }
+}
