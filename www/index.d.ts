@@ -73,6 +73,10 @@ export interface EngineInfo {
     tied_embeddings: boolean; weight_bytes: number; weight_bytes_per_token: number; chat_template: boolean;
     /** Requests generated at once as one batch (the `slots` option). */
     slots: number;
+    /** Prompt tokens a batched step runs at most (the `prefill_chunk` option). */
+    prefill_chunk: number;
+    /** Whether requests run as batched steps (several slots, or the CPU backend); else one at a time. */
+    batched: boolean;
     /** The GPU time one submission of a prompt may take (the `submit_budget_ms` option); null: none, or the CPU backend. */
     submit_budget_ms: number | null;
   } | null;
@@ -146,6 +150,8 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
+  /** OpenAI's: the prompt tokens the KV cache already held (`extra.reused_tokens`). */
+  prompt_tokens_details: { cached_tokens: number };
   extra: {
     prefill_tokens: number;
     reused_tokens: number;
@@ -177,7 +183,7 @@ export interface Timings {
   /** With a submission budget on the GPU (else null): the prompt's submissions, and the longest one's time. */
   prefill_submissions: number | null;
   longest_prefill_submission_ms: number | null;
-  /** From the worker receiving the request to the result. */
+  /** From the engine receiving the request to the result, queueing included. */
   e2e_ms: number;
 }
 
@@ -194,6 +200,7 @@ export interface ChatCompletionChunk {
   object: 'chat.completion.chunk';
   created: number;
   model: string;
+  system_fingerprint: null;
   choices: {
     index: 0;
     delta: { role?: 'assistant'; content?: string };
@@ -212,6 +219,7 @@ export interface ChatCompletion {
   object: 'chat.completion';
   created: number;
   model: string;
+  system_fingerprint: null;
   choices: { index: 0; message: { role: 'assistant'; content: string }; finish_reason: FinishReason; logprobs: null }[];
   usage: Usage;
   kestrel: KestrelDetails;
@@ -222,6 +230,7 @@ export interface Completion {
   object: 'text_completion';
   created: number;
   model: string;
+  system_fingerprint: null;
   choices: { index: 0; text: string; finish_reason: FinishReason | null; token_id?: number | null; logprobs: null }[];
   usage?: Usage;
   kestrel?: KestrelDetails;
@@ -306,6 +315,11 @@ export interface CreateEngineOptions {
    * of waiting in turn, and each gives the tokens it gives alone.
    */
   slots?: number;
+  /**
+   * Prompt tokens a batched step runs at most, over all prompts being admitted (1 to 4096,
+   * default 32): what a new prompt may add to the running requests' time between tokens.
+   */
+  prefill_chunk?: number;
   /**
    * The GPU time in ms one submission of a prompt may take (at most 1000): a prompt chunk goes to
    * the GPU in pieces of whole layers, each after the previous one finished, so that the browser

@@ -5,13 +5,11 @@
 /**
  * @import {
  *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEngineOptions,
- *   Engine as EngineApi, EngineInfo, EngineMemory, EngineStatus, Estimate, FinishReason, KestrelDetails, KestrelErrorCode, LoadProgress, Timings, Usage,
+ *   Engine as EngineApi, EngineInfo, EngineMemory, EngineStatus, Estimate, KestrelErrorCode, LoadProgress, RemoteOptions,
  * } from './index.d.ts'
- * @import { GenerateResult } from './remote.js'
  */
 
 import { isKestrelError, KestrelError, kestrelError } from './errors.js';
-import { RemoteBackend } from './remote.js';
 
 export { isKestrelError, KestrelError };
 import { PREFIX_DIRECTORY } from './storage.js';
@@ -20,9 +18,9 @@ import { PREFIX_DIRECTORY } from './storage.js';
  * A message from the worker (worker.js).
  * @typedef {({ id: number } & (
  *   | { type: 'progress', progress: LoadProgress }
- *   | { type: 'token', text: string, tokenId?: number }
+ *   | { type: 'token', chunk: ChatCompletionChunk | Completion }
  *   | { type: 'result', value: any }
- *   | { type: 'error', error: { code: string, message: string } }
+ *   | { type: 'error', error: { code: string, message: string, remote?: { status: number, code: string | null } } }
  * )) | { type: 'status', id?: undefined, status: EngineStatus['status'], info?: EngineInfo, error?: { code: string, message: string } }} WorkerMessage
  */
 
@@ -31,7 +29,7 @@ import { PREFIX_DIRECTORY } from './storage.js';
  * @typedef {{
  *   onStart?: (id: number) => void,
  *   onProgress?: ((progress: LoadProgress) => void) | null,
- *   onToken?: ((text: string, tokenId: number | undefined) => void) | null,
+ *   onChunk?: ((chunk: any) => void) | null,
  * }} Handlers
  */
 
@@ -178,66 +176,19 @@ function channel(onCancel) {
   };
 }
 
-/** The request fields passed on to the engine as they are (`logprobs` is mapped). */
-/** @type {(keyof import('./index.d.ts').SamplingOptions)[]} */
-const SAMPLING_KEYS = [
-  'max_tokens', 'temperature', 'top_p', 'top_k', 'min_p', 'seed', 'stop', 'stop_token_ids',
-  'logit_bias', 'repetition_penalty', 'frequency_penalty', 'presence_penalty', 'penalty_last_n',
-  'ignore_eos',
-];
-
 /**
- * @param {GenerateResult} r
- * @returns {Usage}
- */
-function usageOf(r) {
-  const t = r.timings;
-  const completion = r.completion_tokens ?? r.token_ids.length;
-  return {
-    prompt_tokens: t.prompt_tokens,
-    completion_tokens: completion,
-    total_tokens: t.prompt_tokens + completion,
-    extra: {
-      prefill_tokens: t.prefill_tokens,
-      reused_tokens: t.reused_tokens,
-      prefill_tokens_per_s: t.prefill_tok_s,
-      decode_tokens_per_s: t.decode_tok_s,
-      time_to_first_token_s: t.ttft_ms / 1e3,
-      time_per_output_token_s: t.decode_tokens > 0 ? t.decode_ms / 1e3 / t.decode_tokens : 0,
-      host_wait_per_output_token_s: t.host_wait_ms_per_token / 1e3,
-      prefill_submissions: t.prefill_submissions ?? null,
-      longest_prefill_submission_s: t.longest_prefill_submission_ms == null ? null : t.longest_prefill_submission_ms / 1e3,
-      e2e_latency_s: t.e2e_ms / 1e3,
-    },
-  };
-}
-
-/**
- * Where an engine's generations run: the worker (local) or an OpenAI-compatible server (remote).
- * @typedef {{
- *   generate: (body: Record<string, unknown>, handlers: Handlers) => Promise<GenerateResult>,
- *   abort: (id: number) => void,
- * }} Backend
- */
-
-/**
- * One OpenAI-style request on `backend`: its chunks as an async iterable when streamed, else the
- * whole completion. Local and remote engines answer in the same shapes through this.
- * @param {'chat' | 'text'} kind
+ * One OpenAI-style request (`endpoint` 'chat' or 'completions'), sent by `send` and aborted by
+ * `abort`: its chunks as an async iterable when streamed, else the whole completion. The engine
+ * core in the worker writes every chunk and completion, for local and remote engines alike; here
+ * the request only travels, and its `signal` (or leaving a `for await` early) aborts it.
+ * @param {'chat' | 'completions'} endpoint
  * @param {Partial<ChatCompletionRequest & CompletionRequest>} request
- * @param {Backend} backend
- * @param {string} model
+ * @param {(msg: { type: string, [key: string]: unknown }, handlers: Handlers) => Promise<any>} send
+ * @param {(id: number) => void} abort
  * @returns {Promise<AsyncIterable<ChatCompletionChunk | Completion> | ChatCompletion | Completion>}
  */
-function openaiRequest(kind, request, backend, model) {
-  const { messages, prompt, stream = false, signal, logprobs, top_logprobs } = request ?? {};
-  /** @type {Record<string, unknown>} */
-  const body = {};
-  for (const k of SAMPLING_KEYS) if (request?.[k] != null) body[k] = request[k];
-  if (kind === 'chat') body.messages = messages;
-  else body.prompt = prompt;
-  if (logprobs) body.logprobs = top_logprobs ?? 1;
-  const created = Math.floor(Date.now() / 1000);
+function openaiRequest(endpoint, request, send, abort) {
+  const { signal, ...body } = request ?? {};
   /** @type {number | null} */
   let requestId = null;
   let cancelled = false;
@@ -247,62 +198,24 @@ function openaiRequest(kind, request, backend, model) {
     cancelled = true;
     onAbort();
   });
-  /**
-   * @param {string | null} text
-   * @param {{ finish_reason: FinishReason | null, token_id?: number | null }} extra
-   */
-  const choice = (text, extra) =>
-    kind === 'chat' ? { index: 0, delta: text === null ? {} : { role: 'assistant', content: text }, logprobs: null, ...extra }
-      : { index: 0, text: text ?? '', logprobs: null, ...extra };
-  /**
-   * @param {any[]} choices
-   * @param {{ usage?: Usage, kestrel?: KestrelDetails }} [more]
-   * @returns {ChatCompletionChunk | Completion}
-   */
-  const chunk = (choices, more) => ({ id: `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${requestId}`, object: kind === 'chat' ? 'chat.completion.chunk' : 'text_completion', created, model, choices, ...more });
-
   function onAbort() {
-    if (requestId !== null) backend.abort(requestId);
+    if (requestId !== null) abort(requestId);
   }
   signal?.addEventListener('abort', onAbort, { once: true });
-  const result = backend.generate(body, {
+  const result = send({ type: 'generate', endpoint, body }, {
     onStart: (id) => {
       requestId = id;
       // Aborted before it was sent (or while queued): the abort goes out before the request
-      // itself (onStart runs first), so a stepped engine ends it with no token, and the GPU's
-      // single-sequence path at its first.
+      // itself (onStart runs first), so the engine ends it with no token.
       if (signal?.aborted || cancelled) onAbort();
     },
-    onToken: stream ? (/** @type {string} */ text, /** @type {number | undefined} */ tokenId) => out.push(chunk([choice(text, { finish_reason: null, token_id: tokenId ?? null })])) : null,
+    onChunk: body.stream === true ? (chunk) => out.push(chunk) : null,
   }).finally(() => signal?.removeEventListener('abort', onAbort));
-
-  /**
-   * @param {GenerateResult} r
-   * @returns {{ usage: Usage, kestrel: KestrelDetails }}
-   */
-  const final = (r) => {
-    /** @type {KestrelDetails} */
-    const kestrel = { prompt_token_ids: r.prompt_token_ids, token_ids: r.token_ids, timings: r.timings, logprobs: r.logprobs };
-    return { usage: usageOf(r), kestrel };
-  };
-  if (stream) {
-    result.then(
-      (r) => {
-        out.push(chunk([choice(null, { finish_reason: r.finish_reason })], final(r)));
-        out.end();
-      },
-      (e) => out.fail(e),
-    );
+  if (body.stream === true) {
+    result.then(() => out.end(), (e) => out.fail(e));
     return Promise.resolve(out);
   }
-  return result.then((/** @type {GenerateResult} */ r) => {
-    const id = `${kind === 'chat' ? 'chatcmpl' : 'cmpl'}-${requestId}`;
-    /** @type {ChatCompletion | Completion} */
-    const completion = kind === 'chat'
-      ? { id, object: 'chat.completion', created, model, choices: [{ index: 0, message: { role: 'assistant', content: r.text }, finish_reason: r.finish_reason, logprobs: null }], ...final(r) }
-      : { id, object: 'text_completion', created, model, choices: [{ index: 0, text: r.text, finish_reason: r.finish_reason, logprobs: null }], ...final(r) };
-    return completion;
-  });
+  return result;
 }
 
 /** @implements {EngineApi} */
@@ -337,7 +250,7 @@ class Engine {
     /** @type {EngineApi['chat']} */
     this.chat = { completions: { create: /** @type {any} */ ((/** @type {ChatCompletionRequest} */ request) => this.#create('chat', request)) } };
     /** @type {EngineApi['completions']} */
-    this.completions = { create: /** @type {any} */ ((/** @type {CompletionRequest} */ request) => this.#create('text', request)) };
+    this.completions = { create: /** @type {any} */ ((/** @type {CompletionRequest} */ request) => this.#create('completions', request)) };
   }
 
   /** @param {WorkerMessage} msg */
@@ -351,11 +264,11 @@ class Engine {
     const p = this.#pending.get(msg.id);
     if (!p) return;
     if (msg.type === 'progress') p.onProgress?.(msg.progress);
-    else if (msg.type === 'token') p.onToken?.(msg.text, msg.tokenId);
+    else if (msg.type === 'token') p.onChunk?.(msg.chunk);
     else {
       this.#pending.delete(msg.id);
       if (msg.type === 'result') p.resolve(msg.value);
-      else p.reject(kestrelError(/** @type {KestrelErrorCode} */ (msg.error.code), msg.error.message));
+      else p.reject(new KestrelError(/** @type {KestrelErrorCode} */ (msg.error.code), msg.error.message, { remote: msg.error.remote }));
     }
   }
 
@@ -410,28 +323,40 @@ class Engine {
   /**
    * @param {string | Blob} model
    * @param {CreateEngineOptions['onProgress']} onProgress
-   * @param {CreateEngineOptions['gpu'] & { backend?: 'webgpu' | 'cpu' | 'auto', context_length?: number, kv_cache?: 'f16' | 'f32', slots?: number, submit_budget_ms?: number }} gpu
+   * @param {Omit<CreateEngineOptions, 'model' | 'onProgress' | 'onStatus' | 'remote' | 'sha256' | 'persistPrefix'>} engineOptions the engine's own options
    * @param {string | undefined} sha256
    * @param {{ maxBytes: number } | null} persist `persistPrefix`
    */
-  async _load(model, onProgress, gpu, sha256, persist) {
-    this.info = await this.#call({ type: 'load', model, gpu, sha256, persist }, { onProgress });
+  async _load(model, onProgress, engineOptions, sha256, persist) {
+    this.info = await this.#call({ type: 'load', model, options: engineOptions, sha256, persist }, { onProgress });
     return this.info;
   }
 
   /**
-   * @param {'chat' | 'text'} kind
+   * Connects the worker to a remote server (createEngine's `remote`): its requests go there.
+   * @param {RemoteOptions} remote
+   * @param {KestrelError} reason why the model does not run here
+   */
+  async _connect(remote, reason) {
+    await this.#call({ type: 'connect', remote });
+    this.info = {
+      backend: 'remote', fallback: { code: reason.code, message: reason.message },
+      remote: { baseURL: remote.baseURL.replace(/\/+$/, ''), model: remote.model ?? 'kestrel' }, gpu: null, model: null, version: null,
+    };
+    return this;
+  }
+
+  /**
+   * @param {'chat' | 'completions'} endpoint
    * @param {Partial<ChatCompletionRequest & CompletionRequest>} request
    */
-  #create(kind, request) {
+  #create(endpoint, request) {
     const worker = this.#worker;
-    /** @type {Backend} */
-    const backend = {
-      // With several slots (the `slots` option), concurrent requests run as one batch.
-      generate: (body, handlers) => ((this.info?.model?.slots ?? 1) > 1 ? this.#callBeside : this.#call).call(this, { type: 'generate', request: body }, handlers),
-      abort: (id) => worker.postMessage({ type: 'abort', id }),
-    };
-    return openaiRequest(kind, request, backend, this.info?.model?.name ?? 'kestrel');
+    // A model whose requests run as batched steps (several slots, or the CPU backend) takes
+    // concurrent requests at once; a remote server too.
+    const beside = this.info?.backend === 'remote' || this.info?.model?.batched === true;
+    const send = (/** @type {{ type: string }} */ msg, /** @type {Handlers} */ handlers) => (beside ? this.#callBeside(msg, handlers) : this.#call(msg, handlers));
+    return openaiRequest(endpoint, request, send, (id) => worker.postMessage({ type: 'abort', id }));
   }
 
   /**
@@ -476,123 +401,6 @@ class Engine {
   }
 }
 
-/**
- * Checks a remote engine's requests with the local engines' own code (the wasm engine's
- * `validateRequest`, in a worker of its own started at the first request), so that a mistake
- * fails here with their codes instead of reaching the server.
- */
-class RequestValidator {
-  /** @type {Worker | null} */
-  #worker = null;
-  #nextId = 1;
-  /** @type {Map<number, { resolve: (value: unknown) => void, reject: (error: unknown) => void }>} */
-  #pending = new Map();
-
-  /**
-   * Resolves when `body` (the worker's request body) is one a local engine accepts; rejects with
-   * its error otherwise.
-   * @param {Record<string, unknown>} body
-   * @returns {Promise<unknown>}
-   */
-  check(body) {
-    const worker = this.#worker ?? this.#start();
-    const id = this.#nextId++;
-    return new Promise((resolve, reject) => {
-      this.#pending.set(id, { resolve, reject });
-      worker.postMessage({ type: 'validate', id, request: body });
-    });
-  }
-
-  #start() {
-    const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
-    worker.onmessage = ({ data }) => {
-      const p = this.#pending.get(data.id);
-      if (!p || (data.type !== 'result' && data.type !== 'error')) return;
-      this.#pending.delete(data.id);
-      if (data.type === 'result') p.resolve(undefined);
-      else p.reject(kestrelError(/** @type {KestrelErrorCode} */ (data.error.code), data.error.message));
-    };
-    worker.onerror = (e) => {
-      for (const p of this.#pending.values()) p.reject(workerError(e));
-      this.#pending.clear();
-      this.close();
-    };
-    this.#worker = worker;
-    return worker;
-  }
-
-  close() {
-    this.#worker?.terminate();
-    this.#worker = null;
-  }
-}
-
-/**
- * An engine whose requests go to an OpenAI-compatible server (createEngine's `remote`), chosen
- * when this browser cannot run the model. Same API, and the same checks of a request before it
- * is sent; nothing is held locally.
- * @implements {EngineApi}
- */
-class RemoteEngine {
-  /** @type {RemoteBackend} */
-  #backend;
-  #validator = new RequestValidator();
-  #closed = false;
-
-  /**
-   * @param {RemoteBackend} backend
-   * @param {KestrelError} reason why the model does not run here
-   */
-  constructor(backend, reason) {
-    this.#backend = backend;
-    /** @type {EngineInfo} */
-    this.info = {
-      backend: 'remote', fallback: { code: reason.code, message: reason.message },
-      remote: { baseURL: backend.baseURL, model: backend.model }, gpu: null, model: null, version: null,
-    };
-    /** @type {EngineApi['chat']} */
-    this.chat = { completions: { create: /** @type {any} */ ((/** @type {ChatCompletionRequest} */ request) => this.#create('chat', request)) } };
-    /** @type {EngineApi['completions']} */
-    this.completions = { create: /** @type {any} */ ((/** @type {CompletionRequest} */ request) => this.#create('text', request)) };
-  }
-
-  /**
-   * @param {'chat' | 'text'} kind
-   * @param {Partial<ChatCompletionRequest & CompletionRequest>} request
-   */
-  #create(kind, request) {
-    if (this.#closed) return Promise.reject(kestrelError('unloaded', 'the engine was unloaded'));
-    const remote = this.#backend;
-    /** @type {Backend} */
-    const backend = {
-      generate: async (body, handlers) => {
-        await this.#validator.check(body);
-        return remote.generate(body, handlers);
-      },
-      abort: (id) => remote.abort(id),
-    };
-    return openaiRequest(kind, request, backend, remote.model);
-  }
-
-  /** The server keeps its own cache: nothing to forget here. */
-  async reset() {}
-
-  /** Nothing is saved here. */
-  async flush() {}
-
-  /** @returns {Promise<EngineMemory>} */
-  async memory() {
-    return { wasm_bytes: 0, gpu_buffers: 0, gpu_buffer_bytes: 0 };
-  }
-
-  /** Aborts the requests in flight; the engine is unusable after. */
-  async unload() {
-    this.#closed = true;
-    this.#backend.abortAll();
-    this.#validator.close();
-  }
-}
-
 /** The default bound of the KV prefixes `persistPrefix` keeps, every model's together. */
 const PERSIST_MAX_BYTES = 256 * 2 ** 20;
 
@@ -609,6 +417,16 @@ function persistOption(option) {
     throw kestrelError('invalid_option', 'invalid option persistPrefix: expected true, false or { maxBytes: a positive integer }');
   }
   return { maxBytes };
+}
+
+/**
+ * Checks `remote` before anything loads.
+ * @param {RemoteOptions} remote
+ */
+function checkRemote(remote) {
+  if (typeof remote?.baseURL !== 'string' || !remote.baseURL) {
+    throw kestrelError('invalid_option', 'invalid option remote.baseURL: expected the server\'s API URL, such as http://127.0.0.1:8080/v1');
+  }
 }
 
 /** Errors that mean this browser cannot run the model, where `remote` takes over. */
@@ -651,10 +469,9 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * @returns {Promise<EngineApi>}
  */
 export async function createEngine(options) {
-  const { model, onProgress, onStatus, backend = 'auto', gpu, context_length, kv_cache, slots, submit_budget_ms, remote, sha256, persistPrefix } = options ?? {};
-  if (!['webgpu', 'cpu', 'auto'].includes(backend)) {
-    throw kestrelError('invalid_option', "invalid option backend: expected 'webgpu', 'cpu' or 'auto'");
-  }
+  // The package's own options; the rest are the engine's, which the engine core names and checks
+  // (kestrel_engine::EngineOptions): a bad or unknown one fails the load with `invalid_option`.
+  const { model, onProgress, onStatus, remote, sha256, persistPrefix, ...engineOptions } = options ?? {};
   if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
     throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
   }
@@ -662,20 +479,22 @@ export async function createEngine(options) {
     throw kestrelError('invalid_option', 'invalid option sha256: expected 64 hexadecimal digits');
   }
   const persist = persistOption(persistPrefix);
-  const remoteBackend = remote == null ? null : new RemoteBackend(remote);
-  if (backend === 'webgpu' && !globalThis.navigator?.gpu) {
+  if (remote != null) checkRemote(remote);
+  /** @param {KestrelError} reason */
+  const useRemote = (reason) => new Engine(new Worker(new URL('./worker.js', import.meta.url), { type: 'module' }), onStatus)._connect(/** @type {RemoteOptions} */ (remote), reason);
+  if (engineOptions.backend === 'webgpu' && !globalThis.navigator?.gpu) {
     const error = kestrelError('no_webgpu', 'WebGPU is not available in this browser (navigator.gpu is missing)');
-    if (remoteBackend) return new RemoteEngine(remoteBackend, error);
+    if (remote != null) return useRemote(error);
     throw error;
   }
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   const engine = new Engine(worker, onStatus);
   try {
-    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, { ...gpu, backend, context_length, kv_cache, slots, submit_budget_ms }, sha256, persist);
+    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, engineOptions, sha256, persist);
   } catch (e) {
     worker.terminate();
     const code = /** @type {KestrelError} */ (e)?.code;
-    if (remoteBackend && FALL_THROUGH.has(code)) return new RemoteEngine(remoteBackend, /** @type {KestrelError} */ (e));
+    if (remote != null && FALL_THROUGH.has(code)) return useRemote(/** @type {KestrelError} */ (e));
     throw e;
   }
   return engine;

@@ -1,6 +1,8 @@
 // The remote fall-through: the same requests sent to an OpenAI-compatible server (kestrel serve,
 // llama-server, vLLM) when this browser cannot run the model. Only used when the page passes
-// `remote` to createEngine; the package makes no other requests.
+// `remote` to createEngine; the package makes no other requests. It runs in the engine's worker,
+// which writes the answers with the engine core's OpenAI layer (a RemoteAnswer), as for a local
+// engine.
 
 /**
  * @import { FinishReason, KestrelDetails, KestrelErrorCode, RemoteOptions, Timings } from './index.d.ts'
@@ -79,13 +81,9 @@ export class RemoteBackend {
   #options;
   /** @type {Map<number, AbortController>} */
   #running = new Map();
-  #nextId = 1;
 
-  /** @param {RemoteOptions} options */
+  /** @param {RemoteOptions} options checked by createEngine */
   constructor(options) {
-    if (typeof options?.baseURL !== 'string' || !options.baseURL) {
-      throw kestrelError('invalid_option', 'invalid option remote.baseURL: expected the server\'s API URL, such as http://127.0.0.1:8080/v1');
-    }
     this.#options = options;
   }
 
@@ -98,26 +96,31 @@ export class RemoteBackend {
   }
 
   /**
-   * Sends one request (the worker's request body: `prompt` or `messages` and the options) as a
-   * stream, calling `onToken` per text piece; resolves like the local engine, with finish_reason
-   * "abort" when aborted.
+   * Sends request `id` (`body`: the page's OpenAI-shaped request for `endpoint`, 'chat' or
+   * 'completions') as a stream, calling `onToken` per text piece; resolves like the local engine's
+   * generation (kestrel_model::Generation's wire form), with finish_reason "abort" when aborted.
+   * @param {number} id
+   * @param {'chat' | 'completions'} endpoint
    * @param {Record<string, unknown>} body
-   * @param {{ onStart?: (id: number) => void, onToken?: ((text: string, tokenId: number | undefined) => void) | null }} handlers
+   * @param {(text: string, tokenId: number | undefined) => void} onToken
+   * @param {boolean} aborted aborted before it was sent: it ends at once, with no token
    * @returns {Promise<GenerateResult>}
    */
-  async generate(body, handlers) {
-    const id = this.#nextId++;
+  async generate(id, endpoint, body, onToken, aborted) {
     const controller = new AbortController();
+    if (aborted) controller.abort();
     this.#running.set(id, controller);
-    handlers.onStart?.(id);
     const start = performance.now();
-    const chat = 'messages' in body;
-    const { logprobs, ...rest } = body;
+    const chat = endpoint === 'chat';
+    const { logprobs, top_logprobs, stream: _stream, ...rest } = body;
     /** @type {Record<string, unknown>} */
     const request = { ...rest, model: this.model, stream: true, stream_options: { include_usage: true } };
-    if (typeof logprobs === 'number' && logprobs > 0) {
-      if (chat) Object.assign(request, { logprobs: true, top_logprobs: logprobs });
-      else request.logprobs = logprobs;
+    // The package's `logprobs` flag and `top_logprobs` count, as OpenAI's endpoints take them:
+    // the same for chat, the count itself for text completions.
+    if (logprobs === true || (typeof logprobs === 'number' && logprobs > 0)) {
+      const count = typeof logprobs === 'number' ? logprobs : top_logprobs ?? 1;
+      if (chat) Object.assign(request, { logprobs: true, top_logprobs: count });
+      else request.logprobs = count;
     }
     /** @type {Record<string, string>} */
     const headers = { 'Content-Type': 'application/json' };
@@ -148,10 +151,11 @@ export class RemoteBackend {
         const piece = chat ? choice.delta?.content : choice.text;
         const tokenId = typeof choice.token_id === 'number' ? choice.token_id : undefined;
         if (tokenId !== undefined) tokenIds.push(tokenId);
-        if (piece) {
+        // Every token streams, one whose text is held back (empty) too, as a local engine's do.
+        if (piece || tokenId !== undefined) {
           firstToken ||= performance.now();
-          text += piece;
-          handlers.onToken?.(piece, tokenId);
+          text += piece ?? '';
+          onToken(piece ?? '', tokenId);
         }
         if (choice.finish_reason) finish = choice.finish_reason;
       }
@@ -186,6 +190,14 @@ export class RemoteBackend {
       timings,
       completion_tokens: completionTokens,
     };
+  }
+
+  /**
+   * Whether request `id` has been sent and not ended.
+   * @param {number} id
+   */
+  isRunning(id) {
+    return this.#running.has(id);
   }
 
   /** @param {number} id */

@@ -1,26 +1,25 @@
-// The module worker that owns the wasm Engine. The page talks to it with messages
-// ({type, id, ...}); it answers with 'progress', 'token', 'result' and 'error' messages.
-// The page (index.js) queues requests, except generations on an engine with several slots (the
-// `slots` option): those come at once and run here as one batch (`batch`).
-import init, { Engine, HeaderProbe, Sha256Hasher, validateRequest } from './pkg/kestrel_wasm.js';
+// The module worker that owns the wasm Engine, or for a remote engine the connection to its
+// server. The page talks to it with messages ({type, id, ...}); it answers with 'progress',
+// 'token' (a streamed chunk), 'result' and 'error' messages. The engine core (kestrel-engine, in
+// the wasm module) schedules the requests and writes their answers in OpenAI's shape; this worker
+// carries its events. The page (index.js) queues requests, except generations on an engine that
+// batches them (`info.model.batched`): those come at once and join the running steps.
+import init, { Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, reusableTokens } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 import { adapterName } from './adapter-name.js';
 import { storageRoom } from './storage.js';
+import { RemoteBackend } from './remote.js';
 
 const CACHE_NAME = 'kestrel-models';
 let engine = null;
 let wasmMemory = null; // the wasm instance's WebAssembly.Memory, once initialised
-let current = null; // id of the running generation
-const aborted = new Set();
-let lastLoad = null; // {model, gpuOptions, sha256, persist} of the loaded model, to reload it after a device loss
+const aborted = new Set(); // page ids aborted before their request reached the engine
+let lastLoad = null; // {model, engineOptions, sha256, persist} of the loaded model, to reload it after a device loss
 let recovery = null; // the reload under way after a device loss; requests wait for it
 let prefixes = null; // the PrefixStore of the loaded model, with `persistPrefix`
 let saving = Promise.resolve(); // the KV prefix being saved after a request; the next one waits for it
-let slots = 1; // requests the loaded model generates at once (info.slots)
-// Whether generations run through the stepped loop (`batch`), which yields to the worker's event
-// loop between steps: with several slots, and always on the CPU backend, whose `generate` never
-// awaits anything and so would let no abort in until it ended.
-let stepped = false;
+let remote = null; // the RemoteBackend of a remote engine (createEngine's `remote`)
+let batched = false; // the loaded model's requests run as batched steps (info.model.batched)
 
 // The GPUBuffers this worker holds, for `memory()`: created, and neither destroyed nor garbage
 // collected. Counted here, where every buffer passes, because wgpu cannot: on the web it drops a
@@ -48,19 +47,22 @@ if (globalThis.GPUDevice && globalThis.GPUBuffer) {
 }
 
 const post = (msg) => self.postMessage(msg);
+// An error as the page rebuilds it (a KestrelError): its code, message and what a remote server
+// answered.
 const errorOf = (e) => ({
   code: (e && e.code) || 'internal',
   message: (e && e.message) || String(e),
+  remote: e?.remote,
 });
 
 async function initWasm() {
   wasmMemory ??= (await init({ module_or_path: new URL('./pkg/kestrel_wasm_bg.wasm', import.meta.url) })).memory;
 }
 
-async function getEngine(gpuOptions) {
+async function getEngine(engineOptions) {
   if (!engine) {
     await initWasm();
-    engine = await Engine.create(await withSubmitBudget(gpuOptions));
+    engine = await Engine.create(JSON.stringify(await withSubmitBudget(engineOptions)));
   }
   return engine;
 }
@@ -91,18 +93,18 @@ function measureFrameInterval() {
 }
 
 /**
- * `gpuOptions` with the default submission budget where it sets none: half a frame, so that a
+ * `engineOptions` with the default submission budget where it sets none: half a frame, so that a
  * prompt's GPU work leaves the GPU process room to draw the page in every frame.
  */
-async function withSubmitBudget(gpuOptions) {
-  if (gpuOptions?.submit_budget_ms != null) return gpuOptions;
-  return { ...gpuOptions, submit_budget_ms: (await frameInterval) / 2 };
+async function withSubmitBudget(engineOptions) {
+  if (engineOptions?.submit_budget_ms != null) return engineOptions;
+  return { ...engineOptions, submit_budget_ms: (await frameInterval) / 2 };
 }
 
 /** Moves the engine to the CPU backend (with `backend` 'auto', for a model the GPU cannot hold). */
-async function cpuEngine(gpuOptions, reason) {
+async function cpuEngine(engineOptions, reason) {
   engine?.free();
-  engine = await Engine.create({ ...gpuOptions, backend: 'cpu', backend_reason: reason });
+  engine = await Engine.create(JSON.stringify({ ...engineOptions, backend: 'cpu', backend_reason: reason }));
   return engine;
 }
 
@@ -200,7 +202,8 @@ async function estimate(model, contextLength, kvCache, slots, { gpu = true } = {
     const limits = adapter ? { maxBufferSize: adapter.limits.maxBufferSize, maxStorageBufferBindingSize: adapter.limits.maxStorageBufferBindingSize } : null;
     // GiB, rounded down and capped at 8 (Chrome's workers have it; other browsers none).
     const deviceMemory = typeof navigator.deviceMemory === 'number' ? navigator.deviceMemory : undefined;
-    const result = probe.estimate(contextLength ?? undefined, limits?.maxBufferSize, limits?.maxStorageBufferBindingSize, kvCache ?? undefined, slots, deviceMemory);
+    const options = JSON.stringify({ context_length: contextLength, kv_cache: kvCache, slots });
+    const result = probe.estimate(options, limits?.maxBufferSize, limits?.maxStorageBufferBindingSize, deviceMemory);
     result.limits = limits;
     if (gpu && !adapter) Object.assign(result, { fits: false, code: 'no_webgpu', reason: 'WebGPU is not available here (no adapter)' });
     return result;
@@ -217,20 +220,20 @@ async function estimate(model, contextLength, kvCache, slots, { gpu = true } = {
  * where the model fits wasm memory. Otherwise fails with the verdict's code and numbers:
  * `device_limits` (which a `remote` server takes over) or `unsupported_quant`.
  */
-async function fittingEngine(model, eng, gpuOptions) {
+async function fittingEngine(model, eng, engineOptions) {
   const onGpu = eng.backend() === 'webgpu';
-  const fits = await estimate(model, gpuOptions?.context_length, gpuOptions?.kv_cache, gpuOptions?.slots, { gpu: onGpu });
+  const fits = await estimate(model, engineOptions?.context_length, engineOptions?.kv_cache, engineOptions?.slots, { gpu: onGpu });
   const { cpu } = fits;
   if (!onGpu) {
     if (!cpu.fits) throw fail(cpu.code, `the model does not fit this device: ${cpu.reason}`);
     return eng;
   }
   if (fits.fits !== false) return eng;
-  if ((gpuOptions?.backend ?? 'auto') !== 'auto' || fits.code === 'unsupported_quant') {
+  if ((engineOptions?.backend ?? 'auto') !== 'auto' || fits.code === 'unsupported_quant') {
     throw fail(fits.code, `the model does not fit this device: ${fits.reason}`);
   }
   if (!cpu.fits) throw fail(cpu.code, `the model fits neither the GPU (${fits.reason}) nor the CPU backend (${cpu.reason})`);
-  return cpuEngine(gpuOptions, `the model does not fit the GPU: ${fits.reason}`);
+  return cpuEngine(engineOptions, `the model does not fit the GPU: ${fits.reason}`);
 }
 
 /** Adds the browser's own adapter description (wgpu's name is often empty on the web). */
@@ -250,8 +253,8 @@ const quotaExceeded = (bytes) => ({
  * Streams `model` (a URL string, a Blob or a File) into the engine, with progress events. With
  * `persist` (`{maxBytes}`), opens the store of saved KV prefixes under the file's sha256.
  */
-async function load(id, model, useCache, gpuOptions, sha256, persist) {
-  let eng = await getEngine(gpuOptions);
+async function load(id, model, useCache, engineOptions, sha256, persist) {
+  let eng = await getEngine(engineOptions);
   prefixes = null;
   // The digest checks the file against `sha256`, and keys its saved KV prefixes.
   const hasher = sha256 || persist ? new Sha256Hasher() : null;
@@ -276,7 +279,7 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
       // Before downloading gigabytes, check from the header alone that the model fits the GPU,
       // or with backend 'auto' the CPU backend where the GPU cannot hold it, or on the CPU
       // backend wasm memory.
-      eng = await fittingEngine(url, eng, gpuOptions);
+      eng = await fittingEngine(url, eng, engineOptions);
       phase = 'download';
       let response;
       try {
@@ -303,7 +306,7 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
     }
   } else if (model instanceof Blob) {
     // The same check from the file's header, before streaming gigabytes into the engine.
-    eng = await fittingEngine(model, eng, gpuOptions);
+    eng = await fittingEngine(model, eng, engineOptions);
     body = model.stream();
     total = model.size;
   } else {
@@ -345,7 +348,7 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
     } else if (persist) {
       // Keyed by the file and the cache's value type: an f32 engine's snapshots neither serve nor
       // supersede an f16 one's.
-      prefixes = await PrefixStore.open(`${digest}:${gpuOptions?.kv_cache ?? 'f16'}`, persist.maxBytes).catch((e) => {
+      prefixes = await PrefixStore.open(`${digest}:${engineOptions?.kv_cache ?? 'f16'}`, persist.maxBytes).catch((e) => {
         persistOff = `the Origin Private File System is not available: ${e?.message ?? e}`;
         return null;
       });
@@ -361,8 +364,7 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
     // The model runs from the network either way; the page learns why it will download it again.
     if (cacheError) console.warn(`kestrel: ${cacheError.message}`);
     info.model_cache = { stored: phase === 'cache' || (cachePut !== null && !cacheError), error: cacheError };
-    slots = info.model?.slots ?? 1;
-    stepped = slots > 1 || info.backend === 'cpu';
+    batched = info.model?.batched === true;
     post({ type: 'progress', id, progress: { phase: 'ready', loaded, total } });
     return info;
   } catch (e) {
@@ -378,25 +380,19 @@ async function load(id, model, useCache, gpuOptions, sha256, persist) {
 }
 
 /**
- * With `persistPrefix`: before a request, restores the rows of the saved KV prefix that shares
- * the most tokens with its prompt, where that beats what the cache holds by enough to pay for
- * reading it. A corrupt snapshot is deleted; one of another setup (context, cache type) is left
- * for it. Any failure here only means the request prefills more.
+ * With `persistPrefix`: before submitted request `rid` starts, restores the rows of the saved KV
+ * prefix that shares the most tokens with its prompt, where that beats what the cache holds by
+ * enough to pay for reading it. A corrupt snapshot is deleted; one of another setup (context,
+ * cache type) is left for it. Any failure here only means the request prefills more.
  */
-async function restorePrefix(eng, request) {
-  let prompt;
-  try {
-    prompt = eng.promptTokens(JSON.stringify(request));
-  } catch {
-    return; // the request's own error comes from generate
-  }
-  // The engine always runs the prompt's last token: at most length - 1 can be reused.
-  const have = sharedPrefix(eng.cachedTokenIds(), prompt);
-  if (prompt.length - 1 < have + MIN_RESTORED_TOKENS) return;
+async function restorePrefix(eng, rid) {
+  const prompt = eng.promptTokens(rid);
+  const have = reusableTokens(sharedPrefix(eng.cachedTokenIds(), prompt), prompt.length);
+  if (reusableTokens(prompt.length, prompt.length) < have + MIN_RESTORED_TOKENS) return;
   let entry = null;
   try {
     const best = await prefixes.best(prompt);
-    if (!best.entry || Math.min(best.shared, prompt.length - 1) < have + MIN_RESTORED_TOKENS) return;
+    if (!best.entry || reusableTokens(best.shared, prompt.length) < have + MIN_RESTORED_TOKENS) return;
     entry = best.entry;
     eng.restorePrefix(prefixes.modelKey, await prefixes.read(entry), best.shared);
   } catch (e) {
@@ -424,105 +420,104 @@ async function savePrefix(eng) {
   }
 }
 
-async function generate(id, request) {
-  const eng = await getEngine();
-  current = id;
-  const start = performance.now();
+/** Engine request id -> the page's request: {id, resolve, reject}. */
+const requests = new Map();
+/** Page id -> engine request id, while the request runs (for its abort). */
+const engineIds = new Map();
+/** The stepping loop while it runs. */
+let stepping = null;
+
+/**
+ * Submits a generation (`body`: the page's OpenAI-shaped request for `endpoint`) to the engine
+ * core and resolves to its answer: the whole completion, or null once a stream's chunks are all
+ * posted. With `persistPrefix` (one request at a time), a saved KV prefix is restored before it
+ * starts.
+ */
+async function generate(id, endpoint, body) {
+  const eng = engine;
+  if (!eng) throw fail('no_model', 'no model is loaded');
+  const rid = eng.submit(endpoint, JSON.stringify(body));
+  engineIds.set(id, rid);
+  // An abort that came before the request.
+  if (aborted.delete(id)) eng.abort(rid);
+  // One request at a time (persistPrefix's setting): nothing runs, the cache is free to restore.
+  if (prefixes && !batched) await restorePrefix(eng, rid);
+  const answer = new Promise((resolve, reject) => requests.set(rid, { id, resolve, reject }));
+  stepping ??= step(eng).finally(() => {
+    stepping = null;
+  });
   try {
-    if (prefixes) await restorePrefix(eng, request);
-    const result = await eng.generate(JSON.stringify(request), (text, tokenId) => {
-      post({ type: 'token', id, text, tokenId });
-      return !aborted.has(id);
-    });
-    result.timings.e2e_ms = performance.now() - start;
-    // Saved after the result is posted; the next request waits for it.
-    if (prefixes) saving = Promise.resolve().then(() => savePrefix(eng));
-    return result;
-  } catch (e) {
-    const error = e?.code === 'gpu' ? await lossBehind(eng, e) : e;
-    // The request fails with the loss; the engine recovers by itself for the next one.
-    if (error?.code === 'device_lost' && lastLoad && !recovery) recovery = recover();
-    throw error;
+    return await answer;
   } finally {
-    current = null;
-    aborted.delete(id);
+    engineIds.delete(id);
   }
 }
 
 /**
- * Stepped generation (an engine with several slots, or any on the CPU backend): requests wait
- * for a free slot, then every step runs all of the admitted ones' next tokens as one pass of the
- * model. Between steps the loop yields, so new requests join and aborts arrive; an aborted
- * request ends before the next step and frees its slot (one aborted before it was admitted ends
- * with no token).
+ * Steps the engine while it has requests, yielding to the worker's event loop between steps so
+ * that new requests join and aborts arrive. A step that fails as a whole (the model unloaded)
+ * ends every request with its error.
  */
-const batch = {
-  /** Requests waiting for a slot: {id, request, start, resolve, reject}. */
-  waiting: [],
-  /** Sequence id -> its request. */
-  running: new Map(),
-  /** The stepping loop while it runs; `drained` resolves when it stops. */
-  loop: null,
-};
-/** Prompt tokens a step runs at most, over all prompts being admitted (kestrel serve's default). */
-const PREFILL_TOKENS_PER_STEP = 32;
-
-function generateBatched(id, request) {
-  return new Promise((resolve, reject) => {
-    batch.waiting.push({ id, request, start: performance.now(), resolve, reject });
-    batch.loop ??= stepBatch().finally(() => {
-      batch.loop = null;
-    });
-  });
-}
-
-async function stepBatch() {
-  const eng = engine;
-  while (batch.waiting.length || batch.running.size) {
-    while (batch.waiting.length && eng.freeSlots() > 0) {
-      // One aborted while it waited starts and ends at once (finish_reason 'abort').
-      const r = batch.waiting.shift();
-      try {
-        batch.running.set(eng.addSequence(JSON.stringify(r.request)), r);
-      } catch (e) {
-        r.reject(e);
-      }
-    }
-    for (const [seq, r] of batch.running) {
-      if (!aborted.has(r.id)) continue;
-      const result = eng.abortSequence(seq);
-      finishBatched(seq, r, result ?? null, null);
-    }
-    if (!batch.running.size) continue;
-    let events;
+async function step(eng) {
+  while (eng.hasWork()) {
     try {
-      events = await eng.stepSequences(PREFILL_TOKENS_PER_STEP);
+      await eng.step(onEngineEvent);
     } catch (e) {
-      // No model any more (unload): every request ends with the error.
-      for (const [seq, r] of batch.running) finishBatched(seq, r, null, e);
-      for (const r of batch.waiting.splice(0)) r.reject(e);
-      break;
+      for (const r of requests.values()) r.reject(e);
+      requests.clear();
+      return;
     }
-    for (const e of events) {
-      const r = batch.running.get(e.id);
-      if (!r) continue;
-      if (e.result) finishBatched(e.id, r, e.result, null);
-      else if (e.error) finishBatched(e.id, r, null, Object.assign(new Error(e.error.message), { code: e.error.code }));
-      else post({ type: 'token', id: r.id, text: e.text, tokenId: e.token_id ?? undefined });
-    }
-    // Let messages in: new requests, aborts.
     await new Promise((resolve) => setTimeout(resolve, 0));
   }
 }
 
-function finishBatched(seq, r, result, error) {
-  batch.running.delete(seq);
-  aborted.delete(r.id);
-  if (result) {
-    result.timings.e2e_ms = performance.now() - r.start;
-    r.resolve(result);
-  } else {
-    r.reject(error ?? Object.assign(new Error('the request ended without a result'), { code: 'internal' }));
+/** One event of the engine core: a streamed chunk, a request's end or its error. */
+function onEngineEvent(event) {
+  const r = requests.get(event.id);
+  if (!r) return;
+  if (event.chunk) {
+    post({ type: 'token', id: r.id, chunk: event.chunk });
+    return;
+  }
+  requests.delete(event.id);
+  if (event.error) {
+    settleError(r, fail(event.error.code, event.error.message));
+    return;
+  }
+  r.resolve(event.result);
+  // Saved after the answer, once the step ends; the next request waits for it.
+  if (prefixes && !batched) saving = saving.then(() => stepping).then(() => savePrefix(engine));
+}
+
+/** Rejects `r` with `error`, or with the device loss behind a GPU error, recovering from it. */
+async function settleError(r, error) {
+  const e = error.code === 'gpu' && engine ? await lossBehind(engine, error) : error;
+  // The request fails with the loss; the engine recovers by itself for the next one.
+  if (e.code === 'device_lost' && lastLoad && !recovery) recovery = recover();
+  r.reject(e);
+}
+
+/**
+ * A remote engine's generation: checked as a local engine would check it, sent to the server,
+ * and its answer written by the same engine core as a local one's.
+ */
+async function generateRemote(id, endpoint, body) {
+  await initWasm();
+  const answer = new RemoteAnswer(id, endpoint, JSON.stringify(body), remote.model);
+  try {
+    const onToken = (text, tokenId) => {
+      for (const e of answer.token(text, tokenId)) post({ type: 'token', id, chunk: e.chunk });
+    };
+    // An abort that came before the request.
+    const result = await remote.generate(id, endpoint, body, onToken, aborted.delete(id));
+    let value = null;
+    for (const e of answer.done(JSON.stringify(result), result.completion_tokens)) {
+      if (e.chunk) post({ type: 'token', id, chunk: e.chunk });
+      else value = e.result;
+    }
+    return value;
+  } finally {
+    answer.free();
   }
 }
 
@@ -547,7 +542,7 @@ async function lossBehind(eng, error) {
  * from the same File or Blob). Reports each stage as a 'status' message.
  */
 async function recover() {
-  const { model, gpuOptions, sha256, persist } = lastLoad;
+  const { model, engineOptions, sha256, persist } = lastLoad;
   post({ type: 'status', status: 'device_lost' });
   // The browser may offer another adapter after a loss.
   adapterRequest = null;
@@ -556,7 +551,7 @@ async function recover() {
   engine = null;
   try {
     post({ type: 'status', status: 'reloading' });
-    const info = await load(0, model, true, gpuOptions, sha256, persist);
+    const info = await load(0, model, true, engineOptions, sha256, persist);
     post({ type: 'status', status: 'ready', info });
   } catch (e) {
     lastLoad = null;
@@ -566,20 +561,30 @@ async function recover() {
   }
 }
 
+/** Posts the answer of a generation message. */
+async function answer(id, run) {
+  try {
+    post({ type: 'result', id, value: await run() });
+  } catch (e) {
+    post({ type: 'error', id, error: errorOf(e) });
+  }
+}
+
 self.onmessage = async ({ data }) => {
   const { type, id } = data;
   if (type === 'abort') {
-    aborted.add(id);
-    if (current === id && engine) engine.abort();
+    if (remote?.isRunning(id)) remote.abort(id);
+    else if (engineIds.has(id)) engine?.abort(engineIds.get(id));
+    else aborted.add(id);
     return;
   }
-  if (type === 'generate' && stepped && engine) {
-    // Stepped: with several slots, runs beside the others instead of after them.
-    try {
-      post({ type: 'result', id, value: await generateBatched(id, data.request) });
-    } catch (e) {
-      post({ type: 'error', id, error: errorOf(e) });
-    }
+  if (type === 'generate' && remote) {
+    answer(id, () => generateRemote(id, data.endpoint, data.body));
+    return;
+  }
+  if (type === 'generate' && batched) {
+    // Batched: joins the running steps instead of waiting for the requests before it.
+    answer(id, () => generate(id, data.endpoint, data.body));
     return;
   }
   try {
@@ -588,37 +593,41 @@ self.onmessage = async ({ data }) => {
     let value;
     switch (type) {
       case 'load':
-        await batch.loop;
-        value = await load(id, data.model, data.cache !== false, data.gpu, data.sha256, data.persist);
-        lastLoad = { model: data.model, gpuOptions: data.gpu, sha256: data.sha256, persist: data.persist };
+        await stepping;
+        value = await load(id, data.model, data.cache !== false, data.options, data.sha256, data.persist);
+        lastLoad = { model: data.model, engineOptions: data.options, sha256: data.sha256, persist: data.persist };
+        break;
+      case 'connect':
+        // A remote engine: its requests go to this OpenAI-compatible server.
+        remote = new RemoteBackend(data.remote);
+        await initWasm();
         break;
       case 'destroy-device':
         // The test hook of the recovery: loses the device as a driver reset would.
         engine?.destroyDevice();
         break;
       case 'generate':
-        value = await generate(id, data.request);
+        value = await generate(id, data.endpoint, data.body);
         break;
       case 'reset':
         // After the batched requests before it.
-        await batch.loop;
+        await stepping;
         engine?.reset();
         break;
-      case 'unload':
-        // Batched requests end with `no_model` at their next step.
+      case 'unload': {
+        // The requests in flight end with `no_model`.
+        const gone = fail('no_model', 'the model was unloaded');
+        for (const r of requests.values()) r.reject(gone);
+        requests.clear();
         engine?.unload();
+        remote?.abortAll();
         lastLoad = null;
         prefixes = null;
-        slots = 1;
-        stepped = false;
+        batched = false;
         break;
+      }
       case 'estimate':
         value = await estimate(data.model, data.context_length, data.kv_cache, data.slots);
-        break;
-      case 'validate':
-        // A remote engine's request, checked as this engine would check it (index.js).
-        await initWasm();
-        validateRequest(JSON.stringify(data.request));
         break;
       case 'flush':
         // Answered once the save after the last request has ended (`await saving` above).
