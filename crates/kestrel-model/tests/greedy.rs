@@ -47,29 +47,41 @@ const NEAR_TIE: f64 = 0.1;
 const CPU_LOGPROBS: f64 = 0.45;
 const CPU_NEAR_TIE: f64 = 0.25;
 
-/// Gemma 3 270M's bound on the GPU path's top-5 log-probabilities against llama.cpp's.
-const GEMMA3_LOGPROBS: f64 = 0.3;
+/// Gemma 3 270M's bounds against llama.cpp, on both backends: llama.cpp's own distance from
+/// exact arithmetic on this file, plus a margin. The f32 reference (`ReferenceModel`, f16 KV
+/// cache) differs from llama.cpp's top-5 log-probabilities by up to 0.567 (prompt `code`, where
+/// llama.cpp's 8-bit activations move a -8.26 log-probability to -8.83), and its greedy tokens
+/// part from llama.cpp's where llama.cpp's top-1/top-2 margin is 0.553 (`code`, step 23), 0.114
+/// and 0.042. The GPU path is within 0.002 of the reference there: the 262k-token LM head's
+/// logits reach 27, so llama.cpp's rounding moves a margin further than on SmolLM2.
+const GEMMA3_LOGPROBS: f64 = 0.65;
+const GEMMA3_LLAMA_CPP_FLIPS: f64 = 0.6;
 
 /// The longest prompt the RoPE variants are run on (see `rope_variants_match_llama_cpp_up_to_near_ties`).
 const ROPE_VARIANT_PROMPT_TOKENS: usize = 64;
 
 /// Which of a reference's cases `check_greedy` runs, and how far.
+#[derive(Clone, Copy)]
 struct Limits {
     /// Prompts of more tokens are skipped.
     max_prompt_tokens: usize,
     /// Greedy steps compared per prompt, at most.
     max_steps: usize,
+    /// A divergence is accepted at a step where llama.cpp's own top-1/top-2 margin is below this:
+    /// where llama.cpp's rounding, measured against exact arithmetic on the same file, flips
+    /// margins that large (0: none accepted).
+    llama_cpp_flips: f64,
 }
 
 impl Limits {
-    const ALL: Limits = Limits { max_prompt_tokens: usize::MAX, max_steps: usize::MAX };
+    const ALL: Limits = Limits { max_prompt_tokens: usize::MAX, max_steps: usize::MAX, llama_cpp_flips: 0.0 };
 }
 
 /// The random-weight models compare 16 steps per prompt: their LM heads (Qwen's 151,646-token
 /// vocabulary) make each step as slow as the 135M model's on lavapipe, their texts have no near
 /// ties for 32 steps (all 32 of every Gemma prompt would run), and 16 steps already pass every
 /// sliding window (16 positions) and reach position 172.
-const SYNTHETIC_LIMITS: Limits = Limits { max_prompt_tokens: usize::MAX, max_steps: 16 };
+const SYNTHETIC_LIMITS: Limits = Limits { max_steps: 16, ..Limits::ALL };
 
 #[test]
 fn greedy_tokens_match_llama_cpp_up_to_near_ties() {
@@ -98,8 +110,9 @@ fn gemma3_270m_greedy_tokens_match_llama_cpp_up_to_near_ties() {
     let path = common::repo_root().join("models/gemma-3-270m-q4_k_m.gguf");
     assert!(path.exists(), "{} is missing: run scripts/fetch-gemma3.sh", path.display());
     let reference = common::greedy_reference_in("reference-gemma3-270m");
-    for (on, tolerance, near_tie) in [(BackendKind::Gpu, GEMMA3_LOGPROBS, NEAR_TIE), (BackendKind::Cpu, CPU_LOGPROBS, CPU_NEAR_TIE)] {
-        check_greedy(&path, on, &reference, tolerance, near_tie, Limits::ALL);
+    let limits = Limits { llama_cpp_flips: GEMMA3_LLAMA_CPP_FLIPS, ..Limits::ALL };
+    for (on, near_tie) in [(BackendKind::Gpu, NEAR_TIE), (BackendKind::Cpu, CPU_NEAR_TIE)] {
+        check_greedy(&path, on, &reference, GEMMA3_LOGPROBS, near_tie, limits);
     }
 }
 
@@ -129,7 +142,7 @@ fn rope_variants_match_llama_cpp_up_to_near_ties() {
         let moved = pairs().flat_map(|(a, b)| top5_shifts(a, b)).fold(0f64, f64::max);
         assert!(moved > 0.6, "{}: the variant moves llama.cpp's log-probabilities by only {moved:.3}", variant.label);
         for (on, tolerance) in [(BackendKind::Gpu, 0.3), (BackendKind::Cpu, CPU_LOGPROBS)] {
-            let limits = Limits { max_prompt_tokens: ROPE_VARIANT_PROMPT_TOKENS, max_steps: usize::MAX };
+            let limits = Limits { max_prompt_tokens: ROPE_VARIANT_PROMPT_TOKENS, ..Limits::ALL };
             check_greedy(&common::rope_variant(variant), on, &reference, tolerance, 0.3, limits);
         }
     }
@@ -205,7 +218,7 @@ fn check_greedy(model_path: &Path, on: BackendKind, reference: &Value, logprob_t
             margins.get(comparable).map_or("none".into(), |m| format!("{m:.3}"))
         ));
         eprintln!("{}", report.last().map_or("", String::as_str));
-        if matched < comparable {
+        if matched < comparable && margins[matched] >= limits.llama_cpp_flips {
             failures.push(format!(
                 "{} {id}: greedy tokens diverge from llama.cpp at step {matched} (llama.cpp margin {:.3}), where {comparable} steps are compared\n ours: {generated:?}\n want: {want:?}",
                 on.as_str(),
