@@ -1,5 +1,5 @@
 //! Parses arbitrary JSON as generation options, the way requests reach the engine: as
-//! `GenerateOptions` itself and as a `Request` (the browser engine's and the server's: the
+//! `GenerateOptions` itself and as the engine core's `Request` (the browser's and the server's: the
 //! options flattened beside other fields, so serde buffers them, another deserializer path).
 //!
 //! Asserted: parsing either fails or gives options that validate, or fail validation with
@@ -7,7 +7,8 @@
 //! (serialize, parse back: the same options).
 #![no_main]
 
-use kestrel_model::{GenerateOptions, ModelError, Request};
+use kestrel_engine::Request;
+use kestrel_model::{GenerateOptions, ModelError};
 use libfuzzer_sys::fuzz_target;
 
 /// The default model's vocabulary size (token ids in options are checked against it).
@@ -35,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
     }
     match std::str::from_utf8(data).map(Request::parse) {
         Ok(Ok(request)) => check(&request.options),
-        Ok(Err(e)) => assert_eq!(e.code(), "invalid_option", "{e}"),
+        Ok(Err(e)) => assert_eq!(e.code, "invalid_option", "{e}"),
         Err(_) => {}
     }
 });

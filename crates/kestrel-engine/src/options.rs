@@ -6,11 +6,11 @@
 use std::time::Duration;
 
 use kestrel_gpu::GpuOptions;
-use kestrel_model::{submit_budget_from_ms, LoadOptions, MAX_SLOTS};
+use kestrel_model::{submit_budget_from_ms, LoadOptions, Model, ModelError, MAX_SLOTS};
 use kestrel_ops::params::KvType;
 use serde::Deserialize;
 
-use crate::{BackendPreference, EngineError, DEFAULT_PREFILL_CHUNK};
+use crate::{BackendPreference, EngineError, Scheduler, DEFAULT_PREFILL_CHUNK};
 
 /// The most prompt tokens a batched step may run (a whole chunk of the largest prefill).
 pub const MAX_PREFILL_CHUNK: usize = 4096;
@@ -52,7 +52,7 @@ pub struct EngineSettings {
     /// The reason given when the CPU backend was asked for.
     pub cpu_asked: String,
     pub gpu: GpuOptions,
-    /// The load's options; `slots` is set for the GPU, which allocates them at load.
+    /// The load's options but the slots (`load_options` adds them where the load allocates them).
     pub load: LoadOptions,
     pub slots: usize,
     pub prefill_chunk: usize,
@@ -103,6 +103,22 @@ impl EngineOptions {
             prefill_chunk,
             submit_budget,
         })
+    }
+}
+
+impl EngineSettings {
+    /// The load's options on the chosen backend: the GPU allocates its slots' KV caches at load.
+    pub fn load_options(&self, on_gpu: bool) -> LoadOptions {
+        let slots = if on_gpu { self.slots } else { self.load.slots };
+        LoadOptions { slots, ..self.load.clone() }
+    }
+
+    /// The scheduler over a model just loaded with `load_options`: the CPU backend's slots grow
+    /// here, the GPU's submission budget is set, and prompts run `prefill_chunk` tokens a step.
+    pub fn scheduler(&self, mut model: Model) -> Result<Scheduler, ModelError> {
+        model.set_slots(self.slots)?;
+        model.set_submit_budget(self.submit_budget)?;
+        Ok(Scheduler::new(model, self.prefill_chunk))
     }
 }
 
@@ -168,5 +184,9 @@ mod tests {
             (BackendPreference::Gpu, Some(512), KvType::F32, 4, 64)
         );
         assert_eq!(s.submit_budget, Some(Duration::from_millis(8)));
+        // The GPU allocates the slots' KV caches at load; the CPU backend grows them after it.
+        let (gpu, cpu) = (s.load_options(true), s.load_options(false));
+        assert_eq!((gpu.slots, cpu.slots), (4, LoadOptions::default().slots));
+        assert_eq!((gpu.context_length, cpu.context_length, cpu.kv_cache), (Some(512), Some(512), KvType::F32));
     }
 }

@@ -12,13 +12,14 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::time::Duration;
 
 use js_sys::Promise;
 use kestrel_engine::openai::Answer;
-use kestrel_engine::{choose_backend, Aborts, EngineError, EngineOptions, Placement, Platform, Request, RequestId, Scheduler};
+use kestrel_engine::{
+    choose_backend, Aborts, EngineError, EngineOptions, EngineSettings, Placement, Platform, Request, RequestId, Scheduler,
+};
 use kestrel_gpu::Gpu;
-use kestrel_model::{LoadOptions, LoadProgress, ModelError, ModelLoader};
+use kestrel_model::{LoadProgress, ModelError, ModelLoader};
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -60,7 +61,6 @@ fn install_panic_hook() {
     });
 }
 
-#[derive(Default)]
 struct State {
     /// None: the CPU backend runs the model (see `cpu_reason`).
     gpu: RefCell<Option<Gpu>>,
@@ -78,13 +78,8 @@ struct State {
     /// Requests submitted so far: the next one's id.
     serial: Cell<u64>,
     model_info: RefCell<Option<Value>>,
-    load_options: RefCell<LoadOptions>,
-    /// KV slots a model gets (`create`'s `slots`).
-    slots: Cell<usize>,
-    /// Prompt tokens a batched step runs at most (`create`'s `prefill_chunk`).
-    prefill_chunk: Cell<usize>,
-    /// The GPU submission budget a model gets (`create`'s `submit_budget_ms`).
-    submit_budget: Cell<Option<Duration>>,
+    /// `create`'s options, for every model this engine loads.
+    settings: EngineSettings,
     /// A step or a prefix save holds the scheduler.
     busy: Cell<bool>,
     /// `unload()` was called while busy: drop the model when the step ends.
@@ -92,6 +87,23 @@ struct State {
 }
 
 impl State {
+    fn new(settings: EngineSettings, gpu: Option<Gpu>, cpu_reason: Option<String>) -> Self {
+        Self {
+            gpu: RefCell::new(gpu),
+            cpu_reason: RefCell::new(cpu_reason),
+            loader: RefCell::default(),
+            scheduler: RefCell::default(),
+            aborts: RefCell::default(),
+            inbox: RefCell::default(),
+            answers: RefCell::default(),
+            serial: Cell::default(),
+            model_info: RefCell::default(),
+            settings,
+            busy: Cell::default(),
+            unload_pending: Cell::default(),
+        }
+    }
+
     fn check_idle(&self, what: &str) -> Result<(), JsValue> {
         let working = self.scheduler.borrow().as_ref().is_some_and(|s| !s.is_idle()) || !self.inbox.borrow().is_empty();
         if self.busy.get() || working {
@@ -127,11 +139,8 @@ impl State {
 
     async fn finish_load(&self) -> Result<JsValue, JsValue> {
         let loader = self.loader.borrow_mut().take().ok_or_else(|| js_error("bad_model", "bad model file: no bytes were loaded"))?;
-        let mut model = loader.finish().await.map_err(|e| model_error(&e))?;
-        // The GPU backend allocated its slots at load (`LoadOptions::slots`); the CPU's grow here.
-        model.set_slots(self.slots.get()).map_err(|e| model_error(&e))?;
-        model.set_submit_budget(self.submit_budget.get()).map_err(|e| model_error(&e))?;
-        let scheduler = Scheduler::new(model, self.prefill_chunk.get());
+        let model = loader.finish().await.map_err(|e| model_error(&e))?;
+        let scheduler = self.settings.scheduler(model).map_err(|e| model_error(&e))?;
         let model = scheduler.model();
         let c = model.config();
         let info = json!({
@@ -248,19 +257,7 @@ impl Engine {
             Placement::Gpu(gpu) => (Some(*gpu), None),
             Placement::Cpu { reason } => (None, Some(reason)),
         };
-        let mut load_options = settings.load;
-        // The GPU backend allocates its slots' KV caches at load.
-        if gpu.is_some() {
-            load_options.slots = settings.slots;
-        }
-        let state = State::default();
-        *state.gpu.borrow_mut() = gpu;
-        *state.cpu_reason.borrow_mut() = cpu_reason;
-        *state.load_options.borrow_mut() = load_options;
-        state.slots.set(settings.slots);
-        state.prefill_chunk.set(settings.prefill_chunk);
-        state.submit_budget.set(settings.submit_budget);
-        Ok(Engine { state: Rc::new(state) })
+        Ok(Engine { state: Rc::new(State::new(settings, gpu, cpu_reason)) })
     }
 
     /// Feeds the next bytes of a GGUF file. The first chunk starts a new load (dropping any
@@ -276,8 +273,9 @@ impl Engine {
             Some(l) => l,
             None => {
                 s.drop_model();
-                let options = s.load_options.borrow().clone();
-                loader.insert(match s.gpu.borrow().as_ref() {
+                let gpu = s.gpu.borrow();
+                let options = s.settings.load_options(gpu.is_some());
+                loader.insert(match gpu.as_ref() {
                     Some(gpu) => ModelLoader::new(gpu, options),
                     None => ModelLoader::new_cpu(options),
                 })
