@@ -5,7 +5,8 @@
 // - the random-weight Qwen3 test model (per-head Q/K RMSNorm, 128-dimension heads, Q twice as wide
 //   as the hidden size; crates/kestrel-model/tests/common/synthetic.rs, QWEN3_F32;
 //   tests/data/reference-qwen3-f32), written by the native tests and copied to models/ by
-//   `./build.sh test-browser`: an architecture other than the default model's `llama`.
+//   `./build.sh test-browser`: an architecture other than the default model's `llama`;
+// - the real Gemma 3 270M, on both backends.
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -66,5 +67,43 @@ describe('Reference models in Chromium', { timeout: 40 * MINUTES }, () => {
     });
     assert.equal(info.model.arch, 'qwen3');
     assert.equal(info.model.head_dim * info.model.n_heads, 2 * info.model.hidden);
+  });
+
+  // The real Gemma 3 270M (scripts/fetch-gemma3.sh; tests/data/reference-gemma3-270m) on both
+  // backends: llama.cpp's greedy tokens for a prompt with no step under CPU_NEAR_TIE (0.25, as in
+  // cpu-backend.test.mjs) in the steps compared, and a prompt whose first greedy token is `</s>`,
+  // which ends generation there, as it ends llama.cpp's.
+  test("(i) Gemma 3 270M streams llama.cpp's greedy tokens and stops where llama.cpp stops, on both backends", { timeout: 30 * MINUTES }, async () => {
+    const reference = JSON.parse(readFileSync(join(ROOT, 'tests/data/reference-gemma3-270m/greedy.json'), 'utf8'));
+    const steps = 8;
+    const math = reference.prompts.find((p) => p.id === 'turn_math');
+    assert.ok(math.step_top1_top2_logit_margin.slice(0, steps).every((m) => m >= 0.25), 'a near-tie in the steps compared');
+    const eog = reference.prompts.find((p) => p.id === 'tags_eog');
+    assert.equal(eog.first_eog_index, 0);
+    const page = await openTestPage(env.browser.context, env.server.url);
+    page.setDefaultTimeout(25 * MINUTES);
+    const out = await page.evaluate(async ({ model, math, eog, steps, contextLength }) => {
+      const results = {};
+      for (const backend of ['cpu', 'webgpu']) {
+        const engine = await window.kestrel.createEngine({ model, backend, context_length: contextLength });
+        const greedy = await engine.completions.create({ prompt: math, temperature: 0, max_tokens: steps, ignore_eos: true });
+        const ends = await engine.completions.create({ prompt: eog, temperature: 0, max_tokens: steps });
+        results[backend] = { arch: engine.info.model.arch, backend: engine.info.backend, greedy, ends };
+        await engine.unload();
+      }
+      return results;
+    }, { model: '/models/gemma-3-270m-q4_k_m.gguf', math: math.prompt_text, eog: eog.prompt_text, steps, contextLength: CONTEXT_LENGTH });
+    for (const backend of ['cpu', 'webgpu']) {
+      const r = out[backend];
+      console.log(`gemma3 on ${backend}: ${JSON.stringify(r.greedy.choices[0].text)}; usage ${JSON.stringify(r.greedy.usage)}`);
+      assert.equal(r.arch, 'gemma3');
+      assert.equal(r.backend, backend);
+      assert.deepEqual(r.greedy.kestrel.prompt_token_ids, math.prompt_ids, `${backend}: prompt tokens`);
+      assert.deepEqual(r.greedy.kestrel.token_ids, math.greedy_ids.slice(0, steps), `${backend}: greedy tokens`);
+      assert.deepEqual(r.ends.kestrel.prompt_token_ids, eog.prompt_ids, `${backend}: prompt tokens`);
+      assert.equal(r.ends.choices[0].finish_reason, 'stop', `${backend}: generation goes on past llama.cpp's end-of-generation token`);
+      assert.deepEqual(r.ends.kestrel.token_ids, [], `${backend}: tokens before the end`);
+    }
+    await page.close();
   });
 });
