@@ -17,6 +17,7 @@ pub(crate) enum ActFormat {
 
 /// `n` rows of `cols` values as 8-bit levels: value ≈ `d[b] * q`, block `b` of 32.
 pub(crate) struct QuantizedRows {
+    pub(crate) format: ActFormat,
     pub(crate) q: Vec<i8>,
     /// One scale per 32 values.
     pub(crate) d: Vec<f32>,
@@ -26,13 +27,14 @@ pub(crate) struct QuantizedRows {
 }
 
 /// Values per block of Q8_K.
-const Q8K_BLOCK: usize = 256;
+pub(crate) const Q8K_BLOCK: usize = 256;
 
 impl QuantizedRows {
     /// `x` is whole rows of a multiple of 32 values (of 256 for Q8_K), which every quantized
     /// weight format's row length is.
     pub(crate) fn new(x: &[f32], format: ActFormat) -> Self {
-        let mut out = Self { q: vec![0; x.len()], d: Vec::with_capacity(x.len() / ACT_BLOCK), sums16: Vec::new(), sums32: Vec::new() };
+        let mut out =
+            Self { format, q: vec![0; x.len()], d: Vec::with_capacity(x.len() / ACT_BLOCK), sums16: Vec::new(), sums32: Vec::new() };
         let block = match format {
             ActFormat::Q8_0 => ACT_BLOCK,
             ActFormat::Q8K => Q8K_BLOCK,

@@ -10,6 +10,7 @@ use kestrel_gguf::quant::INT_GROUP;
 use kestrel_ops::{f32_dot_portable, F32_LANES};
 
 use crate::activations::QuantizedRows;
+use crate::factored::UnitLayout;
 use crate::ACT_BLOCK;
 
 /// How a row's levels are stored.
@@ -33,11 +34,18 @@ pub(crate) struct IntRow<'a> {
 }
 
 /// Scales or offsets as a matrix keeps them: f16 where every one of its values is exactly an
-/// f16 (the 32-weight formats', which ggml stores as f16: half the bytes a step streams), else f32.
+/// f16 (the 32-weight formats', which ggml stores as f16: half the bytes a step streams), a byte
+/// and a super-block unit each for the K-quants (`factored`), else f32.
 #[derive(Clone, Copy)]
 pub(crate) enum Scales<'a> {
     F32(&'a [f32]),
     F16(&'a [u16]),
+    /// Value i is `units[layout.unit_of(i)] · k[i]`.
+    Factored {
+        units: &'a [f32],
+        k: &'a [i8],
+        layout: UnitLayout,
+    },
 }
 
 impl<'a> Scales<'a> {
@@ -45,13 +53,21 @@ impl<'a> Scales<'a> {
         match self {
             Scales::F32(s) => s.len(),
             Scales::F16(h) => h.len(),
+            Scales::Factored { k, .. } => k.len(),
         }
     }
 
+    /// Values `start..start + len`: for factored values, whole unit groups of whole lane groups
+    /// (a matrix's whole rows, or whole interleaved groups of rows).
     pub(crate) fn part(self, start: usize, len: usize) -> Self {
         match self {
             Scales::F32(s) => Scales::F32(&s[start..][..len]),
             Scales::F16(h) => Scales::F16(&h[start..][..len]),
+            Scales::Factored { units, k, layout } => {
+                let (per_unit, whole) = (layout.per_unit(), layout.per_unit() * layout.lanes());
+                assert!(start.is_multiple_of(whole) && len.is_multiple_of(whole), "factored scales split inside a unit");
+                Scales::Factored { units: &units[start / per_unit..][..len / per_unit], k: &k[start..][..len], layout }
+            }
         }
     }
 
@@ -61,6 +77,7 @@ impl<'a> Scales<'a> {
         match self {
             Scales::F32(s) => s[i],
             Scales::F16(h) => f16_to_f32(h[i]),
+            Scales::Factored { units, k, layout } => units[layout.unit_of(i)] * f32::from(k[i]),
         }
     }
 
@@ -74,6 +91,11 @@ impl<'a> Scales<'a> {
             Scales::F16(h) => {
                 buf.clear();
                 buf.extend(h.iter().map(|&bits| f16_to_f32(bits)));
+                buf
+            }
+            Scales::Factored { .. } => {
+                buf.clear();
+                buf.extend((0..self.len()).map(|i| self.get(i)));
                 buf
             }
         }
@@ -267,7 +289,8 @@ pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{ActRow, IntRows, Levels, Scales, F32_LANES};
-    use crate::activations::QuantizedRows;
+    use crate::activations::{ActFormat, QuantizedRows, Q8K_BLOCK};
+    use crate::factored::UnitLayout;
     use crate::ACT_BLOCK;
 
     // Only chosen by `kernels()` after the CPU reported AVX2, FMA and F16C (and AVX-VNNI for the
@@ -540,6 +563,129 @@ pub(crate) mod avx2 {
         match s {
             Scales::F32(v) => _mm256_loadu_ps(v.as_ptr().add(i)),
             Scales::F16(h) => _mm256_cvtph_ps(_mm_loadu_si128(h.as_ptr().add(i).cast())),
+            // Interleaved rows from an 8-aligned value: lane r's unit is lane r of one unit group.
+            Scales::Factored { units, k, layout } if layout.lanes() == 8 && i.is_multiple_of(8) => {
+                let k = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(k.as_ptr().add(i).cast())));
+                _mm256_mul_ps(_mm256_loadu_ps(units.as_ptr().add(layout.unit_of(i))), k)
+            }
+            Scales::Factored { .. } => {
+                _mm256_setr_ps(s.get(i), s.get(i + 1), s.get(i + 2), s.get(i + 3), s.get(i + 4), s.get(i + 5), s.get(i + 6), s.get(i + 7))
+            }
+        }
+    }
+
+    /// Scales or offsets read 8 interleaved lanes at a time, a type per storage: a tile is
+    /// compiled for its matrix's storage, where a `match` per block of weights (`eight_scales`)
+    /// cost factored scales a third of a decode step.
+    pub(crate) trait EightScales: Copy {
+        /// Values i..i + 8 (which the values have, i a multiple of 8) as f32 lanes.
+        ///
+        /// # Safety
+        /// AVX2, FMA and F16C are present, and the values have i..i + 8.
+        unsafe fn eight(self, i: usize) -> __m256;
+    }
+
+    #[derive(Clone, Copy)]
+    pub(crate) struct F32Lanes<'a>(pub &'a [f32]);
+
+    #[derive(Clone, Copy)]
+    pub(crate) struct F16Lanes<'a>(pub &'a [u16]);
+
+    /// Factored values of 8 interleaved rows: lane r's unit is lane r of its unit group.
+    #[derive(Clone, Copy)]
+    pub(crate) struct FactoredLanes<'a> {
+        pub units: &'a [f32],
+        pub k: &'a [i8],
+        pub layout: UnitLayout,
+    }
+
+    impl EightScales for F32Lanes<'_> {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn eight(self, i: usize) -> __m256 {
+            _mm256_loadu_ps(self.0.as_ptr().add(i))
+        }
+    }
+
+    impl EightScales for F16Lanes<'_> {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn eight(self, i: usize) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(self.0.as_ptr().add(i).cast()))
+        }
+    }
+
+    impl EightScales for FactoredLanes<'_> {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn eight(self, i: usize) -> __m256 {
+            let k = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(self.k.as_ptr().add(i).cast())));
+            _mm256_mul_ps(_mm256_loadu_ps(self.units.as_ptr().add(self.layout.unit_of(i))), k)
+        }
+    }
+
+    /// Any storage, matched per read: for scales and offsets stored alike in no pair above.
+    impl EightScales for Scales<'_> {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn eight(self, i: usize) -> __m256 {
+            eight_scales(self, i)
+        }
+    }
+
+    /// Calls `$run(scale, offset)` (a closure, expanded once per arm so that each arm compiles
+    /// it for its own reader types) with the lane readers of a matrix's interleaved scales and
+    /// offsets (`Scales`, `Option<Scales>`).
+    macro_rules! with_eight_scales {
+        ($scale:expr, $offset:expr, $run:expr) => {{
+            use crate::dot::avx2::{F16Lanes, F32Lanes, FactoredLanes};
+            use crate::dot::Scales;
+            match ($scale, $offset) {
+                (Scales::F32(s), None) => ($run)(F32Lanes(s), None::<F32Lanes<'_>>),
+                (Scales::F32(s), Some(Scales::F32(o))) => ($run)(F32Lanes(s), Some(F32Lanes(o))),
+                (Scales::F16(s), None) => ($run)(F16Lanes(s), None::<F16Lanes<'_>>),
+                (Scales::F16(s), Some(Scales::F16(o))) => ($run)(F16Lanes(s), Some(F16Lanes(o))),
+                (s, o) => match (FactoredLanes::of(s), o.map(FactoredLanes::of)) {
+                    (Some(s), None) => ($run)(s, None::<FactoredLanes<'_>>),
+                    (Some(s), Some(Some(o))) => ($run)(s, Some(o)),
+                    _ => ($run)(s, o),
+                },
+            }
+        }};
+    }
+    pub(crate) use with_eight_scales;
+
+    impl<'a> FactoredLanes<'a> {
+        /// A K-quant's factored scales and offsets of 8 interleaved rows (`group` weights a
+        /// value, `cols` a row) with activations of one scale per super-block (Q8_K): the case
+        /// of the tiles that sum a super-block's blocks in i32 (None: another case).
+        pub(crate) fn super_blocks(
+            scale: Scales<'a>,
+            offset: Option<Scales<'a>>,
+            group: usize,
+            cols: usize,
+            x: &QuantizedRows,
+        ) -> Option<(Self, Option<Self>)> {
+            let scale = Self::of(scale)?;
+            let offset = match offset {
+                Some(o) => Some(Self::of(o)?),
+                None => None,
+            };
+            let super_block = scale.layout.per_unit() * group;
+            let fits = x.format == ActFormat::Q8K
+                && super_block == Q8K_BLOCK
+                && cols.is_multiple_of(super_block)
+                // Offsets are per 32 weights, as every format with them has them.
+                && offset.is_none_or(|o| o.layout == scale.layout && group == ACT_BLOCK);
+            fits.then_some((scale, offset))
+        }
+
+        /// Factored values of 8 interleaved rows as lanes (None: another storage or layout).
+        pub(crate) fn of(s: Scales<'a>) -> Option<Self> {
+            match s {
+                Scales::Factored { units, k, layout } if layout.lanes() == 8 => Some(Self { units, k, layout }),
+                _ => None,
+            }
         }
     }
 
@@ -550,6 +696,7 @@ pub(crate) mod avx2 {
         match s {
             Scales::F32(v) => _mm256_set1_ps(*v.get_unchecked(i)),
             Scales::F16(h) => _mm256_cvtph_ps(_mm_set1_epi16(*h.get_unchecked(i) as i16)),
+            Scales::Factored { .. } => _mm256_set1_ps(s.get(i)),
         }
     }
 

@@ -106,7 +106,8 @@ mod avx2 {
 
     use super::{ByteGroupRows, GROUP_ROWS};
     use crate::activations::QuantizedRows;
-    use crate::dot::avx2::eight_scales;
+    use crate::activations::Q8K_BLOCK;
+    use crate::dot::avx2::{with_eight_scales, EightScales, FactoredLanes};
     use crate::dot::ActRow;
     use crate::interleaved::avx2::{by_tiles, TileSums, PREFETCH_BYTES, TOKENS};
     use crate::ACT_BLOCK;
@@ -117,24 +118,124 @@ mod avx2 {
     /// # Safety
     /// AVX2, FMA and F16C are present, and `w`, `x` and `out` have the shapes `products` checks.
     pub(super) unsafe fn products(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-        by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match (w.group == ACT_BLOCK, tokens) {
-            // SAFETY: as this function's.
-            (true, 4) => unsafe { tile::<4, false>(&w, g, acts, sums) },
-            (true, 3) => unsafe { tile::<3, false>(&w, g, acts, sums) },
-            (true, 2) => unsafe { tile::<2, false>(&w, g, acts, sums) },
-            (true, _) => unsafe { tile::<1, false>(&w, g, acts, sums) },
-            (false, 4) => unsafe { tile::<4, true>(&w, g, acts, sums) },
-            (false, 3) => unsafe { tile::<3, true>(&w, g, acts, sums) },
-            (false, 2) => unsafe { tile::<2, true>(&w, g, acts, sums) },
-            (false, _) => unsafe { tile::<1, true>(&w, g, acts, sums) },
+        if let Some((scale, offset)) = FactoredLanes::super_blocks(w.scale, w.offset, w.group, w.cols, x) {
+            by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match (w.group == ACT_BLOCK, tokens) {
+                // SAFETY: as this function's; `super_blocks` checked the layout.
+                (true, 4) => unsafe { tile_factored::<4, false>(&w, scale, offset, g, acts, sums) },
+                (true, 3) => unsafe { tile_factored::<3, false>(&w, scale, offset, g, acts, sums) },
+                (true, 2) => unsafe { tile_factored::<2, false>(&w, scale, offset, g, acts, sums) },
+                (true, _) => unsafe { tile_factored::<1, false>(&w, scale, offset, g, acts, sums) },
+                (false, 4) => unsafe { tile_factored::<4, true>(&w, scale, offset, g, acts, sums) },
+                (false, 3) => unsafe { tile_factored::<3, true>(&w, scale, offset, g, acts, sums) },
+                (false, 2) => unsafe { tile_factored::<2, true>(&w, scale, offset, g, acts, sums) },
+                (false, _) => unsafe { tile_factored::<1, true>(&w, scale, offset, g, acts, sums) },
+            });
+            return;
+        }
+        with_eight_scales!(w.scale, w.offset, |s, o| {
+            by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match (w.group == ACT_BLOCK, tokens) {
+                // SAFETY: as this function's.
+                (true, 4) => unsafe { tile::<4, false, _>(&w, s, o, g, acts, sums) },
+                (true, 3) => unsafe { tile::<3, false, _>(&w, s, o, g, acts, sums) },
+                (true, 2) => unsafe { tile::<2, false, _>(&w, s, o, g, acts, sums) },
+                (true, _) => unsafe { tile::<1, false, _>(&w, s, o, g, acts, sums) },
+                (false, 4) => unsafe { tile::<4, true, _>(&w, s, o, g, acts, sums) },
+                (false, 3) => unsafe { tile::<3, true, _>(&w, s, o, g, acts, sums) },
+                (false, 2) => unsafe { tile::<2, true, _>(&w, s, o, g, acts, sums) },
+                (false, _) => unsafe { tile::<1, true, _>(&w, s, o, g, acts, sums) },
+            })
         });
+    }
+
+    /// `tile` for factored scales (`FactoredLanes`) and Q8_K activations (Q5_K, Q6_K): each
+    /// chunk's pair sums are multiplied by the rows' integer scales in the `madd` that widens
+    /// them and summed over the super-block in i32, as llama.cpp's K-quant dot products do; the
+    /// units and the activations' scale multiply once per super-block, and the offsets'
+    /// integers, in f32, the blocks' activation sums.
+    ///
+    /// Bounds: a pair sum is at most `2 · 128 · 127` in magnitude (any byte levels, Q6_K's
+    /// reach 32); times an integer scale of at most 128, twice, over 8 chunks a block and 8 blocks
+    /// a super-block, within 64 · 2 · 32,512 · 128 < 2^31.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_factored<const T: usize, const HALVES: bool>(
+        w: &ByteGroupRows<'_>,
+        scale: FactoredLanes<'_>,
+        offset: Option<FactoredLanes<'_>>,
+        g: usize,
+        acts: &[ActRow<'_>; TOKENS],
+        sums: &mut TileSums,
+    ) {
+        let (blocks, groups) = (w.cols / ACT_BLOCK, w.cols / w.group);
+        let super_blocks = Q8K_BLOCK / ACT_BLOCK;
+        let levels = w.levels.as_ptr().add(g * blocks * GROUP_BLOCK_BYTES);
+        let low16 = _mm256_set1_epi32(0xFFFF);
+        // Row r's integer scale of value i in both i16 halves of lane r.
+        let scales16 = |k: &[i8], i: usize| {
+            let k32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(k.as_ptr().add(i).cast()));
+            _mm256_or_si256(_mm256_and_si256(k32, low16), _mm256_slli_epi32(k32, 16))
+        };
+        let mut acc = [_mm256_setzero_ps(); T];
+        for first in (0..blocks).step_by(super_blocks) {
+            let mut scaled = [_mm256_setzero_si256(); T];
+            let mut offsets = [_mm256_setzero_ps(); T];
+            for b in first..first + super_blocks {
+                let block = levels.add(b * GROUP_BLOCK_BYTES);
+                for line in 0..GROUP_BLOCK_BYTES / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_BYTES + 64 * line).cast());
+                }
+                let (k_first, k_second) = if HALVES {
+                    (scales16(scale.k, (g * groups + 2 * b) * GROUP_ROWS), scales16(scale.k, (g * groups + 2 * b + 1) * GROUP_ROWS))
+                } else {
+                    let k = scales16(scale.k, (g * groups + b) * GROUP_ROWS);
+                    (k, k)
+                };
+                for k in 0..8 {
+                    let levels = _mm256_loadu_si256(block.add(32 * k).cast());
+                    let magnitudes = _mm256_sign_epi8(levels, levels);
+                    let k16 = if k < 4 { k_first } else { k_second };
+                    for j in 0..T {
+                        let x = _mm256_set1_epi32(acts[j].q.as_ptr().add(b * ACT_BLOCK + 4 * k).cast::<i32>().read_unaligned());
+                        let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(x, levels));
+                        scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k16));
+                    }
+                }
+                if let Some(o) = offset {
+                    let at = (g * groups + b) * GROUP_ROWS;
+                    let m = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(o.k.as_ptr().add(at).cast())));
+                    for j in 0..T {
+                        offsets[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(*acts[j].sums32.get_unchecked(b)), offsets[j]);
+                    }
+                }
+            }
+            let at = (g * groups + first * ACT_BLOCK / w.group) * GROUP_ROWS;
+            let unit = _mm256_loadu_ps(scale.units.as_ptr().add(scale.layout.unit_of(at)));
+            let offset_unit = offset.map(|o| _mm256_loadu_ps(o.units.as_ptr().add(o.layout.unit_of(at))));
+            for j in 0..T {
+                let d = _mm256_set1_ps(*acts[j].d.get_unchecked(first));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled[j]), _mm256_mul_ps(unit, d), acc[j]);
+                if let Some(u) = offset_unit {
+                    acc[j] = _mm256_fmadd_ps(offsets[j], u, acc[j]);
+                }
+            }
+        }
+        for j in 0..T {
+            _mm256_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
+        }
     }
 
     /// Group g's 8 rows times the first `T` of `acts`, into `sums[token][row]`; `HALVES`: a scale
     /// per 16 weights (chunks 0-3 of a block are its first 16, 4-7 its second).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const T: usize, const HALVES: bool>(w: &ByteGroupRows<'_>, g: usize, acts: &[ActRow<'_>; TOKENS], sums: &mut TileSums) {
+    unsafe fn tile<const T: usize, const HALVES: bool, S: EightScales>(
+        w: &ByteGroupRows<'_>,
+        scale: S,
+        offset: Option<S>,
+        g: usize,
+        acts: &[ActRow<'_>; TOKENS],
+        sums: &mut TileSums,
+    ) {
         let (blocks, groups) = (w.cols / ACT_BLOCK, w.cols / w.group);
         let levels = w.levels.as_ptr().add(g * blocks * GROUP_BLOCK_BYTES);
         let ones = _mm256_set1_epi16(1);
@@ -162,12 +263,12 @@ mod avx2 {
                 }
             }
             let (scale_first, scale_second) = if HALVES {
-                (eight_scales(w.scale, (g * groups + 2 * b) * GROUP_ROWS), eight_scales(w.scale, (g * groups + 2 * b + 1) * GROUP_ROWS))
+                (scale.eight((g * groups + 2 * b) * GROUP_ROWS), scale.eight((g * groups + 2 * b + 1) * GROUP_ROWS))
             } else {
-                let s = eight_scales(w.scale, (g * groups + b) * GROUP_ROWS);
+                let s = scale.eight((g * groups + b) * GROUP_ROWS);
                 (s, s)
             };
-            let offset = w.offset.map(|o| eight_scales(o, (g * groups + b) * GROUP_ROWS));
+            let offset = offset.map(|o| o.eight((g * groups + b) * GROUP_ROWS));
             for j in 0..T {
                 let d = _mm256_set1_ps(*acts[j].d.get_unchecked(b));
                 acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first[j]), _mm256_mul_ps(scale_first, d), acc[j]);
@@ -189,7 +290,9 @@ mod avx2 {
 mod tests {
     use super::*;
     use crate::activations::ActFormat;
+    use crate::activations::Q8K_BLOCK;
     use crate::dot::{int_products, IntRows, Levels};
+    use crate::factored::{test_factors, UnitLayout};
     use crate::interleaved::interleave_values;
 
     /// The interleaved byte products give the row kernels' sums for the same weights (up to the
@@ -226,20 +329,41 @@ mod tests {
                         let (o, o_w) = (with_offset.then_some(Scales::F32(&offset)), with_offset.then_some(Scales::F32(&offset_w)));
                         let plain = IntRows { levels: Levels::Bytes(&plain_levels), group, scale: s, offset: o, cols };
                         let w = ByteGroupRows { levels: &woven, group, scale: s_w, offset: o_w, cols };
-                        let (mut want, mut got, mut portable) = (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; rows * n]);
-                        int_products(plain, &xq, &mut want);
-                        products(w, &xq, &mut got);
-                        products_portable(w, &xq, &mut portable, rows, n);
-                        for (i, ((g, p), w)) in got.iter().zip(&portable).zip(&want).enumerate() {
-                            let tolerance = 1e-4 * w.abs().max(1.0);
-                            assert!(
-                                (g - w).abs() <= tolerance && (p - w).abs() <= tolerance,
-                                "group {group} {format:?} n {n} offset {with_offset} [{i}]: {g} / {p} vs {w}"
-                            );
-                        }
+                        check(w, plain, &xq, &format!("group {group} {format:?} n {n} offset {with_offset}"));
                     }
+                    // K-quant scales and offsets kept factored (the i32 super-block tiles with
+                    // Q8_K activations), integers over i8's whole range.
+                    let per_unit = Q8K_BLOCK / group;
+                    let (scale, units, k) = test_factors(rows, groups, per_unit, 1);
+                    let (offset, offset_units, offset_k) = test_factors(rows, groups, per_unit, 2);
+                    let layout = UnitLayout::new(per_unit, GROUP_ROWS);
+                    let s_w = Scales::Factored { units: &units, k: &k, layout };
+                    let o_w = with_offset.then_some(Scales::Factored { units: &offset_units, k: &offset_k, layout });
+                    let plain = IntRows {
+                        levels: Levels::Bytes(&plain_levels),
+                        group,
+                        scale: Scales::F32(&scale),
+                        offset: with_offset.then_some(Scales::F32(&offset)),
+                        cols,
+                    };
+                    let w = ByteGroupRows { levels: &woven, group, scale: s_w, offset: o_w, cols };
+                    check(w, plain, &xq, &format!("factored group {group} {format:?} n {n} offset {with_offset}"));
                 }
             }
+        }
+    }
+
+    /// The SIMD and the portable interleaved products of `w` give the row kernels' of `plain`
+    /// (the same weights), up to the order of the f32 additions.
+    fn check(w: ByteGroupRows<'_>, plain: IntRows<'_>, xq: &QuantizedRows, what: &str) {
+        let (rows, n) = (w.rows(), xq.rows(w.cols));
+        let (mut want, mut got, mut portable) = (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; rows * n]);
+        int_products(plain, xq, &mut want);
+        products(w, xq, &mut got);
+        products_portable(w, xq, &mut portable, rows, n);
+        for (i, ((g, p), w)) in got.iter().zip(&portable).zip(&want).enumerate() {
+            let tolerance = 1e-4 * w.abs().max(1.0);
+            assert!((g - w).abs() <= tolerance && (p - w).abs() <= tolerance, "{what} [{i}]: {g} / {p} vs {w}");
         }
     }
 }

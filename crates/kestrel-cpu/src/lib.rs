@@ -10,6 +10,7 @@ mod alloc;
 mod attention;
 mod dot;
 mod error;
+mod factored;
 mod interleaved;
 mod interleaved_bytes;
 mod matrix;

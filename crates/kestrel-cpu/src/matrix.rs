@@ -2,13 +2,14 @@
 //! formats of at most 4 bits) with a scale and an offset per 32 weights (per 16 for Q6_K), F16
 //! and F32 as f32. `apply` is `y = x·Wᵀ` for rows of x.
 
-use kestrel_gguf::quant::{int_groups, INT_GROUP};
+use kestrel_gguf::quant::{int_groups, super_block_units, INT_GROUP};
 use kestrel_gguf::GgmlType;
 
 use crate::activations::{ActFormat, QuantizedRows};
 use crate::alloc::{split_off, with_capacity, zeroed};
 use crate::dot::{f32_dot, int_products, IntRows, Levels, Scales};
 use crate::error::CpuError;
+use crate::factored::{factor, UnitLayout};
 use crate::interleaved::{self, GroupRows};
 use crate::interleaved_bytes::{self, ByteGroupRows};
 use crate::parallel::{for_each_chunk, for_row_chunks};
@@ -42,11 +43,12 @@ struct IntWeights {
     act: ActFormat,
 }
 
-/// Scales or offsets: f16 where every value of the matrix is exactly one (`dot::Scales`),
-/// natively.
+/// Scales or offsets: natively, f16 where every value of the matrix is exactly one, and a byte
+/// with a unit per super-block for the K-quants (`factored`); f32 otherwise (`dot::Scales`).
 enum ScaleStore {
     F32(Vec<f32>),
     F16(Vec<u16>),
+    Factored { units: Vec<f32>, k: Vec<i8>, layout: UnitLayout },
 }
 
 impl ScaleStore {
@@ -59,11 +61,16 @@ impl ScaleStore {
         Ok(ScaleStore::F16(bits))
     }
 
-    /// The values mapped by `f32s` or `f16s`, whichever the store holds.
+    /// The values mapped by `f32s` or `f16s`, whichever the store holds (factored values as
+    /// whole f32s).
     fn map(&self, f32s: impl Fn(&[f32]) -> Vec<f32>, f16s: impl Fn(&[u16]) -> Vec<u16>) -> Self {
         match self {
             ScaleStore::F32(v) => ScaleStore::F32(f32s(v)),
             ScaleStore::F16(h) => ScaleStore::F16(f16s(h)),
+            ScaleStore::Factored { .. } => {
+                let view = self.view();
+                ScaleStore::F32(f32s(&(0..view.len()).map(|i| view.get(i)).collect::<Vec<f32>>()))
+            }
         }
     }
 
@@ -73,16 +80,14 @@ impl ScaleStore {
     }
 
     fn get(&self, i: usize) -> f32 {
-        match self {
-            ScaleStore::F32(v) => v[i],
-            ScaleStore::F16(h) => half::f16::from_bits(h[i]).to_f32(),
-        }
+        self.view().get(i)
     }
 
     fn view(&self) -> Scales<'_> {
         match self {
             ScaleStore::F32(v) => Scales::F32(v),
             ScaleStore::F16(h) => Scales::F16(h),
+            ScaleStore::Factored { units, k, layout } => Scales::Factored { units, k, layout: *layout },
         }
     }
 
@@ -90,13 +95,20 @@ impl ScaleStore {
         match self {
             ScaleStore::F32(v) => 4 * v.len(),
             ScaleStore::F16(h) => 2 * h.len(),
+            ScaleStore::Factored { units, k, .. } => 4 * units.len() + k.len(),
         }
     }
 
+    /// The values from `at` (whole unit groups of whole lane groups, for factored values).
     fn split_off(&mut self, at: usize, what: &dyn Fn() -> String) -> Result<Self, CpuError> {
         Ok(match self {
             ScaleStore::F32(v) => ScaleStore::F32(split_off(v, at, what)?),
             ScaleStore::F16(h) => ScaleStore::F16(split_off(h, at, what)?),
+            ScaleStore::Factored { units, k, layout } => {
+                let layout = *layout;
+                assert!(at.is_multiple_of(layout.per_unit() * layout.lanes()), "factored scales split inside a unit");
+                ScaleStore::Factored { units: split_off(units, at / layout.per_unit(), what)?, k: split_off(k, at, what)?, layout }
+            }
         })
     }
 }
@@ -117,6 +129,31 @@ enum LevelStore {
     /// Byte levels of rows in groups of 8, interleaved alike (`interleaved_bytes`' layout), for
     /// the other formats, where the machine has the SIMD code and for a multiple of 8 rows.
     Bytes8(Vec<i8>),
+}
+
+/// The formats whose scales and offsets are whole multiples of a unit per super-block
+/// (`kestrel_gguf::quant::super_block_units`).
+fn super_blocks_factor(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+/// Whether K-quant scales and offsets are kept factored (`factored`): natively. Not in wasm,
+/// whose row kernels would expand a row's scales for each dot product (as they would f16 ones).
+const FACTORED_SCALES: bool = cfg!(not(target_arch = "wasm32"));
+
+/// `values` (one per group, rows one after another) as integers of `units` (one per unit
+/// group), laid out as `layout` says (interleaved alike where its lanes are 8); None where they
+/// are not exact multiples, which no well-formed file has.
+fn factored(values: &[f32], units: Vec<f32>, rows: usize, layout: UnitLayout) -> Option<ScaleStore> {
+    let k = factor(values, &units, layout.per_unit())?;
+    let (units, k) = if layout.lanes() == 1 {
+        (units, k)
+    } else {
+        let unit_count = units.len() / rows;
+        let woven_units = interleaved::interleave_values(&units, rows, unit_count, false);
+        (woven_units, interleaved::interleave_values(&k, rows, k.len() / rows, false))
+    };
+    Some(ScaleStore::Factored { units, k, layout })
 }
 
 /// Blocks decoded to integers at a time: a few hundred KiB of transient integers, where decoding
@@ -168,8 +205,16 @@ impl IntWeights {
         let mut scale = with_capacity(n / group, what)?;
         let mut offset = if has_offset { Some(with_capacity(n / group, what)?) } else { None };
         let (block_bytes, block) = (ty.type_size() as usize, ty.block_size() as usize);
+        // The K-quants' super-block units ([d, -dmin]), where their scales are kept factored.
+        let mut units: Option<Vec<[f32; 2]>> = None;
         for part in bytes.chunks(DECODE_BLOCKS * block_bytes) {
-            let g = int_groups(ty, part, part.len() / block_bytes * block)?;
+            let part_weights = part.len() / block_bytes * block;
+            let g = int_groups(ty, part, part_weights)?;
+            if FACTORED_SCALES {
+                if let Some(u) = super_block_units(ty, part, part_weights)? {
+                    units.get_or_insert_with(Vec::new).extend(u);
+                }
+            }
             let scales = g.scale.iter().step_by(per_group).copied();
             // The format's min where it has one, else what the stored levels' bias adds.
             match (&mut offset, g.min) {
@@ -218,6 +263,18 @@ impl IntWeights {
                 LevelStore::Bytes(q) => q.extend_from_slice(&g.q),
             }
         }
+        let act = if block == ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
+        if let Some(units) = units {
+            let per_unit = block / group;
+            let lanes = if woven { interleaved::GROUP_ROWS } else { 1 };
+            let layout = UnitLayout::new(per_unit, lanes);
+            let scale_units: Vec<f32> = units.iter().map(|u| u[0]).collect();
+            let factored_scale = factored(&scale, scale_units, rows, layout);
+            let factored_offset = offset.as_ref().map(|o| factored(o, units.iter().map(|u| u[1]).collect(), rows, layout));
+            if let (Some(scale), Some(offset)) = (factored_scale, factored_offset.map_or(Some(None), |o| o.map(Some))) {
+                return Ok(Self { levels, group, scale, offset, bias, act });
+            }
+        }
         if woven {
             let row_groups = cols / group;
             scale = interleaved::interleave_values(&scale, rows, row_groups, false);
@@ -229,7 +286,6 @@ impl IntWeights {
         let f16 = cfg!(not(target_arch = "wasm32")) && ScaleStore::fits_f16(&scale) && offset.as_deref().is_none_or(ScaleStore::fits_f16);
         let scale = ScaleStore::new(scale, f16, what)?;
         let offset = offset.map(|o| ScaleStore::new(o, f16, what)).transpose()?;
-        let act = if block == ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
         Ok(Self { levels, group, scale, offset, bias, act })
     }
 
@@ -412,17 +468,24 @@ impl Matrix {
     }
 
     /// The bytes `from_ggml` stores `n` weights of `ty` in (None: a type it does not run), with
-    /// the scales in f16 where `f16_scales` (natively, when every scale and offset of the matrix
-    /// is exactly an f16) or f32 (always in wasm).
-    pub fn stored_bytes(ty: GgmlType, n: u64, f16_scales: bool) -> Option<u64> {
+    /// the scales as `native` code keeps them (the K-quants' factored, the others' in f16 when
+    /// every scale and offset of the matrix is exactly an f16) or as wasm does (f32).
+    pub fn stored_bytes(ty: GgmlType, n: u64, native: bool) -> Option<u64> {
         match ty {
             GgmlType::F32 | GgmlType::F16 => n.checked_mul(4),
             ty if INT_TYPES.contains(&ty) => {
                 let layout = IntLayout::of(ty);
                 let levels = if layout.nibbles { n / 2 } else { n };
-                let scale_bytes = if f16_scales { 2 } else { 4 };
                 let scale_arrays = if layout.offset { 2 } else { 1 };
-                Some(levels + n / layout.group as u64 * scale_bytes * scale_arrays)
+                let groups = n / layout.group as u64;
+                let super_blocks = n / ty.block_size();
+                let scale_bytes = match (native, super_blocks_factor(ty)) {
+                    // A byte per group, an f32 unit per super-block.
+                    (true, true) => groups + 4 * super_blocks,
+                    (true, false) => 2 * groups,
+                    (false, _) => 4 * groups,
+                };
+                Some(levels + scale_bytes * scale_arrays)
             }
             _ => None,
         }

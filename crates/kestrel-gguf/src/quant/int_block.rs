@@ -68,6 +68,27 @@ pub fn int_groups(ty: GgmlType, bytes: &[u8], n: usize) -> Result<IntGroups, Ggu
     Ok(out)
 }
 
+/// The units a K-quant's scales and offsets are whole multiples of, per super-block of 256
+/// weights: `[d, -dmin]` for Q4_K and Q5_K (every scale of the super-block is `d · sc` and every
+/// offset `-dmin · m`, for 6-bit `sc` and `m`), `[d, 0]` for Q6_K (scales `d · sc`, 8-bit signed
+/// `sc`). Each product is exact in f32 (an f16 times an integer of at most 8 bits), so a scale is
+/// the same f32 whether stored whole or as its integer and unit. None for the other formats.
+pub fn super_block_units(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Option<Vec<[f32; 2]>>, GgufError> {
+    use super::{f16_at, q4_k, q5_k, q6_k};
+    super::check_data_len(ty, bytes, n, "super-block units")?;
+    let units = match ty {
+        GgmlType::Q4_K => {
+            super::blocks::<{ q4_k::BLOCK_BYTES }>(bytes).map(|b| [f16_at(b, q4_k::OFFSET_D), -f16_at(b, q4_k::OFFSET_DMIN)]).collect()
+        }
+        GgmlType::Q5_K => {
+            super::blocks::<{ q5_k::BLOCK_BYTES }>(bytes).map(|b| [f16_at(b, q5_k::OFFSET_D), -f16_at(b, q5_k::OFFSET_DMIN)]).collect()
+        }
+        GgmlType::Q6_K => super::blocks::<{ q6_k::BLOCK_BYTES }>(bytes).map(|b| [f16_at(b, q6_k::OFFSET_D), 0.0]).collect(),
+        _ => return Ok(None),
+    };
+    Ok(Some(units))
+}
+
 fn collect<const N: usize, const E: usize, const G: usize>(bytes: &[u8], out: &mut IntGroups, block: fn(&[u8; N]) -> IntBlock<E, G>) {
     for b in super::blocks::<N>(bytes).map(block) {
         out.q.extend_from_slice(&b.q);
@@ -103,6 +124,20 @@ mod tests {
                 let scaled = f32::from(g.q[e]) * g.scale[e / INT_GROUP];
                 let got = g.min.as_ref().map_or(scaled, |m| scaled + m[e / INT_GROUP]);
                 assert_eq!(got.to_bits(), want.to_bits(), "{ty} element {e}: {got} vs {want}");
+            }
+            // The K-quants' scales and offsets are whole multiples of their super-block's units.
+            if let Some(units) = super_block_units(ty, &bytes, n).unwrap() {
+                assert_eq!(units.len(), n / 256, "{ty}");
+                let offsets = g.min.clone().unwrap_or_else(|| vec![0.0; g.scale.len()]);
+                for (i, (&scale, &offset)) in g.scale.iter().zip(&offsets).enumerate() {
+                    let [d, minus_dmin] = units[i / (256 / INT_GROUP)];
+                    for (value, unit, range) in [(scale, d, -128.0..=127.0), (offset, minus_dmin, 0.0..=63.0)] {
+                        let k = if unit == 0.0 { 0.0 } else { value / unit };
+                        assert!(k == k.round() && range.contains(&k) && unit * k == value, "{ty} group {i}: {value} is {k} x {unit}");
+                    }
+                }
+            } else {
+                assert!(!matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K), "{ty} has no units");
             }
         }
         assert!(int_groups(GgmlType::Q2_K, &[0; 84], 256).is_err());
