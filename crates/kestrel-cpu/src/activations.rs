@@ -17,6 +17,8 @@ pub(crate) enum ActFormat {
 
 /// `n` rows of `cols` values as 8-bit levels: value ≈ `d[b] * q`, block `b` of 32.
 pub(crate) struct QuantizedRows {
+    /// Which format: the AVX2 tiles that sum a super-block in i32 need Q8_K's one scale a 256.
+    #[cfg_attr(not(target_arch = "x86_64"), expect(dead_code, reason = "only the AVX2 tiles read it"))]
     pub(crate) format: ActFormat,
     pub(crate) q: Vec<i8>,
     /// One scale per 32 values.

@@ -110,6 +110,8 @@ struct ModelReport {
     /// Device creation, reading the file, repacking and uploading the weights, compiling every
     /// pipeline (the file may be in the OS page cache from an earlier run).
     load_ms: f64,
+    /// The file's bytes over `load_ms` (None for a synthetic model, made in memory).
+    load_gb_per_s: Option<f64>,
     gpu_memory: Option<GpuMemory>,
     copy_gb_per_s: Option<f64>,
     workloads: Vec<WorkloadResult>,
@@ -236,6 +238,7 @@ pub fn run(args: &ModelArgs) -> CliResult {
         model: info,
         context_length: model.context_length(),
         load_ms: loaded.load_ms,
+        load_gb_per_s: (file_bytes > 0 && loaded.load_ms > 0.0).then(|| file_bytes as f64 / (loaded.load_ms * 1e6)),
         gpu_memory,
         copy_gb_per_s,
         workloads,
@@ -284,10 +287,14 @@ fn model_info(model: &Model, path: &std::path::Path, file_bytes: u64) -> ModelIn
 
 /// A short human summary (the suite's combined table comes from bench/report.mjs).
 fn markdown(r: &ModelReport) -> String {
+    let load = match r.load_gb_per_s {
+        Some(rate) => format!("load {:.0} ms ({rate:.2} GB/s of file)", r.load_ms),
+        None => format!("load {:.0} ms", r.load_ms),
+    };
     let mut out = match (&r.adapter, &r.cpu, r.copy_gb_per_s) {
-        (Some(adapter), _, Some(copy)) => format!("{}\n\nload {:.0} ms, copy {copy:.2} GB/s\n\n", adapter.markdown("-"), r.load_ms),
-        (_, Some(cpu), _) => format!("CPU backend ({}, {} threads)\n\nload {:.0} ms\n\n", cpu.simd, cpu.threads, r.load_ms),
-        _ => format!("load {:.0} ms\n\n", r.load_ms),
+        (Some(adapter), _, Some(copy)) => format!("{}\n\n{load}, copy {copy:.2} GB/s\n\n", adapter.markdown("-")),
+        (_, Some(cpu), _) => format!("CPU backend ({}, {} threads)\n\n{load}\n\n", cpu.simd, cpu.threads),
+        _ => format!("{load}\n\n"),
     };
     out += "| prompt | decode | TTFT ms | prefill tok/s | decode tok/s | ITL p50 / p90 / p99 ms |\n|--:|--:|--:|--:|--:|--:|\n";
     for w in &r.workloads {
