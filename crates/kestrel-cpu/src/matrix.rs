@@ -12,7 +12,7 @@ use crate::error::CpuError;
 use crate::factored::{factor, UnitLayout};
 use crate::interleaved::{self, GroupRows};
 use crate::interleaved_bytes::{self, ByteGroupRows};
-use crate::parallel::{for_each_chunk, for_row_chunks};
+use crate::parallel::{for_each_chunk, for_row_chunks, try_each_on_pool};
 
 /// Tokens a task of a product's transposition takes: a cache line of f32 sums.
 const TRANSPOSE_TOKENS: usize = 16;
@@ -156,6 +156,99 @@ fn factored(values: &[f32], units: Vec<f32>, rows: usize, layout: UnitLayout) ->
     Some(ScaleStore::Factored { units, k, layout })
 }
 
+/// The part of a matrix's level store that one run of rows converts into.
+enum LevelRun<'a> {
+    Nibbles(&'a mut [u8]),
+    Nibbles8(&'a mut [u8]),
+    Bytes(&'a mut [i8]),
+    Bytes8(&'a mut [i8]),
+}
+
+/// One run of whole rows of a conversion: the rows' GGUF bytes, and their parts of the stores
+/// (the units: each super-block's d and -dmin).
+struct RowRun<'a> {
+    bytes: &'a [u8],
+    levels: LevelRun<'a>,
+    scale: &'a mut [f32],
+    offset: Option<&'a mut [f32]>,
+    units: Option<(&'a mut [f32], &'a mut [f32])>,
+}
+
+/// How a matrix's GGUF blocks become its stores.
+struct Conversion {
+    ty: GgmlType,
+    cols: usize,
+    group: usize,
+    bias: i8,
+}
+
+impl Conversion {
+    /// Converts a run of rows, DECODE_BLOCKS blocks at a time.
+    fn convert(&self, run: RowRun<'_>) -> Result<(), CpuError> {
+        let RowRun { bytes, mut levels, scale, mut offset, mut units } = run;
+        let (ty, bias) = (self.ty, self.bias);
+        let per_group = self.group / INT_GROUP;
+        let (block_bytes, block) = (ty.type_size() as usize, ty.block_size() as usize);
+        let row_blocks = self.cols / ACT_BLOCK;
+        // Blocks of 32, groups and super-blocks converted so far in this run.
+        let (mut done, mut groups, mut supers) = (0, 0, 0);
+        for part in bytes.chunks(DECODE_BLOCKS * block_bytes) {
+            let part_weights = part.len() / block_bytes * block;
+            let g = int_groups(ty, part, part_weights)?;
+            if let Some((d, m)) = &mut units {
+                let u = super_block_units(ty, part, part_weights)?.unwrap_or_default();
+                for ((d, m), [ud, um]) in d[supers..].iter_mut().zip(m[supers..].iter_mut()).zip(&u) {
+                    (*d, *m) = (*ud, *um);
+                }
+                supers += u.len();
+            }
+            let scales: Vec<f32> = g.scale.iter().step_by(per_group).copied().collect();
+            // The format's min where it has one, else what the stored levels' bias adds.
+            if let Some(o) = &mut offset {
+                let out = &mut o[groups..groups + scales.len()];
+                match &g.min {
+                    Some(min) => out.iter_mut().zip(min.iter().step_by(per_group)).for_each(|(o, &m)| *o = m),
+                    None => out.iter_mut().zip(&scales).for_each(|(o, &s)| *o = -f32::from(bias) * s),
+                }
+            }
+            scale[groups..groups + scales.len()].copy_from_slice(&scales);
+            groups += scales.len();
+            // Block of 32 levels: byte j holds level j in its low nibble and j + 16 in its high one.
+            let nibble_bytes = |block: &[i8]| -> [u8; ACT_BLOCK / 2] {
+                let (lo, hi) = block.split_at(ACT_BLOCK / 2);
+                let mut bytes = [0u8; ACT_BLOCK / 2];
+                for ((byte, &a), &b) in bytes.iter_mut().zip(lo).zip(hi) {
+                    *byte = (a + bias) as u8 & 0x0F | ((b + bias) as u8) << 4;
+                }
+                bytes
+            };
+            for block in g.q.chunks_exact(ACT_BLOCK) {
+                let (r, b) = (done / row_blocks, done % row_blocks);
+                match &mut levels {
+                    LevelRun::Nibbles(packed) => packed[done * ACT_BLOCK / 2..][..ACT_BLOCK / 2].copy_from_slice(&nibble_bytes(block)),
+                    LevelRun::Nibbles8(woven) => {
+                        // The block's 4 runs of 4 bytes, each to its chunk of the row's group.
+                        for (j, run) in nibble_bytes(block).chunks_exact(4).enumerate() {
+                            let at = interleaved::byte_index(r, b, 4 * j, row_blocks);
+                            woven[at..at + 4].copy_from_slice(run);
+                        }
+                    }
+                    LevelRun::Bytes(q) => q[done * ACT_BLOCK..][..ACT_BLOCK].copy_from_slice(block),
+                    LevelRun::Bytes8(woven) => {
+                        // The block's 8 runs of 4 levels, each to its chunk of the row's group.
+                        for (j, run) in block.chunks_exact(4).enumerate() {
+                            let at = interleaved_bytes::level_index(r, b, 4 * j, row_blocks);
+                            woven[at..at + 4].copy_from_slice(run);
+                        }
+                    }
+                }
+                done += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Blocks decoded to integers at a time: a few hundred KiB of transient integers, where decoding
 /// the whole matrix at once held one byte per weight beside the result (525 MB for an 8B
 /// model's embedding table, more than 32-bit wasm can spare).
@@ -191,78 +284,49 @@ impl IntWeights {
     fn from_ggml(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize, what: &dyn Fn() -> String) -> Result<Self, CpuError> {
         let n = rows * cols;
         let IntLayout { group, nibbles, offset: has_offset } = IntLayout::of(ty);
-        let per_group = group / INT_GROUP;
         let bias: i8 = if ty == GgmlType::Q4_0 { 8 } else { 0 };
         let woven = (group == ACT_BLOCK || !nibbles) && interleaved::has_simd() && rows.is_multiple_of(interleaved::GROUP_ROWS);
         let mut levels = match (nibbles, woven) {
             (true, true) => LevelStore::Nibbles8(zeroed(n / 2, what)?),
-            (true, false) => LevelStore::Nibbles(with_capacity(n / 2, what)?),
+            (true, false) => LevelStore::Nibbles(zeroed(n / 2, what)?),
             (false, true) => LevelStore::Bytes8(zeroed(n, what)?),
-            (false, false) => LevelStore::Bytes(with_capacity(n, what)?),
+            (false, false) => LevelStore::Bytes(zeroed(n, what)?),
         };
-        // Blocks converted so far, and blocks a row.
-        let (mut done, row_blocks) = (0, cols / ACT_BLOCK);
-        let mut scale = with_capacity(n / group, what)?;
-        let mut offset = if has_offset { Some(with_capacity(n / group, what)?) } else { None };
         let (block_bytes, block) = (ty.type_size() as usize, ty.block_size() as usize);
-        // The K-quants' super-block units ([d, -dmin]), where their scales are kept factored.
-        let mut units: Option<Vec<[f32; 2]>> = None;
-        for part in bytes.chunks(DECODE_BLOCKS * block_bytes) {
-            let part_weights = part.len() / block_bytes * block;
-            let g = int_groups(ty, part, part_weights)?;
-            if FACTORED_SCALES {
-                if let Some(u) = super_block_units(ty, part, part_weights)? {
-                    units.get_or_insert_with(Vec::new).extend(u);
-                }
-            }
-            let scales = g.scale.iter().step_by(per_group).copied();
-            // The format's min where it has one, else what the stored levels' bias adds.
-            match (&mut offset, g.min) {
-                (Some(o), Some(min)) => o.extend(min.into_iter().step_by(per_group)),
-                (Some(o), None) => o.extend(scales.clone().map(|s| -f32::from(bias) * s)),
-                (None, _) => {}
-            }
-            scale.extend(scales);
-            // Block of 32 levels: byte j holds level j in its low nibble and j + 16 in its high one.
-            let nibble_bytes = |block: &[i8]| -> [u8; ACT_BLOCK / 2] {
-                let (lo, hi) = block.split_at(ACT_BLOCK / 2);
-                let mut bytes = [0u8; ACT_BLOCK / 2];
-                for ((byte, &a), &b) in bytes.iter_mut().zip(lo).zip(hi) {
-                    *byte = (a + bias) as u8 & 0x0F | ((b + bias) as u8) << 4;
-                }
-                bytes
-            };
-            match &mut levels {
-                LevelStore::Nibbles(packed) => {
-                    for block in g.q.chunks_exact(ACT_BLOCK) {
-                        packed.extend(nibble_bytes(block));
-                    }
-                }
-                LevelStore::Nibbles8(woven) => {
-                    for block in g.q.chunks_exact(ACT_BLOCK) {
-                        let (r, b) = (done / row_blocks, done % row_blocks);
-                        // The block's 4 runs of 4 bytes, each to its chunk of the row's group.
-                        for (j, run) in nibble_bytes(block).chunks_exact(4).enumerate() {
-                            let at = interleaved::byte_index(r, b, 4 * j, row_blocks);
-                            woven[at..at + 4].copy_from_slice(run);
-                        }
-                        done += 1;
-                    }
-                }
-                LevelStore::Bytes8(woven) => {
-                    for block in g.q.chunks_exact(ACT_BLOCK) {
-                        let (r, b) = (done / row_blocks, done % row_blocks);
-                        // The block's 8 runs of 4 levels, each to its chunk of the row's group.
-                        for (j, run) in block.chunks_exact(4).enumerate() {
-                            let at = interleaved_bytes::level_index(r, b, 4 * j, row_blocks);
-                            woven[at..at + 4].copy_from_slice(run);
-                        }
-                        done += 1;
-                    }
-                }
-                LevelStore::Bytes(q) => q.extend_from_slice(&g.q),
-            }
+        let mut scale = zeroed(n / group, what)?;
+        let mut offset = if has_offset { Some(zeroed(n / group, what)?) } else { None };
+        // The K-quants' super-block units (d and -dmin), where their scales are kept factored.
+        let factored_units = FACTORED_SCALES && super_blocks_factor(ty);
+        let mut units = if factored_units { Some([zeroed(n / block, what)?, zeroed(n / block, what)?]) } else { None };
+
+        // Runs of whole rows (whole interleaved groups) of about DECODE_BLOCKS blocks, one task
+        // each over the pool: each converts its rows into its own part of every store.
+        let row_blocks = cols / block;
+        let run_rows = (DECODE_BLOCKS / row_blocks.max(1)).max(1).next_multiple_of(interleaved::GROUP_ROWS);
+        let row_bytes = row_blocks * block_bytes;
+        let level_bytes = if nibbles { cols / 2 } else { cols };
+        let mut level_runs: Vec<LevelRun<'_>> = match &mut levels {
+            LevelStore::Nibbles(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Nibbles).collect(),
+            LevelStore::Nibbles8(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Nibbles8).collect(),
+            LevelStore::Bytes(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Bytes).collect(),
+            LevelStore::Bytes8(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Bytes8).collect(),
+        };
+        let mut scale_runs = scale.chunks_mut(run_rows * cols / group);
+        let mut offset_runs = offset.as_mut().map(|o| o.chunks_mut(run_rows * cols / group));
+        let mut unit_runs = units.as_mut().map(|[d, m]| (d.chunks_mut(run_rows * row_blocks), m.chunks_mut(run_rows * row_blocks)));
+        let mut runs = Vec::new();
+        for (bytes, levels) in bytes.chunks(run_rows * row_bytes).zip(level_runs.drain(..)) {
+            runs.push(RowRun {
+                bytes,
+                levels,
+                scale: scale_runs.next().unwrap_or_default(),
+                offset: offset_runs.as_mut().and_then(Iterator::next),
+                units: unit_runs.as_mut().and_then(|(d, m)| d.next().zip(m.next())),
+            });
         }
+        let conversion = Conversion { ty, cols, group, bias };
+        try_each_on_pool(runs, |run| conversion.convert(run))?;
+        let units = units.map(|[d, m]| d.into_iter().zip(m).map(|(d, m)| [d, m]).collect::<Vec<_>>());
         let act = if block == ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
         if let Some(units) = units {
             let per_unit = block / group;

@@ -62,6 +62,18 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     f()
 }
 
+/// Calls `f` on each task, over the CPU backend's pool natively (one task a thread at a time,
+/// in any order), one after another in wasm; the first error is returned.
+pub(crate) fn try_each_on_pool<T: Send, E: Send>(tasks: Vec<T>, f: impl Fn(T) -> Result<(), E> + Sync + Send) -> Result<(), E> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use rayon::prelude::*;
+        on_pool(|| tasks.into_par_iter().try_for_each(f))
+    }
+    #[cfg(target_arch = "wasm32")]
+    tasks.into_iter().try_for_each(f)
+}
+
 pub(crate) fn threads() -> usize {
     #[cfg(not(target_arch = "wasm32"))]
     return pool().map_or(1, rayon::ThreadPool::current_num_threads);
