@@ -164,7 +164,7 @@ pub(crate) mod avx2 {
 
     use super::{GroupRows, GROUP_ROWS, ROW_BLOCK_BYTES};
     use crate::activations::QuantizedRows;
-    use crate::dot::avx2::{with_eight_scales, EightScales, FactoredLanes};
+    use crate::dot::avx2::{has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
     use crate::dot::ActRow;
     use crate::ACT_BLOCK;
 
@@ -213,13 +213,7 @@ pub(crate) mod avx2 {
     /// AVX2, FMA and F16C are present, and `w`, `x` and `out` have the shapes `products` checks.
     pub(super) unsafe fn products(w: GroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
         if let Some((scale, offset)) = FactoredLanes::super_blocks(w.scale, w.offset, ACT_BLOCK, w.cols, x).filter(|_| w.bias == 0.0) {
-            by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match tokens {
-                // SAFETY: as this function's; `super_blocks` checked the layout.
-                4 => unsafe { tile_factored::<4>(&w, scale, offset, g, acts, sums) },
-                3 => unsafe { tile_factored::<3>(&w, scale, offset, g, acts, sums) },
-                2 => unsafe { tile_factored::<2>(&w, scale, offset, g, acts, sums) },
-                _ => unsafe { tile_factored::<1>(&w, scale, offset, g, acts, sums) },
-            });
+            factored_products(&w, scale, offset, x, out, rows, n, has_avx512_vnni());
             return;
         }
         with_eight_scales!(w.scale, w.offset, |scale, offset| {
@@ -233,6 +227,62 @@ pub(crate) mod avx2 {
         });
     }
 
+    /// `products` of factored scales with Q8_K activations (`FactoredLanes::super_blocks`), with
+    /// AVX512-VNNI's `dpbusd` where `vnni`.
+    ///
+    /// # Safety
+    /// As `products`'s, the layout checked by `super_blocks`, and AVX512-VNNI and AVX512VL
+    /// present where `vnni`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn factored_products(
+        w: &GroupRows<'_>,
+        scale: FactoredLanes<'_>,
+        offset: Option<FactoredLanes<'_>>,
+        x: &QuantizedRows,
+        out: &mut [f32],
+        rows: usize,
+        n: usize,
+        vnni: bool,
+    ) {
+        by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match (vnni, tokens) {
+            // SAFETY: as this function's.
+            (false, 4) => unsafe { tile_factored::<4>(w, scale, offset, g, acts, sums) },
+            (false, 3) => unsafe { tile_factored::<3>(w, scale, offset, g, acts, sums) },
+            (false, 2) => unsafe { tile_factored::<2>(w, scale, offset, g, acts, sums) },
+            (false, _) => unsafe { tile_factored::<1>(w, scale, offset, g, acts, sums) },
+            (true, 4) => unsafe { tile_factored_vnni::<4>(w, scale, offset, g, acts, sums) },
+            (true, 3) => unsafe { tile_factored_vnni::<3>(w, scale, offset, g, acts, sums) },
+            (true, 2) => unsafe { tile_factored_vnni::<2>(w, scale, offset, g, acts, sums) },
+            (true, _) => unsafe { tile_factored_vnni::<1>(w, scale, offset, g, acts, sums) },
+        });
+    }
+
+    /// `factored_tile` in AVX2.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_factored<const T: usize>(
+        w: &GroupRows<'_>,
+        scale: FactoredLanes<'_>,
+        offset: Option<FactoredLanes<'_>>,
+        g: usize,
+        acts: &[ActRow<'_>; TOKENS],
+        sums: &mut TileSums,
+    ) {
+        factored_tile::<T, false>(w, scale, offset, g, acts, sums)
+    }
+
+    /// `factored_tile` with AVX512-VNNI's `dpbusd` (on 256-bit vectors).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    unsafe fn tile_factored_vnni<const T: usize>(
+        w: &GroupRows<'_>,
+        scale: FactoredLanes<'_>,
+        offset: Option<FactoredLanes<'_>>,
+        g: usize,
+        acts: &[ActRow<'_>; TOKENS],
+        sums: &mut TileSums,
+    ) {
+        factored_tile::<T, true>(w, scale, offset, g, acts, sums)
+    }
+
     /// `tile` for factored scales (`FactoredLanes`) and Q8_K activations: each block's pair sums
     /// are multiplied by the rows' integer scales in the `madd` that widens them and summed over
     /// the super-block in i32, as llama.cpp's Q4_K dot product does; the units and the
@@ -240,12 +290,17 @@ pub(crate) mod avx2 {
     /// blocks' activation sums. Fewer instructions per weight than whole f32 scales, for a
     /// fifth fewer bytes.
     ///
+    /// With `VNNI`, `dpbusd` sums each block's 4-byte products straight into i32 and the integer
+    /// scales multiply those (`mullo`).
+    ///
     /// Bounds: 8 pair sums of at most `2 · 15 · 128` stay within i16 (as in `tile`); times an
     /// integer scale of at most 128 in magnitude, twice, and over a super-block's 8 blocks,
-    /// within 8 · 2 · 30,720 · 128 < 2^31.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile_factored<const T: usize>(
+    /// within 8 · 2 · 30,720 · 128 < 2^31 (with `dpbusd`, a block's 32 products of at most
+    /// 15 · 128, times 128, over 8 blocks, the same).
+    ///
+    /// Inlined into its callers, which enable the instruction sets it uses.
+    #[inline(always)]
+    unsafe fn factored_tile<const T: usize, const VNNI: bool>(
         w: &GroupRows<'_>,
         scale: FactoredLanes<'_>,
         offset: Option<FactoredLanes<'_>>,
@@ -275,14 +330,25 @@ pub(crate) mod avx2 {
                 let m = offset.map(|o| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(o.k.as_ptr().add(at).cast()))));
                 for j in 0..T {
                     let q = acts[j].q.as_ptr().add(b * ACT_BLOCK);
-                    let mut pairs = _mm256_setzero_si256();
-                    for k in 0..4 {
-                        let x_low = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
-                        let x_high = _mm256_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
-                        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low[k], x_low));
-                        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(high[k], x_high));
+                    if VNNI {
+                        let mut block_sums = _mm256_setzero_si256();
+                        for k in 0..4 {
+                            let x_low = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
+                            let x_high = _mm256_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
+                            block_sums = _mm256_dpbusd_epi32(block_sums, low[k], x_low);
+                            block_sums = _mm256_dpbusd_epi32(block_sums, high[k], x_high);
+                        }
+                        scaled[j] = _mm256_add_epi32(scaled[j], _mm256_mullo_epi32(block_sums, k32));
+                    } else {
+                        let mut pairs = _mm256_setzero_si256();
+                        for k in 0..4 {
+                            let x_low = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
+                            let x_high = _mm256_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
+                            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low[k], x_low));
+                            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(high[k], x_high));
+                        }
+                        scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k16));
                     }
-                    scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k16));
                     if let Some(m) = m {
                         offsets[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(*acts[j].sums32.get_unchecked(b)), offsets[j]);
                     }
@@ -420,6 +486,28 @@ mod tests {
                 let w =
                     GroupRows { levels: &woven, scale: Scales::Factored { units: &units, k: &k, layout }, offset: o_w, bias: 0.0, cols };
                 check(w, plain, &xq, &format!("factored {format:?} n {n} offset {with_offset}"));
+                #[cfg(target_arch = "x86_64")]
+                check_factored_sets(w, &xq, &format!("factored {format:?} n {n} offset {with_offset}"));
+            }
+        }
+    }
+
+    /// Each instruction set this machine has gives the factored products the portable code
+    /// gives (`check` runs only the one `products` chooses).
+    #[cfg(target_arch = "x86_64")]
+    fn check_factored_sets(w: GroupRows<'_>, xq: &QuantizedRows, what: &str) {
+        use crate::dot::avx2::{has_avx512_vnni, FactoredLanes};
+        let (rows, n) = (w.rows(), xq.rows(w.cols));
+        let mut portable = vec![0f32; rows * n];
+        products_portable(w, xq, &mut portable, rows, n);
+        let Some((scale, offset)) = FactoredLanes::super_blocks(w.scale, w.offset, ACT_BLOCK, w.cols, xq) else { return };
+        let sets = [(has_simd(), false), (has_simd() && has_avx512_vnni(), true)];
+        for (_, vnni) in sets.into_iter().filter(|&(present, _)| present) {
+            let mut got = vec![0f32; rows * n];
+            // SAFETY: the instruction sets are present, and `check` ran `products`'s shape checks.
+            unsafe { avx2::factored_products(&w, scale, offset, xq, &mut got, rows, n, vnni) };
+            for (i, (g, p)) in got.iter().zip(&portable).enumerate() {
+                assert!((g - p).abs() <= 1e-4 * p.abs().max(1.0), "{what} vnni {vnni} [{i}]: {g} vs {p}");
             }
         }
     }

@@ -101,13 +101,13 @@ pub(crate) fn products_portable(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &m
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{ByteGroupRows, GROUP_ROWS};
     use crate::activations::QuantizedRows;
     use crate::activations::Q8K_BLOCK;
-    use crate::dot::avx2::{with_eight_scales, EightScales, FactoredLanes};
+    use crate::dot::avx2::{has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
     use crate::dot::ActRow;
     use crate::interleaved::avx2::{by_tiles, TileSums, PREFETCH_BYTES, TOKENS};
     use crate::ACT_BLOCK;
@@ -119,17 +119,7 @@ mod avx2 {
     /// AVX2, FMA and F16C are present, and `w`, `x` and `out` have the shapes `products` checks.
     pub(super) unsafe fn products(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
         if let Some((scale, offset)) = FactoredLanes::super_blocks(w.scale, w.offset, w.group, w.cols, x) {
-            by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match (w.group == ACT_BLOCK, tokens) {
-                // SAFETY: as this function's; `super_blocks` checked the layout.
-                (true, 4) => unsafe { tile_factored::<4, false>(&w, scale, offset, g, acts, sums) },
-                (true, 3) => unsafe { tile_factored::<3, false>(&w, scale, offset, g, acts, sums) },
-                (true, 2) => unsafe { tile_factored::<2, false>(&w, scale, offset, g, acts, sums) },
-                (true, _) => unsafe { tile_factored::<1, false>(&w, scale, offset, g, acts, sums) },
-                (false, 4) => unsafe { tile_factored::<4, true>(&w, scale, offset, g, acts, sums) },
-                (false, 3) => unsafe { tile_factored::<3, true>(&w, scale, offset, g, acts, sums) },
-                (false, 2) => unsafe { tile_factored::<2, true>(&w, scale, offset, g, acts, sums) },
-                (false, _) => unsafe { tile_factored::<1, true>(&w, scale, offset, g, acts, sums) },
-            });
+            factored_products(&w, scale, offset, x, out, rows, n, has_avx512_vnni());
             return;
         }
         with_eight_scales!(w.scale, w.offset, |s, o| {
@@ -147,6 +137,75 @@ mod avx2 {
         });
     }
 
+    /// `products` of factored scales with Q8_K activations (`FactoredLanes::super_blocks`), with
+    /// AVX512-VNNI's `dpbusd` where `vnni`.
+    ///
+    /// # Safety
+    /// As `products`'s, the layout checked by `super_blocks`, and AVX512-VNNI and AVX512VL
+    /// present where `vnni`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn factored_products(
+        w: &ByteGroupRows<'_>,
+        scale: FactoredLanes<'_>,
+        offset: Option<FactoredLanes<'_>>,
+        x: &QuantizedRows,
+        out: &mut [f32],
+        rows: usize,
+        n: usize,
+        vnni: bool,
+    ) {
+        let halves = w.group != ACT_BLOCK;
+        by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| {
+            // SAFETY: as this function's.
+            unsafe {
+                match (vnni, halves, tokens) {
+                    (false, false, 4) => tile_factored::<4, false>(w, scale, offset, g, acts, sums),
+                    (false, false, 3) => tile_factored::<3, false>(w, scale, offset, g, acts, sums),
+                    (false, false, 2) => tile_factored::<2, false>(w, scale, offset, g, acts, sums),
+                    (false, false, _) => tile_factored::<1, false>(w, scale, offset, g, acts, sums),
+                    (false, true, 4) => tile_factored::<4, true>(w, scale, offset, g, acts, sums),
+                    (false, true, 3) => tile_factored::<3, true>(w, scale, offset, g, acts, sums),
+                    (false, true, 2) => tile_factored::<2, true>(w, scale, offset, g, acts, sums),
+                    (false, true, _) => tile_factored::<1, true>(w, scale, offset, g, acts, sums),
+                    (true, false, 4) => tile_factored_vnni::<4, false>(w, scale, offset, g, acts, sums),
+                    (true, false, 3) => tile_factored_vnni::<3, false>(w, scale, offset, g, acts, sums),
+                    (true, false, 2) => tile_factored_vnni::<2, false>(w, scale, offset, g, acts, sums),
+                    (true, false, _) => tile_factored_vnni::<1, false>(w, scale, offset, g, acts, sums),
+                    (true, true, 4) => tile_factored_vnni::<4, true>(w, scale, offset, g, acts, sums),
+                    (true, true, 3) => tile_factored_vnni::<3, true>(w, scale, offset, g, acts, sums),
+                    (true, true, 2) => tile_factored_vnni::<2, true>(w, scale, offset, g, acts, sums),
+                    (true, true, _) => tile_factored_vnni::<1, true>(w, scale, offset, g, acts, sums),
+                }
+            }
+        });
+    }
+
+    /// `factored_tile` in AVX2.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_factored<const T: usize, const HALVES: bool>(
+        w: &ByteGroupRows<'_>,
+        scale: FactoredLanes<'_>,
+        offset: Option<FactoredLanes<'_>>,
+        g: usize,
+        acts: &[ActRow<'_>; TOKENS],
+        sums: &mut TileSums,
+    ) {
+        factored_tile::<T, HALVES, false>(w, scale, offset, g, acts, sums)
+    }
+
+    /// `factored_tile` with AVX512-VNNI's `dpbusd` (on 256-bit vectors).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    unsafe fn tile_factored_vnni<const T: usize, const HALVES: bool>(
+        w: &ByteGroupRows<'_>,
+        scale: FactoredLanes<'_>,
+        offset: Option<FactoredLanes<'_>>,
+        g: usize,
+        acts: &[ActRow<'_>; TOKENS],
+        sums: &mut TileSums,
+    ) {
+        factored_tile::<T, HALVES, true>(w, scale, offset, g, acts, sums)
+    }
+
     /// `tile` for factored scales (`FactoredLanes`) and Q8_K activations (Q5_K, Q6_K): each
     /// chunk's pair sums are multiplied by the rows' integer scales in the `madd` that widens
     /// them and summed over the super-block in i32, as llama.cpp's K-quant dot products do; the
@@ -155,10 +214,13 @@ mod avx2 {
     ///
     /// Bounds: a pair sum is at most `2 · 128 · 127` in magnitude (any byte levels, Q6_K's
     /// reach 32); times an integer scale of at most 128, twice, over 8 chunks a block and 8 blocks
-    /// a super-block, within 64 · 2 · 32,512 · 128 < 2^31.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile_factored<const T: usize, const HALVES: bool>(
+    /// a super-block, within 64 · 2 · 32,512 · 128 < 2^31 (with `VNNI`, `dpbusd` sums each
+    /// half-block's products straight into i32, which the integer scales multiply (`mullo`):
+    /// the same bound).
+    ///
+    /// Inlined into its callers, which enable the instruction sets it uses.
+    #[inline(always)]
+    unsafe fn factored_tile<const T: usize, const HALVES: bool, const VNNI: bool>(
         w: &ByteGroupRows<'_>,
         scale: FactoredLanes<'_>,
         offset: Option<FactoredLanes<'_>>,
@@ -170,10 +232,15 @@ mod avx2 {
         let super_blocks = Q8K_BLOCK / ACT_BLOCK;
         let levels = w.levels.as_ptr().add(g * blocks * GROUP_BLOCK_BYTES);
         let low16 = _mm256_set1_epi32(0xFFFF);
-        // Row r's integer scale of value i in both i16 halves of lane r.
+        // Row r's integer scale of value i in lane r: as i32 with `VNNI` (for `mullo`), else in
+        // both i16 halves (for `madd`).
         let scales16 = |k: &[i8], i: usize| {
             let k32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(k.as_ptr().add(i).cast()));
-            _mm256_or_si256(_mm256_and_si256(k32, low16), _mm256_slli_epi32(k32, 16))
+            if VNNI {
+                k32
+            } else {
+                _mm256_or_si256(_mm256_and_si256(k32, low16), _mm256_slli_epi32(k32, 16))
+            }
         };
         let mut acc = [_mm256_setzero_ps(); T];
         for first in (0..blocks).step_by(super_blocks) {
@@ -190,14 +257,29 @@ mod avx2 {
                     let k = scales16(scale.k, (g * groups + b) * GROUP_ROWS);
                     (k, k)
                 };
+                // With `VNNI`: each token's sums of the block's first and second 16 weights.
+                let mut halves = [[_mm256_setzero_si256(); 2]; T];
                 for k in 0..8 {
                     let levels = _mm256_loadu_si256(block.add(32 * k).cast());
                     let magnitudes = _mm256_sign_epi8(levels, levels);
                     let k16 = if k < 4 { k_first } else { k_second };
                     for j in 0..T {
                         let x = _mm256_set1_epi32(acts[j].q.as_ptr().add(b * ACT_BLOCK + 4 * k).cast::<i32>().read_unaligned());
-                        let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(x, levels));
-                        scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k16));
+                        if VNNI {
+                            let half = &mut halves[j][k / 4];
+                            *half = _mm256_dpbusd_epi32(*half, magnitudes, _mm256_sign_epi8(x, levels));
+                        } else {
+                            let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(x, levels));
+                            scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k16));
+                        }
+                    }
+                }
+                if VNNI {
+                    for j in 0..T {
+                        let [first_half, second_half] = halves[j];
+                        let block_sum =
+                            _mm256_add_epi32(_mm256_mullo_epi32(first_half, k_first), _mm256_mullo_epi32(second_half, k_second));
+                        scaled[j] = _mm256_add_epi32(scaled[j], block_sum);
                     }
                 }
                 if let Some(o) = offset {
@@ -348,7 +430,30 @@ mod tests {
                     };
                     let w = ByteGroupRows { levels: &woven, group, scale: s_w, offset: o_w, cols };
                     check(w, plain, &xq, &format!("factored group {group} {format:?} n {n} offset {with_offset}"));
+                    #[cfg(target_arch = "x86_64")]
+                    check_factored_sets(w, &xq, &format!("factored group {group} {format:?} n {n} offset {with_offset}"));
                 }
+            }
+        }
+    }
+
+    /// Each instruction set this machine has gives the factored products the portable code
+    /// gives (`check` runs only the one `products` chooses).
+    #[cfg(target_arch = "x86_64")]
+    fn check_factored_sets(w: ByteGroupRows<'_>, xq: &QuantizedRows, what: &str) {
+        use crate::dot::avx2::{has_avx512_vnni, FactoredLanes};
+        use crate::interleaved::has_simd;
+        let (rows, n) = (w.rows(), xq.rows(w.cols));
+        let mut portable = vec![0f32; rows * n];
+        products_portable(w, xq, &mut portable, rows, n);
+        let Some((scale, offset)) = FactoredLanes::super_blocks(w.scale, w.offset, w.group, w.cols, xq) else { return };
+        let sets = [(has_simd(), false), (has_simd() && has_avx512_vnni(), true)];
+        for (_, vnni) in sets.into_iter().filter(|&(present, _)| present) {
+            let mut got = vec![0f32; rows * n];
+            // SAFETY: the instruction sets are present, and `check` ran `products`'s shape checks.
+            unsafe { avx2::factored_products(&w, scale, offset, xq, &mut got, rows, n, vnni) };
+            for (i, (g, p)) in got.iter().zip(&portable).enumerate() {
+                assert!((g - p).abs() <= 1e-4 * p.abs().max(1.0), "{what} vnni {vnni} [{i}]: {g} vs {p}");
             }
         }
     }
