@@ -662,6 +662,37 @@ pub(crate) mod avx2 {
     }
     pub(crate) use with_eight_scales;
 
+    /// Ends a super-block of the K-quant tiles (`interleaved`, `interleaved_bytes`): adds to
+    /// each token's `acc` the i32 sums of levels times integer scales (`scaled`) times the rows'
+    /// units and the token's activation scale (one a super-block: block `first`'s), and the
+    /// offsets' sums times their units. `at`: the super-block's first value of the scales.
+    ///
+    /// # Safety
+    /// AVX2 and FMA are present; the scales have value `at`, and each of `acts` block `first`.
+    /// Inlined into its callers, which enable them.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn end_super_block<const T: usize>(
+        acc: &mut [__m256; T],
+        scaled: &[__m256i; T],
+        offsets: &[__m256; T],
+        scale: FactoredLanes<'_>,
+        offset: Option<FactoredLanes<'_>>,
+        at: usize,
+        acts: &[ActRow<'_>],
+        first: usize,
+    ) {
+        let unit = _mm256_loadu_ps(scale.units.as_ptr().add(scale.layout.unit_of(at)));
+        let offset_unit = offset.map(|o| _mm256_loadu_ps(o.units.as_ptr().add(o.layout.unit_of(at))));
+        for j in 0..T {
+            let d = _mm256_set1_ps(*acts[j].d.get_unchecked(first));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled[j]), _mm256_mul_ps(unit, d), acc[j]);
+            if let Some(u) = offset_unit {
+                acc[j] = _mm256_fmadd_ps(offsets[j], u, acc[j]);
+            }
+        }
+    }
+
     impl<'a> FactoredLanes<'a> {
         /// A K-quant's factored scales and offsets of 8 interleaved rows (`group` weights a
         /// value, `cols` a row) with activations of one scale per super-block (Q8_K): the case

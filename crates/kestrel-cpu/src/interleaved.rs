@@ -164,7 +164,7 @@ pub(crate) mod avx2 {
 
     use super::{GroupRows, GROUP_ROWS, ROW_BLOCK_BYTES};
     use crate::activations::QuantizedRows;
-    use crate::dot::avx2::{has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
+    use crate::dot::avx2::{end_super_block, has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
     use crate::dot::ActRow;
     use crate::ACT_BLOCK;
 
@@ -354,16 +354,7 @@ pub(crate) mod avx2 {
                     }
                 }
             }
-            let at = (g * blocks + first) * GROUP_ROWS;
-            let unit = _mm256_loadu_ps(scale.units.as_ptr().add(scale.layout.unit_of(at)));
-            let offset_unit = offset.map(|o| _mm256_loadu_ps(o.units.as_ptr().add(o.layout.unit_of(at))));
-            for j in 0..T {
-                let d = _mm256_set1_ps(*acts[j].d.get_unchecked(first));
-                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled[j]), _mm256_mul_ps(unit, d), acc[j]);
-                if let Some(u) = offset_unit {
-                    acc[j] = _mm256_fmadd_ps(offsets[j], u, acc[j]);
-                }
-            }
+            end_super_block(&mut acc, &scaled, &offsets, scale, offset, (g * blocks + first) * GROUP_ROWS, acts, first);
         }
         for j in 0..T {
             _mm256_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
@@ -424,7 +415,7 @@ pub(crate) mod avx2 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::activations::{ActFormat, Q8K_BLOCK};
     use crate::dot::{int_products, IntRows, Levels};
@@ -486,28 +477,6 @@ mod tests {
                 let w =
                     GroupRows { levels: &woven, scale: Scales::Factored { units: &units, k: &k, layout }, offset: o_w, bias: 0.0, cols };
                 check(w, plain, &xq, &format!("factored {format:?} n {n} offset {with_offset}"));
-                #[cfg(target_arch = "x86_64")]
-                check_factored_sets(w, &xq, &format!("factored {format:?} n {n} offset {with_offset}"));
-            }
-        }
-    }
-
-    /// Each instruction set this machine has gives the factored products the portable code
-    /// gives (`check` runs only the one `products` chooses).
-    #[cfg(target_arch = "x86_64")]
-    fn check_factored_sets(w: GroupRows<'_>, xq: &QuantizedRows, what: &str) {
-        use crate::dot::avx2::{has_avx512_vnni, FactoredLanes};
-        let (rows, n) = (w.rows(), xq.rows(w.cols));
-        let mut portable = vec![0f32; rows * n];
-        products_portable(w, xq, &mut portable, rows, n);
-        let Some((scale, offset)) = FactoredLanes::super_blocks(w.scale, w.offset, ACT_BLOCK, w.cols, xq) else { return };
-        let sets = [(has_simd(), false), (has_simd() && has_avx512_vnni(), true)];
-        for (_, vnni) in sets.into_iter().filter(|&(present, _)| present) {
-            let mut got = vec![0f32; rows * n];
-            // SAFETY: the instruction sets are present, and `check` ran `products`'s shape checks.
-            unsafe { avx2::factored_products(&w, scale, offset, xq, &mut got, rows, n, vnni) };
-            for (i, (g, p)) in got.iter().zip(&portable).enumerate() {
-                assert!((g - p).abs() <= 1e-4 * p.abs().max(1.0), "{what} vnni {vnni} [{i}]: {g} vs {p}");
             }
         }
     }
@@ -516,13 +485,59 @@ mod tests {
     /// (the same weights), up to the order of the f32 additions.
     fn check(w: GroupRows<'_>, plain: IntRows<'_>, xq: &QuantizedRows, what: &str) {
         let (rows, n) = (w.rows(), xq.rows(w.cols));
-        let (mut want, mut got, mut portable) = (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; rows * n]);
-        int_products(plain, xq, &mut want);
-        products(w, xq, &mut got);
-        products_portable(w, xq, &mut portable, rows, n);
-        for (i, ((g, p), w)) in got.iter().zip(&portable).zip(&want).enumerate() {
-            let tolerance = 1e-4 * w.abs().max(1.0);
-            assert!((g - w).abs() <= tolerance && (p - w).abs() <= tolerance, "{what} [{i}]: {g} / {p} vs {w}");
+        #[cfg(target_arch = "x86_64")]
+        let factored = crate::dot::avx2::FactoredLanes::super_blocks(w.scale, w.offset, ACT_BLOCK, w.cols, xq).map(|(scale, offset)| {
+            // SAFETY: `check_products` runs only the instruction sets present, on these shapes.
+            move |vnni: bool, out: &mut [f32]| unsafe { avx2::factored_products(&w, scale, offset, xq, out, rows, n, vnni) }
+        });
+        #[cfg(not(target_arch = "x86_64"))]
+        let factored = None::<fn(bool, &mut [f32])>;
+        check_products(
+            rows * n,
+            what,
+            &|out| int_products(plain, xq, out),
+            &|out| products(w, xq, out),
+            &|out| products_portable(w, xq, out, rows, n),
+            factored.as_ref().map(|f| f as &FactoredRun<'_>),
+        );
+    }
+
+    /// The factored tiles of a case, with `dpbusd` or without: `(vnni, out)`.
+    pub(crate) type FactoredRun<'a> = dyn Fn(bool, &mut [f32]) + 'a;
+
+    /// One case of the interleaved tests: the products `products` chooses (`chosen`) and the
+    /// portable ones against the row kernels' (`want`), up to the order of the f32 additions; and,
+    /// where the case has factored tiles (`factored(vnni, out)`), each instruction set of them
+    /// this machine has against the portable ones.
+    pub(crate) fn check_products(
+        len: usize,
+        what: &str,
+        want: &dyn Fn(&mut [f32]),
+        chosen: &dyn Fn(&mut [f32]),
+        portable: &dyn Fn(&mut [f32]),
+        factored: Option<&FactoredRun<'_>>,
+    ) {
+        let run = |f: &dyn Fn(&mut [f32])| {
+            let mut out = vec![0f32; len];
+            f(&mut out);
+            out
+        };
+        let close = |got: &[f32], reference: &[f32], which: &str| {
+            for (i, (g, r)) in got.iter().zip(reference).enumerate() {
+                assert!((g - r).abs() <= 1e-4 * r.abs().max(1.0), "{what} {which} [{i}]: {g} vs {r}");
+            }
+        };
+        let (want, portable) = (run(want), run(portable));
+        close(&run(chosen), &want, "chosen");
+        close(&portable, &want, "portable");
+        #[cfg(target_arch = "x86_64")]
+        if let Some(factored) = factored {
+            let sets = [(has_simd(), false), (has_simd() && crate::dot::avx2::has_avx512_vnni(), true)];
+            for (_, vnni) in sets.into_iter().filter(|&(present, _)| present) {
+                close(&run(&|out| factored(vnni, out)), &portable, &format!("factored, vnni {vnni}"));
+            }
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = factored;
     }
 }

@@ -107,7 +107,7 @@ pub(crate) mod avx2 {
     use super::{ByteGroupRows, GROUP_ROWS};
     use crate::activations::QuantizedRows;
     use crate::activations::Q8K_BLOCK;
-    use crate::dot::avx2::{has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
+    use crate::dot::avx2::{end_super_block, has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
     use crate::dot::ActRow;
     use crate::interleaved::avx2::{by_tiles, TileSums, PREFETCH_BYTES, TOKENS};
     use crate::ACT_BLOCK;
@@ -291,15 +291,7 @@ pub(crate) mod avx2 {
                 }
             }
             let at = (g * groups + first * ACT_BLOCK / w.group) * GROUP_ROWS;
-            let unit = _mm256_loadu_ps(scale.units.as_ptr().add(scale.layout.unit_of(at)));
-            let offset_unit = offset.map(|o| _mm256_loadu_ps(o.units.as_ptr().add(o.layout.unit_of(at))));
-            for j in 0..T {
-                let d = _mm256_set1_ps(*acts[j].d.get_unchecked(first));
-                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled[j]), _mm256_mul_ps(unit, d), acc[j]);
-                if let Some(u) = offset_unit {
-                    acc[j] = _mm256_fmadd_ps(offsets[j], u, acc[j]);
-                }
-            }
+            end_super_block(&mut acc, &scaled, &offsets, scale, offset, at, acts, first);
         }
         for j in 0..T {
             _mm256_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
@@ -376,6 +368,7 @@ mod tests {
     use crate::dot::{int_products, IntRows, Levels};
     use crate::factored::{test_factors, UnitLayout};
     use crate::interleaved::interleave_values;
+    use crate::interleaved::tests::{check_products, FactoredRun};
 
     /// The interleaved byte products give the row kernels' sums for the same weights (up to the
     /// order of the f32 additions), with scales per 32 and per 16, f32 and f16, with and without
@@ -430,30 +423,7 @@ mod tests {
                     };
                     let w = ByteGroupRows { levels: &woven, group, scale: s_w, offset: o_w, cols };
                     check(w, plain, &xq, &format!("factored group {group} {format:?} n {n} offset {with_offset}"));
-                    #[cfg(target_arch = "x86_64")]
-                    check_factored_sets(w, &xq, &format!("factored group {group} {format:?} n {n} offset {with_offset}"));
                 }
-            }
-        }
-    }
-
-    /// Each instruction set this machine has gives the factored products the portable code
-    /// gives (`check` runs only the one `products` chooses).
-    #[cfg(target_arch = "x86_64")]
-    fn check_factored_sets(w: ByteGroupRows<'_>, xq: &QuantizedRows, what: &str) {
-        use crate::dot::avx2::{has_avx512_vnni, FactoredLanes};
-        use crate::interleaved::has_simd;
-        let (rows, n) = (w.rows(), xq.rows(w.cols));
-        let mut portable = vec![0f32; rows * n];
-        products_portable(w, xq, &mut portable, rows, n);
-        let Some((scale, offset)) = FactoredLanes::super_blocks(w.scale, w.offset, w.group, w.cols, xq) else { return };
-        let sets = [(has_simd(), false), (has_simd() && has_avx512_vnni(), true)];
-        for (_, vnni) in sets.into_iter().filter(|&(present, _)| present) {
-            let mut got = vec![0f32; rows * n];
-            // SAFETY: the instruction sets are present, and `check` ran `products`'s shape checks.
-            unsafe { avx2::factored_products(&w, scale, offset, xq, &mut got, rows, n, vnni) };
-            for (i, (g, p)) in got.iter().zip(&portable).enumerate() {
-                assert!((g - p).abs() <= 1e-4 * p.abs().max(1.0), "{what} vnni {vnni} [{i}]: {g} vs {p}");
             }
         }
     }
@@ -462,13 +432,20 @@ mod tests {
     /// (the same weights), up to the order of the f32 additions.
     fn check(w: ByteGroupRows<'_>, plain: IntRows<'_>, xq: &QuantizedRows, what: &str) {
         let (rows, n) = (w.rows(), xq.rows(w.cols));
-        let (mut want, mut got, mut portable) = (vec![0f32; rows * n], vec![0f32; rows * n], vec![0f32; rows * n]);
-        int_products(plain, xq, &mut want);
-        products(w, xq, &mut got);
-        products_portable(w, xq, &mut portable, rows, n);
-        for (i, ((g, p), w)) in got.iter().zip(&portable).zip(&want).enumerate() {
-            let tolerance = 1e-4 * w.abs().max(1.0);
-            assert!((g - w).abs() <= tolerance && (p - w).abs() <= tolerance, "{what} [{i}]: {g} / {p} vs {w}");
-        }
+        #[cfg(target_arch = "x86_64")]
+        let factored = crate::dot::avx2::FactoredLanes::super_blocks(w.scale, w.offset, w.group, w.cols, xq).map(|(scale, offset)| {
+            // SAFETY: `check_products` runs only the instruction sets present, on these shapes.
+            move |vnni: bool, out: &mut [f32]| unsafe { avx2::factored_products(&w, scale, offset, xq, out, rows, n, vnni) }
+        });
+        #[cfg(not(target_arch = "x86_64"))]
+        let factored = None::<fn(bool, &mut [f32])>;
+        check_products(
+            rows * n,
+            what,
+            &|out| int_products(plain, xq, out),
+            &|out| products(w, xq, out),
+            &|out| products_portable(w, xq, out, rows, n),
+            factored.as_ref().map(|f| f as &FactoredRun<'_>),
+        );
     }
 }
