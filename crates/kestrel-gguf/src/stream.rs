@@ -63,6 +63,19 @@ impl GgufStreamReader {
         self.consumed
     }
 
+    /// Where the next tensor to be delivered ends (an absolute offset), once the header has been
+    /// parsed and while one remains: a reader holding the whole file (a memory map) pushes up to
+    /// there, so that each tensor arrives whole in one chunk and is handed on without a copy.
+    pub fn next_tensor_end(&self) -> Option<u64> {
+        match &self.phase {
+            Phase::Data(d) => {
+                let info = d.order.get(d.next).and_then(|&i| d.header.tensors.get(i))?;
+                Some(d.header.data_start + info.offset + info.n_bytes())
+            }
+            _ => None,
+        }
+    }
+
     /// The header, once it has been parsed.
     pub fn header(&self) -> Option<&GgufHeader> {
         match &self.phase {

@@ -55,6 +55,9 @@ pub async fn load_file_cpu(
     stream_file(ModelLoader::new_cpu(options), path, progress).await
 }
 
+/// Streams a file into `loader`: mapped where the system can map it, each tensor pushed whole
+/// from the mapping (no read into a buffer and no copy into the reader's, whose fresh pages the
+/// kernel zeroed: a third of an 8B file's load), else read in chunks (a pipe, a special file).
 #[cfg(not(target_arch = "wasm32"))]
 async fn stream_file(
     mut loader: ModelLoader,
@@ -62,8 +65,31 @@ async fn stream_file(
     progress: &mut dyn FnMut(&LoadProgress),
 ) -> Result<Model, ModelError> {
     use std::io::Read;
+    const CHUNK: usize = 1 << 20;
     let mut file = std::fs::File::open(path).map_err(|e| ModelError::BadModel(format!("{}: {e}", path.display())))?;
-    let mut buf = vec![0u8; 1 << 20];
+    // SAFETY: the mapping is only read, and dropped when the load ends. Like llama.cpp's own
+    // mapping, it assumes the file is not truncated while it loads (that would fault the read).
+    if let Ok(map) = unsafe { memmap2::Mmap::map(&file) } {
+        #[cfg(unix)]
+        let _ = map.advise(memmap2::Advice::Sequential);
+        let mut pos = 0;
+        while pos < map.len() {
+            // Up to the next tensor's end once the header is known; the header in chunks.
+            let end = loader.next_tensor_end().and_then(|e| usize::try_from(e).ok()).filter(|&e| e > pos).unwrap_or(pos + CHUNK);
+            let end = end.min(map.len());
+            loader.push(&map[pos..end])?;
+            // Give the pushed pages back: the mapping would otherwise hold the whole file in the
+            // process's resident memory beside the converted weights.
+            // SAFETY: nothing borrows the range any more (`push` converted or copied it), and the
+            // mapping is shared and read-only over a file: a page dropped reads back from it.
+            #[cfg(unix)]
+            let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, pos, end - pos) };
+            progress(&loader.progress());
+            pos = end;
+        }
+        return loader.finish().await;
+    }
+    let mut buf = vec![0u8; CHUNK];
     loop {
         let n = file.read(&mut buf).map_err(|e| ModelError::BadModel(format!("{}: {e}", path.display())))?;
         let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else { break };

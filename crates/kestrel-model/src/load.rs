@@ -119,6 +119,11 @@ impl ModelLoader {
         }
     }
 
+    /// Where the next tensor ends in the file (`GgufStreamReader::next_tensor_end`).
+    pub fn next_tensor_end(&self) -> Option<u64> {
+        self.reader.next_tensor_end()
+    }
+
     pub fn progress(&self) -> LoadProgress {
         let (loaded, total) = self.state.as_ref().map_or((0, 0), |s| (s.tensors_loaded, s.tensors_total));
         let file_bytes = self.reader.header().map(GgufHeader::data_end);
