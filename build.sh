@@ -60,7 +60,11 @@ setup() {
   # libfuzzer-sys compiles libFuzzer (C++) for `./build.sh fuzz`.
   command -v c++ >/dev/null || apt_install g++
   scripts/fetch-model.sh
-  # A second real file, of another architecture and a 262k vocabulary, for the tests.
+}
+
+# The tests' second real file, of another architecture and a 262k vocabulary (253 MB): fetched
+# for the native and browser tests only, not for the main job.
+test_models() {
   scripts/fetch-gemma3.sh
 }
 
@@ -344,6 +348,7 @@ case "$cmd" in
     # wall time is printed as it ends and again at the end.
     status=0
     timed "setup" setup
+    timed "test models" test_models
     timed "llama.cpp tools" llama_cpp_tools
     timed "llama.cpp's Q4_K_M" scripts/make-q4-k-m.sh
     timed "setup-web" setup_web
@@ -368,6 +373,7 @@ case "$cmd" in
     ;;
   test-native)
     setup
+    test_models
     llama_cpp_tools
     scripts/make-q4-k-m.sh
     cargo test --workspace --no-fail-fast
@@ -375,6 +381,7 @@ case "$cmd" in
     ;;
   test-browser)
     setup
+    test_models
     setup_web
     browser_tests
     ;;

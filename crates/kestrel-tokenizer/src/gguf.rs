@@ -3,7 +3,7 @@
 use kestrel_gguf::{Metadata, MetadataValue};
 
 use crate::error::{Result, TokenizerError};
-use crate::vocab::{TokenType, Vocabulary, VocabularyModel};
+use crate::vocab::{SpecialTokenIds, TokenType, Vocabulary, VocabularyModel};
 
 fn meta_err(e: impl std::fmt::Display) -> TokenizerError {
     TokenizerError::Metadata(e.to_string())
@@ -82,19 +82,21 @@ impl Vocabulary {
             scores,
             token_types,
             merges,
-            bos: id("tokenizer.ggml.bos_token_id")?.or(in_range(bos_default)),
-            eos: id("tokenizer.ggml.eos_token_id")?.or(in_range(eos_default)),
-            eot: id("tokenizer.ggml.eot_token_id")?,
-            eom: id("tokenizer.ggml.eom_token_id")?,
-            unk: id("tokenizer.ggml.unknown_token_id")?.or(in_range(unk_default)),
-            pad: id("tokenizer.ggml.padding_token_id")?,
-            // The deprecated keys are read after the new ones in llama.cpp, so they win.
-            fim_pre: id("tokenizer.ggml.prefix_token_id")?.or(id("tokenizer.ggml.fim_pre_token_id")?),
-            fim_suf: id("tokenizer.ggml.suffix_token_id")?.or(id("tokenizer.ggml.fim_suf_token_id")?),
-            fim_mid: id("tokenizer.ggml.middle_token_id")?.or(id("tokenizer.ggml.fim_mid_token_id")?),
-            fim_pad: id("tokenizer.ggml.fim_pad_token_id")?,
-            fim_rep: id("tokenizer.ggml.fim_rep_token_id")?,
-            fim_sep: id("tokenizer.ggml.fim_sep_token_id")?,
+            ids: SpecialTokenIds {
+                bos: id("tokenizer.ggml.bos_token_id")?.or(in_range(bos_default)),
+                eos: id("tokenizer.ggml.eos_token_id")?.or(in_range(eos_default)),
+                eot: id("tokenizer.ggml.eot_token_id")?,
+                eom: id("tokenizer.ggml.eom_token_id")?,
+                unk: id("tokenizer.ggml.unknown_token_id")?.or(in_range(unk_default)),
+                pad: id("tokenizer.ggml.padding_token_id")?,
+                // The deprecated keys are read after the new ones in llama.cpp, so they win.
+                fim_pre: id("tokenizer.ggml.prefix_token_id")?.or(id("tokenizer.ggml.fim_pre_token_id")?),
+                fim_suf: id("tokenizer.ggml.suffix_token_id")?.or(id("tokenizer.ggml.fim_suf_token_id")?),
+                fim_mid: id("tokenizer.ggml.middle_token_id")?.or(id("tokenizer.ggml.fim_mid_token_id")?),
+                fim_pad: id("tokenizer.ggml.fim_pad_token_id")?,
+                fim_rep: id("tokenizer.ggml.fim_rep_token_id")?,
+                fim_sep: id("tokenizer.ggml.fim_sep_token_id")?,
+            },
             model_name: md.get_str("general.name").map_err(meta_err)?.map(str::to_string),
             add_bos: md.get_bool("tokenizer.ggml.add_bos_token").map_err(meta_err)?,
             add_eos: md.get_bool("tokenizer.ggml.add_eos_token").map_err(meta_err)?,

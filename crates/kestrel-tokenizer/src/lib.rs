@@ -26,4 +26,4 @@ pub use error::{Result, TokenizerError};
 pub use pre::{pre_tokenizer_regexes, PreTokenizerKind};
 pub use stream::StreamDecoder;
 pub use tokenizer::Tokenizer;
-pub use vocab::{TokenType, Vocabulary, VocabularyModel};
+pub use vocab::{SpecialTokenIds, TokenType, Vocabulary, VocabularyModel};

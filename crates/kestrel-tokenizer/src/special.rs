@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use crate::vocab::TokenType;
+use crate::vocab::{SpecialTokenIds, TokenType};
 
 /// llama.cpp's `llama_token_attr` bits that change what a token does here.
 pub(crate) mod attr {
@@ -90,20 +90,6 @@ const EOG_TEXTS: &[&str] = &[
     "[e~[",
 ];
 
-/// The special-token ids a file names (`tokenizer.ggml.*_token_id`), each `None` when absent.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct GivenIds {
-    pub eos: Option<u32>,
-    pub eot: Option<u32>,
-    pub eom: Option<u32>,
-    pub fim_pre: Option<u32>,
-    pub fim_suf: Option<u32>,
-    pub fim_mid: Option<u32>,
-    pub fim_pad: Option<u32>,
-    pub fim_rep: Option<u32>,
-    pub fim_sep: Option<u32>,
-}
-
 /// What llama.cpp derives from a vocabulary: each token's attributes, the end-of-turn token,
 /// the end-of-generation set and the tokens matched in text, longest first.
 #[derive(Debug, Clone)]
@@ -124,7 +110,7 @@ impl Specials {
         texts: &[String],
         mut attrs: Vec<u16>,
         by_text: &HashMap<String, u32>,
-        given: &GivenIds,
+        given: &SpecialTokenIds,
         model_name: Option<&str>,
     ) -> Self {
         fn control(id: u32, attrs: &mut [u16]) {

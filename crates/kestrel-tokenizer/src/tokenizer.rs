@@ -11,8 +11,8 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::error::{Result, TokenizerError};
 use crate::pre::PreTokenizerKind;
-use crate::special::{attr, Fragment, GivenIds, Specials};
-use crate::vocab::{Vocabulary, VocabularyModel};
+use crate::special::{attr, Fragment, Specials};
+use crate::vocab::{SpecialTokenIds, Vocabulary, VocabularyModel};
 
 /// How the text of a token is turned back into bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +127,7 @@ impl Tokenizer {
                 }
                 let merges = spm_merges(&v.tokens, &v.scores, &by_text);
                 let mut builder = BPE::builder().vocab_and_merges(by_text.clone(), merges).byte_fallback(true);
-                if let Some(unk) = v.unk.and_then(|u| v.tokens.get(u as usize)) {
+                if let Some(unk) = v.ids.unk.and_then(|u| v.tokens.get(u as usize)) {
                     builder = builder.unk_token(unk.clone()).fuse_unk(true);
                 }
                 let bpe = builder.build().map_err(build_err)?;
@@ -158,29 +158,18 @@ impl Tokenizer {
 
         let attrs: Vec<u16> = (0..n).map(|i| v.token_type(i).attr()).collect();
         let by_text: HashMap<String, u32> = by_text.into_iter().collect();
-        let given = GivenIds {
-            eos: v.eos,
-            eot: v.eot,
-            eom: v.eom,
-            fim_pre: v.fim_pre,
-            fim_suf: v.fim_suf,
-            fim_mid: v.fim_mid,
-            fim_pad: v.fim_pad,
-            fim_rep: v.fim_rep,
-            fim_sep: v.fim_sep,
-        };
-        let specials = Specials::derive(&v.tokens, attrs, &by_text, &given, v.model_name.as_deref());
+        let specials = Specials::derive(&v.tokens, attrs, &by_text, &v.ids, v.model_name.as_deref());
         let pieces = (0..n).map(|i| Some(token_piece(style, specials.attrs[i], &v.tokens[i]).into_boxed_slice())).collect();
 
-        let add_bos = v.add_bos.unwrap_or(add_bos_default) && v.bos.is_some();
-        let add_eos = v.add_eos.unwrap_or(false) && v.eos.is_some();
+        let add_bos = v.add_bos.unwrap_or(add_bos_default) && v.ids.bos.is_some();
+        let add_eos = v.add_eos.unwrap_or(false) && v.ids.eos.is_some();
         Ok(Tokenizer {
             hf,
             texts: v.tokens.clone(),
             specials,
             pieces,
-            bos: v.bos,
-            eos: v.eos,
+            bos: v.ids.bos,
+            eos: v.ids.eos,
             add_bos,
             add_eos,
             strip_first_space,
@@ -271,7 +260,7 @@ impl Tokenizer {
         let find = |texts: &[&str]| texts.iter().find_map(|t| by_text.get(*t).copied());
         let bos = bos.or_else(|| find(&["<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"]));
         let eos = eos.or_else(|| find(&["<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>"]));
-        let specials = Specials::derive(&texts, attrs, &by_text, &GivenIds { eos, ..GivenIds::default() }, None);
+        let specials = Specials::derive(&texts, attrs, &by_text, &SpecialTokenIds { eos, ..SpecialTokenIds::default() }, None);
 
         let mut pieces: Vec<Option<Box<[u8]>>> = vec![None; n];
         for (id, text) in texts.iter().enumerate() {

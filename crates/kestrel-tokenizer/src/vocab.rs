@@ -36,6 +36,25 @@ impl TokenType {
     }
 }
 
+/// The special-token ids a vocabulary names (`tokenizer.ggml.*_token_id`), each `None` when absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpecialTokenIds {
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub eom: Option<u32>,
+    pub unk: Option<u32>,
+    pub pad: Option<u32>,
+    /// Fill-in-the-middle tokens (`tokenizer.ggml.fim_*_token_id`): prefix, suffix, middle,
+    /// pad, repository and file separator. Pad, repository and separator end generation.
+    pub fim_pre: Option<u32>,
+    pub fim_suf: Option<u32>,
+    pub fim_mid: Option<u32>,
+    pub fim_pad: Option<u32>,
+    pub fim_rep: Option<u32>,
+    pub fim_sep: Option<u32>,
+}
+
 /// Everything the tokenizer needs, as read from GGUF metadata. Fields are public so
 /// that a vocabulary can also be assembled by hand (tests, other containers).
 #[derive(Debug, Clone)]
@@ -52,20 +71,8 @@ pub struct Vocabulary {
     pub token_types: Vec<TokenType>,
     /// `tokenizer.ggml.merges` as `"left right"` strings (byte-level BPE).
     pub merges: Vec<String>,
-    pub bos: Option<u32>,
-    pub eos: Option<u32>,
-    pub eot: Option<u32>,
-    pub eom: Option<u32>,
-    pub unk: Option<u32>,
-    pub pad: Option<u32>,
-    /// Fill-in-the-middle tokens (`tokenizer.ggml.fim_*_token_id`): prefix, suffix, middle,
-    /// pad, repository and file separator. Pad, repository and separator end generation.
-    pub fim_pre: Option<u32>,
-    pub fim_suf: Option<u32>,
-    pub fim_mid: Option<u32>,
-    pub fim_pad: Option<u32>,
-    pub fim_rep: Option<u32>,
-    pub fim_sep: Option<u32>,
+    /// The special tokens the file names by id.
+    pub ids: SpecialTokenIds,
     /// `general.name`: llama.cpp strips the whitespace after special tokens for Phi-3 models
     /// by this name.
     pub model_name: Option<String>,

@@ -2,7 +2,7 @@
 //! what llama.cpp's `llm_tokenizer_spm` does (score-ordered merges, `▁` for spaces,
 //! a space prefixed to every text fragment, `<0xXX>` byte fallback).
 
-use kestrel_tokenizer::{StreamDecoder, TokenType, Tokenizer, Vocabulary, VocabularyModel};
+use kestrel_tokenizer::{SpecialTokenIds, StreamDecoder, TokenType, Tokenizer, Vocabulary, VocabularyModel};
 
 fn vocab() -> Vocabulary {
     let mut tokens: Vec<(String, f32, TokenType)> =
@@ -34,18 +34,7 @@ fn vocab() -> Vocabulary {
         scores: tokens.iter().map(|t| t.1).collect(),
         token_types: tokens.iter().map(|t| t.2).collect(),
         merges: Vec::new(),
-        bos: Some(1),
-        eos: Some(2),
-        eot: None,
-        eom: None,
-        unk: Some(0),
-        pad: None,
-        fim_pre: None,
-        fim_suf: None,
-        fim_mid: None,
-        fim_pad: None,
-        fim_rep: None,
-        fim_sep: None,
+        ids: SpecialTokenIds { bos: Some(1), eos: Some(2), unk: Some(0), ..SpecialTokenIds::default() },
         model_name: None,
         add_bos: None,
         add_eos: None,
