@@ -257,31 +257,42 @@ pub(crate) mod avx2 {
         });
     }
 
-    /// `factored_tile` in AVX2.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile_factored<const T: usize>(
-        w: &GroupRows<'_>,
-        scale: FactoredLanes<'_>,
-        offset: Option<FactoredLanes<'_>>,
-        g: usize,
-        acts: &[ActRow<'_>; TOKENS],
-        sums: &mut TileSums,
-    ) {
-        factored_tile::<T, false>(w, scale, offset, g, acts, sums)
-    }
+    /// Writes a tile family's two compiled copies of its `factored_tile`, which differ only in
+    /// the instruction sets they enable: `tile_factored` (AVX2) and `tile_factored_vnni`
+    /// (AVX512-VNNI's `dpbusd` on 256-bit vectors). `$rows`: the family's weight rows; `$flag`:
+    /// its tile's const parameters between the token count and `VNNI`.
+    macro_rules! factored_tile_variants {
+        ($rows:ty $(, $flag:ident)*) => {
+            /// `factored_tile` in AVX2.
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn tile_factored<const T: usize $(, const $flag: bool)*>(
+                w: &$rows,
+                scale: FactoredLanes<'_>,
+                offset: Option<FactoredLanes<'_>>,
+                g: usize,
+                acts: &[ActRow<'_>; TOKENS],
+                sums: &mut TileSums,
+            ) {
+                factored_tile::<T $(, $flag)*, false>(w, scale, offset, g, acts, sums)
+            }
 
-    /// `factored_tile` with AVX512-VNNI's `dpbusd` (on 256-bit vectors).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-    unsafe fn tile_factored_vnni<const T: usize>(
-        w: &GroupRows<'_>,
-        scale: FactoredLanes<'_>,
-        offset: Option<FactoredLanes<'_>>,
-        g: usize,
-        acts: &[ActRow<'_>; TOKENS],
-        sums: &mut TileSums,
-    ) {
-        factored_tile::<T, true>(w, scale, offset, g, acts, sums)
+            /// `factored_tile` with AVX512-VNNI's `dpbusd` (on 256-bit vectors).
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+            unsafe fn tile_factored_vnni<const T: usize $(, const $flag: bool)*>(
+                w: &$rows,
+                scale: FactoredLanes<'_>,
+                offset: Option<FactoredLanes<'_>>,
+                g: usize,
+                acts: &[ActRow<'_>; TOKENS],
+                sums: &mut TileSums,
+            ) {
+                factored_tile::<T $(, $flag)*, true>(w, scale, offset, g, acts, sums)
+            }
+        };
     }
+    pub(crate) use factored_tile_variants;
+
+    factored_tile_variants!(GroupRows<'_>);
 
     /// `tile` for factored scales (`FactoredLanes`) and Q8_K activations: each block's pair sums
     /// are multiplied by the rows' integer scales in the `madd` that widens them and summed over

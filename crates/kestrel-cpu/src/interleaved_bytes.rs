@@ -109,7 +109,7 @@ pub(crate) mod avx2 {
     use crate::activations::Q8K_BLOCK;
     use crate::dot::avx2::{end_super_block, has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
     use crate::dot::ActRow;
-    use crate::interleaved::avx2::{by_tiles, TileSums, PREFETCH_BYTES, TOKENS};
+    use crate::interleaved::avx2::{by_tiles, factored_tile_variants, TileSums, PREFETCH_BYTES, TOKENS};
     use crate::ACT_BLOCK;
 
     /// Bytes of one group's block: 8 rows of 32 levels.
@@ -180,31 +180,7 @@ pub(crate) mod avx2 {
         });
     }
 
-    /// `factored_tile` in AVX2.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile_factored<const T: usize, const HALVES: bool>(
-        w: &ByteGroupRows<'_>,
-        scale: FactoredLanes<'_>,
-        offset: Option<FactoredLanes<'_>>,
-        g: usize,
-        acts: &[ActRow<'_>; TOKENS],
-        sums: &mut TileSums,
-    ) {
-        factored_tile::<T, HALVES, false>(w, scale, offset, g, acts, sums)
-    }
-
-    /// `factored_tile` with AVX512-VNNI's `dpbusd` (on 256-bit vectors).
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-    unsafe fn tile_factored_vnni<const T: usize, const HALVES: bool>(
-        w: &ByteGroupRows<'_>,
-        scale: FactoredLanes<'_>,
-        offset: Option<FactoredLanes<'_>>,
-        g: usize,
-        acts: &[ActRow<'_>; TOKENS],
-        sums: &mut TileSums,
-    ) {
-        factored_tile::<T, HALVES, true>(w, scale, offset, g, acts, sums)
-    }
+    factored_tile_variants!(ByteGroupRows<'_>, HALVES);
 
     /// `tile` for factored scales (`FactoredLanes`) and Q8_K activations (Q5_K, Q6_K): each
     /// chunk's pair sums are multiplied by the rows' integer scales in the `madd` that widens

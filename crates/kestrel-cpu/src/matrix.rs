@@ -326,15 +326,13 @@ impl IntWeights {
         }
         let conversion = Conversion { ty, cols, group, bias };
         try_each_on_pool(runs, |run| conversion.convert(run))?;
-        let units = units.map(|[d, m]| d.into_iter().zip(m).map(|(d, m)| [d, m]).collect::<Vec<_>>());
         let act = if block == ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
-        if let Some(units) = units {
+        if let Some([scale_units, offset_units]) = units {
             let per_unit = block / group;
             let lanes = if woven { interleaved::GROUP_ROWS } else { 1 };
             let layout = UnitLayout::new(per_unit, lanes);
-            let scale_units: Vec<f32> = units.iter().map(|u| u[0]).collect();
             let factored_scale = factored(&scale, scale_units, rows, layout);
-            let factored_offset = offset.as_ref().map(|o| factored(o, units.iter().map(|u| u[1]).collect(), rows, layout));
+            let factored_offset = offset.as_ref().map(|o| factored(o, offset_units, rows, layout));
             if let (Some(scale), Some(offset)) = (factored_scale, factored_offset.map_or(Some(None), |o| o.map(Some))) {
                 return Ok(Self { levels, group, scale, offset, bias, act });
             }
