@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { KESTREL, ROOT } from './paths.mjs';
 
 /** Runs `file args`, its stderr passed through (progress); rejects with the tail of its output on failure. */
-function exec(file, args, env = {}) {
+export function exec(file, args, env = {}) {
   return new Promise((resolve, reject) => {
     const child = execFile(file, args, { cwd: ROOT, env: { ...process.env, ...env }, maxBuffer: 64 << 20 }, (err, stdout, stderr) => {
       if (err) reject(new Error(`${file.split('/').at(-1)} ${args[0]}: ${err.message.split('\n')[0]}\n${String(stderr).split('\n').slice(-6).join('\n')}`));

@@ -7,7 +7,9 @@ import { RESULTS } from './paths.mjs';
 import { browserRows, kestrelNativeRows, llamaCppRows } from './rows.mjs';
 
 const fmt = (v, digits = 1) => (v == null || !Number.isFinite(v) ? '–' : v >= 100 ? v.toFixed(0) : v.toFixed(digits));
+const gb = (b) => (b == null ? '–' : `${(b / 1e9).toFixed(2)} GB`);
 const mib = (b) => (b == null ? '–' : `${(b / 2 ** 20).toFixed(0)} MiB`);
+const x = (v) => (v == null || !Number.isFinite(v) ? '–' : `${v >= 10 ? v.toFixed(0) : v >= 0.1 ? v.toFixed(2) : v.toPrecision(2)}×`);
 const secs = (ms) => (ms == null ? '–' : ms >= 10_000 ? `${(ms / 1e3).toFixed(0)} s` : `${(ms / 1e3).toFixed(2)} s`);
 
 /** Every row of the run, native first. */
@@ -77,7 +79,6 @@ export function markdown(run) {
   if (rat.length) {
     lines.push('', 'Kestrel / peer (above 1: Kestrel is larger; for tok/s larger is faster, for times and memory smaller is better):', '');
     lines.push('| env | Kestrel | peer | prompt | load | TTFT | prefill tok/s | decode tok/s | ITL p50 | memory |', '|---|---|---|--:|--:|--:|--:|--:|--:|--:|');
-    const x = (v) => (v == null ? '–' : `${v >= 10 ? v.toFixed(0) : v >= 0.1 ? v.toFixed(2) : v.toPrecision(2)}×`);
     for (const r of rat) lines.push(`| ${r.env} | ${r.kestrel} | ${r.peer} | ${r.prompt_tokens} | ${x(r.load)} | ${x(r.ttft)} | ${x(r.prefill)} | ${x(r.decode)} | ${x(r.itl_p50)} | ${x(r.memory)} |`);
   }
   const batch = run.native?.kestrel_batch;
@@ -96,6 +97,7 @@ export function markdown(run) {
   } else if (bb?.error) {
     lines.push('', `Batched decode in the browser: failed: ${bb.error}`);
   }
+  if (run.sizes?.length) lines.push('', ...sizesLines(run));
   const k = run.native?.kestrel;
   if (k?.roofline) {
     const f = k.roofline;
@@ -109,6 +111,64 @@ export function markdown(run) {
     lines.push(`| sum | ${s.families_sum_gpu_ms.toFixed(1)} | |`);
   }
   return lines.join('\n') + '\n';
+}
+
+
+/** The sizes people run (bench/sizes.mjs): each file's rows, round by round, then Kestrel over
+ * llama.cpp in each round, the batched decode and the GPU path. */
+function sizesLines(run) {
+  const s = run.settings.sizes;
+  const lines = [
+    `At the sizes people run: synthetic models in the real layouts (random weights, written by \`kestrel bench model --synthetic\` and \`kestrel quantize\`), ${s.threads} threads each, ${s.rounds} alternating round${s.rounds === 1 ? '' : 's'}; load from the page cache; decode's share of the copy bandwidth is Kestrel's weight bytes per token at its decode rate over its CPU copy rate.`,
+    '',
+    '| model | round | engine | backend | load (GB/s of file) | prompt | prefill tok/s | decode tok/s | decode, share of copy bandwidth | peak RSS |',
+    '|---|--:|---|---|--:|--:|--:|--:|--:|--:|',
+  ];
+  const ratioLines = ['| model | round | prompt | load time | prefill tok/s | decode tok/s | peak RSS |', '|---|--:|--:|--:|--:|--:|--:|'];
+  const extra = [];
+  for (const e of run.sizes) {
+    const name = `${e.size} ${e.type}${e.bytes ? ` (${gb(e.bytes)})` : ''}`;
+    if (e.error) {
+      lines.push(`| ${name} | | | failed: ${e.error} | | | | | | |`);
+      continue;
+    }
+    const rowsOf = (r, engine) => (r?.error ? [{ note: `failed: ${r.error}`, engine }] : r ? (engine === 'Kestrel' ? kestrelNativeRows(r) : llamaCppRows(r, s.threads)) : []);
+    const push = (round, r, engine) => {
+      for (const row of rowsOf(r, engine)) {
+        if (row.note) {
+          lines.push(`| ${name} | ${round} | ${engine} | ${row.note} | | | | | | |`);
+          continue;
+        }
+        const roof = engine === 'Kestrel' && r.roofline && r.copy_gb_per_s ? r.model.weight_bytes_per_token * row.decode_tok_s / (r.copy_gb_per_s * 1e9) : null;
+        lines.push(`| ${name} | ${round} | ${row.engine} | ${row.backend} | ${secs(row.load_ms)} (${e.bytes && row.load_ms ? (e.bytes / (row.load_ms * 1e6)).toFixed(2) : '–'}) | ${row.prompt_tokens} | ${fmt(row.prefill_tok_s, 2)} | ${fmt(row.decode_tok_s, 2)} | ${roof == null ? '–' : `${(100 * roof).toFixed(0)}%`} | ${r.peak_rss_bytes ? gb(r.peak_rss_bytes) : '–'} |`);
+      }
+    };
+    const pair = (round, k, l) => {
+      if (!k || !l || k.error || l.error) return;
+      for (const kr of kestrelNativeRows(k)) {
+        const lr = llamaCppRows(l, s.threads).find((r) => r.prompt_tokens === kr.prompt_tokens);
+        if (!lr) continue;
+        const q = (a, b) => (a != null && b ? a / b : null);
+        ratioLines.push(`| ${name} | ${round} | ${kr.prompt_tokens} | ${x(q(kr.load_ms, lr.load_ms))} | ${x(q(kr.prefill_tok_s, lr.prefill_tok_s))} | ${x(q(kr.decode_tok_s, lr.decode_tok_s))} | ${x(q(k.peak_rss_bytes, l.peak_rss_bytes))} |`);
+      }
+    };
+    e.rounds.forEach((r, i) => {
+      push(i + 1, r.kestrel_cpu, 'Kestrel');
+      push(i + 1, r.llama_cpp, 'llama.cpp');
+      pair(i + 1, r.kestrel_cpu, r.llama_cpp);
+    });
+    if (e.kestrel_gpu || e.llama_cpp_vulkan) {
+      push('GPU', e.kestrel_gpu, 'Kestrel');
+      push('GPU', e.llama_cpp_vulkan, 'llama.cpp');
+      pair('GPU', e.kestrel_gpu, e.llama_cpp_vulkan);
+    }
+    const b = e.kestrel_batch;
+    if (b?.rows) extra.push(`${name}, batched decode on the CPU backend: ${b.rows.map((r) => `${r.batch} sequence${r.batch === 1 ? '' : 's'} ${fmt(r.decode_tok_s.median, 1)} tok/s${r.ratio_to_batch_1 != null && r.batch !== 1 ? ` (${x(r.ratio_to_batch_1)} of one)` : ''}`).join(', ')}.`);
+    else if (b?.error) extra.push(`${name}, batched decode: failed: ${b.error}`);
+  }
+  lines.push('', 'Kestrel / llama.cpp on the same file in the same round (above 1: Kestrel is larger; for tok/s larger is faster, for load time and memory smaller is better):', '', ...ratioLines);
+  if (extra.length) lines.push('', ...extra);
+  return lines;
 }
 
 /** The lines of a batch-size table: {batch, decode_tok_s: {median}, ratio_to_batch_1} rows. */

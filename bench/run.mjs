@@ -14,7 +14,13 @@
 //                           1 and 2): `./build.sh test` runs it to keep the suite working
 //       [--results DIR]     write there instead of bench/results/
 //       [--gpu]             Chromium on the machine's GPU instead of SwiftShader
-//       [--skip native,batch,llama,browser,browser-batch]   leave parts out
+//       [--sizes 1b,8b]     also the sizes people run (bench/sizes.mjs): synthetic models of those
+//                           shapes written to models/ in each of --size-types (default q4_k_m),
+//                           Kestrel's CPU backend against llama.cpp's in --size-rounds alternating
+//                           rounds (default 2), batched decode, and up to --gpu-sizes-up-to (default
+//                           1b) the GPU path against llama.cpp Vulkan; their workload:
+//       [--size-prompt-tokens 128] [--size-decode-tokens 32] [--size-repeats 2]
+//       [--skip native,batch,llama,browser,browser-batch,sizes-batch,sizes-gpu]   leave parts out
 //       [--browser-engines kestrel,kestrel-cpu,wllama-cpu,wllama-webgpu]   only these in Chromium
 //
 // The defaults fit a 2-core machine without a GPU (lavapipe natively, SwiftShader in Chrome,
@@ -27,6 +33,7 @@ import { runBrowser } from './browser.mjs';
 import { promptTexts, runKestrelBatch, runKestrelNative, runLlamaCpp } from './native.mjs';
 import { ROOT, RESULTS } from './paths.mjs';
 import { markdown, svg } from './report.mjs';
+import { SIZES, failedSizes, runSizes } from './sizes.mjs';
 
 const { values: opt } = parseArgs({
   options: {
@@ -46,6 +53,13 @@ const { values: opt } = parseArgs({
     gpu: { type: 'boolean', default: false },
     skip: { type: 'string', default: '' },
     'browser-engines': { type: 'string', default: '' },
+    sizes: { type: 'string', default: '' },
+    'size-types': { type: 'string', default: 'q4_k_m' },
+    'size-rounds': { type: 'string', default: '2' },
+    'size-prompt-tokens': { type: 'string', default: '128' },
+    'size-decode-tokens': { type: 'string', default: '32' },
+    'size-repeats': { type: 'string', default: '2' },
+    'gpu-sizes-up-to': { type: 'string', default: '1b' },
     help: { type: 'boolean', default: false },
   },
 });
@@ -103,6 +117,29 @@ const settings = {
       : { sizes: counts('browser-batch-sizes', opt['browser-batch-sizes']), decode_tokens: count('browser-batch-decode-tokens', opt['browser-batch-decode-tokens']) },
   },
 };
+// `kestrel quantize`'s types.
+const TYPES = ['q4_k_m', 'q4_k', 'q5_k', 'q6_k', 'q8_0', 'q5_0', 'q5_1', 'q4_0', 'q4_1', 'f16', 'f32'];
+/** A comma-separated list of `allowed` values, or exit with a usage error. */
+function choices(name, value, allowed) {
+  const list = String(value).split(',').filter(Boolean);
+  const bad = list.filter((v) => !allowed.includes(v));
+  if (bad.length) {
+    console.error(`--${name}: ${bad.join(', ')} is not one of ${allowed.join(', ')}`);
+    process.exit(2);
+  }
+  return list;
+}
+const sizeSettings = {
+  ...(opt.full ? { prompt_tokens: [128, 512], decode_tokens: 128, repeats: 3 }
+    : opt.smoke ? { prompt_tokens: [8], decode_tokens: 2, repeats: 1 }
+      : { prompt_tokens: counts('size-prompt-tokens', opt['size-prompt-tokens']), decode_tokens: count('size-decode-tokens', opt['size-decode-tokens']), repeats: count('size-repeats', opt['size-repeats']) }),
+  rounds: opt.smoke ? 1 : count('size-rounds', opt['size-rounds']),
+  threads,
+  // 8 sequences against 1: the issue's measure of a step that reads the weights once for all.
+  batch_sizes: opt.smoke ? [1, 2] : [1, 8],
+  gpu_up_to: choices('gpu-sizes-up-to', opt['gpu-sizes-up-to'], SIZES)[0] ?? '1b',
+};
+settings.sizes = { sizes: choices('sizes', opt.sizes, SIZES), types: choices('size-types', opt['size-types'], TYPES), ...sizeSettings };
 const results = resolve(opt.results);
 const skip = new Set(opt.skip.split(',').filter(Boolean));
 
@@ -125,6 +162,7 @@ const run = {
   settings,
   native: {},
   browser: null,
+  sizes: null,
 };
 
 // Each part records its error instead of ending the run: the others still say something.
@@ -181,6 +219,10 @@ if (!skip.has('browser')) {
     });
   });
 }
+if (settings.sizes.sizes.length) {
+  const { sizes, types, ...sizeRun } = settings.sizes;
+  run.sizes = await runSizes({ sizes, types, settings: sizeRun, raw, attempt, skip });
+}
 run.machine.loadavg_end = os.loadavg();
 run.wall_s = (Date.now() - started.getTime()) / 1e3;
 
@@ -200,6 +242,7 @@ const failed = [
   ...(run.browser?.error ? ['browser'] : []),
   ...(run.browser?.engines ?? []).filter((e) => e.error).map((e) => `browser ${e.name}`),
   ...(run.browser?.batch?.error ? ['browser batch'] : []),
+  ...failedSizes(run.sizes),
 ];
 if (failed.length) {
   console.error(`failed: ${failed.join(', ')}`);

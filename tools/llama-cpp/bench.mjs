@@ -180,6 +180,9 @@ const doc = {
     },
     load: { model_ms: r3(modelMs), context_ms: r3(contextMs) },
     runs,
+    // This process's peak resident memory: llama.cpp (its mapped file's resident pages included)
+    // plus Node's own, tens of MB.
+    peak_rss_bytes: process.resourceUsage().maxRSS * 1024,
 };
 const text = JSON.stringify(doc, null, 1) + "\n";
 if (opts.json) {

@@ -117,6 +117,9 @@ struct ModelReport {
     workloads: Vec<WorkloadResult>,
     roofline: Option<Roofline>,
     decode_step: Option<StepProfile>,
+    /// The process's peak resident memory at the end (Linux's VmHWM; None elsewhere): weights,
+    /// KV cache, and the mapped file's pages while they were resident.
+    peak_rss_bytes: Option<u64>,
     wall_s: f64,
 }
 
@@ -174,12 +177,8 @@ pub fn run(args: &ModelArgs) -> CliResult {
     model.set_submit_budget(submit_budget)?;
     let gpu = model.gpu().cloned();
     let info = model_info(&model, &path, file_bytes);
-    let (adapter, gpu_memory, copy_gb_per_s, cpu) = match &gpu {
-        Some(gpu) => {
-            let copy = copy_bandwidth(gpu, args.copy_mib, args.wall_clock)?;
-            eprintln!("copy kernel: {copy:.2} GB/s");
-            (Some(Adapter::new(&gpu.info)), Some(gpu_memory(gpu, &model)), Some(copy), None)
-        }
+    let (adapter, gpu_memory, cpu) = match &gpu {
+        Some(gpu) => (Some(Adapter::new(&gpu.info)), Some(gpu_memory(gpu, &model)), None),
         None => {
             let cpu = CpuInfo {
                 simd: kestrel_cpu::simd_name(),
@@ -187,11 +186,7 @@ pub fn run(args: &ModelArgs) -> CliResult {
                 weight_bytes: model.weight_bytes(),
                 kv_cache_bytes: model.kv_cache_bytes(),
             };
-            // The memory's copy rate with the backend's threads: a decode step's roofline. At
-            // least 256 MiB, past any CPU cache.
-            let copy = kestrel_cpu::copy_bandwidth((args.copy_mib.max(256) as usize) << 20);
-            eprintln!("copy on {} threads: {copy:.2} GB/s", cpu.threads);
-            (None, None, Some(copy), Some(cpu))
+            (None, None, Some(cpu))
         }
     };
 
@@ -214,6 +209,24 @@ pub fn run(args: &ModelArgs) -> CliResult {
         workloads.push(workload::run(&mut model, prompt, decode_tokens, args.repeats as usize)?);
     }
 
+    // Read before the copy rate is measured: its buffers (on the CPU backend two of at least
+    // 256 MiB; on a software GPU in host memory too) are not the model's.
+    let peak_rss_bytes = peak_rss_bytes();
+    let copy_gb_per_s = match (&gpu, &cpu) {
+        (Some(gpu), _) => {
+            let copy = copy_bandwidth(gpu, args.copy_mib, args.wall_clock)?;
+            eprintln!("copy kernel: {copy:.2} GB/s");
+            Some(copy)
+        }
+        (None, Some(cpu)) => {
+            // The memory's copy rate with the backend's threads: a decode step's roofline. At
+            // least 256 MiB, past any CPU cache.
+            let copy = kestrel_cpu::copy_bandwidth((args.copy_mib.max(256) as usize) << 20);
+            eprintln!("copy on {} threads: {copy:.2} GB/s", cpu.threads);
+            Some(copy)
+        }
+        (None, None) => None,
+    };
     let roofline = workloads
         .first()
         .and_then(|w| w.decode_tok_s)
@@ -244,6 +257,7 @@ pub fn run(args: &ModelArgs) -> CliResult {
         workloads,
         roofline,
         decode_step,
+        peak_rss_bytes,
         wall_s: started.elapsed().as_secs_f64(),
     };
     println!("{}", markdown(&report));
@@ -252,6 +266,15 @@ pub fn run(args: &ModelArgs) -> CliResult {
         std::fs::write(path, json + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// This process's peak resident set size (`VmHWM` of /proc/self/status, in kB), where the
+/// system reports it.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// The copy kernel's bandwidth over `mib` MiB: all its repetitions, as `bench kernels` does.
