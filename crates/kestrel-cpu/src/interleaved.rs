@@ -263,9 +263,13 @@ pub(crate) mod avx2 {
     /// its tile's const parameters between the token count and `VNNI`.
     macro_rules! factored_tile_variants {
         ($rows:ty $(, $flag:ident)*) => {
-            /// `factored_tile` in AVX2.
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn tile_factored<const T: usize $(, const $flag: bool)*>(
+            factored_tile_variants!(@one tile_factored, "avx2,fma,f16c", false, $rows $(, $flag)*);
+            factored_tile_variants!(@one tile_factored_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", true, $rows $(, $flag)*);
+        };
+        (@one $name:ident, $features:literal, $vnni:literal, $rows:ty $(, $flag:ident)*) => {
+            /// `factored_tile` compiled for the instruction sets it is named by.
+            #[target_feature(enable = $features)]
+            unsafe fn $name<const T: usize $(, const $flag: bool)*>(
                 w: &$rows,
                 scale: FactoredLanes<'_>,
                 offset: Option<FactoredLanes<'_>>,
@@ -273,20 +277,7 @@ pub(crate) mod avx2 {
                 acts: &[ActRow<'_>; TOKENS],
                 sums: &mut TileSums,
             ) {
-                factored_tile::<T $(, $flag)*, false>(w, scale, offset, g, acts, sums)
-            }
-
-            /// `factored_tile` with AVX512-VNNI's `dpbusd` (on 256-bit vectors).
-            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
-            unsafe fn tile_factored_vnni<const T: usize $(, const $flag: bool)*>(
-                w: &$rows,
-                scale: FactoredLanes<'_>,
-                offset: Option<FactoredLanes<'_>>,
-                g: usize,
-                acts: &[ActRow<'_>; TOKENS],
-                sums: &mut TileSums,
-            ) {
-                factored_tile::<T $(, $flag)*, true>(w, scale, offset, g, acts, sums)
+                factored_tile::<T $(, $flag)*, $vnni>(w, scale, offset, g, acts, sums)
             }
         };
     }
