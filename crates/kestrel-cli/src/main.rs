@@ -55,6 +55,21 @@ enum Command {
         #[arg(long = "type")]
         ty: String,
     },
+    /// Write a model as a split model's shards, as llama.cpp's gguf-split does, for hosts that
+    /// cap file sizes: PREFIX-00001-of-0000N.gguf and so on. Every command (and the browser
+    /// package) loads a split model from its first shard's name.
+    Split {
+        input: PathBuf,
+        /// The shards' path without its -0000k-of-0000n.gguf ending.
+        prefix: String,
+        /// The most tensor data a shard holds, e.g. 2G or 500M (a larger tensor gets a shard of
+        /// its own).
+        #[arg(long, conflicts_with = "max_tensors")]
+        max_size: Option<String>,
+        /// The most tensors a shard holds (gguf-split's default: 128).
+        #[arg(long)]
+        max_tensors: Option<usize>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -68,6 +83,7 @@ fn main() -> ExitCode {
             commands::tokenize::run(&model_path::resolve(model), &text, json, add_special)
         }
         Command::Quantize { input, output, ty } => commands::quantize::run(&input, &output, &ty),
+        Command::Split { input, prefix, max_size, max_tensors } => commands::split::run(&input, &prefix, max_size.as_deref(), max_tensors),
         Command::Bench(args) => commands::bench::run(args),
     };
     match result {

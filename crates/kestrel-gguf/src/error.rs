@@ -87,6 +87,10 @@ pub enum GgufError {
     #[error("{0}")]
     Rejected(String),
 
+    /// The shards of a split model do not make one model.
+    #[error("split model: {reason}")]
+    Split { reason: String },
+
     #[error("cannot allocate {bytes} bytes for {context}")]
     Allocation { context: String, bytes: u64 },
 

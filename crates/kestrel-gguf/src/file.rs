@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::error::GgufError;
-use crate::header::GgufHeader;
+use crate::header::{parse_header, GgufHeader};
 use crate::stream::{EventSink, GgufStreamReader, StreamEvent};
 
 const CHUNK: usize = 1 << 20;
@@ -59,4 +59,19 @@ pub fn read_file(path: &Path) -> Result<(GgufHeader, Vec<Vec<u8>>), GgufError> {
     // A successful stream always starts with the header event.
     let header = header.ok_or(GgufError::Truncated { context: "header".into(), offset: 0, missing: 0 })?;
     Ok((header, tensors))
+}
+
+/// Reads only as much of the file at `path` as its header needs.
+pub fn read_header(path: &Path) -> Result<GgufHeader, GgufError> {
+    let mut file = File::open(path).map_err(io_error(path))?;
+    let mut bytes = Vec::new();
+    let mut want: u64 = 1 << 20;
+    loop {
+        let have = bytes.len() as u64;
+        (&mut file).take(want.saturating_sub(have)).read_to_end(&mut bytes).map_err(io_error(path))?;
+        match parse_header(&bytes) {
+            Err(GgufError::NeedMoreData { needed, .. }) if bytes.len() as u64 > have => want = needed.max(2 * want),
+            result => return result,
+        }
+    }
 }

@@ -55,15 +55,29 @@ pub async fn load_file_cpu(
     stream_file(ModelLoader::new_cpu(options), path, progress).await
 }
 
-/// Streams a file into `loader`: mapped where the system can map it, each tensor pushed whole
-/// from the mapping (no read into a buffer and no copy into the reader's, whose fresh pages the
-/// kernel zeroed: a third of an 8B file's load), else read in chunks (a pipe, a special file).
+/// Streams the model at `path` into `loader`: its file, or where `path` names a split model's first
+/// shard (`…-00001-of-0000N.gguf`), every shard in turn.
 #[cfg(not(target_arch = "wasm32"))]
 async fn stream_file(
     mut loader: ModelLoader,
     path: &std::path::Path,
     progress: &mut dyn FnMut(&LoadProgress),
 ) -> Result<Model, ModelError> {
+    let paths = kestrel_gguf::shard_paths(path).unwrap_or_else(|| vec![path.to_path_buf()]);
+    for (i, shard) in paths.iter().enumerate() {
+        if i > 0 {
+            loader.next_shard()?;
+        }
+        push_file(&mut loader, shard, progress)?;
+    }
+    loader.finish().await
+}
+
+/// Pushes one file into `loader`: mapped where the system can map it, each tensor pushed whole
+/// from the mapping (no read into a buffer and no copy into the reader's, whose fresh pages the
+/// kernel zeroed: a third of an 8B file's load), else read in chunks (a pipe, a special file).
+#[cfg(not(target_arch = "wasm32"))]
+fn push_file(loader: &mut ModelLoader, path: &std::path::Path, progress: &mut dyn FnMut(&LoadProgress)) -> Result<(), ModelError> {
     use std::io::Read;
     const CHUNK: usize = 1 << 20;
     let mut file = std::fs::File::open(path).map_err(|e| ModelError::BadModel(format!("{}: {e}", path.display())))?;
@@ -87,7 +101,7 @@ async fn stream_file(
             progress(&loader.progress());
             pos = end;
         }
-        return loader.finish().await;
+        return Ok(());
     }
     let mut buf = vec![0u8; CHUNK];
     loop {
@@ -96,5 +110,5 @@ async fn stream_file(
         loader.push(chunk)?;
         progress(&loader.progress());
     }
-    loader.finish().await
+    Ok(())
 }

@@ -1,11 +1,13 @@
 //! Loading a model from GGUF bytes as they arrive (a browser fetch, a file read in chunks).
 //! The header is checked first (architecture, shapes, tensor types: an unsupported type is
 //! refused before anything is uploaded); each tensor is then repacked, uploaded and dropped as
-//! soon as its bytes are complete, so memory never holds the whole file.
+//! soon as its bytes are complete, so memory never holds the whole file. A split model's shards
+//! arrive one after another (`ModelLoader::next_shard` between them): each shard's header is
+//! checked as it comes, and the whole model's checks run once the last one's has.
 
 use std::collections::{HashMap, HashSet};
 
-use kestrel_gguf::{GgmlType, GgufError, GgufHeader, GgufStreamReader, StreamEvent, TensorInfo};
+use kestrel_gguf::{GgmlType, GgufError, GgufHeader, GgufStreamReader, ShardSequence, StreamEvent, TensorInfo};
 use kestrel_gpu::{Gpu, RowShards, Tensor, WeightTensor};
 use kestrel_ops::params::KvType;
 use kestrel_tokenizer::Tokenizer;
@@ -17,7 +19,7 @@ use crate::error::{bad_model, ModelError};
 use crate::graph::{Graph, GraphSize, LayerWeights, Projection, QkvWeights, Weights};
 use crate::model::Model;
 use crate::sequences::MAX_SLOTS;
-use crate::tensors::{assign_roles, gpu_runs, Expected, Role};
+use crate::tensors::{gpu_runs, Role, RoleAssigner};
 
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -45,15 +47,20 @@ pub struct LoadProgress {
     pub bytes_received: u64,
     pub tensors_loaded: usize,
     pub tensors_total: usize,
-    /// The file's size as its header declares it (where its last tensor ends), once the header
-    /// has arrived.
+    /// The current file's size as its header declares it (where its last tensor ends), once the
+    /// header has arrived: the current shard's, in a split model.
     pub file_bytes: Option<u64>,
 }
 
 pub struct ModelLoader {
     target: Target,
     options: LoadOptions,
+    /// The current file's: the current shard's, in a split model.
     reader: GgufStreamReader,
+    /// The headers so far, checked as one model's shards (a whole file is a split of one).
+    shards: Option<ShardSequence>,
+    /// Tensors in the shards before the current one: its tensor `i` is the model's `base + i`.
+    base: usize,
     state: Option<Loading>,
     bytes_received: u64,
 }
@@ -69,15 +76,20 @@ enum Target {
 struct Loading {
     config: ModelConfig,
     tokenizer: Tokenizer,
-    roles: Vec<Option<Expected>>,
+    /// Each tensor's role, from the headers so far.
+    roles: RoleAssigner,
+    /// The GPU graph's fused kernels' checks apply.
+    gpu: bool,
+    /// The types of the tensors with roles, from the headers so far.
+    types: HashMap<Role, GgmlType>,
     tensors_total: usize,
     tensors_loaded: usize,
     weights: HashMap<Role, WeightTensor>,
     /// The embedding table and the LM head (when not tied), in row shards.
     tables: HashMap<Role, RowShards>,
     vectors: HashMap<Role, Vec<f32>>,
-    /// Q, K and V bytes of a layer, held until all three arrived to upload them fused.
-    qkv_parts: HashMap<usize, [Option<Vec<u8>>; 3]>,
+    /// Q, K and V of a layer, held until all three arrived to upload them fused.
+    qkv_parts: HashMap<usize, [Option<QkvPart>; 3]>,
     /// Layers whose Q, K and V differ in type: uploaded as three matrices, not fused.
     split_qkv: HashSet<usize>,
     /// The CPU backend's matrices and vectors.
@@ -86,26 +98,37 @@ struct Loading {
 
 impl ModelLoader {
     pub fn new(gpu: &Gpu, options: LoadOptions) -> Self {
-        Self { target: Target::Gpu(Box::new(gpu.clone())), options, reader: GgufStreamReader::new(), state: None, bytes_received: 0 }
+        Self::with_target(Target::Gpu(Box::new(gpu.clone())), options)
     }
 
     /// A loader for the CPU backend: the same file checks, the model on `kestrel-cpu`'s kernels.
     pub fn new_cpu(options: LoadOptions) -> Self {
-        Self { target: Target::Cpu, options, reader: GgufStreamReader::new(), state: None, bytes_received: 0 }
+        Self::with_target(Target::Cpu, options)
+    }
+
+    fn with_target(target: Target, options: LoadOptions) -> Self {
+        Self { target, options, reader: GgufStreamReader::new(), shards: None, base: 0, state: None, bytes_received: 0 }
     }
 
     /// Feeds the next bytes of the file.
     pub fn push(&mut self, chunk: &[u8]) -> Result<(), ModelError> {
         self.bytes_received += chunk.len() as u64;
-        let Self { target, reader, state, .. } = self;
+        let Self { target, reader, shards, base, state, .. } = self;
         let mut failure: Option<ModelError> = None;
         let result = reader.push(chunk, &mut |event| {
-            let outcome = match event {
-                StreamEvent::Header(header) => Loading::new(header, matches!(target, Target::Gpu(_))).map(|l| *state = Some(l)),
-                StreamEvent::Tensor { index, info, bytes } => match state.as_mut() {
-                    Some(loading) => loading.add_tensor(target, index, info, bytes),
-                    None => Err(bad_model("tensor data before the header")),
-                },
+            let outcome = match (event, shards.as_mut(), state.as_mut()) {
+                (StreamEvent::Header(header), None, _) => ShardSequence::first(header).map_err(ModelError::from).and_then(|sequence| {
+                    let loading = Loading::new(header, matches!(target, Target::Gpu(_)), sequence.count() == 1)?;
+                    *shards = Some(sequence);
+                    *state = Some(loading);
+                    Ok(())
+                }),
+                (StreamEvent::Header(header), Some(sequence), Some(loading)) => sequence
+                    .next(header)
+                    .map_err(ModelError::from)
+                    .and_then(|()| loading.add_header(header, sequence.seen() == sequence.count())),
+                (StreamEvent::Tensor { index, info, bytes }, _, Some(loading)) => loading.add_tensor(target, *base + index, info, bytes),
+                _ => Err(bad_model("tensor data before the header")),
             };
             // The stream reader only carries GgufErrors: park ours and stop the stream.
             outcome.map_err(|e| {
@@ -119,7 +142,22 @@ impl ModelLoader {
         }
     }
 
-    /// Where the next tensor ends in the file (`GgufStreamReader::next_tensor_end`).
+    /// Ends the current file of a split model, which must be complete: the bytes pushed next are
+    /// the next shard's, from its start.
+    pub fn next_shard(&mut self) -> Result<(), ModelError> {
+        let reader = std::mem::take(&mut self.reader);
+        let tensors = reader.header().map_or(0, |h| h.tensors.len());
+        reader.finish()?;
+        match &self.shards {
+            Some(s) if s.seen() < s.count() => {}
+            Some(s) => return Err(GgufError::Split { reason: format!("a shard after the last of {}", s.count()) }.into()),
+            None => return Err(bad_model("next shard before the first")),
+        }
+        self.base += tensors;
+        Ok(())
+    }
+
+    /// Where the next tensor ends in the current file (`GgufStreamReader::next_tensor_end`).
     pub fn next_tensor_end(&self) -> Option<u64> {
         self.reader.next_tensor_end()
     }
@@ -133,6 +171,7 @@ impl ModelLoader {
     /// Ends the stream (an incomplete file is an error naming the tensor) and builds the model.
     pub async fn finish(self) -> Result<Model, ModelError> {
         self.reader.finish()?;
+        self.shards.as_ref().map(ShardSequence::finish).transpose()?;
         let loading = self.state.ok_or_else(|| bad_model("empty file"))?;
         match &self.target {
             Target::Gpu(gpu) => loading.into_model(gpu, &self.options).await,
@@ -141,57 +180,82 @@ impl ModelLoader {
     }
 }
 
+/// One of a layer's Q, K and V, held for the fused upload.
+struct QkvPart {
+    name: String,
+    ty: GgmlType,
+    rows: usize,
+    bytes: Vec<u8>,
+}
+
 impl Loading {
-    /// `gpu`: the checks of the GPU graph's fused kernels apply.
-    fn new(header: &GgufHeader, gpu: bool) -> Result<Self, ModelError> {
+    /// From the model's first file. `gpu`: the checks of the GPU graph's fused kernels apply.
+    /// `last`: no shard follows.
+    fn new(header: &GgufHeader, gpu: bool, last: bool) -> Result<Self, ModelError> {
         let config = ModelConfig::from_header(header)?;
-        let roles = assign_roles(header, &config)?;
-        for (info, role) in header.tensors.iter().zip(&roles) {
+        let tokenizer = Tokenizer::from_gguf(&header.metadata)?;
+        if tokenizer.vocab_size() != config.vocab {
+            return Err(bad_model(format!("tokenizer has {} tokens, the model {}", tokenizer.vocab_size(), config.vocab)));
+        }
+        let roles = RoleAssigner::new(&config);
+        let mut loading = Self {
+            tensors_total: roles.expected_count(),
+            tensors_loaded: 0,
+            config,
+            tokenizer,
+            roles,
+            gpu,
+            types: HashMap::new(),
+            weights: HashMap::new(),
+            tables: HashMap::new(),
+            vectors: HashMap::new(),
+            qkv_parts: HashMap::new(),
+            split_qkv: HashSet::new(),
+            cpu: CpuTensors::default(),
+        };
+        loading.add_header(header, last)?;
+        Ok(loading)
+    }
+
+    /// The tensors of the next file's header (the first's, or a shard's): each one's shape, and
+    /// on the GPU its type, checked before its bytes arrive. `last`: no shard follows, so the
+    /// whole model's checks run.
+    fn add_header(&mut self, header: &GgufHeader, last: bool) -> Result<(), ModelError> {
+        let before = self.roles.roles().len();
+        self.roles.add(&header.tensors)?;
+        for (info, role) in header.tensors.iter().zip(self.roles.roles().get(before..).unwrap_or_default()) {
             let Some(role) = role else { continue };
-            if !gpu_runs(role, info) {
+            if self.gpu && !gpu_runs(role, info) {
                 return Err(ModelError::UnsupportedQuant { tensor: info.name.clone(), ty: info.ggml_type.name().to_string() });
             }
+            self.types.insert(role.role, info.ggml_type);
         }
-        let types_differ = |layer_roles: &[Role]| {
-            let types: Vec<GgmlType> = layer_roles
-                .iter()
-                .filter_map(|r| header.tensors.iter().zip(&roles).find(|(_, e)| e.as_ref().is_some_and(|e| e.role == *r)))
-                .map(|(info, _)| info.ggml_type)
-                .collect();
-            types.windows(2).any(|w| w[0] != w[1]).then_some(types)
-        };
-        for l in (0..config.n_layers).filter(|_| gpu && !config.fused_gate_up_tensor) {
-            if let Some(types) = types_differ(&[Role::Gate(l), Role::Up(l)]) {
+        if last {
+            self.roles.check_complete()?;
+            self.check_fused_gate_up()?;
+        }
+        Ok(())
+    }
+
+    /// The GPU's fused SwiGLU kernel reads gate and up of one type.
+    fn check_fused_gate_up(&self) -> Result<(), ModelError> {
+        if !self.gpu || self.config.fused_gate_up_tensor {
+            return Ok(());
+        }
+        for l in 0..self.config.n_layers {
+            let types = [Role::Gate(l), Role::Up(l)].map(|r| self.types.get(&r).copied());
+            if types[0] != types[1] {
                 return Err(ModelError::UnsupportedQuant {
                     tensor: format!("blk.{l}.ffn_gate/ffn_up"),
                     ty: format!("mixed {types:?} (the fused SwiGLU kernel needs gate and up of one type)"),
                 });
             }
         }
-        let split_qkv = (0..config.n_layers)
-            .filter(|&l| !config.fused_qkv_tensor && types_differ(&[Role::Q(l), Role::K(l), Role::V(l)]).is_some())
-            .collect();
-        let tokenizer = Tokenizer::from_gguf(&header.metadata)?;
-        if tokenizer.vocab_size() != config.vocab {
-            return Err(bad_model(format!("tokenizer has {} tokens, the model {}", tokenizer.vocab_size(), config.vocab)));
-        }
-        Ok(Self {
-            tensors_total: roles.iter().flatten().count(),
-            tensors_loaded: 0,
-            config,
-            tokenizer,
-            roles,
-            weights: HashMap::new(),
-            tables: HashMap::new(),
-            vectors: HashMap::new(),
-            qkv_parts: HashMap::new(),
-            split_qkv,
-            cpu: CpuTensors::default(),
-        })
+        Ok(())
     }
 
     fn add_tensor(&mut self, target: &Target, index: usize, info: &TensorInfo, bytes: &[u8]) -> Result<(), ModelError> {
-        let Some(Some(e)) = self.roles.get(index) else { return Ok(()) };
+        let Some(Some(e)) = self.roles.roles().get(index) else { return Ok(()) };
         let e = e.clone();
         self.tensors_loaded += 1;
         let ty = info.ggml_type;
@@ -200,19 +264,29 @@ impl Loading {
             Target::Cpu => return self.cpu.add::<Quantized>(e.role, ty, bytes, e.rows, e.cols),
         };
         match e.role {
-            Role::Q(l) | Role::K(l) | Role::V(l) if !self.split_qkv.contains(&l) => {
+            Role::Q(l) | Role::K(l) | Role::V(l) => {
                 let slot = match e.role {
                     Role::Q(_) => 0,
                     Role::K(_) => 1,
                     _ => 2,
                 };
                 let parts = self.qkv_parts.entry(l).or_default();
-                parts[slot] = Some(bytes.to_vec());
+                parts[slot] = Some(QkvPart { name: e.name.clone(), ty, rows: e.rows, bytes: bytes.to_vec() });
                 if let [Some(q), Some(k), Some(v)] = parts {
-                    let fused = [q.as_slice(), k.as_slice(), v.as_slice()].concat();
-                    let (c, rows) = (&self.config, self.config.qkv_width());
-                    let w = WeightTensor::from_gguf_bytes(gpu, &format!("blk.{l}.attn_qkv"), ty, rows, c.hidden, &fused)?;
-                    self.weights.insert(Role::Q(l), w);
+                    let cols = self.config.hidden;
+                    if q.ty == k.ty && k.ty == v.ty {
+                        let fused = [q.bytes.as_slice(), &k.bytes, &v.bytes].concat();
+                        let w =
+                            WeightTensor::from_gguf_bytes(gpu, &format!("blk.{l}.attn_qkv"), ty, self.config.qkv_width(), cols, &fused)?;
+                        self.weights.insert(Role::Q(l), w);
+                    } else {
+                        // Types that differ cannot share one matrix: three products.
+                        for (role, part) in [(Role::Q(l), &*q), (Role::K(l), &*k), (Role::V(l), &*v)] {
+                            let w = WeightTensor::from_gguf_bytes(gpu, &part.name, part.ty, part.rows, cols, &part.bytes)?;
+                            self.weights.insert(role, w);
+                        }
+                        self.split_qkv.insert(l);
+                    }
                     self.qkv_parts.remove(&l);
                 }
             }

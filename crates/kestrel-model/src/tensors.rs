@@ -2,6 +2,8 @@
 //! the config implies. Both the GPU loader and the CPU reference check a file against this
 //! before using any of its bytes.
 
+use std::collections::HashMap;
+
 use kestrel_gguf::{GgmlType, GgufHeader, TensorInfo};
 
 use crate::config::{ModelConfig, ROPE_FACTORS_LONG_TENSOR, ROPE_FACTORS_SHORT_TENSOR, ROPE_FACTORS_TENSOR};
@@ -128,22 +130,74 @@ fn expected(role: Role, name: &str, rows: usize, cols: usize) -> Expected {
     Expected { role, name: name.to_string(), rows, cols }
 }
 
-/// Matches the file's tensors to the expected ones: every expected tensor present with its
-/// shape. Returns, per tensor index of the file, its role (None for tensors the model ignores,
-/// such as the tokenizer's or other architectures' extras).
+/// Matches a file's tensors to the roles the model expects (`expected_tensors`), by name, with
+/// each one's shape checked; the file's other tensors get no role. Whole: `assign_roles`.
 pub fn assign_roles(header: &GgufHeader, config: &ModelConfig) -> Result<Vec<Option<Expected>>, ModelError> {
-    let mut roles = vec![None; header.tensors.len()];
-    for e in expected_tensors(config) {
-        let (index, info) = header
-            .tensors
-            .iter()
-            .enumerate()
-            .find(|(_, t)| t.name == e.name)
-            .ok_or_else(|| bad_model(format!("missing tensor {}", e.name)))?;
-        check_shape(info, &e)?;
-        roles[index] = Some(e);
+    let mut roles = RoleAssigner::new(config);
+    roles.add(&header.tensors)?;
+    roles.finish()
+}
+
+/// `assign_roles` for tensor descriptors that arrive in parts: the shards of a split model, each
+/// header as it comes.
+pub struct RoleAssigner {
+    /// In the model's order, which the missing-tensor error follows.
+    expected: Vec<Expected>,
+    by_name: HashMap<String, usize>,
+    found: Vec<bool>,
+    roles: Vec<Option<Expected>>,
+}
+
+impl RoleAssigner {
+    pub fn new(config: &ModelConfig) -> Self {
+        let expected = expected_tensors(config);
+        let by_name = expected.iter().enumerate().map(|(i, e)| (e.name.clone(), i)).collect();
+        Self { found: vec![false; expected.len()], expected, by_name, roles: Vec::new() }
     }
-    Ok(roles)
+
+    /// The next tensors of the file, in its order: their roles, indexed from the first tensor of
+    /// the first part.
+    pub fn add(&mut self, tensors: &[TensorInfo]) -> Result<(), ModelError> {
+        for info in tensors {
+            let role = match self.by_name.get(&info.name) {
+                Some(&i) => {
+                    let e = self.expected.get(i).ok_or_else(|| bad_model(format!("no role {i}")))?;
+                    check_shape(info, e)?;
+                    if let Some(found) = self.found.get_mut(i) {
+                        *found = true;
+                    }
+                    Some(e.clone())
+                }
+                None => None,
+            };
+            self.roles.push(role);
+        }
+        Ok(())
+    }
+
+    /// The roles so far, indexed like the tensors added.
+    pub fn roles(&self) -> &[Option<Expected>] {
+        &self.roles
+    }
+
+    /// Tensors the model uses.
+    pub fn expected_count(&self) -> usize {
+        self.expected.len()
+    }
+
+    /// Ok once every expected tensor has been added; else the first that never came, as an error.
+    pub fn check_complete(&self) -> Result<(), ModelError> {
+        match self.expected.iter().zip(&self.found).find(|(_, &found)| !found) {
+            Some((e, _)) => Err(bad_model(format!("missing tensor {}", e.name))),
+            None => Ok(()),
+        }
+    }
+
+    /// Every tensor's role, once `check_complete` passed.
+    pub fn finish(self) -> Result<Vec<Option<Expected>>, ModelError> {
+        self.check_complete()?;
+        Ok(self.roles)
+    }
 }
 
 /// Whether the GPU path runs `info` in its role: vectors (norms, biases) as f32 or f16, matrices

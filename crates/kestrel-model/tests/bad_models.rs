@@ -181,3 +181,46 @@ fn hostile_chat_template_fails_the_request_not_the_model() {
     assert_eq!(err.code(), "bad_model", "{err}");
     assert!(err.to_string().contains("chat template"), "{err}");
 }
+
+/// A split model's shards (`kestrel_gguf::split_model`) pushed out of order, incomplete or past
+/// the last: each a `bad_model` naming what is wrong, before any model is built.
+#[test]
+fn shards_out_of_order_missing_or_extra_are_bad_models() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("bad-shards");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("make the shards' folder");
+    let prefix = dir.join("model").display().to_string();
+    let shards =
+        kestrel_gguf::split_model(&common::default_model_path(), &prefix, kestrel_gguf::SplitLimit::Bytes(40_000_000)).expect("split");
+    let shards: Vec<Vec<u8>> = shards.iter().map(|p| std::fs::read(p).expect("read a shard")).collect();
+    assert_eq!(shards.len(), 3);
+    // The CPU backend: the same loader and checks, without the GPU's upload.
+    let load = |order: &[usize]| -> Result<kestrel_model::Model, ModelError> {
+        let mut loader = ModelLoader::new_cpu(LoadOptions { context_length: Some(64), ..LoadOptions::default() });
+        for (k, &i) in order.iter().enumerate() {
+            if k > 0 {
+                loader.next_shard()?;
+            }
+            loader.push(&shards[i])?;
+        }
+        pollster::block_on(loader.finish())
+    };
+    let expect_bad = |order: &[usize], says: &str| {
+        let err = load(order).err().unwrap_or_else(|| panic!("shards {order:?} must not load"));
+        assert_eq!(err.code(), "bad_model", "{err}");
+        assert!(err.to_string().contains(says), "shards {order:?}: {err}");
+    };
+    expect_bad(&[0, 2, 1], "shard 2 of 3 is shard 3 of 3");
+    expect_bad(&[0, 1], "only 2 of the model's 3 shards arrived");
+    expect_bad(&[1, 0, 2], "starts at shard 2 of 3");
+    expect_bad(&[0, 1, 2, 2], "after the last of 3");
+    // A shard's header then an end in its data: the truncation names the tensor.
+    let mut loader = ModelLoader::new_cpu(LoadOptions::default());
+    loader.push(&shards[0]).expect("first shard");
+    loader.next_shard().expect("next shard");
+    loader.push(&shards[1][..shards[1].len() / 2]).expect("half a shard");
+    let err = loader.next_shard().expect_err("an incomplete shard must not end");
+    assert!(err.code() == "bad_model" && err.to_string().contains("truncated"), "{err}");
+    // In order, they load.
+    load(&[0, 1, 2]).expect("the shards in order");
+}

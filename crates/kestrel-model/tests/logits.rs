@@ -106,6 +106,27 @@ fn row_sharded_tables_match_cpu_reference() {
     check_model(common::load_on(&gpu, &path, CONTEXT), &path, "Q4_1 in 4 MiB bindings", &[1, 7], CONTEXT);
 }
 
+/// A split model (`kestrel_gguf::split_model`, as gguf-split writes them) loads from its first
+/// shard as the whole file does, to the bit: shards of 4 tensors put a layer's gate and up, and
+/// its Q, K and V, in different shards, which the loader fuses (or, on the Q4_K_M file, where
+/// they differ in type in 14 layers, keeps apart) as for one file.
+#[test]
+fn split_models_give_the_whole_files_logits() {
+    let gpu = common::gpu();
+    for (path, label) in [(common::default_model_path(), "q4_1"), (common::q4_k_m_model_path(), "q4_k_m")] {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("split-{label}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("make the shards' folder");
+        let prefix = dir.join("model").display().to_string();
+        let shards = kestrel_gguf::split_model(&path, &prefix, kestrel_gguf::SplitLimit::Tensors(4)).expect("split");
+        assert!(shards.len() > 60, "{label}: {} shards", shards.len());
+        let prompt = common::bench_ids(7);
+        let logits = |p: &Path| pollster::block_on(common::load_on(&gpu, p, CONTEXT).prompt_logits(&prompt)).expect("logits");
+        let whole = logits(&path);
+        assert!(whole == logits(&shards[0]), "{label}: the split model's logits differ from the whole file's");
+    }
+}
+
 /// RoPE frequency factors (`rope_freqs.weight`) and linear RoPE scaling: both passes rotate by
 /// the scaled angles.
 #[test]

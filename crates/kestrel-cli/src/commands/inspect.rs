@@ -34,22 +34,10 @@ pub fn run(path: &Path, all_tensors: bool) -> CliResult {
     Ok(())
 }
 
-/// Reads only as much of the file as the header needs.
+/// The model's header: its file's, or its shards' merged where `path` names a split model's first
+/// shard (`kestrel_gguf::read_model_header`).
 pub fn read_header(path: &Path) -> Result<kestrel_gguf::GgufHeader, Box<dyn std::error::Error>> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut bytes = Vec::new();
-    let mut want: u64 = 1 << 20;
-    loop {
-        let have = bytes.len() as u64;
-        (&mut file).take(want.saturating_sub(have)).read_to_end(&mut bytes)?;
-        match kestrel_gguf::parse_header(&bytes) {
-            Err(kestrel_gguf::GgufError::NeedMoreData { needed, .. }) if bytes.len() as u64 > have => {
-                want = needed.max(2 * want);
-            }
-            result => return Ok(result?),
-        }
-    }
+    Ok(kestrel_gguf::read_model_header(path)?)
 }
 
 fn summarize(value: &MetadataValue) -> String {

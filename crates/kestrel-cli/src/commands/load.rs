@@ -99,7 +99,10 @@ pub fn load(path: &Path, cache: &CacheArgs, quiet: bool) -> Result<Loaded, Box<d
 pub fn load_with_slots(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
     let device = device(cache.backend)?;
-    let total = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
+    // A split model's shards are streamed one after another.
+    let files = kestrel_gguf::shard_paths(path).unwrap_or_else(|| vec![path.to_path_buf()]);
+    let total =
+        files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| format!("{}: {e}", f.display()))).sum::<Result<u64, _>>()?;
     let options = slot_options(&device, cache, slots);
     let show_bar = !quiet && std::io::stderr().is_terminal();
     let mut bar = |p: &LoadProgress| {

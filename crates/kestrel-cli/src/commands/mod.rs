@@ -5,6 +5,7 @@ pub mod inspect;
 mod load;
 pub mod quantize;
 pub mod serve;
+pub mod split;
 pub mod tokenize;
 
 /// Errors of the CLI are shown to a person: a message is all they need.

@@ -1,0 +1,102 @@
+//! Split models as a person makes and runs them: `kestrel split` writes gguf-split's shards,
+//! llama.cpp itself loads them (node-llama-cpp's build, tools/llama-cpp), and `kestrel` runs the
+//! model from its first shard's name with the whole file's output.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn kestrel(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kestrel")).args(args).output().expect("run kestrel");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The default model split into shards of at most 40 MB in `dir` (a fresh folder): three.
+fn split_default_model(dir: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("make the shards' folder");
+    let model = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let prefix = dir.join("smol");
+    let (ok, stdout, stderr) =
+        kestrel(&["split", model.to_str().expect("a UTF-8 path"), prefix.to_str().expect("a UTF-8 path"), "--max-size", "40M"]);
+    assert!(ok, "{stderr}");
+    let shards: Vec<PathBuf> = (1..=3).map(|k| dir.join(format!("smol-0000{k}-of-00003.gguf"))).collect();
+    for shard in &shards {
+        assert!(stdout.contains(&shard.display().to_string()), "{stdout}");
+        let bytes = std::fs::metadata(shard).expect("a shard").len();
+        // 40 MB of tensor data, plus the first shard's header (the vocabulary).
+        assert!(bytes <= 42_000_000, "{}: {bytes} bytes", shard.display());
+    }
+    shards
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
+#[test]
+fn split_models_run_from_the_first_shard_as_the_whole_file() {
+    let shards = split_default_model("split-run");
+    let model = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let run = |m: &Path| {
+        let (ok, stdout, stderr) = kestrel(&[
+            "generate",
+            "--backend",
+            "cpu",
+            "-m",
+            path(m),
+            "--max-tokens",
+            "16",
+            "--temperature",
+            "0",
+            "The capital of France is",
+        ]);
+        assert!(ok, "{stderr}");
+        stdout
+    };
+    let whole = run(&model);
+    assert!(whole.split_whitespace().count() >= 4, "{whole}");
+    assert_eq!(run(&shards[0]), whole);
+    // The shards' metadata and tensor table, merged, are the file's.
+    let inspect = |m: &Path| {
+        let (ok, stdout, stderr) = kestrel(&["inspect", "--tensors", "-m", path(m)]);
+        assert!(ok, "{stderr}");
+        stdout.lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
+    };
+    assert_eq!(inspect(&shards[0]), inspect(&model));
+}
+
+#[test]
+fn a_shard_that_is_not_the_first_or_a_missing_shard_is_a_bad_model() {
+    let shards = split_default_model("split-errors");
+    let (ok, _, stderr) = kestrel(&["generate", "-m", path(&shards[1]), "Hello"]);
+    assert!(!ok && stderr.contains("[bad_model]") && stderr.contains("shard 2 of 3") && stderr.contains("first shard"), "{stderr}");
+    std::fs::remove_file(&shards[2]).expect("remove the last shard");
+    let (ok, _, stderr) = kestrel(&["generate", "--backend", "cpu", "-m", path(&shards[0]), "Hello"]);
+    assert!(!ok && stderr.contains(&shards[2].display().to_string()), "{stderr}");
+}
+
+/// The shards are gguf-split's: llama.cpp loads the model from the first one and reproduces its
+/// recorded greedy tokens and logits for the whole file (tests/data/reference/greedy.json).
+#[test]
+fn llama_cpp_loads_the_shards() {
+    let shards = split_default_model("split-llama-cpp");
+    let root = repo();
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("split-llama-cpp/greedy.json");
+    let run = Command::new("node")
+        .current_dir(root.join("tools/llama-cpp"))
+        .args(["reference.mjs", path(&shards[0])])
+        .arg(root.join("tests/data/reference/prompts.json"))
+        .arg(&out)
+        .args(["--steps", "8", "--compare"])
+        .arg(root.join("tests/data/reference/greedy.json"))
+        .output()
+        .expect("run node tools/llama-cpp/reference.mjs (./build.sh test installs its packages)");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
+    assert!(stdout.contains("ALL PROMPTS REPRODUCED"), "{stdout}");
+}
