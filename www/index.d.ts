@@ -34,10 +34,16 @@ export interface LoadProgress {
   phase: 'download' | 'cache' | 'upload' | 'compile' | 'ready';
   /** Bytes read so far. */
   loaded: number;
-  /** Bytes in the file: the Content-Length, else the size its header declares once that has arrived (0 before). */
+  /**
+   * Bytes in the file: the Content-Length, else the size its header declares once that has arrived
+   * (0 before). A split model's: all its shards' (from their headers, when downloading).
+   */
   total: number;
   tensors?: number;
   tensorsTotal?: number;
+  /** A split model's: the shard being read (from 1), and how many it has. */
+  shard?: number;
+  shards?: number;
 }
 
 export interface EngineInfo {
@@ -286,12 +292,23 @@ export interface EngineMemory {
   gpu_buffer_bytes: number;
 }
 
+/** A model file: its URL, a File or a Blob; a split model's first shard's URL or its shards. */
+export type ModelSource = string | URL | Blob | Blob[] | FileList;
+
 export interface CreateEngineOptions {
-  /** A URL (fetched, then kept in the Cache API), a File or a Blob of a GGUF file. */
-  model: string | URL | Blob;
+  /**
+   * A URL (fetched, then kept in the Cache API), a File or a Blob of a GGUF file. A split model
+   * (llama.cpp's gguf-split, `kestrel split`): its first shard's URL (`…-00001-of-00003.gguf`,
+   * which brings the others), or its shards as Files or Blobs (an array or a FileList; Files
+   * are taken in the order of their names).
+   */
+  model: ModelSource;
   onProgress?: (progress: LoadProgress) => void;
-  /** The file's SHA-256 (hex), checked as it streams in: a mismatch is `bad_model` and the copy is not cached. */
-  sha256?: string;
+  /**
+   * The file's SHA-256 (hex), checked as it streams in: a mismatch is `bad_model` and the copy is
+   * not cached. A split model's: one per shard, in order.
+   */
+  sha256?: string | string[];
   /** Follows the engine recovering by itself from a lost GPU device (see EngineStatus). */
   onStatus?: (status: EngineStatus) => void;
   /**
@@ -435,7 +452,7 @@ export interface Estimate {
  * says whether it fits this browser's GPU with `slots` (default 1) `context_length`-token KV
  * caches, and whether it fits the CPU backend's wasm memory (`cpu`).
  */
-export function estimate(options: { model: string | URL | Blob; context_length?: number; kv_cache?: 'f16' | 'f32'; slots?: number }): Promise<Estimate>;
+export function estimate(options: { model: ModelSource; context_length?: number; kv_cache?: 'f16' | 'f32'; slots?: number }): Promise<Estimate>;
 /** Deletes every KV prefix `persistPrefix` saved in this origin's storage; true when there were any. */
 export function clearSavedPrefixes(): Promise<boolean>;
 

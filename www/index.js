@@ -35,43 +35,88 @@ import { PREFIX_DIRECTORY } from './storage.js';
 
 const CACHE_NAME = 'kestrel-models';
 
-/**
- * Whether the Cache API holds the model at `url` (stored by an earlier load).
- * @param {string} url
- * @returns {Promise<boolean>}
- */
-export async function hasModelInCache(url) {
-  if (!globalThis.caches) return false;
-  const cache = await caches.open(CACHE_NAME);
-  return Boolean(await cache.match(new URL(url, location.href).href));
-}
+// On a split model's shard in the Cache API: `k/n URL`, shard k of n of the model whose first
+// shard is at URL (worker.js writes it).
+const SHARD_HEADER = 'x-kestrel-shard';
 
 /**
- * The models the Cache API holds (stored by earlier loads), with their sizes in bytes.
- * @returns {Promise<{ url: string, bytes: number }[]>}
+ * The Cache API's models: each a URL (a split model's first shard's) with its responses (the
+ * file's, or every cached shard's) and how many shards it has.
+ * @param {Cache} cache
+ * @returns {Promise<Map<string, { requests: Request[], responses: Response[], shards: number }>>}
  */
-export async function listCachedModels() {
-  if (!globalThis.caches) return [];
-  const cache = await caches.open(CACHE_NAME);
-  const models = [];
+async function cachedModels(cache) {
+  const models = new Map();
   for (const request of await cache.keys()) {
     const response = await cache.match(request);
     if (!response) continue;
-    const length = Number(response.headers.get('content-length'));
-    models.push({ url: request.url, bytes: length || (await response.blob()).size });
+    const [, count, first] = /^\d+\/(\d+) (.+)$/.exec(response.headers.get(SHARD_HEADER) ?? '') ?? [];
+    const url = first ?? request.url;
+    const model = models.get(url) ?? { requests: [], responses: [], shards: Number(count) || 1 };
+    model.requests.push(request);
+    model.responses.push(response);
+    models.set(url, model);
   }
   return models;
 }
 
 /**
- * Removes the model at `url` from the Cache API; true when there was one.
+ * Whether the Cache API holds the model at `url` (stored by an earlier load): a split model's
+ * (`url` its first shard's) with every shard.
+ * @param {string} url
+ * @returns {Promise<boolean>}
+ */
+export async function hasModelInCache(url) {
+  if (!globalThis.caches) return false;
+  const model = (await cachedModels(await caches.open(CACHE_NAME))).get(new URL(url, location.href).href);
+  return Boolean(model && model.responses.length === model.shards);
+}
+
+/**
+ * The models the Cache API holds (stored by earlier loads), with their sizes in bytes: a split
+ * model once, under its first shard's URL, with its cached shards' bytes.
+ * @returns {Promise<{ url: string, bytes: number }[]>}
+ */
+export async function listCachedModels() {
+  if (!globalThis.caches) return [];
+  const models = [];
+  for (const [url, { responses }] of await cachedModels(await caches.open(CACHE_NAME))) {
+    let bytes = 0;
+    for (const response of responses) bytes += Number(response.headers.get('content-length')) || (await response.blob()).size;
+    models.push({ url, bytes });
+  }
+  return models;
+}
+
+/**
+ * Removes the model at `url` (a split model's: every shard) from the Cache API; true when there
+ * was one.
  * @param {string} url
  * @returns {Promise<boolean>}
  */
 export async function deleteModelFromCache(url) {
   if (!globalThis.caches) return false;
   const cache = await caches.open(CACHE_NAME);
-  return cache.delete(new URL(url, location.href).href);
+  const model = (await cachedModels(cache)).get(new URL(url, location.href).href);
+  if (!model) return false;
+  await Promise.all(model.requests.map((request) => cache.delete(request)));
+  return true;
+}
+
+/**
+ * The `model` option as the worker takes it: a URL made absolute (a split model's first shard's
+ * brings the other shards), a File or a Blob, or an array of a split model's shards (Files or
+ * Blobs, a FileList too). Anything else is `invalid_option`.
+ * @param {unknown} model
+ * @returns {string | Blob | Blob[]}
+ */
+function modelOption(model) {
+  if (model instanceof URL) return model.href;
+  if (typeof model === 'string') return new URL(model, location.href).href;
+  if (model instanceof Blob) return model;
+  const shards = globalThis.FileList && model instanceof FileList ? [...model] : model;
+  if (Array.isArray(shards) && shards.length > 0 && shards.every((m) => m instanceof Blob)) return shards;
+  throw kestrelError('invalid_option', "invalid option model: expected a URL, a File or a Blob, or an array of a split model's shards (Files or Blobs)");
 }
 
 /**
@@ -117,10 +162,8 @@ export async function clearSavedPrefixes() {
  * @returns {Promise<Estimate>}
  */
 export async function estimate(options) {
-  const { model, context_length, kv_cache, slots } = options ?? {};
-  if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
-    throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
-  }
+  const { context_length, kv_cache, slots } = options ?? {};
+  const model = modelOption(options?.model);
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   try {
     return await new Promise((resolve, reject) => {
@@ -129,8 +172,7 @@ export async function estimate(options) {
         else if (data.type === 'error') reject(kestrelError(/** @type {KestrelErrorCode} */ (data.error.code), data.error.message));
       };
       worker.onerror = (e) => reject(workerError(e));
-      const url = model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model;
-      worker.postMessage({ type: 'estimate', id: 0, model: url, context_length, kv_cache, slots });
+      worker.postMessage({ type: 'estimate', id: 0, model, context_length, kv_cache, slots });
     });
   } finally {
     worker.terminate();
@@ -321,10 +363,10 @@ class Engine {
   }
 
   /**
-   * @param {string | Blob} model
+   * @param {string | Blob | Blob[]} model
    * @param {CreateEngineOptions['onProgress']} onProgress
    * @param {Omit<CreateEngineOptions, 'model' | 'onProgress' | 'onStatus' | 'remote' | 'sha256' | 'persistPrefix'>} engineOptions the engine's own options
-   * @param {string | undefined} sha256
+   * @param {string | string[] | undefined} sha256
    * @param {{ maxBytes: number } | null} persist `persistPrefix`
    */
   async _load(model, onProgress, engineOptions, sha256, persist) {
@@ -471,12 +513,10 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
 export async function createEngine(options) {
   // The package's own options; the rest are the engine's, which the engine core names and checks
   // (kestrel_engine::EngineOptions): a bad or unknown one fails the load with `invalid_option`.
-  const { model, onProgress, onStatus, remote, sha256, persistPrefix, ...engineOptions } = options ?? {};
-  if (!(typeof model === 'string' || model instanceof URL || model instanceof Blob)) {
-    throw kestrelError('invalid_option', 'invalid option model: expected a URL, a File or a Blob');
-  }
-  if (sha256 != null && !/^[0-9a-fA-F]{64}$/.test(sha256)) {
-    throw kestrelError('invalid_option', 'invalid option sha256: expected 64 hexadecimal digits');
+  const { model: given, onProgress, onStatus, remote, sha256, persistPrefix, ...engineOptions } = options ?? {};
+  const model = modelOption(given);
+  if (sha256 != null && !(Array.isArray(sha256) ? sha256 : [sha256]).every((d) => /^[0-9a-fA-F]{64}$/.test(d))) {
+    throw kestrelError('invalid_option', 'invalid option sha256: expected 64 hexadecimal digits (an array of them for a split model, one per file)');
   }
   const persist = persistOption(persistPrefix);
   if (remote != null) checkRemote(remote);
@@ -490,7 +530,7 @@ export async function createEngine(options) {
   const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
   const engine = new Engine(worker, onStatus);
   try {
-    await engine._load(model instanceof URL ? model.href : typeof model === 'string' ? new URL(model, location.href).href : model, onProgress, engineOptions, sha256, persist);
+    await engine._load(model, onProgress, engineOptions, sha256, persist);
   } catch (e) {
     worker.terminate();
     const code = /** @type {KestrelError} */ (e)?.code;

@@ -4,13 +4,16 @@
 // the wasm module) schedules the requests and writes their answers in OpenAI's shape; this worker
 // carries its events. The page (index.js) queues requests, except generations on an engine that
 // batches them (`info.model.batched`): those come at once and join the running steps.
-import init, { Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, reusableTokens } from './pkg/kestrel_wasm.js';
+import init, { Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, reusableTokens, shardNames } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 import { adapterName } from './adapter-name.js';
 import { storageRoom } from './storage.js';
 import { RemoteBackend } from './remote.js';
 
 const CACHE_NAME = 'kestrel-models';
+// On a split model's shard in the Cache API: `k/n URL`, shard k of n of the model whose first
+// shard is at URL (what index.js's cache helpers group by).
+const SHARD_HEADER = 'x-kestrel-shard';
 let engine = null;
 let wasmMemory = null; // the wasm instance's WebAssembly.Memory, once initialised
 const aborted = new Set(); // page ids aborted before their request reached the engine
@@ -129,17 +132,32 @@ function notAModel(response, url) {
 }
 
 /**
- * Reads the GGUF header of `model` (a URL or a Blob) and no more: HTTP range requests of growing
- * size, or, where the server ignores ranges, the start of the body until the header is complete.
+ * The files of `model`: a URL's (every shard's, where it names a split model's first shard:
+ * `…-00001-of-00003.gguf`), a Blob's, or an array of Blobs, a split model's shards (Files in the
+ * order of their names, which is the shards' order).
  */
-async function readHeader(model) {
+async function modelFiles(model) {
   await initWasm();
-  let probe = new HeaderProbe();
+  if (typeof model === 'string') return shardNames(model) ?? [model];
+  if (model instanceof Blob) return [model];
+  if (Array.isArray(model) && model.length > 0 && model.every((m) => m instanceof Blob)) {
+    if (!model.every((m) => m instanceof File)) return [...model];
+    return [...model].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  }
+  throw fail('invalid_option', "model must be a URL string, a Blob or a File, or an array of a split model's shards (Blobs or Files)");
+}
+
+/**
+ * Reads the GGUF header of `model` (a URL or a Blob) into `probe` and no more: HTTP range
+ * requests of growing size, or, where the server ignores ranges, the start of the body until the
+ * header is complete.
+ */
+async function readHeader(model, probe) {
   const truncated = () => fail('bad_model', 'bad model file: the file ends inside its header');
   if (model instanceof Blob) {
     for (let at = 0, size = 1 << 20; ; at += size, size *= 2) {
       if (at >= model.size) throw truncated();
-      if (probe.push(new Uint8Array(await model.slice(at, at + size).arrayBuffer()))) return probe;
+      if (probe.push(new Uint8Array(await model.slice(at, at + size).arrayBuffer()))) return;
     }
   }
   for (let at = 0, size = 1 << 20; ; at += size, size *= 2) {
@@ -155,19 +173,19 @@ async function readHeader(model) {
     if (!response.body) throw fail('fetch_failed', `could not fetch ${model}: HTTP ${response.status} without a body`);
     if (response.status === 206) {
       const bytes = new Uint8Array(await response.arrayBuffer());
-      if (probe.push(bytes)) return probe;
+      if (probe.push(bytes)) return;
       if (bytes.byteLength < size) throw truncated();
       continue;
     }
     // The whole file is coming: read its start, then stop the download.
-    if (at > 0) probe = new HeaderProbe();
+    if (at > 0) probe.restart();
     const reader = response.body.getReader();
     for (;;) {
       const { done, value } = await reader.read();
       if (done) throw truncated();
       if (probe.push(value)) {
         reader.cancel().catch(() => {});
-        return probe;
+        return;
       }
     }
   }
@@ -196,8 +214,14 @@ function describedAdapter() {
  * false, no adapter is asked for and the GPU verdict is left null (`fits`).
  */
 async function estimate(model, contextLength, kvCache, slots, { gpu = true } = {}) {
-  const probe = await readHeader(typeof model === 'string' ? new URL(model, self.location.href).href : model);
+  const files = await modelFiles(typeof model === 'string' ? new URL(model, self.location.href).href : model);
+  const probe = new HeaderProbe();
   try {
+    // A split model's shards' headers, one after another: the estimate is the whole model's.
+    for (const [k, file] of files.entries()) {
+      if (k > 0) probe.nextShard();
+      await readHeader(file, probe);
+    }
     const adapter = gpu ? await describedAdapter() : null;
     const limits = adapter ? { maxBufferSize: adapter.limits.maxBufferSize, maxStorageBufferBindingSize: adapter.limits.maxStorageBufferBindingSize } : null;
     // GiB, rounded down and capped at 8 (Chrome's workers have it; other browsers none).
@@ -213,8 +237,8 @@ async function estimate(model, contextLength, kvCache, slots, { gpu = true } = {
 }
 
 /**
- * The engine to load `model` (a URL or a Blob) on, judged from its header before any weight is
- * read. On WebGPU: the GPU where the model fits it (every binding, and the total within what the
+ * The engine to load `model` (a URL, a Blob, or a split model's shards) on, judged from its
+ * header before any weight is read, and the model's size from it (`file_bytes`). On WebGPU: the GPU where the model fits it (every binding, and the total within what the
  * GPU can plausibly hold); with backend 'auto', otherwise the CPU backend where the model fits
  * 32-bit wasm memory. On the CPU backend ('cpu', or 'auto' without a usable GPU): the engine
  * where the model fits wasm memory. Otherwise fails with the verdict's code and numbers:
@@ -224,16 +248,17 @@ async function fittingEngine(model, eng, engineOptions) {
   const onGpu = eng.backend() === 'webgpu';
   const fits = await estimate(model, engineOptions?.context_length, engineOptions?.kv_cache, engineOptions?.slots, { gpu: onGpu });
   const { cpu } = fits;
+  const fitting = (e) => ({ eng: e, fileBytes: fits.file_bytes });
   if (!onGpu) {
     if (!cpu.fits) throw fail(cpu.code, `the model does not fit this device: ${cpu.reason}`);
-    return eng;
+    return fitting(eng);
   }
-  if (fits.fits !== false) return eng;
+  if (fits.fits !== false) return fitting(eng);
   if ((engineOptions?.backend ?? 'auto') !== 'auto' || fits.code === 'unsupported_quant') {
     throw fail(fits.code, `the model does not fit this device: ${fits.reason}`);
   }
   if (!cpu.fits) throw fail(cpu.code, `the model fits neither the GPU (${fits.reason}) nor the CPU backend (${cpu.reason})`);
-  return cpuEngine(engineOptions, `the model does not fit the GPU: ${fits.reason}`);
+  return fitting(await cpuEngine(engineOptions, `the model does not fit the GPU: ${fits.reason}`));
 }
 
 /** Adds the browser's own adapter description (wgpu's name is often empty on the web). */
@@ -250,94 +275,135 @@ const quotaExceeded = (bytes) => ({
 });
 
 /**
- * Streams `model` (a URL string, a Blob or a File) into the engine, with progress events. With
- * `persist` (`{maxBytes}`), opens the store of saved KV prefixes under the file's sha256.
+ * Streams `model` (a URL string, a Blob or a File, or an array of a split model's shards; a URL
+ * that names a split model's first shard brings the others) into the engine, with progress
+ * events. With `persist` (`{maxBytes}`), opens the store of saved KV prefixes under the file's
+ * sha256 (a split model's: of its shards' digests).
  */
 async function load(id, model, useCache, engineOptions, sha256, persist) {
   let eng = await getEngine(engineOptions);
   prefixes = null;
-  // The digest checks the file against `sha256`, and keys its saved KV prefixes.
-  const hasher = sha256 || persist ? new Sha256Hasher() : null;
-  let digest = null;
+  const files = await modelFiles(model);
+  const shards = files.length;
+  const expected = sha256 == null ? null : [sha256].flat();
+  if (expected && expected.length !== shards) {
+    throw fail('invalid_option', `invalid option sha256: one digest per file of the model (${shards}), not ${expected.length}`);
+  }
+  const ofShard = (k) => (shards > 1 ? ` (shard ${k + 1} of ${shards})` : '');
+  // The digests check the files against `sha256`, and key the model's saved KV prefixes.
+  const digests = expected || persist ? [] : null;
   let phase = 'upload';
-  let body;
   let total = 0;
-  let cachePut = null;
   let cache = null;
-  let url = null;
-  // Whether the Cache API keeps the file, and why not where it could not (`info.model_cache`).
+  // Per file: the Cache API's copy (a URL's, from an earlier load), and the copy being stored.
+  let hits = files.map(() => null);
+  const cachePuts = files.map(() => null);
+  // Whether the Cache API keeps the files, and why not where it could not (`info.model_cache`).
   let cacheError = null;
-  if (typeof model === 'string') {
-    url = new URL(model, self.location.href).href;
+  if (typeof files[0] === 'string') {
     cache = useCache && self.caches ? await caches.open(CACHE_NAME) : null;
-    const hit = cache && (await cache.match(url));
-    if (hit) {
+    if (cache) hits = await Promise.all(files.map(async (url) => (await cache.match(url)) ?? null));
+    if (hits.every(Boolean)) {
       phase = 'cache';
-      body = hit.body;
-      total = Number(hit.headers.get('content-length')) || 0;
+      total = hits.reduce((sum, hit) => sum + (Number(hit.headers.get('content-length')) || 0), 0);
     } else {
-      // Before downloading gigabytes, check from the header alone that the model fits the GPU,
+      // Before downloading gigabytes, check from the headers alone that the model fits the GPU,
       // or with backend 'auto' the CPU backend where the GPU cannot hold it, or on the CPU
       // backend wasm memory.
-      eng = await fittingEngine(url, eng, engineOptions);
+      let fileBytes;
+      ({ eng, fileBytes } = await fittingEngine(model, eng, engineOptions));
       phase = 'download';
-      let response;
-      try {
-        response = await fetch(url);
-      } catch (e) {
-        throw Object.assign(new Error(`could not fetch ${url}: ${e.message}`), { code: 'fetch_failed' });
-      }
-      const wrong = notAModel(response, url);
-      if (wrong) throw wrong;
-      if (!response.body) throw fail('fetch_failed', `could not fetch ${url}: HTTP ${response.status} without a body`);
-      total = Number(response.headers.get('content-length')) || 0;
-      body = response.body;
-      if (cache && total > (await storageRoom())) {
-        cacheError = quotaExceeded(total);
-        cache = null;
-      }
-      if (cache) {
-        // One branch feeds the engine, the other the Cache API (committed only when complete).
-        const [mine, cached] = body.tee();
-        body = mine;
-        const headers = new Headers(response.headers);
-        cachePut = cache.put(url, new Response(cached, { headers })).catch((e) => e);
-      }
+      // A split model's size from its headers; one file's from its Content-Length below.
+      if (shards > 1) total = fileBytes;
     }
-  } else if (model instanceof Blob) {
-    // The same check from the file's header, before streaming gigabytes into the engine.
-    eng = await fittingEngine(model, eng, engineOptions);
-    body = model.stream();
-    total = model.size;
   } else {
-    throw Object.assign(new Error('model must be a URL string, a Blob or a File'), { code: 'invalid_option' });
+    // The same check from the files' headers, before streaming gigabytes into the engine.
+    ({ eng } = await fittingEngine(model, eng, engineOptions));
+    total = files.reduce((sum, blob) => sum + blob.size, 0);
   }
 
-  const reader = body.getReader();
+  /** The body of file `k`, downloading it (and storing a copy in the Cache API) where needed. */
+  const open = async (k) => {
+    const file = files[k];
+    if (file instanceof Blob) return file.stream();
+    if (hits[k]) return hits[k].body;
+    let response;
+    try {
+      response = await fetch(file);
+    } catch (e) {
+      throw fail('fetch_failed', `could not fetch ${file}: ${e.message}`);
+    }
+    const wrong = notAModel(response, file);
+    if (wrong) throw wrong;
+    if (!response.body) throw fail('fetch_failed', `could not fetch ${file}: HTTP ${response.status} without a body`);
+    const length = Number(response.headers.get('content-length')) || 0;
+    if (shards === 1) total = length;
+    let body = response.body;
+    if (cache && length > (await storageRoom())) {
+      cacheError = quotaExceeded(shards > 1 ? total : length);
+      cache = null;
+    }
+    if (cache) {
+      // One branch feeds the engine, the other the Cache API (committed only when complete),
+      // each shard marked with the model it belongs to (the first shard's URL).
+      const [mine, cached] = body.tee();
+      body = mine;
+      const headers = new Headers(response.headers);
+      if (shards > 1) headers.set(SHARD_HEADER, `${k + 1}/${shards} ${files[0]}`);
+      cachePuts[k] = cache.put(file, new Response(cached, { headers })).catch((e) => e);
+    }
+    return body;
+  };
+
+  let reader = null;
   let loaded = 0;
   let lastReport = 0;
   let progress = null;
+  // A split model's shard being read (from 1).
+  let shard = 0;
+  const report = () => post({
+    type: 'progress',
+    id,
+    progress: {
+      phase, loaded, total, tensors: progress?.tensors_loaded ?? 0, tensorsTotal: progress?.tensors_total ?? 0, ...(shards > 1 ? { shard, shards } : {}),
+    },
+  });
   try {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      loaded += value.byteLength;
-      hasher?.update(value);
-      progress = eng.loadChunk(value);
-      // Without a Content-Length (a host compressing on the fly) the header gives the size.
-      if (!total && progress.file_bytes) total = progress.file_bytes;
-      const now = performance.now();
-      if (now - lastReport > 50) {
-        lastReport = now;
-        post({ type: 'progress', id, progress: { phase, loaded, total, tensors: progress.tensors_loaded, tensorsTotal: progress.tensors_total } });
+    for (let k = 0; k < shards; k++) {
+      if (k > 0) eng.loadNextShard();
+      shard = k + 1;
+      reader = (await open(k)).getReader();
+      // Each shard's start is reported, however soon the last report was.
+      if (shards > 1) report();
+      const hasher = digests ? new Sha256Hasher() : null;
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        loaded += value.byteLength;
+        hasher?.update(value);
+        progress = eng.loadChunk(value);
+        // Without a Content-Length (a host compressing on the fly) the header gives the size.
+        if (!total && progress.file_bytes) total = progress.file_bytes;
+        const now = performance.now();
+        if (now - lastReport > 50) {
+          lastReport = now;
+          report();
+        }
+      }
+      reader = null;
+      if (hasher) {
+        const digest = hasher.finishHex();
+        hasher.free();
+        digests.push(digest);
+        // Checked before the model is built; a mismatch also drops the copy the Cache API got.
+        if (expected && digest !== expected[k].toLowerCase()) {
+          throw fail('bad_model', `bad model file${ofShard(k)}: its sha256 is ${digest}, not the expected ${expected[k]}`);
+        }
       }
     }
-    post({ type: 'progress', id, progress: { phase, loaded, total, tensors: progress?.tensors_loaded ?? 0, tensorsTotal: progress?.tensors_total ?? 0 } });
-    if (hasher) digest = hasher.finishHex();
-    if (sha256) {
-      // Checked before the model is built; a mismatch also drops the copy the Cache API got.
-      if (digest !== sha256.toLowerCase()) throw fail('bad_model', `bad model file: its sha256 is ${digest}, not the expected ${sha256}`);
-    }
+    // A split model's total from its headers leaves out its later shards' headers.
+    total = Math.max(total, loaded);
+    report();
     post({ type: 'progress', id, progress: { phase: 'compile', loaded, total } });
     const info = await eng.finishLoad();
     await describeAdapter(info);
@@ -348,35 +414,47 @@ async function load(id, model, useCache, engineOptions, sha256, persist) {
     } else if (persist) {
       // Keyed by the file and the cache's value type: an f32 engine's snapshots neither serve nor
       // supersede an f16 one's.
-      prefixes = await PrefixStore.open(`${digest}:${engineOptions?.kv_cache ?? 'f16'}`, persist.maxBytes).catch((e) => {
+      prefixes = await PrefixStore.open(`${modelDigest(digests)}:${engineOptions?.kv_cache ?? 'f16'}`, persist.maxBytes).catch((e) => {
         persistOff = `the Origin Private File System is not available: ${e?.message ?? e}`;
         return null;
       });
     }
     if (persistOff) console.warn(`kestrel: persistPrefix is off: ${persistOff}`);
     info.persist_prefix = persist ? { enabled: !persistOff, reason: persistOff } : null;
-    if (cachePut) {
-      const err = await cachePut;
-      if (err instanceof Error) {
+    for (const put of cachePuts) {
+      const err = put && (await put);
+      if (err instanceof Error && !cacheError) {
         cacheError = err.name === 'QuotaExceededError' ? quotaExceeded(total) : { code: 'cache_failed', message: `could not store the model in the Cache API: ${err.message}` };
       }
     }
     // The model runs from the network either way; the page learns why it will download it again.
     if (cacheError) console.warn(`kestrel: ${cacheError.message}`);
-    info.model_cache = { stored: phase === 'cache' || (cachePut !== null && !cacheError), error: cacheError };
+    const stored = typeof files[0] === 'string' && files.every((_, k) => hits[k] || cachePuts[k]) && !cacheError;
+    info.model_cache = { stored, error: cacheError };
     batched = info.model?.batched === true;
     post({ type: 'progress', id, progress: { phase: 'ready', loaded, total } });
     return info;
   } catch (e) {
-    reader.cancel().catch(() => {});
+    reader?.cancel().catch(() => {});
     eng.cancelLoad();
-    // Never keep a file that failed to load (a corrupt download would otherwise stick).
-    if (cache && url) {
-      if (cachePut) await cachePut;
-      await cache.delete(url);
+    // Never keep a file that failed to load (a corrupt download would otherwise stick), nor the
+    // other shards of its model.
+    if (cache && typeof files[0] === 'string') {
+      await Promise.all(cachePuts.filter(Boolean));
+      await Promise.all(files.map((url) => cache.delete(url)));
     }
     throw e;
   }
+}
+
+/** The digest that names a model: its file's sha256, or a split model's: of its shards' digests. */
+function modelDigest(digests) {
+  if (digests.length === 1) return digests[0];
+  const hasher = new Sha256Hasher();
+  hasher.update(new TextEncoder().encode(digests.join('\n')));
+  const digest = hasher.finishHex();
+  hasher.free();
+  return digest;
 }
 
 /**

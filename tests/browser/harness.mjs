@@ -56,7 +56,7 @@ export async function openTestPage(context, baseUrl, path = '/tests/browser/page
 }
 
 /** The native CLI: $KESTREL_CLI, else the dev build. */
-function cliPath() {
+export function cliPath() {
   // build.sh builds the CLI in the dev profile, which shares its compiled dependencies with
   // `cargo test` (a release build would compile everything a second time).
   const cli = process.env.KESTREL_CLI ?? join(ROOT, 'target/debug/kestrel');

@@ -290,6 +290,18 @@ impl Engine {
         }
     }
 
+    /// Ends the current shard of a split model, which must be complete: the chunks fed next are
+    /// the next shard's, from its start. After an error the load is abandoned.
+    #[wasm_bindgen(js_name = loadNextShard)]
+    pub fn load_next_shard(&self) -> Result<(), JsValue> {
+        let mut loader = self.state.loader.borrow_mut();
+        let l = loader.as_mut().ok_or_else(|| js_error("bad_model", "the next shard of a load that has not started"))?;
+        l.next_shard().map_err(|e| {
+            *loader = None;
+            model_error(&e)
+        })
+    }
+
     /// Abandons a load in progress.
     #[wasm_bindgen(js_name = cancelLoad)]
     pub fn cancel_load(&self) {

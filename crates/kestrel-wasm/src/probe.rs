@@ -2,7 +2,7 @@
 //! streamed sha256 check of a model file: what the worker asks before and while a model loads.
 
 use kestrel_engine::EngineOptions;
-use kestrel_gguf::GgufStreamReader;
+use kestrel_gguf::{merge_headers, GgufHeader, GgufStreamReader, ShardInfo};
 use kestrel_model::estimate::{DeviceLimits, Estimate, MemoryLimit};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -36,11 +36,22 @@ impl Sha256Hasher {
     }
 }
 
+/// Every shard's URL of the split model whose first shard is at `url` (`m-00001-of-00003.gguf`:
+/// llama.cpp's naming, `kestrel_gguf::shard_names`), else undefined (a whole model's URL).
+#[wasm_bindgen(js_name = shardNames)]
+pub fn shard_names(url: &str) -> Option<Vec<String>> {
+    kestrel_gguf::shard_names(url)
+}
+
 /// Reads a GGUF file's header as its first bytes arrive (no GPU needed), then answers whether the
 /// model fits: `estimate()` in the browser package, and `createEngine`'s check before a download.
+/// A split model's shards' headers are read one after another (`nextShard`).
 #[wasm_bindgen]
 pub struct HeaderProbe {
+    /// The current file's.
     reader: GgufStreamReader,
+    /// The headers of a split model's earlier shards.
+    shards: Vec<GgufHeader>,
 }
 
 impl Default for HeaderProbe {
@@ -54,7 +65,33 @@ impl HeaderProbe {
     #[wasm_bindgen(constructor)]
     pub fn new() -> HeaderProbe {
         install_panic_hook();
-        HeaderProbe { reader: GgufStreamReader::new() }
+        HeaderProbe { reader: GgufStreamReader::new(), shards: Vec::new() }
+    }
+
+    /// The model's shards, from its first file's header (1 for a whole model). A bad split key
+    /// is a `bad_model` error.
+    #[wasm_bindgen(js_name = shardCount)]
+    pub fn shard_count(&self) -> Result<u32, JsValue> {
+        let first =
+            self.shards.first().or(self.reader.header()).ok_or_else(|| js_error("bad_model", "the GGUF header has not arrived yet"))?;
+        let info = ShardInfo::of(first).map_err(|e| model_error(&e.into()))?;
+        Ok(info.map_or(1, |i| u32::from(i.count)))
+    }
+
+    /// Forgets the current file's bytes: the next pushed are its start again (a server that
+    /// ignored a range request sends the whole file).
+    pub fn restart(&mut self) {
+        self.reader = GgufStreamReader::new();
+    }
+
+    /// Keeps the current file's header; the bytes pushed next are the next shard's, from its
+    /// start.
+    #[wasm_bindgen(js_name = nextShard)]
+    pub fn next_shard(&mut self) -> Result<(), JsValue> {
+        let header = self.reader.header().ok_or_else(|| js_error("bad_model", "the GGUF header has not arrived yet"))?.clone();
+        self.shards.push(header);
+        self.reader = GgufStreamReader::new();
+        Ok(())
     }
 
     /// Feeds the next bytes of the file; true once the whole header has arrived (stop then).
@@ -83,7 +120,17 @@ impl HeaderProbe {
         max_binding: Option<f64>,
         device_memory: Option<f64>,
     ) -> Result<JsValue, JsValue> {
-        let header = self.reader.header().ok_or_else(|| js_error("bad_model", "the GGUF header has not arrived yet"))?;
+        let current = self.reader.header().ok_or_else(|| js_error("bad_model", "the GGUF header has not arrived yet"))?;
+        // A split model's, as one file's (every shard's header must have arrived).
+        let merged;
+        let header = if self.shards.is_empty() && ShardInfo::of(current).map_err(|e| model_error(&e.into()))?.is_none() {
+            current
+        } else {
+            let mut all = self.shards.clone();
+            all.push(current.clone());
+            merged = merge_headers(&all).map_err(|e| model_error(&e.into()))?;
+            &merged
+        };
         let settings = EngineOptions::parse(options).and_then(|o| o.settings()).map_err(|e| engine_error(&e))?;
         let (context, kv, slots) = (settings.load.context_length, settings.load.kv_cache, settings.slots);
         let estimate = Estimate::from_header(header, context, kv, slots).map_err(|e| model_error(&e))?;
