@@ -38,9 +38,12 @@ pub(super) fn dequantize_block(block: &[u8; BLOCK_BYTES], out: &mut [f32; QK_K])
 /// ggml's `d * sc * q - dmin * m` as `(d * sc) * q + -(dmin * m)`: the same f32 operations.
 pub(super) fn int_block(block: &[u8; BLOCK_BYTES]) -> IntBlock<QK_K, { QK_K / INT_GROUP }> {
     let mut b = IntBlock::new();
-    let qs = &block[OFFSET_QS..];
-    for (e, q) in b.q.iter_mut().enumerate() {
-        *q = ((qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0x0F) as i8;
+    // Each 32 bytes hold 64 weights: the first 32 in the low nibbles, the next in the high ones.
+    for (q, qs) in b.q.chunks_exact_mut(64).zip(block[OFFSET_QS..].chunks_exact(32)) {
+        let (lo, hi) = q.split_at_mut(32);
+        for ((lo, hi), &byte) in lo.iter_mut().zip(hi).zip(qs) {
+            (*lo, *hi) = ((byte & 0x0F) as i8, (byte >> 4) as i8);
+        }
     }
     (b.scale, b.min) = scale_min_groups(block);
     b
