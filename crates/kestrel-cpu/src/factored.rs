@@ -1,5 +1,5 @@
 //! A K-quant's scales (or offsets) kept as the format keeps them: a small integer per group and
-//! one f32 unit per super-block of 256 weights (`kestrel_gguf::quant::super_block_units`), a
+//! one f32 unit per super-block of 256 weights (`kestrel_gguf::quant::super_block_factors`), a
 //! byte per group where the whole value took four. The products are exact in f32, so a kernel
 //! multiplying integer by unit gets the very f32 the whole value was.
 
@@ -37,32 +37,6 @@ impl UnitLayout {
     }
 }
 
-/// The integers `k` with `units[i / per_unit] · k == values[i]` (values in rows one after
-/// another), or None where a value is no such multiple: then the matrix keeps its values whole.
-pub(crate) fn factor(values: &[f32], units: &[f32], per_unit: usize) -> Option<Vec<i8>> {
-    if values.len() != units.len() * per_unit {
-        return None;
-    }
-    let mut out = Vec::new();
-    out.try_reserve_exact(values.len()).ok()?;
-    for (chunk, &unit) in values.chunks_exact(per_unit).zip(units) {
-        for &v in chunk {
-            // An exact product's quotient is the integer itself (division rounds correctly); a
-            // cast rather than `round`, which is a libm call in baseline x86-64 and took a fifth
-            // of this function's time at load. Saturating: NaN and huge quotients fail below.
-            let k = if unit == 0.0 { 0 } else { (v / unit) as i32 };
-            // Equal as values: a zero unit times 0 is +0 where the format's product may be -0,
-            // which adds the same to every sum.
-            let Ok(k) = i8::try_from(k) else { return None };
-            if unit * f32::from(k) != v {
-                return None;
-            }
-            out.push(k);
-        }
-    }
-    Some(out)
-}
-
 /// For the kernels' tests: factored values of `rows` rows of `groups` values, `per_unit` a unit,
 /// with integers over i8's whole range and units of both signs: the whole values (rows one after
 /// another), and the units and integers interleaved for 8-row groups (`rows` a multiple of 8).
@@ -79,22 +53,6 @@ pub(crate) fn test_factors(rows: usize, groups: usize, per_unit: usize, seed: us
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn factors_are_exact_or_refused() {
-        let units = [0.5f32, -0.25, 0.0];
-        let values = [1.5f32, -0.5, 0.0, 31.75, 0.25, -31.75, 0.0, -0.0, 0.0];
-        let k = factor(&values, &units, 3).expect("exact multiples");
-        assert_eq!(k, [3, -1, 0, -127, -1, 127, 0, 0, 0]);
-        for (i, (&v, &k)) in values.iter().zip(&k).enumerate() {
-            assert_eq!(units[i / 3] * f32::from(k), v);
-        }
-        // Not a multiple, out of i8's range, a nonzero value of a zero unit, a ragged count.
-        assert_eq!(factor(&[0.3], &[0.5], 1), None);
-        assert_eq!(factor(&[64.5], &[0.5], 1), None);
-        assert_eq!(factor(&[1.0], &[0.0], 1), None);
-        assert_eq!(factor(&[1.0, 1.0], &[1.0], 1), None);
-    }
 
     #[test]
     fn units_follow_the_interleaved_rows() {

@@ -2,14 +2,14 @@
 //! formats of at most 4 bits) with a scale and an offset per 32 weights (per 16 for Q6_K), F16
 //! and F32 as f32. `apply` is `y = x·Wᵀ` for rows of x.
 
-use kestrel_gguf::quant::{int_groups, super_block_units, INT_GROUP};
+use kestrel_gguf::quant::{int_groups, super_block_factors, SuperBlockFactors, INT_GROUP};
 use kestrel_gguf::GgmlType;
 
 use crate::activations::{ActFormat, QuantizedRows};
 use crate::alloc::{split_off, with_capacity, zeroed};
 use crate::dot::{f32_dot, int_products, IntRows, Levels, Scales};
 use crate::error::CpuError;
-use crate::factored::{factor, UnitLayout};
+use crate::factored::UnitLayout;
 use crate::interleaved::{self, GroupRows};
 use crate::interleaved_bytes::{self, ByteGroupRows};
 use crate::parallel::{for_each_chunk, for_row_chunks, try_each_on_pool};
@@ -132,7 +132,7 @@ enum LevelStore {
 }
 
 /// The formats whose scales and offsets are whole multiples of a unit per super-block
-/// (`kestrel_gguf::quant::super_block_units`).
+/// (`kestrel_gguf::quant::super_block_factors`).
 fn super_blocks_factor(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
@@ -140,21 +140,6 @@ fn super_blocks_factor(ty: GgmlType) -> bool {
 /// Whether K-quant scales and offsets are kept factored (`factored`): natively. Not in wasm,
 /// whose row kernels would expand a row's scales for each dot product (as they would f16 ones).
 const FACTORED_SCALES: bool = cfg!(not(target_arch = "wasm32"));
-
-/// `values` (one per group, rows one after another) as integers of `units` (one per unit
-/// group), laid out as `layout` says (interleaved alike where its lanes are 8); None where they
-/// are not exact multiples, which no well-formed file has.
-fn factored(values: &[f32], units: Vec<f32>, rows: usize, layout: UnitLayout) -> Option<ScaleStore> {
-    let k = factor(values, &units, layout.per_unit())?;
-    let (units, k) = if layout.lanes() == 1 {
-        (units, k)
-    } else {
-        let unit_count = units.len() / rows;
-        let woven_units = interleaved::interleave_values(&units, rows, unit_count, false);
-        (woven_units, interleaved::interleave_values(&k, rows, k.len() / rows, false))
-    };
-    Some(ScaleStore::Factored { units, k, layout })
-}
 
 /// The part of a matrix's level store that one run of rows converts into.
 enum LevelRun<'a> {
@@ -164,14 +149,46 @@ enum LevelRun<'a> {
     Bytes8(&'a mut [i8]),
 }
 
-/// One run of whole rows of a conversion: the rows' GGUF bytes, and their parts of the stores
-/// (the units: each super-block's d and -dmin).
+/// The part of a matrix's scales (or offsets) that one run of rows converts into: whole f32
+/// values, or a K-quant's integers and its super-blocks' units (`factored`).
+enum ValueRun<'a> {
+    Whole(&'a mut [f32]),
+    Factored { k: &'a mut [i8], units: &'a mut [f32] },
+}
+
+/// A matrix's scales (or offsets) as converted: whole f32 values, or factored.
+enum ValueStore {
+    Whole(Vec<f32>),
+    Factored { k: Vec<i8>, units: Vec<f32> },
+}
+
+impl ValueStore {
+    /// `values` values (`units` units where factored), allocated fallibly.
+    fn new(factored: bool, values: usize, units: usize, what: &dyn Fn() -> String) -> Result<Self, CpuError> {
+        Ok(if factored {
+            ValueStore::Factored { k: zeroed(values, what)?, units: zeroed(units, what)? }
+        } else {
+            ValueStore::Whole(zeroed(values, what)?)
+        })
+    }
+
+    /// Runs of `values` values (and `units` units) each.
+    fn runs(&mut self, values: usize, units: usize) -> Vec<ValueRun<'_>> {
+        match self {
+            ValueStore::Whole(v) => v.chunks_mut(values).map(ValueRun::Whole).collect(),
+            ValueStore::Factored { k, units: u } => {
+                k.chunks_mut(values).zip(u.chunks_mut(units)).map(|(k, units)| ValueRun::Factored { k, units }).collect()
+            }
+        }
+    }
+}
+
+/// One run of whole rows of a conversion: the rows' GGUF bytes, and their parts of the stores.
 struct RowRun<'a> {
     bytes: &'a [u8],
     levels: LevelRun<'a>,
-    scale: &'a mut [f32],
-    offset: Option<&'a mut [f32]>,
-    units: Option<(&'a mut [f32], &'a mut [f32])>,
+    scale: ValueRun<'a>,
+    offset: Option<ValueRun<'a>>,
 }
 
 /// How a matrix's GGUF blocks become its stores.
@@ -180,39 +197,72 @@ struct Conversion {
     cols: usize,
     group: usize,
     bias: i8,
+    /// Rows are interleaved in groups of 8 (levels, scales and offsets alike).
+    woven: bool,
 }
 
 impl Conversion {
+    /// Where value `i` of a run (rows one after another from the run's first, `per_row` values
+    /// a row) is kept: interleaved alike where the rows are (runs start at a whole group of 8).
+    fn value_index(&self, i: usize, per_row: usize) -> usize {
+        if self.woven {
+            interleaved::value_index(i / per_row, i % per_row, per_row)
+        } else {
+            i
+        }
+    }
+
     /// Converts a run of rows, DECODE_BLOCKS blocks at a time.
     fn convert(&self, run: RowRun<'_>) -> Result<(), CpuError> {
-        let RowRun { bytes, mut levels, scale, mut offset, mut units } = run;
+        let RowRun { bytes, mut levels, mut scale, mut offset } = run;
         let (ty, bias) = (self.ty, self.bias);
         let per_group = self.group / INT_GROUP;
         let (block_bytes, block) = (ty.type_size() as usize, ty.block_size() as usize);
         let row_blocks = self.cols / ACT_BLOCK;
+        let (row_groups, row_supers) = (self.cols / self.group, self.cols / block);
         // Blocks of 32, groups and super-blocks converted so far in this run.
         let (mut done, mut groups, mut supers) = (0, 0, 0);
         for part in bytes.chunks(DECODE_BLOCKS * block_bytes) {
             let part_weights = part.len() / block_bytes * block;
             let g = int_groups(ty, part, part_weights)?;
-            if let Some((d, m)) = &mut units {
-                let u = super_block_units(ty, part, part_weights)?.unwrap_or_default();
-                for ((d, m), [ud, um]) in d[supers..].iter_mut().zip(m[supers..].iter_mut()).zip(&u) {
-                    (*d, *m) = (*ud, *um);
+            let part_groups = g.scale.len() / per_group;
+            // The super-blocks' integers and units, where the values are kept factored.
+            if matches!(scale, ValueRun::Factored { .. }) {
+                let factors = super_block_factors(ty, part, part_weights)?.unwrap_or_default();
+                let groups_per_super = block / self.group;
+                let put = |run: &mut ValueRun<'_>, unit: usize, k: &dyn Fn(&SuperBlockFactors, usize) -> i8| {
+                    let ValueRun::Factored { k: ks, units } = run else { return };
+                    for (j, f) in factors.iter().enumerate() {
+                        units[self.value_index(supers + j, row_supers)] = f.units[unit];
+                        for gg in 0..groups_per_super {
+                            ks[self.value_index((supers + j) * groups_per_super + gg, row_groups)] = k(f, gg * per_group);
+                        }
+                    }
+                };
+                put(&mut scale, 0, &|f, i| f.scale[i]);
+                if let Some(o) = &mut offset {
+                    put(o, 1, &|f, i| f.min[i]);
                 }
-                supers += u.len();
-            }
-            let scales: Vec<f32> = g.scale.iter().step_by(per_group).copied().collect();
-            // The format's min where it has one, else what the stored levels' bias adds.
-            if let Some(o) = &mut offset {
-                let out = &mut o[groups..groups + scales.len()];
-                match &g.min {
-                    Some(min) => out.iter_mut().zip(min.iter().step_by(per_group)).for_each(|(o, &m)| *o = m),
-                    None => out.iter_mut().zip(&scales).for_each(|(o, &s)| *o = -f32::from(bias) * s),
+                supers += factors.len();
+            } else {
+                let put = |run: &mut ValueRun<'_>, values: &mut dyn Iterator<Item = f32>| {
+                    if let ValueRun::Whole(out) = run {
+                        for (i, v) in values.enumerate() {
+                            out[self.value_index(groups + i, row_groups)] = v;
+                        }
+                    }
+                };
+                let scales = || g.scale.iter().step_by(per_group).copied();
+                put(&mut scale, &mut scales());
+                // The format's min where it has one, else what the stored levels' bias adds.
+                if let Some(o) = &mut offset {
+                    match &g.min {
+                        Some(min) => put(o, &mut min.iter().step_by(per_group).copied()),
+                        None => put(o, &mut scales().map(|s| -f32::from(bias) * s)),
+                    }
                 }
             }
-            scale[groups..groups + scales.len()].copy_from_slice(&scales);
-            groups += scales.len();
+            groups += part_groups;
             // Block of 32 levels: byte j holds level j in its low nibble and j + 16 in its high one.
             let nibble_bytes = |block: &[i8]| -> [u8; ACT_BLOCK / 2] {
                 let (lo, hi) = block.split_at(ACT_BLOCK / 2);
@@ -276,11 +326,12 @@ impl IntLayout {
 
 impl IntWeights {
     /// `rows` x `cols` weights stored as `bytes` of type `ty` (whole blocks: checked by the
-    /// caller), converted a run of blocks at a time into buffers allocated once, fallibly; `what`
-    /// names the matrix in an allocation error. Where the machine has the interleaved products
-    /// and the format suits them (4-bit levels, one scale per 32, whole groups of 8 rows), the
-    /// levels go straight to their interleaved places (`interleaved`'s layout), and the scales and
-    /// offsets are interleaved alike after.
+    /// caller), converted a run of whole rows at a time, on the CPU pool, into buffers allocated
+    /// once, fallibly; `what` names the matrix in an allocation error. Where the machine has the
+    /// interleaved products and the format suits them (4-bit levels, one scale per 32, whole
+    /// groups of 8 rows), the levels, scales and offsets go straight to their interleaved places
+    /// (`interleaved`'s layout); a K-quant's scales and offsets natively straight to their
+    /// factored stores (`factored`).
     fn from_ggml(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize, what: &dyn Fn() -> String) -> Result<Self, CpuError> {
         let n = rows * cols;
         let IntLayout { group, nibbles, offset: has_offset } = IntLayout::of(ty);
@@ -292,62 +343,53 @@ impl IntWeights {
             (false, true) => LevelStore::Bytes8(zeroed(n, what)?),
             (false, false) => LevelStore::Bytes(zeroed(n, what)?),
         };
-        let (block_bytes, block) = (ty.type_size() as usize, ty.block_size() as usize);
-        let mut scale = zeroed(n / group, what)?;
-        let mut offset = if has_offset { Some(zeroed(n / group, what)?) } else { None };
-        // The K-quants' super-block units (d and -dmin), where their scales are kept factored.
-        let factored_units = FACTORED_SCALES && super_blocks_factor(ty);
-        let mut units = if factored_units { Some([zeroed(n / block, what)?, zeroed(n / block, what)?]) } else { None };
+        let block = ty.block_size() as usize;
+        let factored = FACTORED_SCALES && super_blocks_factor(ty);
+        let mut scale = ValueStore::new(factored, n / group, n / block, what)?;
+        // Q4_0's interleaved products apply its bias themselves: no offsets.
+        let keeps_offset = has_offset && !(woven && bias != 0);
+        let mut offset = if keeps_offset { Some(ValueStore::new(factored, n / group, n / block, what)?) } else { None };
 
         // Runs of whole rows (whole interleaved groups) of about DECODE_BLOCKS blocks, one task
         // each over the pool: each converts its rows into its own part of every store.
         let row_blocks = cols / block;
         let run_rows = (DECODE_BLOCKS / row_blocks.max(1)).max(1).next_multiple_of(interleaved::GROUP_ROWS);
-        let row_bytes = row_blocks * block_bytes;
+        let row_bytes = row_blocks * ty.type_size() as usize;
         let level_bytes = if nibbles { cols / 2 } else { cols };
-        let mut level_runs: Vec<LevelRun<'_>> = match &mut levels {
+        let level_runs: Vec<LevelRun<'_>> = match &mut levels {
             LevelStore::Nibbles(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Nibbles).collect(),
             LevelStore::Nibbles8(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Nibbles8).collect(),
             LevelStore::Bytes(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Bytes).collect(),
             LevelStore::Bytes8(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Bytes8).collect(),
         };
-        let mut scale_runs = scale.chunks_mut(run_rows * cols / group);
-        let mut offset_runs = offset.as_mut().map(|o| o.chunks_mut(run_rows * cols / group));
-        let mut unit_runs = units.as_mut().map(|[d, m]| (d.chunks_mut(run_rows * row_blocks), m.chunks_mut(run_rows * row_blocks)));
-        let mut runs = Vec::new();
-        for (bytes, levels) in bytes.chunks(run_rows * row_bytes).zip(level_runs.drain(..)) {
-            runs.push(RowRun {
-                bytes,
-                levels,
-                scale: scale_runs.next().unwrap_or_default(),
-                offset: offset_runs.as_mut().and_then(Iterator::next),
-                units: unit_runs.as_mut().and_then(|(d, m)| d.next().zip(m.next())),
-            });
-        }
-        let conversion = Conversion { ty, cols, group, bias };
+        let (run_values, run_units) = (run_rows * cols / group, run_rows * row_blocks);
+        let mut offset_runs = offset.as_mut().map(|o| o.runs(run_values, run_units).into_iter());
+        let runs: Vec<RowRun<'_>> = bytes
+            .chunks(run_rows * row_bytes)
+            .zip(level_runs)
+            .zip(scale.runs(run_values, run_units))
+            .map(|((bytes, levels), scale)| RowRun { bytes, levels, scale, offset: offset_runs.as_mut().and_then(Iterator::next) })
+            .collect();
+        let conversion = Conversion { ty, cols, group, bias, woven };
         try_each_on_pool(runs, |run| conversion.convert(run))?;
         let act = if block == ACT_BLOCK { ActFormat::Q8_0 } else { ActFormat::Q8K };
-        if let Some([scale_units, offset_units]) = units {
-            let per_unit = block / group;
-            let lanes = if woven { interleaved::GROUP_ROWS } else { 1 };
-            let layout = UnitLayout::new(per_unit, lanes);
-            let factored_scale = factored(&scale, scale_units, rows, layout);
-            let factored_offset = offset.as_ref().map(|o| factored(o, offset_units, rows, layout));
-            if let (Some(scale), Some(offset)) = (factored_scale, factored_offset.map_or(Some(None), |o| o.map(Some))) {
-                return Ok(Self { levels, group, scale, offset, bias, act });
+        let lanes = if woven { interleaved::GROUP_ROWS } else { 1 };
+        let layout = UnitLayout::new(block / group, lanes);
+        let store = |values: ValueStore, f16: bool| -> Result<ScaleStore, CpuError> {
+            match values {
+                ValueStore::Factored { k, units } => Ok(ScaleStore::Factored { units, k, layout }),
+                ValueStore::Whole(v) => ScaleStore::new(v, f16, what),
             }
-        }
-        if woven {
-            let row_groups = cols / group;
-            scale = interleaved::interleave_values(&scale, rows, row_groups, false);
-            // Q4_0's offsets are its bias times the scales: the interleaved products apply the bias.
-            offset = if bias == 0 { offset.map(|o| interleaved::interleave_values(&o, rows, row_groups, false)) } else { None };
-        }
+        };
         // Not in wasm: without F16C, converting a row's scales for each dot product costs more
         // than the bytes save (decode in Chromium went from 27 to 20 tok/s).
-        let f16 = cfg!(not(target_arch = "wasm32")) && ScaleStore::fits_f16(&scale) && offset.as_deref().is_none_or(ScaleStore::fits_f16);
-        let scale = ScaleStore::new(scale, f16, what)?;
-        let offset = offset.map(|o| ScaleStore::new(o, f16, what)).transpose()?;
+        let whole_fits_f16 = |v: &Option<&ValueStore>| match v {
+            Some(ValueStore::Whole(values)) => ScaleStore::fits_f16(values),
+            _ => true,
+        };
+        let f16 = cfg!(not(target_arch = "wasm32")) && !factored && whole_fits_f16(&Some(&scale)) && whole_fits_f16(&offset.as_ref());
+        let scale = store(scale, f16)?;
+        let offset = offset.map(|o| store(o, f16)).transpose()?;
         Ok(Self { levels, group, scale, offset, bias, act })
     }
 

@@ -3,6 +3,7 @@
 //! products), so a CPU kernel can multiply the integers by 8-bit activations and apply the
 //! scales once per 16, as llama.cpp's CPU dot products do.
 
+use super::QK_K;
 use crate::error::GgufError;
 use crate::types::GgmlType;
 
@@ -68,25 +69,50 @@ pub fn int_groups(ty: GgmlType, bytes: &[u8], n: usize) -> Result<IntGroups, Ggu
     Ok(out)
 }
 
-/// The units a K-quant's scales and offsets are whole multiples of, per super-block of 256
-/// weights: `[d, -dmin]` for Q4_K and Q5_K (every scale of the super-block is `d · sc` and every
-/// offset `-dmin · m`, for 6-bit `sc` and `m`), `[d, 0]` for Q6_K (scales `d · sc`, 8-bit signed
-/// `sc`). Each product is exact in f32 (an f16 times an integer of at most 8 bits), so a scale is
-/// the same f32 whether stored whole or as its integer and unit. None for the other formats.
-pub fn super_block_units(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Option<Vec<[f32; 2]>>, GgufError> {
-    use super::{f16_at, q4_k, q5_k, q6_k};
-    super::check_data_len(ty, bytes, n, "super-block units")?;
-    let units = match ty {
-        GgmlType::Q4_K => {
-            super::blocks::<{ q4_k::BLOCK_BYTES }>(bytes).map(|b| [f16_at(b, q4_k::OFFSET_D), -f16_at(b, q4_k::OFFSET_DMIN)]).collect()
+/// A K-quant super-block's scales and offsets as the format keeps them: small integers of the
+/// block's units, per group of 16 weights (as `int_groups` has them). Scale g is
+/// `units[0] · scale[g]` and offset g `units[1] · min[g]`, the very f32 products `int_groups`
+/// gives (an f16 times an integer of at most 8 bits is exact, and `(-dmin) · m` is `-(dmin · m)`):
+/// units `[d, -dmin]` with 6-bit `sc` and `m` for Q4_K and Q5_K, `[d, 0]` with Q6_K's 8-bit
+/// signed `sc` (and mins 0).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SuperBlockFactors {
+    pub units: [f32; 2],
+    pub scale: [i8; QK_K / INT_GROUP],
+    pub min: [i8; QK_K / INT_GROUP],
+}
+
+/// The factors of each super-block of `n` weights stored as `bytes` of type `ty`; None for the
+/// formats that are not K-quants.
+pub fn super_block_factors(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Option<Vec<SuperBlockFactors>>, GgufError> {
+    use super::{f16_at, kquant::scale_min_k4, q4_k, q5_k, q6_k};
+    super::check_data_len(ty, bytes, n, "super-block factors")?;
+    /// Q4_K and Q5_K keep d, dmin and the packed 6-bit scales and mins at the same offsets.
+    fn scale_min<const N: usize>(b: &[u8; N]) -> SuperBlockFactors {
+        let packed = q4_k::scale_bytes(b);
+        let mut f = SuperBlockFactors { units: [f16_at(b, q4_k::OFFSET_D), -f16_at(b, q4_k::OFFSET_DMIN)], scale: [0; 16], min: [0; 16] };
+        for (g, (s, m)) in f.scale.iter_mut().zip(&mut f.min).enumerate() {
+            let (sc, mn) = scale_min_k4(g / 2, &packed);
+            // 6 bits: within i8.
+            (*s, *m) = (sc as i8, mn as i8);
         }
-        GgmlType::Q5_K => {
-            super::blocks::<{ q5_k::BLOCK_BYTES }>(bytes).map(|b| [f16_at(b, q5_k::OFFSET_D), -f16_at(b, q5_k::OFFSET_DMIN)]).collect()
-        }
-        GgmlType::Q6_K => super::blocks::<{ q6_k::BLOCK_BYTES }>(bytes).map(|b| [f16_at(b, q6_k::OFFSET_D), 0.0]).collect(),
+        f
+    }
+    let factors = match ty {
+        GgmlType::Q4_K => super::blocks::<{ q4_k::BLOCK_BYTES }>(bytes).map(scale_min).collect(),
+        GgmlType::Q5_K => super::blocks::<{ q5_k::BLOCK_BYTES }>(bytes).map(scale_min).collect(),
+        GgmlType::Q6_K => super::blocks::<{ q6_k::BLOCK_BYTES }>(bytes)
+            .map(|b| {
+                let mut scale = [0i8; 16];
+                for (s, &byte) in scale.iter_mut().zip(&b[q6_k::OFFSET_SCALES..q6_k::OFFSET_D]) {
+                    *s = byte as i8;
+                }
+                SuperBlockFactors { units: [f16_at(b, q6_k::OFFSET_D), 0.0], scale, min: [0; 16] }
+            })
+            .collect(),
         _ => return Ok(None),
     };
-    Ok(Some(units))
+    Ok(Some(factors))
 }
 
 fn collect<const N: usize, const E: usize, const G: usize>(bytes: &[u8], out: &mut IntGroups, block: fn(&[u8; N]) -> IntBlock<E, G>) {
@@ -126,15 +152,16 @@ mod tests {
                 assert_eq!(got.to_bits(), want.to_bits(), "{ty} element {e}: {got} vs {want}");
             }
             // The K-quants' scales and offsets are whole multiples of their super-block's units.
-            if let Some(units) = super_block_units(ty, &bytes, n).unwrap() {
-                assert_eq!(units.len(), n / 256, "{ty}");
+            if let Some(factors) = super_block_factors(ty, &bytes, n).unwrap() {
+                assert_eq!(factors.len(), n / 256, "{ty}");
                 let offsets = g.min.clone().unwrap_or_else(|| vec![0.0; g.scale.len()]);
                 for (i, (&scale, &offset)) in g.scale.iter().zip(&offsets).enumerate() {
-                    let [d, minus_dmin] = units[i / (256 / INT_GROUP)];
-                    for (value, unit, range) in [(scale, d, -128.0..=127.0), (offset, minus_dmin, 0.0..=63.0)] {
-                        let k = if unit == 0.0 { 0.0 } else { value / unit };
-                        assert!(k == k.round() && range.contains(&k) && unit * k == value, "{ty} group {i}: {value} is {k} x {unit}");
-                    }
+                    let f = &factors[i / (256 / INT_GROUP)];
+                    let (k_scale, k_min) = (f.scale[i % 16], f.min[i % 16]);
+                    // Bit for bit: the kernels multiply unit by integer where int_groups had the value.
+                    assert_eq!((f.units[0] * f32::from(k_scale)).to_bits(), scale.to_bits(), "{ty} group {i}: scale");
+                    assert_eq!((f.units[1] * f32::from(k_min)).to_bits(), offset.to_bits(), "{ty} group {i}: offset");
+                    assert!((0..=63).contains(&k_min), "{ty} group {i}: min {k_min}");
                 }
             } else {
                 assert!(!matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K), "{ty} has no units");

@@ -17,7 +17,7 @@ pub mod q5_k;
 pub mod q6_k;
 pub mod q8_0;
 
-pub use int_block::{int_groups, super_block_units, IntGroups, INT_GROUP};
+pub use int_block::{int_groups, super_block_factors, IntGroups, SuperBlockFactors, INT_GROUP};
 
 use crate::error::GgufError;
 use crate::types::GgmlType;
