@@ -202,14 +202,9 @@ struct Conversion {
 }
 
 impl Conversion {
-    /// Where value `i` of a run (rows one after another from the run's first, `per_row` values
-    /// a row) is kept: interleaved alike where the rows are (runs start at a whole group of 8).
-    fn value_index(&self, i: usize, per_row: usize) -> usize {
-        if self.woven {
-            interleaved::value_index(i / per_row, i % per_row, per_row)
-        } else {
-            i
-        }
+    /// The places of a run's values from value `first` on (`per_row` values a row).
+    fn places(&self, first: usize, per_row: usize) -> Places {
+        Places { woven: self.woven, per_row, r: first / per_row, c: first % per_row, i: first }
     }
 
     /// Converts a run of rows, DECODE_BLOCKS blocks at a time.
@@ -220,8 +215,10 @@ impl Conversion {
         let (block_bytes, block) = (ty.type_size() as usize, ty.block_size() as usize);
         let row_blocks = self.cols / ACT_BLOCK;
         let (row_groups, row_supers) = (self.cols / self.group, self.cols / block);
-        // Blocks of 32, groups and super-blocks converted so far in this run.
+        // Blocks of 32, groups and super-blocks converted so far in this run, and the next block's
+        // row and place in it (counted, not divided out per block).
         let (mut done, mut groups, mut supers) = (0, 0, 0);
+        let (mut r, mut b) = (0, 0);
         for part in bytes.chunks(DECODE_BLOCKS * block_bytes) {
             let part_weights = part.len() / block_bytes * block;
             let g = int_groups(ty, part, part_weights)?;
@@ -232,10 +229,11 @@ impl Conversion {
                 let groups_per_super = block / self.group;
                 let put = |run: &mut ValueRun<'_>, unit: usize, k: &dyn Fn(&SuperBlockFactors, usize) -> i8| {
                     let ValueRun::Factored { k: ks, units } = run else { return };
-                    for (j, f) in factors.iter().enumerate() {
-                        units[self.value_index(supers + j, row_supers)] = f.units[unit];
+                    let (mut unit_places, mut k_places) = (self.places(supers, row_supers), self.places(groups, row_groups));
+                    for f in &factors {
+                        units[unit_places.next_place()] = f.units[unit];
                         for gg in 0..groups_per_super {
-                            ks[self.value_index((supers + j) * groups_per_super + gg, row_groups)] = k(f, gg * per_group);
+                            ks[k_places.next_place()] = k(f, gg * per_group);
                         }
                     }
                 };
@@ -247,8 +245,9 @@ impl Conversion {
             } else {
                 let put = |run: &mut ValueRun<'_>, values: &mut dyn Iterator<Item = f32>| {
                     if let ValueRun::Whole(out) = run {
-                        for (i, v) in values.enumerate() {
-                            out[self.value_index(groups + i, row_groups)] = v;
+                        let mut places = self.places(groups, row_groups);
+                        for v in values {
+                            out[places.next_place()] = v;
                         }
                     }
                 };
@@ -273,7 +272,6 @@ impl Conversion {
                 bytes
             };
             for block in g.q.chunks_exact(ACT_BLOCK) {
-                let (r, b) = (done / row_blocks, done % row_blocks);
                 match &mut levels {
                     LevelRun::Nibbles(packed) => packed[done * ACT_BLOCK / 2..][..ACT_BLOCK / 2].copy_from_slice(&nibble_bytes(block)),
                     LevelRun::Nibbles8(woven) => {
@@ -293,16 +291,47 @@ impl Conversion {
                     }
                 }
                 done += 1;
+                b += 1;
+                if b == row_blocks {
+                    (r, b) = (r + 1, 0);
+                }
             }
         }
         Ok(())
     }
 }
 
-/// Blocks decoded to integers at a time: a few hundred KiB of transient integers, where decoding
-/// the whole matrix at once held one byte per weight beside the result (525 MB for an 8B
-/// model's embedding table, more than 32-bit wasm can spare).
-const DECODE_BLOCKS: usize = 4096;
+/// Where a run's values go, one after another: row by row, interleaved where the rows are (runs
+/// start at a whole group of 8). Counted rather than divided out for each value.
+struct Places {
+    woven: bool,
+    per_row: usize,
+    /// The next value's row and place in it, and its index in rows one after another.
+    r: usize,
+    c: usize,
+    i: usize,
+}
+
+impl Places {
+    fn next_place(&mut self) -> usize {
+        let at = if self.woven { interleaved::value_index(self.r, self.c, self.per_row) } else { self.i };
+        self.i += 1;
+        self.c += 1;
+        if self.c == self.per_row {
+            (self.r, self.c) = (self.r + 1, 0);
+        }
+        at
+    }
+}
+
+/// Blocks a task converts: a run of whole rows of about this many.
+const RUN_BLOCKS: usize = 4096;
+
+/// Blocks decoded to integers at a time within a run: 64K weights of a K-quant, whose transient
+/// integers and scales stay in the core's cache until they are repacked. (Decoding a whole matrix
+/// at once held one byte per weight beside the result: 525 MB for an 8B model's embedding table,
+/// more than 32-bit wasm can spare.)
+const DECODE_BLOCKS: usize = 256;
 
 /// How a quantized type is stored: weights per scale (every format but Q6_K has one scale and min
 /// per 32, its two groups of 16 agreeing), whether levels are kept two a byte, and whether the
@@ -350,10 +379,10 @@ impl IntWeights {
         let keeps_offset = has_offset && !(woven && bias != 0);
         let mut offset = if keeps_offset { Some(ValueStore::new(factored, n / group, n / block, what)?) } else { None };
 
-        // Runs of whole rows (whole interleaved groups) of about DECODE_BLOCKS blocks, one task
+        // Runs of whole rows (whole interleaved groups) of about RUN_BLOCKS blocks, one task
         // each over the pool: each converts its rows into its own part of every store.
         let row_blocks = cols / block;
-        let run_rows = (DECODE_BLOCKS / row_blocks.max(1)).max(1).next_multiple_of(interleaved::GROUP_ROWS);
+        let run_rows = (RUN_BLOCKS / row_blocks.max(1)).max(1).next_multiple_of(interleaved::GROUP_ROWS);
         let row_bytes = row_blocks * ty.type_size() as usize;
         let level_bytes = if nibbles { cols / 2 } else { cols };
         let level_runs: Vec<LevelRun<'_>> = match &mut levels {

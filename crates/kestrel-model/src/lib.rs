@@ -14,6 +14,7 @@ pub mod options;
 mod output;
 mod pacing;
 mod penalties;
+mod pending_tokenizer;
 pub mod prefix_snapshot;
 pub mod reference;
 mod sequences;

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use kestrel_gguf::{GgmlType, GgufError, GgufHeader, GgufStreamReader, ShardSequence, StreamEvent, TensorInfo};
 use kestrel_gpu::{Gpu, RowShards, Tensor, WeightTensor};
 use kestrel_ops::params::KvType;
-use kestrel_tokenizer::Tokenizer;
+use kestrel_tokenizer::Vocabulary;
 
 use crate::config::ModelConfig;
 use crate::cpu_backend::{CpuBackend, Quantized};
@@ -18,6 +18,7 @@ use crate::cpu_forward::{CpuForward, CpuTensors};
 use crate::error::{bad_model, ModelError};
 use crate::graph::{Graph, GraphSize, LayerWeights, Projection, QkvWeights, Weights};
 use crate::model::Model;
+use crate::pending_tokenizer::PendingTokenizer;
 use crate::sequences::MAX_SLOTS;
 use crate::tensors::{gpu_runs, Role, RoleAssigner};
 
@@ -75,7 +76,7 @@ enum Target {
 /// What is known once the header is parsed, and the tensors uploaded so far.
 struct Loading {
     config: ModelConfig,
-    tokenizer: Tokenizer,
+    tokenizer: PendingTokenizer,
     /// Each tensor's role, from the headers so far.
     roles: RoleAssigner,
     /// The GPU graph's fused kernels' checks apply.
@@ -193,10 +194,11 @@ impl Loading {
     /// `last`: no shard follows.
     fn new(header: &GgufHeader, gpu: bool, last: bool) -> Result<Self, ModelError> {
         let config = ModelConfig::from_header(header)?;
-        let tokenizer = Tokenizer::from_gguf(&header.metadata)?;
-        if tokenizer.vocab_size() != config.vocab {
-            return Err(bad_model(format!("tokenizer has {} tokens, the model {}", tokenizer.vocab_size(), config.vocab)));
+        let vocabulary = Vocabulary::from_metadata(&header.metadata)?;
+        if vocabulary.tokens.len() != config.vocab {
+            return Err(bad_model(format!("tokenizer has {} tokens, the model {}", vocabulary.tokens.len(), config.vocab)));
         }
+        let tokenizer = PendingTokenizer::start(vocabulary);
         let roles = RoleAssigner::new(&config);
         let mut loading = Self {
             tensors_total: roles.expected_count(),
@@ -401,7 +403,7 @@ impl Loading {
         // A buffer the device failed to allocate, or a loss during the upload, fails the load here
         // rather than the first request.
         gpu.check_faults()?;
-        Model::new(graph, self.tokenizer)
+        Model::new(graph, self.tokenizer.finish()?)
     }
 }
 
@@ -412,7 +414,7 @@ impl Loading {
             return Err(ModelError::InvalidOption { name: "max_chunk", reason: "must be at least 1".into() });
         }
         let forward = CpuForward::<Quantized>::from_tensors(self.config, self.cpu, max_ctx, options.kv_cache)?;
-        Model::new_cpu(CpuBackend::new(forward, options.max_chunk.min(max_ctx), options.kv_cache), self.tokenizer)
+        Model::new_cpu(CpuBackend::new(forward, options.max_chunk.min(max_ctx), options.kv_cache), self.tokenizer.finish()?)
     }
 }
 
