@@ -114,6 +114,9 @@ pub struct Gpu {
     faults: DeviceFaults,
 }
 
+/// The largest piece `Gpu::write` stages at once (a multiple of 4 bytes).
+pub const WRITE_PIECE: usize = 16 << 20;
+
 impl Gpu {
     /// Finds an adapter and creates a device with its full limits and the allowed features.
     pub async fn new(options: &GpuOptions) -> Result<Self, GpuError> {
@@ -263,10 +266,32 @@ impl Gpu {
         buffer
     }
 
+    /// Submits the writes queued so far and, natively, waits for them, so that the staging memory
+    /// `write` holds them in is given back: a load uploading gigabytes would otherwise hold a
+    /// second copy of every weight until its first step. (In a browser the GPU process stages
+    /// writes itself.)
+    pub fn flush_writes(&self) {
+        self.queue.submit(std::iter::empty());
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            // A lost device fails the poll; the load's fault check reports it.
+            let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+        }
+    }
+
     /// Queues a write of `data` at `offset`; zero-pads the tail to the 4-byte granularity WebGPU
-    /// requires. It lands before the next submit's work.
+    /// requires. It lands before the next submit's work. A large write (a weight table) goes in
+    /// pieces of `WRITE_PIECE` bytes, each flushed before the next is staged, so that staging never
+    /// holds a whole table.
     pub fn write(&self, buffer: &wgpu::Buffer, offset: u64, data: &[u8]) {
         if data.is_empty() {
+            return;
+        }
+        if data.len() > WRITE_PIECE {
+            for (i, piece) in data.chunks(WRITE_PIECE).enumerate() {
+                self.write(buffer, offset + (i * WRITE_PIECE) as u64, piece);
+                self.flush_writes();
+            }
             return;
         }
         if data.len().is_multiple_of(4) {

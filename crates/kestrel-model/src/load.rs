@@ -95,7 +95,13 @@ struct Loading {
     split_qkv: HashSet<usize>,
     /// The CPU backend's matrices and vectors.
     cpu: CpuTensors<kestrel_cpu::Matrix>,
+    /// Bytes uploaded to the GPU since its queued writes were last flushed (`Gpu::flush_writes`).
+    unflushed: u64,
 }
+
+/// Uploaded bytes after which the GPU's queued writes are flushed: with `Gpu::write`'s pieces,
+/// the most staging memory a load holds beyond the weights is about twice this.
+const FLUSH_BYTES: u64 = kestrel_gpu::WRITE_PIECE as u64;
 
 impl ModelLoader {
     pub fn new(gpu: &Gpu, options: LoadOptions) -> Self {
@@ -214,6 +220,7 @@ impl Loading {
             qkv_parts: HashMap::new(),
             split_qkv: HashSet::new(),
             cpu: CpuTensors::default(),
+            unflushed: 0,
         };
         loading.add_header(header, last)?;
         Ok(loading)
@@ -323,6 +330,12 @@ impl Loading {
                 self.weights.insert(role, w);
             }
         }
+        // The tensors' staging copies are given back once WRITE_PIECE bytes of them wait.
+        self.unflushed += bytes.len() as u64;
+        if self.unflushed >= FLUSH_BYTES {
+            gpu.flush_writes();
+            self.unflushed = 0;
+        }
         Ok(())
     }
 
@@ -400,6 +413,8 @@ impl Loading {
         }
         let size = GraphSize { max_ctx, max_chunk, kv: options.kv_cache, slots: options.slots };
         let graph = Graph::new(gpu, c, weights, &rope, size).await?;
+        // The last uploads' staging memory is given back before the first step.
+        gpu.flush_writes();
         // A buffer the device failed to allocate, or a loss during the upload, fails the load here
         // rather than the first request.
         gpu.check_faults()?;

@@ -88,6 +88,9 @@ fn parse_kv_type(name: &str) -> Result<KvType, String> {
 pub struct Loaded {
     pub model: Model,
     pub load_ms: f64,
+    /// On the GPU, the most its allocator held at once while the model loaded (sampled as each
+    /// tensor arrived and at the end), where the backend reports its allocations.
+    pub gpu_peak_bytes: Option<u64>,
 }
 
 pub fn load(path: &Path, cache: &CacheArgs, quiet: bool) -> Result<Loaded, Box<dyn std::error::Error>> {
@@ -105,14 +108,31 @@ pub fn load_with_slots(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize
         files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| format!("{}: {e}", f.display()))).sum::<Result<u64, _>>()?;
     let options = slot_options(&device, cache, slots);
     let show_bar = !quiet && std::io::stderr().is_terminal();
-    let mut bar = |p: &LoadProgress| {
-        if show_bar {
-            draw_bar(p.bytes_received, total);
-        }
-    };
+    let mut gpu_peak_bytes: Option<u64> = None;
     let (model, on) = match device {
-        Device::Gpu(gpu) => (pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut bar)), gpu.info.adapter_name.clone()),
-        Device::Cpu(why) => (pollster::block_on(kestrel_model::load_file_cpu(path, options, &mut bar)), why),
+        Device::Gpu(gpu) => {
+            let mut progress = |p: &LoadProgress| {
+                if show_bar {
+                    draw_bar(p.bytes_received, total);
+                }
+                if let Some(bytes) = gpu.allocated_bytes() {
+                    gpu_peak_bytes = Some(gpu_peak_bytes.unwrap_or(0).max(bytes));
+                }
+            };
+            let model = pollster::block_on(kestrel_model::load_file(&gpu, path, options, &mut progress));
+            if let Some(bytes) = gpu.allocated_bytes() {
+                gpu_peak_bytes = Some(gpu_peak_bytes.unwrap_or(0).max(bytes));
+            }
+            (model, gpu.info.adapter_name.clone())
+        }
+        Device::Cpu(why) => {
+            let mut bar = |p: &LoadProgress| {
+                if show_bar {
+                    draw_bar(p.bytes_received, total);
+                }
+            };
+            (pollster::block_on(kestrel_model::load_file_cpu(path, options, &mut bar)), why)
+        }
     };
     let mut model = model.map_err(coded)?;
     model.set_slots(slots).map_err(coded)?;
@@ -125,7 +145,7 @@ pub fn load_with_slots(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize
             start.elapsed().as_secs_f64()
         );
     }
-    Ok(Loaded { model, load_ms: start.elapsed().as_secs_f64() * 1e3 })
+    Ok(Loaded { model, load_ms: start.elapsed().as_secs_f64() * 1e3, gpu_peak_bytes })
 }
 
 /// A model of `shape` made in memory with random weights (`kestrel_model::synthetic`).
@@ -149,7 +169,8 @@ pub fn load_synthetic(
         model.config().n_layers,
         start.elapsed().as_secs_f64()
     );
-    Ok(Loaded { model, load_ms: start.elapsed().as_secs_f64() * 1e3 })
+    // Made in memory, not streamed: no samples during the load.
+    Ok(Loaded { model, load_ms: start.elapsed().as_secs_f64() * 1e3, gpu_peak_bytes: None })
 }
 
 fn draw_bar(done: u64, total: u64) {

@@ -94,6 +94,9 @@ struct GpuMemory {
     weight_bytes: u64,
     /// Keys and values for every layer at the context length, in the cache's value type.
     kv_cache_bytes: u64,
+    /// The most the allocator held at once: sampled as each tensor of the file arrived, at the
+    /// load's end and after the workloads (None for a synthetic model, or without a report).
+    peak_allocated_bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -157,7 +160,7 @@ pub fn run(args: &ModelArgs) -> CliResult {
     let started = Instant::now();
     let submit_budget = args.submit_budget_ms.map(kestrel_model::submit_budget_from_ms).transpose()?.flatten();
     let cache = CacheArgs { max_chunk: args.chunk.map(|c| c as usize), ..args.cache.clone() };
-    let (path, file_bytes, loaded) = match &args.synthetic {
+    let (path, file_bytes, mut loaded) = match &args.synthetic {
         Some(name) => {
             let shape = kestrel_model::synthetic::synthetic_shape(name).ok_or_else(|| format!("unknown synthetic shape {name}"))?;
             if let Some(out) = &args.write {
@@ -168,7 +171,12 @@ pub fn run(args: &ModelArgs) -> CliResult {
         }
         None => {
             let path = crate::model_path::resolve(args.model.clone());
-            let file_bytes = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?.len();
+            // A split model's: all its shards'.
+            let files = kestrel_gguf::shard_paths(&path).unwrap_or_else(|| vec![path.clone()]);
+            let file_bytes = files
+                .iter()
+                .map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| format!("{}: {e}", f.display())))
+                .sum::<Result<u64, _>>()?;
             let loaded = load(&path, &cache, false)?;
             (path, file_bytes, loaded)
         }
@@ -212,6 +220,11 @@ pub fn run(args: &ModelArgs) -> CliResult {
     // Read before the copy rate is measured: its buffers (on the CPU backend two of at least
     // 256 MiB; on a software GPU in host memory too) are not the model's.
     let peak_rss_bytes = peak_rss_bytes();
+    let gpu_memory = gpu_memory.map(|mut m| {
+        let now = gpu.as_ref().and_then(Gpu::allocated_bytes);
+        m.peak_allocated_bytes = loaded.gpu_peak_bytes.take().map(|peak| now.map_or(peak, |now| peak.max(now)));
+        m
+    });
     let copy_gb_per_s = match (&gpu, &cpu) {
         (Some(gpu), _) => {
             let copy = copy_bandwidth(gpu, args.copy_mib, args.wall_clock)?;
@@ -292,6 +305,7 @@ fn gpu_memory(gpu: &Gpu, model: &Model) -> GpuMemory {
         allocator_reserved_bytes: report.as_ref().map(|r| r.total_reserved_bytes),
         weight_bytes: model.weight_bytes(),
         kv_cache_bytes: model.kv_cache_bytes(),
+        peak_allocated_bytes: None,
     }
 }
 
@@ -340,6 +354,16 @@ fn markdown(r: &ModelReport) -> String {
             roof.copy_gb_per_s,
             roof.limit_ms_per_token,
             roof.achieved_ms_per_token
+        );
+    }
+    if let Some(GpuMemory { peak_allocated_bytes: Some(peak), weight_bytes, kv_cache_bytes, .. }) = &r.gpu_memory {
+        let held = weight_bytes + kv_cache_bytes;
+        out += &format!(
+            "\nGPU memory peak {:.1} MB: weights {:.1} MB + KV cache {:.1} MB + {:.1}%\n",
+            *peak as f64 / 1e6,
+            *weight_bytes as f64 / 1e6,
+            *kv_cache_bytes as f64 / 1e6,
+            100.0 * (*peak as f64 / held as f64 - 1.0)
         );
     }
     if let Some(step) = &r.decode_step {
