@@ -2,7 +2,7 @@
 //! formats of at most 4 bits) with a scale and an offset per 32 weights (per 16 for Q6_K), F16
 //! and F32 as f32. `apply` is `y = x·Wᵀ` for rows of x.
 
-use kestrel_gguf::quant::{int_groups, super_block_factors, SuperBlockFactors, INT_GROUP};
+use kestrel_gguf::quant::{int_groups, q4_k, super_block_factors, SuperBlockFactors, INT_GROUP};
 use kestrel_gguf::GgmlType;
 
 use crate::activations::{ActFormat, QuantizedRows};
@@ -213,27 +213,35 @@ impl Conversion {
         let (ty, bias) = (self.ty, self.bias);
         let per_group = self.group / INT_GROUP;
         let (block_bytes, block) = (ty.type_size() as usize, ty.block_size() as usize);
-        let row_blocks = self.cols / ACT_BLOCK;
         let (row_groups, row_supers) = (self.cols / self.group, self.cols / block);
-        // Blocks of 32, groups and super-blocks converted so far in this run, and the next block's
-        // row and place in it (counted, not divided out per block).
-        let (mut done, mut groups, mut supers) = (0, 0, 0);
-        let (mut r, mut b) = (0, 0);
+        let mut placer = BlockPlacer { row_blocks: self.cols / ACT_BLOCK, done: 0, r: 0, b: 0 };
+        // Q4_K's levels are nibbles already: moved from the block's bytes without decoding them.
+        let packed_q4_k = ty == GgmlType::Q4_K && matches!(levels, LevelRun::Nibbles(_) | LevelRun::Nibbles8(_));
+        // Groups and super-blocks converted so far in this run.
+        let (mut groups, mut supers) = (0, 0);
         for part in bytes.chunks(DECODE_BLOCKS * block_bytes) {
             let part_weights = part.len() / block_bytes * block;
-            let g = int_groups(ty, part, part_weights)?;
-            let part_groups = g.scale.len() / per_group;
-            // The super-blocks' integers and units, where the values are kept factored.
-            if matches!(scale, ValueRun::Factored { .. }) {
-                let factors = super_block_factors(ty, part, part_weights)?.unwrap_or_default();
+            let g = if packed_q4_k { None } else { Some(int_groups(ty, part, part_weights)?) };
+            // A K-quant's scales and offsets from its super-blocks' integers and units: stored
+            // so where the values are kept factored, else as their (exact) products.
+            if let Some(factors) = super_block_factors(ty, part, part_weights)? {
                 let groups_per_super = block / self.group;
                 let put = |run: &mut ValueRun<'_>, unit: usize, k: &dyn Fn(&SuperBlockFactors, usize) -> i8| {
-                    let ValueRun::Factored { k: ks, units } = run else { return };
                     let (mut unit_places, mut k_places) = (self.places(supers, row_supers), self.places(groups, row_groups));
                     for f in &factors {
-                        units[unit_places.next_place()] = f.units[unit];
-                        for gg in 0..groups_per_super {
-                            ks[k_places.next_place()] = k(f, gg * per_group);
+                        let u = f.units[unit];
+                        match run {
+                            ValueRun::Factored { k: ks, units } => {
+                                units[unit_places.next_place()] = u;
+                                for gg in 0..groups_per_super {
+                                    ks[k_places.next_place()] = k(f, gg * per_group);
+                                }
+                            }
+                            ValueRun::Whole(out) => {
+                                for gg in 0..groups_per_super {
+                                    out[k_places.next_place()] = u * f32::from(k(f, gg * per_group));
+                                }
+                            }
                         }
                     }
                 };
@@ -242,7 +250,7 @@ impl Conversion {
                     put(o, 1, &|f, i| f.min[i]);
                 }
                 supers += factors.len();
-            } else {
+            } else if let Some(g) = &g {
                 let put = |run: &mut ValueRun<'_>, values: &mut dyn Iterator<Item = f32>| {
                     if let ValueRun::Whole(out) = run {
                         let mut places = self.places(groups, row_groups);
@@ -261,43 +269,96 @@ impl Conversion {
                     }
                 }
             }
-            groups += part_groups;
-            // Block of 32 levels: byte j holds level j in its low nibble and j + 16 in its high one.
-            let nibble_bytes = |block: &[i8]| -> [u8; ACT_BLOCK / 2] {
+            groups += part_weights / self.group;
+            match &g {
+                Some(g) => {
+                    for block in g.q.chunks_exact(ACT_BLOCK) {
+                        placer.place(&mut levels, block, bias);
+                    }
+                }
+                None => {
+                    for q4_k in part.chunks_exact(q4_k::BLOCK_BYTES) {
+                        for chunk in q4_k[q4_k::OFFSET_QS..].chunks_exact(ACT_BLOCK) {
+                            for nibbles in q4_k_nibble_blocks(chunk) {
+                                placer.place_nibbles(&mut levels, &nibbles);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A Q4_K chunk of 64 weights (32 bytes: weights 0..32 in the low nibbles, 32..64 in the high
+/// ones) as two blocks of 32 in the nibble layout (byte j: weight j low, j + 16 high), a whole
+/// 16-byte half at a time.
+fn q4_k_nibble_blocks(chunk: &[u8]) -> [[u8; ACT_BLOCK / 2]; 2] {
+    const LOW: u128 = u128::from_ne_bytes([0x0F; 16]);
+    let half = |bytes: Option<&[u8]>| u128::from_le_bytes(bytes.and_then(|b| b.try_into().ok()).unwrap_or_default());
+    let (a, b) = (half(chunk.get(..16)), half(chunk.get(16..32)));
+    [((a & LOW) | (b & LOW) << 4).to_le_bytes(), ((a >> 4 & LOW) | (b & !LOW)).to_le_bytes()]
+}
+
+/// Where a run's blocks of 32 levels go, one after another: the next block's index in the run,
+/// its row and its place in the row (counted, not divided out per block).
+struct BlockPlacer {
+    row_blocks: usize,
+    done: usize,
+    r: usize,
+    b: usize,
+}
+
+impl BlockPlacer {
+    /// The next block's levels (`bias` added where they are kept as unsigned nibbles).
+    fn place(&mut self, levels: &mut LevelRun<'_>, block: &[i8], bias: i8) {
+        let (done, r, b, row_blocks) = (self.done, self.r, self.b, self.row_blocks);
+        match levels {
+            LevelRun::Nibbles(_) | LevelRun::Nibbles8(_) => {
+                // Byte j holds level j in its low nibble and j + 16 in its high one.
                 let (lo, hi) = block.split_at(ACT_BLOCK / 2);
                 let mut bytes = [0u8; ACT_BLOCK / 2];
                 for ((byte, &a), &b) in bytes.iter_mut().zip(lo).zip(hi) {
                     *byte = (a + bias) as u8 & 0x0F | ((b + bias) as u8) << 4;
                 }
-                bytes
-            };
-            for block in g.q.chunks_exact(ACT_BLOCK) {
-                match &mut levels {
-                    LevelRun::Nibbles(packed) => packed[done * ACT_BLOCK / 2..][..ACT_BLOCK / 2].copy_from_slice(&nibble_bytes(block)),
-                    LevelRun::Nibbles8(woven) => {
-                        // The block's 4 runs of 4 bytes, each to its chunk of the row's group.
-                        for (j, run) in nibble_bytes(block).chunks_exact(4).enumerate() {
-                            let at = interleaved::byte_index(r, b, 4 * j, row_blocks);
-                            woven[at..at + 4].copy_from_slice(run);
-                        }
-                    }
-                    LevelRun::Bytes(q) => q[done * ACT_BLOCK..][..ACT_BLOCK].copy_from_slice(block),
-                    LevelRun::Bytes8(woven) => {
-                        // The block's 8 runs of 4 levels, each to its chunk of the row's group.
-                        for (j, run) in block.chunks_exact(4).enumerate() {
-                            let at = interleaved_bytes::level_index(r, b, 4 * j, row_blocks);
-                            woven[at..at + 4].copy_from_slice(run);
-                        }
-                    }
-                }
-                done += 1;
-                b += 1;
-                if b == row_blocks {
-                    (r, b) = (r + 1, 0);
+                return self.place_nibbles(levels, &bytes);
+            }
+            LevelRun::Bytes(q) => q[done * ACT_BLOCK..][..ACT_BLOCK].copy_from_slice(block),
+            LevelRun::Bytes8(woven) => {
+                // The block's 8 runs of 4 levels, each to its chunk of the row's group.
+                for (j, run) in block.chunks_exact(4).enumerate() {
+                    let at = interleaved_bytes::level_index(r, b, 4 * j, row_blocks);
+                    woven[at..at + 4].copy_from_slice(run);
                 }
             }
         }
-        Ok(())
+        self.advance();
+    }
+
+    /// The next block's levels, packed two a byte.
+    fn place_nibbles(&mut self, levels: &mut LevelRun<'_>, bytes: &[u8; ACT_BLOCK / 2]) {
+        match levels {
+            LevelRun::Nibbles(packed) => packed[self.done * ACT_BLOCK / 2..][..ACT_BLOCK / 2].copy_from_slice(bytes),
+            LevelRun::Nibbles8(woven) => {
+                // The block's 4 runs of 4 bytes, each to its chunk of the row's group.
+                for (j, run) in bytes.chunks_exact(4).enumerate() {
+                    let at = interleaved::byte_index(self.r, self.b, 4 * j, self.row_blocks);
+                    woven[at..at + 4].copy_from_slice(run);
+                }
+            }
+            // Byte levels are never packed.
+            LevelRun::Bytes(_) | LevelRun::Bytes8(_) => {}
+        }
+        self.advance();
+    }
+
+    fn advance(&mut self) {
+        self.done += 1;
+        self.b += 1;
+        if self.b == self.row_blocks {
+            (self.r, self.b) = (self.r + 1, 0);
+        }
     }
 }
 
