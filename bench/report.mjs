@@ -162,6 +162,11 @@ function sizesLines(run) {
       push('GPU', e.llama_cpp_vulkan, 'llama.cpp');
       pair('GPU', e.kestrel_gpu, e.llama_cpp_vulkan);
     }
+    const mem = e.kestrel_gpu?.gpu_memory;
+    if (mem?.peak_allocated_bytes) {
+      const held = mem.weight_bytes + mem.kv_cache_bytes;
+      extra.push(`${name}, Kestrel's GPU memory peak (the allocator's, during the load and after the workloads): ${gb(mem.peak_allocated_bytes)}, weights ${gb(mem.weight_bytes)} + KV cache ${gb(mem.kv_cache_bytes)} + ${(100 * (mem.peak_allocated_bytes / held - 1)).toFixed(1)}%.`);
+    }
     const b = e.kestrel_batch;
     if (b?.rows) extra.push(`${name}, batched decode on the CPU backend: ${b.rows.map((r) => `${r.batch} sequence${r.batch === 1 ? '' : 's'} ${fmt(r.decode_tok_s.median, 1)} tok/s${r.ratio_to_batch_1 != null && r.batch !== 1 ? ` (${x(r.ratio_to_batch_1)} of one)` : ''}`).join(', ')}.`);
     else if (b?.error) extra.push(`${name}, batched decode: failed: ${b.error}`);
