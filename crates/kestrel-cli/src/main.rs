@@ -69,6 +69,9 @@ enum Command {
         /// The most tensors a shard holds (gguf-split's default: 128).
         #[arg(long)]
         max_tensors: Option<usize>,
+        /// The first shard holds only the metadata (gguf-split's option of the same name).
+        #[arg(long)]
+        no_tensor_first_split: bool,
     },
 }
 
@@ -83,7 +86,9 @@ fn main() -> ExitCode {
             commands::tokenize::run(&model_path::resolve(model), &text, json, add_special)
         }
         Command::Quantize { input, output, ty } => commands::quantize::run(&input, &output, &ty),
-        Command::Split { input, prefix, max_size, max_tensors } => commands::split::run(&input, &prefix, max_size.as_deref(), max_tensors),
+        Command::Split { input, prefix, max_size, max_tensors, no_tensor_first_split } => {
+            commands::split::run(&input, &prefix, max_size.as_deref(), max_tensors, no_tensor_first_split)
+        }
         Command::Bench(args) => commands::bench::run(args),
     };
     match result {

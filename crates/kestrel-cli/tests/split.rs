@@ -14,22 +14,32 @@ fn kestrel(args: &[&str]) -> (bool, String, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// The default model split into shards of at most 40 MB in `dir` (a fresh folder): three.
-fn split_default_model(dir: &str) -> Vec<PathBuf> {
+/// The default model split into shards of at most 40 MB in `dir` (a fresh folder): three, and
+/// with `metadata_shard` a first one of metadata only before them.
+fn split_default_model(dir: &str, metadata_shard: bool) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("make the shards' folder");
     let model = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let prefix = dir.join("smol");
-    let (ok, stdout, stderr) =
-        kestrel(&["split", model.to_str().expect("a UTF-8 path"), prefix.to_str().expect("a UTF-8 path"), "--max-size", "40M"]);
+    let mut args = vec!["split", model.to_str().expect("a UTF-8 path"), prefix.to_str().expect("a UTF-8 path"), "--max-size", "40M"];
+    if metadata_shard {
+        args.push("--no-tensor-first-split");
+    }
+    let (ok, stdout, stderr) = kestrel(&args);
     assert!(ok, "{stderr}");
-    let shards: Vec<PathBuf> = (1..=3).map(|k| dir.join(format!("smol-0000{k}-of-00003.gguf"))).collect();
+    let count = if metadata_shard { 4 } else { 3 };
+    let shards: Vec<PathBuf> = (1..=count).map(|k| dir.join(format!("smol-0000{k}-of-0000{count}.gguf"))).collect();
     for shard in &shards {
         assert!(stdout.contains(&shard.display().to_string()), "{stdout}");
         let bytes = std::fs::metadata(shard).expect("a shard").len();
         // 40 MB of tensor data, plus the first shard's header (the vocabulary).
         assert!(bytes <= 42_000_000, "{}: {bytes} bytes", shard.display());
+    }
+    if metadata_shard {
+        // The vocabulary and no tensor.
+        let bytes = std::fs::metadata(&shards[0]).expect("the metadata shard").len();
+        assert!(bytes < 2_000_000, "{bytes} bytes");
     }
     shards
 }
@@ -40,7 +50,6 @@ fn path(p: &Path) -> &str {
 
 #[test]
 fn split_models_run_from_the_first_shard_as_the_whole_file() {
-    let shards = split_default_model("split-run");
     let model = repo().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let run = |m: &Path| {
         let (ok, stdout, stderr) = kestrel(&[
@@ -60,19 +69,22 @@ fn split_models_run_from_the_first_shard_as_the_whole_file() {
     };
     let whole = run(&model);
     assert!(whole.split_whitespace().count() >= 4, "{whole}");
-    assert_eq!(run(&shards[0]), whole);
     // The shards' metadata and tensor table, merged, are the file's.
     let inspect = |m: &Path| {
         let (ok, stdout, stderr) = kestrel(&["inspect", "--tensors", "-m", path(m)]);
         assert!(ok, "{stderr}");
         stdout.lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
     };
-    assert_eq!(inspect(&shards[0]), inspect(&model));
+    for metadata_shard in [false, true] {
+        let shards = split_default_model(&format!("split-run-{metadata_shard}"), metadata_shard);
+        assert_eq!(run(&shards[0]), whole, "metadata shard: {metadata_shard}");
+        assert_eq!(inspect(&shards[0]), inspect(&model), "metadata shard: {metadata_shard}");
+    }
 }
 
 #[test]
 fn a_shard_that_is_not_the_first_or_a_missing_shard_is_a_bad_model() {
-    let shards = split_default_model("split-errors");
+    let shards = split_default_model("split-errors", false);
     let (ok, _, stderr) = kestrel(&["generate", "-m", path(&shards[1]), "Hello"]);
     assert!(!ok && stderr.contains("[bad_model]") && stderr.contains("shard 2 of 3") && stderr.contains("first shard"), "{stderr}");
     std::fs::remove_file(&shards[2]).expect("remove the last shard");
@@ -80,11 +92,12 @@ fn a_shard_that_is_not_the_first_or_a_missing_shard_is_a_bad_model() {
     assert!(!ok && stderr.contains(&shards[2].display().to_string()), "{stderr}");
 }
 
-/// The shards are gguf-split's: llama.cpp loads the model from the first one and reproduces its
-/// recorded greedy tokens and logits for the whole file (tests/data/reference/greedy.json).
+/// The shards are gguf-split's: llama.cpp loads the model from the first one (here a shard of
+/// metadata only, the less common layout) and reproduces its recorded greedy tokens and logits for
+/// the whole file (tests/data/reference/greedy.json).
 #[test]
 fn llama_cpp_loads_the_shards() {
-    let shards = split_default_model("split-llama-cpp");
+    let shards = split_default_model("split-llama-cpp", true);
     let root = repo();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("split-llama-cpp/greedy.json");
     let run = Command::new("node")

@@ -227,13 +227,18 @@ pub enum SplitLimit {
 
 /// Writes the model at `input` as shards `<prefix>-0000k-of-0000n.gguf`, as `gguf-split` does:
 /// the first shard with all the metadata, each with the split keys, the tensors in the model's
-/// order and the data copied unchanged. Returns the shards' paths.
-pub fn split_model(input: &Path, prefix: &str, limit: SplitLimit) -> Result<Vec<PathBuf>, GgufError> {
+/// order and the data copied unchanged. With `metadata_shard` the first shard holds only the
+/// metadata (gguf-split's `--no-tensor-first-split`: a small file a page can read first). Returns
+/// the shards' paths.
+pub fn split_model(input: &Path, prefix: &str, limit: SplitLimit, metadata_shard: bool) -> Result<Vec<PathBuf>, GgufError> {
     let header = read_header(input)?;
     if ShardInfo::of(&header)?.is_some() {
         return Err(split_error(format!("{} is already a shard of a split model", input.display())));
     }
     let mut groups: Vec<Vec<usize>> = vec![Vec::new()];
+    if metadata_shard {
+        groups.push(Vec::new());
+    }
     let mut bytes_in_group = 0u64;
     for (i, t) in header.tensors.iter().enumerate() {
         let size = t.n_bytes().next_multiple_of(header.alignment);

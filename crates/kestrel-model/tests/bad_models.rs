@@ -190,8 +190,8 @@ fn shards_out_of_order_missing_or_extra_are_bad_models() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("make the shards' folder");
     let prefix = dir.join("model").display().to_string();
-    let shards =
-        kestrel_gguf::split_model(&common::default_model_path(), &prefix, kestrel_gguf::SplitLimit::Bytes(40_000_000)).expect("split");
+    let shards = kestrel_gguf::split_model(&common::default_model_path(), &prefix, kestrel_gguf::SplitLimit::Bytes(40_000_000), false)
+        .expect("split");
     let shards: Vec<Vec<u8>> = shards.iter().map(|p| std::fs::read(p).expect("read a shard")).collect();
     assert_eq!(shards.len(), 3);
     // The CPU backend: the same loader and checks, without the GPU's upload.

@@ -118,7 +118,7 @@ fn split_models_give_the_whole_files_logits() {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("make the shards' folder");
         let prefix = dir.join("model").display().to_string();
-        let shards = kestrel_gguf::split_model(&path, &prefix, kestrel_gguf::SplitLimit::Tensors(4)).expect("split");
+        let shards = kestrel_gguf::split_model(&path, &prefix, kestrel_gguf::SplitLimit::Tensors(4), false).expect("split");
         assert!(shards.len() > 60, "{label}: {} shards", shards.len());
         let prompt = common::bench_ids(7);
         let logits = |p: &Path| pollster::block_on(common::load_on(&gpu, p, CONTEXT).prompt_logits(&prompt)).expect("logits");

@@ -7,13 +7,13 @@ use super::CliResult;
 /// gguf-split's default: at most this many tensors a shard.
 const DEFAULT_MAX_TENSORS: usize = 128;
 
-pub fn run(input: &Path, prefix: &str, max_size: Option<&str>, max_tensors: Option<usize>) -> CliResult {
+pub fn run(input: &Path, prefix: &str, max_size: Option<&str>, max_tensors: Option<usize>, metadata_shard: bool) -> CliResult {
     let limit = match (max_size, max_tensors) {
         (Some(size), _) => SplitLimit::Bytes(parse_size(size)?),
         (None, Some(0)) => return Err("--max-tensors must be at least 1".into()),
         (None, n) => SplitLimit::Tensors(n.unwrap_or(DEFAULT_MAX_TENSORS)),
     };
-    let paths = kestrel_gguf::split_model(input, prefix, limit)?;
+    let paths = kestrel_gguf::split_model(input, prefix, limit, metadata_shard)?;
     for path in &paths {
         let bytes = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
         println!("wrote {} ({:.1} MiB)", path.display(), bytes as f64 / 1048576.0);
