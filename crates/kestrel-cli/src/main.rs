@@ -76,6 +76,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Output piped into a reader that stops early (`kestrel inspect | head`) ends the process as
+    // it ends other Unix tools, quietly, where Rust's ignored SIGPIPE made `println!` panic.
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => commands::generate::run(args),

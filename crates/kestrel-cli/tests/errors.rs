@@ -57,3 +57,27 @@ fn broken_files_and_bad_options_carry_their_codes() {
     let (ok, stderr) = generate(&["-m", model.to_str().expect("a UTF-8 path"), "--top-p", "1.5", "Hello"]);
     assert!(!ok && stderr.contains("[invalid_option]") && stderr.contains("top_p"), "{stderr}");
 }
+
+/// Output read by a program that stops early (`kestrel inspect --tensors | head -1`) ends the
+/// command quietly, as SIGPIPE ends other Unix tools, rather than in a panic.
+#[cfg(unix)]
+#[test]
+fn a_reader_that_stops_early_is_no_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    /// SIGPIPE's number on Linux and the BSDs.
+    const SIGPIPE: i32 = 13;
+    let model = default_model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(["inspect", "--tensors", "-m", model.to_str().expect("a UTF-8 path")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kestrel");
+    // The reader is gone before the command writes its first line (it reads the file first).
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait for kestrel");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(SIGPIPE), "{:?}: {stderr}", out.status);
+}

@@ -204,7 +204,7 @@ impl Loading {
         if vocabulary.tokens.len() != config.vocab {
             return Err(bad_model(format!("tokenizer has {} tokens, the model {}", vocabulary.tokens.len(), config.vocab)));
         }
-        let tokenizer = PendingTokenizer::start(vocabulary);
+        let tokenizer = PendingTokenizer::new(vocabulary);
         let roles = RoleAssigner::new(&config);
         let mut loading = Self {
             tensors_total: roles.expected_count(),
@@ -223,6 +223,8 @@ impl Loading {
             unflushed: 0,
         };
         loading.add_header(header, last)?;
+        // The first header passed its checks: the tokenizer builds beside the tensors.
+        loading.tokenizer = loading.tokenizer.start();
         Ok(loading)
     }
 

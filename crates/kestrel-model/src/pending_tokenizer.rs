@@ -7,14 +7,30 @@ use kestrel_tokenizer::{Tokenizer, TokenizerError, Vocabulary};
 use crate::error::ModelError;
 
 pub(crate) enum PendingTokenizer {
+    /// Not started yet: the file's first header is still being checked (a file refused there
+    /// builds no tokenizer).
+    Waiting(Box<Vocabulary>),
     Ready(Box<Result<Tokenizer, TokenizerError>>),
     #[cfg(not(target_arch = "wasm32"))]
     Building(std::thread::JoinHandle<Result<Tokenizer, TokenizerError>>),
 }
 
 impl PendingTokenizer {
-    /// Starts building the tokenizer of `vocabulary` (at once where no thread can be started).
-    pub(crate) fn start(vocabulary: Vocabulary) -> Self {
+    pub(crate) fn new(vocabulary: Vocabulary) -> Self {
+        PendingTokenizer::Waiting(Box::new(vocabulary))
+    }
+
+    /// Starts building the tokenizer, where it has not started.
+    pub(crate) fn start(self) -> Self {
+        match self {
+            PendingTokenizer::Waiting(vocabulary) => Self::build(*vocabulary),
+            started => started,
+        }
+    }
+
+    /// Builds the tokenizer of `vocabulary`: on a thread natively (at once where none can be
+    /// started), at once in wasm.
+    fn build(vocabulary: Vocabulary) -> Self {
         #[cfg(not(target_arch = "wasm32"))]
         {
             let shared = std::sync::Arc::new(vocabulary);
@@ -31,6 +47,7 @@ impl PendingTokenizer {
     /// The tokenizer, once built; its error is the load's.
     pub(crate) fn finish(self) -> Result<Tokenizer, ModelError> {
         match self {
+            PendingTokenizer::Waiting(vocabulary) => Ok(Tokenizer::from_vocabulary(&vocabulary)?),
             PendingTokenizer::Ready(built) => Ok((*built)?),
             #[cfg(not(target_arch = "wasm32"))]
             PendingTokenizer::Building(handle) => match handle.join() {
