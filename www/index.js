@@ -12,7 +12,7 @@
 import { isKestrelError, KestrelError, kestrelError } from './errors.js';
 
 export { isKestrelError, KestrelError };
-import { PREFIX_DIRECTORY } from './storage.js';
+import { CACHE_NAME, PREFIX_DIRECTORY, SHARD_HEADER } from './storage.js';
 
 /**
  * A message from the worker (worker.js).
@@ -32,12 +32,6 @@ import { PREFIX_DIRECTORY } from './storage.js';
  *   onChunk?: ((chunk: any) => void) | null,
  * }} Handlers
  */
-
-const CACHE_NAME = 'kestrel-models';
-
-// On a split model's shard in the Cache API: `k/n URL`, shard k of n of the model whose first
-// shard is at URL (worker.js writes it).
-const SHARD_HEADER = 'x-kestrel-shard';
 
 /**
  * The Cache API's models: each a URL (a split model's first shard's) with its responses (the

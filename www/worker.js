@@ -7,13 +7,9 @@
 import init, { Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, reusableTokens, shardNames } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 import { adapterName } from './adapter-name.js';
-import { storageRoom } from './storage.js';
+import { CACHE_NAME, SHARD_HEADER, storageRoom } from './storage.js';
 import { RemoteBackend } from './remote.js';
 
-const CACHE_NAME = 'kestrel-models';
-// On a split model's shard in the Cache API: `k/n URL`, shard k of n of the model whose first
-// shard is at URL (what index.js's cache helpers group by).
-const SHARD_HEADER = 'x-kestrel-shard';
 let engine = null;
 let wasmMemory = null; // the wasm instance's WebAssembly.Memory, once initialised
 const aborted = new Set(); // page ids aborted before their request reached the engine

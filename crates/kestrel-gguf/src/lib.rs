@@ -29,7 +29,7 @@ pub use quant::{dequantize, quantize};
 pub use quantize_file::{quantize_model, QuantizeReport};
 pub use quantize_recipe::QuantizeTarget;
 pub use split::{
-    merge_headers, read_model_header, shard_name, shard_names, shard_paths, split_model, ShardInfo, ShardSequence, SplitLimit,
+    merge_headers, model_files, read_model_header, shard_name, shard_names, shard_paths, split_model, ShardInfo, ShardSequence, SplitLimit,
     SPLIT_COUNT_KEY, SPLIT_NO_KEY, SPLIT_TENSORS_COUNT_KEY,
 };
 pub use stream::{EventSink, GgufStreamReader, StreamEvent, MAX_HEADER_BYTES};

@@ -199,6 +199,11 @@ pub fn shard_paths(path: &Path) -> Option<Vec<PathBuf>> {
     Some(names.into_iter().map(|n| path.with_file_name(n)).collect())
 }
 
+/// The files of the model at `path`: every shard where `path` names a first shard, else the file.
+pub fn model_files(path: &Path) -> Vec<PathBuf> {
+    shard_paths(path).unwrap_or_else(|| vec![path.to_path_buf()])
+}
+
 /// The model's header from its file, or from all its shards' files, merged (`merge_headers`),
 /// where `path` names a first shard.
 pub fn read_model_header(path: &Path) -> Result<GgufHeader, GgufError> {

@@ -64,7 +64,7 @@ async fn stream_file(
     path: &std::path::Path,
     progress: &mut dyn FnMut(&LoadProgress),
 ) -> Result<Model, ModelError> {
-    let paths = kestrel_gguf::shard_paths(path).unwrap_or_else(|| vec![path.to_path_buf()]);
+    let paths = kestrel_gguf::model_files(path);
     for (i, shard) in paths.iter().enumerate() {
         if i > 0 {
             loader.next_shard()?;

@@ -85,6 +85,11 @@ fn parse_kv_type(name: &str) -> Result<KvType, String> {
     KvType::from_name(name).ok_or_else(|| format!("{name:?} is not f16 or f32"))
 }
 
+/// The bytes of the model at `path`: its file's, or a split model's shards' together.
+pub fn model_bytes(path: &Path) -> Result<u64, String> {
+    kestrel_gguf::model_files(path).iter().map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| format!("{}: {e}", f.display()))).sum()
+}
+
 pub struct Loaded {
     pub model: Model,
     pub load_ms: f64,
@@ -102,10 +107,7 @@ pub fn load(path: &Path, cache: &CacheArgs, quiet: bool) -> Result<Loaded, Box<d
 pub fn load_with_slots(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
     let device = device(cache.backend)?;
-    // A split model's shards are streamed one after another.
-    let files = kestrel_gguf::shard_paths(path).unwrap_or_else(|| vec![path.to_path_buf()]);
-    let total =
-        files.iter().map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| format!("{}: {e}", f.display()))).sum::<Result<u64, _>>()?;
+    let total = model_bytes(path)?;
     let options = slot_options(&device, cache, slots);
     let show_bar = !quiet && std::io::stderr().is_terminal();
     let mut gpu_peak_bytes: Option<u64> = None;

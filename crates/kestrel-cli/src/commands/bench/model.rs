@@ -18,7 +18,7 @@ use super::timing::{Timer, TimingSettings};
 use super::workload::{self, WorkloadResult};
 use super::{copy_bytes, BenchResult};
 use crate::commands::load::CacheArgs;
-use crate::commands::load::{load, load_synthetic};
+use crate::commands::load::{load, load_synthetic, model_bytes};
 use crate::commands::CliResult;
 
 #[derive(Args)]
@@ -171,12 +171,7 @@ pub fn run(args: &ModelArgs) -> CliResult {
         }
         None => {
             let path = crate::model_path::resolve(args.model.clone());
-            // A split model's: all its shards'.
-            let files = kestrel_gguf::shard_paths(&path).unwrap_or_else(|| vec![path.clone()]);
-            let file_bytes = files
-                .iter()
-                .map(|f| std::fs::metadata(f).map(|m| m.len()).map_err(|e| format!("{}: {e}", f.display())))
-                .sum::<Result<u64, _>>()?;
+            let file_bytes = model_bytes(&path)?;
             let loaded = load(&path, &cache, false)?;
             (path, file_bytes, loaded)
         }
