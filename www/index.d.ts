@@ -146,9 +146,27 @@ export interface SamplingOptions {
   logprobs?: boolean;
   /** With `logprobs`: how many of the most likely tokens each step reports (default 1, at most 20). */
   top_logprobs?: number;
+  /**
+   * OpenAI's structured output: the answer is a JSON object, or JSON valid against
+   * `json_schema.schema` (nested objects, arrays with bounds, enums, `anyOf`/`oneOf`,
+   * `$ref`/`$defs`, string formats and patterns, numeric bounds; an unsupported keyword such as
+   * `uniqueItems` fails with `invalid_option`). At most one of `response_format`, `regex` and
+   * `grammar`.
+   */
+  response_format?: ResponseFormat;
+  /** The whole answer matches this regular expression (Rust `regex` syntax). */
+  regex?: string;
+  /** The answer follows this grammar, in llguidance's Lark syntax. */
+  grammar?: string;
   /** Aborting stops generation at the next token, with finish_reason "abort". */
   signal?: AbortSignal;
 }
+
+/** OpenAI's `response_format`. */
+export type ResponseFormat =
+  | { type: 'text' }
+  | { type: 'json_object' }
+  | { type: 'json_schema'; json_schema: { name: string; description?: string; schema?: Record<string, unknown> | boolean; strict?: boolean } };
 
 export type FinishReason = 'stop' | 'length' | 'abort';
 

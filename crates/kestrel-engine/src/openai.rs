@@ -422,6 +422,42 @@ mod tests {
         assert_eq!(code(Endpoint::Completions, json!("p")).code, "invalid_json");
     }
 
+    /// OpenAI's `response_format` and Kestrel's `regex` and `grammar` reach the options as
+    /// given; a malformed one is refused before any model sees it.
+    #[test]
+    fn constraints_come_through_both_endpoints() {
+        use kestrel_model::OutputConstraint;
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let chat = parsed(
+            Endpoint::Chat,
+            json!({"messages": [{"role": "user", "content": "c"}],
+                   "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": true}}}),
+        )
+        .expect("a schema");
+        match chat.request.options.constraint().expect("one constraint") {
+            Some(OutputConstraint::JsonSchema(format)) => assert_eq!((format.name.as_str(), format.schema.as_ref()), ("n", Some(&schema))),
+            other => panic!("{other:?}"),
+        }
+        let object = parsed(Endpoint::Chat, json!({"messages": [{"role": "user", "content": "c"}], "response_format": {"type": "json_object"}})).expect("json_object");
+        assert_eq!(object.request.options.constraint().expect("one"), Some(OutputConstraint::JsonObject));
+        let text = parsed(Endpoint::Completions, json!({"prompt": "p", "response_format": {"type": "text"}, "regex": "[0-9]+"})).expect("regex");
+        assert_eq!(text.request.options.constraint().expect("one"), Some(OutputConstraint::Regex("[0-9]+")));
+        let lark = parsed(Endpoint::Completions, json!({"prompt": "p", "grammar": "start: \"yes\" | \"no\""})).expect("grammar");
+        assert_eq!(lark.request.options.constraint().expect("one"), Some(OutputConstraint::Grammar("start: \"yes\" | \"no\"")));
+        // Refused when parsed, or by the checks every front end runs before a model sees it.
+        let refused =
+            |body: Value| parsed(Endpoint::Completions, body).and_then(|api| api.request.validate_for_any_model()).expect_err("refused");
+        for body in [
+            json!({"prompt": "p", "response_format": {"type": "yaml"}}),
+            json!({"prompt": "p", "response_format": {"type": "json_schema"}}),
+            json!({"prompt": "p", "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": 3}}}),
+            json!({"prompt": "p", "regex": "a", "grammar": "start: \"a\""}),
+            json!({"prompt": "p", "regex": ""}),
+        ] {
+            assert_eq!(refused(body.clone()).code, "invalid_option", "{body}");
+        }
+    }
+
     #[test]
     fn a_chat_stream_opens_with_the_role_and_ends_with_usage_and_details() {
         let meta = ResponseMeta::new(Endpoint::Chat, 5, 1_700_000_000, "m");

@@ -3,11 +3,13 @@
 //! pass, and generation (sampling options, stop strings, streaming text).
 
 pub mod config;
+mod constraint;
 mod cpu_backend;
 pub mod cpu_forward;
 mod error;
 pub mod estimate;
 mod graph;
+mod host_sampling;
 mod load;
 mod model;
 pub mod options;
@@ -23,6 +25,7 @@ pub mod synthetic;
 pub mod tensors;
 
 pub use config::{Arch, GateActivation, ModelConfig};
+pub use constraint::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
 pub use cpu_backend::CpuModel;
 pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};

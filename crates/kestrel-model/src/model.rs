@@ -13,7 +13,9 @@ use web_time::Instant;
 use crate::config::ModelConfig;
 use crate::cpu_backend::CpuBackend;
 use crate::error::bad_model;
+use crate::constraint::{TokenGrammar, TokenMatcher};
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
+use crate::host_sampling::HostSampler;
 use crate::options::GenerateOptions;
 use crate::output::{Accepted, TokenOutput};
 use crate::pacing::{check_budget, SubmitPacer, SubmitReport};
@@ -125,6 +127,9 @@ pub struct Model {
     run_ahead: usize,
     /// With a submission budget (`set_submit_budget`), how prompt chunks are cut on the GPU.
     pub(crate) pacer: Option<SubmitPacer>,
+    /// The vocabulary's token trie for constrained outputs, built by the first request that has
+    /// a constraint.
+    grammar: Option<TokenGrammar>,
 }
 
 /// Where a model's steps run.
@@ -262,6 +267,7 @@ impl Model {
             next_sequence: 0,
             run_ahead: DEFAULT_DECODE_RUN_AHEAD,
             pacer: None,
+            grammar: None,
         })
     }
 
@@ -458,6 +464,17 @@ impl Model {
         Ok(keep)
     }
 
+    /// The matcher of `options`' constraint, if it has one: compiled here, before any token runs,
+    /// so that a bad schema, regex or grammar fails the request as `invalid_option`.
+    pub(crate) fn constraint_matcher(&mut self, options: &GenerateOptions) -> Result<Option<TokenMatcher>, ModelError> {
+        let Some(constraint) = options.constraint()? else { return Ok(None) };
+        let grammar = match &mut self.grammar {
+            Some(grammar) => grammar,
+            empty => empty.insert(TokenGrammar::new(&self.tokenizer, self.backend.config().vocab)?),
+        };
+        grammar.matcher(constraint).map(Some)
+    }
+
     /// Forgets the cached prefix: the next request prefills from position 0.
     pub fn reset(&mut self) {
         self.cached.iter_mut().for_each(Vec::clear);
@@ -553,9 +570,17 @@ impl Model {
         self.cached[0].truncate(reused);
         let mut history = prompt.to_vec();
         write_penalties(&mut self.backend, &history)?;
-        let want_logits = options.logprobs > 0;
+        let want_logprobs = options.logprobs > 0;
+        // A constrained output's tokens are chosen here, from each step's logits, one step at a
+        // time; every other token is sampled on the device.
+        let mut matcher = self.constraint_matcher(options)?;
+        let want_logits = want_logprobs || matcher.is_some();
         let pieces = self.prefill(prompt, reused, want_logits).await?;
-        let mut token = self.backend.read_token(0).await?;
+        let mut logits = if want_logits { Some(self.backend.read_logits().await?) } else { None };
+        let mut token = match (&mut matcher, &logits) {
+            (Some(m), Some(l)) => HostSampler { options, sampling: &sampling, history: &history, draw: 0 }.sample(l, Some(m))?,
+            _ => self.backend.read_token(0).await?,
+        };
         self.cached[0] = prompt.to_vec();
         let ttft = start.elapsed();
         let decode_start = Instant::now();
@@ -577,8 +602,16 @@ impl Model {
 
         let mut output = TokenOutput::new(options);
         let finish_reason = loop {
-            let step_logprobs =
-                if want_logits { Some(top_logprobs(&self.backend.read_logits().await?, token, options.logprobs)) } else { None };
+            // The constraint's end token ends the output unseen, as a model's end token does.
+            let complete = match &mut matcher {
+                Some(m) if m.is_end(token) => break FinishReason::Stop,
+                Some(m) => m.accept(token)?,
+                None => false,
+            };
+            let step_logprobs = match &logits {
+                Some(l) if want_logprobs => Some(top_logprobs(l, token, options.logprobs)),
+                _ => None,
+            };
             match output.accept(&self.tokenizer, options, token, step_logprobs)? {
                 Accepted::End => break FinishReason::Stop,
                 Accepted::Token { event, stopped: true } => {
@@ -591,6 +624,9 @@ impl Model {
                     }
                 }
             }
+            if complete {
+                break FinishReason::Stop;
+            }
             history.push(token);
             let pos = self.cached[0].len();
             if output.generated.len() >= options.max_tokens || pos + 1 > max_ctx {
@@ -601,13 +637,25 @@ impl Model {
             }
             self.cached[0].push(token);
             step += 1;
-            // Step `step` is allowed (the checks above); keep `ahead` steps submitted.
-            while submitted < step + ahead - 1 && can_submit(submitted + 1) {
-                submitted += 1;
-                self.backend.submit_step(StepInput::Sampled, prompt.len() + submitted - 1, submitted as u32, &output_kind, submitted)?;
+            let wait;
+            if let Some(m) = &mut matcher {
+                self.backend.submit_step(StepInput::Decode(token), pos, step as u32, &output_kind, step)?;
+                wait = Instant::now();
+                let step_logits = self.backend.read_logits().await?;
+                token = HostSampler { options, sampling: &sampling, history: &history, draw: step as u32 }.sample(&step_logits, Some(m))?;
+                logits = Some(step_logits);
+            } else {
+                // Step `step` is allowed (the checks above); keep `ahead` steps submitted.
+                while submitted < step + ahead - 1 && can_submit(submitted + 1) {
+                    submitted += 1;
+                    self.backend.submit_step(StepInput::Sampled, prompt.len() + submitted - 1, submitted as u32, &output_kind, submitted)?;
+                }
+                wait = Instant::now();
+                token = self.backend.read_token(step).await?;
+                if want_logits {
+                    logits = Some(self.backend.read_logits().await?);
+                }
             }
-            let wait = Instant::now();
-            token = self.backend.read_token(step).await?;
             host_wait += wait.elapsed();
         };
         if let Some(rest) = output.flush() {

@@ -11,6 +11,7 @@ use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::constraint::{OutputConstraint, ResponseFormat};
 use crate::ModelError;
 
 /// Longest recent-token window the penalties look at (`penalty_last_n`).
@@ -63,6 +64,13 @@ pub struct GenerateOptions {
     pub ignore_eos: bool,
     /// Report the top-N log-probabilities of each generated step (reads back full logits).
     pub logprobs: usize,
+    /// OpenAI's `response_format`: the output is any JSON object, or JSON valid against a
+    /// schema (`constraint`).
+    pub response_format: Option<ResponseFormat>,
+    /// A regular expression (Rust `regex` syntax) the whole output matches.
+    pub regex: Option<String>,
+    /// A grammar in llguidance's Lark syntax that the output follows.
+    pub grammar: Option<String>,
 }
 
 impl Default for GenerateOptions {
@@ -84,6 +92,9 @@ impl Default for GenerateOptions {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: 0,
+            response_format: None,
+            regex: None,
+            grammar: None,
         }
     }
 }
@@ -95,6 +106,28 @@ impl GenerateOptions {
 
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0
+    }
+
+    /// What the output is held to: at most one of `response_format` (other than text), `regex`
+    /// and `grammar`, else `invalid_option`.
+    pub fn constraint(&self) -> Result<Option<OutputConstraint<'_>>, ModelError> {
+        let format = match &self.response_format {
+            None | Some(ResponseFormat::Text) => None,
+            Some(ResponseFormat::JsonObject) => Some(OutputConstraint::JsonObject),
+            Some(ResponseFormat::JsonSchema { json_schema }) => Some(OutputConstraint::JsonSchema(json_schema)),
+        };
+        let given: Vec<OutputConstraint<'_>> = [format, self.regex.as_deref().map(OutputConstraint::Regex), self.grammar.as_deref().map(OutputConstraint::Grammar)]
+            .into_iter()
+            .flatten()
+            .collect();
+        match given.as_slice() {
+            [] => Ok(None),
+            [one] => Ok(Some(*one)),
+            [first, second, ..] => Err(ModelError::InvalidOption {
+                name: second.field(),
+                reason: format!("{} and {} are both given; a request takes one constraint", first.field(), second.field()),
+            }),
+        }
     }
 
     /// Checks every option against its range for a model with `vocab` tokens, and every
@@ -162,6 +195,14 @@ impl GenerateOptions {
         }
         if self.logprobs > MAX_LOGPROBS {
             return bad("logprobs", format!("{} must be at most {MAX_LOGPROBS}", self.logprobs));
+        }
+        match self.constraint()? {
+            Some(OutputConstraint::Regex("")) => return bad("regex", "must not be empty".into()),
+            Some(OutputConstraint::Grammar(text)) if text.trim().is_empty() => return bad("grammar", "must not be empty".into()),
+            Some(OutputConstraint::JsonSchema(format)) if !format.schema.as_ref().is_none_or(|s| s.is_object() || s.is_boolean()) => {
+                return bad("response_format", "json_schema.schema must be a JSON Schema object".into())
+            }
+            _ => {}
         }
         Ok(())
     }

@@ -19,12 +19,13 @@ use web_time::Instant;
 use kestrel_gpu::kernels::matvec::MAX_MATVEC_COLUMNS;
 use kestrel_gpu::GpuError;
 use kestrel_ops::params::SamplingParams;
-use kestrel_ops::reference::sample;
 
 use crate::cpu_forward::SequenceStep;
 use crate::graph::{BatchSample, BatchSequence, Graph};
 use crate::model::{common_prefix, reusable_tokens, sampling_params, top_logprobs, Backend};
 use crate::output::{Accepted, TokenOutput};
+use crate::constraint::TokenMatcher;
+use crate::host_sampling::HostSampler;
 use crate::pacing::SubmitPacer;
 use crate::penalties::PenaltyPolicy;
 use crate::{FinishReason, GenerateOptions, Generation, Model, ModelError, Timings, TokenEvent};
@@ -77,6 +78,8 @@ pub(crate) struct Sequence {
     /// The prompt and the generated tokens (the penalties' window).
     history: Vec<u32>,
     output: TokenOutput,
+    /// The output's constraint, when it has one: its tokens are chosen on the host.
+    matcher: Option<TokenMatcher>,
     start: Instant,
     first_token: Option<Instant>,
 }
@@ -113,7 +116,7 @@ async fn run_on_gpu(
             tokens: step.tokens,
             decoding: seq.next.is_some(),
             sample: step.logits.then_some(seq.draws),
-            logits: seq.options.logprobs > 0,
+            logits: seq.options.logprobs > 0 || seq.matcher.is_some(),
         });
     }
     Ok(graph.run_batch(&batch, pacer).await?.into_iter().map(|s| s.map(Sampled::Device)).collect())
@@ -184,6 +187,7 @@ impl Model {
         options.validate(self.config().vocab)?;
         self.check_prompt(prompt)?;
         let sampling = sampling_params(options);
+        let matcher = self.constraint_matcher(options)?;
         let busy = |slot: usize| self.sequences.iter().any(|s| s.slot == slot);
         let slot = (0..self.slots())
             .filter(|&slot| !busy(slot))
@@ -209,6 +213,7 @@ impl Model {
             draws: 0,
             history: prompt.to_vec(),
             output: TokenOutput::new(options),
+            matcher,
             start: Instant::now(),
             first_token: None,
         });
@@ -322,21 +327,24 @@ impl Model {
     ) -> Result<Option<FinishReason>, ModelError> {
         let max_ctx = self.context_length();
         let seq = &mut self.sequences[i];
-        let (token, logits) = match sampled {
-            Sampled::Logits(logits) => {
-                let policy = PenaltyPolicy::new(&seq.options);
-                let token = if policy.is_active() {
-                    let penalized = sample::apply_penalties(&logits, &policy.entries(&seq.history), &policy.penalties);
-                    sample::sample(&penalized, &seq.sampling, seq.draws)
-                } else {
-                    sample::sample(&logits, &seq.sampling, seq.draws)
-                };
-                (token, Some(logits))
+        let host = HostSampler { options: &seq.options, sampling: &seq.sampling, history: &seq.history, draw: seq.draws };
+        let (token, logits) = match (sampled, &mut seq.matcher) {
+            (Sampled::Logits(logits), matcher) => (host.sample(&logits, matcher.as_mut())?, Some(logits)),
+            // A constrained sequence's token is chosen here, from its logits.
+            (Sampled::Device(BatchSample { logits: Some(logits), .. }), Some(matcher)) => (host.sample(&logits, Some(matcher))?, Some(logits)),
+            (Sampled::Device(BatchSample { logits: None, .. }), Some(_)) => {
+                return Err(GpuError::Readback("a batched step returned no logits for a constrained sequence".into()).into())
             }
-            Sampled::Device(BatchSample { token, logits }) => (token, logits),
+            (Sampled::Device(BatchSample { token, logits }), None) => (token, logits),
         };
         seq.draws += 1;
         seq.first_token.get_or_insert_with(Instant::now);
+        // The constraint's end token ends the output unseen, as a model's end token does.
+        let complete = match &mut seq.matcher {
+            Some(m) if m.is_end(token) => return Ok(Some(FinishReason::Stop)),
+            Some(m) => m.accept(token)?,
+            None => false,
+        };
         let logprobs = match (seq.options.logprobs, &logits) {
             (0, _) => None,
             (n, Some(logits)) => Some(top_logprobs(logits, token, n)),
@@ -346,7 +354,7 @@ impl Model {
             Accepted::End => return Ok(Some(FinishReason::Stop)),
             Accepted::Token { event, stopped } => {
                 events.push((seq.id, SequenceEvent::Token(event)));
-                if stopped {
+                if stopped || complete {
                     return Ok(Some(FinishReason::Stop));
                 }
             }

@@ -23,7 +23,7 @@ pub struct ChatArgs {
 /// cache of the shared prefix is reused, so a turn prefills only its new tokens.
 pub fn run(args: ChatArgs) -> CliResult {
     let mut loaded = load(&crate::model_path::resolve(args.model), &args.sampling.cache, false)?;
-    let options = args.sampling.options();
+    let options = args.sampling.options()?;
     let mut messages: Vec<ChatMessage> = args.system.into_iter().map(|s| ChatMessage::new("system", s)).collect();
     eprintln!("type a message and press enter; an empty line or end of input quits");
     let stdin = std::io::stdin();

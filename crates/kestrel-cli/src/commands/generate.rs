@@ -2,7 +2,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use kestrel_model::{ChatMessage, GenerateOptions, Generation, Model, Prompt};
+use kestrel_model::{ChatMessage, GenerateOptions, Generation, JsonSchemaFormat, Model, Prompt, ResponseFormat};
 use serde_json::json;
 
 use super::load::{load, CacheArgs};
@@ -49,13 +49,36 @@ pub struct SamplingArgs {
     /// Do not stop at the model's end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// The output is JSON valid against the JSON Schema in this file.
+    #[arg(long, group = "constraint")]
+    pub json_schema: Option<PathBuf>,
+    /// The output is a JSON object.
+    #[arg(long, group = "constraint")]
+    pub json_object: bool,
+    /// The whole output matches this regular expression (Rust `regex` syntax).
+    #[arg(long, group = "constraint")]
+    pub regex: Option<String>,
+    /// The output follows the Lark grammar (llguidance's syntax) in this file.
+    #[arg(long, group = "constraint")]
+    pub grammar: Option<PathBuf>,
     #[command(flatten)]
     pub cache: CacheArgs,
 }
 
 impl SamplingArgs {
-    pub fn options(&self) -> GenerateOptions {
-        GenerateOptions {
+    /// The options the flags give (reading the schema or grammar file they name).
+    pub fn options(&self) -> Result<GenerateOptions, String> {
+        let read = |path: &PathBuf| std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()));
+        let response_format = match (&self.json_schema, self.json_object) {
+            (Some(path), _) => {
+                let schema: serde_json::Value = serde_json::from_str(&read(path)?).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+                let name = path.file_stem().map_or("schema".into(), |s| s.to_string_lossy().into_owned());
+                Some(ResponseFormat::JsonSchema { json_schema: JsonSchemaFormat { name, description: None, schema: Some(schema), strict: Some(true) } })
+            }
+            (None, true) => Some(ResponseFormat::JsonObject),
+            (None, false) => None,
+        };
+        Ok(GenerateOptions {
             max_tokens: self.max_tokens,
             temperature: self.temperature,
             top_k: self.top_k,
@@ -68,8 +91,11 @@ impl SamplingArgs {
             seed: self.seed,
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
+            response_format,
+            regex: self.regex.clone(),
+            grammar: self.grammar.as_ref().map(read).transpose()?,
             ..defaults()
-        }
+        })
     }
 }
 
@@ -112,7 +138,7 @@ pub fn run(args: GenerateArgs) -> CliResult {
         (None, false) => Prompt::Chat(&user),
     };
     let ids = loaded.model.encode(&prompt).map_err(coded)?;
-    let mut options = args.sampling.options();
+    let mut options = args.sampling.options()?;
     options.logprobs = args.logprobs;
     let stream = !args.json;
     let generation = generate(&mut loaded.model, &ids, &options, stream)?;
@@ -205,12 +231,12 @@ mod tests {
     #[test]
     fn flag_defaults_are_the_option_defaults() {
         let cli = Cli::try_parse_from(["kestrel", "hi"]).unwrap();
-        let mut options = cli.generate.sampling.options();
+        let mut options = cli.generate.sampling.options().unwrap();
         options.logprobs = cli.generate.logprobs;
         assert_eq!(options, GenerateOptions::default());
         let cli =
             Cli::try_parse_from(["kestrel", "hi", "--temperature", "0", "--stop", "a", "--stop", "b", "--penalty-last-n", "8"]).unwrap();
-        let options = cli.generate.sampling.options();
+        let options = cli.generate.sampling.options().unwrap();
         assert_eq!((options.temperature, options.stop, options.penalty_last_n), (0.0, vec!["a".to_string(), "b".to_string()], 8));
     }
 }

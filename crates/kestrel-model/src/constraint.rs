@@ -1,0 +1,205 @@
+//! Constrained decoding: output held to a JSON Schema (OpenAI's `response_format`), any JSON
+//! object, a regular expression or a Lark grammar, by masking every token the constraint does
+//! not allow before the sampler draws. The masks come from llguidance (the engine vLLM, SGLang and
+//! llama.cpp use), over a token trie built once per model from the model's own vocabulary.
+//!
+//! The request's wire fields (`response_format`, `regex`, `grammar`) are [`OutputConstraint`]s;
+//! a model compiles one into a [`TokenMatcher`] before any token runs, so a bad schema, regex or
+//! grammar is an `invalid_option` error naming it. llguidance's limits bound the work of
+//! compiling and of every mask, so a schema built to explode fails instead of hanging.
+
+use std::sync::Arc;
+
+use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use kestrel_tokenizer::Tokenizer;
+
+use crate::ModelError;
+
+/// OpenAI's `response_format`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ResponseFormat {
+    /// Free text: no constraint.
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid against `json_schema.schema`.
+    JsonSchema { json_schema: JsonSchemaFormat },
+}
+
+/// `response_format.json_schema`: OpenAI's shape. `strict` is accepted and always holds: the
+/// output is constrained to the schema whatever it says.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// No schema: any JSON value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// What a request's output is held to: one of its `response_format`, `regex` and `grammar`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OutputConstraint<'a> {
+    JsonObject,
+    JsonSchema(&'a JsonSchemaFormat),
+    /// A regular expression (Rust's `regex` syntax) the whole output matches.
+    Regex(&'a str),
+    /// A grammar in llguidance's Lark syntax.
+    Grammar(&'a str),
+}
+
+impl OutputConstraint<'_> {
+    /// The request field it came from, as errors name it.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::JsonObject | Self::JsonSchema(_) => "response_format",
+            Self::Regex(_) => "regex",
+            Self::Grammar(_) => "grammar",
+        }
+    }
+
+    /// llguidance's grammar for it. Between JSON tokens a model may put one space, or a line
+    /// break or two and an indent of up to 20 (llama.cpp's JSON grammars allow the same): enough
+    /// to pretty-print, too little to spend its tokens on blank space. A schema's own
+    /// `x-guidance` options override that.
+    fn grammar(self) -> TopLevelGrammar {
+        let compact = || json!({ "whitespace_pattern": JSON_WHITESPACE });
+        match self {
+            Self::JsonObject => TopLevelGrammar::from_json_schema(json!({ "type": "object", "x-guidance": compact() })),
+            Self::JsonSchema(format) => {
+                let mut schema = format.schema.clone().unwrap_or_else(|| json!({}));
+                if let Some(fields) = schema.as_object_mut() {
+                    fields.entry("x-guidance").or_insert_with(compact);
+                }
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            Self::Regex(regex) => TopLevelGrammar::from_regex(regex),
+            Self::Grammar(lark) => TopLevelGrammar::from_lark(lark.to_string()),
+        }
+    }
+}
+
+/// The whitespace allowed between two JSON tokens, at most once.
+const JSON_WHITESPACE: &str = r"(?:\x20|\n{1,2}[\x20\x09]{0,20})";
+
+/// Per model: its vocabulary as llguidance's token trie, and the grammar compiler over it.
+pub(crate) struct TokenGrammar {
+    factory: ParserFactory,
+    /// The token that ends a constrained output: the model's end of turn, else its EOS.
+    end: u32,
+}
+
+impl TokenGrammar {
+    /// Builds the trie of a model with `vocab` logits. Control tokens (`<|im_end|>`, ...) are
+    /// marked as special, so that no grammar produces one from its text; ids past the
+    /// tokenizer's vocabulary (padding) have no bytes and are never allowed.
+    pub(crate) fn new(tokenizer: &Tokenizer, vocab: usize) -> Result<Self, ModelError> {
+        let unusable = |reason: String| ModelError::InvalidOption { name: "response_format", reason };
+        let end = tokenizer
+            .eot_id()
+            .or(tokenizer.eos_id())
+            .ok_or_else(|| unusable("the model has no end-of-text token to end a constrained output with".into()))?;
+        let words: Vec<Vec<u8>> = (0..vocab as u32)
+            .map(|id| match tokenizer.token_bytes(id) {
+                Ok(bytes) if tokenizer.is_control(id) || id == end => [&[TokTrie::SPECIAL_TOKEN_MARKER][..], bytes].concat(),
+                Ok(bytes) => bytes.to_vec(),
+                Err(_) => Vec::new(),
+            })
+            .collect();
+        let vocab_size = u32::try_from(vocab).map_err(|_| unusable(format!("a vocabulary of {vocab} tokens")))?;
+        let info = TokRxInfo { tok_end_of_turn: tokenizer.eot_id(), ..TokRxInfo::new(vocab_size, end) };
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(TokTrie::from(&info, &words)));
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| unusable(format!("the vocabulary's token trie: {e}")))?;
+        factory.quiet();
+        *factory.limits_mut() = limits();
+        Ok(Self { factory, end })
+    }
+
+    /// A matcher for one output: the constraint compiled, or `invalid_option` naming its field
+    /// and what is wrong with it.
+    pub(crate) fn matcher(&self, constraint: OutputConstraint<'_>) -> Result<TokenMatcher, ModelError> {
+        let parser = self.factory.create_parser(constraint.grammar());
+        let matcher = Matcher::new(parser);
+        if let Some(error) = matcher.get_error() {
+            return Err(ModelError::InvalidOption { name: constraint.field(), reason: one_line(&error) });
+        }
+        Ok(TokenMatcher { matcher, end: self.end, field: constraint.field() })
+    }
+}
+
+/// The bounds on a constraint's work, a little below llguidance's defaults where a browser tab's
+/// memory is at stake. Each mask stays within a few milliseconds of work (the fuel and item
+/// counts, at the speeds llguidance states); a grammar's size and its lexer's states bound the
+/// memory a hostile schema can take.
+fn limits() -> ParserLimits {
+    ParserLimits { max_grammar_size: 200_000, max_lexer_states: 100_000, verbose_errors: false, ..ParserLimits::default() }
+}
+
+/// Longest error text taken from llguidance, whose errors may quote a whole grammar.
+const MAX_ERROR_CHARS: usize = 300;
+
+/// An llguidance error on one line (a regex error points at the place on lines of its own), cut
+/// to `MAX_ERROR_CHARS`.
+fn one_line(error: &str) -> String {
+    let line = error.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((cut, _)) => format!("{}...", &line[..cut]),
+        None => line,
+    }
+}
+
+/// One output's constraint, step by step: the tokens allowed next, then the token chosen.
+pub(crate) struct TokenMatcher {
+    matcher: Matcher,
+    end: u32,
+    field: &'static str,
+}
+
+impl TokenMatcher {
+    /// Sets the logit of every token the constraint does not allow next to -inf.
+    pub(crate) fn mask(&mut self, logits: &mut [f32]) -> Result<(), ModelError> {
+        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| self.failed(&e.to_string()))?;
+        if allowed.is_zero() {
+            return Err(self.failed("no token can continue the output"));
+        }
+        ban_others(&allowed, logits);
+        Ok(())
+    }
+
+    /// Whether `token` is the one that ends the output (allowed once the output is complete).
+    pub(crate) fn is_end(&self, token: u32) -> bool {
+        token == self.end
+    }
+
+    /// Takes the token chosen (not the end token); true when nothing can follow the tokens so
+    /// far, so the output is complete.
+    pub(crate) fn accept(&mut self, token: u32) -> Result<bool, ModelError> {
+        self.matcher.consume_token(token).map_err(|e| self.failed(&e.to_string()))?;
+        Ok(self.matcher.is_stopped())
+    }
+
+    fn failed(&self, why: &str) -> ModelError {
+        let reason = self.matcher.get_error().map_or_else(|| one_line(why), |e| one_line(&e));
+        ModelError::InvalidOption { name: self.field, reason: format!("the constraint failed: {reason}") }
+    }
+}
+
+/// -inf for every logit whose token `allowed` does not hold (ids past its length included).
+fn ban_others(allowed: &SimpleVob, logits: &mut [f32]) {
+    for (id, logit) in logits.iter_mut().enumerate() {
+        // A model's vocabulary fits u32 (`TokenGrammar::new`).
+        if id >= allowed.len() || !allowed.is_allowed(id as u32) {
+            *logit = f32::NEG_INFINITY;
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! Sampling on the host, from a step's logits: the CPU backend's batched rows, and every step of
+//! a constrained output on either backend. The constraint's mask goes first, then the request's
+//! penalties and logit bias, then the sampler with the request's seed and the step's draw number:
+//! the device's own sampler (`kestrel_ops::reference::sample`), so that a step the constraint
+//! leaves alone draws the token an unconstrained step draws.
+
+use kestrel_ops::params::SamplingParams;
+use kestrel_ops::reference::sample;
+
+use crate::constraint::TokenMatcher;
+use crate::penalties::PenaltyPolicy;
+use crate::{GenerateOptions, ModelError};
+
+/// What a sequence samples with on the host.
+pub(crate) struct HostSampler<'a> {
+    pub options: &'a GenerateOptions,
+    pub sampling: &'a SamplingParams,
+    /// The prompt and the tokens generated so far (the penalties' window).
+    pub history: &'a [u32],
+    pub draw: u32,
+}
+
+impl HostSampler<'_> {
+    /// The token drawn from `logits` (masked by `matcher` when the output is constrained).
+    pub(crate) fn sample(&self, logits: &[f32], matcher: Option<&mut TokenMatcher>) -> Result<u32, ModelError> {
+        let policy = PenaltyPolicy::new(self.options);
+        let mut logits = if policy.is_active() {
+            sample::apply_penalties(logits, &policy.entries(self.history), &policy.penalties)
+        } else if matcher.is_some() {
+            logits.to_vec()
+        } else {
+            return Ok(sample::sample(logits, self.sampling, self.draw));
+        };
+        if let Some(matcher) = matcher {
+            matcher.mask(&mut logits)?;
+        }
+        Ok(sample::sample(&logits, self.sampling, self.draw))
+    }
+}
