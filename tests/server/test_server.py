@@ -15,6 +15,7 @@ import time
 import unittest
 
 import openai
+import pydantic
 
 from harness import API_KEY, PROMPT, metrics, native_greedy, request, sample, start_server
 
@@ -105,6 +106,33 @@ class ServerTest(unittest.TestCase):
         # Still serving.
         ok = self.client.completions.create(model="m", prompt=PROMPT, max_tokens=2, temperature=0, extra_headers={"Cache-Control": "no-store"})
         self.assertEqual(ok.usage.completion_tokens, 2)
+
+    def test_structured_output_parses_into_a_pydantic_model(self):
+        class City(pydantic.BaseModel):
+            name: str = pydantic.Field(max_length=20)
+            population: int = pydantic.Field(ge=0, le=50_000_000)
+            capital: bool
+
+        messages = [{"role": "system", "content": "Answer in JSON."}, {"role": "user", "content": "Describe a city."}]
+        no_store = {"Cache-Control": "no-store"}
+        # The client turns the model into OpenAI's strict JSON Schema and parses the answer back.
+        completion = self.client.chat.completions.parse(
+            model="any", messages=messages, response_format=City, temperature=0, max_tokens=120, extra_headers=no_store)
+        self.assertEqual(completion.choices[0].finish_reason, "stop")
+        self.assertIsInstance(completion.choices[0].message.parsed, City)
+        # Streamed, sampled: the chunks' text is valid too.
+        schema = {"type": "json_schema", "json_schema": {"name": "City", "schema": City.model_json_schema(), "strict": True}}
+        stream = self.client.chat.completions.create(
+            model="any", messages=messages, response_format=schema, temperature=1, seed=5, max_tokens=120, stream=True, extra_headers=no_store)
+        City.model_validate_json("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+        # Kestrel's own regex, as an extra field.
+        phone = self.client.completions.create(
+            model="any", prompt="Call me at", max_tokens=12, temperature=0, extra_body={"regex": " [0-9]{3}-[0-9]{4}"}, extra_headers=no_store)
+        self.assertRegex(phone.choices[0].text, r"^ [0-9]{3}-[0-9]{4}$")
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.chat.completions.create(
+                model="any", messages=messages, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}})
+        self.assertEqual((caught.exception.code, caught.exception.param), ("invalid_option", "response_format"))
 
     def test_pages_of_the_allowed_origin_may_call_it_and_others_may_not(self):
         preflight = {"Origin": "http://page.example", "Access-Control-Request-Method": "POST",
