@@ -237,7 +237,7 @@ soak_browser() {
 # C++ compiler, and rustc's stable `-C passes` / `-C llvm-args` add the coverage instrumentation
 # cargo-fuzz adds with `--sanitizer none` (no -Z flag, so no nightly). `--target` keeps the
 # instrumentation off build scripts and proc macros, which run without libFuzzer.
-fuzz_targets=(gguf_stream tokenizer stream_stop chat_template options)
+fuzz_targets=(gguf_stream tokenizer stream_stop chat_template options constraint)
 fuzz_rustflags="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks"

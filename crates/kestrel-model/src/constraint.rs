@@ -93,7 +93,7 @@ impl OutputConstraint<'_> {
 const JSON_WHITESPACE: &str = r"(?:\x20|\n{1,2}[\x20\x09]{0,20})";
 
 /// Per model: its vocabulary as llguidance's token trie, and the grammar compiler over it.
-pub(crate) struct TokenGrammar {
+pub struct TokenGrammar {
     factory: ParserFactory,
     /// The token that ends a constrained output: the model's end of turn, else its EOS.
     end: u32,
@@ -103,7 +103,7 @@ impl TokenGrammar {
     /// Builds the trie of a model with `vocab` logits. Control tokens (`<|im_end|>`, ...) are
     /// marked as special, so that no grammar produces one from its text; ids past the
     /// tokenizer's vocabulary (padding) have no bytes and are never allowed.
-    pub(crate) fn new(tokenizer: &Tokenizer, vocab: usize) -> Result<Self, ModelError> {
+    pub fn new(tokenizer: &Tokenizer, vocab: usize) -> Result<Self, ModelError> {
         let unusable = |reason: String| ModelError::InvalidOption { name: "response_format", reason };
         let end = tokenizer
             .eot_id()
@@ -127,7 +127,7 @@ impl TokenGrammar {
 
     /// A matcher for one output: the constraint compiled, or `invalid_option` naming its field
     /// and what is wrong with it.
-    pub(crate) fn matcher(&self, constraint: OutputConstraint<'_>) -> Result<TokenMatcher, ModelError> {
+    pub fn matcher(&self, constraint: OutputConstraint<'_>) -> Result<TokenMatcher, ModelError> {
         let parser = self.factory.create_parser(constraint.grammar());
         let matcher = Matcher::new(parser);
         if let Some(error) = matcher.get_error() {
@@ -159,7 +159,7 @@ fn one_line(error: &str) -> String {
 }
 
 /// One output's constraint, step by step: the tokens allowed next, then the token chosen.
-pub(crate) struct TokenMatcher {
+pub struct TokenMatcher {
     matcher: Matcher,
     end: u32,
     field: &'static str,
@@ -167,7 +167,7 @@ pub(crate) struct TokenMatcher {
 
 impl TokenMatcher {
     /// Sets the logit of every token the constraint does not allow next to -inf.
-    pub(crate) fn mask(&mut self, logits: &mut [f32]) -> Result<(), ModelError> {
+    pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), ModelError> {
         let allowed = self.matcher.compute_mask_or_eos().map_err(|e| self.failed(&e.to_string()))?;
         if allowed.is_zero() {
             return Err(self.failed("no token can continue the output"));
@@ -177,13 +177,13 @@ impl TokenMatcher {
     }
 
     /// Whether `token` is the one that ends the output (allowed once the output is complete).
-    pub(crate) fn is_end(&self, token: u32) -> bool {
+    pub fn is_end(&self, token: u32) -> bool {
         token == self.end
     }
 
     /// Takes the token chosen (not the end token); true when nothing can follow the tokens so
     /// far, so the output is complete.
-    pub(crate) fn accept(&mut self, token: u32) -> Result<bool, ModelError> {
+    pub fn accept(&mut self, token: u32) -> Result<bool, ModelError> {
         self.matcher.consume_token(token).map_err(|e| self.failed(&e.to_string()))?;
         Ok(self.matcher.is_stopped())
     }

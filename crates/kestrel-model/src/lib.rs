@@ -25,7 +25,7 @@ pub mod synthetic;
 pub mod tensors;
 
 pub use config::{Arch, GateActivation, ModelConfig};
-pub use constraint::{JsonSchemaFormat, OutputConstraint, ResponseFormat};
+pub use constraint::{JsonSchemaFormat, OutputConstraint, ResponseFormat, TokenGrammar, TokenMatcher};
 pub use cpu_backend::CpuModel;
 pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};
