@@ -133,7 +133,7 @@ impl TokenGrammar {
         if let Some(error) = matcher.get_error() {
             return Err(ModelError::InvalidOption { name: constraint.field(), reason: one_line(&error) });
         }
-        Ok(TokenMatcher { matcher, end: self.end, field: constraint.field() })
+        Ok(TokenMatcher { matcher, end: self.end, field: constraint.field(), next: None })
     }
 }
 
@@ -163,16 +163,30 @@ pub struct TokenMatcher {
     matcher: Matcher,
     end: u32,
     field: &'static str,
+    /// The tokens allowed next, once computed (`prepare`).
+    next: Option<SimpleVob>,
 }
 
 impl TokenMatcher {
+    /// Computes the tokens allowed next: called while the device runs the step whose logits they
+    /// mask, so that the host's work overlaps the device's.
+    pub fn prepare(&mut self) -> Result<(), ModelError> {
+        if self.next.is_none() {
+            let allowed = self.matcher.compute_mask_or_eos().map_err(|e| self.failed(&e.to_string()))?;
+            if allowed.is_zero() {
+                return Err(self.failed("no token can continue the output"));
+            }
+            self.next = Some(allowed);
+        }
+        Ok(())
+    }
+
     /// Sets the logit of every token the constraint does not allow next to -inf.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), ModelError> {
-        let allowed = self.matcher.compute_mask_or_eos().map_err(|e| self.failed(&e.to_string()))?;
-        if allowed.is_zero() {
-            return Err(self.failed("no token can continue the output"));
+        self.prepare()?;
+        if let Some(allowed) = &self.next {
+            ban_others(allowed, logits);
         }
-        ban_others(&allowed, logits);
         Ok(())
     }
 
@@ -184,6 +198,7 @@ impl TokenMatcher {
     /// Takes the token chosen (not the end token); true when nothing can follow the tokens so
     /// far, so the output is complete.
     pub fn accept(&mut self, token: u32) -> Result<bool, ModelError> {
+        self.next = None;
         self.matcher.consume_token(token).map_err(|e| self.failed(&e.to_string()))?;
         Ok(self.matcher.is_stopped())
     }
@@ -194,12 +209,44 @@ impl TokenMatcher {
     }
 }
 
-/// -inf for every logit whose token `allowed` does not hold (ids past its length included).
+/// -inf for every logit whose token `allowed` does not hold (ids past its length included), a
+/// 32-token word at a time: most words of a mask allow nothing.
 fn ban_others(allowed: &SimpleVob, logits: &mut [f32]) {
-    for (id, logit) in logits.iter_mut().enumerate() {
-        // A model's vocabulary fits u32 (`TokenGrammar::new`).
-        if id >= allowed.len() || !allowed.is_allowed(id as u32) {
-            *logit = f32::NEG_INFINITY;
+    let words = allowed.as_slice();
+    for (i, chunk) in logits.chunks_mut(32).enumerate() {
+        match words.get(i).copied().unwrap_or(0) {
+            0 => chunk.fill(f32::NEG_INFINITY),
+            u32::MAX => {}
+            word => {
+                for (bit, logit) in chunk.iter_mut().enumerate() {
+                    if word & (1 << bit) == 0 {
+                        *logit = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The word-at-a-time ban keeps exactly the tokens the mask allows: whole words of none and
+    /// of all, mixed words, and a vocabulary that ends inside a word.
+    #[test]
+    fn ban_others_keeps_exactly_the_allowed_tokens() {
+        let vocab = 32 * 5 + 7;
+        let mut allowed = SimpleVob::alloc(vocab);
+        let kept: Vec<usize> = (32..64).chain([3, 70, 101, 164, vocab - 1]).collect();
+        for &id in &kept {
+            allowed.allow_token(id as u32);
+        }
+        let mut logits: Vec<f32> = (0..vocab).map(|i| i as f32).collect();
+        ban_others(&allowed, &mut logits);
+        for (id, &logit) in logits.iter().enumerate() {
+            let want = if kept.contains(&id) { id as f32 } else { f32::NEG_INFINITY };
+            assert_eq!(logit, want, "token {id}");
         }
     }
 }

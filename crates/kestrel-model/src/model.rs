@@ -465,8 +465,9 @@ impl Model {
     }
 
     /// The matcher of `options`' constraint, if it has one: compiled here, before any token runs,
-    /// so that a bad schema, regex or grammar fails the request as `invalid_option`.
-    pub(crate) fn constraint_matcher(&mut self, options: &GenerateOptions) -> Result<Option<TokenMatcher>, ModelError> {
+    /// so that a bad schema, regex or grammar fails the request as `invalid_option`. (Generation
+    /// makes its own; this one is for tools that replay a constraint, such as the bench.)
+    pub fn constraint_matcher(&mut self, options: &GenerateOptions) -> Result<Option<TokenMatcher>, ModelError> {
         let Some(constraint) = options.constraint()? else { return Ok(None) };
         let grammar = match &mut self.grammar {
             Some(grammar) => grammar,
@@ -576,6 +577,9 @@ impl Model {
         let mut matcher = self.constraint_matcher(options)?;
         let want_logits = want_logprobs || matcher.is_some();
         let pieces = self.prefill(prompt, reused, want_logits).await?;
+        if let Some(m) = &mut matcher {
+            m.prepare()?;
+        }
         let mut logits = if want_logits { Some(self.backend.read_logits().await?) } else { None };
         let mut token = match (&mut matcher, &logits) {
             (Some(m), Some(l)) => HostSampler { options, sampling: &sampling, history: &history, draw: 0 }.sample(l, Some(m))?,
@@ -640,6 +644,8 @@ impl Model {
             let wait;
             if let Some(m) = &mut matcher {
                 self.backend.submit_step(StepInput::Decode(token), pos, step as u32, &output_kind, step)?;
+                // The GPU runs the step meanwhile (the CPU backend has run it already).
+                m.prepare()?;
                 wait = Instant::now();
                 let step_logits = self.backend.read_logits().await?;
                 token = HostSampler { options, sampling: &sampling, history: &history, draw: step as u32 }.sample(&step_logits, Some(m))?;

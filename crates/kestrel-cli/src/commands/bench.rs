@@ -2,6 +2,8 @@
 //!
 //! `kestrel bench batch`: batched decode on the CPU backend (see `bench/batch.rs`).
 //!
+//! `kestrel bench constrained`: a JSON Schema's cost to decode (see `bench/constrained.rs`).
+//!
 //! `kestrel bench kernels`: every kernel at the default model's shapes and at a 1B-class model's,
 //! timed on the GPU, with its effective bandwidth (the bytes a call must move over its time) as
 //! a fraction of a plain copy kernel's bandwidth measured on the same adapter in the same run,
@@ -9,6 +11,7 @@
 
 mod batch;
 mod cases;
+mod constrained;
 mod model;
 mod prompt;
 mod report;
@@ -51,6 +54,9 @@ enum BenchCommand {
     /// Batched decode (`--backend cpu` or `gpu`): tokens per second of 1, 2, 4, 8 sequences
     /// together, and the others' inter-token latency while a long prompt is admitted.
     Batch(batch::BatchArgs),
+    /// Decode under a JSON Schema against free decode of as many tokens, and the mask's time
+    /// per token (p50, p90, p99).
+    Constrained(constrained::ConstrainedArgs),
     /// The suite's prompts as text (JSON), for engines that take text (www/bench).
     Prompt(prompt::PromptArgs),
 }
@@ -109,6 +115,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         BenchCommand::Kernels(args) => kernels(&args),
         BenchCommand::Model(args) => model::run(&args),
         BenchCommand::Batch(args) => batch::run(&args),
+        BenchCommand::Constrained(args) => constrained::run(&args),
         BenchCommand::Prompt(args) => prompt::run(&args),
     }
 }
