@@ -37,6 +37,15 @@ use super::CliResult;
 /// Errors end the run with their message.
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
+/// Where a loaded model runs, as the reports say it: the GPU adapter, or the CPU backend's SIMD
+/// kernels and threads.
+fn backend_label(model: &kestrel_model::Model) -> String {
+    match model.gpu() {
+        Some(gpu) => format!("GPU backend ({})", gpu.info.adapter_name),
+        None => format!("CPU backend ({}, {} threads)", kestrel_cpu::simd_name(), kestrel_cpu::threads()),
+    }
+}
+
 #[derive(Args)]
 pub struct BenchArgs {
     #[command(subcommand)]

@@ -11,7 +11,7 @@ use kestrel_model::{GenerateOptions, Model, SequenceEvent};
 use serde::Serialize;
 
 use super::stats::{Percentiles, Spread};
-use super::{workload, BenchResult};
+use super::{backend_label, workload, BenchResult};
 use crate::commands::load::{load_synthetic, load_with_slots, CacheArgs};
 use crate::commands::CliResult;
 
@@ -147,10 +147,7 @@ pub fn run(args: &BatchArgs) -> CliResult {
         None
     };
 
-    let device = match model.gpu() {
-        Some(gpu) => format!("GPU backend ({})", gpu.info.adapter_name),
-        None => format!("CPU backend ({}, {} threads)", kestrel_cpu::simd_name(), kestrel_cpu::threads()),
-    };
+    let device = backend_label(&model);
     let report = BatchReport {
         engine: "kestrel",
         version: env!("CARGO_PKG_VERSION"),

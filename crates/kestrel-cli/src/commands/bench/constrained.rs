@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::stats::{Percentiles, Spread};
-use super::BenchResult;
+use super::{backend_label, BenchResult};
 use crate::commands::load::{load, CacheArgs};
 use crate::commands::CliResult;
 
@@ -85,10 +85,7 @@ pub fn run(args: &ConstrainedArgs) -> CliResult {
     }
     let mask_ms = replay_masks(&mut model, &constrained, &first.tokens)?;
     let (constrained_tok_s, free_tok_s) = (Spread::of(&held_rates).ok_or("no rounds")?, Spread::of(&free_rates).ok_or("no rounds")?);
-    let device = match model.gpu() {
-        Some(gpu) => format!("GPU backend ({})", gpu.info.adapter_name),
-        None => format!("CPU backend ({}, {} threads)", kestrel_cpu::simd_name(), kestrel_cpu::threads()),
-    };
+    let device = backend_label(&model);
     let report = ConstrainedReport {
         engine: "kestrel",
         version: env!("CARGO_PKG_VERSION"),
