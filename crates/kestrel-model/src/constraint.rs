@@ -100,8 +100,9 @@ pub struct TokenGrammar {
 }
 
 impl TokenGrammar {
-    /// Builds the trie of a model with `vocab` logits. Control tokens (`<|im_end|>`, ...) are
-    /// marked as special, so that no grammar produces one from its text; ids past the
+    /// Builds the trie of a model with `vocab` logits. Control and end-of-generation tokens
+    /// (`<|im_end|>`, Gemma's user-defined `</s>`, ...) are marked as special, so that no grammar
+    /// spells one out of its text and ends the output early; ids past the
     /// tokenizer's vocabulary (padding) have no bytes and are never allowed.
     pub fn new(tokenizer: &Tokenizer, vocab: usize) -> Result<Self, ModelError> {
         let unusable = |reason: String| ModelError::InvalidOption { name: "response_format", reason };
@@ -111,7 +112,9 @@ impl TokenGrammar {
             .ok_or_else(|| unusable("the model has no end-of-text token to end a constrained output with".into()))?;
         let words: Vec<Vec<u8>> = (0..vocab as u32)
             .map(|id| match tokenizer.token_bytes(id) {
-                Ok(bytes) if tokenizer.is_control(id) || id == end => [&[TokTrie::SPECIAL_TOKEN_MARKER][..], bytes].concat(),
+                Ok(bytes) if tokenizer.is_control(id) || tokenizer.is_eog(id) || id == end => {
+                    [&[TokTrie::SPECIAL_TOKEN_MARKER][..], bytes].concat()
+                }
                 Ok(bytes) => bytes.to_vec(),
                 Err(_) => Vec::new(),
             })
