@@ -438,9 +438,12 @@ mod tests {
             Some(OutputConstraint::JsonSchema(format)) => assert_eq!((format.name.as_str(), format.schema.as_ref()), ("n", Some(&schema))),
             other => panic!("{other:?}"),
         }
-        let object = parsed(Endpoint::Chat, json!({"messages": [{"role": "user", "content": "c"}], "response_format": {"type": "json_object"}})).expect("json_object");
+        let object =
+            parsed(Endpoint::Chat, json!({"messages": [{"role": "user", "content": "c"}], "response_format": {"type": "json_object"}}))
+                .expect("json_object");
         assert_eq!(object.request.options.constraint().expect("one"), Some(OutputConstraint::JsonObject));
-        let text = parsed(Endpoint::Completions, json!({"prompt": "p", "response_format": {"type": "text"}, "regex": "[0-9]+"})).expect("regex");
+        let text =
+            parsed(Endpoint::Completions, json!({"prompt": "p", "response_format": {"type": "text"}, "regex": "[0-9]+"})).expect("regex");
         assert_eq!(text.request.options.constraint().expect("one"), Some(OutputConstraint::Regex("[0-9]+")));
         let lark = parsed(Endpoint::Completions, json!({"prompt": "p", "grammar": "start: \"yes\" | \"no\""})).expect("grammar");
         assert_eq!(lark.request.options.constraint().expect("one"), Some(OutputConstraint::Grammar("start: \"yes\" | \"no\"")));

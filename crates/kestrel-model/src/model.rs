@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
 use crate::config::ModelConfig;
+use crate::constraint::{TokenGrammar, TokenMatcher};
 use crate::cpu_backend::CpuBackend;
 use crate::error::bad_model;
-use crate::constraint::{TokenGrammar, TokenMatcher};
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
 use crate::host_sampling::HostSampler;
 use crate::options::GenerateOptions;
@@ -654,7 +654,13 @@ impl Model {
                 // Step `step` is allowed (the checks above); keep `ahead` steps submitted.
                 while submitted < step + ahead - 1 && can_submit(submitted + 1) {
                     submitted += 1;
-                    self.backend.submit_step(StepInput::Sampled, prompt.len() + submitted - 1, submitted as u32, &output_kind, submitted)?;
+                    self.backend.submit_step(
+                        StepInput::Sampled,
+                        prompt.len() + submitted - 1,
+                        submitted as u32,
+                        &output_kind,
+                        submitted,
+                    )?;
                 }
                 wait = Instant::now();
                 token = self.backend.read_token(step).await?;

@@ -116,10 +116,11 @@ impl GenerateOptions {
             Some(ResponseFormat::JsonObject) => Some(OutputConstraint::JsonObject),
             Some(ResponseFormat::JsonSchema { json_schema }) => Some(OutputConstraint::JsonSchema(json_schema)),
         };
-        let given: Vec<OutputConstraint<'_>> = [format, self.regex.as_deref().map(OutputConstraint::Regex), self.grammar.as_deref().map(OutputConstraint::Grammar)]
-            .into_iter()
-            .flatten()
-            .collect();
+        let given: Vec<OutputConstraint<'_>> =
+            [format, self.regex.as_deref().map(OutputConstraint::Regex), self.grammar.as_deref().map(OutputConstraint::Grammar)]
+                .into_iter()
+                .flatten()
+                .collect();
         match given.as_slice() {
             [] => Ok(None),
             [one] => Ok(Some(*one)),

@@ -20,12 +20,12 @@ use kestrel_gpu::kernels::matvec::MAX_MATVEC_COLUMNS;
 use kestrel_gpu::GpuError;
 use kestrel_ops::params::SamplingParams;
 
+use crate::constraint::TokenMatcher;
 use crate::cpu_forward::SequenceStep;
 use crate::graph::{BatchSample, BatchSequence, Graph};
+use crate::host_sampling::HostSampler;
 use crate::model::{common_prefix, reusable_tokens, sampling_params, top_logprobs, Backend};
 use crate::output::{Accepted, TokenOutput};
-use crate::constraint::TokenMatcher;
-use crate::host_sampling::HostSampler;
 use crate::pacing::SubmitPacer;
 use crate::penalties::PenaltyPolicy;
 use crate::{FinishReason, GenerateOptions, Generation, Model, ModelError, Timings, TokenEvent};
@@ -331,7 +331,9 @@ impl Model {
         let (token, logits) = match (sampled, &mut seq.matcher) {
             (Sampled::Logits(logits), matcher) => (host.sample(&logits, matcher.as_mut())?, Some(logits)),
             // A constrained sequence's token is chosen here, from its logits.
-            (Sampled::Device(BatchSample { logits: Some(logits), .. }), Some(matcher)) => (host.sample(&logits, Some(matcher))?, Some(logits)),
+            (Sampled::Device(BatchSample { logits: Some(logits), .. }), Some(matcher)) => {
+                (host.sample(&logits, Some(matcher))?, Some(logits))
+            }
             (Sampled::Device(BatchSample { logits: None, .. }), Some(_)) => {
                 return Err(GpuError::Readback("a batched step returned no logits for a constrained sequence".into()).into())
             }

@@ -7,9 +7,7 @@
 
 mod common;
 
-use kestrel_model::{
-    ChatMessage, FinishReason, GenerateOptions, Generation, JsonSchemaFormat, Model, ModelError, Prompt, ResponseFormat,
-};
+use kestrel_model::{ChatMessage, FinishReason, GenerateOptions, Generation, JsonSchemaFormat, Model, ModelError, Prompt, ResponseFormat};
 use serde_json::Value;
 
 /// Enough for every schema of the suite, whose strings, arrays and numbers are bounded.
@@ -131,19 +129,22 @@ fn constraints_work_with_max_tokens_stop_logprobs_and_batching() {
     let person = cases.iter().find(|c| c.id == "person").expect("person");
     let prompt = prompt_ids(&model, &person.ask);
 
-    let cut = generate(&mut model, &prompt, &GenerateOptions { max_tokens: 4, ..schema_options(person, GenerateOptions::greedy()) }).expect("cut");
+    let cut = generate(&mut model, &prompt, &GenerateOptions { max_tokens: 4, ..schema_options(person, GenerateOptions::greedy()) })
+        .expect("cut");
     assert_eq!((cut.finish_reason, cut.tokens.len()), (FinishReason::Length, 4), "{:?}", cut.text);
     let whole = generate(&mut model, &prompt, &schema_options(person, GenerateOptions::greedy())).expect("whole");
     assert_valid(person, &whole, "greedy");
     assert!(whole.text.starts_with(&cut.text), "{:?} is not the start of {:?}", cut.text, whole.text);
 
-    let stopped = generate(&mut model, &prompt, &GenerateOptions { stop: vec!["age".into()], ..schema_options(person, GenerateOptions::greedy()) })
-        .expect("stop");
+    let stopped =
+        generate(&mut model, &prompt, &GenerateOptions { stop: vec!["age".into()], ..schema_options(person, GenerateOptions::greedy()) })
+            .expect("stop");
     assert_eq!(stopped.finish_reason, FinishReason::Stop);
     assert!(whole.text.contains("age") && !stopped.text.contains("age") && whole.text.starts_with(&stopped.text), "{:?}", stopped.text);
 
-    let with_logprobs = generate(&mut model, &prompt, &GenerateOptions { logprobs: 3, ..schema_options(person, GenerateOptions::greedy()) })
-        .expect("logprobs");
+    let with_logprobs =
+        generate(&mut model, &prompt, &GenerateOptions { logprobs: 3, ..schema_options(person, GenerateOptions::greedy()) })
+            .expect("logprobs");
     assert_eq!(with_logprobs.tokens, whole.tokens);
     assert_eq!(with_logprobs.logprobs.len(), whole.tokens.len());
     for (step, &token) in with_logprobs.logprobs.iter().zip(&with_logprobs.tokens) {
@@ -178,14 +179,14 @@ fn bad_constraints_fail_before_any_token() {
         ..GenerateOptions::greedy()
     };
     // As deep as a request's JSON can be: serde_json refuses to parse past 128 levels.
-    let deep: Value = serde_json::from_str(&format!("{}{{\"type\":\"integer\"}}{}", "{\"type\":\"array\",\"items\":".repeat(126), "}".repeat(126)))
-        .expect("a schema 127 levels deep");
+    let deep: Value =
+        serde_json::from_str(&format!("{}{{\"type\":\"integer\"}}{}", "{\"type\":\"array\",\"items\":".repeat(126), "}".repeat(126)))
+            .expect("a schema 127 levels deep");
     let huge_enum: Vec<String> = (0..200_000).map(|i| format!("value number {i}")).collect();
     let cases: Vec<(&str, GenerateOptions)> = vec![
         ("response_format", schema(serde_json::json!({ "type": "objekt" }))),
         ("response_format", schema(serde_json::json!({ "type": "array", "uniqueItems": true }))),
         ("response_format", schema(serde_json::json!({ "$ref": "#/$defs/missing" }))),
-
         ("regex", GenerateOptions { regex: Some("[a-".into()), ..GenerateOptions::greedy() }),
         ("grammar", GenerateOptions { grammar: Some("start: missing_rule".into()), ..GenerateOptions::greedy() }),
         ("grammar", GenerateOptions { regex: Some("a".into()), grammar: Some("start: \"a\"".into()), ..GenerateOptions::greedy() }),
@@ -200,7 +201,8 @@ fn bad_constraints_fail_before_any_token() {
         eprintln!("{field}: {error}");
         assert!(matches!(error, ModelError::InvalidOption { name, .. } if name == field), "{field}: {error:?}");
         assert_eq!(tokens, 0, "{field}: tokens before the error");
-        let fine = generate(&mut model, &prompt, &GenerateOptions { max_tokens: 3, ..GenerateOptions::greedy() }).expect("the next request");
+        let fine =
+            generate(&mut model, &prompt, &GenerateOptions { max_tokens: 3, ..GenerateOptions::greedy() }).expect("the next request");
         assert_eq!(fine.tokens.len(), 3);
     }
     // Built to explode: each either runs (its output then valid) or is refused, within

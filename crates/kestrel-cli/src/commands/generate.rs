@@ -71,9 +71,12 @@ impl SamplingArgs {
         let read = |path: &PathBuf| std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()));
         let response_format = match (&self.json_schema, self.json_object) {
             (Some(path), _) => {
-                let schema: serde_json::Value = serde_json::from_str(&read(path)?).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
+                let schema: serde_json::Value =
+                    serde_json::from_str(&read(path)?).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
                 let name = path.file_stem().map_or("schema".into(), |s| s.to_string_lossy().into_owned());
-                Some(ResponseFormat::JsonSchema { json_schema: JsonSchemaFormat { name, description: None, schema: Some(schema), strict: Some(true) } })
+                Some(ResponseFormat::JsonSchema {
+                    json_schema: JsonSchemaFormat { name, description: None, schema: Some(schema), strict: Some(true) },
+                })
             }
             (None, true) => Some(ResponseFormat::JsonObject),
             (None, false) => None,

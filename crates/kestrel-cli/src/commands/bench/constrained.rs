@@ -64,11 +64,8 @@ pub fn run(args: &ConstrainedArgs) -> CliResult {
     let messages = [ChatMessage::new("system", "Answer in JSON."), ChatMessage::new("user", schema.ask.as_str())];
     let prompt = model.encode(&Prompt::Chat(&messages))?;
     let json_schema = JsonSchemaFormat { name: args.schema.clone(), description: None, schema: Some(schema.schema), strict: Some(true) };
-    let constrained = GenerateOptions {
-        max_tokens: 512,
-        response_format: Some(ResponseFormat::JsonSchema { json_schema }),
-        ..GenerateOptions::greedy()
-    };
+    let constrained =
+        GenerateOptions { max_tokens: 512, response_format: Some(ResponseFormat::JsonSchema { json_schema }), ..GenerateOptions::greedy() };
 
     // One untimed round each: the trie, the pool's threads and the caches' first pages.
     let first = generate(&mut model, &prompt, &constrained)?;
@@ -112,8 +109,14 @@ struct SuiteSchema {
 }
 
 fn read_schema(id: &str) -> BenchResult<SuiteSchema> {
-    let suite: Value = serde_json::from_slice(&std::fs::read(SCHEMAS).map_err(|e| format!("{SCHEMAS}: {e} (run from the repository root)"))?)?;
-    let case = suite["schemas"].as_array().into_iter().flatten().find(|c| c["id"] == id).ok_or_else(|| format!("no schema {id:?} in {SCHEMAS}"))?;
+    let suite: Value =
+        serde_json::from_slice(&std::fs::read(SCHEMAS).map_err(|e| format!("{SCHEMAS}: {e} (run from the repository root)"))?)?;
+    let case = suite["schemas"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["id"] == id)
+        .ok_or_else(|| format!("no schema {id:?} in {SCHEMAS}"))?;
     Ok(SuiteSchema { ask: case["ask"].as_str().unwrap_or_default().to_string(), schema: case["schema"].clone() })
 }
 
