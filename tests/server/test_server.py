@@ -134,6 +134,43 @@ class ServerTest(unittest.TestCase):
                 model="any", messages=messages, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}})
         self.assertEqual((caught.exception.code, caught.exception.param), ("invalid_option", "response_format"))
 
+    def test_tool_calls_round_trip_whole_and_streamed(self):
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "The current weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                           "required": ["city"], "additionalProperties": False}}}]
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        no_store = {"Cache-Control": "no-store"}
+        whole = self.client.chat.completions.create(
+            model="any", messages=messages, tools=tools, tool_choice="required", temperature=0, max_tokens=80, extra_headers=no_store)
+        choice = whole.choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls")
+        self.assertIsNone(choice.message.content)
+        call = choice.message.tool_calls[0]
+        self.assertEqual((call.type, call.function.name), ("function", "get_weather"))
+        self.assertIsInstance(json.loads(call.function.arguments)["city"], str)
+        # Streamed, sampled: the client joins the deltas into the same shape.
+        stream = self.client.chat.completions.create(
+            model="any", messages=messages, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            temperature=1, seed=3, max_tokens=80, stream=True, extra_headers=no_store)
+        chunks = [c for c in stream if c.choices]
+        self.assertEqual(chunks[-1].choices[0].finish_reason, "tool_calls")
+        streamed = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+        self.assertEqual([d.function.name for d in streamed], ["get_weather"])
+        json.loads(streamed[0].function.arguments)
+        self.assertEqual("".join(c.choices[0].delta.content or "" for c in chunks), "", "a call is not streamed as content")
+        # The round trip: the call, the tool's result, then an answer in text.
+        messages += [choice.message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": "{\"temperature\": 18}"}]
+        answer = self.client.chat.completions.create(
+            model="any", messages=messages, tools=tools, tool_choice="none", temperature=0, max_tokens=20, extra_headers=no_store)
+        self.assertIn(answer.choices[0].finish_reason, ("stop", "length"))
+        self.assertTrue(answer.choices[0].message.content)
+        self.assertIsNone(answer.choices[0].message.tool_calls)
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.chat.completions.create(model="any", messages=messages, tools=tools, tool_choice={"type": "function", "function": {"name": "nope"}})
+        self.assertEqual((caught.exception.code, caught.exception.param), ("invalid_option", "tool_choice"))
+
     def test_pages_of_the_allowed_origin_may_call_it_and_others_may_not(self):
         preflight = {"Origin": "http://page.example", "Access-Control-Request-Method": "POST",
                      "Access-Control-Request-Headers": "authorization, content-type"}

@@ -5,7 +5,7 @@
 //! [`Request`] (the same options, defaults and errors). Answers are built here too, as JSON
 //! values: streamed chunks, the whole completion, the usage with its details.
 
-use kestrel_model::{ChatMessage, FinishReason, Generation, TokenEvent};
+use kestrel_model::{ChatFunctionCall, ChatMessage, ChatToolCall, FinishReason, Generation, TokenEvent};
 use serde_json::{json, Map, Value};
 
 use crate::{EngineError, Request};
@@ -61,8 +61,9 @@ pub struct ApiRequest {
 /// Envelope fields that change nothing here: accepted and dropped.
 const IGNORED: [&str; 4] = ["model", "user", "metadata", "store"];
 
-/// Roles a chat template knows. OpenAI's `developer` is its newer name for `system`.
-const ROLES: [&str; 4] = ["system", "developer", "user", "assistant"];
+/// Roles a chat template knows. OpenAI's `developer` is its newer name for `system`; `tool`
+/// carries a tool's result.
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// Parses an endpoint's body given as JSON bytes (a bad body is `invalid_json`).
 pub fn parse_body(endpoint: Endpoint, body: &[u8]) -> Result<ApiRequest, EngineError> {
@@ -158,7 +159,9 @@ fn take_bool(fields: &mut Map<String, Value>, name: &'static str) -> Result<bool
 }
 
 /// OpenAI's messages as the chat template takes them: a known role and text content (a string,
-/// or a list of text parts, which are joined).
+/// or a list of text parts, which are joined); an assistant's `tool_calls` (its content may then
+/// be absent), with their arguments read from JSON text into the object templates expect; a
+/// `tool` message's `tool_call_id`.
 fn chat_messages(messages: Value) -> Result<Value, EngineError> {
     let bad = |message: String| EngineError::invalid("messages", message);
     let Value::Array(messages) = messages else { return Err(bad("messages must be a list".into())) };
@@ -172,6 +175,11 @@ fn chat_messages(messages: Value) -> Result<Value, EngineError> {
             return Err(bad(format!("messages[{i}].role {role:?} is not one of {}", ROLES.join(", "))));
         }
         let role = if role == "developer" { "system" } else { role };
+        let tool_calls = match message.get("tool_calls") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(calls) if role == "assistant" => tool_calls(calls).map_err(|e| bad(format!("messages[{i}].tool_calls: {e}")))?,
+            Some(_) => return Err(bad(format!("messages[{i}].tool_calls: only an assistant message makes tool calls"))),
+        };
         let content = match message.get("content") {
             Some(Value::String(text)) => text.clone(),
             Some(Value::Array(parts)) => {
@@ -184,11 +192,43 @@ fn chat_messages(messages: Value) -> Result<Value, EngineError> {
                 }
                 text
             }
+            None | Some(Value::Null) if !tool_calls.is_empty() => String::new(),
             _ => return Err(bad(format!("messages[{i}].content must be a string or a list of text parts"))),
         };
-        out.push(ChatMessage::new(role, content));
+        let mut chat = ChatMessage::new(role, content);
+        chat.tool_calls = tool_calls;
+        if role == "tool" {
+            let id = message.get("tool_call_id").and_then(Value::as_str);
+            chat.tool_call_id = Some(id.ok_or_else(|| bad(format!("messages[{i}].tool_call_id must be a string")))?.to_string());
+        }
+        out.push(chat);
     }
     serde_json::to_value(out).map_err(|e| bad(e.to_string()))
+}
+
+/// An assistant message's `tool_calls`: `[{id, type: "function", function: {name, arguments}}]`,
+/// the arguments JSON text (kept as text where it is not JSON).
+fn tool_calls(calls: &Value) -> Result<Vec<ChatToolCall>, String> {
+    let Value::Array(calls) = calls else { return Err("must be a list".into()) };
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, call)| {
+            let text = |key: &str| call.get(key).and_then(Value::as_str);
+            let function = call.get("function").ok_or_else(|| format!("[{i}].function is missing"))?;
+            let name = function.get("name").and_then(Value::as_str).ok_or_else(|| format!("[{i}].function.name must be a string"))?;
+            let arguments = match function.get("arguments") {
+                Some(Value::String(args)) => serde_json::from_str(args).unwrap_or_else(|_| Value::String(args.clone())),
+                None => json!({}),
+                Some(other) => other.clone(),
+            };
+            Ok(ChatToolCall {
+                id: text("id").unwrap_or_default().to_string(),
+                kind: text("type").unwrap_or("function").to_string(),
+                function: ChatFunctionCall { name: name.to_string(), arguments },
+            })
+        })
+        .collect()
 }
 
 /// What the responses of one request share.
@@ -229,6 +269,19 @@ impl ResponseMeta {
         self.envelope(self.endpoint.chunk_object(), json!([choice]))
     }
 
+    /// A chat stream's tool calls, each whole in one delta with its `index` (OpenAI's clients
+    /// join the deltas of one index; here there is one each).
+    fn tool_calls_chunk(&self, generation: &Generation) -> Value {
+        let calls: Vec<Value> = generation
+            .tool_calls
+            .iter()
+            .enumerate()
+            .map(|(index, call)| json!({ "index": index, "id": call.id, "type": call.kind, "function": call.function }))
+            .collect();
+        let choice = json!({ "index": 0, "delta": { "tool_calls": calls }, "logprobs": null, "finish_reason": null });
+        self.envelope(self.endpoint.chunk_object(), json!([choice]))
+    }
+
     /// The stream's last chunk with a choice: its finish reason, the usage and Kestrel's details.
     fn final_chunk(&self, generation: &Generation, cache_hit: Option<bool>) -> Value {
         let choice = match self.endpoint {
@@ -251,10 +304,19 @@ impl ResponseMeta {
     /// The whole answer of a request that did not stream.
     fn completion(&self, generation: &Generation, cache_hit: Option<bool>) -> Value {
         let mut body = match self.endpoint {
-            Endpoint::Chat => self.envelope(
-                "chat.completion",
-                json!([{ "index": 0, "message": { "role": "assistant", "content": generation.text }, "logprobs": null, "finish_reason": generation.finish_reason }]),
-            ),
+            Endpoint::Chat => {
+                let mut message = json!({ "role": "assistant", "content": generation.text });
+                if !generation.tool_calls.is_empty() {
+                    message["tool_calls"] = json!(generation.tool_calls);
+                    if generation.text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                }
+                self.envelope(
+                    "chat.completion",
+                    json!([{ "index": 0, "message": message, "logprobs": null, "finish_reason": generation.finish_reason }]),
+                )
+            }
             Endpoint::Completions => self.envelope(
                 "text_completion",
                 json!([{ "index": 0, "text": generation.text, "logprobs": null, "finish_reason": generation.finish_reason }]),
@@ -300,6 +362,9 @@ impl Answer {
             return vec![self.meta.completion(generation, cache_hit)];
         }
         let mut out = self.open();
+        if self.meta.endpoint == Endpoint::Chat && !generation.tool_calls.is_empty() {
+            out.push(self.meta.tool_calls_chunk(generation));
+        }
         out.push(self.meta.final_chunk(generation, cache_hit));
         if self.include_usage {
             out.push(self.meta.usage_chunk(generation, cache_hit));
@@ -392,6 +457,7 @@ mod tests {
             finish_reason: FinishReason::Length,
             timings,
             logprobs: Vec::new(),
+            tool_calls: Vec::new(),
         }
     }
 
@@ -459,6 +525,70 @@ mod tests {
         ] {
             assert_eq!(refused(body.clone()).code, "invalid_option", "{body}");
         }
+    }
+
+    /// OpenAI's tool fields reach the options; tool and assistant-call messages reach the
+    /// template in its form (arguments as an object); calls come back as `message.tool_calls`
+    /// (content null) and streamed as `delta.tool_calls`, with `finish_reason: "tool_calls"`.
+    #[test]
+    fn tool_calls_come_in_and_go_out_in_openais_shapes() {
+        use kestrel_model::{FunctionCall, FunctionKind, ToolCall, ToolChoice, ToolMode};
+        let body = json!({"messages": [
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Oslo\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "rain"}],
+            "tools": [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}],
+            "tool_choice": "required", "parallel_tool_calls": false});
+        let chat = parsed(Endpoint::Chat, body).expect("a tools body");
+        chat.request.validate_for_any_model().expect("valid");
+        let options = &chat.request.options;
+        assert_eq!(
+            (options.tools.len(), &options.tool_choice, options.parallel_tool_calls),
+            (1, &Some(ToolChoice::Mode(ToolMode::Required)), Some(false))
+        );
+        let messages = chat.request.messages.as_ref().expect("messages");
+        assert_eq!(messages[1].tool_calls[0].function.arguments, json!({"city": "Oslo"}));
+        assert_eq!((messages[2].role.as_str(), messages[2].tool_call_id.as_deref()), ("tool", Some("c1")));
+        let refused = |body: Value| parsed(Endpoint::Chat, body).and_then(|api| api.request.validate_for_any_model()).expect_err("refused");
+        for (body, param) in [
+            (json!({"messages": [{"role": "tool", "content": "x"}]}), "messages"),
+            (json!({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}), "messages"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes", "tools": []}), "request"),
+            (json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}), "tool_choice"),
+        ] {
+            assert_eq!(refused(body.clone()).param.as_deref(), Some(param), "{body}");
+        }
+        assert_eq!(
+            parsed(Endpoint::Completions, json!({"prompt": "p", "tools": [{"type": "function", "function": {"name": "w"}}]}))
+                .and_then(|api| api.request.validate_for_any_model())
+                .expect_err("tools need messages")
+                .param
+                .as_deref(),
+            Some("tools")
+        );
+
+        let mut g = generation();
+        g.text = String::new();
+        g.finish_reason = FinishReason::ToolCalls;
+        g.tool_calls = vec![ToolCall {
+            id: "call_1".into(),
+            kind: FunctionKind::Function,
+            function: FunctionCall { name: "w".into(), arguments: "{}".into() },
+        }];
+        let whole = Answer::new(ResponseMeta::new(Endpoint::Chat, 1, 0, "m"), false, false).on_done(&g, None);
+        let choice = &whole[0]["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(
+            choice["message"],
+            json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]})
+        );
+        let streamed = Answer::new(ResponseMeta::new(Endpoint::Chat, 1, 0, "m"), true, false).on_done(&g, None);
+        assert_eq!(streamed.len(), 3, "the role, the calls, the end");
+        assert_eq!(
+            streamed[1]["choices"][0]["delta"]["tool_calls"],
+            json!([{"index": 0, "id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{}"}}])
+        );
+        assert_eq!(streamed[2]["choices"][0]["finish_reason"], "tool_calls");
     }
 
     #[test]

@@ -64,7 +64,12 @@ impl Request {
     /// ids are checked against the vocabulary when a model takes the request). A remote engine's
     /// requests are checked here before they are sent.
     pub fn validate_for_any_model(&self) -> Result<(), EngineError> {
-        self.prompt()?;
+        if matches!(self.prompt()?, Prompt::Text(_)) && !self.options.tools.is_empty() {
+            return Err(EngineError::invalid(
+                "tools",
+                "invalid option tools: tools need chat messages (the template shows them to the model)",
+            ));
+        }
         self.options.validate_for_any_model().map_err(EngineError::from)
     }
 }

@@ -296,5 +296,6 @@ fn aborted_before_start(prompt: Vec<u32>) -> Generation {
         finish_reason: FinishReason::Abort,
         timings,
         logprobs: Vec::new(),
+        tool_calls: Vec::new(),
     }
 }

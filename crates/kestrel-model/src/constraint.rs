@@ -56,6 +56,8 @@ pub enum OutputConstraint<'a> {
     Regex(&'a str),
     /// A grammar in llguidance's Lark syntax.
     Grammar(&'a str),
+    /// The Lark grammar of a request's tool calls (tools.rs).
+    ToolCalls(&'a str),
 }
 
 impl OutputConstraint<'_> {
@@ -65,6 +67,7 @@ impl OutputConstraint<'_> {
             Self::JsonObject | Self::JsonSchema(_) => "response_format",
             Self::Regex(_) => "regex",
             Self::Grammar(_) => "grammar",
+            Self::ToolCalls(_) => "tools",
         }
     }
 
@@ -84,13 +87,13 @@ impl OutputConstraint<'_> {
                 TopLevelGrammar::from_json_schema(schema)
             }
             Self::Regex(regex) => TopLevelGrammar::from_regex(regex),
-            Self::Grammar(lark) => TopLevelGrammar::from_lark(lark.to_string()),
+            Self::Grammar(lark) | Self::ToolCalls(lark) => TopLevelGrammar::from_lark(lark.to_string()),
         }
     }
 }
 
 /// The whitespace allowed between two JSON tokens, at most once.
-const JSON_WHITESPACE: &str = r"(?:\x20|\n{1,2}[\x20\x09]{0,20})";
+pub(crate) const JSON_WHITESPACE: &str = r"(?:\x20|\n{1,2}[\x20\x09]{0,20})";
 
 /// Per model: its vocabulary as llguidance's token trie, and the grammar compiler over it.
 pub struct TokenGrammar {

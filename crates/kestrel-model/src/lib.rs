@@ -23,13 +23,14 @@ mod sequences;
 pub mod stop;
 pub mod synthetic;
 pub mod tensors;
+mod tools;
 
 pub use config::{Arch, GateActivation, ModelConfig};
 pub use constraint::{JsonSchemaFormat, OutputConstraint, ResponseFormat, TokenGrammar, TokenMatcher};
 pub use cpu_backend::CpuModel;
 pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};
-pub use kestrel_tokenizer::ChatMessage;
+pub use kestrel_tokenizer::{ChatFunctionCall, ChatMessage, ChatToolCall};
 pub use load::{LoadOptions, LoadProgress, ModelLoader};
 pub use model::{
     reusable_prefix, BackendKind, FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD,
@@ -37,6 +38,7 @@ pub use model::{
 pub use options::GenerateOptions;
 pub use pacing::{submit_budget_from_ms, MAX_SUBMIT_BUDGET};
 pub use sequences::{BatchStep, SequenceEvent, SequenceId, MAX_SLOTS};
+pub use tools::{FunctionCall, FunctionKind, FunctionTool, NamedTool, Tool, ToolCall, ToolChoice, ToolMode, ToolName, ToolSyntax};
 
 /// Native convenience: loads a GGUF file from disk onto the GPU, streaming it in chunks.
 #[cfg(not(target_arch = "wasm32"))]

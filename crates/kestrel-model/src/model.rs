@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use web_time::Instant;
 
 use crate::config::ModelConfig;
-use crate::constraint::{TokenGrammar, TokenMatcher};
+use crate::constraint::{OutputConstraint, TokenGrammar, TokenMatcher};
 use crate::cpu_backend::CpuBackend;
 use crate::error::bad_model;
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
@@ -21,6 +21,7 @@ use crate::output::{Accepted, TokenOutput};
 use crate::pacing::{check_budget, SubmitPacer, SubmitReport};
 use crate::penalties::PenaltyPolicy;
 use crate::prefix_snapshot::{self, KvLayout};
+use crate::tools::{ToolCall, ToolSyntax};
 use crate::ModelError;
 
 /// What to generate from.
@@ -39,6 +40,9 @@ pub enum FinishReason {
     Stop,
     Length,
     Abort,
+    /// The model stopped after calling tools (`Generation::tool_calls`).
+    #[serde(rename = "tool_calls")]
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -47,6 +51,7 @@ impl FinishReason {
             Self::Stop => "stop",
             Self::Length => "length",
             Self::Abort => "abort",
+            Self::ToolCalls => "tool_calls",
         }
     }
 }
@@ -111,12 +116,17 @@ pub struct Generation {
     pub finish_reason: FinishReason,
     pub timings: Timings,
     pub logprobs: Vec<StepLogprobs>,
+    /// The calls of a request with `tools`; `text` is then the content around them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 pub struct Model {
     pub(crate) backend: Backend,
     pub(crate) tokenizer: Tokenizer,
     template: ChatTemplate,
+    /// How the template has the model write tool calls.
+    tool_syntax: ToolSyntax,
     /// Per KV slot, the tokens whose keys and values its cache holds, in order from position 0.
     /// Single-sequence generation uses slot 0; batched sequences (`sequences.rs`) any.
     pub(crate) cached: Vec<Vec<u32>>,
@@ -257,10 +267,12 @@ impl Model {
         };
         // A template that does not even compile is a broken file, found before any request.
         let template = ChatTemplate::for_tokenizer(&tokenizer).map_err(|e| bad_model(e.to_string()))?;
+        let tool_syntax = ToolSyntax::of_template(tokenizer.chat_template());
         Ok(Self {
             backend,
             tokenizer,
             template,
+            tool_syntax,
             // The GPU backend's slots are allocated at load; the CPU backend's grow with `set_slots`.
             cached: vec![Vec::new(); slots],
             sequences: Vec::new(),
@@ -381,14 +393,27 @@ impl Model {
     }
 
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
-        Ok(self.template.render(messages, true)?)
+        self.render_chat_for(messages, &GenerateOptions::default())
+    }
+
+    /// The conversation as the template renders it for a request with `options`: with its tools
+    /// (tools.rs), unless it has none or `tool_choice` is `none`.
+    fn render_chat_for(&self, messages: &[ChatMessage], options: &GenerateOptions) -> Result<String, ModelError> {
+        let Some(tools) = options.tool_use() else { return Ok(self.template.render(messages, true)?) };
+        let messages = tools.messages(self.tool_syntax, messages);
+        Ok(self.template.render_with_tools(&messages, Some(&tools.template_value()), true)?)
+    }
+
+    /// How this model's template has it write tool calls.
+    pub fn tool_syntax(&self) -> ToolSyntax {
+        self.tool_syntax
     }
 
     /// A request's prompt token ids, checked as generation checks them: every option and limit
     /// before the prompt is rendered and encoded, then the prompt against the context.
     pub fn prepare(&self, prompt: &Prompt<'_>, options: &GenerateOptions) -> Result<Vec<u32>, ModelError> {
         options.validate(self.config().vocab)?;
-        let tokens = self.encode(prompt)?;
+        let tokens = self.encode_for(prompt, options)?;
         self.check_prompt(&tokens)?;
         Ok(tokens)
     }
@@ -396,9 +421,13 @@ impl Model {
     /// Token ids of a prompt. BOS is added when the model asks for it and the text does not
     /// already start with it (chat templates often write it themselves).
     pub fn encode(&self, prompt: &Prompt<'_>) -> Result<Vec<u32>, ModelError> {
+        self.encode_for(prompt, &GenerateOptions::default())
+    }
+
+    fn encode_for(&self, prompt: &Prompt<'_>, options: &GenerateOptions) -> Result<Vec<u32>, ModelError> {
         let text = match prompt {
             Prompt::Text(t) => t.to_string(),
-            Prompt::Chat(messages) => self.render_chat(messages)?,
+            Prompt::Chat(messages) => self.render_chat_for(messages, options)?,
         };
         let bos = self.tokenizer.bos_text();
         let add_special = !(self.tokenizer.add_bos() && !bos.is_empty() && text.starts_with(&bos));
@@ -468,7 +497,12 @@ impl Model {
     /// so that a bad schema, regex or grammar fails the request as `invalid_option`. (Generation
     /// makes its own; this one is for tools that replay a constraint, such as the bench.)
     pub fn constraint_matcher(&mut self, options: &GenerateOptions) -> Result<Option<TokenMatcher>, ModelError> {
-        let Some(constraint) = options.constraint()? else { return Ok(None) };
+        let tool_grammar = options.tool_use().map(|tools| tools.grammar(self.tool_syntax));
+        let constraint = match (&tool_grammar, options.constraint()?) {
+            (Some(lark), _) => OutputConstraint::ToolCalls(lark),
+            (None, Some(constraint)) => constraint,
+            (None, None) => return Ok(None),
+        };
         let grammar = match &mut self.grammar {
             Some(grammar) => grammar,
             empty => empty.insert(TokenGrammar::new(&self.tokenizer, self.backend.config().vocab)?),
@@ -604,7 +638,7 @@ impl Model {
         let mut step = 0;
         let mut host_wait = std::time::Duration::ZERO;
 
-        let mut output = TokenOutput::new(options);
+        let mut output = TokenOutput::new(options, self.tool_syntax, prompt);
         let finish_reason = loop {
             // The constraint's end token ends the output unseen, as a model's end token does.
             let complete = match &mut matcher {
@@ -678,8 +712,9 @@ impl Model {
         self.backend.check_faults()?;
         let decode_tokens = output.generated.len().saturating_sub(1);
         let timings = Timings::measured(prompt.len(), reused, ttft, decode_tokens, decode_start.elapsed(), host_wait).with_pieces(pieces);
-        let TokenOutput { generated, text, logprobs, .. } = output;
-        Ok(Generation { prompt_tokens: prompt.to_vec(), tokens: generated, text, finish_reason, timings, logprobs })
+        let finish_reason = output.finish_reason(finish_reason);
+        let TokenOutput { generated, text, logprobs, tool_calls, .. } = output;
+        Ok(Generation { prompt_tokens: prompt.to_vec(), tokens: generated, text, finish_reason, timings, logprobs, tool_calls })
     }
 }
 
@@ -744,6 +779,7 @@ mod tests {
             finish_reason: FinishReason::Length,
             timings: Timings { prompt_tokens: 2, decode_tokens: 1, ..Timings::default() },
             logprobs: vec![StepLogprobs { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, f32::NEG_INFINITY)] }],
+            tool_calls: Vec::new(),
         };
         let json = serde_json::to_value(&g).unwrap();
         assert_eq!(json["prompt_token_ids"], serde_json::json!([1, 2]));
@@ -768,7 +804,12 @@ mod tests {
             assert!(timings.contains_key(key), "timings.{key}");
         }
         assert_eq!(timings.len(), 12);
-        for (reason, name) in [(FinishReason::Stop, "stop"), (FinishReason::Length, "length"), (FinishReason::Abort, "abort")] {
+        for (reason, name) in [
+            (FinishReason::Stop, "stop"),
+            (FinishReason::Length, "length"),
+            (FinishReason::Abort, "abort"),
+            (FinishReason::ToolCalls, "tool_calls"),
+        ] {
             assert_eq!(serde_json::to_value(reason).unwrap(), name);
             assert_eq!(reason.as_str(), name);
         }

@@ -12,6 +12,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::constraint::{OutputConstraint, ResponseFormat};
+use crate::tools::{Tool, ToolChoice};
 use crate::ModelError;
 
 /// Longest recent-token window the penalties look at (`penalty_last_n`).
@@ -71,6 +72,13 @@ pub struct GenerateOptions {
     pub regex: Option<String>,
     /// A grammar in llguidance's Lark syntax that the output follows.
     pub grammar: Option<String>,
+    /// OpenAI's `tools`: functions the model may call (tools.rs).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Tool>,
+    /// `none`, `auto` (the default with tools), `required`, or one named function.
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether one answer may make several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 impl Default for GenerateOptions {
@@ -95,6 +103,9 @@ impl Default for GenerateOptions {
             response_format: None,
             regex: None,
             grammar: None,
+            tools: Vec::new(),
+            tool_choice: None,
+            parallel_tool_calls: None,
         }
     }
 }
@@ -205,7 +216,7 @@ impl GenerateOptions {
             }
             _ => {}
         }
-        Ok(())
+        self.validate_tools()
     }
 }
 

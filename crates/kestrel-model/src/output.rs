@@ -1,24 +1,40 @@
 //! What a generation's sampled tokens become: the end-of-generation check, streamed text (a
 //! split character or a stop string's prefix held back, a stop string cut), the lists of tokens
-//! and log-probabilities, and the timings. `Model::generate` and batched sequences
+//! and log-probabilities, the tool calls cut out of the text (a call is never streamed as
+//! content), and the timings. `Model::generate` and batched sequences
 //! (`sequences.rs`) both feed their tokens through it.
 
 use std::time::Duration;
 
 use kestrel_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::model::{StepLogprobs, Timings, TokenEvent};
+use crate::model::{FinishReason, StepLogprobs, Timings, TokenEvent};
 use crate::pacing::SubmitReport;
 use crate::stop::StopMatcher;
+use crate::tools::{split_calls, CallSplitter, Tool, ToolCall, ToolSyntax};
 use crate::{GenerateOptions, ModelError};
 
 pub(crate) struct TokenOutput {
     stops: StopMatcher,
     decoder: StreamDecoder,
     pub generated: Vec<u32>,
+    /// The output's text: all of it until `flush`, then the content without its tool calls.
     pub text: String,
     pub logprobs: Vec<StepLogprobs>,
     stopped_by_string: bool,
+    /// Bytes of `text` streamed so far (a prefix of it: a call's text is held back).
+    shown: usize,
+    calls: Option<CallOutput>,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// A request with tools: the stream's splitter and what the calls are checked against.
+struct CallOutput {
+    splitter: CallSplitter,
+    syntax: ToolSyntax,
+    tools: Vec<Tool>,
+    /// Makes the calls' ids (from the prompt, so that the calls of two turns differ).
+    seed: u64,
 }
 
 /// What a sampled token did.
@@ -31,7 +47,15 @@ pub(crate) enum Accepted {
 }
 
 impl TokenOutput {
-    pub fn new(options: &GenerateOptions) -> Self {
+    /// The output of a request with `options`, for a model whose template writes calls in
+    /// `syntax`, of the prompt `prompt`.
+    pub fn new(options: &GenerateOptions, syntax: ToolSyntax, prompt: &[u32]) -> Self {
+        let calls = options.tool_use().map(|_| CallOutput {
+            splitter: CallSplitter::new(syntax),
+            syntax,
+            tools: options.tools.clone(),
+            seed: crate::tools::call_seed(prompt),
+        });
         Self {
             stops: StopMatcher::new(&options.stop),
             decoder: StreamDecoder::new(),
@@ -39,7 +63,20 @@ impl TokenOutput {
             text: String::new(),
             logprobs: Vec::new(),
             stopped_by_string: false,
+            shown: 0,
+            calls,
+            tool_calls: Vec::new(),
         }
+    }
+
+    /// The part of the next `text` that is content, to stream now.
+    fn content(&mut self, text: &str) -> String {
+        let shown = match &mut self.calls {
+            Some(calls) => calls.splitter.push(text),
+            None => text.to_string(),
+        };
+        self.shown += shown.len();
+        shown
     }
 
     pub fn accept(
@@ -56,24 +93,52 @@ impl TokenOutput {
         let piece = self.decoder.push(tokenizer, token)?;
         let out = self.stops.push(&piece);
         self.text.push_str(&out.text);
-        let event = TokenEvent { id: Some(token), text: out.text, logprobs: logprobs.clone() };
+        let event = TokenEvent { id: Some(token), text: self.content(&out.text), logprobs: logprobs.clone() };
         self.logprobs.extend(logprobs);
         self.stopped_by_string = out.stopped;
         Ok(Accepted::Token { event, stopped: out.stopped })
     }
 
-    /// At the end: the text still held back (none after a stop string), added to the text.
+    /// At the end: the content still held back (none after a stop string), and the tool calls
+    /// cut out of the text. A call that does not parse is streamed now as content.
     pub fn flush(&mut self) -> Option<TokenEvent> {
-        if self.stopped_by_string {
-            return None;
-        }
-        let out = self.stops.push(&self.decoder.finish());
-        let rest = if out.stopped { out.text } else { out.text + &self.stops.finish() };
-        if rest.is_empty() {
-            return None;
-        }
+        let rest = if self.stopped_by_string {
+            String::new()
+        } else {
+            let out = self.stops.push(&self.decoder.finish());
+            if out.stopped {
+                out.text
+            } else {
+                out.text + &self.stops.finish()
+            }
+        };
         self.text.push_str(&rest);
-        Some(TokenEvent { id: None, text: rest, logprobs: None })
+        let mut shown = self.content(&rest);
+        if let Some(calls) = &mut self.calls {
+            let held = calls.splitter.finish();
+            self.shown += held.len();
+            shown.push_str(&held);
+            if calls.splitter.in_call() {
+                let (content, found) = split_calls(calls.syntax, &calls.tools, &self.text, calls.seed);
+                if found.is_empty() {
+                    shown.push_str(self.text.get(self.shown..).unwrap_or_default());
+                    self.shown = self.text.len();
+                } else {
+                    self.text = content;
+                    self.tool_calls = found;
+                }
+            }
+        }
+        (!shown.is_empty()).then_some(TokenEvent { id: None, text: shown, logprobs: None })
+    }
+
+    /// How the generation ended: `tool_calls` where it stopped after making calls.
+    pub fn finish_reason(&self, reason: FinishReason) -> FinishReason {
+        if reason == FinishReason::Stop && !self.tool_calls.is_empty() {
+            FinishReason::ToolCalls
+        } else {
+            reason
+        }
     }
 }
 

@@ -212,7 +212,7 @@ impl Model {
             next: None,
             draws: 0,
             history: prompt.to_vec(),
-            output: TokenOutput::new(options),
+            output: TokenOutput::new(options, self.tool_syntax(), prompt),
             matcher,
             start: Instant::now(),
             first_token: None,
@@ -379,7 +379,8 @@ impl Model {
         let first = seq.first_token.unwrap_or(now);
         let decode_tokens = seq.output.generated.len().saturating_sub(1);
         let timings = Timings::measured(seq.prompt.len(), seq.reused, first - seq.start, decode_tokens, now - first, Duration::ZERO);
-        let TokenOutput { generated, text, logprobs, .. } = seq.output;
-        (flush, Generation { prompt_tokens: seq.prompt, tokens: generated, text, finish_reason: reason, timings, logprobs })
+        let finish_reason = seq.output.finish_reason(reason);
+        let TokenOutput { generated, text, logprobs, tool_calls, .. } = seq.output;
+        (flush, Generation { prompt_tokens: seq.prompt, tokens: generated, text, finish_reason, timings, logprobs, tool_calls })
     }
 }

@@ -141,29 +141,13 @@ fn gate_and_up_of_different_types_are_refused_before_upload() {
     assert!(err.to_string().contains("blk.5.ffn_gate/ffn_up"), "{err}");
 }
 
-/// The small synthetic Qwen3 model with its chat template replaced by `template`.
-fn synthetic_with_template(template: &str) -> Vec<u8> {
-    let (header, tensors) = kestrel_gguf::read_file(&common::synthetic::QWEN3_F32.write()).expect("read the synthetic model");
-    let mut metadata = header.metadata.clone();
-    metadata.set("tokenizer.chat_template", MetadataValue::String(template.into()));
-    let specs: Vec<TensorSpec> =
-        header.tensors.iter().map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type }).collect();
-    let mut bytes = Vec::new();
-    let mut writer = GgufWriter::new(&mut bytes, &metadata, &specs).expect("write the header");
-    for data in &tensors {
-        writer.write_tensor(data).expect("write a tensor");
-    }
-    writer.finish().expect("finish the file");
-    bytes
-}
-
 /// A chat template is code from whoever made the file: one that runs away fails the request with
 /// the `template` code and leaves the model working; one that does not compile is a bad model.
 #[test]
 fn hostile_chat_template_fails_the_request_not_the_model() {
     use kestrel_model::{ChatMessage, GenerateOptions, Prompt};
     let runaway = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
-    let bytes = synthetic_with_template(runaway);
+    let bytes = common::synthetic::with_template_bytes(&common::synthetic::QWEN3_F32, runaway);
     // The browser suite serves the same file (./build.sh copies it from here).
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("synthetic-qwen3-runaway-template.gguf");
     std::fs::write(&path, &bytes).expect("write the runaway-template model for the browser suite");
@@ -177,7 +161,9 @@ fn hostile_chat_template_fails_the_request_not_the_model() {
     let out = pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).expect("generate after the failed render");
     assert_eq!(out.tokens.len(), 3);
 
-    let err = load_bytes(&synthetic_with_template("{% for %}"), 1 << 20).err().expect("a template that does not compile");
+    let err = load_bytes(&common::synthetic::with_template_bytes(&common::synthetic::QWEN3_F32, "{% for %}"), 1 << 20)
+        .err()
+        .expect("a template that does not compile");
     assert_eq!(err.code(), "bad_model", "{err}");
     assert!(err.to_string().contains("chat template"), "{err}");
 }

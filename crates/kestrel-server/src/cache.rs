@@ -83,6 +83,7 @@ mod tests {
             finish_reason: FinishReason::Stop,
             timings: Timings::default(),
             logprobs: Vec::new(),
+            tool_calls: Vec::new(),
         })
     }
 

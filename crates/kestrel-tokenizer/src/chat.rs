@@ -27,16 +27,40 @@ const RENDER_RECURSION_LIMIT: usize = 64;
 /// plus a little markup per message, so only a runaway template comes near this.
 const RENDER_OUTPUT_SLACK: usize = 4 << 20;
 
-/// One chat message, as in OpenAI's API (`{"role": "user", "content": "..."}`).
+/// One chat message, as in OpenAI's API (`{"role": "user", "content": "..."}`), in the form chat
+/// templates read: an assistant's `tool_calls` carry their arguments as a JSON value (Hugging
+/// Face's convention; OpenAI's wire sends a string), a `tool` message the `tool_call_id` it
+/// answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ChatToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// A call an assistant message made, as templates read it: `{id, type: "function", function:
+/// {name, arguments}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: ChatFunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatFunctionCall {
+    pub name: String,
+    /// The arguments object (a string only where the caller's text was not JSON).
+    pub arguments: serde_json::Value,
 }
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), tool_calls: Vec::new(), tool_call_id: None }
     }
 }
 
@@ -84,6 +108,7 @@ impl ChatTemplate {
         // bounded in `render`.
         env.set_fuel(Some(RENDER_FUEL));
         env.set_recursion_limit(RENDER_RECURSION_LIMIT);
+        env.add_filter("tojson", python_tojson);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
@@ -112,8 +137,23 @@ impl ChatTemplate {
     /// Renders the conversation. With `add_generation_prompt` the text ends with the
     /// opening of an assistant turn, ready for generation.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with the template variable `tools` set: the functions the model
+    /// may call, in OpenAI's shape (`[{"type": "function", "function": {name, description,
+    /// parameters}}]`), as Hugging Face's `apply_chat_template(tools=...)` passes them.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tmpl = self.env.get_template("chat").map_err(template_err)?;
-        let input: usize = messages.iter().map(|m| m.role.len() + m.content.len()).sum();
+        let calls: usize =
+            messages.iter().flat_map(|m| &m.tool_calls).map(|c| c.function.name.len() + c.function.arguments.to_string().len()).sum();
+        let tools_len = tools.map_or(0, |t| t.to_string().len());
+        let input: usize = messages.iter().map(|m| m.role.len() + m.content.len()).sum::<usize>() + calls + tools_len;
         let mut out = BoundedOutput { text: Vec::new(), limit: input.saturating_mul(4).saturating_add(RENDER_OUTPUT_SLACK) };
         let ctx = context! {
             messages => Value::from_serialize(messages),
@@ -121,9 +161,66 @@ impl ChatTemplate {
             bos_token => self.bos_token.as_str(),
             eos_token => self.eos_token.as_str(),
         };
+        // Without tools the variable stays undefined, as templates test it (`tools is defined`).
+        let ctx = match tools {
+            Some(tools) => context! { tools => Value::from_serialize(tools), ..ctx },
+            None => ctx,
+        };
         tmpl.render_captured_to(ctx, &mut out).map_err(template_err)?;
         // minijinja writes whole UTF-8 strings, so the bytes are text; checked, not assumed.
         String::from_utf8(out.text).map_err(|e| TokenizerError::Template(format!("rendered text is not UTF-8: {e}")))
+    }
+}
+
+/// `tojson` as Hugging Face's templates have it (Python's `json.dumps`): keys in their order,
+/// `", "` and `": "` between items (or `indent` spaces per level), no HTML escaping. Models were
+/// trained on tools listed this way; minijinja's own filter sorts keys and writes compact,
+/// HTML-escaped JSON.
+fn python_tojson(value: Value, kwargs: minijinja::value::Kwargs) -> std::result::Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value).map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))?;
+    Ok(Value::from_safe_string(python_json(&json, indent)))
+}
+
+/// JSON text as Python's `json.dumps(value, ensure_ascii=False, indent=indent)` writes it: what
+/// chat templates show a model (see `python_tojson`).
+pub fn python_json(json: &serde_json::Value, indent: Option<usize>) -> String {
+    let mut out = Vec::new();
+    // Writing a serde_json value to memory cannot fail.
+    let _ = match indent {
+        Some(n) => {
+            let spaces = vec![b' '; n];
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&spaces));
+            serde::Serialize::serialize(json, &mut ser)
+        }
+        None => serde::Serialize::serialize(json, &mut serde_json::Serializer::with_formatter(&mut out, PythonFormatter)),
+    };
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// serde_json's compact output with Python's default separators.
+struct PythonFormatter;
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        writer.write_all(b": ")
     }
 }
 

@@ -21,7 +21,7 @@ mod stream;
 mod tokenizer;
 mod vocab;
 
-pub use chat::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
+pub use chat::{python_json, ChatFunctionCall, ChatMessage, ChatTemplate, ChatToolCall, CHATML_TEMPLATE};
 pub use error::{Result, TokenizerError};
 pub use pre::{pre_tokenizer_regexes, PreTokenizerKind};
 pub use stream::StreamDecoder;

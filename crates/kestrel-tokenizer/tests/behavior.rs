@@ -338,3 +338,17 @@ fn tokenizer_json_round_trip() {
     assert_eq!(j.eog_ids(), t.eog_ids());
     assert!(matches!(Tokenizer::from_json(b"{not json"), Err(TokenizerError::Json(_))));
 }
+
+/// `tojson` writes what Python's `json.dumps` writes (Hugging Face's templates): keys in their
+/// order, `", "` and `": "`, `indent` as given, no HTML escaping; `tools` reaches the template.
+#[test]
+fn tojson_writes_as_python_and_tools_reach_the_template() {
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "f", "description": "a < b & c", "parameters": {"z": 1, "a": [1, 2]}}}]);
+    let tpl = ChatTemplate::new("{% for t in tools %}{{ t | tojson }}|{{ t.function.parameters | tojson(indent=2) }}{% endfor %}", "", "")
+        .unwrap();
+    let text = tpl.render_with_tools(&[], Some(&tools), false).unwrap();
+    assert_eq!(
+        text,
+        "{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"a < b & c\", \"parameters\": {\"z\": 1, \"a\": [1, 2]}}}|{\n  \"z\": 1,\n  \"a\": [\n    1,\n    2\n  ]\n}"
+    );
+}

@@ -481,3 +481,28 @@ impl SyntheticModel {
 fn sha256_hex(bytes: &[u8]) -> String {
     Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// `model`'s file with its chat template replaced by `template`, as bytes.
+pub fn with_template_bytes(model: &SyntheticModel, template: &str) -> Vec<u8> {
+    let (header, tensors) = kestrel_gguf::read_file(&model.write()).expect("read the synthetic model");
+    let mut metadata = header.metadata.clone();
+    metadata.set("tokenizer.chat_template", MetadataValue::String(template.into()));
+    let specs: Vec<TensorSpec> =
+        header.tensors.iter().map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type }).collect();
+    let mut bytes = Vec::new();
+    let mut writer = GgufWriter::new(&mut bytes, &metadata, &specs).expect("write the header");
+    for data in &tensors {
+        writer.write_tensor(data).expect("write a tensor");
+    }
+    writer.finish().expect("finish the file");
+    bytes
+}
+
+/// The same, written to the test target directory as `file_name` (once per binary).
+pub fn with_template(model: &SyntheticModel, template: &str, file_name: &str) -> PathBuf {
+    super::write_once(file_name, || {
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(file_name);
+        std::fs::write(&path, with_template_bytes(model, template)).expect("write the model");
+        path
+    })
+}
