@@ -103,9 +103,36 @@ export interface EngineInfo {
 }
 
 export interface ChatMessage {
-  role: 'system' | 'user' | 'assistant' | (string & {});
-  content: string;
+  role: 'system' | 'developer' | 'user' | 'assistant' | 'tool' | (string & {});
+  /** May be null or absent on an assistant message that made tool calls. */
+  content: string | null;
+  /** An assistant message's calls (as a completion returned them). */
+  tool_calls?: ToolCall[];
+  /** A `tool` message: the call it answers. */
+  tool_call_id?: string;
 }
+
+/** A function the model may call (OpenAI's `tools` entry). */
+export interface Tool {
+  type: 'function';
+  function: {
+    /** 1 to 64 letters, digits, `_` or `-`; unique in the request. */
+    name: string;
+    description?: string;
+    /** A JSON Schema of the arguments object; the arguments always validate against it. */
+    parameters?: Record<string, unknown>;
+    strict?: boolean;
+  };
+}
+
+/** A call the model made; `arguments` is JSON text. */
+export interface ToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
+}
+
+export type ToolChoice = 'none' | 'auto' | 'required' | { type: 'function'; function: { name: string } };
 
 /**
  * Generation options (kestrel_model::GenerateOptions, under the same names); absent ones take
@@ -168,7 +195,7 @@ export type ResponseFormat =
   | { type: 'json_object' }
   | { type: 'json_schema'; json_schema: { name: string; description?: string; schema?: Record<string, unknown> | boolean; strict?: boolean } };
 
-export type FinishReason = 'stop' | 'length' | 'abort';
+export type FinishReason = 'stop' | 'length' | 'abort' | 'tool_calls';
 
 export interface Usage {
   prompt_tokens: number;
@@ -227,7 +254,7 @@ export interface ChatCompletionChunk {
   system_fingerprint: null;
   choices: {
     index: 0;
-    delta: { role?: 'assistant'; content?: string };
+    delta: { role?: 'assistant'; content?: string; tool_calls?: (ToolCall & { index: number })[] };
     finish_reason: FinishReason | null;
     /** The token this chunk's text came from (null for a final flush of held-back text). */
     token_id?: number | null;
@@ -244,7 +271,13 @@ export interface ChatCompletion {
   created: number;
   model: string;
   system_fingerprint: null;
-  choices: { index: 0; message: { role: 'assistant'; content: string }; finish_reason: FinishReason; logprobs: null }[];
+  choices: {
+    index: 0;
+    /** With tool calls, `content` is the text around them (null when there is none). */
+    message: { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] };
+    finish_reason: FinishReason;
+    logprobs: null;
+  }[];
   usage: Usage;
   kestrel: KestrelDetails;
 }
@@ -263,6 +296,18 @@ export interface Completion {
 export interface ChatCompletionRequest extends SamplingOptions {
   messages: ChatMessage[];
   stream?: boolean;
+  /**
+   * Functions the model may call. The model's chat template shows them to it (Qwen/Hermes
+   * `<tool_call>` blocks, Llama 3.1's JSON; a template that knows no tools gets them in a system
+   * message); a call names one of them and its arguments validate against its `parameters`. The
+   * calls come back as `message.tool_calls` / `delta.tool_calls` with finish_reason
+   * "tool_calls". Not with `response_format`, `regex` or `grammar`.
+   */
+  tools?: Tool[];
+  /** `auto` (the default with tools), `none` (the tools are not shown), `required`, or one function. */
+  tool_choice?: ToolChoice;
+  /** Whether one answer may make several calls (default true). */
+  parallel_tool_calls?: boolean;
 }
 
 export interface CompletionRequest extends SamplingOptions {

@@ -5,7 +5,7 @@
 // engine.
 
 /**
- * @import { FinishReason, KestrelDetails, KestrelErrorCode, RemoteOptions, Timings } from './index.d.ts'
+ * @import { FinishReason, KestrelDetails, KestrelErrorCode, RemoteOptions, Timings, ToolCall } from './index.d.ts'
  */
 
 import { KestrelError, isKestrelError, kestrelError } from './errors.js';
@@ -16,6 +16,7 @@ import { KestrelError, isKestrelError, kestrelError } from './errors.js';
  * @typedef {{
  *   text: string, prompt_token_ids: number[], token_ids: number[], finish_reason: FinishReason,
  *   logprobs: KestrelDetails['logprobs'], timings: Timings, completion_tokens?: number,
+ *   tool_calls?: ToolCall[],
  * }} GenerateResult
  */
 
@@ -135,6 +136,8 @@ export class RemoteBackend {
     /** @type {any} */
     let details = null;
     let firstToken = 0;
+    /** @type {ToolCall[]} */
+    const toolCalls = [];
     try {
       const response = await fetch(`${this.baseURL}/${chat ? 'chat/completions' : 'completions'}`, {
         method: 'POST', headers, body: JSON.stringify(request), signal: controller.signal,
@@ -156,6 +159,13 @@ export class RemoteBackend {
           firstToken ||= performance.now();
           text += piece ?? '';
           onToken(piece ?? '', tokenId);
+        }
+        // A call may come in pieces of one index: its id, type and name once, its arguments in parts.
+        for (const delta of (chat && choice.delta?.tool_calls) || []) {
+          const call = (toolCalls[delta.index ?? toolCalls.length] ??= { id: '', type: 'function', function: { name: '', arguments: '' } });
+          if (delta.id) call.id = delta.id;
+          if (delta.function?.name) call.function.name += delta.function.name;
+          if (delta.function?.arguments) call.function.arguments += delta.function.arguments;
         }
         if (choice.finish_reason) finish = choice.finish_reason;
       }
@@ -189,6 +199,7 @@ export class RemoteBackend {
       logprobs: details?.logprobs ?? [],
       timings,
       completion_tokens: completionTokens,
+      ...(toolCalls.length ? { tool_calls: toolCalls.filter(Boolean) } : {}),
     };
   }
 

@@ -27,6 +27,9 @@ test('without WebGPU, `remote` runs the same requests on an OpenAI-compatible se
         last = chunk;
       }
       const whole = await engine.chat.completions.create(request);
+      // Tool calls pass through: the server's streamed delta.tool_calls become the package's.
+      const tools = [{ type: 'function', function: { name: 'add', parameters: { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'] } } }];
+      const called = await engine.chat.completions.create({ messages: request.messages, tools, tool_choice: 'required', parallel_tool_calls: false, temperature: 0, max_tokens: 80 });
       // Aborted after the first piece of text: the stream ends with finish_reason "abort".
       const controller = new AbortController();
       let pieces = 0;
@@ -62,7 +65,7 @@ test('without WebGPU, `remote` runs the same requests on an OpenAI-compatible se
       }
       const unreachable = await offline.completions.create({ prompt: 'x', max_tokens: 1 }).catch((e) => e.code);
       await offline.unload();
-      return { info: engine.info, text, last, whole, pieces, finish, failure, wrongKey, local, unreachable };
+      return { info: engine.info, text, last, whole, called: called.choices[0], pieces, finish, failure, wrongKey, local, unreachable };
     }, { model: MODEL_URL, baseURL: api.url, prompt: PROMPT, maxTokens: MAX_TOKENS });
     console.log('remote:', JSON.stringify({ info: r.info, text: r.text, usage: r.last.usage, pieces: r.pieces, failure: r.failure }));
 
@@ -79,6 +82,9 @@ test('without WebGPU, `remote` runs the same requests on an OpenAI-compatible se
     assert.equal(r.last.usage.prompt_tokens, expected.prompt_token_ids.length);
     assert.equal(r.whole.object, 'chat.completion');
     assert.equal(r.whole.choices[0].message.content, expected.text);
+    assert.equal(r.called.finish_reason, 'tool_calls');
+    assert.equal(r.called.message.tool_calls[0].function.name, 'add');
+    assert.equal(typeof JSON.parse(r.called.message.tool_calls[0].function.arguments).a, 'number');
     assert.equal(r.finish, 'abort');
     assert.ok(r.pieces >= 1 && r.pieces < 50, `${r.pieces} pieces streamed after the abort`);
     assert.equal(r.failure.code, 'invalid_option');

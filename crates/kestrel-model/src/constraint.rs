@@ -80,7 +80,11 @@ impl OutputConstraint<'_> {
         match self {
             Self::JsonObject => TopLevelGrammar::from_json_schema(json!({ "type": "object", "x-guidance": compact() })),
             Self::JsonSchema(format) => {
-                let mut schema = format.schema.clone().unwrap_or_else(|| json!({}));
+                // `true` is the schema that takes any value, as `{}` is (which can take options).
+                let mut schema = match &format.schema {
+                    None | Some(Value::Bool(true)) => json!({}),
+                    Some(schema) => schema.clone(),
+                };
                 if let Some(fields) = schema.as_object_mut() {
                     fields.entry("x-guidance").or_insert_with(compact);
                 }
@@ -107,8 +111,9 @@ impl TokenGrammar {
     /// (`<|im_end|>`, Gemma's user-defined `</s>`, ...) are marked as special, so that no grammar
     /// spells one out of its text and ends the output early; ids past the
     /// tokenizer's vocabulary (padding) have no bytes and are never allowed.
-    pub fn new(tokenizer: &Tokenizer, vocab: usize) -> Result<Self, ModelError> {
-        let unusable = |reason: String| ModelError::InvalidOption { name: "response_format", reason };
+    /// `field`: the request field that asked for it, which an error names.
+    pub fn new(tokenizer: &Tokenizer, vocab: usize, field: &'static str) -> Result<Self, ModelError> {
+        let unusable = |reason: String| ModelError::InvalidOption { name: field, reason };
         let end = tokenizer
             .eot_id()
             .or(tokenizer.eos_id())
@@ -143,9 +148,10 @@ impl TokenGrammar {
     }
 }
 
-/// The bounds on a constraint's work, a little below llguidance's defaults where a browser tab's
-/// memory is at stake. Each mask stays within a few milliseconds of work (the fuel and item
-/// counts, at the speeds llguidance states); a grammar's size and its lexer's states bound the
+/// The bounds on a constraint's work: llguidance's defaults, but the grammar size and the lexer
+/// states at 40% of theirs, where a browser tab's memory is at stake. Each mask stays within a
+/// few milliseconds of work (the fuel and item counts, at the speeds llguidance states); a
+/// grammar's size and its lexer's states bound the
 /// memory a hostile schema can take.
 fn limits() -> ParserLimits {
     ParserLimits { max_grammar_size: 200_000, max_lexer_states: 100_000, verbose_errors: false, ..ParserLimits::default() }

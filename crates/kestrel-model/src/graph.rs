@@ -217,7 +217,8 @@ pub const TOKEN_SLOTS: usize = 4;
 pub enum StepInput<'a> {
     /// Ids written by the host (a prompt chunk), run with the prefill kernels.
     Tokens(&'a [u32]),
-    /// One id written by the host, run with the decode kernels (a decode step the bench times).
+    /// One id written by the host, run with the decode kernels: a constrained output's token,
+    /// chosen on the host, and the decode step the bench times.
     Decode(u32),
     /// The one token the previous step sampled, copied on the GPU: the host can submit the next
     /// decode step before it has read that token.

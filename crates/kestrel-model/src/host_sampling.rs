@@ -1,8 +1,11 @@
 //! Sampling on the host, from a step's logits: the CPU backend's batched rows, and every step of
-//! a constrained output on either backend. The constraint's mask goes first, then the request's
-//! penalties and logit bias, then the sampler with the request's seed and the step's draw number:
-//! the device's own sampler (`kestrel_ops::reference::sample`), so that a step the constraint
-//! leaves alone draws the token an unconstrained step draws.
+//! a constrained output on either backend. The request's penalties and logit bias go first, then
+//! the constraint's mask (which only sets disallowed tokens to -inf, so the order changes no
+//! draw), then the sampler with the request's seed and the step's draw number. The sampler is
+//! `kestrel_ops::reference::sample`, the CPU backend's own: there a step the constraint leaves
+//! alone draws the token an unconstrained step draws. The GPU's sampler follows the same
+//! algorithm, seed and draw numbers in f32 on the device, so a sampled GPU step may differ from
+//! the host's where two tokens' cumulative probabilities straddle the draw.
 
 use kestrel_ops::params::SamplingParams;
 use kestrel_ops::reference::sample;

@@ -493,9 +493,10 @@ impl Model {
         Ok(keep)
     }
 
-    /// The matcher of `options`' constraint, if it has one: compiled here, before any token runs,
-    /// so that a bad schema, regex or grammar fails the request as `invalid_option`. (Generation
-    /// makes its own; this one is for tools that replay a constraint, such as the bench.)
+    /// The matcher of `options`' constraint (its `response_format`, `regex`, `grammar`, or the
+    /// grammar of its tool calls), if it has one, compiled: a bad schema, regex or grammar is an
+    /// `invalid_option` error naming it. `generate` and `add_sequence` compile theirs with it; the
+    /// bench replays a constraint with it.
     pub fn constraint_matcher(&mut self, options: &GenerateOptions) -> Result<Option<TokenMatcher>, ModelError> {
         let tool_grammar = options.tool_use().map(|tools| tools.grammar(self.tool_syntax));
         let constraint = match (&tool_grammar, options.constraint()?) {
@@ -505,7 +506,7 @@ impl Model {
         };
         let grammar = match &mut self.grammar {
             Some(grammar) => grammar,
-            empty => empty.insert(TokenGrammar::new(&self.tokenizer, self.backend.config().vocab)?),
+            empty => empty.insert(TokenGrammar::new(&self.tokenizer, self.backend.config().vocab, constraint.field())?),
         };
         grammar.matcher(constraint).map(Some)
     }
@@ -576,7 +577,14 @@ impl Model {
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Generation, ModelError> {
-        let generation = self.run_generation(prompt, options, on_token).await;
+        self.check_no_sequences()?;
+        options.validate(self.config().vocab)?;
+        self.check_prompt(prompt)?;
+        // A constrained output's tokens are chosen on the host, from each step's logits. The
+        // constraint is compiled before any step, so that a bad one fails the request as
+        // `invalid_option` and leaves the cached prefix for the next.
+        let matcher = self.constraint_matcher(options)?;
+        let generation = self.run_generation(prompt, options, matcher, on_token).await;
         if generation.is_err() {
             // The failed steps may have left KV rows unwritten: the next request prefills anew.
             self.cached[0].clear();
@@ -588,11 +596,9 @@ impl Model {
         &mut self,
         prompt: &[u32],
         options: &GenerateOptions,
+        mut matcher: Option<TokenMatcher>,
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Generation, ModelError> {
-        self.check_no_sequences()?;
-        options.validate(self.config().vocab)?;
-        self.check_prompt(prompt)?;
         let start = Instant::now();
         let sampling = sampling_params(options);
         self.backend.set_sampling(&sampling)?;
@@ -606,9 +612,8 @@ impl Model {
         let mut history = prompt.to_vec();
         write_penalties(&mut self.backend, &history)?;
         let want_logprobs = options.logprobs > 0;
-        // A constrained output's tokens are chosen here, from each step's logits, one step at a
-        // time; every other token is sampled on the device.
-        let mut matcher = self.constraint_matcher(options)?;
+        // A constrained output's tokens are chosen here, one step at a time; every other token is
+        // sampled on the device.
         let want_logits = want_logprobs || matcher.is_some();
         let pieces = self.prefill(prompt, reused, want_logits).await?;
         if let Some(m) = &mut matcher {
