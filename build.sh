@@ -311,6 +311,14 @@ server_tests() {
   (cd tests/server && KESTREL_CLI="$target_dir/debug/kestrel" .venv/bin/python load.py --requests ${LOAD_REQUESTS:-8} --clients ${LOAD_CLIENTS:-4})
 }
 
+# The Vercel AI SDK (`ai` with `@ai-sdk/openai-compatible`) against `kestrel serve`:
+# generateObject, streamObject and a tool call (tests/ai-sdk; it starts the server with the
+# browser suite's harness).
+ai_sdk_tests() {
+  build_dev_cli
+  (cd tests/ai-sdk && npm ci --no-audit --no-fund --silent && KESTREL_CLI="$target_dir/debug/kestrel" node --test --test-reporter=spec ai-sdk.test.mjs)
+}
+
 # `timed LABEL CMD...`: runs CMD, records and prints its wall time; returns its status.
 timings=()
 timed() {
@@ -363,6 +371,7 @@ case "$cmd" in
     timed "wasm kernel tests" wasm_kernel_tests || status=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "server tests" server_tests || status=1
+    timed "AI SDK tests" ai_sdk_tests || status=1
     timed "browser tests" browser_tests || status=1
     timed "package tests" package_tests || status=1
     timed "bundler tests" bundler_tests || status=1

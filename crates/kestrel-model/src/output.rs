@@ -119,14 +119,13 @@ impl TokenOutput {
             self.shown += held.len();
             shown.push_str(&held);
             if calls.splitter.in_call() {
+                // The content begins with what was streamed; the rest of it (a call cut off, or
+                // text that is no call) streams now.
                 let (content, found) = split_calls(calls.syntax, &calls.tools, &self.text, calls.seed);
-                if found.is_empty() {
-                    shown.push_str(self.text.get(self.shown..).unwrap_or_default());
-                    self.shown = self.text.len();
-                } else {
-                    self.text = content;
-                    self.tool_calls = found;
-                }
+                shown.push_str(content.get(self.shown..).unwrap_or_default());
+                self.shown = content.len();
+                self.text = content;
+                self.tool_calls = found;
             }
         }
         (!shown.is_empty()).then_some(TokenEvent { id: None, text: shown, logprobs: None })

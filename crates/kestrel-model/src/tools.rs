@@ -367,9 +367,11 @@ impl CallSplitter {
     }
 }
 
-/// The content and the calls of a whole output `text` in `syntax`. A call that does not parse
-/// (cut off by `max_tokens`), or names no tool of the request, leaves the whole text as content
-/// and no call: nothing the model wrote is lost. `seed` makes the calls' ids (with their index).
+/// The content and the calls of a whole output `text` in `syntax`. Calls are taken up to the first
+/// that does not parse (cut off by `max_tokens`), which stays in the content from its opening on;
+/// a call naming no tool of the request leaves the whole text as content and no call. Nothing the
+/// model wrote is lost, and the content starts with the text streamed before the first call.
+/// `seed` makes the calls' ids (with their index).
 pub(crate) fn split_calls(syntax: ToolSyntax, tools: &[Tool], text: &str, seed: u64) -> (String, Vec<ToolCall>) {
     let whole = || (text.to_string(), Vec::new());
     let known = |name: &str| tools.iter().any(|t| t.function.name == name);
@@ -386,22 +388,32 @@ pub(crate) fn split_calls(syntax: ToolSyntax, tools: &[Tool], text: &str, seed: 
         ToolSyntax::Hermes { .. } => {
             let Some(first) = text.find(HERMES_OPEN) else { return whole() };
             let mut rest = &text[first..];
+            let mut cut = "";
             while let Some(open) = rest.find(HERMES_OPEN) {
                 let body_start = open + HERMES_OPEN.len();
-                let Some(close) = rest[body_start..].find(HERMES_CLOSE) else { return whole() };
-                let Ok(Value::Object(body)) = serde_json::from_str::<Value>(rest[body_start..body_start + close].trim()) else {
-                    return whole();
-                };
-                match call_of(&body, "arguments") {
-                    Some(call) if known(&call.0) => calls.push(call),
-                    _ => return whole(),
+                let parsed = rest[body_start..].find(HERMES_CLOSE).and_then(|close| {
+                    match serde_json::from_str::<Value>(rest[body_start..body_start + close].trim()) {
+                        Ok(Value::Object(body)) => Some((call_of(&body, "arguments"), body_start + close + HERMES_CLOSE.len())),
+                        _ => None,
+                    }
+                });
+                match parsed {
+                    Some((Some(call), end)) if known(&call.0) => {
+                        calls.push(call);
+                        rest = &rest[end..];
+                    }
+                    Some(_) => return whole(),
+                    None => {
+                        cut = &rest[open..];
+                        rest = "";
+                        break;
+                    }
                 }
-                rest = &rest[body_start + close + HERMES_CLOSE.len()..];
             }
             if !rest.trim().is_empty() {
                 return whole();
             }
-            text[..first].trim_end().to_string()
+            format!("{}{cut}", &text[..first])
         }
     };
     let calls = calls
@@ -449,7 +461,7 @@ mod tests {
         let tools = [tool("get_weather"), tool("add")];
         let text = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n</tool_call>";
         let (content, calls) = split_calls(ToolSyntax::Hermes { template_knows_tools: true }, &tools, text, 7);
-        assert_eq!(content, "Let me look.");
+        assert_eq!(content, "Let me look.\n");
         let got: Vec<(&str, &str)> = calls.iter().map(|c| (c.function.name.as_str(), c.function.arguments.as_str())).collect();
         assert_eq!(got, [("get_weather", r#"{"city":"Oslo"}"#), ("add", r#"{"a":1}"#)]);
         assert_ne!(calls[0].id, calls[1].id);
@@ -462,6 +474,10 @@ mod tests {
         for text in ["<tool_call>\n{\"name\": \"add\", \"argu", "<tool_call>\n{\"name\": \"sub\", \"arguments\": {}}\n</tool_call>"] {
             assert_eq!(split_calls(hermes, &tools, text, 0), (text.to_string(), Vec::new()), "{text}");
         }
+        // The calls before a cut one are kept; the cut one stays text.
+        let cut = "<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"a";
+        let (content, calls) = split_calls(hermes, &tools, cut, 0);
+        assert_eq!((content.as_str(), calls.len()), ("<tool_call>\n{\"name\": \"a", 1));
         let (content, calls) = split_calls(ToolSyntax::LlamaJson, &tools, " {\"name\": \"add\", \"parameters\": {\"a\": 2}}", 0);
         assert_eq!((content.as_str(), calls[0].function.arguments.as_str()), ("", r#"{"a":2}"#));
         assert!(split_calls(ToolSyntax::LlamaJson, &tools, "{\"a\": 2} is JSON", 0).1.is_empty());

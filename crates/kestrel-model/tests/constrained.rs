@@ -192,6 +192,7 @@ fn bad_constraints_fail_before_any_token() {
         ("grammar", GenerateOptions { regex: Some("a".into()), grammar: Some("start: \"a\"".into()), ..GenerateOptions::greedy() }),
     ];
     for (field, options) in cases {
+        let cached = model.cached_token_ids().to_vec();
         let mut tokens = 0;
         let error = pollster::block_on(model.generate(&prompt, &options, &mut |_| {
             tokens += 1;
@@ -201,11 +202,12 @@ fn bad_constraints_fail_before_any_token() {
         eprintln!("{field}: {error}");
         assert!(matches!(error, ModelError::InvalidOption { name, .. } if name == field), "{field}: {error:?}");
         assert_eq!(tokens, 0, "{field}: tokens before the error");
+        assert_eq!(model.cached_token_ids(), cached, "{field}: the cached prefix stays for the next request");
         let fine =
             generate(&mut model, &prompt, &GenerateOptions { max_tokens: 3, ..GenerateOptions::greedy() }).expect("the next request");
         assert_eq!(fine.tokens.len(), 3);
     }
-    // Built to explode: each either runs (its output then valid) or is refused, within
+    // Built to explode: each either runs (to its end or its 8 tokens) or is refused, within
     // llguidance's limits, and never hangs or crashes.
     let explosive: Vec<(&str, GenerateOptions)> = vec![
         ("a schema 127 levels deep", schema(deep)),
@@ -216,7 +218,11 @@ fn bad_constraints_fail_before_any_token() {
     for (what, options) in explosive {
         let options = GenerateOptions { max_tokens: 8, ..options };
         match generate(&mut model, &prompt, &options) {
-            Ok(g) => eprintln!("{what}: ran, {:?}", g.text),
+            Ok(g) => {
+                eprintln!("{what}: ran, {:?}", g.text);
+                assert!(!g.tokens.is_empty() && g.tokens.len() <= 8, "{what}: {g:?}");
+                assert!(g.finish_reason == FinishReason::Length || g.finish_reason == FinishReason::Stop, "{what}: {g:?}");
+            }
             Err(e) => {
                 eprintln!("{what}: {e}");
                 assert_eq!(e.code(), "invalid_option", "{what}: {e:?}");
