@@ -28,7 +28,7 @@ function vendorWllama() {
  * requests of `batch.decodeTokens` steps each. `prompts`: [{prompt_tokens, text}]. Resolves to
  * {browser, adapter, wllama_version, engines, batch}.
  */
-export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, threads, contextLength, realGpu = false, only = null, batch = null }) {
+export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, threads, contextLength, realGpu = false, only = null, batch = null, constrained = null }) {
   const wllamaVersion = vendorWllama();
   const server = await startServer();
   const launched = await launchChromium(chromium, {
@@ -96,7 +96,27 @@ export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, thr
         await p.close();
       }
     }
-    return { browser: `Chromium ${context.browser()?.version() ?? ''}`.trim(), cross_origin_isolated: isolated, adapter, wllama_version: wllamaVersion, engines, batch: batched };
+    // Structured output on the CPU backend (wasm), and on WebGPU where it is a real GPU (on
+    // SwiftShader a whole constrained answer takes minutes).
+    const held = [];
+    for (const backend of constrained ? (realGpu ? ['cpu', 'webgpu'] : ['cpu']) : []) {
+      console.error(`browser: kestrel-${backend} constrained`);
+      const p = await open();
+      try {
+        const r = await p.evaluate((w) => window.bench.runKestrelConstrained(w), { modelUrl, repeats, backend, ...constrained });
+        const [c, f] = [spread(r.constrained_tok_s), spread(r.free_tok_s)];
+        held.push({ ...r, constrained_tok_s: c, free_tok_s: f, ratio: c && f ? c.median / f.median : null });
+      } catch (e) {
+        held.push({ backend, error: String(e.message ?? e).split('\n')[0] });
+        console.error(`  kestrel-${backend} constrained failed: ${e.message}`);
+      } finally {
+        await p.close();
+      }
+    }
+    return {
+      browser: `Chromium ${context.browser()?.version() ?? ''}`.trim(), cross_origin_isolated: isolated, adapter, wllama_version: wllamaVersion, engines, batch: batched,
+      constrained: constrained ? held : null,
+    };
   } finally {
     await launched.close();
     await server.close();

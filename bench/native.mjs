@@ -53,3 +53,22 @@ export async function runLlamaCpp({ model, promptTokens, decodeTokens, repeats, 
     '--decode-tokens', String(decodeTokens), '--repeats', String(repeats), '--json', out, ...(gpu ? ['--gpu', gpu] : [])]);
   return readJson(out);
 }
+
+/** `kestrel bench constrained`: decode under the JSON Schema `schema` (an id of
+ * tests/data/constrained/schemas.json) against free decode of as many tokens, and the mask's
+ * host time per token; on `backend` (cpu or gpu). */
+export async function runKestrelConstrained({ model, backend, schema, repeats, threads, out }) {
+  if (!existsSync(KESTREL)) throw new Error(`${KESTREL} is missing: build it with \`cargo build --release -p kestrel-cli\``);
+  await exec(KESTREL, ['bench', 'constrained', '--backend', backend, '--model', model, '--schema', schema, '--repeats', String(repeats), '--json', out],
+    { XDG_RUNTIME_DIR: process.env.XDG_RUNTIME_DIR ?? '/tmp', ...(threads ? { RAYON_NUM_THREADS: String(threads) } : {}) });
+  return readJson(out);
+}
+
+/** llama.cpp's own JSON-schema grammar (node-llama-cpp's createGrammarForJsonSchema) on the same
+ * model, schema and threads: the peer of `runKestrelConstrained`. */
+export async function runLlamaConstrained({ model, schema, repeats, threads, out }) {
+  const script = join(ROOT, 'tools/llama-cpp/constrained.mjs');
+  if (!existsSync(join(ROOT, 'tools/llama-cpp/node_modules'))) throw new Error('tools/llama-cpp has no node_modules: run `npm ci` there');
+  await exec(process.execPath, [script, '--model', model, '--schema', schema, '--threads', String(threads), '--repeats', String(repeats), '--json', out]);
+  return readJson(out);
+}

@@ -97,6 +97,7 @@ export function markdown(run) {
   } else if (bb?.error) {
     lines.push('', `Batched decode in the browser: failed: ${bb.error}`);
   }
+  lines.push(...constrainedLines(run.native ?? {}, run.browser?.constrained ?? []));
   if (run.sizes?.length) lines.push('', ...sizesLines(run));
   const k = run.native?.kestrel;
   if (k?.roofline) {
@@ -113,6 +114,35 @@ export function markdown(run) {
   return lines.join('\n') + '\n';
 }
 
+
+/** Structured output: each engine's decode under the schema against its free decode of as many
+ * tokens, Kestrel's mask time per token, and Kestrel constrained over llama.cpp constrained. */
+function constrainedLines(native, browser) {
+  const parts = [
+    ['Kestrel', 'CPU backend', native.kestrel_cpu_constrained],
+    ['Kestrel', 'GPU', native.kestrel_constrained],
+    ['llama.cpp', 'CPU, its JSON-schema grammar', native.llama_cpp_constrained],
+    ...browser.map((r) => ['Kestrel in Chromium', r.backend === 'cpu' ? 'CPU backend (wasm)' : r.backend, r]),
+  ].filter(([, , r]) => r);
+  if (!parts.length) return [];
+  const schema = parts.map(([, , r]) => r.schema).find(Boolean) ?? '–';
+  const lines = ['', `Structured output (schema \`${schema}\`, greedy): decode under the schema against free decode of as many tokens (medians), and Kestrel's mask time per token on the host.`, ''];
+  lines.push('| engine | backend | tokens | constrained tok/s | free tok/s | constrained / free | mask ms p50 / p90 / p99 |', '|---|---|--:|--:|--:|--:|--:|');
+  for (const [engine, backend, r] of parts) {
+    if (r.error) {
+      lines.push(`| ${engine} | ${backend} | failed: ${r.error} | | | | |`);
+      continue;
+    }
+    const mask = r.mask_ms ? `${fmt(r.mask_ms.p50, 3)} / ${fmt(r.mask_ms.p90, 3)} / ${fmt(r.mask_ms.p99, 3)}` : '–';
+    lines.push(`| ${engine} | ${r.device ?? backend} | ${r.tokens} | ${fmt(r.constrained_tok_s.median, 1)} | ${fmt(r.free_tok_s.median, 1)} | ${x(r.ratio)} | ${mask} |`);
+  }
+  const k = native.kestrel_cpu_constrained;
+  const l = native.llama_cpp_constrained;
+  if (k?.constrained_tok_s && l?.constrained_tok_s) {
+    lines.push('', `Kestrel's CPU backend constrained over llama.cpp constrained: ${x(k.constrained_tok_s.median / l.constrained_tok_s.median)}.`);
+  }
+  return lines;
+}
 
 /** The sizes people run (bench/sizes.mjs): each file's rows, round by round, then Kestrel over
  * llama.cpp in each round, the batched decode and the GPU path. */

@@ -20,7 +20,10 @@
 //                           rounds (default 2), batched decode, and up to --gpu-sizes-up-to (default
 //                           1b) the GPU path against llama.cpp Vulkan; their workload:
 //       [--size-prompt-tokens 128] [--size-decode-tokens 32] [--size-repeats 2]
-//       [--skip native,batch,llama,browser,browser-batch,sizes-batch,sizes-gpu]   leave parts out
+//       [--schema nested_address]   the JSON Schema of the structured-output part (an id of
+//                           tests/data/constrained/schemas.json): Kestrel on the CPU backend and
+//                           the GPU, and llama.cpp's grammar, constrained against free decode
+//       [--skip native,batch,llama,constrained,browser,browser-batch,sizes-batch,sizes-gpu]   leave parts out
 //       [--browser-engines kestrel,kestrel-cpu,wllama-cpu,wllama-webgpu]   only these in Chromium
 //
 // The defaults fit a 2-core machine without a GPU (lavapipe natively, SwiftShader in Chrome,
@@ -30,7 +33,7 @@ import os from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { runBrowser } from './browser.mjs';
-import { promptTexts, runKestrelBatch, runKestrelNative, runLlamaCpp } from './native.mjs';
+import { promptTexts, runKestrelBatch, runKestrelConstrained, runKestrelNative, runLlamaConstrained, runLlamaCpp } from './native.mjs';
 import { ROOT, RESULTS } from './paths.mjs';
 import { markdown, svg } from './report.mjs';
 import { SIZES, failedSizes, runSizes } from './sizes.mjs';
@@ -60,6 +63,7 @@ const { values: opt } = parseArgs({
     'size-decode-tokens': { type: 'string', default: '32' },
     'size-repeats': { type: 'string', default: '2' },
     'gpu-sizes-up-to': { type: 'string', default: '1b' },
+    schema: { type: 'string', default: 'nested_address' },
     help: { type: 'boolean', default: false },
   },
 });
@@ -165,6 +169,14 @@ const run = {
   sizes: null,
 };
 
+/** The structured-output part's schema and question, from the suite the tests validate against. */
+function schemaCase(id) {
+  const suite = JSON.parse(readFileSync(join(ROOT, 'tests/data/constrained/schemas.json'), 'utf8')).schemas;
+  const found = suite.find((c) => c.id === id);
+  if (!found) throw new Error(`--schema ${id} is not an id of tests/data/constrained/schemas.json`);
+  return { schema: found.schema, ask: found.ask };
+}
+
 // Each part records its error instead of ending the run: the others still say something.
 const attempt = async (what, fn) => {
   const t = performance.now();
@@ -206,6 +218,17 @@ if (!skip.has('llama')) {
   // The fair peer of Kestrel's GPU kernels: llama.cpp's own Vulkan kernels on the same device.
   await llama('llama.cpp Vulkan, native', 'llama_cpp_vulkan', { threads, gpu: 'vulkan' });
 }
+if (!skip.has('constrained')) {
+  // Structured output: the same schema, greedy, constrained against free decode of as many tokens.
+  const repeats = opt.smoke ? 1 : n.repeats;
+  const constrained = (what, key, fn) => attempt(what, () => fn(join(raw, `${key}.json`))).then((r) => { run.native[key] = r; });
+  await constrained('Kestrel, native, CPU, constrained', 'kestrel_cpu_constrained',
+    (out) => runKestrelConstrained({ model, backend: 'cpu', schema: opt.schema, repeats, threads, out }));
+  await constrained('Kestrel, native, GPU, constrained', 'kestrel_constrained',
+    (out) => runKestrelConstrained({ model, backend: 'gpu', schema: opt.schema, repeats, out }));
+  await constrained('llama.cpp, native, constrained', 'llama_cpp_constrained',
+    (out) => runLlamaConstrained({ model, schema: opt.schema, repeats, threads, out }));
+}
 if (!skip.has('browser')) {
   const b = settings.browser;
   run.browser = await attempt('browser', async () => {
@@ -216,6 +239,7 @@ if (!skip.has('browser')) {
       modelUrl, prompts, decodeTokens: b.decode_tokens, repeats: b.repeats, threads, realGpu: b.gpu, only: opt['browser-engines'] ? opt['browser-engines'].split(',') : null,
       contextLength: Math.max(...b.prompt_tokens) + b.decode_tokens + 64,
       batch: skip.has('browser-batch') ? null : { sizes: b.batch.sizes, decodeTokens: b.batch.decode_tokens },
+      constrained: skip.has('constrained') ? null : schemaCase(opt.schema),
     });
   });
 }
@@ -242,6 +266,7 @@ const failed = [
   ...(run.browser?.error ? ['browser'] : []),
   ...(run.browser?.engines ?? []).filter((e) => e.error).map((e) => `browser ${e.name}`),
   ...(run.browser?.batch?.error ? ['browser batch'] : []),
+  ...(run.browser?.constrained ?? []).filter((c) => c.error).map((c) => `browser ${c.backend} constrained`),
   ...failedSizes(run.sizes),
 ];
 if (failed.length) {

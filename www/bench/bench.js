@@ -131,6 +131,35 @@ export async function runKestrelBatch({ modelUrl, prompts, decodeTokens, repeats
   return { backend: info.backend, cpu: info.cpu, prompt_tokens: prompts[0].prompt_tokens, decode_tokens: decodeTokens, repeats, batches };
 }
 
+/**
+ * Structured output in the page, as `kestrel bench constrained` measures it natively: the chat
+ * prompt `ask` answered greedy under `schema` (to its end), then free decode of as many tokens
+ * (`ignore_eos`), alternating for `repeats` rounds; the decode rates are the engine's own
+ * (usage.extra). Resolves to the backend, the answer's tokens and each round's rates.
+ */
+export async function runKestrelConstrained({ modelUrl, schema, ask, repeats, backend }) {
+  const engine = await createEngine({ model: modelUrl, backend });
+  const messages = [{ role: 'system', content: 'Answer in JSON.' }, { role: 'user', content: ask }];
+  const response_format = { type: 'json_schema', json_schema: { name: 'bench', schema, strict: true } };
+  const held = [];
+  const free = [];
+  let tokens = 0;
+  let answer = '';
+  for (let r = 0; r < repeats; r += 1) {
+    const c = await engine.chat.completions.create({ messages, response_format, temperature: 0, max_tokens: 256 });
+    if (c.choices[0].finish_reason !== 'stop') throw new Error(`the constrained answer did not end within 256 tokens: ${c.choices[0].message.content}`);
+    answer = c.choices[0].message.content;
+    JSON.parse(answer);
+    tokens = c.usage.completion_tokens;
+    held.push(c.usage.extra.decode_tokens_per_s);
+    const f = await engine.chat.completions.create({ messages, temperature: 0, max_tokens: tokens, ignore_eos: true });
+    free.push(f.usage.extra.decode_tokens_per_s);
+  }
+  const info = engine.info;
+  await engine.unload();
+  return { backend: info.backend, cpu: info.cpu, tokens, answer, constrained_tok_s: held, free_tok_s: free };
+}
+
 /** The adapter's name and features as this page sees them (null without WebGPU). */
 export async function adapterInfo() {
   const adapter = await navigator.gpu?.requestAdapter();

@@ -10,7 +10,7 @@ use kestrel_ops::params::PenaltyEntry;
 use crate::kernels::attention::AttentionParams;
 use crate::kernels::rmsnorm::RmsNormParams;
 use crate::kernels::rope::RopeParams;
-use crate::kernels::sample::{PenaltyUniform, SampleUniform};
+use crate::kernels::sample::{PenaltyUniform, SampleUniform, TokenMaskUniform};
 use crate::kernels::{CopyParams, FmaParams, WeightParams};
 use crate::StepParams;
 
@@ -42,6 +42,7 @@ const SHADERS: &[(&str, &str)] = shaders![
     "rope",
     "sample",
     "subgroups",
+    "token_mask",
 ];
 
 macro_rules! parameter_blocks {
@@ -61,6 +62,7 @@ const PARAMETER_BLOCKS: &[(&str, &str)] = parameter_blocks![
     RopeParams,
     SampleUniform,
     StepParams,
+    TokenMaskUniform,
     WeightParams,
 ];
 

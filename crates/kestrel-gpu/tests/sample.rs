@@ -1,7 +1,7 @@
 //! GPU sampling and logit processing against `reference::sample`.
 mod common;
 
-use kestrel_gpu::kernels::sample::{PenaltyKernel, SampleKernel};
+use kestrel_gpu::kernels::sample::{PenaltyKernel, SampleKernel, TokenMaskKernel};
 use kestrel_gpu::{DType, Gpu, Readback, Recorder, StepOp, StepParams, StepUniform, Tensor};
 use kestrel_ops::params::{Penalties, PenaltyEntry, SamplingParams};
 use kestrel_ops::reference::sample as reference;
@@ -325,4 +325,47 @@ fn invalid_arguments_are_errors() {
     let entries = [PenaltyEntry::new(1, 1, 0.0), PenaltyEntry::new(2, 1, 0.0), PenaltyEntry::new(3, 1, 0.0)];
     assert!(processing.write(&gpu, &Penalties::default(), &entries).is_err());
     assert!(processing.write(&gpu, &Penalties { repeat: 0.0, ..Default::default() }, &entries[..1]).is_err());
+}
+
+/// The token mask kernel bans exactly what the reference bans (exact: it only writes -inf), for
+/// vocabularies that end inside a word and masks with words of none, all and some; values past
+/// the vocabulary stay untouched; a greedy draw after it takes the best allowed token.
+#[test]
+fn token_mask_matches_reference() {
+    for gpu in devices() {
+        let kernel = pollster::block_on(TokenMaskKernel::new(&gpu)).unwrap();
+        let sampler = pollster::block_on(SampleKernel::new(&gpu)).unwrap();
+        for (n, seed) in [(1000usize, 11u64), (49152 + 5, 12)] {
+            let mut rng = common::rng(seed);
+            let logits = common::random_vec(&mut rng, n, 6.0);
+            let words = n.div_ceil(32);
+            let mask: Vec<u32> = (0..words)
+                .map(|i| match i % 4 {
+                    0 => 0,
+                    1 => u32::MAX,
+                    _ => rng.random::<u32>() & rng.random::<u32>(),
+                })
+                .collect();
+            let guard = [7.25f32; 16];
+            let padded: Vec<f32> = logits.iter().chain(&guard).copied().collect();
+            let mut tensor = Tensor::from_f32(&gpu, "logits", &[padded.len()], &padded).unwrap();
+            tensor.shape = vec![n];
+            let binding = kernel.bind(&gpu, &tensor).unwrap();
+            assert_eq!(binding.words(), words);
+            assert!(binding.set(&gpu, Some(&mask[1..])).is_err(), "a mask of the wrong length is refused");
+            binding.set(&gpu, Some(&mask)).unwrap();
+            let mut rec = Recorder::new(&gpu);
+            binding.record(&mut rec, &StepParams::new(1, 0, 0));
+            rec.submit();
+            tensor.shape = vec![padded.len()];
+            let out = pollster::block_on(tensor.read_f32(&gpu)).unwrap();
+            assert_eq!(&out[n..], &guard, "values past the vocabulary were written");
+            let mut want = logits.clone();
+            reference::apply_token_mask(&mask, &mut want);
+            assert_eq!(out[..n], want[..], "vocab {n}");
+            tensor.shape = vec![n];
+            let best = reference::argmax(&want);
+            assert_eq!(draws(&gpu, &sampler, &tensor, &SamplingParams::greedy(), &[0])[0].0 as usize, best);
+        }
+    }
 }

@@ -16,6 +16,7 @@ use llguidance::{Matcher, ParserFactory};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use kestrel_ops::reference::sample::apply_token_mask;
 use kestrel_tokenizer::Tokenizer;
 
 use crate::ModelError;
@@ -197,9 +198,22 @@ impl TokenMatcher {
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), ModelError> {
         self.prepare()?;
         if let Some(allowed) = &self.next {
-            ban_others(allowed, logits);
+            apply_token_mask(allowed.as_slice(), logits);
         }
         Ok(())
+    }
+
+    /// The tokens allowed next as a bitmask of `words` u32 words (bit `id % 32` of word
+    /// `id / 32`), for the GPU's mask kernel: ids past the vocabulary are clear.
+    pub fn mask_words(&mut self, words: usize) -> Result<Vec<u32>, ModelError> {
+        self.prepare()?;
+        let mut out = vec![0u32; words];
+        if let Some(allowed) = &self.next {
+            for (o, &w) in out.iter_mut().zip(allowed.as_slice()) {
+                *o = w;
+            }
+        }
+        Ok(out)
     }
 
     /// Whether `token` is the one that ends the output (allowed once the output is complete).
@@ -221,33 +235,14 @@ impl TokenMatcher {
     }
 }
 
-/// -inf for every logit whose token `allowed` does not hold (ids past its length included), a
-/// 32-token word at a time: most words of a mask allow nothing.
-fn ban_others(allowed: &SimpleVob, logits: &mut [f32]) {
-    let words = allowed.as_slice();
-    for (i, chunk) in logits.chunks_mut(32).enumerate() {
-        match words.get(i).copied().unwrap_or(0) {
-            0 => chunk.fill(f32::NEG_INFINITY),
-            u32::MAX => {}
-            word => {
-                for (bit, logit) in chunk.iter_mut().enumerate() {
-                    if word & (1 << bit) == 0 {
-                        *logit = f32::NEG_INFINITY;
-                    }
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The word-at-a-time ban keeps exactly the tokens the mask allows: whole words of none and
-    /// of all, mixed words, and a vocabulary that ends inside a word.
+    /// The word-at-a-time ban keeps exactly the tokens llguidance's mask allows: whole words of
+    /// none and of all, mixed words, and a vocabulary that ends inside a word.
     #[test]
-    fn ban_others_keeps_exactly_the_allowed_tokens() {
+    fn the_token_mask_keeps_exactly_the_allowed_tokens() {
         let vocab = 32 * 5 + 7;
         let mut allowed = SimpleVob::alloc(vocab);
         let kept: Vec<usize> = (32..64).chain([3, 70, 101, 164, vocab - 1]).collect();
@@ -255,7 +250,7 @@ mod tests {
             allowed.allow_token(id as u32);
         }
         let mut logits: Vec<f32> = (0..vocab).map(|i| i as f32).collect();
-        ban_others(&allowed, &mut logits);
+        apply_token_mask(allowed.as_slice(), &mut logits);
         for (id, &logit) in logits.iter().enumerate() {
             let want = if kept.contains(&id) { id as f32 } else { f32::NEG_INFINITY };
             assert_eq!(logit, want, "token {id}");

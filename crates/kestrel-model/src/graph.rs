@@ -9,7 +9,7 @@ use kestrel_gpu::kernels::embedding::EmbeddingKernel;
 use kestrel_gpu::kernels::matvec::MatvecKernel;
 use kestrel_gpu::kernels::rmsnorm::{HeadNormKernel, HeadSpan, RmsNormKernel};
 use kestrel_gpu::kernels::rope::RopeKernel;
-use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel};
+use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel, TokenMaskBinding, TokenMaskKernel};
 use kestrel_gpu::kernels::{Epilogue, OutputColumns};
 use kestrel_gpu::{DType, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepRows, StepUniform, Tensor, WeightTensor};
 use kestrel_ops::params::{AttentionShape, KvType, RopeConfig};
@@ -181,6 +181,8 @@ pub struct Graph {
     plan: StepPlan,
     /// Also in `plan.sample`; requests write their options here.
     pub penalties: Arc<PenaltyBinding>,
+    /// A constrained output's mask, between the penalties and the sampler (off unless set).
+    pub token_mask: Arc<TokenMaskBinding>,
     pub sampler: Arc<SampleBinding>,
     /// One per slot, with the submission that last copied into it (`TOKEN_SLOTS`).
     token_readbacks: Vec<Readback>,
@@ -195,6 +197,7 @@ pub struct Graph {
 }
 
 /// What one submitted step leaves to read.
+#[derive(Clone, Debug)]
 pub enum StepOutput {
     /// Nothing (a prefill chunk before the last).
     None,
@@ -202,6 +205,9 @@ pub enum StepOutput {
     Token,
     /// The sampled token and the full logits (before penalties).
     TokenAndLogits,
+    /// The LM head's logits, left on the device unsampled: `submit_sample` draws from them once
+    /// the host has set the constrained output's mask.
+    Logits,
 }
 
 /// Room in the penalty entry buffer: the longest recent-token window plus the longest logit-bias
@@ -329,10 +335,12 @@ impl Graph {
         }
         let (penalty_kernel, sample_kernel) = (PenaltyKernel::new(gpu).await?, SampleKernel::new(gpu).await?);
         let penalties = Arc::new(penalty_kernel.bind(gpu, &act.logits, PENALTY_CAPACITY)?);
+        let token_mask = Arc::new(TokenMaskKernel::new(gpu).await?.bind(gpu, &act.logits)?);
         let sampler = Arc::new(sample_kernel.bind(gpu, &act.logits, &step, &act.sampled)?);
         let slot_samplers =
             (0..slots).map(|_| SlotSampler::new(gpu, c.vocab, &penalty_kernel, &sample_kernel)).collect::<Result<Vec<_>, _>>()?;
         plan.sample.push(PlannedOp { family: "penalties+sample", op: penalties.clone() });
+        plan.sample.push(PlannedOp { family: "penalties+sample", op: token_mask.clone() });
         plan.sample.push(PlannedOp { family: "penalties+sample", op: sampler.clone() });
         let token_readbacks = (0..TOKEN_SLOTS).map(|_| Readback::new(gpu, 8)).collect();
         let logits_readback = Readback::new(gpu, act.logits.byte_size());
@@ -350,6 +358,7 @@ impl Graph {
             caches,
             plan,
             penalties,
+            token_mask,
             sampler,
             token_readbacks,
             token_submissions: std::sync::Mutex::new(vec![None; TOKEN_SLOTS]),
@@ -462,23 +471,52 @@ impl Graph {
     /// Records the step's output after its layers (unless `output` is `None`: the LM head on the
     /// last token and the sampler into readback slot `slot % TOKEN_SLOTS`) and submits it.
     fn finish_step(&self, mut rec: Recorder, step: &StepParams, output: &StepOutput, slot: usize) {
-        let slot = slot % TOKEN_SLOTS;
-        let samples = !matches!(output, StepOutput::None);
-        if samples {
+        let samples = matches!(output, StepOutput::Token | StepOutput::TokenAndLogits);
+        if !matches!(output, StepOutput::None) {
             plan::record(&mut rec, &self.plan.logits, step);
-            if matches!(output, StepOutput::TokenAndLogits) {
-                let size = self.act.logits.byte_size();
-                rec.copy(&self.act.logits.buffer, 0, self.logits_readback.buffer(), 0, size);
-            }
-            plan::record(&mut rec, &self.plan.sample, step);
-            rec.copy(&self.act.sampled.buffer, 0, self.token_readbacks[slot].buffer(), 0, 8);
+        }
+        if matches!(output, StepOutput::TokenAndLogits) {
+            let size = self.act.logits.byte_size();
+            rec.copy(&self.act.logits.buffer, 0, self.logits_readback.buffer(), 0, size);
+        }
+        if samples {
+            self.record_token_draw(&mut rec, step, slot);
         }
         let submission = rec.submit();
         if samples {
-            if let Ok(mut submissions) = self.token_submissions.lock() {
-                submissions[slot] = Some(submission);
-            }
+            self.note_token_submission(slot, submission);
         }
+    }
+
+    /// The penalties, the token mask (when set) and the sampler over the last logits, the token
+    /// copied into readback slot `slot % TOKEN_SLOTS`.
+    fn record_token_draw(&self, rec: &mut Recorder, step: &StepParams, slot: usize) {
+        plan::record(rec, &self.plan.sample, step);
+        rec.copy(&self.act.sampled.buffer, 0, self.token_readbacks[slot % TOKEN_SLOTS].buffer(), 0, 8);
+    }
+
+    fn note_token_submission(&self, slot: usize, submission: kestrel_gpu::wgpu::SubmissionIndex) {
+        if let Ok(mut submissions) = self.token_submissions.lock() {
+            submissions[slot % TOKEN_SLOTS] = Some(submission);
+        }
+    }
+
+    /// Samples the logits a `StepOutput::Logits` step left, with draw number `draw`, into readback
+    /// slot `slot % TOKEN_SLOTS` (`read_token`): the second half of a constrained step, once the
+    /// host has set its mask (`set_token_mask`).
+    pub fn submit_sample(&self, draw: u32, slot: usize) {
+        let step = StepParams::new(1, 0, draw);
+        self.step.write(&self.gpu, &step);
+        let mut rec = Recorder::new(&self.gpu);
+        self.record_token_draw(&mut rec, &step, slot);
+        let submission = rec.submit();
+        self.note_token_submission(slot, submission);
+    }
+
+    /// Sets the tokens the next samples may draw (a constrained output's mask, one bit per token:
+    /// `token_mask.words()` words), or lets them draw any (None).
+    pub fn set_token_mask(&self, mask: Option<&[u32]>) -> Result<(), GpuError> {
+        self.token_mask.set(&self.gpu, mask)
     }
 
     /// The token and its probability sampled by the step that wrote readback slot `slot`

@@ -1,5 +1,6 @@
-//! Sampling on the host, from a step's logits: the CPU backend's batched rows, and every step of
-//! a constrained output on either backend. The request's penalties and logit bias go first, then
+//! Sampling on the host, from a step's logits: the CPU backend's batched rows, every step of a
+//! constrained output on the CPU backend, and on the GPU where the request reads logprobs (else
+//! the GPU applies the mask itself, `Graph::set_token_mask`). The request's penalties and logit bias go first, then
 //! the constraint's mask (which only sets disallowed tokens to -inf, so the order changes no
 //! draw), then the sampler with the request's seed and the step's draw number. The sampler is
 //! `kestrel_ops::reference::sample`, the CPU backend's own: there a step the constraint leaves

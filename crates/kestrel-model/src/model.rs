@@ -524,7 +524,7 @@ impl Model {
         self.cached[0].clear();
         self.backend.set_sampling(&SamplingParams::greedy())?;
         self.backend.set_penalties(&Penalties::default(), Vec::new())?;
-        self.prefill(tokens, 0, true).await?;
+        self.prefill(tokens, 0, &StepOutput::TokenAndLogits).await?;
         self.cached[0] = tokens.to_vec();
         self.backend.read_logits().await
     }
@@ -547,18 +547,37 @@ impl Model {
     /// Submits `tokens[from..]` in chunks; the last chunk samples into token slot 0 (and copies
     /// logits when `logits`). With a submission budget on the GPU the chunks go in pieces, and
     /// what they measured is returned.
-    async fn prefill(&mut self, tokens: &[u32], from: usize, logits: bool) -> Result<Option<SubmitReport>, ModelError> {
+    /// The token of a constrained step whose forward pass was just submitted: its mask is
+    /// computed while the device runs it, then, on the host (`host_sampled`), the step's logits
+    /// are read, masked and sampled, or, on the GPU, the mask goes up and the device samples into
+    /// readback slot `slot`. Also returns the logits read (host only).
+    async fn constrained_token(
+        &mut self,
+        matcher: &mut TokenMatcher,
+        host_sampled: bool,
+        host: HostSampler<'_>,
+        slot: usize,
+    ) -> Result<(u32, Option<Vec<f32>>), ModelError> {
+        matcher.prepare()?;
+        if host_sampled {
+            let logits = self.backend.read_logits().await?;
+            return Ok((host.sample(&logits, Some(matcher))?, Some(logits)));
+        }
+        let graph = self.backend.gpu_graph("a device token mask")?;
+        graph.set_token_mask(Some(&matcher.mask_words(graph.token_mask.words())?))?;
+        graph.submit_sample(host.draw, slot);
+        Ok((graph.read_token(slot).await?.0, None))
+    }
+
+    /// Runs `tokens[from..]` in chunks; the last chunk leaves `last` (the earlier ones nothing).
+    async fn prefill(&mut self, tokens: &[u32], from: usize, last: &StepOutput) -> Result<Option<SubmitReport>, ModelError> {
         // What a failed prefill's pieces measured is not this one's.
         self.pacer.as_mut().map(SubmitPacer::take_report);
         let chunk = self.backend.max_chunk();
         let mut pos = from;
         while pos < tokens.len() {
             let end = (pos + chunk).min(tokens.len());
-            let output = match (end == tokens.len(), logits) {
-                (false, _) => StepOutput::None,
-                (true, false) => StepOutput::Token,
-                (true, true) => StepOutput::TokenAndLogits,
-            };
+            let output = if end == tokens.len() { last.clone() } else { StepOutput::None };
             let input = &tokens[pos..end];
             match (&self.backend, self.pacer.as_mut()) {
                 (Backend::Gpu(g), Some(pacer)) => g.submit_prompt_paced(input, pos, &output, 0, pacer).await?,
@@ -612,17 +631,29 @@ impl Model {
         let mut history = prompt.to_vec();
         write_penalties(&mut self.backend, &history)?;
         let want_logprobs = options.logprobs > 0;
-        // A constrained output's tokens are chosen here, one step at a time; every other token is
-        // sampled on the device.
-        let want_logits = want_logprobs || matcher.is_some();
-        let pieces = self.prefill(prompt, reused, want_logits).await?;
-        if let Some(m) = &mut matcher {
-            m.prepare()?;
+        // A constrained output goes one step at a time, its mask computed while the step runs. On
+        // the GPU the mask goes up and the device samples, so only the token comes back; on the
+        // CPU backend, or where logprobs read the logits anyway, the host masks and samples.
+        let host_sampled = matcher.is_some() && (want_logprobs || matches!(self.backend, Backend::Cpu(_)));
+        let want_logits = want_logprobs || host_sampled;
+        let output_kind = match (matcher.is_some(), want_logits) {
+            (_, true) => StepOutput::TokenAndLogits,
+            (true, false) => StepOutput::Logits,
+            (false, false) => StepOutput::Token,
+        };
+        if let Backend::Gpu(g) = &self.backend {
+            g.set_token_mask(None)?;
         }
-        let mut logits = if want_logits { Some(self.backend.read_logits().await?) } else { None };
-        let mut token = match (&mut matcher, &logits) {
-            (Some(m), Some(l)) => HostSampler { options, sampling: &sampling, history: &history, draw: 0 }.sample(l, Some(m))?,
-            _ => self.backend.read_token(0).await?,
+        let pieces = self.prefill(prompt, reused, &output_kind).await?;
+        let (mut token, mut logits) = match &mut matcher {
+            Some(m) => {
+                let host = HostSampler { options, sampling: &sampling, history: &history, draw: 0 };
+                self.constrained_token(m, host_sampled, host, 0).await?
+            }
+            None => {
+                let logits = if want_logits { Some(self.backend.read_logits().await?) } else { None };
+                (self.backend.read_token(0).await?, logits)
+            }
         };
         self.cached[0] = prompt.to_vec();
         let ttft = start.elapsed();
@@ -637,7 +668,6 @@ impl Model {
         let ahead = if penalize || want_logits { 1 } else { self.run_ahead };
         let max_ctx = self.context_length();
         let can_submit = |step: usize| step < options.max_tokens && prompt.len() + step <= max_ctx;
-        let output_kind = if want_logits { StepOutput::TokenAndLogits } else { StepOutput::Token };
         // Steps submitted, and the step whose token `token` is (the prefill is step 0).
         let mut submitted = 0;
         let mut step = 0;
@@ -683,12 +713,11 @@ impl Model {
             let wait;
             if let Some(m) = &mut matcher {
                 self.backend.submit_step(StepInput::Decode(token), pos, step as u32, &output_kind, step)?;
-                // The GPU runs the step meanwhile (the CPU backend has run it already).
-                m.prepare()?;
                 wait = Instant::now();
-                let step_logits = self.backend.read_logits().await?;
-                token = HostSampler { options, sampling: &sampling, history: &history, draw: step as u32 }.sample(&step_logits, Some(m))?;
-                logits = Some(step_logits);
+                let host = HostSampler { options, sampling: &sampling, history: &history, draw: step as u32 };
+                let (next, read) = self.constrained_token(m, host_sampled, host, step).await?;
+                token = next;
+                logits = read;
             } else {
                 // Step `step` is allowed (the checks above); keep `ahead` steps submitted.
                 while submitted < step + ahead - 1 && can_submit(submitted + 1) {

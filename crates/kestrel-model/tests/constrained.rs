@@ -92,9 +92,15 @@ fn schema_outputs_validate_on_the_gpu_backend() {
     for case in cases.iter().filter(|c| picked.contains(&c.id.as_str())) {
         let prompt = prompt_ids(&model, &case.ask);
         for (run, base) in runs().into_iter().take(2) {
-            let generation = generate(&mut model, &prompt, &schema_options(case, base)).expect("generate");
+            let generation = generate(&mut model, &prompt, &schema_options(case, base.clone())).expect("generate");
             eprintln!("{} ({run}): {}", case.id, generation.text);
             assert_valid(case, &generation, &run);
+            if base.is_greedy() {
+                // The device applies the uploaded mask and samples; with logprobs the logits come
+                // back and the host masks and samples. The same logits, the same greedy tokens.
+                let host = generate(&mut model, &prompt, &schema_options(case, GenerateOptions { logprobs: 1, ..base })).expect("generate");
+                assert_eq!(host.tokens, generation.tokens, "{}: the device's mask and the host's", case.id);
+            }
         }
     }
 }

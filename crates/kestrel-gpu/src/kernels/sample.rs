@@ -1,5 +1,6 @@
 //! Token selection on the GPU (`shaders/sample.wgsl`) and the logit processing that precedes it
-//! (`shaders/penalties.wgsl`). Only the chosen token id (and its probability) is read back.
+//! (`shaders/penalties.wgsl`, and a constrained output's token mask, `shaders/token_mask.wgsl`).
+//! Only the chosen token id (and its probability) is read back.
 //!
 //! The chain follows llama.cpp's common sampler defaults: logit bias -> penalties -> top-k ->
 //! top-p -> min-p -> temperature -> draw. Tokens tied with a top-k / top-p threshold are all
@@ -24,6 +25,8 @@ const ARGMAX_CHUNK: u32 = 1024;
 const PARTIAL_WORDS: u64 = 3;
 /// `@workgroup_size` of shaders/penalties.wgsl.
 const PENALTY_WORKGROUP: u32 = 64;
+/// `@workgroup_size` of shaders/token_mask.wgsl.
+const MASK_WORKGROUP: u32 = 256;
 
 kestrel_ops::gpu_struct! {
     /// The sampler's uniform (`Params` in shaders/sample.wgsl).
@@ -245,5 +248,94 @@ impl PenaltyBinding {
 impl StepOp for PenaltyBinding {
     fn record(&self, rec: &mut Recorder, _step: &StepParams) {
         self.dispatch.record(rec);
+    }
+}
+
+kestrel_ops::gpu_struct! {
+    /// The token mask's uniform (`Params` in shaders/token_mask.wgsl).
+    #[derive(Debug, Default)]
+    pub(crate) struct TokenMaskUniform as Params {
+        n_vocab: u32,
+        /// The logit of a token the mask does not allow: -inf.
+        banned: f32,
+        _pad0: u32,
+        _pad1: u32,
+    }
+}
+
+/// A constrained output's token mask, applied in place to the logits between the penalties and
+/// the sampler.
+pub struct TokenMaskKernel {
+    pipeline: Arc<wgpu::ComputePipeline>,
+}
+
+impl TokenMaskKernel {
+    pub async fn new(gpu: &Gpu) -> Result<Self, GpuError> {
+        Ok(Self { pipeline: gpu.pipelines.get("token_mask", "main", &Defines::new()).await? })
+    }
+
+    /// Binds masking of `logits` (f32, one row). Starts off: a step records it only while a mask
+    /// is set.
+    pub fn bind(&self, gpu: &Gpu, logits: &Tensor) -> Result<TokenMaskBinding, GpuError> {
+        if logits.dtype != DType::F32 || logits.is_empty() {
+            return Err(GpuError::InvalidArgs(format!(
+                "token mask: logits must be a non-empty f32 tensor, got {:?} {:?}",
+                logits.dtype, logits.shape
+            )));
+        }
+        let n_vocab = u32::try_from(logits.len())
+            .map_err(|_| GpuError::InvalidArgs(format!("token mask: vocabulary of {} entries", logits.len())))?;
+        let groups = n_vocab.div_ceil(MASK_WORKGROUP);
+        if groups > gpu.limits.max_compute_workgroups_per_dimension {
+            return Err(GpuError::InvalidArgs(format!("token mask: a vocabulary of {n_vocab} is too large")));
+        }
+        let words = n_vocab.div_ceil(32);
+        let mask = gpu.storage_buffer("token_mask.mask", u64::from(words) * 4)?;
+        let uniform = TokenMaskUniform { n_vocab, banned: f32::NEG_INFINITY, ..Default::default() };
+        let params = gpu.uniform_buffer("token_mask.params", bytemuck::bytes_of(&uniform));
+        let dispatch = Dispatch::new(
+            gpu,
+            "token_mask",
+            self.pipeline.clone(),
+            &[params.as_entire_binding(), mask.as_entire_binding(), logits.buffer.as_entire_binding()],
+            [groups, 1, 1],
+        );
+        Ok(TokenMaskBinding { dispatch, mask, words: words as usize, active: AtomicBool::new(false) })
+    }
+}
+
+pub struct TokenMaskBinding {
+    dispatch: Dispatch,
+    mask: wgpu::Buffer,
+    words: usize,
+    /// Whether the next submits mask (set between submits, as `SampleBinding`'s greedy flag).
+    active: AtomicBool,
+}
+
+impl TokenMaskBinding {
+    /// Words of a mask: one bit per vocabulary entry.
+    pub fn words(&self) -> usize {
+        self.words
+    }
+
+    /// Queues `mask` (`words()` words, bit `id % 32` of word `id / 32` set for an allowed token)
+    /// for the next submits, or turns masking off (None).
+    pub fn set(&self, gpu: &Gpu, mask: Option<&[u32]>) -> Result<(), GpuError> {
+        if let Some(words) = mask {
+            if words.len() != self.words {
+                return Err(GpuError::InvalidArgs(format!("token mask: {} words, the vocabulary needs {}", words.len(), self.words)));
+            }
+            gpu.write(&self.mask, 0, bytemuck::cast_slice(words));
+        }
+        self.active.store(mask.is_some(), Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl StepOp for TokenMaskBinding {
+    fn record(&self, rec: &mut Recorder, _step: &StepParams) {
+        if self.active.load(Ordering::Relaxed) {
+            self.dispatch.record(rec);
+        }
     }
 }

@@ -15,6 +15,25 @@ pub fn argmax(logits: &[f32]) -> usize {
     best
 }
 
+/// A constrained output's token mask: -inf for every logit whose bit in `allowed` (one bit per
+/// token, 32 tokens per word, bit `id % 32` of word `id / 32`: llguidance's layout) is clear,
+/// tokens past the words included; a word at a time, since most words of a mask allow nothing.
+pub fn apply_token_mask(allowed: &[u32], logits: &mut [f32]) {
+    for (i, chunk) in logits.chunks_mut(32).enumerate() {
+        match allowed.get(i).copied().unwrap_or(0) {
+            0 => chunk.fill(f32::NEG_INFINITY),
+            u32::MAX => {}
+            word => {
+                for (bit, logit) in chunk.iter_mut().enumerate() {
+                    if word & (1 << bit) == 0 {
+                        *logit = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Each entry's logit bias, then, for a token counted in the window, llama.cpp's repetition,
 /// frequency and presence penalties. Ids past the vocabulary are ignored.
 pub fn apply_penalties(logits: &[f32], entries: &[PenaltyEntry], penalties: &Penalties) -> Vec<f32> {
