@@ -119,6 +119,11 @@ impl GenerateOptions {
         self.temperature == 0.0
     }
 
+    /// Whether the output is held to a grammar: a constraint, or tools in play.
+    pub fn is_constrained(&self) -> bool {
+        self.tool_use().is_some() || self.constraint().is_ok_and(|c| c.is_some())
+    }
+
     /// What the output is held to: at most one of `response_format` (other than text), `regex`
     /// and `grammar`, else `invalid_option`.
     pub fn constraint(&self) -> Result<Option<OutputConstraint<'_>>, ModelError> {

@@ -58,7 +58,8 @@ impl TokenOutput {
         });
         Self {
             stops: StopMatcher::new(&options.stop),
-            decoder: StreamDecoder::new(),
+            // A constrained output's text is exactly what its grammar matched.
+            decoder: if options.is_constrained() { StreamDecoder::verbatim() } else { StreamDecoder::new() },
             generated: Vec::new(),
             text: String::new(),
             logprobs: Vec::new(),

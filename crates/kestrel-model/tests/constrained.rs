@@ -157,6 +157,10 @@ fn constraints_work_with_max_tokens_stop_logprobs_and_batching() {
         assert_eq!(step.token, token);
         assert!(step.logprob <= 0.0 && step.top.len() == 3, "{step:?}");
     }
+    // The model's own distribution, not the masked one: the first step's top 3 are the
+    // unconstrained first step's.
+    let free = generate(&mut model, &prompt, &GenerateOptions { max_tokens: 1, logprobs: 3, ..GenerateOptions::greedy() }).expect("free");
+    assert_eq!(with_logprobs.logprobs[0].top, free.logprobs[0].top);
 
     model.set_slots(4).expect("slots");
     let sampled = GenerateOptions { temperature: 1.0, seed: Some(7), ..GenerateOptions::default() };

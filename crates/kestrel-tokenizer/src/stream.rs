@@ -24,6 +24,13 @@ impl StreamDecoder {
         Self::default()
     }
 
+    /// A decoder that keeps every byte of every token, the first token's leading space included
+    /// (SentencePiece vocabularies otherwise strip it): for output held to a grammar, whose text
+    /// must be the bytes the grammar matched.
+    pub fn verbatim() -> Self {
+        Self { pending: Vec::new(), started: true }
+    }
+
     /// Adds one token; returns the text completed by it (possibly empty).
     /// Errors on an id outside the vocabulary (the decoder state is unchanged then).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {

@@ -64,6 +64,9 @@ fn spm_encode_decode() {
     assert_eq!(sd.push(&t, ids[1]).unwrap(), "");
     assert_eq!(sd.push(&t, ids[2]).unwrap(), "é");
     assert_eq!(sd.finish(), "");
+    // Output held to a grammar keeps the first token's space the grammar matched.
+    let mut verbatim = StreamDecoder::verbatim();
+    assert_eq!(verbatim.push(&t, id("▁hello")).unwrap(), " hello");
     assert_eq!(t.eog_ids(), &[2]);
 }
 
