@@ -110,7 +110,8 @@ impl CpuBackend {
     }
 
     /// Runs a step now: its tokens at positions `pos..` (overwriting any KV rows there), then,
-    /// unless `output` is `None`, the LM head and the sampler, whose token goes to `slot`.
+    /// unless `output` is `None`, the LM head, and unless it is `Logits` (a constrained step,
+    /// which the host samples) the sampler, whose token goes to `slot`.
     pub fn submit_step(&mut self, input: StepInput, pos: usize, draw: u32, output: &StepOutput, slot: usize) -> Result<(), ModelError> {
         let one;
         let tokens: &[u32] = match input {
@@ -134,6 +135,10 @@ impl CpuBackend {
         let samples = !matches!(output, StepOutput::None);
         let forward = &mut self.forward;
         let Some(logits) = kestrel_cpu::on_pool(|| forward.run(tokens, samples))? else { return Ok(()) };
+        if matches!(output, StepOutput::Logits) {
+            self.logits = logits;
+            return Ok(());
+        }
         let token = if self.entries.is_empty() {
             sample::sample(&logits, &self.sampling, draw)
         } else {

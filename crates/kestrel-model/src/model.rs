@@ -636,10 +636,14 @@ impl Model {
         // CPU backend, or where logprobs read the logits anyway, the host masks and samples.
         let host_sampled = matcher.is_some() && (want_logprobs || matches!(self.backend, Backend::Cpu(_)));
         let want_logits = want_logprobs || host_sampled;
-        let output_kind = match (matcher.is_some(), want_logits) {
-            (_, true) => StepOutput::TokenAndLogits,
-            (true, false) => StepOutput::Logits,
-            (false, false) => StepOutput::Token,
+        // A constrained step stops at the logits, unless logprobs want the device's copy of them
+        // (the CPU backend's logits are in memory either way).
+        let output_kind = if matcher.is_some() && !want_logprobs {
+            StepOutput::Logits
+        } else if want_logits {
+            StepOutput::TokenAndLogits
+        } else {
+            StepOutput::Token
         };
         if let Backend::Gpu(g) = &self.backend {
             g.set_token_mask(None)?;
