@@ -153,15 +153,23 @@ impl Engine {
 mod tests {
     use kestrel_model::GenerateOptions;
 
-    /// The npm package declares (index.d.ts) every generation option under its wire name.
+    /// The npm package declares (index.d.ts) every generation option under its wire name: in
+    /// `SamplingOptions`, or in `ChatCompletionRequest` for the chat-only ones (the tools).
     #[test]
     fn the_package_names_every_option() {
         let dts = include_str!("../../../www/index.d.ts");
-        let declared = &dts[dts.find("export interface SamplingOptions").unwrap()..];
-        let declared = &declared[..declared.find("\n}").unwrap()];
-        let options = serde_json::to_value(GenerateOptions::default()).unwrap();
+        let block = |name: &str| {
+            let from = &dts[dts.find(&format!("export interface {name}")).unwrap()..];
+            &from[..from.find("\n}").unwrap()]
+        };
+        let declared = [block("SamplingOptions"), block("ChatCompletionRequest")];
+        let options = serde_json::to_value(GenerateOptions {
+            tools: vec![serde_json::from_value(serde_json::json!({"type": "function", "function": {"name": "f"}})).unwrap()],
+            ..GenerateOptions::default()
+        })
+        .unwrap();
         for key in options.as_object().unwrap().keys() {
-            assert!(declared.contains(&format!("  {key}?: ")), "index.d.ts SamplingOptions lacks {key}");
+            assert!(declared.iter().any(|d| d.contains(&format!("  {key}?: "))), "index.d.ts lacks the option {key}");
         }
     }
 }
