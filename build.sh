@@ -107,7 +107,8 @@ setup_web() {
   if [ ! -x /usr/bin/chromium ]; then
     apt_install chromium
   fi
-  if [ ! -d tests/browser/node_modules/playwright-core ]; then
+  # Again whenever the lock file changed since the last install (npm's copy of it in node_modules).
+  if [ ! -d tests/browser/node_modules/playwright-core ] || [ tests/browser/package-lock.json -nt tests/browser/node_modules/.package-lock.json ]; then
     (cd tests/browser && npm ci --no-audit --no-fund)
   fi
 }

@@ -16,7 +16,7 @@ export type KestrelErrorCode =
   | 'bad_model' | 'unsupported_quant' | 'fetch_failed' | 'device_limits' | 'out_of_memory' | 'no_webgpu'
   | 'invalid_option' | 'context_overflow' | 'template' | 'tokenizer' | 'no_model' | 'busy' | 'needs_gpu'
   | 'gpu' | 'device_lost' | 'bad_snapshot' | 'snapshot_mismatch'
-  | 'worker_error' | 'unloaded' | 'internal' | 'remote_error';
+  | 'worker_error' | 'unloaded' | 'internal' | 'remote_error' | 'leader_lost';
 
 /** Every error the package throws or rejects with: `code` is stable, `message` precise. */
 export declare class KestrelError extends Error {
@@ -46,6 +46,19 @@ export interface LoadProgress {
   shards?: number;
 }
 
+/** The shared engine (createEngine's `shared`) as this tab sees it. */
+export interface SharedEngineInfo {
+  /**
+   * 'shared-worker': a SharedWorker runs it; where the browser has none, the tabs elect one to run
+   * it in its worker ('leader': this tab) and the others reach it over a BroadcastChannel ('follower').
+   */
+  mode: 'shared-worker' | 'leader' | 'follower';
+  /** The tabs connected to it now. */
+  clients: number;
+  /** Requests ended because the tab that asked closed or navigated away before their answer. */
+  abandoned_requests: number;
+}
+
 export interface EngineInfo {
   /**
    * Where generation runs: this browser's GPU, its CPU (wasm SIMD in the engine's worker), or the
@@ -60,6 +73,8 @@ export interface EngineInfo {
   fallback?: { code: string; message: string };
   /** With backend 'remote': the server and the model asked of it. */
   remote?: { baseURL: string; model: string };
+  /** With createEngine's `shared`: how this tab reaches the shared engine and how many tabs use it; else null. */
+  shared?: SharedEngineInfo | null;
   gpu: {
     adapter: string;
     backend: string;
@@ -417,6 +432,18 @@ export interface CreateEngineOptions {
    * cache setup is left for it; neither is used. `clearSavedPrefixes()` deletes them all.
    */
   persistPrefix?: boolean | { maxBytes?: number };
+  /**
+   * One engine for every tab of this origin that loads the same model URL with the same options:
+   * the model loads once (in GPU memory once) and the tabs' requests run together, as one batch
+   * with `slots` above 1 or on the CPU backend. It runs in a SharedWorker, or where the browser
+   * has none (Chrome on Android) in the worker of a tab elected with Web Locks, the others talking
+   * to it over a BroadcastChannel. A tab that closes or navigates ends only its own requests;
+   * when the leading tab closes, the next one takes over (loading the model from the Cache API)
+   * and the requests in flight fail with `leader_lost`, which a retry answers. `engine.unload()`
+   * leaves the shared engine; the last tab to leave frees it. Needs a URL model, and not with
+   * `persistPrefix`. `engine.info.shared` says how the tab reaches it and how many tabs use it.
+   */
+  shared?: boolean;
   /**
    * An OpenAI-compatible server (kestrel serve, llama-server, vLLM) to send the same requests to
    * when the model cannot run here: with backend 'webgpu', where this browser has no WebGPU or

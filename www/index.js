@@ -13,15 +13,23 @@ import { isKestrelError, KestrelError, kestrelError } from './errors.js';
 
 export { isKestrelError, KestrelError };
 import { CACHE_NAME, PREFIX_DIRECTORY, SHARD_HEADER } from './storage.js';
+import { SharedEngineConnection } from './shared.js';
 
 /**
- * A message from the worker (worker.js).
+ * What the engine talks to: its own Worker, or its connection to the shared engine (shared.js).
+ * @typedef {Worker | SharedEngineConnection} EngineWorker
+ */
+
+/**
+ * A message from the worker (worker.js, or the shared engine's shared-worker.js).
  * @typedef {({ id: number } & (
  *   | { type: 'progress', progress: LoadProgress }
  *   | { type: 'token', chunk: ChatCompletionChunk | Completion }
  *   | { type: 'result', value: any }
  *   | { type: 'error', error: { code: string, message: string, remote?: { status: number, code: string | null } } }
- * )) | { type: 'status', id?: undefined, status: EngineStatus['status'], info?: EngineInfo, error?: { code: string, message: string } }} WorkerMessage
+ * )) | { type: 'status', id?: undefined, status: EngineStatus['status'], info?: EngineInfo, error?: { code: string, message: string } }
+ *   | { type: 'clients', id?: undefined, clients: number, abandoned_requests: number }
+ *   | { type: 'lost', id?: undefined }} WorkerMessage
  */
 
 /**
@@ -256,7 +264,7 @@ function openaiRequest(endpoint, request, send, abort) {
 
 /** @implements {EngineApi} */
 class Engine {
-  /** @type {Worker} */
+  /** @type {EngineWorker} */
   #worker;
   #nextId = 1;
   /** @type {Map<number, Handlers & { resolve: (value: any) => void, reject: (error: unknown) => void }>} */
@@ -274,15 +282,18 @@ class Engine {
   /** @type {CreateEngineOptions['onStatus']} */
   #onStatus;
 
+  /** The shared engine's clients as it last said (createEngine's `shared`). */
+  #clients = { clients: 1, abandoned_requests: 0 };
+
   /**
-   * @param {Worker} worker
+   * @param {EngineWorker} worker
    * @param {CreateEngineOptions['onStatus']} onStatus
    */
   constructor(worker, onStatus) {
     this.#worker = worker;
     this.#onStatus = onStatus;
-    worker.onmessage = ({ data }) => this.#onMessage(data);
-    worker.onerror = (e) => this.#fail(workerError(e));
+    worker.onmessage = (/** @type {{ data: WorkerMessage }} */ { data }) => this.#onMessage(data);
+    worker.onerror = (/** @type {ErrorEvent} */ e) => this.#fail(workerError(e));
     /** @type {EngineApi['chat']} */
     this.chat = { completions: { create: /** @type {any} */ ((/** @type {ChatCompletionRequest} */ request) => this.#create('chat', request)) } };
     /** @type {EngineApi['completions']} */
@@ -291,9 +302,22 @@ class Engine {
 
   /** @param {WorkerMessage} msg */
   #onMessage(msg) {
+    if (msg.type === 'clients') {
+      this.#clients = { clients: msg.clients, abandoned_requests: msg.abandoned_requests };
+      if (this.info) this.info = { ...this.info, shared: this.#sharedInfo() };
+      return;
+    }
+    if (msg.type === 'lost') {
+      // The shared engine's leading tab closed: what ran there is lost; the next tab took over.
+      const lost = kestrelError('leader_lost', 'the tab that ran the shared engine closed; another tab took it over: retry the request');
+      for (const p of this.#pending.values()) p.reject(lost);
+      this.#pending.clear();
+      if (this.info) this.info = { ...this.info, shared: this.#sharedInfo() };
+      return;
+    }
     if (msg.type === 'status') {
       // The worker recovering from a device loss by itself.
-      if (msg.status === 'ready' && msg.info) this.info = { ...msg.info, backend: 'webgpu' };
+      if (msg.status === 'ready' && msg.info) this.info = { ...msg.info, backend: 'webgpu', shared: this.#sharedInfo() };
       this.#onStatus?.(msg.error ? { status: msg.status, error: msg.error } : { status: msg.status });
       return;
     }
@@ -306,6 +330,12 @@ class Engine {
       if (msg.type === 'result') p.resolve(msg.value);
       else p.reject(new KestrelError(/** @type {KestrelErrorCode} */ (msg.error.code), msg.error.message, { remote: msg.error.remote }));
     }
+  }
+
+  /** `info.shared`: how this tab reaches the shared engine and how many tabs use it; null when not shared. */
+  #sharedInfo() {
+    const worker = this.#worker;
+    return worker instanceof SharedEngineConnection ? { mode: worker.mode, ...this.#clients } : null;
   }
 
   /** @param {KestrelError} error */
@@ -364,7 +394,8 @@ class Engine {
    * @param {{ maxBytes: number } | null} persist `persistPrefix`
    */
   async _load(model, onProgress, engineOptions, sha256, persist) {
-    this.info = await this.#call({ type: 'load', model, options: engineOptions, sha256, persist }, { onProgress });
+    const info = await this.#call({ type: 'load', model, options: engineOptions, sha256, persist }, { onProgress });
+    this.info = { ...info, shared: this.#sharedInfo() };
     return this.info;
   }
 
@@ -377,7 +408,7 @@ class Engine {
     await this.#call({ type: 'connect', remote });
     this.info = {
       backend: 'remote', fallback: { code: reason.code, message: reason.message },
-      remote: { baseURL: remote.baseURL.replace(/\/+$/, ''), model: remote.model ?? 'kestrel' }, gpu: null, model: null, version: null,
+      remote: { baseURL: remote.baseURL.replace(/\/+$/, ''), model: remote.model ?? 'kestrel' }, gpu: null, model: null, version: null, shared: null,
     };
     return this;
   }
@@ -465,6 +496,27 @@ function checkRemote(remote) {
   }
 }
 
+/**
+ * What names a shared engine: the model's URL and the engine's options (keys sorted), so that tabs
+ * share an engine only where they asked for the same one.
+ * @param {string | Blob | Blob[]} model
+ * @param {Record<string, unknown>} engineOptions
+ * @param {{ persist: unknown }} others
+ */
+function sharedKey(model, engineOptions, { persist }) {
+  if (typeof model !== 'string') {
+    throw kestrelError('invalid_option', 'invalid option shared: a shared engine loads its model from a URL (a File or a Blob belongs to one tab)');
+  }
+  if (persist) {
+    throw kestrelError('invalid_option', 'invalid option shared: persistPrefix restores one conversation into a cache the other tabs are using; use one or the other');
+  }
+  if (!globalThis.navigator?.locks) {
+    throw kestrelError('invalid_option', 'invalid option shared: the shared engine needs Web Locks (navigator.locks, in secure contexts)');
+  }
+  const sorted = Object.fromEntries(Object.entries(engineOptions).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+  return `${model} ${JSON.stringify(sorted)}`;
+}
+
 /** Errors that mean this browser cannot run the model, where `remote` takes over. */
 const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
 
@@ -497,6 +549,12 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * follows the saved tokens.
  * Before downloading a URL it checks from the header that the model fits (`estimate`), failing
  * with `device_limits` or `unsupported_quant` without fetching the weights.
+ * `shared: true`: one engine for every tab of this origin that loads the same model URL with the
+ * same options: the model loads once, and the tabs' requests run as one batch (with `slots`
+ * above 1, or on the CPU backend). It runs in a SharedWorker, or where there is none in the
+ * worker of a leading tab (Web Locks); a tab that closes ends only its own requests; when the
+ * leading tab closes, another takes over and the requests in flight fail with `leader_lost`.
+ * `engine.info.shared` says how this tab reaches it and how many tabs use it.
  * `remote: {baseURL, apiKey, model}`: where the model cannot run here (`no_webgpu`,
  * `device_limits`, `out_of_memory`; with backend 'auto' only what the CPU path cannot run either),
  * the engine sends the same requests to that OpenAI-compatible server instead
@@ -507,12 +565,14 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
 export async function createEngine(options) {
   // The package's own options; the rest are the engine's, which the engine core names and checks
   // (kestrel_engine::EngineOptions): a bad or unknown one fails the load with `invalid_option`.
-  const { model: given, onProgress, onStatus, remote, sha256, persistPrefix, ...engineOptions } = options ?? {};
+  const { model: given, onProgress, onStatus, remote, sha256, persistPrefix, shared, ...engineOptions } = options ?? {};
   const model = modelOption(given);
   if (sha256 != null && !(Array.isArray(sha256) ? sha256 : [sha256]).every((d) => /^[0-9a-fA-F]{64}$/.test(d))) {
     throw kestrelError('invalid_option', 'invalid option sha256: expected 64 hexadecimal digits (an array of them for a split model, one per file)');
   }
   const persist = persistOption(persistPrefix);
+  if (shared != null && typeof shared !== 'boolean') throw kestrelError('invalid_option', 'invalid option shared: expected true or false');
+  const key = shared ? sharedKey(model, engineOptions, { persist }) : null;
   if (remote != null) checkRemote(remote);
   /** @param {KestrelError} reason */
   const useRemote = (reason) => new Engine(new Worker(new URL('./worker.js', import.meta.url), { type: 'module' }), onStatus)._connect(/** @type {RemoteOptions} */ (remote), reason);
@@ -521,7 +581,7 @@ export async function createEngine(options) {
     if (remote != null) return useRemote(error);
     throw error;
   }
-  const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+  const worker = key === null ? new Worker(new URL('./worker.js', import.meta.url), { type: 'module' }) : await SharedEngineConnection.connect(key);
   const engine = new Engine(worker, onStatus);
   try {
     await engine._load(model, onProgress, engineOptions, sha256, persist);

@@ -1,0 +1,204 @@
+// The page's side of the shared engine (createEngine({ shared: true })): a connection to the one
+// engine of every tab that loads the same model with the same options (shared-worker.js), shaped
+// like a Worker (postMessage, onmessage, onerror, terminate) so that the Engine of index.js drives
+// it as it drives its own worker.
+//
+// Where the browser has SharedWorker, the engine is one, named after the model and its options.
+// Elsewhere (Chrome on Android) the tabs elect a leader with a Web Lock: its dedicated worker hosts
+// the engine, and the other tabs reach it over a BroadcastChannel. When the leader closes, the next
+// tab in the lock's queue takes over and loads the model again (from the Cache API); the requests
+// that ran on the old leader fail with `leader_lost`, which a retry answers.
+//
+// Each tab holds a Web Lock of its own while it lives: the engine is granted it when the tab
+// closes or navigates away, and ends that tab's requests, whatever the tab had time to say.
+
+/**
+ * Holds Web Lock `name` until the returned function is called.
+ * @param {string} name
+ * @returns {Promise<() => void>}
+ */
+async function holdLock(name) {
+  /** @type {() => void} */
+  let release = () => {};
+  await new Promise((acquired) => {
+    navigator.locks.request(name, () => {
+      acquired(undefined);
+      return new Promise((resolve) => (release = () => resolve(undefined)));
+    });
+  });
+  return release;
+}
+
+/**
+ * A connection to the shared engine of `key` (the model's URL and the engine's options).
+ * `mode` says how it is reached: 'shared-worker', or 'leader' / 'follower' where the tabs elect one.
+ */
+export class SharedEngineConnection {
+  /** @type {((e: { data: any }) => void) | null} */
+  onmessage = null;
+  /** @type {((e: ErrorEvent) => void) | null} */
+  onerror = null;
+  /** @type {'shared-worker' | 'leader' | 'follower'} */
+  mode = 'shared-worker';
+  /** @type {(msg: any) => void} */
+  #send = () => {};
+  /** @type {() => void} */
+  #close = () => {};
+  #releaseClientLock = () => {};
+
+  /**
+   * Connects to the engine of `key`: its SharedWorker, or its leading tab.
+   * @param {string} key
+   * @returns {Promise<SharedEngineConnection>}
+   */
+  static async connect(key) {
+    const connection = new SharedEngineConnection();
+    const clientLock = `kestrel-client:${crypto.randomUUID()}`;
+    connection.#releaseClientLock = await holdLock(clientLock);
+    if (typeof SharedWorker === 'function') connection.#viaSharedWorker(key, clientLock);
+    else connection.#viaLeader(key, clientLock);
+    return connection;
+  }
+
+  /** @param {any} data */
+  #deliver(data) {
+    this.onmessage?.({ data });
+  }
+
+  /**
+   * @param {string} key
+   * @param {string} clientLock
+   */
+  #viaSharedWorker(key, clientLock) {
+    const worker = new SharedWorker(new URL('./shared-worker.js', import.meta.url), { type: 'module', name: `kestrel:${key}` });
+    worker.onerror = (e) => this.onerror?.(/** @type {ErrorEvent} */ (e));
+    const { port } = worker;
+    port.onmessage = ({ data }) => this.#deliver(data);
+    port.postMessage({ type: 'hello', lock: clientLock });
+    this.#send = (msg) => port.postMessage(msg);
+    this.#close = () => {
+      port.postMessage({ type: 'bye' });
+      port.close();
+    };
+  }
+
+  /**
+   * Without SharedWorker: leads (the first tab, or the next one once the leader is gone) or follows.
+   * @param {string} key
+   * @param {string} clientLock
+   */
+  #viaLeader(key, clientLock) {
+    const me = crypto.randomUUID();
+    const channel = new BroadcastChannel(`kestrel-channel:${key}`);
+    /** @type {Worker | null} */
+    let worker = null;
+    /** The leader that welcomed this tab; messages wait until one has. */
+    let leader = /** @type {string | null} */ (null);
+    /** @type {any[]} */
+    const waiting = [];
+    /** This tab's load, sent again by this tab when it takes over. */
+    let load = /** @type {any} */ (null);
+    const stopWaiting = new AbortController();
+    /** Ends this tab's lead, handing the engine to the next tab in line. */
+    let stopLeading = () => {};
+    const holdLead = () => new Promise((resolve) => (stopLeading = () => resolve(undefined)));
+    const toLeader = (/** @type {any} */ msg) => channel.postMessage({ to: 'leader', from: me, msg });
+    const hello = () => toLeader({ type: 'hello', lock: clientLock });
+
+    // Requests that ran on a leader that is gone fail (index.js rejects them with `leader_lost`).
+    const lost = () => this.#deliver({ type: 'lost' });
+
+    const lead = async () => {
+      if (this.mode === 'follower' && leader) lost();
+      this.mode = 'leader';
+      leader = me;
+      // Held while this tab leads: the tabs that follow it learn from it when it is gone.
+      await holdLock(`kestrel-leader-alive:${me}`);
+      worker = new Worker(new URL('./shared-worker.js', import.meta.url), { type: 'module' });
+      worker.onmessage = ({ data }) => this.#deliver(data);
+      worker.onerror = (e) => this.onerror?.(e);
+      worker.postMessage({ type: 'lead', channel: `kestrel-channel:${key}`, leader: me });
+      // Taking over: the model loads again (from the Cache API) for this tab and the others.
+      if (load) worker.postMessage({ ...load, id: 0 });
+      for (const msg of waiting.splice(0)) worker.postMessage(msg);
+    };
+
+    /**
+     * Watches leader `id`: its lock granted means its tab closed, and what ran there is lost (the
+     * next leader's announcement may come later).
+     * @param {string} id
+     */
+    const watch = (id) => {
+      navigator.locks.request(`kestrel-leader-alive:${id}`, { signal: stopWaiting.signal }, () => {
+        if (leader !== id) return;
+        leader = null;
+        lost();
+      }).catch(() => {});
+    };
+
+    channel.onmessage = ({ data }) => {
+      if (this.mode === 'leader') return;
+      if (data?.to === '*' && data.msg?.type === 'leader') {
+        // A new leader: what ran on the old one is lost; this tab says hello to the new one.
+        if (leader && leader !== data.leader) {
+          leader = null;
+          lost();
+        }
+        hello();
+        return;
+      }
+      if (data?.to !== me) return;
+      if (data.msg?.type === 'welcome') {
+        if (leader !== data.leader) watch(data.leader);
+        leader = data.leader;
+        for (const msg of waiting.splice(0)) toLeader(msg);
+        return;
+      }
+      if (data.leader === leader) this.#deliver(data.msg);
+    };
+
+    this.mode = 'follower';
+    navigator.locks.request(`kestrel-leader:${key}`, { ifAvailable: true }, (lock) => {
+      if (lock) {
+        lead();
+        return holdLead();
+      }
+      hello();
+      // In line to lead once the tabs before it are gone.
+      navigator.locks.request(`kestrel-leader:${key}`, { signal: stopWaiting.signal }, () => {
+        lead();
+        return holdLead();
+      }).catch(() => {});
+      return undefined;
+    });
+
+    this.#send = (msg) => {
+      if (msg.type === 'load') load = msg;
+      if (worker) worker.postMessage(msg);
+      else if (leader) toLeader(msg);
+      else waiting.push(msg);
+    };
+    this.#close = () => {
+      stopWaiting.abort();
+      if (worker) {
+        // The leader leaving hands the engine over, as its tab closing would.
+        worker.terminate();
+        stopLeading();
+      } else {
+        toLeader({ type: 'bye' });
+      }
+      channel.close();
+    };
+  }
+
+  /** @param {any} msg */
+  postMessage(msg) {
+    this.#send(msg);
+  }
+
+  /** Leaves the shared engine: this tab's requests end; the engine lives on for the others. */
+  terminate() {
+    this.#close();
+    this.#releaseClientLock();
+  }
+}
