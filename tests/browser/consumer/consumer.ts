@@ -49,6 +49,7 @@ function describe(code: KestrelErrorCode): string {
     case 'bad_snapshot': case 'snapshot_mismatch': return 'a saved prefix';
     case 'worker_error': case 'internal': return 'a bug or the page setup';
     case 'remote_error': return 'the remote server';
+    case 'leader_lost': return 'the shared engine moving to another tab';
     default: {
       const unhandled: never = code;
       return unhandled;
