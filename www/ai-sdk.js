@@ -13,8 +13,9 @@
  * @import { KestrelAvailability, KestrelLanguageModel, KestrelProvider, KestrelProviderSettings } from './ai-sdk.d.ts'
  */
 
-import { createEngine, estimate } from './index.js';
+import { estimate } from './index.js';
 import { isKestrelError, kestrelError } from './errors.js';
+import { lazyEngine } from './lazy-engine.js';
 
 const PROVIDER = 'kestrel';
 
@@ -244,15 +245,25 @@ class KestrelChatModel {
   #engine;
 
   /**
+   * A call's request and warnings, and the engine once loaded; an aborted signal rejects, before
+   * the load and after it.
    * @param {LanguageModelV4CallOptions} options
-   * @returns {Promise<LanguageModelV4GenerateResult>}
    */
-  async doGenerate(options) {
+  async #prepare(options) {
     const { request, warnings } = chatRequest(options);
     const signal = options.abortSignal;
     if (signal?.aborted) throw abortError(signal);
     const engine = await this.#engine();
     if (signal?.aborted) throw abortError(signal);
+    return { request, warnings, signal, engine };
+  }
+
+  /**
+   * @param {LanguageModelV4CallOptions} options
+   * @returns {Promise<LanguageModelV4GenerateResult>}
+   */
+  async doGenerate(options) {
+    const { request, warnings, signal, engine } = await this.#prepare(options);
     const answer = await engine.chat.completions.create({ ...request, stream: false, signal });
     const choice = answer.choices[0];
     if (choice.finish_reason === 'abort') throw abortError(signal);
@@ -278,11 +289,7 @@ class KestrelChatModel {
    * @returns {Promise<LanguageModelV4StreamResult>}
    */
   async doStream(options) {
-    const { request, warnings } = chatRequest(options);
-    const signal = options.abortSignal;
-    if (signal?.aborted) throw abortError(signal);
-    const engine = await this.#engine();
-    if (signal?.aborted) throw abortError(signal);
+    const { request, warnings, signal, engine } = await this.#prepare(options);
     const chunks = (await engine.chat.completions.create({ ...request, stream: true, signal }))[Symbol.asyncIterator]();
     return { stream: streamParts(chunks, warnings, options.includeRawChunks === true, signal), request: { body: request } };
   }
@@ -431,32 +438,12 @@ async function estimated(options) {
  * @returns {KestrelProvider}
  */
 export function createKestrel(settings) {
-  if (settings == null || typeof settings !== 'object') {
-    throw kestrelError('invalid_option', 'invalid option settings: expected { engine } or createEngine\'s options ({ model, ... })');
-  }
-  const given = 'engine' in settings ? settings.engine : null;
-  if ('engine' in settings) {
-    if (typeof given?.chat?.completions?.create !== 'function') throw kestrelError('invalid_option', 'invalid option engine: expected an engine from createEngine');
-    if ('model' in settings) throw kestrelError('invalid_option', 'invalid option engine: give either engine or model, not both');
-  } else if (/** @type {CreateEngineOptions} */ (settings).model == null) {
-    throw kestrelError('invalid_option', 'invalid option model: expected the model\'s URL, File or Blob (or give an engine)');
-  }
-  const options = /** @type {CreateEngineOptions} */ (settings);
-  /** @type {Engine | null} */
-  let loaded = given;
-  /** @type {Promise<Engine> | null} */
-  let loading = null;
+  const source = lazyEngine(settings);
+  const given = source.given;
+  const options = /** @type {CreateEngineOptions} */ (source.options ?? {});
   let givenUnloaded = false;
 
-  const engine = () => {
-    if (loaded) return givenUnloaded ? Promise.reject(kestrelError('unloaded', 'the engine was unloaded')) : Promise.resolve(loaded);
-    // One load for every model of the provider; a failed one is tried again by the next request.
-    loading ??= createEngine(options).then(
-      (e) => { loaded = e; loading = null; return e; },
-      (e) => { loading = null; throw e; },
-    );
-    return loading;
-  };
+  const engine = () => (givenUnloaded ? Promise.reject(kestrelError('unloaded', 'the engine was unloaded')) : source.load());
 
   const languageModel = (/** @type {string | undefined} */ modelId) => new KestrelChatModel(modelId ?? defaultModelId(settings), engine);
   const provider = /** @type {KestrelProvider} */ (/** @type {unknown} */ (languageModel));
@@ -469,18 +456,16 @@ export function createKestrel(settings) {
     /** @returns {Promise<KestrelAvailability>} */
     async availability() {
       if (given) return givenUnloaded ? { status: 'unavailable', code: 'unloaded', reason: 'the engine was unloaded' } : { status: 'available' };
-      if (loaded) return { status: 'available' };
-      if (loading) return { status: 'downloading' };
+      if (source.loaded) return { status: 'available' };
+      if (source.loading) return { status: 'downloading' };
       return estimated(options);
     },
     async unload() {
       if (given) {
         givenUnloaded = true;
-        return given.unload();
+        return (await given).unload();
       }
-      const current = loaded ?? (await loading?.catch(() => null));
-      loaded = null;
-      await current?.unload();
+      await (await source.forget())?.unload();
     },
   });
   return provider;

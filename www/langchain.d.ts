@@ -60,15 +60,12 @@ export type KestrelInvocationParams = Omit<ChatCompletionRequest, 'messages' | '
  * call rejects with LangChain's ModelAbortError); `bindTools`; `withStructuredOutput`.
  * Bad input rejects with a KestrelError of code `invalid_option`.
  */
+/** The model's own sampling settings, over which each call's options go. */
+export interface ChatKestrel extends KestrelSamplingParams {}
+
 export declare class ChatKestrel extends BaseChatModel<ChatKestrelCallOptions, AIMessageChunk> {
   static lc_name(): string;
   constructor(fields: ChatKestrelInput);
-  temperature?: number;
-  maxTokens?: number;
-  topP?: number;
-  topK?: number;
-  seed?: number;
-  stop?: string[];
   /**
    * The engine: the one given, else the one created from the options (loaded once; a failed
    * load is retried by the next call). Unload it with `(await model.getEngine()).unload()`.

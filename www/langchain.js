@@ -12,7 +12,7 @@
  * @import { BindToolsInput } from '@langchain/core/language_models/chat_models'
  * @import { BaseLanguageModelInput } from '@langchain/core/language_models/base'
  * @import { Runnable } from '@langchain/core/runnables'
- * @import { ChatCompletionRequest, ChatMessage, CreateEngineOptions, Engine, Tool, ToolCall, ToolChoice, Usage } from './index.d.ts'
+ * @import { ChatCompletionRequest, ChatMessage, Engine, Tool, ToolCall, ToolChoice, Usage } from './index.d.ts'
  * @import { ChatKestrelCallOptions, ChatKestrelInput, KestrelInvocationParams } from './langchain.d.ts'
  */
 
@@ -26,6 +26,7 @@ import { toJsonSchema } from '@langchain/core/utils/json_schema';
 import { isSerializableSchema } from '@langchain/core/utils/standard_schema';
 import { getSchemaDescription, isInteropZodSchema } from '@langchain/core/utils/types';
 import { kestrelError } from './errors.js';
+import { lazyEngine } from './lazy-engine.js';
 
 /** The base chat model's own constructor fields: everything else but the sampling ones is createEngine's. */
 const BASE_FIELDS = ['callbacks', 'callbackManager', 'verbose', 'tags', 'metadata', 'maxRetries', 'maxConcurrency', 'onFailedAttempt', 'cache', 'disableStreaming', 'outputVersion'];
@@ -42,26 +43,15 @@ export class ChatKestrel extends BaseChatModel {
     return 'ChatKestrel';
   }
 
-  /** @type {Promise<Engine> | null} */
-  #engine = null;
-  /** @type {CreateEngineOptions | null} */
-  #engineOptions = null;
+  /** @type {ReturnType<typeof lazyEngine>} */
+  #engine;
 
   /** @param {ChatKestrelInput} fields */
   constructor(fields) {
     super(fields ?? {});
-    const { engine, temperature, maxTokens, topP, topK, seed, stop, ...rest } = /** @type {ChatKestrelInput & Record<string, unknown>} */ (fields ?? {});
-    const engineOptions = Object.fromEntries(Object.entries(rest).filter(([key]) => !BASE_FIELDS.includes(key)));
-    if (engine != null) {
-      if (Object.keys(engineOptions).length > 0) {
-        throw kestrelError('invalid_option', `ChatKestrel: give an engine or createEngine's options, not both (got engine and ${Object.keys(engineOptions).join(', ')})`);
-      }
-      this.#engine = Promise.resolve(engine);
-    } else if (engineOptions.model != null) {
-      this.#engineOptions = /** @type {CreateEngineOptions} */ (/** @type {unknown} */ (engineOptions));
-    } else {
-      throw kestrelError('invalid_option', 'ChatKestrel: give `engine` (a Kestrel engine) or `model` (with createEngine\'s options)');
-    }
+    const { temperature, maxTokens, topP, topK, seed, stop, ...rest } = /** @type {ChatKestrelInput & Record<string, unknown>} */ (fields ?? {});
+    // The base chat model's own fields are LangChain's; the rest name the engine.
+    this.#engine = lazyEngine(Object.fromEntries(Object.entries(rest).filter(([key]) => !BASE_FIELDS.includes(key))));
     /** @type {number | undefined} */
     this.temperature = temperature;
     /** @type {number | undefined} */
@@ -82,15 +72,7 @@ export class ChatKestrel extends BaseChatModel {
    * @returns {Promise<Engine>}
    */
   getEngine() {
-    if (!this.#engine) {
-      const options = /** @type {CreateEngineOptions} */ (this.#engineOptions);
-      const loading = import('./index.js').then(({ createEngine }) => createEngine(options));
-      loading.catch(() => {
-        if (this.#engine === loading) this.#engine = null;
-      });
-      this.#engine = loading;
-    }
-    return this.#engine;
+    return this.#engine.load();
   }
 
   _llmType() {

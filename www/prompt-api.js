@@ -13,7 +13,8 @@
  */
 
 import { kestrelError } from './errors.js';
-import { createEngine, estimate, hasModelInCache, isKestrelError } from './index.js';
+import { estimate, hasModelInCache, isKestrelError } from './index.js';
+import { lazyEngine } from './lazy-engine.js';
 
 // Without topK or temperature a session samples as the engine does by default (llama.cpp's
 // defaults); the maxima are Chrome's (its `LanguageModel.params()`).
@@ -260,59 +261,15 @@ class CreateMonitor extends EventTarget {
 }
 
 /**
- * The engine of a LanguageModel: the one given, or one loaded once from createEngine's options
- * (by the first `create()`; later ones share it).
+ * The adapter's own `maxTokens`, checked, and the engine of the rest (lazy-engine.js).
  * @param {LanguageModelSource} source
  */
 function engineSource(source) {
-  const { maxTokens, ...given } = /** @type {LanguageModelSource & { engine?: Engine }} */ (source ?? {});
+  const { maxTokens, ...settings } = /** @type {LanguageModelSource} */ (source ?? {});
   if (maxTokens !== undefined && !(Number.isSafeInteger(maxTokens) && maxTokens >= 1)) {
     throw kestrelError('invalid_option', 'invalid option maxTokens: expected a positive integer');
   }
-  /** @type {Engine | null} */
-  let engine = null;
-  /** @type {CreateEngineOptions | null} */
-  let options = null;
-  if ('engine' in given) {
-    engine = /** @type {Engine} */ (given.engine);
-    if (typeof engine?.chat?.completions?.create !== 'function') throw kestrelError('invalid_option', 'invalid option engine: expected an engine from createEngine');
-  } else {
-    options = /** @type {CreateEngineOptions} */ (given);
-    if (options.model == null) throw kestrelError('invalid_option', 'invalid option model: expected { engine } or the options of createEngine');
-  }
-  /** @type {Promise<Engine> | null} */
-  let loading = null;
-  /** @type {Set<(progress: LoadProgress) => void>} */
-  const listeners = new Set();
-  return {
-    maxTokens,
-    options,
-    get engine() { return engine; },
-    get loading() { return loading !== null && engine === null; },
-    /**
-     * The engine, loaded once; `onProgress` follows the load until `unlisten`.
-     * @param {(progress: LoadProgress) => void} onProgress
-     * @returns {Promise<Engine>}
-     */
-    load(onProgress) {
-      if (engine) return Promise.resolve(engine);
-      const opts = /** @type {CreateEngineOptions} */ (options);
-      listeners.add(onProgress);
-      loading ??= createEngine({
-        ...opts,
-        onProgress: (p) => {
-          opts.onProgress?.(p);
-          for (const listener of listeners) listener(p);
-        },
-      }).then((e) => (engine = e), (e) => {
-        loading = null; // a later create() tries again
-        throw e;
-      });
-      return loading;
-    },
-    /** @param {(progress: LoadProgress) => void} onProgress */
-    unlisten(onProgress) { listeners.delete(onProgress); },
-  };
+  return { maxTokens, holder: lazyEngine(settings) };
 }
 
 /**
@@ -324,7 +281,7 @@ function engineSource(source) {
  * @returns {LanguageModelConstructor}
  */
 export function createLanguageModel(source) {
-  const holder = engineSource(source);
+  const { maxTokens, holder } = engineSource(source);
   const key = Symbol('LanguageModel');
 
   /** @typedef {{ engine: Engine, history: ChatMessage[], initial: number, usage: number, topK: number, temperature: number }} State */
@@ -378,7 +335,7 @@ export function createLanguageModel(source) {
      */
     static async availability(options = {}) {
       if (coreOptions(options).unsupported) return 'unavailable';
-      if (holder.engine) return 'available';
+      if (holder.given || holder.loaded) return 'available';
       if (holder.loading) return 'downloading';
       const { model, backend = 'auto', context_length, kv_cache, slots } = /** @type {CreateEngineOptions} */ (holder.options);
       let fit;
@@ -678,7 +635,7 @@ export function createLanguageModel(source) {
             top_k: this.#topK,
             top_p: 1,
             min_p: 0,
-            max_tokens: holder.maxTokens ?? this.contextWindow,
+            max_tokens: maxTokens ?? this.contextWindow,
             ...rule?.fields,
           });
           for await (const chunk of stream) {
