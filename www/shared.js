@@ -70,7 +70,9 @@ export class SharedEngineConnection {
    * @param {string} clientLock
    */
   #viaSharedWorker(key, clientLock) {
-    const worker = new SharedWorker(new URL('./shared-worker.js', import.meta.url), { type: 'module', name: `kestrel:${key}` });
+    // The name is not a constant, which Vite 5 refuses in worker options unless told to leave
+    // them (it still bundles the worker): hence the @vite-ignore.
+    const worker = new SharedWorker(new URL('./shared-worker.js', import.meta.url), { type: 'module', name: `kestrel:${key}` /* @vite-ignore */ });
     worker.onerror = (e) => this.onerror?.(/** @type {ErrorEvent} */ (e));
     const { port } = worker;
     port.onmessage = ({ data }) => this.#deliver(data);
