@@ -1,7 +1,9 @@
 // The npm package as a new user gets it, from the tarball `npm pack ./www` makes, in a small app
 // (index.html, main.js) built for production with Vite 5-8 and webpack 5, and served by the dev
-// servers of Vite 5-8, each opened in headless Chromium (WebGPU on SwiftShader): tokens stream
-// and the app asks nothing of another origin. The dev servers of Vite 5-7 pre-bundle the package
+// servers of Vite 5-8, each opened in headless Chromium (WebGPU on SwiftShader): tokens stream,
+// each subpath export (ai-sdk, prompt-api, langchain, with the real `ai` and `@langchain/core`)
+// and a shared engine give the package's own greedy answer, and the app asks nothing of another
+// origin. The dev servers of Vite 5-7 pre-bundle the package
 // into node_modules/.vite/deps/, away from the worker that `new URL('./worker.js', import.meta.url)`
 // names: without `optimizeDeps.exclude` the engine fails with an error that says so, with it
 // tokens stream. Needs www/pkg (`./build.sh wasm`) and models/synthetic-qwen3-f32.gguf.
@@ -68,11 +70,21 @@ async function openApp(url) {
   }
 }
 
-/** The app streamed its tokens and a final usage, and asked for nothing outside `url`'s origin. */
+/**
+ * The app streamed its tokens and a final usage; each integration and the shared engine (run by
+ * the SharedWorker the bundler built) answered the package's own greedy chat answer; and the app
+ * asked for nothing outside `url`'s origin.
+ */
 function assertStreamed({ outcome, requests }, url) {
   assert.equal(outcome.ok, true, `the app failed: ${outcome.code}: ${outcome.message}`);
   assert.equal(outcome.chunks.filter((c) => Number.isInteger(c.token_id)).length, MAX_TOKENS, JSON.stringify(outcome.chunks));
   assert.equal(outcome.usage?.completion_tokens, MAX_TOKENS, JSON.stringify(outcome.usage));
+  console.log(`${url}: the package's greedy chat answer ${JSON.stringify(outcome.chat)}; integrations ${JSON.stringify(outcome.integrations)}; shared ${JSON.stringify(outcome.shared)}`);
+  assert.ok(outcome.chat.tokens >= 1, JSON.stringify(outcome.chat));
+  for (const [integration, text] of Object.entries(outcome.integrations)) {
+    assert.equal(text, outcome.chat.text, `${integration} through the bundled subpath export`);
+  }
+  assert.deepEqual(outcome.shared, { ...outcome.chat, mode: 'shared-worker' }, 'the shared engine');
   // The engine's worker fetches the wasm: seeing it shows that the worker's requests are among
   // those the origin check reads.
   assert.ok(requests.some((r) => new URL(r).pathname.endsWith('.wasm')), `no request for the engine's wasm among ${requests.join(' ')}`);
