@@ -23,9 +23,11 @@ describe('Structured output in Chromium', { timeout: 30 * MINUTES }, () => {
     test(`(${backend}) JSON Schema answers validate, a regex holds, a bad schema is invalid_option`, { timeout: 20 * MINUTES }, async () => {
       const page = await openTestPage(env.browser.context, env.server.url);
       page.setDefaultTimeout(15 * MINUTES);
-      // On SwiftShader each token is slow: there, one schema, greedy and sampled.
+      // On SwiftShader each token is slow: there, one schema, greedy only (the sampled draw
+      // under a device mask is checked natively on lavapipe, tests/constrained.rs).
       const runs = backend === 'cpu' ? cases : cases.slice(0, 1);
-      const out = await page.evaluate(async ({ model, backend, contextLength, runs }) => {
+      const sampling = backend === 'cpu';
+      const out = await page.evaluate(async ({ model, backend, contextLength, runs, sampling }) => {
         const engine = await window.kestrel.createEngine({ model, backend, context_length: contextLength });
         const answers = [];
         for (const run of runs) {
@@ -33,6 +35,7 @@ describe('Structured output in Chromium', { timeout: 30 * MINUTES }, () => {
           const response_format = { type: 'json_schema', json_schema: { name: run.id, schema: run.schema, strict: true } };
           const greedy = await engine.chat.completions.create({ messages, response_format, temperature: 0, max_tokens: 200 });
           answers.push({ id: run.id, how: 'greedy', text: greedy.choices[0].message.content, finish: greedy.choices[0].finish_reason });
+          if (!sampling) continue;
           const sampled = await engine.chat.completions.create({ messages, response_format, temperature: 1, seed: 3, max_tokens: 200 });
           answers.push({ id: run.id, how: 'seed 3', text: sampled.choices[0].message.content, finish: sampled.choices[0].finish_reason });
         }
@@ -52,7 +55,7 @@ describe('Structured output in Chromium', { timeout: 30 * MINUTES }, () => {
         const info = engine.info;
         await engine.unload();
         return { answers, phone, bad, tokens, after: after.usage.completion_tokens, backend: info.backend };
-      }, { model: MODEL_URL, backend, contextLength: CONTEXT_LENGTH, runs });
+      }, { model: MODEL_URL, backend, contextLength: CONTEXT_LENGTH, runs, sampling });
       assert.equal(out.backend, backend === 'cpu' ? 'cpu' : 'webgpu');
       const ajv = new Ajv({ strict: false });
       for (const answer of out.answers) {

@@ -81,7 +81,7 @@ class ServerTest(unittest.TestCase):
         refused(400, "invalid_option", lambda: create(model="m", messages=[{"role": "wizard", "content": "x"}]))
         e = refused(400, "invalid_option", lambda: create(model="m", messages=[{"role": "user", "content": "x"}], temperature=-1))
         self.assertEqual(e.param, "temperature")
-        refused(400, "invalid_option", lambda: create(model="m", messages=[{"role": "user", "content": "x"}], tools=[{"type": "function", "function": {"name": "f"}}]))
+        refused(400, "invalid_option", lambda: create(model="m", messages=[{"role": "user", "content": "x"}], tools=[{"type": "function", "function": {"name": "two words"}}]))
         refused(400, "context_length_exceeded", lambda: self.client.completions.create(model="m", prompt="word " * 600, max_tokens=1))
         bad_key = openai.OpenAI(base_url=f"http://{self.address}/v1", api_key="wrong", max_retries=0)
         refused(401, "invalid_api_key", lambda: bad_key.models.list())
