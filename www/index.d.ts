@@ -458,9 +458,13 @@ export interface CreateEngineOptions {
  * fails with `device_lost` and the engine recovers by itself: 'device_lost', then 'reloading' (a
  * new device, the model from the Cache API or the same File), then 'ready', or 'failed' with the
  * error (the engine is then unusable). Requests made meanwhile wait for it.
+ *
+ * A shared engine (`shared: true`) whose leading tab closed: the requests in flight fail with
+ * `leader_lost`, then 'leader_lost', 'reloading' (the next tab in line loads the model from the
+ * Cache API), then 'ready' or 'failed', in every tab that used it.
  */
 export interface EngineStatus {
-  status: 'device_lost' | 'reloading' | 'ready' | 'failed';
+  status: 'device_lost' | 'leader_lost' | 'reloading' | 'ready' | 'failed';
   error?: { code: string; message: string };
 }
 

@@ -308,16 +308,20 @@ class Engine {
       return;
     }
     if (msg.type === 'lost') {
-      // The shared engine's leading tab closed: what ran there is lost; the next tab took over.
+      // The shared engine's leading tab closed: what ran there is lost; the next tab took over and
+      // reloads the model ('ready' or 'failed' follows, from the new leader's hub).
       const lost = kestrelError('leader_lost', 'the tab that ran the shared engine closed; another tab took it over: retry the request');
       for (const p of this.#pending.values()) p.reject(lost);
       this.#pending.clear();
       if (this.info) this.info = { ...this.info, shared: this.#sharedInfo() };
+      this.#onStatus?.({ status: 'leader_lost' });
+      this.#onStatus?.({ status: 'reloading' });
       return;
     }
     if (msg.type === 'status') {
-      // The worker recovering from a device loss by itself.
-      if (msg.status === 'ready' && msg.info) this.info = { ...msg.info, backend: 'webgpu', shared: this.#sharedInfo() };
+      // The worker recovering from a device loss by itself, or a new leader's reload of the
+      // shared engine: the info is the reloaded engine's.
+      if (msg.status === 'ready' && msg.info) this.info = { ...msg.info, shared: this.#sharedInfo() };
       this.#onStatus?.(msg.error ? { status: msg.status, error: msg.error } : { status: msg.status });
       return;
     }
@@ -541,6 +545,8 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * `onStatus({status})` follows the engine recovering by itself from a lost GPU device: the
  * request in flight fails with `device_lost`, then 'device_lost', 'reloading' (the model from the
  * Cache API or the same File), 'ready' (or 'failed' with `error`); later requests wait for it.
+ * A shared engine whose leading tab closed says 'leader_lost', 'reloading' (on the next tab in
+ * line), then 'ready' or 'failed'.
  * `sha256` (hex): the file's digest, checked as it streams; a mismatch is `bad_model` and the
  * copy is not kept in the Cache API. `info.model_cache` says whether the Cache API kept the file
  * (not where the storage quota has no room: `quota_exceeded`).

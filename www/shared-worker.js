@@ -8,8 +8,9 @@
 import { handleMessage, setOutbound } from './engine-host.js';
 
 /**
- * A connected tab: `send` posts to it; `ids` maps the hub's ids of its live requests to its own.
- * @typedef {{ send: (msg: any) => void, ids: Map<number, number>, generations: Set<number>, gone: boolean }} Client
+ * A connected tab: `send` posts to it; `ids` maps the hub's ids of its live requests to its own;
+ * `rejoining`: the tab lost the leader before this one, and waits for the model's reload.
+ * @typedef {{ send: (msg: any) => void, ids: Map<number, number>, generations: Set<number>, gone: boolean, rejoining: boolean }} Client
  */
 
 /** @type {Set<Client>} */
@@ -22,8 +23,9 @@ let abandoned = 0;
 
 /**
  * The model's one load: its hub id, the clients waiting for its answer, and once loaded its info
- * (a later tab's load answers with it). Null before the first load and after the last tab leaves.
- * @type {{ id: number, waiting: { client: Client, id: number }[], info: any, done: Promise<void>, settle: () => void } | null}
+ * (a later tab's load answers with it); `takeover`: a new leader's reload of the old leader's
+ * model. Null before the first load and after the last tab leaves.
+ * @type {{ id: number, waiting: { client: Client, id: number }[], info: any, done: Promise<void>, settle: () => void, takeover: boolean } | null}
  */
 let load = null;
 
@@ -56,7 +58,21 @@ function answerLoad(msg) {
   current.waiting = [];
   if (msg.type === 'result') current.info = msg.value;
   else load = null; // a failed load is tried again by the next tab that asks
+  if (current.takeover) {
+    for (const c of clients) if (c.rejoining) tellReloaded(c, msg);
+  }
   current.settle();
+}
+
+/**
+ * Tells a tab that lost the old leader how the new leader's reload ended, as a status (index.js's
+ * onStatus: 'ready' with the engine's info, or 'failed' with the error).
+ * @param {Client} client
+ * @param {any} answer the load's 'result' or 'error'
+ */
+function tellReloaded(client, answer) {
+  client.rejoining = false;
+  client.send(answer.type === 'result' ? { type: 'status', status: 'ready', info: answer.value } : { type: 'status', status: 'failed', error: answer.error });
 }
 
 function announceClients() {
@@ -65,16 +81,19 @@ function announceClients() {
 
 /**
  * A new tab. `lock` names the Web Lock it holds while it lives: granted to the hub, it means the tab
- * closed or navigated away, and its requests end.
+ * closed or navigated away, and its requests end. `rejoining`: it lost the old leader, and hears
+ * when this leader's reload is done (at once if it already is).
  * @param {(msg: any) => void} send
  * @param {string | undefined} lock
+ * @param {boolean} rejoining
  */
-function connect(send, lock) {
+function connect(send, lock, rejoining) {
   /** @type {Client} */
-  const client = { send, ids: new Map(), generations: new Set(), gone: false };
+  const client = { send, ids: new Map(), generations: new Set(), gone: false, rejoining };
   clients.add(client);
   if (lock && globalThis.navigator?.locks) navigator.locks.request(lock, () => leave(client));
   announceClients();
+  if (rejoining && load?.takeover && load.info) tellReloaded(client, { type: 'result', value: load.info });
   return client;
 }
 
@@ -127,8 +146,9 @@ async function receive(client, msg) {
     /** @type {() => void} */
     let settle = () => {};
     const done = new Promise((resolve) => (settle = () => resolve(undefined)));
-    load = { id: nextId++, waiting: [{ client, id }], info: null, done, settle };
-    handleMessage({ ...msg, id: load.id });
+    const { takeover, ...request } = msg;
+    load = { id: nextId++, waiting: [{ client, id }], info: null, done, settle, takeover: takeover === true };
+    handleMessage({ ...request, id: load.id });
     return;
   }
   // Requests wait for the model (a tab may ask while another tab's load of it runs).
@@ -148,7 +168,7 @@ if (typeof self.SharedWorkerGlobalScope === 'function' && self instanceof self.S
     /** @type {Client | null} */
     let client = null;
     port.onmessage = ({ data }) => {
-      if (data.type === 'hello') client ??= connect((m) => port.postMessage(m), data.lock);
+      if (data.type === 'hello') client ??= connect((m) => port.postMessage(m), data.lock, false);
       else if (client) receive(client, data);
     };
   });
@@ -159,7 +179,7 @@ if (typeof self.SharedWorkerGlobalScope === 'function' && self instanceof self.S
   let own = null;
   self.onmessage = ({ data }) => {
     if (data.type === 'lead') {
-      own = connect((m) => self.postMessage(m), undefined);
+      own = connect((m) => self.postMessage(m), undefined, data.rejoin === true);
       serveChannel(data.channel, data.leader);
     } else if (own) {
       receive(own, data);
@@ -185,7 +205,7 @@ function serveChannel(name, leader) {
       // Welcomed first: the tab takes this leader's messages from then on, the count of tabs too.
       channel.postMessage({ to: from, leader, msg: { type: 'welcome' } });
       if (!followers.has(from)) {
-        followers.set(from, connect((m) => channel.postMessage({ to: from, leader, msg: m }), data.msg.lock));
+        followers.set(from, connect((m) => channel.postMessage({ to: from, leader, msg: m }), data.msg.lock, data.msg.rejoin === true));
       }
       return;
     }

@@ -105,10 +105,15 @@ export class SharedEngineConnection {
     let stopLeading = () => {};
     const holdLead = () => new Promise((resolve) => (stopLeading = () => resolve(undefined)));
     const toLeader = (/** @type {any} */ msg) => channel.postMessage({ to: 'leader', from: me, msg });
-    const hello = () => toLeader({ type: 'hello', lock: clientLock });
+    /** Whether this tab lost its leader and waits for the model on the next one ('ready'). */
+    let rejoining = false;
+    const hello = () => toLeader({ type: 'hello', lock: clientLock, rejoin: rejoining });
 
     // Requests that ran on a leader that is gone fail (index.js rejects them with `leader_lost`).
-    const lost = () => this.#deliver({ type: 'lost' });
+    const lost = () => {
+      rejoining = true;
+      this.#deliver({ type: 'lost' });
+    };
 
     const lead = async () => {
       if (this.mode === 'follower' && leader) lost();
@@ -119,9 +124,10 @@ export class SharedEngineConnection {
       worker = new Worker(new URL('./shared-worker.js', import.meta.url), { type: 'module' });
       worker.onmessage = ({ data }) => this.#deliver(data);
       worker.onerror = (e) => this.onerror?.(e);
-      worker.postMessage({ type: 'lead', channel: `kestrel-channel:${key}`, leader: me });
-      // Taking over: the model loads again (from the Cache API) for this tab and the others.
-      if (load) worker.postMessage({ ...load, id: 0 });
+      worker.postMessage({ type: 'lead', channel: `kestrel-channel:${key}`, leader: me, rejoin: rejoining });
+      // Taking over: the model loads again (from the Cache API) for this tab and the others, and
+      // the tabs that lost the old leader learn when it is ready.
+      if (load) worker.postMessage({ ...load, id: 0, takeover: true });
       for (const msg of waiting.splice(0)) worker.postMessage(msg);
     };
 
@@ -153,6 +159,7 @@ export class SharedEngineConnection {
       if (data.msg?.type === 'welcome') {
         if (leader !== data.leader) watch(data.leader);
         leader = data.leader;
+        rejoining = false;
         for (const msg of waiting.splice(0)) toLeader(msg);
         return;
       }

@@ -2,7 +2,8 @@
 // Its GPU buffers are those of one engine; the tabs' concurrent greedy requests give what each
 // gives alone; a tab closed mid-stream ends only its own request; and with SharedWorker taken
 // away (the Web Locks + BroadcastChannel path of Chrome on Android), closing the leading tab hands
-// the engine over: the request in flight fails with `leader_lost`, a retry answers.
+// the engine over: the request in flight fails with `leader_lost`, a retry answers, and onStatus
+// says 'leader_lost', 'reloading', 'ready' in each remaining tab.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { CONTEXT_LENGTH, gpuProcessBytes, MINUTES, MODEL_URL, openTestPage, serveAndLaunch } from './harness.mjs';
@@ -26,10 +27,11 @@ async function openTab(env, { noSharedWorker = false } = {}) {
   return page;
 }
 
-/** Creates the tab's engine (kept as window.engine) and returns its info. */
+/** Creates the tab's engine (kept as window.engine, its onStatus events in window.statuses) and returns its info. */
 function createEngine(page, options) {
   return page.evaluate(async ({ model, options }) => {
-    window.engine = await window.kestrel.createEngine({ model, ...options });
+    window.statuses = [];
+    window.engine = await window.kestrel.createEngine({ model, ...options, onStatus: (s) => window.statuses.push(s.status) });
     return window.engine.info;
   }, { model: MODEL_URL, options });
 }
@@ -174,6 +176,12 @@ describe('The shared engine in Chromium', { timeout: 30 * MINUTES }, () => {
     await waitForClients(tabs[2], 2);
     const modes = await Promise.all(tabs.slice(1).map((t) => t.evaluate(() => window.engine.info.shared.mode)));
     assert.deepEqual(modes.sort(), ['follower', 'leader']);
+    // Both tabs heard the hand-over, the new leader's and the follower's alike.
+    for (const t of tabs.slice(1)) {
+      await t.waitForFunction(() => window.statuses.length >= 3, null, { timeout: MINUTES });
+      assert.deepEqual(await t.evaluate(() => window.statuses), ['leader_lost', 'reloading', 'ready']);
+      assert.equal(await t.evaluate(() => window.engine.info.backend), 'cpu');
+    }
     for (const t of tabs.slice(1)) await t.close();
   });
 });
