@@ -24,7 +24,7 @@ let abandoned = 0;
 /**
  * The model's one load: its hub id, the clients waiting for its answer, and once loaded its info
  * (a later tab's load answers with it); `takeover`: a new leader's reload of the old leader's
- * model. Null before the first load and after the last tab leaves.
+ * model (asked by a tab that lost the old leader). Null before the first load and after the last tab leaves.
  * @type {{ id: number, waiting: { client: Client, id: number }[], info: any, done: Promise<void>, settle: () => void, takeover: boolean } | null}
  */
 let load = null;
@@ -146,9 +146,8 @@ async function receive(client, msg) {
     /** @type {() => void} */
     let settle = () => {};
     const done = new Promise((resolve) => (settle = () => resolve(undefined)));
-    const { takeover, ...request } = msg;
-    load = { id: nextId++, waiting: [{ client, id }], info: null, done, settle, takeover: takeover === true };
-    handleMessage({ ...request, id: load.id });
+    load = { id: nextId++, waiting: [{ client, id }], info: null, done, settle, takeover: client.rejoining };
+    handleMessage({ ...msg, id: load.id });
     return;
   }
   // Requests wait for the model (a tab may ask while another tab's load of it runs).

@@ -127,7 +127,7 @@ export class SharedEngineConnection {
       worker.postMessage({ type: 'lead', channel: `kestrel-channel:${key}`, leader: me, rejoin: rejoining });
       // Taking over: the model loads again (from the Cache API) for this tab and the others, and
       // the tabs that lost the old leader learn when it is ready.
-      if (load) worker.postMessage({ ...load, id: 0, takeover: true });
+      if (load) worker.postMessage({ ...load, id: 0 });
       for (const msg of waiting.splice(0)) worker.postMessage(msg);
     };
 
