@@ -8,7 +8,7 @@ pub enum TokenizerError {
     #[error("GGUF metadata key `{0}` is missing")]
     MissingKey(&'static str),
     /// `tokenizer.ggml.model` names a tokenizer kind this crate does not implement.
-    #[error("unsupported tokenizer model `{0}` (tokenizer.ggml.model); supported: gpt2 (byte-level BPE), llama (SentencePiece BPE)")]
+    #[error("unsupported tokenizer model `{0}` (tokenizer.ggml.model); supported: gpt2 (byte-level BPE), llama (SentencePiece BPE), bert (WordPiece)")]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not know.
     #[error("unsupported pre-tokenizer `{0}` (tokenizer.ggml.pre); supported: {supported}", supported = crate::pre::SUPPORTED_PRE_NAMES.join(", "))]

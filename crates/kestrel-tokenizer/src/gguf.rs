@@ -17,6 +17,7 @@ impl Vocabulary {
         let model = match model_name {
             "gpt2" => VocabularyModel::Gpt2,
             "llama" => VocabularyModel::Llama,
+            "bert" => VocabularyModel::Bert,
             other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
         };
         let pre = md.get_str("tokenizer.ggml.pre").map_err(meta_err)?.map(str::to_string);
@@ -70,10 +71,12 @@ impl Vocabulary {
             .unwrap_or_default();
         let id = |key: &str| -> Result<Option<u32>> { Ok(md.get_u32(key).map_err(meta_err)?.filter(|&i| (i as usize) < n)) };
         // llama.cpp's ids for a file that names none (or one out of range): SentencePiece's
-        // <unk> <s> </s> at 0, 1, 2, and GPT-2's <|endoftext|> at 11 for both ends.
-        let (bos_default, eos_default, unk_default) = match model {
-            VocabularyModel::Llama => (Some(1), Some(2), Some(0)),
-            VocabularyModel::Gpt2 => (Some(11), Some(11), None),
+        // <unk> <s> </s> at 0, 1, 2, GPT-2's <|endoftext|> at 11 for both ends, and BERT's
+        // [PAD] [UNK] [CLS] [SEP] at 0, 100, 101, 102 (no EOS).
+        let (bos_default, eos_default, unk_default, sep_default, pad_default) = match model {
+            VocabularyModel::Llama => (Some(1), Some(2), Some(0), None, None),
+            VocabularyModel::Gpt2 => (Some(11), Some(11), None, None, None),
+            VocabularyModel::Bert => (Some(101), None, Some(100), Some(102), Some(0)),
         };
         let in_range = |d: Option<u32>| d.filter(|&i| (i as usize) < n);
         Ok(Vocabulary {
@@ -88,7 +91,8 @@ impl Vocabulary {
                 eot: id("tokenizer.ggml.eot_token_id")?,
                 eom: id("tokenizer.ggml.eom_token_id")?,
                 unk: id("tokenizer.ggml.unknown_token_id")?.or(in_range(unk_default)),
-                pad: id("tokenizer.ggml.padding_token_id")?,
+                pad: id("tokenizer.ggml.padding_token_id")?.or(in_range(pad_default)),
+                sep: id("tokenizer.ggml.seperator_token_id")?.or(in_range(sep_default)),
                 // The deprecated keys are read after the new ones in llama.cpp, so they win.
                 fim_pre: id("tokenizer.ggml.prefix_token_id")?.or(id("tokenizer.ggml.fim_pre_token_id")?),
                 fim_suf: id("tokenizer.ggml.suffix_token_id")?.or(id("tokenizer.ggml.fim_suf_token_id")?),
@@ -101,6 +105,8 @@ impl Vocabulary {
             add_bos: md.get_bool("tokenizer.ggml.add_bos_token").map_err(meta_err)?,
             add_eos: md.get_bool("tokenizer.ggml.add_eos_token").map_err(meta_err)?,
             add_space_prefix: md.get_bool("tokenizer.ggml.add_space_prefix").map_err(meta_err)?,
+            lowercase: md.get_bool("tokenizer.ggml.normalizer.lowercase").map_err(meta_err)?,
+            strip_accents: md.get_bool("tokenizer.ggml.normalizer.strip_accents").map_err(meta_err)?,
             chat_template: md.get_str("tokenizer.chat_template").map_err(meta_err)?.map(str::to_string),
             tokens,
         })

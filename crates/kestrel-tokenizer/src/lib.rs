@@ -19,7 +19,9 @@ mod pre;
 mod special;
 mod stream;
 mod tokenizer;
+mod unicode;
 mod vocab;
+mod wpm;
 
 pub use chat::{python_json, ChatFunctionCall, ChatMessage, ChatTemplate, ChatToolCall, CHATML_TEMPLATE};
 pub use error::{Result, TokenizerError};

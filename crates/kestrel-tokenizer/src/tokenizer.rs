@@ -13,6 +13,7 @@ use crate::error::{Result, TokenizerError};
 use crate::pre::PreTokenizerKind;
 use crate::special::{attr, Fragment, Specials};
 use crate::vocab::{SpecialTokenIds, Vocabulary, VocabularyModel};
+use crate::wpm::{clean_spaces, Wpm};
 
 /// How the text of a token is turned back into bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +22,16 @@ enum PieceStyle {
     ByteLevel,
     /// SentencePiece: `▁` is a space, `<0xXX>` is a raw byte.
     SentencePiece,
+}
+
+/// What encodes the text between special tokens.
+#[derive(Clone)]
+enum TextModel {
+    /// A `tokenizers` pipeline (byte-level BPE, SentencePiece BPE, or a tokenizer.json).
+    /// Boxed: the pipeline is large, WordPiece small.
+    Hf(Box<tokenizers::Tokenizer>),
+    /// llama.cpp's WordPiece, which `tokenizers`' BERT pipeline does not match exactly.
+    Wpm(Wpm),
 }
 
 /// A tokenizer for one model: encode text to ids and decode ids to text exactly as
@@ -34,7 +45,7 @@ enum PieceStyle {
 #[derive(Clone)]
 pub struct Tokenizer {
     /// The vocabulary's model, without special tokens: it encodes the text between them.
-    hf: tokenizers::Tokenizer,
+    model: TextModel,
     /// Token text by id (empty for ids a tokenizer.json leaves undefined).
     texts: Vec<String>,
     specials: Specials,
@@ -42,10 +53,17 @@ pub struct Tokenizer {
     pieces: Vec<Option<Box<[u8]>>>,
     bos: Option<u32>,
     eos: Option<u32>,
+    /// WordPiece's separator (`[SEP]`).
+    sep: Option<u32>,
     add_bos: bool,
     add_eos: bool,
+    /// What `add_special` appends: EOS when the vocabulary asks for it, SEP for WordPiece
+    /// (which llama.cpp appends whatever `add_eos_token` says).
+    end: Option<u32>,
     /// Strip one leading space from the first decoded token (SentencePiece add_space_prefix).
     strip_first_space: bool,
+    /// llama.cpp's `clean_spaces` after decoding (WordPiece: no space before `.`, `,`, `'s`...).
+    clean_spaces: bool,
     chat_template: Option<String>,
 }
 
@@ -91,7 +109,7 @@ impl Tokenizer {
             by_text.entry(t.clone()).or_insert(id as u32);
         }
 
-        let (hf, style, add_bos_default, strip_first_space) = match v.model {
+        let (model, style, add_bos_default, strip_first_space) = match v.model {
             VocabularyModel::Gpt2 => {
                 let pre = PreTokenizerKind::from_gguf_name(v.pre.as_deref())?;
                 let merges = parse_merges(&v.merges)?;
@@ -115,7 +133,7 @@ impl Tokenizer {
                 hf.with_pre_tokenizer(Some(PreSequence::new(steps)));
                 // Not used by this crate's decoding; makes `to_json` a complete tokenizer.json.
                 hf.with_decoder(Some(ByteLevel::default()));
-                (hf, PieceStyle::ByteLevel, pre.default_add_bos(), false)
+                (TextModel::Hf(Box::new(hf)), PieceStyle::ByteLevel, pre.default_add_bos(), false)
             }
             VocabularyModel::Llama => {
                 if v.scores.len() != n {
@@ -152,7 +170,15 @@ impl Tokenizer {
                     dec.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
                 }
                 hf.with_decoder(Some(DecoderSequence::new(dec)));
-                (hf, PieceStyle::SentencePiece, true, add_space_prefix)
+                (TextModel::Hf(Box::new(hf)), PieceStyle::SentencePiece, true, add_space_prefix)
+            }
+            VocabularyModel::Bert => {
+                let lowercase = v.lowercase.unwrap_or(false);
+                let unk = v.ids.unk.filter(|&u| (u as usize) < n);
+                let wpm = Wpm::new(&v.tokens, unk, lowercase, v.strip_accents.unwrap_or(lowercase));
+                // Pieces decode as SentencePiece's do: `▁` is a space (llama.cpp's
+                // token_to_piece shares the case), kept at the start of the text.
+                (TextModel::Wpm(wpm), PieceStyle::SentencePiece, true, false)
             }
         };
 
@@ -161,18 +187,28 @@ impl Tokenizer {
         let specials = Specials::derive(&v.tokens, attrs, &by_text, &v.ids, v.model_name.as_deref());
         let pieces = (0..n).map(|i| Some(token_piece(style, specials.attrs[i], &v.tokens[i]).into_boxed_slice())).collect();
 
-        let add_bos = v.add_bos.unwrap_or(add_bos_default) && v.ids.bos.is_some();
-        let add_eos = v.add_eos.unwrap_or(false) && v.ids.eos.is_some();
+        let wordpiece = v.model == VocabularyModel::Bert;
+        // llama.cpp's WordPiece adds [CLS] and [SEP] with `add_special` whatever the file's
+        // add_bos_token / add_eos_token say.
+        let (add_bos, end) = if wordpiece {
+            (v.ids.bos.is_some(), v.ids.sep)
+        } else {
+            let add_eos = v.add_eos.unwrap_or(false) && v.ids.eos.is_some();
+            (v.add_bos.unwrap_or(add_bos_default) && v.ids.bos.is_some(), v.ids.eos.filter(|_| add_eos))
+        };
         Ok(Tokenizer {
-            hf,
+            model,
             texts: v.tokens.clone(),
             specials,
             pieces,
             bos: v.ids.bos,
             eos: v.ids.eos,
+            sep: v.ids.sep,
             add_bos,
-            add_eos,
+            add_eos: end.is_some() && end == v.ids.eos,
+            end,
             strip_first_space,
+            clean_spaces: wordpiece,
             chat_template: v.chat_template.clone(),
         })
     }
@@ -275,14 +311,33 @@ impl Tokenizer {
             };
             pieces[id] = Some(bytes.into_boxed_slice());
         }
-        Ok(Tokenizer { hf, texts, specials, pieces, bos, eos, add_bos, add_eos, strip_first_space, chat_template: None })
+        Ok(Tokenizer {
+            model: TextModel::Hf(Box::new(hf)),
+            texts,
+            specials,
+            pieces,
+            bos,
+            eos,
+            sep: None,
+            add_bos,
+            add_eos,
+            end: eos.filter(|_| add_eos),
+            strip_first_space,
+            clean_spaces: false,
+            chat_template: None,
+        })
     }
 
     /// The equivalent Hugging Face `tokenizer.json` (for a GGUF-built tokenizer: the
     /// vocabulary, merges, pre-tokenizer, special tokens and decoder; BOS/EOS
-    /// insertion is not part of it).
+    /// insertion is not part of it). A WordPiece vocabulary becomes Hugging Face's BERT
+    /// pipeline with vocab.txt's `##` continuations, which tokenizes a few texts differently from
+    /// llama.cpp (Hangul, ASCII symbols other than punctuation, words over 100 characters).
     pub fn to_json(&self) -> Result<String> {
-        let mut hf = self.hf.clone();
+        let mut hf = match &self.model {
+            TextModel::Hf(hf) => hf.as_ref().clone(),
+            TextModel::Wpm(wpm) => wpm.to_hf(&self.texts)?,
+        };
         let added = |bits: u16| -> Vec<AddedToken> {
             self.specials
                 .in_text
@@ -305,7 +360,8 @@ impl Tokenizer {
 
     /// Encodes `text` with special-token parsing on: the text of a special token
     /// (`<|im_start|>`...) becomes that token. `add_special` adds BOS / EOS as the model
-    /// asks ([`Tokenizer::add_bos`], [`Tokenizer::add_eos`]), as llama.cpp's `add_special`.
+    /// asks ([`Tokenizer::add_bos`], [`Tokenizer::add_eos`]), as llama.cpp's `add_special`;
+    /// for WordPiece, `[CLS]` (BOS) and `[SEP]` ([`Tokenizer::sep_id`]).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         self.encode_with(text, add_special, true)
     }
@@ -321,14 +377,17 @@ impl Tokenizer {
         for fragment in self.specials.partition(&self.texts, text, parse_special) {
             match fragment {
                 Fragment::Token(id) => ids.push(id),
-                Fragment::Text(t) => {
-                    let enc = self.hf.encode(t, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
-                    ids.extend_from_slice(enc.get_ids());
-                }
+                Fragment::Text(t) => match &self.model {
+                    TextModel::Hf(hf) => {
+                        let enc = hf.encode(t, false).map_err(|e| TokenizerError::Encode(e.to_string()))?;
+                        ids.extend_from_slice(enc.get_ids());
+                    }
+                    TextModel::Wpm(wpm) => wpm.encode(t, &mut ids)?,
+                },
             }
         }
-        if add_special && self.add_eos {
-            ids.extend(self.eos);
+        if add_special {
+            ids.extend(self.end);
         }
         Ok(ids)
     }
@@ -345,7 +404,9 @@ impl Tokenizer {
     /// Decodes ids to text (invalid UTF-8, which only a broken id sequence can make,
     /// becomes U+FFFD). Special tokens are rendered as their text. For SentencePiece
     /// vocabularies the space prefixed by encoding is removed from the first token,
-    /// as llama.cpp's `llama_detokenize` does.
+    /// as llama.cpp's `llama_detokenize` does; for WordPiece the text starts with the first
+    /// word's space, and the spaces before `.`, `,`, `?`, `!`, `'s`, `'m`, `'re` and `'ve`
+    /// and around a lone `'` are removed (llama.cpp's `clean_spaces`).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         let mut bytes = Vec::with_capacity(ids.len() * 4);
         for (i, &id) in ids.iter().enumerate() {
@@ -354,6 +415,9 @@ impl Tokenizer {
                 b = b.strip_prefix(b" ").unwrap_or(b);
             }
             bytes.extend_from_slice(b);
+        }
+        if self.clean_spaces {
+            clean_spaces(&mut bytes);
         }
         Ok(match String::from_utf8(bytes) {
             Ok(s) => s,
@@ -371,7 +435,10 @@ impl Tokenizer {
 
     /// Looks up the id of a token by its exact text (as stored in the vocabulary).
     pub fn token_to_id(&self, text: &str) -> Option<u32> {
-        self.hf.token_to_id(text)
+        match &self.model {
+            TextModel::Hf(hf) => hf.token_to_id(text),
+            TextModel::Wpm(wpm) => wpm.token_to_id(text),
+        }
     }
 
     /// Number of token ids (valid ids are `0..vocab_size()`).
@@ -417,9 +484,15 @@ impl Tokenizer {
         self.add_bos
     }
 
-    /// Whether `encode(_, true)` appends EOS.
+    /// Whether `encode(_, true)` appends EOS. A WordPiece vocabulary appends its separator
+    /// instead ([`Tokenizer::sep_id`]), which is often EOS too.
     pub fn add_eos(&self) -> bool {
         self.add_eos
+    }
+
+    /// WordPiece's separator (`[SEP]`), which `encode(_, true)` appends for such a vocabulary.
+    pub fn sep_id(&self) -> Option<u32> {
+        self.sep
     }
 
     /// The GGUF's `tokenizer.chat_template`, if any.

@@ -7,6 +7,9 @@ pub enum VocabularyModel {
     Gpt2,
     /// `llama`: SentencePiece BPE with scores and `<0xXX>` byte fallback (Llama 2, TinyLlama, Mistral v0.1).
     Llama,
+    /// `bert`: WordPiece (BERT, MiniLM, nomic-bert), in llama.cpp's phantom-space form: a piece
+    /// that starts a word is stored as `▁word`, a continuation (`##ing`) as `ing`.
+    Bert,
 }
 
 /// `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
@@ -45,6 +48,8 @@ pub struct SpecialTokenIds {
     pub eom: Option<u32>,
     pub unk: Option<u32>,
     pub pad: Option<u32>,
+    /// `tokenizer.ggml.seperator_token_id` (sic): what WordPiece appends with `add_special`.
+    pub sep: Option<u32>,
     /// Fill-in-the-middle tokens (`tokenizer.ggml.fim_*_token_id`): prefix, suffix, middle,
     /// pad, repository and file separator. Pad, repository and separator end generation.
     pub fim_pre: Option<u32>,
@@ -82,6 +87,10 @@ pub struct Vocabulary {
     pub add_eos: Option<bool>,
     /// `tokenizer.ggml.add_space_prefix` (SentencePiece; default true).
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece; default false).
+    pub lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece; default: as `lowercase`).
+    pub strip_accents: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
 }

