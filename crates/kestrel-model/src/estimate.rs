@@ -14,6 +14,7 @@ use kestrel_ops::params::KvType;
 use serde::Serialize;
 
 use crate::config::ModelConfig;
+use crate::encoder::{self, EncoderConfig};
 use crate::load::context_length;
 use crate::sequences::MAX_SLOTS;
 use crate::tensors::{assign_roles, gpu_runs, Expected, Role};
@@ -61,6 +62,9 @@ pub struct UnsupportedTensor {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
+    /// "chat", or "embedding" (an encoder: it runs on the CPU backend wherever it is loaded, so
+    /// its GPU verdict is the CPU backend's).
+    pub kind: &'static str,
     pub name: String,
     pub arch: String,
     /// The file's size (where its last tensor ends).
@@ -180,6 +184,9 @@ impl Estimate {
     /// `context_length` tokens (None: the default a load takes) of `kv` values. An architecture,
     /// shape or slot count Kestrel refuses is the same error the load gives.
     pub fn from_header(header: &GgufHeader, context: Option<usize>, kv: KvType, slots: usize) -> Result<Self, ModelError> {
+        if let Some(c) = EncoderConfig::from_header(header)? {
+            return Ok(encoder_estimate(header, &c));
+        }
         let c = ModelConfig::from_header(header)?;
         let context = context_length(&c, context)?;
         // The load's bound: a prefill chunk holds a token of every slot.
@@ -233,6 +240,7 @@ impl Estimate {
         let activation_bytes = gpu_activation_bytes(&c, chunk, context, slots);
         let cpu = CpuEstimate::new(header, &c, &roles, CpuSizes { context, chunk, slots, kv_cache_bytes }, &unsupported);
         Ok(Self {
+            kind: "chat",
             name: c.name.clone(),
             arch: format!("{:?}", c.arch).to_lowercase(),
             file_bytes: header.data_end(),
@@ -251,6 +259,9 @@ impl Estimate {
     /// Whether a device with `limits` that holds at most `memory` can load it: every tensor of a
     /// type the GPU runs, no binding over the limits, and the total within `memory`.
     pub fn verdict(&self, limits: &DeviceLimits, memory: &MemoryLimit) -> Verdict {
+        if self.kind == "embedding" {
+            return self.cpu.verdict.clone();
+        }
         if let Some(t) = self.unsupported.first() {
             let reason = format!("tensor {:?} has type {}, which Kestrel cannot run on the GPU", t.tensor, t.ty);
             return Verdict::no("unsupported_quant", reason);
@@ -312,6 +323,12 @@ impl CpuEstimate {
         }
         let step = weight_bytes.saturating_add(kv_cache_bytes).saturating_add(cpu_step_bytes(c, chunk, context, slots));
         let scratch_bytes = peak.max(step).saturating_sub(weight_bytes.saturating_add(kv_cache_bytes));
+        Self::from_parts(header, weight_bytes, scratch_bytes, CpuSizes { context, chunk, slots, kv_cache_bytes }, unsupported)
+    }
+
+    /// The total of the parts and its verdict against 32-bit wasm memory.
+    fn from_parts(header: &GgufHeader, weight_bytes: u64, scratch_bytes: u64, sizes: CpuSizes, unsupported: &[UnsupportedTensor]) -> Self {
+        let CpuSizes { context, slots, kv_cache_bytes, .. } = sizes;
         let engine_bytes = ENGINE_BASE_BYTES.saturating_add(header.data_start.saturating_mul(ENGINE_BYTES_PER_HEADER_BYTE));
         let bytes = [kv_cache_bytes, scratch_bytes, engine_bytes].into_iter().fold(weight_bytes, u64::saturating_add);
         let memory_limit = MemoryLimit::wasm32();
@@ -330,6 +347,50 @@ impl CpuEstimate {
             Verdict::FITS
         };
         Self { bytes, weight_bytes, kv_cache_bytes, scratch_bytes, engine_bytes, memory_limit, verdict }
+    }
+}
+
+/// An embedding model's estimate: it runs on the CPU backend wherever it is loaded (there is no
+/// encoder graph on the GPU), so its only memory is the CPU backend's: the weights, a pass's
+/// activations (`encoder::TOKENS_PER_PASS` tokens) or, where the load goes higher, the largest
+/// tensor buffered until its bytes are complete, and the engine's own. No KV cache.
+fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Estimate {
+    let expected = encoder::expected_tensors(c, header);
+    let mut weight_bytes = 0u64;
+    let mut largest_tensor = 0u64;
+    let mut unsupported = Vec::new();
+    for t in &header.tensors {
+        let Some(e) = expected.get(&t.name) else { continue };
+        largest_tensor = largest_tensor.max(t.n_bytes());
+        let bytes = match e.kind {
+            encoder::Kind::Values => Some(t.n_elements().saturating_mul(4)),
+            encoder::Kind::Matrix => Matrix::stored_bytes(t.ggml_type, t.n_elements(), false),
+        };
+        match bytes {
+            Some(b) => weight_bytes = weight_bytes.saturating_add(b),
+            None => unsupported.push(UnsupportedTensor { tensor: t.name.clone(), ty: t.ggml_type.to_string() }),
+        }
+    }
+    // A pass holds the hidden state, Q, K, V, the attention's output and two residual copies,
+    // and the FFN's up (and gate) product.
+    let pass = product(&[encoder::TOKENS_PER_PASS, 4, 7 * c.hidden + 2 * c.ffn]);
+    let scratch_bytes = pass.max(largest_tensor);
+    let sizes = CpuSizes { context: c.train_context, chunk: encoder::TOKENS_PER_PASS, slots: 1, kv_cache_bytes: 0 };
+    let cpu = CpuEstimate::from_parts(header, weight_bytes, scratch_bytes, sizes, &unsupported);
+    Estimate {
+        kind: "embedding",
+        name: c.name.clone(),
+        arch: c.arch.name().to_string(),
+        file_bytes: header.data_end(),
+        weight_bytes,
+        context_length: c.train_context,
+        slots: 1,
+        kv_cache_bytes: 0,
+        activation_bytes: 0,
+        total_bytes: cpu.bytes,
+        largest_binding: Binding { name: "none: embedding models run on the CPU backend".into(), bytes: 0 },
+        unsupported,
+        cpu,
     }
 }
 

@@ -6,6 +6,7 @@ pub mod config;
 mod constraint;
 mod cpu_backend;
 pub mod cpu_forward;
+pub mod encoder;
 mod error;
 pub mod estimate;
 mod graph;
@@ -28,10 +29,11 @@ mod tools;
 pub use config::{Arch, GateActivation, ModelConfig};
 pub use constraint::{JsonSchemaFormat, OutputConstraint, ResponseFormat, TokenGrammar, TokenMatcher};
 pub use cpu_backend::CpuModel;
+pub use encoder::{EmbedInput, EmbedOptions, Embedder, Embeddings};
 pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};
 pub use kestrel_tokenizer::{ChatFunctionCall, ChatMessage, ChatToolCall};
-pub use load::{LoadOptions, LoadProgress, ModelLoader};
+pub use load::{not_a_chat_model, LoadOptions, LoadProgress, LoadedModel, ModelLoader};
 pub use model::{
     reusable_prefix, BackendKind, FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD,
 };
@@ -48,7 +50,7 @@ pub async fn load_file(
     options: LoadOptions,
     progress: &mut dyn FnMut(&LoadProgress),
 ) -> Result<Model, ModelError> {
-    stream_file(ModelLoader::new(gpu, options), path, progress).await
+    stream_file(ModelLoader::new(gpu, options), path, progress).await?.into_chat()
 }
 
 /// The same for the CPU backend.
@@ -58,6 +60,16 @@ pub async fn load_file_cpu(
     options: LoadOptions,
     progress: &mut dyn FnMut(&LoadProgress),
 ) -> Result<Model, ModelError> {
+    load_file_cpu_any(path, options, progress).await?.into_chat()
+}
+
+/// A chat or an embedding model from disk, on the CPU backend.
+#[cfg(not(target_arch = "wasm32"))]
+pub async fn load_file_cpu_any(
+    path: &std::path::Path,
+    options: LoadOptions,
+    progress: &mut dyn FnMut(&LoadProgress),
+) -> Result<LoadedModel, ModelError> {
     stream_file(ModelLoader::new_cpu(options), path, progress).await
 }
 
@@ -68,7 +80,7 @@ async fn stream_file(
     mut loader: ModelLoader,
     path: &std::path::Path,
     progress: &mut dyn FnMut(&LoadProgress),
-) -> Result<Model, ModelError> {
+) -> Result<LoadedModel, ModelError> {
     let paths = kestrel_gguf::model_files(path);
     for (i, shard) in paths.iter().enumerate() {
         if i > 0 {
@@ -76,7 +88,7 @@ async fn stream_file(
         }
         push_file(&mut loader, shard, progress)?;
     }
-    loader.finish().await
+    loader.finish_any().await
 }
 
 /// Pushes one file into `loader`: mapped where the system can map it, each tensor pushed whole

@@ -15,6 +15,7 @@ use kestrel_tokenizer::Vocabulary;
 use crate::config::ModelConfig;
 use crate::cpu_backend::{CpuBackend, Quantized};
 use crate::cpu_forward::{CpuForward, CpuTensors};
+use crate::encoder::{Embedder, EncoderConfig, EncoderLoading};
 use crate::error::{bad_model, ModelError};
 use crate::graph::{Graph, GraphSize, LayerWeights, Projection, QkvWeights, Weights};
 use crate::model::Model;
@@ -62,8 +63,39 @@ pub struct ModelLoader {
     shards: Option<ShardSequence>,
     /// Tensors in the shards before the current one: its tensor `i` is the model's `base + i`.
     base: usize,
-    state: Option<Loading>,
+    state: Option<State>,
     bytes_received: u64,
+}
+
+/// What the file's first header showed the model to be.
+enum State {
+    /// A Llama-family chat model.
+    Chat(Box<Loading>),
+    /// An embedding model (`encoder`): on the CPU backend whatever the target, as there is no
+    /// encoder graph on the GPU.
+    Encoder(Box<EncoderLoading>),
+}
+
+/// A loaded model: one that generates text, or one that embeds it.
+pub enum LoadedModel {
+    Chat(Model),
+    Embedding(Embedder),
+}
+
+impl LoadedModel {
+    /// The chat model, or `invalid_option` naming why an embedding model cannot chat.
+    pub fn into_chat(self) -> Result<Model, ModelError> {
+        match self {
+            Self::Chat(model) => Ok(model),
+            Self::Embedding(e) => Err(not_a_chat_model(e.config().arch.name())),
+        }
+    }
+}
+
+/// The error of a text generation asked of an embedding model.
+pub fn not_a_chat_model(arch: &str) -> ModelError {
+    let reason = format!("this is an embedding model ({arch}): it embeds text (embeddings), it cannot generate it");
+    ModelError::InvalidOption { name: "model", reason }
 }
 
 /// Where the loaded model runs.
@@ -125,16 +157,22 @@ impl ModelLoader {
         let result = reader.push(chunk, &mut |event| {
             let outcome = match (event, shards.as_mut(), state.as_mut()) {
                 (StreamEvent::Header(header), None, _) => ShardSequence::first(header).map_err(ModelError::from).and_then(|sequence| {
-                    let loading = Loading::new(header, matches!(target, Target::Gpu(_)), sequence.count() == 1)?;
+                    let loading = match EncoderConfig::from_header(header)? {
+                        Some(config) => State::Encoder(Box::new(EncoderLoading::new(config, header, u32::from(sequence.count()))?)),
+                        None => State::Chat(Box::new(Loading::new(header, matches!(target, Target::Gpu(_)), sequence.count() == 1)?)),
+                    };
                     *shards = Some(sequence);
                     *state = Some(loading);
                     Ok(())
                 }),
-                (StreamEvent::Header(header), Some(sequence), Some(loading)) => sequence
+                (StreamEvent::Header(header), Some(sequence), Some(State::Chat(loading))) => sequence
                     .next(header)
                     .map_err(ModelError::from)
                     .and_then(|()| loading.add_header(header, sequence.seen() == sequence.count())),
-                (StreamEvent::Tensor { index, info, bytes }, _, Some(loading)) => loading.add_tensor(target, *base + index, info, bytes),
+                (StreamEvent::Tensor { index, info, bytes }, _, Some(State::Chat(loading))) => {
+                    loading.add_tensor(target, *base + index, info, bytes)
+                }
+                (StreamEvent::Tensor { info, bytes, .. }, _, Some(State::Encoder(loading))) => loading.add_tensor(info, bytes),
                 _ => Err(bad_model("tensor data before the header")),
             };
             // The stream reader only carries GgufErrors: park ours and stop the stream.
@@ -170,19 +208,29 @@ impl ModelLoader {
     }
 
     pub fn progress(&self) -> LoadProgress {
-        let (loaded, total) = self.state.as_ref().map_or((0, 0), |s| (s.tensors_loaded, s.tensors_total));
+        let (loaded, total) = match &self.state {
+            None => (0, 0),
+            Some(State::Chat(s)) => (s.tensors_loaded, s.tensors_total),
+            Some(State::Encoder(s)) => (s.tensors_loaded, s.tensors_total()),
+        };
         let file_bytes = self.reader.header().map(GgufHeader::data_end);
         LoadProgress { bytes_received: self.bytes_received, tensors_loaded: loaded, tensors_total: total, file_bytes }
     }
 
-    /// Ends the stream (an incomplete file is an error naming the tensor) and builds the model.
+    /// Ends the stream (an incomplete file is an error naming the tensor) and builds the chat
+    /// model; an embedding model is `invalid_option` (`finish_any` takes both).
     pub async fn finish(self) -> Result<Model, ModelError> {
+        self.finish_any().await?.into_chat()
+    }
+
+    /// Ends the stream and builds the model, whichever kind the file holds.
+    pub async fn finish_any(self) -> Result<LoadedModel, ModelError> {
         self.reader.finish()?;
         self.shards.as_ref().map(ShardSequence::finish).transpose()?;
-        let loading = self.state.ok_or_else(|| bad_model("empty file"))?;
-        match &self.target {
-            Target::Gpu(gpu) => loading.into_model(gpu, &self.options).await,
-            Target::Cpu => loading.into_cpu_model(&self.options),
+        match (self.state.ok_or_else(|| bad_model("empty file"))?, &self.target) {
+            (State::Chat(loading), Target::Gpu(gpu)) => Ok(LoadedModel::Chat(loading.into_model(gpu, &self.options).await?)),
+            (State::Chat(loading), Target::Cpu) => Ok(LoadedModel::Chat(loading.into_cpu_model(&self.options)?)),
+            (State::Encoder(loading), _) => Ok(LoadedModel::Embedding(loading.into_embedder()?)),
         }
     }
 }
