@@ -2,10 +2,12 @@
 //! (`request`), the scheduler of requests over a loaded model (`scheduler`: continuous batching,
 //! chunked prefill, aborts, slots, prefix reuse), the OpenAI layer (`openai`: both endpoints'
 //! requests, streamed chunks and whole answers, usage), the engine's options (`options`) and the
-//! choice of backend (`backend`).
+//! choice of backend (`backend`), and the embeddings endpoint over an embedding model
+//! (`embeddings`).
 //! `kestrel serve` is HTTP around it; the wasm engine exposes it to the browser package's worker.
 
 pub mod backend;
+pub mod embeddings;
 mod error;
 pub mod openai;
 mod options;
