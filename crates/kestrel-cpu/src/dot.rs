@@ -185,26 +185,39 @@ impl QuantizedRows {
 struct Kernels {
     name: &'static str,
     int: fn(IntRows<'_>, &QuantizedRows, &mut [f32]),
-    f32: fn(&[f32], &[f32]) -> f32,
+    /// `f32_products`: each result the same bits as the set's f32 dot product of its row and
+    /// token.
+    f32_products: fn(&[f32], &[f32], usize, &mut [f32]),
 }
 
 /// Every kernel set this machine runs, fastest first: the first is the one chosen.
 fn available() -> Vec<Kernels> {
-    let portable = Kernels { name: "portable", int: |w, x, out| products_by(w, x, out, int_dot_portable), f32: f32_dot_portable };
+    let portable = Kernels {
+        name: "portable",
+        int: |w, x, out| products_by(w, x, out, int_dot_portable),
+        f32_products: |w, x, cols, out| f32_products_by(w, x, cols, out, f32_dot_portable),
+    };
     #[cfg(target_arch = "x86_64")]
     {
         let mut sets = Vec::new();
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             if is_x86_feature_detected!("avxvnni") {
-                sets.push(Kernels { name: "avx2+vnni", int: avx2::int_products_vnni_checked, f32: avx2::f32_dot_checked });
+                sets.push(Kernels { name: "avx2+vnni", int: avx2::int_products_vnni_checked, f32_products: avx2::f32_products_checked });
             }
-            sets.push(Kernels { name: "avx2", int: avx2::int_products_checked, f32: avx2::f32_dot_checked });
+            sets.push(Kernels { name: "avx2", int: avx2::int_products_checked, f32_products: avx2::f32_products_checked });
         }
         sets.push(portable);
         sets
     }
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    return vec![Kernels { name: "simd128", int: simd128::products, f32: simd128::f32_dot }, portable];
+    return vec![
+        Kernels {
+            name: "simd128",
+            int: simd128::products,
+            f32_products: |w, x, cols, out| f32_products_by(w, x, cols, out, simd128::f32_dot),
+        },
+        portable,
+    ];
     #[cfg(not(any(target_arch = "x86_64", all(target_arch = "wasm32", target_feature = "simd128"))))]
     vec![portable]
 }
@@ -236,8 +249,25 @@ fn products_by(w: IntRows<'_>, x: &QuantizedRows, out: &mut [f32], dot: fn(IntRo
     }
 }
 
-pub(crate) fn f32_dot(a: &[f32], b: &[f32]) -> f32 {
-    (kernels().f32)(a, b)
+/// `out[r·n + t] = w_r · x_t` for the rows r of `w` and the n rows t of `x` (`cols`
+/// values each), every result the same bits as the kernel set's one dot product gives it, whatever n is: a matrix's
+/// products then do not depend on how many tokens run together.
+///
+/// Panics if `w` or `x` is not whole rows of `cols` or `out` is not rows x n (a shape bug).
+pub(crate) fn f32_products(w: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {
+    assert!(cols > 0 && w.len().is_multiple_of(cols) && x.len().is_multiple_of(cols), "f32_products: rows of {cols}");
+    assert_eq!(out.len(), w.len() / cols * (x.len() / cols), "f32_products: out is not rows x tokens");
+    (kernels().f32_products)(w, x, cols, out)
+}
+
+/// `f32_products` one dot product at a time.
+fn f32_products_by(w: &[f32], x: &[f32], cols: usize, out: &mut [f32], dot: fn(&[f32], &[f32]) -> f32) {
+    let n = x.len() / cols;
+    for (w_row, ys) in w.chunks_exact(cols).zip(out.chunks_exact_mut(n)) {
+        for (y, x_row) in ys.iter_mut().zip(x.chunks_exact(cols)) {
+            *y = dot(w_row, x_row);
+        }
+    }
 }
 
 impl<'a> ActRow<'a> {
@@ -750,10 +780,71 @@ pub(crate) mod avx2 {
         }
     }
 
-    pub(super) fn f32_dot_checked(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len(), "f32_dot: lengths differ");
-        // SAFETY: as above.
-        unsafe { f32_dot(a, b) }
+    /// Tokens a block of `f32_products` takes: their rows (a few tens of KiB) stay in the
+    /// cache while every weight row of the task passes over them.
+    const TOKEN_BLOCK: usize = 32;
+
+    /// `super::f32_products` (whose asserts checked the shapes).
+    pub(super) fn f32_products_checked(w: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {
+        // SAFETY: available() offers this only where AVX2 and FMA were detected; every load
+        // is within the rows `f32_tile` and `f32_dot` are given.
+        unsafe { f32_products(w, x, cols, out) }
+    }
+
+    /// Two weight rows by two tokens at a time: four dot products, each with `f32_dot`'s two
+    /// accumulators and its order of operations (so the same bits), eight chains of FMAs in
+    /// flight where one dot product has two. The rest one dot product at a time.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn f32_products(w: &[f32], x: &[f32], cols: usize, out: &mut [f32]) {
+        let (rows, n) = (w.len() / cols, x.len() / cols);
+        let w_row = |r: usize| &w[r * cols..][..cols];
+        let x_row = |t: usize| &x[t * cols..][..cols];
+        for t0 in (0..n).step_by(TOKEN_BLOCK) {
+            let t_end = (t0 + TOKEN_BLOCK).min(n);
+            for r in (0..rows).step_by(2) {
+                let pair = r + 1 < rows;
+                let mut t = t0;
+                while pair && t + 1 < t_end {
+                    let [[a, b], [c, d]] = f32_tile(w_row(r), w_row(r + 1), x_row(t), x_row(t + 1));
+                    out[r * n + t] = a;
+                    out[r * n + t + 1] = b;
+                    out[(r + 1) * n + t] = c;
+                    out[(r + 1) * n + t + 1] = d;
+                    t += 2;
+                }
+                for t in t..t_end {
+                    out[r * n + t] = f32_dot(w_row(r), x_row(t));
+                    if pair {
+                        out[(r + 1) * n + t] = f32_dot(w_row(r + 1), x_row(t));
+                    }
+                }
+            }
+        }
+    }
+
+    /// `[[w0·x0, w0·x1], [w1·x0, w1·x1]]`, each as `f32_dot` computes it.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn f32_tile(w0: &[f32], w1: &[f32], x0: &[f32], x1: &[f32]) -> [[f32; 2]; 2] {
+        let body = w0.len() / (2 * F32_LANES) * (2 * F32_LANES);
+        let mut acc = [[[_mm256_setzero_ps(); 2]; 2]; 2];
+        let mut i = 0;
+        while i < body {
+            let xs = [x0, x1].map(|x| [_mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(x.as_ptr().add(i + 8))]);
+            for (acc_r, w) in acc.iter_mut().zip([w0, w1]) {
+                let wv = [_mm256_loadu_ps(w.as_ptr().add(i)), _mm256_loadu_ps(w.as_ptr().add(i + 8))];
+                for (a, xv) in acc_r.iter_mut().zip(&xs) {
+                    a[0] = _mm256_fmadd_ps(wv[0], xv[0], a[0]);
+                    a[1] = _mm256_fmadd_ps(wv[1], xv[1], a[1]);
+                }
+            }
+            i += 2 * F32_LANES;
+        }
+        let finish = |a: [__m256; 2], w: &[f32], x: &[f32]| {
+            let tail: f32 = w[body..].iter().zip(&x[body..]).map(|(x, y)| x * y).sum();
+            horizontal_sum(_mm256_add_ps(a[0], a[1])) + tail
+        };
+        [[finish(acc[0][0], w0, x0), finish(acc[0][1], w0, x1)], [finish(acc[1][0], w1, x0), finish(acc[1][1], w1, x1)]]
     }
 
     #[inline]
@@ -881,6 +972,33 @@ mod tests {
     use super::*;
     use crate::activations::{ActFormat, QuantizedRows};
 
+    /// The AVX2 tiles give each product the bits of its own dot product, for any count of rows
+    /// and tokens (odd ones, and past a token block) and row lengths with and without a tail.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn f32_products_are_each_dot_products_bits() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        for (rows, n, cols) in [(5, 7, 40), (4, 33, 384), (1, 1, 16), (3, 70, 100)] {
+            let value = |i: usize| ((i * 2_654_435_761) % 1000) as f32 / 333.0 - 1.5;
+            let w: Vec<f32> = (0..rows * cols).map(value).collect();
+            let x: Vec<f32> = (0..n * cols).map(|i| value(i + 17)).collect();
+            let mut tiled = vec![0.0; rows * n];
+            avx2::f32_products_checked(&w, &x, cols, &mut tiled);
+            // One weight row and one token a call: no tile, each product on its own.
+            let one_by_one: Vec<f32> = (0..rows * n)
+                .map(|i| {
+                    let mut y = [0.0];
+                    avx2::f32_products_checked(&w[i / n * cols..][..cols], &x[i % n * cols..][..cols], cols, &mut y);
+                    y[0]
+                })
+                .collect();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&tiled), bits(&one_by_one), "{rows} x {n} x {cols}");
+        }
+    }
+
     #[test]
     fn f16_conversion_is_halfs_for_every_value() {
         for bits in 0..=u16::MAX {
@@ -902,7 +1020,9 @@ mod tests {
         let x: Vec<f32> = (0..9 * 576).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
         let want = f32_dot_portable(&x, &x);
         for set in available() {
-            let got = (set.f32)(&x, &x);
+            let mut got = [0.0];
+            (set.f32_products)(&x, &x, x.len(), &mut got);
+            let got = got[0];
             assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "{}", set.name);
         }
     }

@@ -31,7 +31,7 @@ pub fn simd_name() -> &'static str {
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use parallel::copy_bandwidth;
-pub use parallel::on_pool;
+pub use parallel::{for_row_chunks, on_pool};
 
 /// Threads the CPU backend's pool runs (`on_pool`).
 pub fn threads() -> usize {

@@ -7,7 +7,7 @@ use kestrel_gguf::GgmlType;
 
 use crate::activations::{ActFormat, QuantizedRows};
 use crate::alloc::{split_off, with_capacity, zeroed};
-use crate::dot::{f32_dot, int_products, IntRows, Levels, Scales};
+use crate::dot::{f32_products, int_products, IntRows, Levels, Scales};
 use crate::error::CpuError;
 use crate::factored::UnitLayout;
 use crate::interleaved::{self, GroupRows};
@@ -749,12 +749,8 @@ impl Matrix {
         let mut by_row = vec![0f32; rows * n];
         match &self.weights {
             Weights::F32(w) => for_row_chunks(&mut by_row, n, 1, |first, out| {
-                for (i, ys) in out.chunks_exact_mut(n).enumerate() {
-                    let w_row = &w[(first + i) * cols..][..cols];
-                    for (t, y) in ys.iter_mut().enumerate() {
-                        *y = f32_dot(w_row, &x[t * cols..][..cols]);
-                    }
-                }
+                let task_rows = out.len() / n;
+                f32_products(&w[first * cols..][..task_rows * cols], x, cols, out);
             }),
             Weights::Int(w) => {
                 let at = match quantized.iter().position(|(format, _)| *format == w.act) {

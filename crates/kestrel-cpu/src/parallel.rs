@@ -7,7 +7,7 @@ const ROWS_PER_TASK: usize = 64;
 /// Calls `f(first_row, out)` for consecutive runs of rows, `out` holding `per_row` values for
 /// each row of the run; every run but the last is a multiple of `align` rows (a matrix's
 /// interleaved groups).
-pub(crate) fn for_row_chunks(out: &mut [f32], per_row: usize, align: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+pub fn for_row_chunks(out: &mut [f32], per_row: usize, align: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
     if per_row == 0 {
         return;
     }

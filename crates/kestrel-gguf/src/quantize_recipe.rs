@@ -60,11 +60,15 @@ pub struct Choice {
 }
 
 /// llama.cpp's `quantize` flag: only weight matrices are quantized; norms, biases and 1-D
-/// tensors keep their type.
+/// tensors keep their type, and so do an encoder's position and token-type tables (ggml adds
+/// them to f32 rows, which it cannot do from a quantized table).
 fn is_quantized(t: &TensorInfo) -> bool {
     // ggml_n_dims ignores trailing dimensions of 1.
     let n_dims = t.dims.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
-    t.name.ends_with("weight") && n_dims >= 2 && !t.name.contains("_norm.weight")
+    t.name.ends_with("weight")
+        && n_dims >= 2
+        && !t.name.contains("_norm.weight")
+        && !matches!(t.name.as_str(), "position_embd.weight" | "token_types.weight")
 }
 
 /// llama.cpp's `use_more_bits`: the first and last eighth of the layers, and every third

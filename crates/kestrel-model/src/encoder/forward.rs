@@ -6,11 +6,13 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
+use kestrel_cpu::for_row_chunks;
 use kestrel_gguf::GgmlType;
 use kestrel_ops::params::{GateActivation, RopeConfig, RopeMode};
 use kestrel_ops::reference::rope;
 
 use super::config::{EncoderArch, EncoderConfig, Pooling};
+use super::gelu::gelu_in_place;
 use super::weights::{EncoderTensor, Kind};
 use crate::cpu_forward::CpuKernels;
 use crate::error::{bad_model, ModelError};
@@ -217,13 +219,17 @@ impl<K: CpuKernels> Encoder<K> {
         let ffn_in = out;
         let mut hidden = match &layer.gate {
             Some(gate) => {
-                let [g, u] = K::apply_each([gate, &layer.up], &ffn_in);
-                g.iter().zip(&u).map(|(&g, &u)| GateActivation::Silu.apply(g) * u).collect()
+                let [mut g, u] = K::apply_each([gate, &layer.up], &ffn_in);
+                let f = self.config.ffn;
+                for_row_chunks(&mut g, f, 1, |first, run| {
+                    run.iter_mut().zip(&u[first * f..]).for_each(|(g, &u)| *g = GateActivation::Silu.apply(*g) * u);
+                });
+                g
             }
             None => {
                 let mut u = K::apply(&layer.up, &ffn_in);
                 add_to(&mut u, layer.up_bias.as_deref());
-                u.iter_mut().for_each(|a| *a = GateActivation::Gelu.apply(*a));
+                for_row_chunks(&mut u, self.config.ffn, 1, |_, run| gelu_in_place(run));
                 u
             }
         };
@@ -235,16 +241,20 @@ impl<K: CpuKernels> Encoder<K> {
         out
     }
 
-    /// Softmax attention of every token over every token of its own input, per head.
+    /// Softmax attention of every token over every token of its own input, per head; the tokens'
+    /// rows split over the pool.
     fn attention(&self, q: &[f32], k: &[f32], v: &[f32], ranges: &[Range<usize>]) -> Vec<f32> {
-        let (h, d) = (self.config.hidden, self.config.head_dim);
+        let (h, d, n_heads) = (self.config.hidden, self.config.head_dim, self.config.n_heads);
         let scale = 1.0 / (d as f32).sqrt();
         let mut out = vec![0.0; q.len()];
-        let mut scores = Vec::new();
-        for r in ranges {
-            for head in 0..self.config.n_heads {
-                let col = head * d;
-                for t in r.clone() {
+        for_row_chunks(&mut out, h, 1, |first, rows| {
+            let mut scores = Vec::new();
+            for (i, o_row) in rows.chunks_exact_mut(h).enumerate() {
+                let t = first + i;
+                // The input the token belongs to (ranges are in order and cover every token).
+                let Some(r) = ranges.get(ranges.partition_point(|r| r.end <= t)) else { continue };
+                for head in 0..n_heads {
+                    let col = head * d;
                     let qt = &q[t * h + col..][..d];
                     scores.clear();
                     scores.extend(r.clone().map(|s| scale * dot(qt, &k[s * h + col..][..d])));
@@ -254,14 +264,14 @@ impl<K: CpuKernels> Encoder<K> {
                         *s = (*s - max).exp();
                         sum += *s;
                     });
-                    let o = &mut out[t * h + col..][..d];
+                    let o = &mut o_row[col..][..d];
                     for (s, &w) in r.clone().zip(&scores) {
                         let w = w / sum;
                         o.iter_mut().zip(&v[s * h + col..][..d]).for_each(|(o, &v)| *o += w * v);
                     }
                 }
             }
-        }
+        });
         out
     }
 
@@ -304,13 +314,15 @@ fn add_to(x: &mut [f32], y: Option<&[f32]>) {
 /// ggml's LayerNorm of each row (`ggml_norm`: mean and variance in f32), then `* w + b`.
 fn layer_norm(x: &mut [f32], [w, b]: &[Vec<f32>; 2], eps: f32) {
     let h = w.len();
-    for row in x.chunks_exact_mut(h) {
-        let mean = row.iter().sum::<f32>() / h as f32;
-        row.iter_mut().for_each(|v| *v -= mean);
-        let var = row.iter().map(|v| v * v).sum::<f32>() / h as f32;
-        let scale = 1.0 / (var + eps).sqrt();
-        for ((v, w), b) in row.iter_mut().zip(w).zip(b) {
-            *v = *v * scale * w + b;
+    for_row_chunks(x, h, 1, |_, rows| {
+        for row in rows.chunks_exact_mut(h) {
+            let mean = row.iter().sum::<f32>() / h as f32;
+            row.iter_mut().for_each(|v| *v -= mean);
+            let var = row.iter().map(|v| v * v).sum::<f32>() / h as f32;
+            let scale = 1.0 / (var + eps).sqrt();
+            for ((v, w), b) in row.iter_mut().zip(w).zip(b) {
+                *v = *v * scale * w + b;
+            }
         }
-    }
+    });
 }

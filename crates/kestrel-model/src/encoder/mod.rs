@@ -4,6 +4,7 @@
 
 mod config;
 mod forward;
+mod gelu;
 mod loading;
 mod weights;
 
