@@ -4,6 +4,8 @@
 //!
 //! `kestrel bench constrained`: a JSON Schema's cost to decode (see `bench/constrained.rs`).
 //!
+//! `kestrel bench embed`: an embedding model's sentences per second (see `bench/embed.rs`).
+//!
 //! `kestrel bench kernels`: every kernel at the default model's shapes and at a 1B-class model's,
 //! timed on the GPU, with its effective bandwidth (the bytes a call must move over its time) as
 //! a fraction of a plain copy kernel's bandwidth measured on the same adapter in the same run,
@@ -12,6 +14,7 @@
 mod batch;
 mod cases;
 mod constrained;
+mod embed;
 mod model;
 mod prompt;
 mod report;
@@ -66,6 +69,8 @@ enum BenchCommand {
     /// Decode under a JSON Schema against free decode of as many tokens, and the mask's time
     /// per token (p50, p90, p99).
     Constrained(constrained::ConstrainedArgs),
+    /// An embedding model's sentences per second on the CPU backend, for many short inputs.
+    Embed(embed::EmbedBenchArgs),
     /// The suite's prompts as text (JSON), for engines that take text (www/bench).
     Prompt(prompt::PromptArgs),
 }
@@ -125,6 +130,7 @@ pub fn run(args: BenchArgs) -> CliResult {
         BenchCommand::Model(args) => model::run(&args),
         BenchCommand::Batch(args) => batch::run(&args),
         BenchCommand::Constrained(args) => constrained::run(&args),
+        BenchCommand::Embed(args) => embed::run(&args),
         BenchCommand::Prompt(args) => prompt::run(&args),
     }
 }
