@@ -1,6 +1,7 @@
 """End-to-end tests of `kestrel serve` with clients this project did not write: OpenAI's official
-Python client streams and completes chat and text from it, raw HTTP sends what a client library
-would refuse to, and the official Prometheus client's OpenMetrics parser reads /metrics.
+Python client streams and completes chat and text from it and embeds texts with an embedding
+model, raw HTTP sends what a client library would refuse to, and the official Prometheus
+client's OpenMetrics parser reads /metrics.
 
 Run by `./build.sh test` (`server_tests`); `KESTREL_CLI` names the binary (default: the dev
 build). The server runs on the CPU backend here (a software GPU adapter), which batches.
@@ -8,6 +9,7 @@ build). The server runs on the CPU backend here (a software GPU adapter), which 
 
 import http.client
 import json
+import math
 import signal
 from concurrent.futures import ThreadPoolExecutor
 import threading
@@ -17,7 +19,19 @@ import unittest
 import openai
 import pydantic
 
-from harness import API_KEY, PROMPT, metrics, native_greedy, request, sample, start_server
+from harness import API_KEY, PROMPT, ROOT, metrics, native_greedy, request, sample, start_server
+
+EMBEDDING_MODEL = ROOT / "models/all-MiniLM-L6-v2.f32.gguf"
+# llama.cpp's vectors (not normalized) and tokens of the reference texts for that model.
+REFERENCE = json.loads((ROOT / "tests/data/embeddings/minilm.json").read_text())["cases"]
+
+
+def cosine(a, b):
+    return sum(x * y for x, y in zip(a, b)) / (norm(a) * norm(b))
+
+
+def norm(v):
+    return math.sqrt(sum(x * x for x in v))
 
 
 class ServerTest(unittest.TestCase):
@@ -256,6 +270,17 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(sample(after, "kestrel_queue_depth"), 0)
         self.assertEqual(request(self.address, "GET", "/health")[2]["pending_requests"], 0)
 
+    def test_a_chat_model_refuses_embeddings(self):
+        before = metrics(self.address)
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.embeddings.create(model="m", input=["Hello world"])
+        self.assertEqual((caught.exception.code, caught.exception.param), ("invalid_option", "model"))
+        self.assertIn("chat model", caught.exception.message)
+        after = metrics(self.address)
+        self.assertEqual(sample(after, "kestrel_requests_total", endpoint="embeddings", outcome="invalid_option")
+                         - sample(before, "kestrel_requests_total", endpoint="embeddings", outcome="invalid_option"), 1)
+        self.assertEqual(request(self.address, "GET", "/health")[2]["model_type"], "chat")
+
     def test_metrics_count_what_happened(self):
         before = metrics(self.address)
         result = self.client.completions.create(model="m", prompt=PROMPT, max_tokens=3, temperature=0, extra_headers={"Cache-Control": "no-store"})
@@ -279,6 +304,135 @@ class ServerTest(unittest.TestCase):
         self.assertGreaterEqual(sample(after, "kestrel_kv_cache_tokens"), result.usage.total_tokens - 1)
         self.assertLessEqual(sample(after, "kestrel_kv_cache_tokens"), 2 * 512)
         self.assertEqual(request(self.address, "GET", "/health")[2]["slots"], 2)
+
+
+class EmbeddingServerTest(unittest.TestCase):
+    """A server over an embedding model: OpenAI's embeddings endpoint gives llama.cpp's vectors,
+    normalized; the generation endpoints say it is an embedding model."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.process, cls.address = start_server("--model", str(EMBEDDING_MODEL), "--api-key", API_KEY, "--queue", "1")
+        cls.client = openai.OpenAI(base_url=f"http://{cls.address}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.process.send_signal(signal.SIGTERM)
+        cls.process.wait(timeout=60)
+        cls.process.stderr.close()
+        cls.client.close()
+
+    def assert_reference_vectors(self, answer):
+        self.assertEqual([d.index for d in answer.data], list(range(len(REFERENCE))))
+        for d, case in zip(answer.data, REFERENCE):
+            self.assertEqual(len(d.embedding), len(case["vector"]), case["text"])
+            self.assertGreaterEqual(cosine(d.embedding, case["vector"]), 0.999, case["text"])
+            self.assertAlmostEqual(norm(d.embedding), 1.0, places=5, msg=case["text"])
+
+    def test_the_openai_client_gets_llama_cpp_vectors_as_base64_and_floats(self):
+        texts = [case["text"] for case in REFERENCE]
+        # The client asks for base64 unless told otherwise, and decodes it to floats itself.
+        packed = self.client.embeddings.create(model="any", input=texts)
+        self.assert_reference_vectors(packed)
+        self.assertEqual(packed.model, "all-MiniLM-L6-v2.f32")
+        self.assertEqual(packed.usage.prompt_tokens, sum(len(case["tokens"]) for case in REFERENCE))
+        self.assertEqual(packed.usage.total_tokens, packed.usage.prompt_tokens)
+        floats = self.client.embeddings.create(model="any", input=texts, encoding_format="float")
+        self.assert_reference_vectors(floats)
+        for a, b in zip(packed.data, floats.data):
+            self.assertTrue(all(abs(x - y) < 1e-6 for x, y in zip(a.embedding, b.embedding)))
+        # Token ids embed as the text they are.
+        by_ids = self.client.embeddings.create(model="any", input=[REFERENCE[1]["tokens"]], encoding_format="float")
+        self.assertGreaterEqual(cosine(by_ids.data[0].embedding, REFERENCE[1]["vector"]), 0.999)
+        self.assertEqual(by_ids.usage.prompt_tokens, len(REFERENCE[1]["tokens"]))
+
+    def test_dimensions_keep_the_first_values_normalized(self):
+        case = REFERENCE[2]
+        short = self.client.embeddings.create(model="any", input=case["text"], dimensions=64).data[0].embedding
+        self.assertEqual(len(short), 64)
+        self.assertAlmostEqual(norm(short), 1.0, places=5)
+        self.assertGreaterEqual(cosine(short, case["vector"][:64]), 0.999)
+
+    def test_bad_requests_and_generation_get_openai_errors(self):
+        def refused(status, code, call):
+            with self.assertRaises(openai.APIStatusError) as caught:
+                call()
+            self.assertEqual((caught.exception.status_code, caught.exception.code), (status, code), caught.exception.body)
+            return caught.exception
+
+        before = metrics(self.address)
+        message = [{"role": "user", "content": "Hello"}]
+        e = refused(400, "invalid_option", lambda: self.client.chat.completions.create(model="m", messages=message))
+        self.assertIn("embedding model", e.message)
+        e = refused(400, "invalid_option", lambda: self.client.completions.create(model="m", prompt=PROMPT))
+        self.assertIn("embedding model", e.message)
+        e = refused(400, "invalid_option", lambda: self.client.embeddings.create(model="m", input=["a", ""]))
+        self.assertEqual(e.param, "input")
+        long = "word " * 600
+        # The server's name for a prompt past the context, as for the completions endpoints.
+        refused(400, "context_length_exceeded", lambda: self.client.embeddings.create(model="m", input=long))
+        cut = self.client.embeddings.create(model="m", input=long, extra_body={"truncate": True})
+        self.assertEqual(cut.usage.prompt_tokens, 512, "cut to the model's context")
+        self.assertAlmostEqual(norm(cut.data[0].embedding), 1.0, places=5)
+        refused(400, "invalid_option", lambda: self.client.embeddings.create(model="m", input="a", dimensions=385))
+        bad_key = openai.OpenAI(base_url=f"http://{self.address}/v1", api_key="wrong", max_retries=0)
+        refused(401, "invalid_api_key", lambda: bad_key.embeddings.create(model="m", input="a"))
+        bad_key.close()
+        status, _, error = request(self.address, "POST", "/v1/embeddings", "{not json", {"Content-Type": "application/json"})
+        self.assertEqual((status, error["error"]["code"]), (400, "invalid_json"))
+        after = metrics(self.address)
+        delta = lambda endpoint, outcome: (sample(after, "kestrel_requests_total", endpoint=endpoint, outcome=outcome)
+                                           - sample(before, "kestrel_requests_total", endpoint=endpoint, outcome=outcome))
+        self.assertEqual(delta("chat_completions", "invalid_option"), 1)
+        self.assertEqual(delta("completions", "invalid_option"), 1)
+        self.assertEqual(delta("embeddings", "invalid_option"), 2)
+        self.assertEqual(delta("embeddings", "context_length_exceeded"), 1)
+        self.assertEqual(delta("embeddings", "invalid_api_key"), 1)
+        self.assertEqual(delta("embeddings", "ok"), 1)
+
+    def test_models_health_and_metrics_describe_the_embedding_model(self):
+        self.assertEqual(self.client.models.list().data[0].id, "all-MiniLM-L6-v2.f32")
+        status, _, health = request(self.address, "GET", "/health", key=None)
+        self.assertEqual((status, health["status"], health["model_type"], health["backend"]), (200, "ok", "embedding", "cpu"))
+        before = metrics(self.address)
+        answer = self.client.embeddings.create(model="m", input=["Hello world", "x"])
+        after = metrics(self.address)
+        delta = lambda name, **labels: sample(after, name, **labels) - sample(before, name, **labels)
+        self.assertEqual(delta("kestrel_requests_total", endpoint="embeddings", outcome="ok"), 1)
+        self.assertEqual(delta("kestrel_embedding_inputs_total"), 2)
+        self.assertEqual(delta("kestrel_embedding_tokens_total"), answer.usage.prompt_tokens)
+        self.assertEqual(delta("kestrel_embedding_request_duration_seconds_count"), 1)
+        self.assertGreater(delta("kestrel_embedding_request_duration_seconds_sum"), 0)
+        self.assertGreater(sample(after, "kestrel_model_memory_bytes"), 80 << 20, "MiniLM's f32 weights")
+        self.assertEqual(sample(after, "kestrel_queue_depth"), 0)
+
+    def test_the_server_answers_others_while_it_embeds_and_refuses_past_its_queue(self):
+        # Embedding runs on a thread of its own, not on the async runtime: with two large
+        # requests in (one running, one queued behind it), as many as this machine's runtime has
+        # worker threads, /health still answers at once.
+        # About 650 tokens each: seconds on two cores, long enough to be seen running.
+        texts = [[f"{i} " + "a sentence of several words to embed " * 40 for i in range(2 * r, 2 * r + 2)] for r in range(2)]
+        answers = {}
+        embed = lambda r: answers.update({r: self.client.embeddings.create(model="m", input=texts[r])})
+        workers = [threading.Thread(target=embed, args=(r,)) for r in range(2)]
+        for worker in workers:
+            worker.start()
+        deadline = time.time() + 30
+        while request(self.address, "GET", "/health")[2]["pending_requests"] < 2:
+            self.assertLess(time.time(), deadline, "the embeddings requests never arrived")
+            self.assertTrue(all(w.is_alive() for w in workers), "a request ended before /health saw both: make them larger")
+            time.sleep(0.01)
+        started = time.time()
+        status, _, health = request(self.address, "GET", "/health")
+        self.assertLess(time.time() - started, 0.5)
+        self.assertEqual((status, health["pending_requests"]), (200, 2), "both were still in while /health answered")
+        # One running and one queued fill `--queue 1`: a third is refused at once.
+        status, headers, error = request(self.address, "POST", "/v1/embeddings", {"input": "x"})
+        self.assertEqual((status, error["error"]["code"]), (429, "rate_limit_exceeded"))
+        self.assertGreaterEqual(int(headers["Retry-After"]), 1)
+        for worker in workers:
+            worker.join(timeout=300)
+        self.assertEqual([len(answers[r].data) for r in range(2)], [2, 2])
 
 
 class BatchTest(unittest.TestCase):

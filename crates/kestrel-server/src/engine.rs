@@ -76,6 +76,8 @@ pub struct Engine {
     metrics: Arc<Metrics>,
     /// Where the model runs ("gpu" or "cpu").
     backend: &'static str,
+    /// GGUF's name of the model's architecture, for error messages.
+    arch: String,
     next_id: AtomicU64,
 }
 
@@ -99,6 +101,8 @@ impl Engine {
     /// prompts at most `prefill_chunk` tokens in all.
     pub fn start(model: Model, queue: usize, prefill_chunk: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
         let backend = model.backend().as_str();
+        // `Arch`'s variants are GGUF's architecture names in camel case (SmolLm3: smollm3).
+        let arch = format!("{:?}", model.config().arch).to_lowercase();
         let slots = model.slots();
         let scheduler = Scheduler::new(model, prefill_chunk);
         let aborts = scheduler.aborts();
@@ -115,7 +119,7 @@ impl Engine {
             let metrics = metrics.clone();
             std::thread::Builder::new().name("kestrel-engine".into()).spawn(move || run(scheduler, &inbox, &shared, &metrics))?
         };
-        Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, aborts, metrics, backend, next_id: AtomicU64::new(0) })
+        Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, aborts, metrics, backend, arch, next_id: AtomicU64::new(0) })
     }
 
     /// Admits `request`, or refuses it when every slot and the queue are taken.
@@ -152,6 +156,10 @@ impl Engine {
     /// Where the model runs: "gpu" or "cpu".
     pub fn backend(&self) -> &'static str {
         self.backend
+    }
+
+    pub fn arch(&self) -> &str {
+        &self.arch
     }
 
     /// Requests generated at once.

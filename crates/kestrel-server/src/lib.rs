@@ -1,23 +1,28 @@
 //! `kestrel serve`: a local OpenAI-compatible HTTP server (axum on tokio) over one loaded model.
 //! `POST /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent events or
-//! whole), `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus). Requests share the
+//! whole) for a chat model, `POST /v1/embeddings` for an embedding model, `GET /v1/models`,
+//! `GET /health`, `GET /metrics` (Prometheus). Requests share the
 //! CLI's and the npm package's options, defaults and error codes, and their scheduler and OpenAI
 //! layer (`kestrel_engine`);
 //! errors are OpenAI-shaped JSON. One engine thread generates, on the CPU backend for up to
 //! one request per KV slot at once (continuous batching); requests beyond the slots wait in a
-//! bounded queue, and past the queue get 429 with `Retry-After`.
+//! bounded queue, and past the queue get 429 with `Retry-After`. An embedding model runs on an
+//! embedding thread of its own, one request at a time behind the same kind of queue.
 
 mod cache;
+mod embedder;
+mod embeddings;
 mod engine;
 mod error;
 mod metrics;
 mod routes;
+mod served;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kestrel_model::Model;
+use kestrel_model::LoadedModel;
 use tokio::net::TcpListener;
 
 pub use error::ApiError;
@@ -60,20 +65,20 @@ impl Default for ServerConfig {
     }
 }
 
-/// Serves `model` (as many requests at once as it has KV slots: `Model::set_slots`) on
-/// `listener` until `shutdown` completes; then stops accepting, lets running
-/// requests finish within the grace period (aborting them after it), refuses queued ones, and
-/// drops the model.
+/// Serves `model`: a chat model (as many requests at once as it has KV slots:
+/// `Model::set_slots`) or an embedding model (one request at a time), on `listener` until
+/// `shutdown` completes; then stops accepting, lets running requests finish within the grace
+/// period (aborting them after it), refuses queued ones, and drops the model.
 pub async fn serve(
-    model: Model,
+    model: LoadedModel,
     config: ServerConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let metrics = Arc::new(metrics::Metrics::new(model.slots()));
-    let engine = Arc::new(engine::Engine::start(model, config.queue, config.prefill_chunk, metrics.clone())?);
+    let metrics = Arc::new(metrics::Metrics::new(served::Served::slots_of(&model)));
+    let served = served::Served::start(model, config.queue, config.prefill_chunk, metrics.clone())?;
     let cache = cache::ResponseCache::new(config.response_cache_bytes);
-    let state = Arc::new(routes::AppState::new(engine.clone(), metrics, cache, config.api_key, config.model_name));
+    let state = Arc::new(routes::AppState::new(served.clone(), metrics, cache, config.api_key, config.model_name));
     let app = routes::router(state.clone(), config.max_body_bytes, &config.cors_origins)?;
     let grace = config.shutdown_grace;
     let draining = {
@@ -81,20 +86,17 @@ pub async fn serve(
         async move {
             shutdown.await;
             state.draining.store(true, std::sync::atomic::Ordering::Relaxed);
-            let engine = state.engine.clone();
+            let served = state.served.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
-                engine.abort_all();
+                served.abort_all();
             });
         }
     };
     axum::serve(listener, app).with_graceful_shutdown(draining).await?;
-    engine.abort_all();
+    served.abort_all();
     drop(state);
-    // The last holder joins the engine thread (a stream still being dropped may hold one).
-    if let Ok(engine) = Arc::try_unwrap(engine) {
-        tokio::task::spawn_blocking(move || engine.join()).await.map_err(std::io::Error::other)?;
-    }
+    tokio::task::spawn_blocking(move || served.join()).await.map_err(std::io::Error::other)?;
     Ok(())
 }
 

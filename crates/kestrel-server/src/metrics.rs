@@ -1,6 +1,6 @@
 //! The server's Prometheus metrics (`GET /metrics`, OpenMetrics text through the
 //! `prometheus-client` crate): requests by endpoint and outcome, latency histograms, tokens,
-//! the engine's occupancy and the GPU memory in use.
+//! the inputs and tokens embedded, the engine's occupancy and the GPU memory in use.
 
 use std::sync::atomic::AtomicU64;
 
@@ -39,6 +39,11 @@ pub struct Metrics {
     pub model_memory: Gauge<u64, AtomicU64>,
     pub response_cache_hits: Counter,
     pub response_cache_bytes: Gauge,
+    /// Inputs (texts or token lists) of answered embeddings requests.
+    pub embedding_inputs: Counter,
+    /// Tokens of answered embeddings requests (their `usage.prompt_tokens`).
+    pub embedding_tokens: Counter,
+    pub embedding_duration: Histogram,
 }
 
 impl Metrics {
@@ -91,6 +96,17 @@ impl Metrics {
         registry.register("response_cache_hits", "Requests answered from the exact-response cache", response_cache_hits.clone());
         let response_cache_bytes = Gauge::default();
         registry.register_with_unit("response_cache", "Size of the exact-response cache", Unit::Bytes, response_cache_bytes.clone());
+        let embedding_inputs = Counter::default();
+        registry.register("embedding_inputs", "Inputs of answered embeddings requests", embedding_inputs.clone());
+        let embedding_tokens = Counter::default();
+        registry.register("embedding_tokens", "Tokens of answered embeddings requests", embedding_tokens.clone());
+        let embedding_duration = latency();
+        registry.register_with_unit(
+            "embedding_request_duration",
+            "From arrival to the answer of an embeddings request",
+            Unit::Seconds,
+            embedding_duration.clone(),
+        );
         Self {
             registry,
             requests,
@@ -108,6 +124,9 @@ impl Metrics {
             model_memory,
             response_cache_hits,
             response_cache_bytes,
+            embedding_inputs,
+            embedding_tokens,
+            embedding_duration,
         }
     }
 

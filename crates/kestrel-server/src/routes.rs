@@ -1,6 +1,6 @@
 //! The HTTP API: OpenAI's generation endpoints (streamed as server-sent events exactly as
-//! OpenAI sends them, or whole), the model list, health and metrics; API-key checks; every
-//! failure as OpenAI-shaped error JSON.
+//! OpenAI sends them, or whole), the embeddings endpoint (`embeddings`), the model list, health
+//! and metrics; API-key checks; every failure as OpenAI-shaped error JSON.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -23,16 +23,18 @@ use serde_json::{json, Value};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::cache::{self, ResponseCache};
-use crate::engine::{Engine, Event, Ticket};
+use crate::embeddings::embeddings;
+use crate::engine::{Event, Ticket};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::served::Served;
 
 /// The response header that says whether the exact-response cache answered (`hit`) or was
 /// looked in first (`miss`); absent when the request could not be cached.
 pub const CACHE_HEADER: &str = "x-kestrel-response-cache";
 
 pub struct AppState {
-    pub engine: Arc<Engine>,
+    pub served: Served,
     pub metrics: Arc<Metrics>,
     pub cache: ResponseCache,
     pub api_key: Option<String>,
@@ -43,8 +45,8 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(engine: Arc<Engine>, metrics: Arc<Metrics>, cache: ResponseCache, api_key: Option<String>, model_name: String) -> Self {
-        Self { engine, metrics, cache, api_key, model_name, draining: AtomicBool::new(false), serial: AtomicU64::new(0) }
+    pub fn new(served: Served, metrics: Arc<Metrics>, cache: ResponseCache, api_key: Option<String>, model_name: String) -> Self {
+        Self { served, metrics, cache, api_key, model_name, draining: AtomicBool::new(false), serial: AtomicU64::new(0) }
     }
 }
 
@@ -52,6 +54,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize, cors_origins: &[Strin
     let router = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -87,6 +90,7 @@ fn endpoint_label(path: &str) -> &'static str {
     match path {
         "/v1/chat/completions" => "chat_completions",
         "/v1/completions" => "completions",
+        "/v1/embeddings" => "embeddings",
         "/v1/models" => "models",
         "/health" => "health",
         "/metrics" => "metrics",
@@ -132,13 +136,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     if state.draining.load(Ordering::Relaxed) {
         return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "shutting_down" }))).into_response();
     }
-    Json(json!({
-        "status": "ok",
-        "backend": state.engine.backend(),
-        "slots": state.engine.slots(),
-        "pending_requests": state.engine.pending(),
-    }))
-    .into_response()
+    Json(state.served.health()).into_response()
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
@@ -166,17 +164,22 @@ async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
 
 /// Counts a request's outcome once; a request dropped before it ended (the client went away)
 /// counts as `client_gone`.
-struct Outcome {
+pub struct Outcome {
     metrics: Arc<Metrics>,
-    endpoint: Endpoint,
+    /// The endpoint's metrics label.
+    endpoint: &'static str,
     recorded: bool,
 }
 
 impl Outcome {
-    fn record(&mut self, outcome: &str) {
+    pub fn new(metrics: Arc<Metrics>, endpoint: &'static str) -> Self {
+        Self { metrics, endpoint, recorded: false }
+    }
+
+    pub fn record(&mut self, outcome: &str) {
         if !self.recorded {
             self.recorded = true;
-            self.metrics.count_request(self.endpoint.label(), outcome);
+            self.metrics.count_request(self.endpoint, outcome);
         }
     }
 
@@ -198,7 +201,7 @@ impl Drop for Outcome {
 }
 
 async fn generate(state: Arc<AppState>, endpoint: Endpoint, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    let mut outcome = Outcome { metrics: state.metrics.clone(), endpoint, recorded: false };
+    let mut outcome = Outcome::new(state.metrics.clone(), endpoint.label());
     match respond(&state, endpoint, &headers, body, &mut outcome).await {
         Ok(response) => response,
         Err(e) => {
@@ -215,13 +218,8 @@ async fn respond(
     body: Result<Bytes, BytesRejection>,
     outcome: &mut Outcome,
 ) -> Result<Response, ApiError> {
-    if state.draining.load(Ordering::Relaxed) {
-        return Err(ApiError::shutting_down());
-    }
-    let body = body.map_err(|rejection| {
-        let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "invalid_body" };
-        ApiError::new(rejection.status(), "invalid_request_error", code, rejection.body_text())
-    })?;
+    let body = admit(state, body)?;
+    let engine = state.served.chat()?;
     let api = openai::parse_body(endpoint, &body).map_err(|e| ApiError::from(&e))?;
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let meta = ResponseMeta::new(endpoint, state.serial.fetch_add(1, Ordering::Relaxed), created, &state.model_name);
@@ -233,7 +231,7 @@ async fn respond(
         let response = if api.stream { reply.stream_stored(Generation::clone(&hit), outcome.hand_over()) } else { reply.whole(&hit, true) };
         return Ok(with_cache_header(response, "hit"));
     }
-    let mut ticket = state.engine.submit(api.request)?;
+    let mut ticket = engine.submit(api.request)?;
     let cache_state = reply.key.as_ref().map(|_| "miss");
     let response = if api.stream {
         // The first event decides the response: an error before any token is a plain 4xx/5xx.
@@ -258,6 +256,18 @@ async fn respond(
     Ok(match cache_state {
         Some(value) => with_cache_header(response, value),
         None => response,
+    })
+}
+
+/// A request's body, unless the server is shutting down or the body was refused (too large, or
+/// not read).
+pub fn admit(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    if state.draining.load(Ordering::Relaxed) {
+        return Err(ApiError::shutting_down());
+    }
+    body.map_err(|rejection| {
+        let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "invalid_body" };
+        ApiError::new(rejection.status(), "invalid_request_error", code, rejection.body_text())
     })
 }
 

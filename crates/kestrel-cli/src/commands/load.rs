@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use kestrel_engine::{choose_backend, BackendPreference, Placement, Platform};
 use kestrel_gpu::{Gpu, GpuOptions};
-use kestrel_model::{LoadOptions, LoadProgress, Model};
+use kestrel_model::{Embedder, LoadOptions, LoadProgress, LoadedModel, Model};
 use kestrel_ops::params::KvType;
 
 use super::coded;
@@ -148,6 +148,62 @@ pub fn load_with_slots(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize
         );
     }
     Ok(Loaded { model, load_ms: start.elapsed().as_secs_f64() * 1e3, gpu_peak_bytes })
+}
+
+/// The architecture the header of the model at `path` names (`general.architecture`), read
+/// before loading, so that an embedding model never opens a GPU device it would not use.
+pub fn architecture(path: &Path) -> Result<Option<String>, Box<dyn std::error::Error>> {
+    let header = kestrel_gguf::read_model_header(path)?;
+    Ok(header.metadata.get_str("general.architecture")?.map(str::to_owned))
+}
+
+/// Whether `arch` is an embedding model's (an encoder's) architecture.
+pub fn is_embedding(arch: Option<&str>) -> bool {
+    arch.and_then(kestrel_model::encoder::EncoderArch::from_name).is_some()
+}
+
+/// The model at `path`, of either kind: an embedding model on the CPU backend (there is no
+/// encoder graph on the GPU), a chat model as `load_with_slots` loads it.
+pub fn load_any(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize) -> Result<LoadedModel, Box<dyn std::error::Error>> {
+    if is_embedding(architecture(path)?.as_deref()) {
+        return Ok(LoadedModel::Embedding(load_embedder(path, quiet)?));
+    }
+    Ok(LoadedModel::Chat(load_with_slots(path, cache, quiet, slots)?.model))
+}
+
+/// The embedding model at `path`; a chat model is `invalid_option`.
+pub fn load_embedder(path: &Path, quiet: bool) -> Result<Embedder, Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    let total = model_bytes(path)?;
+    let show_bar = !quiet && std::io::stderr().is_terminal();
+    let mut bar = |p: &LoadProgress| {
+        if show_bar {
+            draw_bar(p.bytes_received, total);
+        }
+    };
+    let loaded = pollster::block_on(kestrel_model::load_file_cpu_any(path, LoadOptions::default(), &mut bar)).map_err(coded)?;
+    let embedder = match loaded {
+        LoadedModel::Embedding(embedder) => embedder,
+        LoadedModel::Chat(model) => {
+            let arch = format!("{:?}", model.config().arch).to_lowercase();
+            let e = kestrel_engine::embeddings::not_an_embedding_model(&arch);
+            return Err(super::engine_coded(&e).into());
+        }
+    };
+    if !quiet {
+        let config = embedder.config();
+        eprintln!(
+            "\rloaded {} ({}, {} layers, {} dimensions) on CPU ({}, {} threads) in {:.2} s",
+            path.display(),
+            config.name,
+            config.n_layers,
+            embedder.dimensions(),
+            kestrel_cpu::simd_name(),
+            kestrel_cpu::threads(),
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(embedder)
 }
 
 /// A model of `shape` made in memory with random weights (`kestrel_model::synthetic`).

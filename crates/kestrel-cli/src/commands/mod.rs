@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod chat;
+pub mod embed;
 pub mod generate;
 pub mod inspect;
 mod load;
@@ -14,4 +15,9 @@ pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 /// A model error as the CLI shows it: the message, then its stable code in brackets.
 pub fn coded(e: kestrel_model::ModelError) -> String {
     format!("{e} [{}]", e.code())
+}
+
+/// An engine error as the CLI shows it, as `coded` shows a model error.
+pub fn engine_coded(e: &kestrel_engine::EngineError) -> String {
+    format!("{e} [{}]", e.code)
 }

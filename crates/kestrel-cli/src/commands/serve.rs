@@ -1,18 +1,21 @@
-//! `kestrel serve`: the OpenAI-compatible local server (`kestrel-server`) over one model.
+//! `kestrel serve`: the OpenAI-compatible local server (`kestrel-server`) over one model, a chat
+//! model or an embedding model.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use kestrel_model::LoadedModel;
 use kestrel_server::ServerConfig;
 
-use super::load::{load_with_slots, CacheArgs};
+use super::load::{load_any, CacheArgs};
 use super::CliResult;
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// The GGUF file (default: the default model).
+    /// The GGUF file (default: the default model): a chat model serves the completions
+    /// endpoints, an embedding model (bert, nomic-bert) /v1/embeddings.
     #[arg(long, short)]
     pub model: Option<PathBuf>,
     /// Address to listen on. Only this machine can connect unless told otherwise.
@@ -57,8 +60,11 @@ pub struct ServeArgs {
 
 pub fn run(args: ServeArgs) -> CliResult {
     let path = crate::model_path::resolve(args.model);
-    let loaded = load_with_slots(&path, &args.cache, false, args.slots)?;
-    let slots = loaded.model.slots();
+    let model = load_any(&path, &args.cache, false, args.slots)?;
+    let serving = match &model {
+        LoadedModel::Chat(model) => format!("{} request(s) at once", model.slots()),
+        LoadedModel::Embedding(embedder) => format!("embeddings of {} dimensions, one request at a time", embedder.dimensions()),
+    };
     let model_name = path.file_stem().map_or_else(|| "kestrel".into(), |s| s.to_string_lossy().into_owned());
     let config = ServerConfig {
         model_name,
@@ -77,8 +83,8 @@ pub fn run(args: ServeArgs) -> CliResult {
             .map_err(|e| format!("cannot listen on {}:{}: {e}", args.host, args.port))?;
         let address = listener.local_addr()?;
         // Tests and scripts read this line for the port.
-        eprintln!("kestrel serve: listening on http://{address} (OpenAI API at http://{address}/v1), {slots} request(s) at once");
-        kestrel_server::serve(loaded.model, config, listener, kestrel_server::shutdown_signal()).await?;
+        eprintln!("kestrel serve: listening on http://{address} (OpenAI API at http://{address}/v1), {serving}");
+        kestrel_server::serve(model, config, listener, kestrel_server::shutdown_signal()).await?;
         eprintln!("kestrel serve: stopped");
         Ok(())
     })

@@ -1,0 +1,64 @@
+//! `kestrel embed`: the embeddings of texts with an embedding model, printed as OpenAI's
+//! embeddings answer (the one `kestrel serve`'s /v1/embeddings sends), so scripts read one shape.
+
+use std::io::BufRead;
+use std::path::PathBuf;
+
+use clap::Args;
+use kestrel_engine::embeddings::{not_an_embedding_model, EmbeddingRequest};
+use serde_json::json;
+
+use super::load::{architecture, is_embedding, load_embedder};
+use super::{engine_coded, CliResult};
+
+#[derive(Args)]
+pub struct EmbedArgs {
+    /// The texts to embed; none: one text a line from stdin (blank lines are skipped).
+    pub texts: Vec<String>,
+    /// The embedding model's GGUF file (bert, nomic-bert; default: the default model).
+    #[arg(long, short)]
+    pub model: Option<PathBuf>,
+    /// Keep the first N values of each vector, normalized again (models trained for it, such
+    /// as nomic-embed); default: all.
+    #[arg(long)]
+    pub dimensions: Option<usize>,
+    /// Cut a text longer than the model's context to it rather than refuse it.
+    #[arg(long)]
+    pub truncate: bool,
+    /// Write each vector as base64 of its little-endian f32 values (OpenAI's
+    /// `encoding_format: "base64"`), not as a list of numbers.
+    #[arg(long)]
+    pub base64: bool,
+}
+
+pub fn run(args: EmbedArgs) -> CliResult {
+    let path = crate::model_path::resolve(args.model);
+    let texts = if args.texts.is_empty() { stdin_lines()? } else { args.texts };
+    // Checked before the model loads: a bad option costs no load.
+    let mut body = json!({ "input": texts, "encoding_format": if args.base64 { "base64" } else { "float" }, "truncate": args.truncate });
+    if let Some(dimensions) = args.dimensions {
+        body["dimensions"] = json!(dimensions);
+    }
+    let request = EmbeddingRequest::parse(body).map_err(|e| engine_coded(&e))?;
+    // A chat model is refused from its header, without loading it (a file with no architecture
+    // goes on to the load, which names what is wrong with it).
+    if let Some(arch) = architecture(&path)?.filter(|arch| !is_embedding(Some(arch))) {
+        return Err(engine_coded(&not_an_embedding_model(&arch)).into());
+    }
+    let embedder = load_embedder(&path, false)?;
+    let embeddings = request.run(&embedder).map_err(|e| engine_coded(&e))?;
+    let model_name = path.file_stem().map_or_else(|| "kestrel".into(), |s| s.to_string_lossy().into_owned());
+    println!("{}", request.response(&model_name, &embeddings));
+    Ok(())
+}
+
+fn stdin_lines() -> Result<Vec<String>, std::io::Error> {
+    let mut texts = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        if !line.trim().is_empty() {
+            texts.push(line);
+        }
+    }
+    Ok(texts)
+}

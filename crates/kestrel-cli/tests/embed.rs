@@ -1,0 +1,115 @@
+//! `kestrel embed` as a script runs it: OpenAI's embeddings JSON on stdout with llama.cpp's
+//! vectors (normalized), texts from the arguments or from stdin, and a chat model refused with
+//! its code.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use base64::Engine as _;
+use serde_json::Value;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
+}
+
+fn embedding_model() -> String {
+    repo("models/all-MiniLM-L6-v2.f32.gguf").to_str().expect("a UTF-8 path").to_owned()
+}
+
+/// llama.cpp's cases for the model: `{text, tokens, vector}`, the vectors not normalized.
+fn reference() -> Vec<Value> {
+    let text = std::fs::read_to_string(repo("tests/data/embeddings/minilm.json")).expect("read minilm.json");
+    let value: Value = serde_json::from_str(&text).expect("minilm.json is JSON");
+    value["cases"].as_array().expect("cases").clone()
+}
+
+fn floats(value: &Value) -> Vec<f64> {
+    value.as_array().expect("an array of numbers").iter().map(|x| x.as_f64().expect("a number")).collect()
+}
+
+fn norm(v: &[f64]) -> f64 {
+    v.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>() / (norm(a) * norm(b))
+}
+
+/// Runs `kestrel embed` with `args`, `stdin` piped in.
+fn embed(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .arg("embed")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kestrel");
+    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    child.wait_with_output().expect("wait for kestrel")
+}
+
+fn answer(out: &Output) -> Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("stdout is one JSON document")
+}
+
+#[test]
+fn texts_embed_as_openai_answers_with_llama_cpp_vectors() {
+    let cases = reference();
+    let texts: Vec<&str> = cases[..2].iter().map(|c| c["text"].as_str().expect("text")).collect();
+    let model = embedding_model();
+    let json = answer(&embed(&["-m", &model, texts[0], texts[1]], ""));
+    assert_eq!(json["object"], "list");
+    assert_eq!(json["model"], "all-MiniLM-L6-v2.f32");
+    let data = json["data"].as_array().expect("data");
+    assert_eq!(data.len(), 2);
+    for (i, (item, case)) in data.iter().zip(&cases).enumerate() {
+        assert_eq!((item["object"].as_str(), item["index"].as_u64()), (Some("embedding"), Some(i as u64)));
+        let vector = floats(&item["embedding"]);
+        assert_eq!(vector.len(), 384);
+        let cos = cosine(&vector, &floats(&case["vector"]));
+        assert!(cos >= 0.999, "{:?}: cosine {cos}", case["text"]);
+        assert!((norm(&vector) - 1.0).abs() < 1e-5, "unit length");
+    }
+    let tokens: usize = cases[..2].iter().map(|c| c["tokens"].as_array().expect("tokens").len()).sum();
+    assert_eq!(json["usage"]["prompt_tokens"].as_u64(), Some(tokens as u64));
+    assert_eq!(json["usage"]["total_tokens"].as_u64(), Some(tokens as u64));
+}
+
+#[test]
+fn stdin_lines_base64_and_dimensions() {
+    let case = &reference()[2];
+    let text = case["text"].as_str().expect("text");
+    // Two lines and a blank one: two texts.
+    let json = answer(&embed(&["-m", &embedding_model(), "--base64", "--dimensions", "64"], &format!("{text}\n\nHello world\n")));
+    let data = json["data"].as_array().expect("data");
+    assert_eq!(data.len(), 2);
+    let bytes = base64::engine::general_purpose::STANDARD.decode(data[0]["embedding"].as_str().expect("base64 text")).expect("base64");
+    let vector: Vec<f64> = bytes.chunks_exact(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().expect("4 bytes")))).collect();
+    assert_eq!(vector.len(), 64);
+    assert!((norm(&vector) - 1.0).abs() < 1e-5, "the 64 values are normalized again");
+    let cos = cosine(&vector, &floats(&case["vector"])[..64]);
+    assert!(cos >= 0.999, "cosine {cos}");
+}
+
+#[test]
+fn chat_models_and_bad_inputs_are_refused_with_their_codes() {
+    let chat = repo("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = embed(&["-m", chat.to_str().expect("a UTF-8 path"), "Hello"], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("chat model (llama)") && stderr.contains("[invalid_option]"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing on stdout");
+    let model = embedding_model();
+    let long = "word ".repeat(600);
+    let out = embed(&["-m", &model, &long], "");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("[context_overflow]"), "{stderr}");
+    let json = answer(&embed(&["-m", &model, "--truncate", &long], ""));
+    assert_eq!(json["usage"]["prompt_tokens"].as_u64(), Some(512));
+    let out = embed(&["-m", &model], "\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("[invalid_option]"), "no texts: {stderr}");
+}
