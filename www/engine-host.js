@@ -7,7 +7,7 @@
 // in OpenAI's shape; this module carries its events. The page (index.js) queues requests, except
 // generations on an engine that batches them (`info.model.batched`): those come at once and join
 // the running steps.
-import init, { Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, reusableTokens, shardNames } from './pkg/kestrel_wasm.js';
+import init, { Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, checkEmbeddingRequest, reusableTokens, shardNames } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 import { adapterName } from './adapter-name.js';
 import { CACHE_NAME, SHARD_HEADER, storageRoom } from './storage.js';
@@ -605,6 +605,26 @@ async function generateRemote(id, endpoint, body) {
 }
 
 /**
+ * Embeds the inputs of `body` (`embeddings.create`'s argument without `signal`) on the loaded
+ * model: OpenAI's answer. The CPU pass runs to its end once started (the page stops waiting for
+ * an aborted call's answer, and sends no abort for it).
+ */
+function embed(body) {
+  if (!engine) throw fail('no_model', 'no model is loaded');
+  return engine.embed(JSON.stringify(body));
+}
+
+/**
+ * A remote engine's embeddings: checked as a local engine would check them, then sent to the
+ * server's /embeddings; null when aborted (the page has stopped waiting).
+ */
+async function embedRemote(id, body) {
+  await initWasm();
+  checkEmbeddingRequest(JSON.stringify(body));
+  return remote.embed(id, body, aborted.delete(id));
+}
+
+/**
  * The browser reports a lost device after the errors the loss causes (a destroyed buffer used in a
  * submit): after a `gpu` error, waits briefly for a loss and returns it, else the error itself.
  */
@@ -666,6 +686,10 @@ export async function handleMessage(data) {
     answer(id, () => generateRemote(id, data.endpoint, data.body));
     return;
   }
+  if (type === 'embed' && remote) {
+    answer(id, () => embedRemote(id, data.body));
+    return;
+  }
   if (type === 'generate' && batched) {
     // Batched: joins the running steps instead of waiting for the requests before it.
     answer(id, () => generate(id, data.endpoint, data.body));
@@ -692,6 +716,9 @@ export async function handleMessage(data) {
         break;
       case 'generate':
         value = await generate(id, data.endpoint, data.body);
+        break;
+      case 'embed':
+        value = embed(data.body);
         break;
       case 'reset':
         // After the batched requests before it.

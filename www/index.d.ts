@@ -59,13 +59,47 @@ export interface SharedEngineInfo {
   abandoned_requests: number;
 }
 
-export interface EngineInfo {
+/** A chat (text generation) model's hyper-parameters and how the engine runs it: `EngineInfo.model` where `kind` is 'chat'. */
+export interface ChatModelInfo {
+  name: string; arch: string; n_layers: number; hidden: number; ffn: number; n_heads: number;
+  n_kv_heads: number; head_dim: number; vocab: number; train_context: number; context_length: number;
+  tied_embeddings: boolean; weight_bytes: number; weight_bytes_per_token: number; chat_template: boolean;
+  /** Requests generated at once as one batch (the `slots` option). */
+  slots: number;
+  /** Prompt tokens a batched step runs at most (the `prefill_chunk` option). */
+  prefill_chunk: number;
+  /** Whether requests run as batched steps (several slots, or the CPU backend); else one at a time. */
+  batched: boolean;
+  /** The GPU time one submission of a prompt may take (the `submit_budget_ms` option); null: none, or the CPU backend. */
+  submit_budget_ms: number | null;
+}
+
+/** An embedding model's: `EngineInfo.model` where `kind` is 'embedding'. */
+export interface EmbeddingModelInfo {
+  name: string;
+  /** 'bert' or 'nomic-bert'. */
+  arch: string;
+  /** The length of its vectors (`embeddings.create`'s `dimensions` keeps fewer). */
+  dimensions: number;
+  /** The longest input in tokens, the special tokens included. */
+  context_length: number;
+  /** How the tokens' vectors become one: 'mean', 'cls' or 'last' (the file's `pooling_type`). */
+  pooling: 'mean' | 'cls' | 'last';
+  weight_bytes: number;
+  n_layers: number; hidden: number; n_heads: number; vocab: number; train_context: number;
+}
+
+interface EngineInfoCommon {
   /**
    * Where generation runs: this browser's GPU, its CPU (wasm SIMD in the engine's worker), or the
-   * `remote` server of createEngine.
+   * `remote` server of createEngine. An embedding model always runs on the CPU backend (there is
+   * no GPU encoder), whatever `backend` asked for.
    */
   backend: 'webgpu' | 'cpu' | 'remote';
-  /** With backend 'cpu': why (asked for, no WebGPU, a software adapter, the model does not fit the GPU). */
+  /**
+   * With backend 'cpu': why (asked for, no WebGPU, a software adapter, the model does not fit the
+   * GPU, an embedding model).
+   */
   backend_reason?: string | null;
   /** With backend 'cpu': the SIMD instruction set of its kernels and its threads. */
   cpu?: { simd: string; threads: number } | null;
@@ -88,19 +122,6 @@ export interface EngineInfo {
     /** The browser's own description of the adapter (GPUAdapterInfo), where it gives one. */
     adapter_info?: { vendor: string; architecture: string; device: string; description: string };
   } | null;
-  model: {
-    name: string; arch: string; n_layers: number; hidden: number; ffn: number; n_heads: number;
-    n_kv_heads: number; head_dim: number; vocab: number; train_context: number; context_length: number;
-    tied_embeddings: boolean; weight_bytes: number; weight_bytes_per_token: number; chat_template: boolean;
-    /** Requests generated at once as one batch (the `slots` option). */
-    slots: number;
-    /** Prompt tokens a batched step runs at most (the `prefill_chunk` option). */
-    prefill_chunk: number;
-    /** Whether requests run as batched steps (several slots, or the CPU backend); else one at a time. */
-    batched: boolean;
-    /** The GPU time one submission of a prompt may take (the `submit_budget_ms` option); null: none, or the CPU backend. */
-    submit_budget_ms: number | null;
-  } | null;
   /** The wasm engine's version (null with backend 'remote'). */
   version: string | null;
   /**
@@ -116,6 +137,16 @@ export interface EngineInfo {
    */
   persist_prefix?: { enabled: boolean; reason: string | null } | null;
 }
+
+/**
+ * What the engine runs (`engine.info`). `kind` says what its model does, and narrows `model`:
+ * 'chat' (it generates: `chat.completions`, `completions`), 'embedding' (it embeds:
+ * `embeddings.create`), or null for a remote engine (the server decides; `model` is null).
+ */
+export type EngineInfo =
+  | (EngineInfoCommon & { kind: 'chat'; model: ChatModelInfo })
+  | (EngineInfoCommon & { kind: 'embedding'; model: EmbeddingModelInfo })
+  | (EngineInfoCommon & { kind: null; model: null });
 
 export interface ChatMessage {
   role: 'system' | 'developer' | 'user' | 'assistant' | 'tool' | (string & {});
@@ -330,9 +361,76 @@ export interface CompletionRequest extends SamplingOptions {
   stream?: boolean;
 }
 
+/**
+ * `embeddings.create`'s argument: OpenAI's embeddings request (its `model` and `user` are
+ * accepted and change nothing), Kestrel's `truncate`, and the package's `signal`. Any other field
+ * is `invalid_option`.
+ */
+export interface EmbeddingCreateParams {
+  /**
+   * A text, texts (1 to 2048 per call, embedded together), or token ids of the model's
+   * vocabulary (one input, or one array per input). An empty text or array is `invalid_option`.
+   */
+  input: string | string[] | number[] | number[][];
+  /**
+   * Keep the first `dimensions` values of each vector (Matryoshka truncation), normalized again:
+   * 1 to the model's `info.model.dimensions`.
+   */
+  dimensions?: number;
+  /** 'float' (the default): arrays of numbers; 'base64': each vector's little-endian f32 bytes in base64. */
+  encoding_format?: 'float' | 'base64';
+  /**
+   * An input longer than the model's context (`info.model.context_length` tokens) is cut to it,
+   * keeping its closing token; without it (false, the default) such an input is `context_overflow`.
+   */
+  truncate?: boolean;
+  /** OpenAI's; ignored (the engine's model answers). */
+  model?: string;
+  /** OpenAI's; ignored. */
+  user?: string;
+  /**
+   * Rejects the call with the signal's reason (an `AbortError` DOMException unless the page gave
+   * another) as soon as it aborts; a call still waiting behind others is never run. A local
+   * engine's pass over the inputs cannot be interrupted once it started: the worker finishes it
+   * and drops the result, and the calls after it wait for that. A remote engine's request is cancelled.
+   */
+  signal?: AbortSignal;
+}
+
+/** One input's vector: unit length, `dimensions` long. */
+export interface Embedding {
+  object: 'embedding';
+  /** The input's position in `input`. */
+  index: number;
+  /** The vector; with `encoding_format: 'base64'`, its little-endian f32 bytes in base64. */
+  embedding: number[] | string;
+}
+
+/** `embeddings.create`'s answer: OpenAI's. */
+export interface CreateEmbeddingResponse {
+  object: 'list';
+  /** One per input, in input order. */
+  data: Embedding[];
+  /** The model's name (a remote engine's: the server's). */
+  model: string;
+  /** The tokens of every input, the model's special tokens included. */
+  usage: { prompt_tokens: number; total_tokens: number };
+}
+
 export interface Engine {
   /** Set once the model is loaded. */
   info: EngineInfo;
+  /**
+   * Embedding models (`info.kind` 'embedding'), on the CPU backend, and remote engines (the
+   * server's `/v1/embeddings`). A chat model refuses with `invalid_option`, as an embedding model
+   * refuses `chat.completions` and `completions`. A bad input is `invalid_option`; an input
+   * longer than the model's context, without `truncate`, is `context_overflow`.
+   */
+  embeddings: {
+    create(request: EmbeddingCreateParams & { encoding_format: 'base64' }): Promise<CreateEmbeddingResponse & { data: (Embedding & { embedding: string })[] }>;
+    create(request: EmbeddingCreateParams & { encoding_format?: 'float' }): Promise<CreateEmbeddingResponse & { data: (Embedding & { embedding: number[] })[] }>;
+    create(request: EmbeddingCreateParams): Promise<CreateEmbeddingResponse>;
+  };
   chat: {
     completions: {
       create(request: ChatCompletionRequest & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
@@ -491,6 +589,11 @@ export interface MemoryLimit {
 
 /** Will a model fit, from its GGUF header alone (see `estimate`). */
 export interface Estimate {
+  /**
+   * 'chat', or 'embedding': an encoder, which runs on the CPU backend whatever the engine, so its
+   * GPU verdict (`fits`) is the CPU's, and it has no KV cache.
+   */
+  kind: 'chat' | 'embedding';
   name: string;
   arch: string;
   /** The file's size, as its header declares it. */

@@ -4,8 +4,8 @@
 // Typed by index.d.ts (the package's declared API), checked with `tsc --checkJs` (www/tsconfig.json).
 /**
  * @import {
- *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEngineOptions,
- *   Engine as EngineApi, EngineInfo, EngineMemory, EngineStatus, Estimate, KestrelErrorCode, LoadProgress, RemoteOptions,
+ *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEmbeddingResponse,
+ *   CreateEngineOptions, EmbeddingCreateParams, Engine as EngineApi, EngineInfo, EngineMemory, EngineStatus, Estimate, KestrelErrorCode, LoadProgress, RemoteOptions,
  * } from './index.d.ts'
  */
 
@@ -262,6 +262,14 @@ function openaiRequest(endpoint, request, send, abort) {
   return result;
 }
 
+/**
+ * What an aborted call rejects with: the signal's reason, as `fetch` does.
+ * @param {AbortSignal} signal
+ */
+function abortError(signal) {
+  return signal.reason ?? new DOMException('This operation was aborted', 'AbortError');
+}
+
 /** @implements {EngineApi} */
 class Engine {
   /** @type {EngineWorker} */
@@ -298,6 +306,8 @@ class Engine {
     this.chat = { completions: { create: /** @type {any} */ ((/** @type {ChatCompletionRequest} */ request) => this.#create('chat', request)) } };
     /** @type {EngineApi['completions']} */
     this.completions = { create: /** @type {any} */ ((/** @type {CompletionRequest} */ request) => this.#create('completions', request)) };
+    /** @type {EngineApi['embeddings']} */
+    this.embeddings = { create: /** @type {any} */ ((/** @type {EmbeddingCreateParams} */ request) => this.#embed(request)) };
   }
 
   /** @param {WorkerMessage} msg */
@@ -412,7 +422,7 @@ class Engine {
     await this.#call({ type: 'connect', remote });
     this.info = {
       backend: 'remote', fallback: { code: reason.code, message: reason.message },
-      remote: { baseURL: remote.baseURL.replace(/\/+$/, ''), model: remote.model ?? 'kestrel' }, gpu: null, model: null, version: null, shared: null,
+      remote: { baseURL: remote.baseURL.replace(/\/+$/, ''), model: remote.model ?? 'kestrel' }, gpu: null, kind: null, model: null, version: null, shared: null,
     };
     return this;
   }
@@ -425,9 +435,43 @@ class Engine {
     const worker = this.#worker;
     // A model whose requests run as batched steps (several slots, or the CPU backend) takes
     // concurrent requests at once; a remote server too.
-    const beside = this.info?.backend === 'remote' || this.info?.model?.batched === true;
+    const beside = this.info?.backend === 'remote' || (this.info?.kind === 'chat' && this.info.model.batched === true);
     const send = (/** @type {{ type: string }} */ msg, /** @type {Handlers} */ handlers) => (beside ? this.#callBeside(msg, handlers) : this.#call(msg, handlers));
     return openaiRequest(endpoint, request, send, (id) => worker.postMessage({ type: 'abort', id }));
+  }
+
+  /**
+   * `embeddings.create`: queued like the other calls. An aborted `signal` rejects at once with its
+   * reason; a call still queued is then never sent. One the worker is running cannot be stopped
+   * mid-pass (it runs the CPU kernels to the end and its answer is dropped); a remote engine's
+   * request is cancelled.
+   * @param {EmbeddingCreateParams} request
+   * @returns {Promise<CreateEmbeddingResponse>}
+   */
+  #embed(request) {
+    if (request === null || typeof request !== 'object') {
+      return Promise.reject(kestrelError('invalid_option', 'embeddings.create takes a request object: { input, dimensions?, encoding_format?, truncate?, signal? }'));
+    }
+    const { signal, ...body } = request;
+    if (signal?.aborted) return Promise.reject(abortError(signal));
+    /** @type {number | null} */
+    let sent = null;
+    const send = () => {
+      if (signal?.aborted) return Promise.reject(abortError(signal));
+      return this.#send({ type: 'embed', body }, { onStart: (id) => (sent = id) });
+    };
+    const result = this.#queue.then(send, send);
+    this.#queue = result.catch(() => {});
+    if (!signal) return result;
+    return new Promise((resolve, reject) => {
+      const onAbort = () => {
+        // Only a remote request can stop; a local pass finishes, its answer unread.
+        if (sent !== null && this.info?.backend === 'remote') this.#worker.postMessage({ type: 'abort', id: sent });
+        reject(abortError(signal));
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      result.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+    });
   }
 
   /**

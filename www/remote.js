@@ -76,7 +76,7 @@ async function* sseData(body) {
   }
 }
 
-/** Runs generation requests on an OpenAI-compatible server, streamed, with per-request abort. */
+/** Runs generation (streamed) and embeddings requests on an OpenAI-compatible server, with per-request abort. */
 export class RemoteBackend {
   /** @type {RemoteOptions} */
   #options;
@@ -123,9 +123,7 @@ export class RemoteBackend {
       if (chat) Object.assign(request, { logprobs: true, top_logprobs: count });
       else request.logprobs = count;
     }
-    /** @type {Record<string, string>} */
-    const headers = { 'Content-Type': 'application/json' };
-    if (this.#options.apiKey) headers.Authorization = `Bearer ${this.#options.apiKey}`;
+    const headers = this.#headers();
     let text = '';
     /** @type {number[]} */
     const tokenIds = [];
@@ -201,6 +199,51 @@ export class RemoteBackend {
       completion_tokens: completionTokens,
       ...(toolCalls.length ? { tool_calls: toolCalls.filter(Boolean) } : {}),
     };
+  }
+
+  /**
+   * Sends embeddings request `id` (`body`: the page's `embeddings.create` argument, checked) to
+   * the server's /embeddings and resolves to its answer, OpenAI's shape as the local engine's;
+   * null when aborted (`aborted`: before it was sent, so it is not).
+   * @param {number} id
+   * @param {Record<string, unknown>} body
+   * @param {boolean} aborted
+   * @returns {Promise<unknown>}
+   */
+  async embed(id, body, aborted) {
+    if (aborted) return null;
+    const controller = new AbortController();
+    this.#running.set(id, controller);
+    try {
+      const response = await fetch(`${this.baseURL}/embeddings`, {
+        method: 'POST', headers: this.#headers(), body: JSON.stringify({ ...body, model: this.model }), signal: controller.signal,
+      });
+      const text = await response.text();
+      if (!response.ok) throw serverError(response.status, text);
+      let answer = null;
+      try {
+        answer = JSON.parse(text);
+      } catch {
+        // Not JSON: refused below with the start of what came.
+      }
+      if (answer?.object !== 'list' || !Array.isArray(answer.data)) {
+        throw kestrelError('remote_error', `the remote server's embeddings answer is not OpenAI's list: ${text.slice(0, 200)}`);
+      }
+      return answer;
+    } catch (e) {
+      if (controller.signal.aborted) return null;
+      throw isKestrelError(e) ? e : kestrelError('remote_error', `the remote server could not be reached: ${/** @type {Error} */ (e).message}`);
+    } finally {
+      this.#running.delete(id);
+    }
+  }
+
+  /** The request headers: JSON, and the API key where there is one. */
+  #headers() {
+    /** @type {Record<string, string>} */
+    const headers = { 'Content-Type': 'application/json' };
+    if (this.#options.apiKey) headers.Authorization = `Bearer ${this.#options.apiKey}`;
+    return headers;
   }
 
   /**

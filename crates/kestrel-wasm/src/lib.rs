@@ -1,8 +1,8 @@
 //! wasm-bindgen exports of the Kestrel engine, driven by the browser package's worker
 //! (`www/worker.js`): create the device, stream a GGUF file in, then the engine core's requests
-//! (`requests`: submit OpenAI-shaped requests, step the scheduler, abort), the remote engine's
-//! answers built the same way (`remote`), the KV prefix kept across page loads (`prefix`), and
-//! the header probe and sha256 check (`probe`).
+//! (`requests`: submit OpenAI-shaped requests, step the scheduler, abort), embeddings of an
+//! embedding model (`embeddings`), the remote engine's answers built the same way (`remote`), the
+//! KV prefix kept across page loads (`prefix`), and the header probe and sha256 check (`probe`).
 //!
 //! Every error that reaches JavaScript is an `Error` whose `code` property is stable
 //! ([`ModelError::code`] plus `no_webgpu`, `no_model`, `busy`, `invalid_option`, `gpu`) and whose
@@ -19,11 +19,12 @@ use kestrel_engine::{
     choose_backend, Aborts, EngineError, EngineOptions, EngineSettings, Placement, Platform, Request, RequestId, Scheduler,
 };
 use kestrel_gpu::Gpu;
-use kestrel_model::{LoadProgress, ModelError, ModelLoader};
+use kestrel_model::{Embedder, LoadProgress, LoadedModel, ModelError, ModelLoader};
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
+mod embeddings;
 mod prefix;
 mod probe;
 mod remote;
@@ -67,7 +68,9 @@ struct State {
     /// Why the engine runs on the CPU, when it does.
     cpu_reason: RefCell<Option<String>>,
     loader: RefCell<Option<ModelLoader>>,
-    /// The loaded model in the engine core's scheduler; taken out while a step runs.
+    /// The loaded embedding model; then there is no scheduler (an encoder generates nothing).
+    embedder: RefCell<Option<Embedder>>,
+    /// The loaded chat model in the engine core's scheduler; taken out while a step runs.
     scheduler: RefCell<Option<Scheduler>>,
     /// The scheduler's aborts, reachable while a step runs.
     aborts: RefCell<Option<Aborts>>,
@@ -92,6 +95,7 @@ impl State {
             gpu: RefCell::new(gpu),
             cpu_reason: RefCell::new(cpu_reason),
             loader: RefCell::default(),
+            embedder: RefCell::default(),
             scheduler: RefCell::default(),
             aborts: RefCell::default(),
             inbox: RefCell::default(),
@@ -131,6 +135,7 @@ impl State {
 
     fn drop_model(&self) {
         self.scheduler.borrow_mut().take();
+        self.embedder.borrow_mut().take();
         self.aborts.borrow_mut().take();
         self.model_info.borrow_mut().take();
         self.inbox.borrow_mut().clear();
@@ -139,7 +144,14 @@ impl State {
 
     async fn finish_load(&self) -> Result<JsValue, JsValue> {
         let loader = self.loader.borrow_mut().take().ok_or_else(|| js_error("bad_model", "bad model file: no bytes were loaded"))?;
-        let model = loader.finish().await.map_err(|e| model_error(&e))?;
+        let model = match loader.finish_any().await.map_err(|e| model_error(&e))? {
+            LoadedModel::Chat(model) => model,
+            LoadedModel::Embedding(embedder) => {
+                *self.model_info.borrow_mut() = Some(embeddings::model_info(&embedder));
+                *self.embedder.borrow_mut() = Some(embedder);
+                return Ok(self.info());
+            }
+        };
         let scheduler = self.settings.scheduler(model).map_err(|e| model_error(&e))?;
         let model = scheduler.model();
         let c = model.config();
@@ -203,12 +215,25 @@ impl State {
                 },
             })
         });
+        let embedding = self.embedder.borrow().is_some();
+        // An embedding model runs on the CPU kernels even in an engine that holds a GPU device.
+        let (gpu, cpu_reason) = match (embedding, self.cpu_reason.borrow().clone()) {
+            (_, Some(reason)) => (gpu, Some(reason)),
+            (true, None) => (None, Some(embeddings::ON_CPU.to_string())),
+            (false, None) => (gpu, None),
+        };
         let backend = if gpu.is_some() { "webgpu" } else { "cpu" };
         // One thread: a wasm worker has no shared-memory threads without a nightly toolchain.
-        let cpu = self.cpu_reason.borrow().as_ref().map(|_| json!({ "simd": kestrel_cpu::simd_name(), "threads": 1 }));
+        let cpu = cpu_reason.as_ref().map(|_| json!({ "simd": kestrel_cpu::simd_name(), "threads": 1 }));
+        let kind = match (embedding, self.model_info.borrow().is_some()) {
+            (true, _) => json!("embedding"),
+            (false, true) => json!("chat"),
+            (false, false) => Value::Null,
+        };
         to_js(&json!({
+            "kind": kind,
             "backend": backend,
-            "backend_reason": *self.cpu_reason.borrow(),
+            "backend_reason": cpu_reason,
             "cpu": cpu,
             "gpu": gpu,
             "model": *self.model_info.borrow(),

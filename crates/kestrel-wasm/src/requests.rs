@@ -6,12 +6,12 @@
 use js_sys::{Function, Promise, Uint32Array};
 use kestrel_engine::openai::{self, Answer, Endpoint, ResponseMeta};
 use kestrel_engine::{EngineError, Event, RequestId, Scheduler};
-use kestrel_model::{Generation, TokenEvent};
+use kestrel_model::{not_a_chat_model, Generation, TokenEvent};
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
 
-use crate::{engine_error, js_error, to_js, Engine, State};
+use crate::{engine_error, js_error, model_error, to_js, Engine, State};
 
 /// Parses a request body for `endpoint` ('chat' or 'completions') as `kestrel serve` does, with
 /// every check that needs no model.
@@ -74,10 +74,14 @@ impl Engine {
     /// Submits a request (`body`: the JSON of `chat.completions.create`'s or
     /// `completions.create`'s argument, without `signal`) to `endpoint` ('chat' or
     /// 'completions'); returns its id. A request that is malformed, or (between steps) cannot run
-    /// on this model, throws its error here; one submitted while a step runs is taken at the next
-    /// step, which reports such an error as its event.
+    /// on this model (an embedding model runs none: `invalid_option`), throws its error here; one
+    /// submitted while a step runs is taken at the next step, which reports such an error as its
+    /// event.
     pub fn submit(&self, endpoint: &str, body: &str) -> Result<f64, JsValue> {
         let s = &self.state;
+        if let Some(embedder) = s.embedder.borrow().as_ref() {
+            return Err(model_error(&not_a_chat_model(embedder.config().arch.name())));
+        }
         let (endpoint, api) = parse(endpoint, body)?;
         let model_name = s.model_info.borrow().as_ref().and_then(|i| i["name"].as_str().map(str::to_owned));
         if model_name.is_none() && !s.busy.get() && s.scheduler.borrow().is_none() {
