@@ -28,7 +28,7 @@ function vendorWllama() {
  * requests of `batch.decodeTokens` steps each. `prompts`: [{prompt_tokens, text}]. Resolves to
  * {browser, adapter, wllama_version, engines, batch}.
  */
-export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, threads, contextLength, realGpu = false, only = null, batch = null, constrained = null }) {
+export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, threads, contextLength, realGpu = false, only = null, batch = null, constrained = null, embeddings = null }) {
   const wllamaVersion = vendorWllama();
   const server = await startServer();
   const launched = await launchChromium(chromium, {
@@ -113,7 +113,24 @@ export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, thr
         await p.close();
       }
     }
+    // An embedding model on the CPU backend (where every embedding model runs), on the native
+    // bench's inputs.
+    let embedded = null;
+    if (embeddings) {
+      console.error('browser: kestrel embeddings');
+      const p = await open();
+      try {
+        const r = await p.evaluate((w) => window.bench.runKestrelEmbeddings(w), embeddings);
+        embedded = { ...r, sentences_per_s: spread(r.sentences_per_s) };
+      } catch (e) {
+        embedded = { error: String(e.message ?? e).split('\n')[0] };
+        console.error(`  kestrel embeddings failed: ${e.message}`);
+      } finally {
+        await p.close();
+      }
+    }
     return {
+      embeddings: embedded,
       browser: `Chromium ${context.browser()?.version() ?? ''}`.trim(), cross_origin_isolated: isolated, adapter, wllama_version: wllamaVersion, engines, batch: batched,
       constrained: constrained ? held : null,
     };

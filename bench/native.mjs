@@ -72,3 +72,21 @@ export async function runLlamaConstrained({ model, schema, repeats, threads, out
   await exec(process.execPath, [script, '--model', model, '--schema', schema, '--threads', String(threads), '--repeats', String(repeats), '--json', out]);
   return readJson(out);
 }
+
+/** `kestrel bench embed` on an embedding model: sentences per second for `inputs` inputs of `tokens`
+ * tokens, whose ids it writes to `inputsOut` for the peer to embed the same. */
+export async function runKestrelEmbed({ model, inputs, tokens, repeats, threads, inputsOut, out }) {
+  if (!existsSync(KESTREL)) throw new Error(`${KESTREL} is missing: build it with \`cargo build --release -p kestrel-cli\``);
+  await exec(KESTREL, ['bench', 'embed', '--model', model, '--inputs', String(inputs), '--tokens', String(tokens), '--repeats', String(repeats),
+    '--write-inputs', inputsOut, '--json', out], { RAYON_NUM_THREADS: String(threads) });
+  return readJson(out);
+}
+
+/** llama.cpp's embedding context (node-llama-cpp's getEmbeddingFor, one input a call) on the same
+ * model, token ids and threads: the peer of `runKestrelEmbed`. */
+export async function runLlamaEmbed({ model, inputsFile, repeats, threads, out }) {
+  const script = join(ROOT, 'tools/llama-cpp/embed.mjs');
+  if (!existsSync(join(ROOT, 'tools/llama-cpp/node_modules'))) throw new Error('tools/llama-cpp has no node_modules: run `npm ci` there');
+  await exec(process.execPath, [script, model, '--bench', inputsFile, '--threads', String(threads), '--repeats', String(repeats), '--json', out]);
+  return readJson(out);
+}

@@ -12,6 +12,29 @@ const mib = (b) => (b == null ? '–' : `${(b / 2 ** 20).toFixed(0)} MiB`);
 const x = (v) => (v == null || !Number.isFinite(v) ? '–' : `${v >= 10 ? v.toFixed(0) : v >= 0.1 ? v.toFixed(2) : v.toPrecision(2)}×`);
 const secs = (ms) => (ms == null ? '–' : ms >= 10_000 ? `${(ms / 1e3).toFixed(0)} s` : `${(ms / 1e3).toFixed(2)} s`);
 
+/** The embeddings part: each round's sentences per second for both engines on the same token ids,
+ * and Kestrel over llama.cpp. */
+function embeddingLines({ settings: e, rounds }, browser) {
+  const lines = [`Embeddings: ${e.model}, ${e.inputs} inputs of ${e.tokens} tokens, ${e.threads} threads (sentences/s, median of ${e.repeats} calls a round):`, '',
+    '| round | Kestrel, CPU backend | llama.cpp, embedding context | Kestrel / llama.cpp |', '|--:|--:|--:|--:|'];
+  rounds.forEach((r, i) => {
+    const k = r.kestrel?.sentences_per_s?.median;
+    const l = r.llama_cpp?.sentences_per_s?.median;
+    const cell = (v, res) => (res?.error ? `failed: ${res.error}` : fmt(v, 1));
+    lines.push(`| ${i + 1} | ${cell(k, r.kestrel)} | ${cell(l, r.llama_cpp)} | ${k && l ? x(k / l) : '–'} |`);
+  });
+  if (browser) {
+    const b = browser.sentences_per_s?.median;
+    const native = rounds.map((r) => r.kestrel?.sentences_per_s?.median).filter(Number.isFinite);
+    const best = native.length ? Math.max(...native) : null;
+    lines.push('', browser.error
+      ? `In Chromium: failed: ${browser.error}`
+      : `In Chromium (wasm CPU backend, ${browser.cpu?.threads ?? 1} thread, ${browser.cpu?.simd ?? ''}): ${fmt(b, 1)} sentences/s, ${best && b ? x(b / best) : '–'} of the native CPU backend's best round.`);
+  }
+  lines.push('', 'transformers.js is not in this table: no registry package ships an ONNX copy of the same model, and the bench fetches nothing else.');
+  return lines;
+}
+
 /** Every row of the run, native first. */
 export function allRows(run) {
   const rows = [];
@@ -98,6 +121,7 @@ export function markdown(run) {
     lines.push('', `Batched decode in the browser: failed: ${bb.error}`);
   }
   lines.push(...constrainedLines(run.native ?? {}, run.browser?.constrained ?? []));
+  if (run.embeddings) lines.push('', ...embeddingLines(run.embeddings, run.browser?.embeddings));
   if (run.sizes?.length) lines.push('', ...sizesLines(run));
   const k = run.native?.kestrel;
   if (k?.roofline) {

@@ -23,17 +23,21 @@
 //       [--schema nested_address]   the JSON Schema of the structured-output part (an id of
 //                           tests/data/constrained/schemas.json): Kestrel on the CPU backend and
 //                           the GPU, and llama.cpp's grammar, constrained against free decode
-//       [--skip native,batch,llama,constrained,browser,browser-batch,sizes-batch,sizes-gpu]   leave parts out
+//       [--embedding-model models/all-MiniLM-L6-v2.f32.gguf] [--embedding-inputs 256]
+//                           [--embedding-tokens 32]   an embedding model's sentences per second,
+//                           Kestrel's CPU backend against llama.cpp's embedding context on the same
+//                           token ids and threads (two alternating rounds)
+//       [--skip native,batch,llama,constrained,embeddings,browser,browser-batch,sizes-batch,sizes-gpu]   leave parts out
 //       [--browser-engines kestrel,kestrel-cpu,wllama-cpu,wllama-webgpu]   only these in Chromium
 //
 // The defaults fit a 2-core machine without a GPU (lavapipe natively, SwiftShader in Chrome,
 // where decode takes one to several seconds per token); on a real GPU use --full --gpu.
-import { mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { runBrowser } from './browser.mjs';
-import { promptTexts, runKestrelBatch, runKestrelConstrained, runKestrelNative, runLlamaConstrained, runLlamaCpp } from './native.mjs';
+import { promptTexts, runKestrelBatch, runKestrelConstrained, runKestrelEmbed, runKestrelNative, runLlamaConstrained, runLlamaCpp, runLlamaEmbed } from './native.mjs';
 import { ROOT, RESULTS } from './paths.mjs';
 import { markdown, svg } from './report.mjs';
 import { SIZES, failedSizes, runSizes } from './sizes.mjs';
@@ -64,6 +68,9 @@ const { values: opt } = parseArgs({
     'size-repeats': { type: 'string', default: '2' },
     'gpu-sizes-up-to': { type: 'string', default: '1b' },
     schema: { type: 'string', default: 'nested_address' },
+    'embedding-model': { type: 'string', default: 'models/all-MiniLM-L6-v2.f32.gguf' },
+    'embedding-inputs': { type: 'string', default: '256' },
+    'embedding-tokens': { type: 'string', default: '32' },
     help: { type: 'boolean', default: false },
   },
 });
@@ -229,6 +236,24 @@ if (!skip.has('constrained')) {
   await constrained('llama.cpp, native, constrained', 'llama_cpp_constrained',
     (out) => runLlamaConstrained({ model, schema: opt.schema, repeats, threads, out }));
 }
+/** The embeddings part's token ids, for the browser to embed the same. */
+let embeddingInputs = null;
+if (!skip.has('embeddings')) {
+  // Sentences per second: the same inputs' token ids, the same threads, two alternating rounds
+  // (one in a smoke run) so the machine's drift falls on both.
+  const e = { model: resolve(ROOT, opt['embedding-model']), inputs: opt.smoke ? 16 : count('embedding-inputs', opt['embedding-inputs']),
+    tokens: count('embedding-tokens', opt['embedding-tokens']), repeats: opt.smoke ? 1 : n.repeats, threads };
+  run.embeddings = { settings: { ...e, model: basename(e.model) }, rounds: [] };
+  const inputsFile = join(raw, 'embedding_inputs.json');
+  for (let round = 0; round < (opt.smoke ? 1 : 2); round++) {
+    const kestrel = await attempt(`Kestrel, native, CPU, embeddings (round ${round + 1})`,
+      () => runKestrelEmbed({ ...e, inputsOut: inputsFile, out: join(raw, `kestrel_embed_${round}.json`) }));
+    const llama = await attempt(`llama.cpp, native, embeddings (round ${round + 1})`,
+      () => runLlamaEmbed({ ...e, inputsFile, out: join(raw, `llama_cpp_embed_${round}.json`) }));
+    run.embeddings.rounds.push({ kestrel, llama_cpp: llama });
+  }
+  if (existsSync(inputsFile)) embeddingInputs = JSON.parse(readFileSync(inputsFile, 'utf8'));
+}
 if (!skip.has('browser')) {
   const b = settings.browser;
   run.browser = await attempt('browser', async () => {
@@ -240,6 +265,7 @@ if (!skip.has('browser')) {
       contextLength: Math.max(...b.prompt_tokens) + b.decode_tokens + 64,
       batch: skip.has('browser-batch') ? null : { sizes: b.batch.sizes, decodeTokens: b.batch.decode_tokens },
       constrained: skip.has('constrained') ? null : schemaCase(opt.schema),
+      embeddings: embeddingInputs ? { modelUrl: `/models/${basename(opt['embedding-model'])}`, inputs: embeddingInputs, repeats: b.repeats } : null,
     });
   });
 }
@@ -263,7 +289,9 @@ console.error(`wrote ${json}, ${join(results, 'latest.md')}, ${join(results, 'la
 // Every part's figures are written; the exit status says whether any part failed.
 const failed = [
   ...Object.entries(run.native).filter(([, r]) => r?.error).map(([key]) => key),
+  ...(run.embeddings?.rounds ?? []).flatMap((r, i) => Object.entries(r).filter(([, x]) => x?.error).map(([k]) => `${k} embeddings round ${i + 1}`)),
   ...(run.browser?.error ? ['browser'] : []),
+  ...(run.browser?.embeddings?.error ? ['browser embeddings'] : []),
   ...(run.browser?.engines ?? []).filter((e) => e.error).map((e) => `browser ${e.name}`),
   ...(run.browser?.batch?.error ? ['browser batch'] : []),
   ...(run.browser?.constrained ?? []).filter((c) => c.error).map((c) => `browser ${c.backend} constrained`),

@@ -160,6 +160,25 @@ export async function runKestrelConstrained({ modelUrl, schema, ask, repeats, ba
   return { backend: info.backend, cpu: info.cpu, tokens, answer, constrained_tok_s: held, free_tok_s: free };
 }
 
+/**
+ * An embedding model's sentences per second in the page: `inputs` (token-id arrays, the native
+ * bench's) embedded in one call, an untimed call and then `repeats` timed ones.
+ */
+export async function runKestrelEmbeddings({ modelUrl, inputs, repeats }) {
+  const engine = await createEngine({ model: modelUrl, backend: 'cpu' });
+  const rates = [];
+  await engine.embeddings.create({ input: inputs });
+  for (let r = 0; r < repeats; r += 1) {
+    const start = performance.now();
+    const answer = await engine.embeddings.create({ input: inputs });
+    if (answer.data.length !== inputs.length) throw new Error(`${answer.data.length} vectors for ${inputs.length} inputs`);
+    rates.push(inputs.length / ((performance.now() - start) / 1e3));
+  }
+  const info = engine.info;
+  await engine.unload();
+  return { backend: info.backend, cpu: info.cpu, inputs: inputs.length, tokens_per_input: inputs[0]?.length ?? 0, sentences_per_s: rates };
+}
+
 /** The adapter's name and features as this page sees them (null without WebGPU). */
 export async function adapterInfo() {
   const adapter = await navigator.gpu?.requestAdapter();
