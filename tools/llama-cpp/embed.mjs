@@ -1,8 +1,9 @@
 #!/usr/bin/env node
 // Record llama.cpp's embeddings of a set of texts for an embedding GGUF (bert, nomic-bert, or a
 // decoder with a pooling type), as node-llama-cpp's embedding context computes them: the text
-// tokenized without special tokens, the vocabulary's beginning and end tokens added
-// ([CLS] ... [SEP] for WordPiece), one sequence per text, pooled as the file says
+// tokenized without special tokens, the vocabulary's beginning and end tokens added as it adds
+// them ([CLS] ... [SEP] for WordPiece; BOS / EOS where a BPE or SentencePiece vocabulary's
+// add_bos_token / add_eos_token ask), one sequence per text, pooled as the file says
 // (`{arch}.pooling_type`), not normalized.
 //
 //   node tools/llama-cpp/embed.mjs MODEL.gguf TEXTS.json OUT.json [--threads N]
@@ -16,6 +17,7 @@
 import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
+import { LlamaVocabularyType } from "node-llama-cpp";
 import { loadLlama, parseArgs, versionInfo } from "./common.mjs";
 
 const { opts, pos } = parseArgs(process.argv.slice(2), { threads: "2", "log-level": "error", bench: "", repeats: "3", json: "" });
@@ -39,8 +41,7 @@ for (const text of texts) {
     // The ids getEmbeddingFor evaluates: its tokenization plus the beginning and end tokens
     // (LlamaEmbeddingContext._prepareInput), recomputed with the same rules.
     const tokens = Array.from(model.tokenize(text, false));
-    const begin = model.tokens.bos;
-    const end = model.tokens.sep ?? model.tokens.eos;
+    const { begin, end } = addedTokens(model);
     if (begin != null && tokens[0] !== begin) tokens.unshift(begin);
     if (end != null && tokens.at(-1) !== end) tokens.push(end);
     const embedding = await context.getEmbeddingFor(text);
@@ -63,6 +64,20 @@ console.error(`wrote ${outPath}: ${cases.length} texts, ${cases[0]?.vector.lengt
 await context.dispose();
 await model.dispose();
 await llama.dispose();
+
+// The tokens getEmbeddingFor adds around a text: node-llama-cpp's resolveBeginningTokenToPrepend
+// and resolveEndTokenToAppend (utils/tokenizerUtils.js, not exported). WordPiece: [CLS] and
+// [SEP] always; SentencePiece-unigram: EOS; RWKV: none; else (BPE, SentencePiece) BOS and EOS as
+// the vocabulary's add_bos_token / add_eos_token say.
+function addedTokens(model) {
+    const t = model.tokens;
+    switch (model.vocabularyType) {
+        case LlamaVocabularyType.rwkv: return { begin: null, end: null };
+        case LlamaVocabularyType.wpm: return { begin: t.bos, end: t.sep };
+        case LlamaVocabularyType.ugm: return { begin: null, end: t.eos };
+        default: return { begin: t.shouldPrependBosToken ? t.bos : null, end: t.shouldAppendEosToken ? t.eos : null };
+    }
+}
 
 async function bench(modelPath, inputs) {
     const llama = await loadLlama({ logLevel: opts["log-level"] });

@@ -32,7 +32,7 @@ pub enum Arch {
 }
 
 impl Arch {
-    fn from_name(name: &str) -> Option<Self> {
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
         Some(match name {
             "llama" => Self::Llama,
             "qwen2" => Self::Qwen2,
@@ -47,6 +47,19 @@ impl Arch {
 
     /// The architecture names Kestrel runs, as GGUF's `general.architecture` spells them.
     pub const NAMES: [&'static str; 7] = ["llama", "qwen2", "qwen3", "smollm3", "phi3", "gemma2", "gemma3"];
+
+    /// The name GGUF's `general.architecture` gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::SmolLm3 => "smollm3",
+            Self::Phi3 => "phi3",
+            Self::Gemma2 => "gemma2",
+            Self::Gemma3 => "gemma3",
+        }
+    }
 
     fn rope_mode(self) -> RopeMode {
         match self {

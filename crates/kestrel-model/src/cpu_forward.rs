@@ -336,9 +336,43 @@ impl<K: CpuKernels> CpuForward<K> {
     /// step's last logits where it asked for them. Every row is computed on its own, so a
     /// sequence's logits do not depend on what it was batched with.
     pub fn run_batch(&mut self, steps: &[SequenceStep<'_>]) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        let (x, starts) = self.layers_pass(steps)?;
+        let c = &self.config;
+        let hidden = c.hidden;
+        // The LM head once for the last row of every step that asks for logits.
+        let wanted: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].logits).collect();
+        let mut out = vec![None; steps.len()];
+        if wanted.is_empty() {
+            return Ok(out);
+        }
+        let last_rows: Vec<f32> =
+            wanted.iter().flat_map(|&i| &x[(starts[i] + steps[i].tokens.len() - 1) * hidden..][..hidden]).copied().collect();
+        let last = norm::rmsnorm(&last_rows, &self.output_norm, c.rms_eps);
+        let mut logits = K::apply(self.output.as_ref().unwrap_or(&self.embedding), &last);
+        if let Some(cap) = c.final_softcap {
+            logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+        }
+        let per_row = logits.len() / wanted.len();
+        for (&i, row) in wanted.iter().zip(logits.chunks_exact(per_row)) {
+            out[i] = Some(row.to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Runs the steps as `run_batch` does (appending to their slots' caches) and returns every
+    /// token's final hidden state after the output norm, `[token][hidden]` in step order: what
+    /// llama.cpp's embedding contexts pool (`result_norm`, before the LM head).
+    pub fn normed_hidden(&mut self, steps: &[SequenceStep<'_>]) -> Result<Vec<f32>, ModelError> {
+        let (x, _) = self.layers_pass(steps)?;
+        Ok(norm::rmsnorm(&x, &self.output_norm, self.config.rms_eps))
+    }
+
+    /// The embedding and every layer over the steps' tokens: the residual stream of every row
+    /// (`[token][hidden]`) and each step's first row in it.
+    fn layers_pass(&mut self, steps: &[SequenceStep<'_>]) -> Result<(Vec<f32>, Vec<usize>), ModelError> {
         self.check_steps(steps)?;
         let c = &self.config;
-        let (hidden, hd, q_width, kv_width) = (c.hidden, c.head_dim, c.q_width(), c.kv_width());
+        let (hd, q_width, kv_width) = (c.head_dim, c.q_width(), c.kv_width());
         // Row offsets of each step's tokens in the batch.
         let starts: Vec<usize> = steps.iter().scan(0, |row, s| Some(std::mem::replace(row, *row + s.tokens.len()))).collect();
         let mut x: Vec<f32> = steps.iter().flat_map(|s| s.tokens).flat_map(|&t| K::row(&self.embedding, t as usize)).collect();
@@ -388,24 +422,7 @@ impl<K: CpuKernels> CpuForward<K> {
             let d = K::apply(&layer.down, &act);
             x.iter_mut().zip(&post_norm(d, 1)).for_each(|(x, d)| *x += d);
         }
-        // The LM head once for the last row of every step that asks for logits.
-        let wanted: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].logits).collect();
-        let mut out = vec![None; steps.len()];
-        if wanted.is_empty() {
-            return Ok(out);
-        }
-        let last_rows: Vec<f32> =
-            wanted.iter().flat_map(|&i| &x[(starts[i] + steps[i].tokens.len() - 1) * hidden..][..hidden]).copied().collect();
-        let last = norm::rmsnorm(&last_rows, &self.output_norm, c.rms_eps);
-        let mut logits = K::apply(self.output.as_ref().unwrap_or(&self.embedding), &last);
-        if let Some(cap) = c.final_softcap {
-            logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
-        }
-        let per_row = logits.len() / wanted.len();
-        for (&i, row) in wanted.iter().zip(logits.chunks_exact(per_row)) {
-            out[i] = Some(row.to_vec());
-        }
-        Ok(out)
+        Ok((x, starts))
     }
 
     /// Every step names its own existing slot, has tokens of the vocabulary and fits the context.

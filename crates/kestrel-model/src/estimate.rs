@@ -62,8 +62,8 @@ pub struct UnsupportedTensor {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
-    /// "chat", or "embedding" (an encoder: it runs on the CPU backend wherever it is loaded, so
-    /// its GPU verdict is the CPU backend's).
+    /// "chat", or "embedding" (an encoder, or a decoder with a pooling type: it runs on the CPU
+    /// backend wherever it is loaded, so its GPU verdict is the CPU backend's).
     pub kind: &'static str,
     pub name: String,
     pub arch: String,
@@ -188,6 +188,10 @@ impl Estimate {
             return Ok(encoder_estimate(header, &c));
         }
         let c = ModelConfig::from_header(header)?;
+        // A decoder embedding model is the chat graph on the CPU backend with one KV cache, which
+        // the CPU estimate below sizes; its verdict is that one (`verdict`).
+        let embedding = encoder::decoder_pooling(header)?.is_some();
+        let slots = if embedding { 1 } else { slots };
         let context = context_length(&c, context)?;
         // The load's bound: a prefill chunk holds a token of every slot.
         let chunk = LoadOptions::default().max_chunk.min(context);
@@ -240,7 +244,7 @@ impl Estimate {
         let activation_bytes = gpu_activation_bytes(&c, chunk, context, slots);
         let cpu = CpuEstimate::new(header, &c, &roles, CpuSizes { context, chunk, slots, kv_cache_bytes }, &unsupported);
         Ok(Self {
-            kind: "chat",
+            kind: if embedding { "embedding" } else { "chat" },
             name: c.name.clone(),
             arch: format!("{:?}", c.arch).to_lowercase(),
             file_bytes: header.data_end(),

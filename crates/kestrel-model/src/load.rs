@@ -15,7 +15,7 @@ use kestrel_tokenizer::Vocabulary;
 use crate::config::ModelConfig;
 use crate::cpu_backend::{CpuBackend, Quantized};
 use crate::cpu_forward::{CpuForward, CpuTensors};
-use crate::encoder::{Embedder, EncoderConfig, EncoderLoading};
+use crate::encoder::{decoder_pooling, DecoderEmbedder, Embedder, EncoderConfig, EncoderLoading, Pooling};
 use crate::error::{bad_model, ModelError};
 use crate::graph::{Graph, GraphSize, LayerWeights, Projection, QkvWeights, Weights};
 use crate::model::Model;
@@ -69,7 +69,7 @@ pub struct ModelLoader {
 
 /// What the file's first header showed the model to be.
 enum State {
-    /// A Llama-family chat model.
+    /// A Llama-family model: a chat model, or an embedding one where it has a pooling type.
     Chat(Box<Loading>),
     /// An embedding model (`encoder`): on the CPU backend whatever the target, as there is no
     /// encoder graph on the GPU.
@@ -87,7 +87,7 @@ impl LoadedModel {
     pub fn into_chat(self) -> Result<Model, ModelError> {
         match self {
             Self::Chat(model) => Ok(model),
-            Self::Embedding(e) => Err(not_a_chat_model(e.config().arch.name())),
+            Self::Embedding(e) => Err(not_a_chat_model(e.config().arch)),
         }
     }
 }
@@ -108,6 +108,9 @@ enum Target {
 /// What is known once the header is parsed, and the tensors uploaded so far.
 struct Loading {
     config: ModelConfig,
+    /// A decoder embedding model's pooling (`{arch}.pooling_type`): it loads on the CPU backend
+    /// whatever the target, as encoders do, and becomes an `Embedder`.
+    pooling: Option<Pooling>,
     tokenizer: PendingTokenizer,
     /// Each tensor's role, from the headers so far.
     roles: RoleAssigner,
@@ -228,6 +231,7 @@ impl ModelLoader {
         self.reader.finish()?;
         self.shards.as_ref().map(ShardSequence::finish).transpose()?;
         match (self.state.ok_or_else(|| bad_model("empty file"))?, &self.target) {
+            (State::Chat(loading), _) if loading.pooling.is_some() => Ok(LoadedModel::Embedding(loading.into_embedder(&self.options)?)),
             (State::Chat(loading), Target::Gpu(gpu)) => Ok(LoadedModel::Chat(loading.into_model(gpu, &self.options).await?)),
             (State::Chat(loading), Target::Cpu) => Ok(LoadedModel::Chat(loading.into_cpu_model(&self.options)?)),
             (State::Encoder(loading), _) => Ok(LoadedModel::Embedding(loading.into_embedder()?)),
@@ -248,6 +252,9 @@ impl Loading {
     /// `last`: no shard follows.
     fn new(header: &GgufHeader, gpu: bool, last: bool) -> Result<Self, ModelError> {
         let config = ModelConfig::from_header(header)?;
+        let pooling = decoder_pooling(header)?;
+        // An embedding model runs on the CPU backend: the GPU's checks do not apply to it.
+        let gpu = gpu && pooling.is_none();
         let vocabulary = Vocabulary::from_metadata(&header.metadata)?;
         if vocabulary.tokens.len() != config.vocab {
             return Err(bad_model(format!("tokenizer has {} tokens, the model {}", vocabulary.tokens.len(), config.vocab)));
@@ -258,6 +265,7 @@ impl Loading {
             tensors_total: roles.expected_count(),
             tensors_loaded: 0,
             config,
+            pooling,
             tokenizer,
             roles,
             gpu,
@@ -319,8 +327,8 @@ impl Loading {
         self.tensors_loaded += 1;
         let ty = info.ggml_type;
         let gpu = match target {
-            Target::Gpu(gpu) => gpu,
-            Target::Cpu => return self.cpu.add::<Quantized>(e.role, ty, bytes, e.rows, e.cols),
+            Target::Gpu(gpu) if self.pooling.is_none() => gpu,
+            _ => return self.cpu.add::<Quantized>(e.role, ty, bytes, e.rows, e.cols),
         };
         match e.role {
             Role::Q(l) | Role::K(l) | Role::V(l) => {
@@ -480,6 +488,18 @@ impl Loading {
         }
         let forward = CpuForward::<Quantized>::from_tensors(self.config, self.cpu, max_ctx, options.kv_cache)?;
         Model::new_cpu(CpuBackend::new(forward, options.max_chunk.min(max_ctx), options.kv_cache), self.tokenizer.finish()?)
+    }
+
+    /// A decoder embedding model: the CPU backend's pass, run in chunks of `max_chunk` tokens.
+    fn into_embedder(self, options: &LoadOptions) -> Result<Embedder, ModelError> {
+        let Some(pooling) = self.pooling else { return Err(bad_model("a chat model has no pooling type")) };
+        let max_ctx = context_length(&self.config, options.context_length)?;
+        if options.max_chunk == 0 {
+            return Err(ModelError::InvalidOption { name: "max_chunk", reason: "must be at least 1".into() });
+        }
+        let forward = CpuForward::<Quantized>::from_tensors(self.config, self.cpu, max_ctx, options.kv_cache)?;
+        let decoder = DecoderEmbedder::new(forward, pooling, options.max_chunk.min(max_ctx));
+        Ok(Embedder::decoder(decoder, self.tokenizer.finish()?))
     }
 }
 

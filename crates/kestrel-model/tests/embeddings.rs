@@ -9,7 +9,7 @@ mod synthetic_encoder;
 
 use std::sync::OnceLock;
 
-use kestrel_gguf::GgmlType;
+use kestrel_gguf::{GgmlType, MetadataValue};
 use kestrel_model::{EmbedInput, EmbedOptions, Embedder, LoadOptions, LoadedModel};
 use serde::Deserialize;
 use synthetic_encoder::SyntheticEncoder;
@@ -240,20 +240,9 @@ fn every_architecture_and_pooling_matches_llama_cpp() {
             seed: 13,
         },
     ];
-    let root = common::repo_root();
     for m in models {
         let path = m.write(&model_path());
-        let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.json", m.file_name()));
-        let run = std::process::Command::new("node")
-            .current_dir(root.join("tools/llama-cpp"))
-            .arg("embed.mjs")
-            .arg(&path)
-            .arg(root.join("tests/data/embeddings/texts.json"))
-            .arg(&out)
-            .output()
-            .expect("run node tools/llama-cpp/embed.mjs (./build.sh test installs its packages)");
-        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-        let llama: Reference = serde_json::from_str(&std::fs::read_to_string(&out).expect("read llama.cpp's vectors")).expect("parse");
+        let llama = llama_cpp_vectors(&path, &m.file_name());
         let model = load_embedder(&path);
         let inputs: Vec<EmbedInput<'_>> = llama.cases.iter().map(|c| EmbedInput::Tokens(&c.tokens)).collect();
         let ours = model.embed(&inputs, &EmbedOptions { normalize: false, ..EmbedOptions::default() }).expect("embed");
@@ -261,5 +250,78 @@ fn every_architecture_and_pooling_matches_llama_cpp() {
             let cos = cosine(v, &case.vector);
             assert!(cos >= 0.999, "{}: {:?}: cosine {cos}", m.file_name(), case.text);
         }
+    }
+}
+
+/// llama.cpp's vectors of tests/data/embeddings/texts.json for the model at `path`, as
+/// `tools/llama-cpp/embed.mjs` records them now (under `name`.json).
+fn llama_cpp_vectors(path: &std::path::Path, name: &str) -> Reference {
+    let root = common::repo_root();
+    let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.json"));
+    let run = std::process::Command::new("node")
+        .current_dir(root.join("tools/llama-cpp"))
+        .arg("embed.mjs")
+        .arg(path)
+        .arg(root.join("tests/data/embeddings/texts.json"))
+        .arg(&out)
+        .output()
+        .expect("run node tools/llama-cpp/embed.mjs (./build.sh test installs its packages)");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    serde_json::from_str(&std::fs::read_to_string(&out).expect("read llama.cpp's vectors")).expect("parse")
+}
+
+/// Decoder embedding models (Qwen3-Embedding): a chat architecture's file with
+/// `{arch}.pooling_type` embeds as llama.cpp does, the final hidden state after the output norm
+/// of the last token (qwen3, 3) or the mean of every token's (qwen2, 1), causal attention, the
+/// text tokenized as node-llama-cpp's getEmbeddingFor tokenizes it. Each input alone and all in
+/// one call: cosine at least 0.999 (F32 weights: only llama.cpp's f16 KV cache and order of sums
+/// differ). The same file without the key is a chat model.
+#[test]
+fn decoder_embedding_models_match_llama_cpp() {
+    use common::synthetic::{with_metadata_bytes, QWEN2_F32, QWEN3_F32};
+    for (m, pooling) in [(QWEN3_F32, 3u32), (QWEN2_F32, 1)] {
+        let chat = pollster::block_on(kestrel_model::load_file_cpu_any(&m.write(), LoadOptions::default(), &mut |_| {}));
+        assert!(matches!(chat.expect("load the chat file"), LoadedModel::Chat(_)), "{}: no pooling type is a chat model", m.label);
+        let name = format!("{}-pooling-{pooling}", m.file_name().trim_end_matches(".gguf"));
+        let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.gguf"));
+        let key = format!("{}.pooling_type", m.arch);
+        // Qwen3-Embedding's files ask for EOS (`<|endoftext|>`) after every input: the last-token
+        // model here does too, so the vector pooled is that token's.
+        let mut set = vec![(key, MetadataValue::U32(pooling))];
+        if pooling == 3 {
+            set.push(("tokenizer.ggml.add_eos_token".into(), MetadataValue::Bool(true)));
+        }
+        std::fs::write(&path, with_metadata_bytes(&m, &set)).expect("write the model");
+        let llama = llama_cpp_vectors(&path, &name);
+        let model = load_embedder(&path);
+        assert_eq!((model.config().arch, model.dimensions()), (m.arch, m.hidden));
+        let raw = EmbedOptions { normalize: false, ..EmbedOptions::default() };
+        let texts: Vec<EmbedInput<'_>> = llama.cases.iter().map(|c| EmbedInput::Text(&c.text)).collect();
+        let together = model.embed(&texts, &raw).expect("embed all");
+        for (case, packed) in llama.cases.iter().zip(&together.vectors) {
+            assert_eq!(model.tokens(EmbedInput::Text(&case.text), false).expect("tokenize"), case.tokens, "{}: {:?}", m.label, case.text);
+            let alone = model.embed(&[EmbedInput::Tokens(&case.tokens)], &raw).expect("embed one");
+            for v in [&alone.vectors[0], packed] {
+                let cos = cosine(v, &case.vector);
+                assert!(cos >= 0.999, "{} pooling {pooling}: {:?}: cosine {cos}", m.label, case.text);
+            }
+        }
+        // The vectors tell the texts apart: each is far from the next text's.
+        for (v, other) in together.vectors.iter().zip(llama.cases.iter().cycle().skip(1)) {
+            assert!(cosine(v, &other.vector) < 0.99, "{}: vectors of different texts agree", m.label);
+        }
+        // An input longer than a chunk runs in chunks, as a prefill does: the same vectors.
+        let chunked = pollster::block_on(kestrel_model::load_file_cpu_any(
+            &path,
+            LoadOptions { max_chunk: 3, ..LoadOptions::default() },
+            &mut |_| {},
+        ));
+        let LoadedModel::Embedding(chunked) = chunked.expect("load") else { panic!("{}: loaded as a chat model", m.label) };
+        for (case, v) in llama.cases.iter().zip(&chunked.embed(&texts, &raw).expect("embed in chunks").vectors) {
+            assert!(cosine(v, &case.vector) >= 0.999, "{} in chunks of 3: {:?}", m.label, case.text);
+        }
+        let header = kestrel_gguf::parse_header(&std::fs::read(&path).expect("read")).expect("header");
+        let estimate = kestrel_model::estimate::Estimate::from_header(&header, None, Default::default(), 1).expect("estimate");
+        assert_eq!(estimate.kind, "embedding");
     }
 }

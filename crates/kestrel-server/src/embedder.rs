@@ -48,7 +48,7 @@ impl EmbeddingWorker {
     /// Starts the embedding thread with `embedder`, admitting up to `queue` requests beyond the
     /// one it runs.
     pub fn start(embedder: Embedder, queue: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
-        let arch = embedder.config().arch.name();
+        let arch = embedder.config().arch;
         metrics.model_memory.set(embedder.weight_bytes() as u64);
         let (jobs, inbox) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {

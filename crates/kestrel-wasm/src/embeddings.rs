@@ -35,7 +35,7 @@ pub(crate) fn model_info(embedder: &Embedder) -> Value {
     let c = embedder.config();
     json!({
         "name": c.name,
-        "arch": c.arch.name(),
+        "arch": c.arch,
         "dimensions": embedder.dimensions(),
         "context_length": embedder.context_length(),
         "pooling": c.pooling.as_str(),

@@ -80,7 +80,7 @@ impl Engine {
     pub fn submit(&self, endpoint: &str, body: &str) -> Result<f64, JsValue> {
         let s = &self.state;
         if let Some(embedder) = s.embedder.borrow().as_ref() {
-            return Err(model_error(&not_a_chat_model(embedder.config().arch.name())));
+            return Err(model_error(&not_a_chat_model(embedder.config().arch)));
         }
         let (endpoint, api) = parse(endpoint, body)?;
         let model_name = s.model_info.borrow().as_ref().and_then(|i| i["name"].as_str().map(str::to_owned));

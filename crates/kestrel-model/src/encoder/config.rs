@@ -48,7 +48,7 @@ pub enum Pooling {
 impl Pooling {
     /// llama.cpp's numbering; 0 (none: a vector per token) and 4 (rank: a classifier head's
     /// score) are not embeddings of a whole input and are refused.
-    fn from_gguf(value: u64) -> Result<Self, ModelError> {
+    pub(crate) fn from_gguf(value: u64) -> Result<Self, ModelError> {
         match value {
             1 => Ok(Self::Mean),
             2 => Ok(Self::Cls),

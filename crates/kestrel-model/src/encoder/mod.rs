@@ -1,14 +1,16 @@
-//! Embedding models: encoders (`bert`, `nomic-bert`) read from GGUF as llama.cpp reads them, run
-//! on the CPU backend's kernels, and the `Embedder` that turns texts into pooled, normalized
-//! vectors.
+//! Embedding models: encoders (`bert`, `nomic-bert`) read from GGUF as llama.cpp reads them, and
+//! decoders with a pooling type (Qwen3-Embedding), run on the CPU backend's kernels, and the
+//! `Embedder` that turns texts into pooled, normalized vectors.
 
 mod config;
+mod decoder;
 mod forward;
 mod gelu;
 mod loading;
 mod weights;
 
 pub use config::{EncoderArch, EncoderConfig, Pooling};
+pub use decoder::{decoder_pooling, DecoderEmbedder};
 pub use forward::{Encoder, EncoderTensors};
 pub(crate) use loading::EncoderLoading;
 pub use weights::{check_complete, check_shape, expected_tensors, EncoderTensor, Kind};
@@ -58,19 +60,63 @@ pub struct Embeddings {
     pub prompt_tokens: usize,
 }
 
-/// An encoder on the CPU backend with its tokenizer.
+/// What an embedding model is, whichever kind runs it.
+#[derive(Clone, Debug)]
+pub struct EmbedderInfo {
+    /// GGUF's `general.architecture`.
+    pub arch: &'static str,
+    pub name: String,
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub n_heads: usize,
+    pub vocab: usize,
+    /// Positions the model was trained for.
+    pub train_context: usize,
+    pub pooling: Pooling,
+    /// The longest input in tokens: an encoder's training context, a decoder's KV cache.
+    pub context_length: usize,
+}
+
+/// The pass that embeds. The decoder's (the chat graph's, 800 bytes) is boxed so that an
+/// `Embedder` stays about a chat `Model`'s size, which `LoadedModel` holds inline; the encoder's
+/// stays inline, as it was.
+#[allow(clippy::large_enum_variant)]
+enum Pass {
+    Encoder(Encoder<Quantized>),
+    Decoder(Box<DecoderEmbedder>),
+}
+
+/// An embedding model on the CPU backend with its tokenizer.
 pub struct Embedder {
-    encoder: Encoder<Quantized>,
+    info: EmbedderInfo,
+    pass: Pass,
     tokenizer: Tokenizer,
 }
 
 impl Embedder {
     pub fn new(encoder: Encoder<Quantized>, tokenizer: Tokenizer) -> Self {
-        Self { encoder, tokenizer }
+        let c = &encoder.config;
+        let info = EmbedderInfo {
+            arch: c.arch.name(),
+            name: c.name.clone(),
+            n_layers: c.n_layers,
+            hidden: c.hidden,
+            n_heads: c.n_heads,
+            vocab: c.vocab,
+            train_context: c.train_context,
+            pooling: c.pooling,
+            context_length: c.train_context,
+        };
+        Self { info, pass: Pass::Encoder(encoder), tokenizer }
     }
 
-    pub fn config(&self) -> &EncoderConfig {
-        &self.encoder.config
+    /// A decoder embedding model (Qwen3-Embedding).
+    pub fn decoder(decoder: DecoderEmbedder, tokenizer: Tokenizer) -> Self {
+        Self { info: decoder.info().clone(), pass: Pass::Decoder(Box::new(decoder)), tokenizer }
+    }
+
+    pub fn config(&self) -> &EmbedderInfo {
+        &self.info
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -79,20 +125,24 @@ impl Embedder {
 
     /// The length of the vectors `embed` returns without `dimensions`.
     pub fn dimensions(&self) -> usize {
-        self.encoder.config.hidden
+        self.info.hidden
     }
 
-    /// The longest input in tokens, [CLS] and [SEP] included.
+    /// The longest input in tokens, the special tokens included.
     pub fn context_length(&self) -> usize {
-        self.encoder.config.train_context
+        self.info.context_length
     }
 
     pub fn weight_bytes(&self) -> usize {
-        self.encoder.weight_bytes()
+        match &self.pass {
+            Pass::Encoder(e) => e.weight_bytes(),
+            Pass::Decoder(d) => d.weight_bytes(),
+        }
     }
 
     /// The token ids `input` is embedded from: a text with the model's special tokens added as
-    /// llama.cpp's embedding contexts add them ([CLS] ... [SEP]), ids as given. Checked: no input
+    /// llama.cpp's embedding contexts add them ([CLS] ... [SEP]; a decoder's BOS and EOS where
+    /// its vocabulary adds them), ids as given. Checked: no input
     /// is empty, every id is in the vocabulary, and none is longer than the context (unless
     /// `truncate`).
     pub fn tokens(&self, input: EmbedInput<'_>, truncate: bool) -> Result<Vec<u32>, ModelError> {
@@ -104,8 +154,8 @@ impl Embedder {
                 self.tokenizer.encode_with(text, true, false)?
             }
             EmbedInput::Tokens(ids) => {
-                if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.encoder.config.vocab) {
-                    let reason = format!("token id {bad} is outside the vocabulary of {}", self.encoder.config.vocab);
+                if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.info.vocab) {
+                    let reason = format!("token id {bad} is outside the vocabulary of {}", self.info.vocab);
                     return Err(ModelError::InvalidOption { name: "input", reason });
                 }
                 ids.to_vec()
@@ -148,14 +198,14 @@ impl Embedder {
         let mut pass_tokens = 0;
         for t in tokens {
             if !pass.is_empty() && pass_tokens + t.len() > TOKENS_PER_PASS {
-                vectors.extend(self.run(&std::mem::take(&mut pass)));
+                vectors.extend(self.run(&std::mem::take(&mut pass))?);
                 pass_tokens = 0;
             }
             pass_tokens += t.len();
             pass.push(t);
         }
         if !pass.is_empty() {
-            vectors.extend(self.run(&pass));
+            vectors.extend(self.run(&pass)?);
         }
         for v in &mut vectors {
             if let Some(d) = options.dimensions {
@@ -168,8 +218,11 @@ impl Embedder {
         Ok(Embeddings { vectors, prompt_tokens })
     }
 
-    fn run(&self, pass: &[Vec<u32>]) -> Vec<Vec<f32>> {
-        kestrel_cpu::on_pool(|| self.encoder.embed(pass))
+    fn run(&self, pass: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        match &self.pass {
+            Pass::Encoder(e) => Ok(kestrel_cpu::on_pool(|| e.embed(pass))),
+            Pass::Decoder(d) => kestrel_cpu::on_pool(|| d.embed(pass)),
+        }
     }
 }
 

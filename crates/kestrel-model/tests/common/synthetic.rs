@@ -484,9 +484,16 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 /// `model`'s file with its chat template replaced by `template`, as bytes.
 pub fn with_template_bytes(model: &SyntheticModel, template: &str) -> Vec<u8> {
+    with_metadata_bytes(model, &[("tokenizer.chat_template".into(), MetadataValue::String(template.into()))])
+}
+
+/// `model`'s file with the metadata keys `set` added or replaced, as bytes.
+pub fn with_metadata_bytes(model: &SyntheticModel, set: &[(String, MetadataValue)]) -> Vec<u8> {
     let (header, tensors) = kestrel_gguf::read_file(&model.write()).expect("read the synthetic model");
     let mut metadata = header.metadata.clone();
-    metadata.set("tokenizer.chat_template", MetadataValue::String(template.into()));
+    for (key, value) in set {
+        metadata.set(key, value.clone());
+    }
     let specs: Vec<TensorSpec> =
         header.tensors.iter().map(|t| TensorSpec { name: t.name.clone(), dims: t.dims.clone(), ggml_type: t.ggml_type }).collect();
     let mut bytes = Vec::new();
