@@ -141,17 +141,19 @@ pub struct ModelConfig {
     pub rope_freq_scale_swa: f32,
 }
 
+/// A positive count the metadata must hold under `key` (a shape: layers, widths, heads).
+pub(crate) fn required_count(md: &Metadata, key: &str) -> Result<usize, ModelError> {
+    let v = md.get_u64(key)?.ok_or_else(|| bad_model(format!("missing metadata {key}")))?;
+    usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| bad_model(format!("{key} = {v} is out of range")))
+}
+
 impl ModelConfig {
     pub fn from_header(header: &GgufHeader) -> Result<Self, ModelError> {
         let md = &header.metadata;
         let arch_name = md.get_str("general.architecture")?.ok_or_else(|| bad_model("missing general.architecture"))?;
         let arch = Arch::from_name(arch_name).ok_or_else(|| ModelError::UnsupportedArch(arch_name.to_string()))?;
         let key = |k: &str| format!("{arch_name}.{k}");
-        let need = |k: &str| -> Result<usize, ModelError> {
-            let full = key(k);
-            let v = md.get_u64(&full)?.ok_or_else(|| bad_model(format!("missing metadata {full}")))?;
-            usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| bad_model(format!("{full} = {v} is out of range")))
-        };
+        let need = |k: &str| required_count(md, &key(k));
         let hidden = need("embedding_length")?;
         let n_heads = need("attention.head_count")?;
         let n_kv_heads = match md.get_u64(&key("attention.head_count_kv"))? {

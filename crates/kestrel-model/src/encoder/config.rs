@@ -3,6 +3,7 @@
 
 use kestrel_gguf::GgufHeader;
 
+use crate::config::required_count;
 use crate::error::{bad_model, ModelError};
 
 /// The encoder architectures Kestrel runs, as GGUF's `general.architecture` spells them.
@@ -97,11 +98,7 @@ impl EncoderConfig {
         let Some(arch_name) = md.get_str("general.architecture")? else { return Ok(None) };
         let Some(arch) = EncoderArch::from_name(arch_name) else { return Ok(None) };
         let key = |k: &str| format!("{arch_name}.{k}");
-        let need = |k: &str| -> Result<usize, ModelError> {
-            let full = key(k);
-            let v = md.get_u64(&full)?.ok_or_else(|| bad_model(format!("missing metadata {full}")))?;
-            usize::try_from(v).ok().filter(|&v| v > 0).ok_or_else(|| bad_model(format!("{full} = {v} is out of range")))
-        };
+        let need = |k: &str| required_count(md, &key(k));
         let hidden = need("embedding_length")?;
         let n_heads = need("attention.head_count")?;
         if !hidden.is_multiple_of(n_heads) {
