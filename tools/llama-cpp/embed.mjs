@@ -8,19 +8,28 @@
 //
 //   node tools/llama-cpp/embed.mjs MODEL.gguf TEXTS.json OUT.json [--threads N]
 //   node tools/llama-cpp/embed.mjs MODEL.gguf --bench INPUTS.json [--repeats R] [--threads N] [--json OUT]
+//   node tools/llama-cpp/embed.mjs MODEL.gguf --rank QUERY_DOCS.json OUT.json [--threads N]
 //
 // TEXTS.json: {"reference": ["...", ...]}. OUT.json records, per text, the token ids llama.cpp
 // embedded and its vector (rounded to 7 significant digits), with the versions and the model's
 // sha256. With --bench: INPUTS.json is an array of token-id arrays (`kestrel bench embed
 // --write-inputs`), each embedded in turn as node-llama-cpp embeds (one sequence a call), an
-// untimed round and then R timed ones: sentences per second, median and range.
+// untimed round and then R timed ones: sentences per second, median and range. With --rank
+// (a reranker, pooling_type 4): QUERY_DOCS.json is {"query": "...", "documents": ["...", ...]};
+// OUT.json records, per document, the token ids node-llama-cpp's ranking context evaluates for
+// the pair (its own _getEvaluationInput) and the score rankAll gives (a probability: the sigmoid
+// of the classifier head's first value, for every architecture but qwen3's).
 import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { LlamaVocabularyType } from "node-llama-cpp";
 import { loadLlama, parseArgs, versionInfo } from "./common.mjs";
 
-const { opts, pos } = parseArgs(process.argv.slice(2), { threads: "2", "log-level": "error", bench: "", repeats: "3", json: "" });
+const { opts, pos } = parseArgs(process.argv.slice(2), { threads: "2", "log-level": "error", bench: "", repeats: "3", json: "", rank: "" });
+if (opts.rank) {
+    await rank(pos[0], JSON.parse(fs.readFileSync(opts.rank, "utf8")), pos[1]);
+    process.exit(0);
+}
 if (opts.bench) {
     await bench(pos[0], JSON.parse(fs.readFileSync(opts.bench, "utf8")));
     process.exit(0);
@@ -103,6 +112,42 @@ async function bench(modelPath, inputs) {
     const s = report.sentences_per_s;
     console.log(`${report.inputs} inputs of ${report.tokens_per_input} tokens, llama.cpp CPU (${report.threads} threads): ${s.median.toFixed(1)} sentences/s (median; ${s.min.toFixed(1)}-${s.max.toFixed(1)})`);
     if (opts.json) fs.writeFileSync(opts.json, JSON.stringify(report, null, 2) + "\n");
+    await context.dispose();
+    await model.dispose();
+    await llama.dispose();
+}
+
+async function rank(modelPath, { query, documents }, outPath) {
+    if (!modelPath || !outPath) {
+        console.error("usage: node embed.mjs MODEL.gguf --rank QUERY_DOCS.json OUT.json [--threads N]");
+        process.exit(2);
+    }
+    const llama = await loadLlama({ logLevel: opts["log-level"] });
+    const model = await llama.loadModel({ modelPath });
+    const context = await model.createRankingContext({ contextSize: model.trainContextSize, threads: Number(opts.threads) });
+    const scores = await context.rankAll(query, documents);
+    // The ids rankAll evaluates per pair: each text as its tokenizeInput gives it (no special
+    // tokens, "trimLeadingSpace"), joined by the context's own _getEvaluationInput.
+    const tokenize = (text) => model.tokenize(text, false, "trimLeadingSpace");
+    const cases = documents.map((document, i) => ({
+        document,
+        tokens: Array.from(context._getEvaluationInput(tokenize(query), tokenize(document))),
+        score: scores[i],
+    }));
+    const meta = model.fileInfo.metadata;
+    const doc = {
+        model: path.basename(modelPath),
+        model_sha256: crypto.createHash("sha256").update(fs.readFileSync(modelPath)).digest("hex"),
+        engine: "llama.cpp via node-llama-cpp (prebuilt CPU binaries): createRankingContext / rankAll",
+        version: versionInfo(llama),
+        pooling_type: meta[meta.general.architecture]?.pooling_type ?? null,
+        how: "one sequence per pair, [BOS] query [EOS] [SEP] document [EOS] without the special tokens the vocabulary lacks; score: sigmoid of the classifier head's first value",
+        query,
+        cases,
+    };
+    fs.mkdirSync(path.dirname(path.resolve(outPath)), { recursive: true });
+    fs.writeFileSync(outPath, JSON.stringify(doc) + "\n");
+    console.error(`wrote ${outPath}: ${cases.length} documents`);
     await context.dispose();
     await model.dispose();
     await llama.dispose();

@@ -2,8 +2,8 @@
 //! (`request`), the scheduler of requests over a loaded model (`scheduler`: continuous batching,
 //! chunked prefill, aborts, slots, prefix reuse), the OpenAI layer (`openai`: both endpoints'
 //! requests, streamed chunks and whole answers, usage), the engine's options (`options`) and the
-//! choice of backend (`backend`), and the embeddings endpoint over an embedding model
-//! (`embeddings`).
+//! choice of backend (`backend`), the embeddings endpoint over an embedding model
+//! (`embeddings`), and the rerank endpoint over a reranker (`rerank`).
 //! `kestrel serve` is HTTP around it; the wasm engine exposes it to the browser package's worker.
 
 pub mod backend;
@@ -12,6 +12,7 @@ mod error;
 pub mod openai;
 mod options;
 mod request;
+pub mod rerank;
 pub mod scheduler;
 
 pub use backend::{choose_backend, BackendPreference, Placement, Platform};

@@ -29,7 +29,7 @@ mod tools;
 pub use config::{Arch, GateActivation, ModelConfig};
 pub use constraint::{JsonSchemaFormat, OutputConstraint, ResponseFormat, TokenGrammar, TokenMatcher};
 pub use cpu_backend::CpuModel;
-pub use encoder::{EmbedInput, EmbedOptions, Embedder, EmbedderInfo, Embeddings};
+pub use encoder::{EmbedInput, EmbedOptions, Embedder, EmbedderInfo, Embeddings, Ranking};
 pub use error::ModelError;
 pub use graph::{KernelFamily, StepHostTime};
 pub use kestrel_tokenizer::{ChatFunctionCall, ChatMessage, ChatToolCall};

@@ -325,3 +325,101 @@ fn decoder_embedding_models_match_llama_cpp() {
         assert_eq!(estimate.kind, "embedding");
     }
 }
+
+#[derive(Deserialize)]
+struct Ranked {
+    cases: Vec<RankedCase>,
+}
+
+#[derive(Deserialize)]
+struct RankedCase {
+    document: String,
+    tokens: Vec<u32>,
+    score: f64,
+}
+
+/// A BERT reranker (pooling_type 4, the classifier head `cls` + tanh + `cls.output` on the [CLS]
+/// row) against node-llama-cpp's ranking context on the same random-weight file: each pair's
+/// tokens are the ones rankAll evaluates, and the scores (the sigmoid of the head's logit) agree
+/// within 1e-3 absolute, the logits within 4e-3 (the sigmoid's slope is at most 1/4). F32
+/// weights leave only the order of sums and ggml's f16 GELU table between the two: their
+/// vectors of such a file agree to about 1e-4 relative, and the head multiplies that by a few
+/// units (measured: 1.9e-4 at most on the scores). All documents in one packed call score as
+/// each does alone, and the estimate counts the head's weights.
+#[test]
+fn rerankers_match_llama_cpp() {
+    let m = SyntheticEncoder {
+        arch: "bert",
+        pooling_type: 4,
+        matrix_type: GgmlType::F32,
+        n_layers: 2,
+        hidden: 64,
+        n_heads: 4,
+        ffn: 128,
+        context: 128,
+        seed: 21,
+    };
+    let path = m.write(&model_path());
+    let query = "how do birds fly";
+    let documents = [
+        "Birds fly by flapping their wings, which push air down and back.",
+        "The stock market closed higher on Tuesday.",
+        "Penguins are birds that cannot fly.",
+        "",
+        "fly",
+        "A recipe for bread: flour, water, salt and yeast, kneaded and baked.",
+    ];
+    let tmp = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let input = tmp.join("rerank-query-docs.json");
+    std::fs::write(&input, serde_json::json!({ "query": query, "documents": documents }).to_string()).expect("write the pairs");
+    let out = tmp.join(format!("{}.rank.json", m.file_name()));
+    let run = std::process::Command::new("node")
+        .current_dir(common::repo_root().join("tools/llama-cpp"))
+        .arg("embed.mjs")
+        .arg(&path)
+        .arg("--rank")
+        .arg(&input)
+        .arg(&out)
+        .output()
+        .expect("run node tools/llama-cpp/embed.mjs --rank");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let llama: Ranked = serde_json::from_str(&std::fs::read_to_string(&out).expect("read llama.cpp's scores")).expect("parse");
+    assert_eq!(llama.cases.len(), documents.len());
+
+    let model = load_embedder(&path);
+    assert_eq!(model.config().pooling.as_str(), "rank");
+    let ranking = model.rerank(query, &documents).expect("rerank");
+    assert_eq!(ranking.prompt_tokens, llama.cases.iter().map(|c| c.tokens.len()).sum::<usize>());
+    let logit = |p: f64| (p / (1.0 - p)).ln();
+    let worst = llama.cases.iter().zip(&ranking.scores).map(|(c, &s)| (f64::from(s) - c.score).abs()).fold(0.0, f64::max);
+    eprintln!("largest score difference from llama.cpp: {worst:.2e}");
+    for (case, &score) in llama.cases.iter().zip(&ranking.scores) {
+        assert_eq!(model.rank_tokens(query, &case.document).expect("tokens"), case.tokens, "{:?}", case.document);
+        let score = f64::from(score);
+        assert!((score - case.score).abs() < 1e-3, "{:?}: score {score}, llama.cpp {}", case.document, case.score);
+        let (ours, theirs) = (logit(score), logit(case.score));
+        assert!((ours - theirs).abs() < 4e-3, "{:?}: logit {ours}, llama.cpp {theirs}", case.document);
+        let alone = model.rerank(query, &[case.document.as_str()]).expect("rerank one").scores[0];
+        assert!((f64::from(alone) - score).abs() < 1e-5, "{:?}: alone {alone}, packed {score}", case.document);
+    }
+    let header = kestrel_gguf::parse_header(&std::fs::read(&path).expect("read")).expect("header");
+    let estimate = kestrel_model::estimate::Estimate::from_header(&header, None, Default::default(), 1).expect("estimate");
+    assert_eq!((estimate.kind, estimate.weight_bytes), ("embedding", model.weight_bytes() as u64));
+    // The random head still tells the documents apart.
+    let (lo, hi) = ranking.scores.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+    assert!(hi - lo > 0.05, "scores {:?} barely differ", ranking.scores);
+
+    // A reranker does not embed, an embedding model does not rerank; bad calls are refused.
+    let err = model.embed(&[EmbedInput::Text("a")], &EmbedOptions::default()).expect_err("a reranker does not embed");
+    assert_eq!(err.code(), "invalid_option");
+    assert!(err.to_string().contains("reranker"), "{err}");
+    assert_eq!(minilm().rerank(query, &documents).expect_err("an embedding model does not rerank").code(), "invalid_option");
+    assert_eq!(model.rerank(query, &[]).expect_err("no documents").code(), "invalid_option");
+    let long = "word ".repeat(200);
+    assert_eq!(model.rerank(query, &[long.as_str()]).expect_err("past the context").code(), "context_overflow");
+
+    // llama.cpp reads no classifier head for nomic-bert: such a reranker is refused.
+    let nomic = SyntheticEncoder { arch: "nomic-bert", matrix_type: GgmlType::F32, ..m };
+    let refused = pollster::block_on(kestrel_model::load_file_cpu_any(&nomic.write(&model_path()), LoadOptions::default(), &mut |_| {}));
+    assert_eq!(refused.err().expect("a nomic-bert reranker is refused").code(), "bad_model");
+}

@@ -44,18 +44,21 @@ pub enum Pooling {
     Cls,
     /// The last token's (decoder embedding models).
     Last,
+    /// A cross-encoder reranker's: the first token's ([CLS]) row through the classifier head
+    /// (`cls`, tanh, `cls.output`), whose first value is the pair's relevance logit.
+    Rank,
 }
 
 impl Pooling {
-    /// llama.cpp's numbering; 0 (none: a vector per token) and 4 (rank: a classifier head's
-    /// score) are not embeddings of a whole input and are refused.
+    /// llama.cpp's numbering; 0 (none: a vector per token) is not an embedding of a whole input
+    /// and is refused.
     pub(crate) fn from_gguf(value: u64) -> Result<Self, ModelError> {
         match value {
             1 => Ok(Self::Mean),
             2 => Ok(Self::Cls),
             3 => Ok(Self::Last),
+            4 => Ok(Self::Rank),
             0 => Err(ModelError::UnsupportedArch("an encoder with pooling_type 0 (none: one vector per token)".into())),
-            4 => Err(ModelError::UnsupportedArch("a reranker (pooling_type 4, rank)".into())),
             v => Err(bad_model(format!("pooling_type {v} is not one of llama.cpp's (0-4)"))),
         }
     }
@@ -65,6 +68,7 @@ impl Pooling {
             Self::Mean => "mean",
             Self::Cls => "cls",
             Self::Last => "last",
+            Self::Rank => "rank",
         }
     }
 }
@@ -89,6 +93,9 @@ pub struct EncoderConfig {
     pub token_types: usize,
     /// RoPE base (nomic-bert).
     pub rope_base: f32,
+    /// Values the classifier head's `cls.output` gives (rank pooling): the length of
+    /// `{arch}.classifier.output_labels`, else 1, as llama.cpp's `n_cls_out`.
+    pub n_cls_out: usize,
 }
 
 impl EncoderConfig {
@@ -108,6 +115,22 @@ impl EncoderConfig {
             return Err(ModelError::UnsupportedArch(format!("{arch_name} with causal attention")));
         }
         let pooling = Pooling::from_gguf(md.get_u64(&key("pooling_type"))?.unwrap_or(1))?;
+        if pooling == Pooling::Rank {
+            // llama.cpp reads the classifier head (`cls*`) only for bert: a nomic-bert reranker
+            // would score its raw [CLS] row there, or fail on the unread tensors.
+            if arch != EncoderArch::Bert {
+                return Err(ModelError::UnsupportedArch(format!("a {arch_name} reranker (pooling_type 4): only bert rerankers")));
+            }
+            // node-llama-cpp builds a pair from this template instead of [BOS] query [EOS] [SEP]
+            // document [EOS]; Kestrel builds only the latter.
+            if md.get_str("tokenizer.chat_template.rerank")?.is_some() {
+                return Err(ModelError::UnsupportedArch("a reranker with a tokenizer.chat_template.rerank template".into()));
+            }
+        }
+        let n_cls_out = match md.get_string_array(&key("classifier.output_labels"))? {
+            Some(labels) if !labels.is_empty() => labels.len(),
+            _ => 1,
+        };
         let norm_eps = md.get_f32(&key("attention.layer_norm_epsilon"))?.unwrap_or(1e-12);
         let rope_base = md.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0);
         if !(norm_eps.is_finite() && norm_eps > 0.0 && rope_base.is_finite() && rope_base > 0.0) {
@@ -137,6 +160,7 @@ impl EncoderConfig {
             pooling,
             token_types,
             rope_base,
+            n_cls_out,
         }))
     }
 }

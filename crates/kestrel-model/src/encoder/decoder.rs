@@ -85,7 +85,9 @@ impl DecoderEmbedder {
                         let take = match pooling {
                             Pooling::Mean => true,
                             Pooling::Cls => first + i == 0,
-                            Pooling::Last => first + i + 1 == tokens.len(),
+                            // decoder_pooling never gives Rank (a decoder reranker stays a chat
+                            // model); llama.cpp's qwen3 reranker would pool the last token.
+                            Pooling::Last | Pooling::Rank => first + i + 1 == tokens.len(),
                         };
                         if take {
                             pooled.iter_mut().zip(row).for_each(|(p, &x)| *p += f64::from(x));

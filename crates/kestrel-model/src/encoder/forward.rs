@@ -37,6 +37,19 @@ struct Layer<M> {
     output_norm: [Vec<f32>; 2],
 }
 
+/// One product of the classifier head, `W x + b`.
+struct Dense<M> {
+    w: M,
+    bias: Option<Vec<f32>>,
+}
+
+/// A reranker's classifier head (rank pooling), each part optional as llama.cpp reads it:
+/// `tanh(cls x + b)`, then `cls.output x + b`.
+struct RankHead<M> {
+    cls: Option<Dense<M>>,
+    output: Option<Dense<M>>,
+}
+
 /// The loaded tensors of an encoder, as `EncoderLoading` collects them.
 pub struct EncoderTensors<M> {
     pub matrices: HashMap<String, M>,
@@ -76,11 +89,16 @@ pub struct Encoder<K: CpuKernels> {
     embd_norm: [Vec<f32>; 2],
     layers: Vec<Layer<K::Matrix>>,
     rope: Option<RopeConfig>,
+    /// Rank pooling's classifier head; None for an embedding model. Boxed so that an `Embedder`
+    /// stays about a chat `Model`'s size, which `LoadedModel` holds inline.
+    head: Option<Box<RankHead<K::Matrix>>>,
 }
 
 impl<K: CpuKernels> Encoder<K> {
     pub fn from_tensors(config: EncoderConfig, tensors: EncoderTensors<K::Matrix>) -> Result<Self, ModelError> {
         let EncoderTensors { mut matrices, mut values } = tensors;
+        let head_matrices =
+            (config.pooling == Pooling::Rank).then(|| (matrices.remove("cls.weight"), matrices.remove("cls.output.weight")));
         let mut matrix = |name: &str| matrices.remove(name).ok_or_else(|| bad_model(format!("tensor {name} never arrived")));
         let token_embd = matrix("token_embd.weight")?;
         let mut layers = Vec::with_capacity(config.n_layers);
@@ -128,6 +146,12 @@ impl<K: CpuKernels> Encoder<K> {
                 output_norm: norm(&mut take, "layer_output_norm")?,
             });
         }
+        let head = head_matrices.map(|(cls, output)| {
+            Box::new(RankHead {
+                cls: cls.map(|w| Dense { w, bias: take("cls.bias") }),
+                output: output.map(|w| Dense { w, bias: take("cls.output.bias") }),
+            })
+        });
         let rope = (config.arch == EncoderArch::NomicBert).then_some(RopeConfig {
             mode: RopeMode::Neox,
             base: config.rope_base,
@@ -136,7 +160,7 @@ impl<K: CpuKernels> Encoder<K> {
             yarn: None,
             mscale: 1.0,
         });
-        Ok(Self { config, token_embd, token_types, positions, embd_norm, layers, rope })
+        Ok(Self { config, token_embd, token_types, positions, embd_norm, layers, rope, head })
     }
 
     /// Bytes the weights take: the matrices as the kernels store them, the rest as f32.
@@ -152,11 +176,16 @@ impl<K: CpuKernels> Encoder<K> {
             total += [&l.attn_output, &l.up, &l.down].into_iter().chain(&l.gate).map(K::bytes).sum::<usize>();
             total += values(&[&l.attn_output_bias, &l.up_bias, &l.down_bias]) + norms(&l.attn_norm) + norms(&l.output_norm);
         }
+        if let Some(head) = &self.head {
+            total += [&head.cls, &head.output].into_iter().flatten().map(|d| K::bytes(&d.w) + values(&[&d.bias])).sum::<usize>();
+        }
         total
     }
 
-    /// One pooled (not normalized) vector of `hidden` values per input. Each input must hold 1 to
-    /// `train_context` tokens of the vocabulary (the caller checks: `Embedder::embed`).
+    /// One pooled (not normalized) vector of `hidden` values per input; with rank pooling, the
+    /// classifier head's outputs (`n_cls_out` values, the first the relevance logit; `hidden`
+    /// where the file has no `cls.output`). Each input must hold 1 to `train_context` tokens of
+    /// the vocabulary (the caller checks: `Embedder::embed`).
     pub fn embed(&self, inputs: &[Vec<u32>]) -> Vec<Vec<f32>> {
         let h = self.config.hidden;
         let mut ranges: Vec<Range<usize>> = Vec::with_capacity(inputs.len());
@@ -175,7 +204,28 @@ impl<K: CpuKernels> Encoder<K> {
         for layer in &self.layers {
             x = self.layer(layer, x, &ranges);
         }
-        ranges.iter().map(|r| self.pool(&x, r.clone())).collect()
+        let pooled: Vec<Vec<f32>> = ranges.iter().map(|r| self.pool(&x, r.clone())).collect();
+        match &self.head {
+            Some(head) => self.classify(head, pooled),
+            None => pooled,
+        }
+    }
+
+    /// llama.cpp's rank head over the pooled [CLS] rows, all inputs in one product each.
+    fn classify(&self, head: &RankHead<K::Matrix>, pooled: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+        let n = pooled.len();
+        let mut x: Vec<f32> = pooled.concat();
+        if let Some(cls) = &head.cls {
+            x = K::apply(&cls.w, &x);
+            add_to(&mut x, cls.bias.as_deref());
+            x.iter_mut().for_each(|v| *v = v.tanh());
+        }
+        if let Some(output) = &head.output {
+            x = K::apply(&output.w, &x);
+            add_to(&mut x, output.bias.as_deref());
+        }
+        let width = x.len() / n.max(1);
+        x.chunks_exact(width.max(1)).map(<[f32]>::to_vec).collect()
     }
 
     fn layer(&self, layer: &Layer<K::Matrix>, x: Vec<f32>, ranges: &[Range<usize>]) -> Vec<f32> {
@@ -279,7 +329,7 @@ impl<K: CpuKernels> Encoder<K> {
         let h = self.config.hidden;
         let row = |t: usize| &x[t * h..(t + 1) * h];
         match self.config.pooling {
-            Pooling::Cls => row(r.start).to_vec(),
+            Pooling::Cls | Pooling::Rank => row(r.start).to_vec(),
             Pooling::Last => row(r.end - 1).to_vec(),
             Pooling::Mean => {
                 let n = r.len() as f32;

@@ -60,6 +60,16 @@ pub struct Embeddings {
     pub prompt_tokens: usize,
 }
 
+/// A reranker's scores for a query's documents, in document order, and the tokens they took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ranking {
+    /// Each document's relevance to the query, a probability in [0, 1] as node-llama-cpp's
+    /// `LlamaRankingContext.rankAll` gives it: the sigmoid of the classifier head's first value
+    /// (the logit llama.cpp's server returns as `relevance_score` for such a model).
+    pub scores: Vec<f32>,
+    pub prompt_tokens: usize,
+}
+
 /// What an embedding model is, whichever kind runs it.
 #[derive(Clone, Debug)]
 pub struct EmbedderInfo {
@@ -180,7 +190,12 @@ impl Embedder {
     }
 
     /// The embeddings of `inputs` (1 to `MAX_INPUTS`): every input is checked before any is run.
+    /// A reranker (rank pooling) gives scores, not embeddings: refused.
     pub fn embed(&self, inputs: &[EmbedInput<'_>], options: &EmbedOptions) -> Result<Embeddings, ModelError> {
+        if self.info.pooling == Pooling::Rank {
+            let reason = "this is a reranker (pooling_type 4, rank): it scores documents against a query (rerank), it does not embed";
+            return Err(ModelError::InvalidOption { name: "model", reason: reason.into() });
+        }
         if inputs.is_empty() || inputs.len() > MAX_INPUTS {
             let reason = format!("{} inputs: 1 to {MAX_INPUTS} per call", inputs.len());
             return Err(ModelError::InvalidOption { name: "input", reason });
@@ -193,20 +208,7 @@ impl Embedder {
         }
         let tokens = inputs.iter().map(|&i| self.tokens(i, options.truncate)).collect::<Result<Vec<_>, _>>()?;
         let prompt_tokens = tokens.iter().map(Vec::len).sum();
-        let mut vectors = Vec::with_capacity(tokens.len());
-        let mut pass: Vec<Vec<u32>> = Vec::new();
-        let mut pass_tokens = 0;
-        for t in tokens {
-            if !pass.is_empty() && pass_tokens + t.len() > TOKENS_PER_PASS {
-                vectors.extend(self.run(&std::mem::take(&mut pass))?);
-                pass_tokens = 0;
-            }
-            pass_tokens += t.len();
-            pass.push(t);
-        }
-        if !pass.is_empty() {
-            vectors.extend(self.run(&pass)?);
-        }
+        let mut vectors = self.run_packed(tokens)?;
         for v in &mut vectors {
             if let Some(d) = options.dimensions {
                 v.truncate(d);
@@ -218,12 +220,97 @@ impl Embedder {
         Ok(Embeddings { vectors, prompt_tokens })
     }
 
+    /// The tokens a reranker scores for `query` and `document`, built as node-llama-cpp's
+    /// `LlamaRankingContext` builds them: each text tokenized without special tokens, then
+    /// `[BOS] query [EOS] [SEP] document [EOS]`, leaving out each special token the vocabulary
+    /// lacks (a WordPiece vocabulary has BOS = [CLS] and SEP = [SEP], and EOS only where the file
+    /// names one). Empty when both texts give no tokens: such a pair scores 0 unrun, as there.
+    pub fn rank_tokens(&self, query: &str, document: &str) -> Result<Vec<u32>, ModelError> {
+        let query = self.tokenizer.encode_with(query, false, false)?;
+        let document = self.tokenizer.encode_with(document, false, false)?;
+        if query.is_empty() && document.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (bos, eos, sep) = (self.tokenizer.bos_id(), self.tokenizer.eos_id(), self.tokenizer.sep_id());
+        let mut tokens = Vec::with_capacity(query.len() + document.len() + 4);
+        tokens.extend(bos);
+        tokens.extend(query);
+        tokens.extend(eos);
+        tokens.extend(sep);
+        tokens.extend(document);
+        tokens.extend(eos);
+        Ok(tokens)
+    }
+
+    /// How relevant each of `documents` (1 to `MAX_INPUTS`) is to `query`, on a reranker
+    /// (cross-encoder, rank pooling): each pair's tokens (`rank_tokens`) through the encoder and
+    /// its classifier head, all pairs packed into as few passes as embedding packs inputs into.
+    /// A pair longer than the model's context is refused (`context_overflow`), and every pair is
+    /// checked before any is run. An embedding model is refused (`invalid_option`).
+    pub fn rerank(&self, query: &str, documents: &[&str]) -> Result<Ranking, ModelError> {
+        if self.info.pooling != Pooling::Rank {
+            let reason = format!(
+                "this is an embedding model ({} pooling): it embeds texts, it does not rerank them (load a reranker: pooling_type 4)",
+                self.info.pooling.as_str()
+            );
+            return Err(ModelError::InvalidOption { name: "model", reason });
+        }
+        if documents.is_empty() || documents.len() > MAX_INPUTS {
+            let reason = format!("{} documents: 1 to {MAX_INPUTS} per call", documents.len());
+            return Err(ModelError::InvalidOption { name: "documents", reason });
+        }
+        let context = self.context_length();
+        let pairs = documents.iter().map(|d| self.rank_tokens(query, d)).collect::<Result<Vec<_>, _>>()?;
+        if let Some(long) = pairs.iter().find(|p| p.len() > context) {
+            return Err(ModelError::ContextOverflow { needed: long.len(), context });
+        }
+        let prompt_tokens = pairs.iter().map(Vec::len).sum();
+        let run: Vec<Vec<u32>> = pairs.iter().filter(|p| !p.is_empty()).cloned().collect();
+        let mut outputs = self.run_packed(run)?.into_iter();
+        let scores = pairs
+            .iter()
+            .map(|p| {
+                if p.is_empty() {
+                    return 0.0;
+                }
+                // node-llama-cpp: the head's first value through a sigmoid (the qwen3 rerankers
+                // it leaves as they are are decoders, which never rank here).
+                outputs.next().and_then(|o| o.first().copied()).map_or(0.0, sigmoid)
+            })
+            .collect();
+        Ok(Ranking { scores, prompt_tokens })
+    }
+
+    /// The pooled outputs of `inputs` in order, run in passes of about `TOKENS_PER_PASS` tokens.
+    fn run_packed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, ModelError> {
+        let mut outputs = Vec::with_capacity(inputs.len());
+        let mut pass: Vec<Vec<u32>> = Vec::new();
+        let mut pass_tokens = 0;
+        for t in inputs {
+            if !pass.is_empty() && pass_tokens + t.len() > TOKENS_PER_PASS {
+                outputs.extend(self.run(&std::mem::take(&mut pass))?);
+                pass_tokens = 0;
+            }
+            pass_tokens += t.len();
+            pass.push(t);
+        }
+        if !pass.is_empty() {
+            outputs.extend(self.run(&pass)?);
+        }
+        Ok(outputs)
+    }
+
     fn run(&self, pass: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ModelError> {
         match &self.pass {
             Pass::Encoder(e) => Ok(kestrel_cpu::on_pool(|| e.embed(pass))),
             Pass::Decoder(d) => kestrel_cpu::on_pool(|| d.embed(pass)),
         }
     }
+}
+
+/// The logistic function, in f64 as node-llama-cpp computes it in JavaScript.
+fn sigmoid(logit: f32) -> f32 {
+    (1.0 / (1.0 + (-f64::from(logit)).exp())) as f32
 }
 
 /// Scales `v` to unit length (a zero vector stays zero).

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use kestrel_gguf::{GgufHeader, TensorInfo};
 
-use super::config::{EncoderArch, EncoderConfig};
+use super::config::{EncoderArch, EncoderConfig, Pooling};
 use crate::error::{bad_model, ModelError};
 
 /// What a tensor becomes once loaded.
@@ -44,6 +44,19 @@ pub fn expected_tensors(config: &EncoderConfig, header: &GgufHeader) -> HashMap<
     }
     for part in ["weight", "bias"] {
         add(format!("token_embd_norm.{part}"), 1, h, Kind::Values);
+    }
+    if c.pooling == Pooling::Rank {
+        // The classifier head: every part optional, as llama.cpp's bert reads it (a reranker
+        // without `cls.output`, jina-reranker-v1-tiny, scores the head's first value).
+        for (stem, rows) in [("cls", h), ("cls.output", c.n_cls_out)] {
+            let (weight, bias) = (format!("{stem}.weight"), format!("{stem}.bias"));
+            if has(&weight) {
+                add(weight, rows, h, Kind::Matrix);
+            }
+            if has(&bias) {
+                add(bias, 1, rows, Kind::Values);
+            }
+        }
     }
     for l in 0..c.n_layers {
         let name = |s: &str| format!("blk.{l}.{s}");

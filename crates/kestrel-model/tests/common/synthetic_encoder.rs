@@ -13,7 +13,8 @@ use rand::{Rng, SeedableRng};
 #[derive(Clone, Copy, Debug)]
 pub struct SyntheticEncoder {
     pub arch: &'static str,
-    /// llama.cpp's `pooling_type`: 1 mean, 2 cls, 3 last.
+    /// llama.cpp's `pooling_type`: 1 mean, 2 cls, 3 last, 4 rank (a reranker: the file also
+    /// gets the classifier head, `cls` and `cls.output` with one output).
     pub pooling_type: u32,
     /// Type of every matrix, the token table included.
     pub matrix_type: GgmlType,
@@ -118,6 +119,18 @@ impl SyntheticEncoder {
             }
             vector(&mut out, &mut rng, name("layer_output_norm.weight"), h, 1.0, 0.2);
             vector(&mut out, &mut rng, name("layer_output_norm.bias"), h, 0.0, 0.1);
+        }
+        if self.pooling_type == 4 {
+            matrix(&mut out, &mut rng, "cls.weight".into(), h, h, ty);
+            vector(&mut out, &mut rng, "cls.bias".into(), h, 0.0, 0.1);
+            // Three times the products' scale: logits of a few units, so that the sigmoid's
+            // probabilities spread over (0, 1) rather than all sitting near 0.5.
+            let std = 3.0 / (h as f32).sqrt();
+            out.push((
+                TensorSpec { name: "cls.output.weight".into(), dims: vec![h as u64, 1], ggml_type: ty },
+                uniform(&mut rng, h, std, 0.0),
+            ));
+            vector(&mut out, &mut rng, "cls.output.bias".into(), 1, 0.0, 0.5);
         }
         out
     }
