@@ -1,6 +1,6 @@
 """End-to-end tests of `kestrel serve` with clients this project did not write: OpenAI's official
 Python client streams and completes chat and text from it and embeds texts with an embedding
-model, raw HTTP sends what a client library would refuse to, and the official Prometheus
+model, raw HTTP sends what a client library would refuse to and reranks with a reranker, and the official Prometheus
 client's OpenMetrics parser reads /metrics.
 
 Run by `./build.sh test` (`server_tests`); `KESTREL_CLI` names the binary (default: the dev
@@ -24,6 +24,10 @@ from harness import API_KEY, PROMPT, ROOT, metrics, native_greedy, request, samp
 EMBEDDING_MODEL = ROOT / "models/all-MiniLM-L6-v2.f32.gguf"
 # llama.cpp's vectors (not normalized) and tokens of the reference texts for that model.
 REFERENCE = json.loads((ROOT / "tests/data/embeddings/minilm.json").read_text())["cases"]
+# The random-weight bert reranker and llama.cpp's scores of its query's documents, both written by
+# kestrel-model's rerankers_match_llama_cpp (`./build.sh` copies them into models/).
+RERANKER = ROOT / "models/synthetic-bert-pool4-f32.gguf"
+RANKED = ROOT / "models/synthetic-bert-pool4-f32.gguf.rank.json"
 
 
 def cosine(a, b):
@@ -270,15 +274,19 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(sample(after, "kestrel_queue_depth"), 0)
         self.assertEqual(request(self.address, "GET", "/health")[2]["pending_requests"], 0)
 
-    def test_a_chat_model_refuses_embeddings(self):
+    def test_a_chat_model_refuses_embeddings_and_rerank(self):
         before = metrics(self.address)
         with self.assertRaises(openai.BadRequestError) as caught:
             self.client.embeddings.create(model="m", input=["Hello world"])
         self.assertEqual((caught.exception.code, caught.exception.param), ("invalid_option", "model"))
         self.assertIn("chat model", caught.exception.message)
+        status, _, error = request(self.address, "POST", "/v1/rerank", {"query": "q", "documents": ["a"]})
+        self.assertEqual((status, error["error"]["code"], error["error"]["param"]), (400, "invalid_option", "model"))
+        self.assertIn("cannot rerank", error["error"]["message"])
         after = metrics(self.address)
-        self.assertEqual(sample(after, "kestrel_requests_total", endpoint="embeddings", outcome="invalid_option")
-                         - sample(before, "kestrel_requests_total", endpoint="embeddings", outcome="invalid_option"), 1)
+        for endpoint in ("embeddings", "rerank"):
+            self.assertEqual(sample(after, "kestrel_requests_total", endpoint=endpoint, outcome="invalid_option")
+                             - sample(before, "kestrel_requests_total", endpoint=endpoint, outcome="invalid_option"), 1, endpoint)
         self.assertEqual(request(self.address, "GET", "/health")[2]["model_type"], "chat")
 
     def test_metrics_count_what_happened(self):
@@ -375,6 +383,9 @@ class EmbeddingServerTest(unittest.TestCase):
         self.assertEqual(cut.usage.prompt_tokens, 512, "cut to the model's context")
         self.assertAlmostEqual(norm(cut.data[0].embedding), 1.0, places=5)
         refused(400, "invalid_option", lambda: self.client.embeddings.create(model="m", input="a", dimensions=385))
+        status, _, error = request(self.address, "POST", "/v1/rerank", {"query": "q", "documents": ["a"]})
+        self.assertEqual((status, error["error"]["code"], error["error"]["param"]), (400, "invalid_option", "model"))
+        self.assertIn("embedding model", error["error"]["message"])
         bad_key = openai.OpenAI(base_url=f"http://{self.address}/v1", api_key="wrong", max_retries=0)
         refused(401, "invalid_api_key", lambda: bad_key.embeddings.create(model="m", input="a"))
         bad_key.close()
@@ -389,6 +400,7 @@ class EmbeddingServerTest(unittest.TestCase):
         self.assertEqual(delta("embeddings", "context_length_exceeded"), 1)
         self.assertEqual(delta("embeddings", "invalid_api_key"), 1)
         self.assertEqual(delta("embeddings", "ok"), 1)
+        self.assertEqual(delta("rerank", "invalid_option"), 1)
 
     def test_models_health_and_metrics_describe_the_embedding_model(self):
         self.assertEqual(self.client.models.list().data[0].id, "all-MiniLM-L6-v2.f32")
@@ -433,6 +445,93 @@ class EmbeddingServerTest(unittest.TestCase):
         for worker in workers:
             worker.join(timeout=300)
         self.assertEqual([len(answers[r].data) for r in range(2)], [2, 2])
+
+
+class RerankServerTest(unittest.TestCase):
+    """A server over a reranker: /v1/rerank (llama.cpp server's, Jina's and Cohere's shape) gives
+    llama.cpp's scores, best first; `relevance_score` is the probability node-llama-cpp's rankAll
+    gives (the sigmoid of the head's logit), in [0, 1]."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.ranked = json.loads(RANKED.read_text())
+        cls.process, cls.address = start_server("--model", str(RERANKER), "--api-key", API_KEY)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.process.send_signal(signal.SIGTERM)
+        cls.process.wait(timeout=60)
+        cls.process.stderr.close()
+
+    def rerank(self, body):
+        return request(self.address, "POST", "/v1/rerank", body)
+
+    def test_scores_are_llama_cpp_s_best_first(self):
+        cases = self.ranked["cases"]
+        documents = [case["document"] for case in cases]
+        before = metrics(self.address)
+        status, _, answer = self.rerank({"model": "bge", "query": self.ranked["query"], "documents": documents})
+        after = metrics(self.address)
+        self.assertEqual(status, 200, answer)
+        self.assertEqual((answer["model"], answer["object"]), ("bge", "list"))
+        results = answer["results"]
+        self.assertEqual(sorted(r["index"] for r in results), list(range(len(cases))))
+        scores = [r["relevance_score"] for r in results]
+        self.assertEqual(scores, sorted(scores, reverse=True), "best first")
+        for r in results:
+            want = cases[r["index"]]["score"]
+            self.assertLess(abs(r["relevance_score"] - want), 1e-3, cases[r["index"]]["document"])
+            self.assertTrue(0 <= r["relevance_score"] <= 1)
+            self.assertNotIn("document", r)
+        tokens = sum(len(case["tokens"]) for case in cases)
+        self.assertEqual(answer["usage"], {"prompt_tokens": tokens, "total_tokens": tokens})
+        delta = lambda name, **labels: sample(after, name, **labels) - sample(before, name, **labels)
+        self.assertEqual(delta("kestrel_requests_total", endpoint="rerank", outcome="ok"), 1)
+        self.assertEqual(delta("kestrel_rerank_documents_total"), len(cases))
+        self.assertEqual(delta("kestrel_rerank_tokens_total"), tokens)
+        self.assertEqual(delta("kestrel_rerank_request_duration_seconds_count"), 1)
+
+        # top_n keeps the best; return_documents gives their texts; the model's name by default.
+        status, _, top = self.rerank({"query": self.ranked["query"], "documents": documents, "top_n": 2, "return_documents": True})
+        self.assertEqual(status, 200, top)
+        self.assertEqual(top["model"], "synthetic-bert-pool4-f32")
+        self.assertEqual([r["index"] for r in top["results"]], [r["index"] for r in results[:2]])
+        self.assertEqual([r["document"]["text"] for r in top["results"]], [documents[r["index"]] for r in results[:2]])
+
+    def test_bad_requests_get_their_codes(self):
+        before = metrics(self.address)
+        bad = [
+            ({"query": "", "documents": ["a"]}, "query"),
+            ({"query": "q", "documents": []}, "documents"),
+            ({"query": "q"}, "documents"),
+            ({"query": "q", "documents": ["a"] * 2049}, "documents"),
+            ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+            ({"query": "q", "documents": ["a"], "rank_fields": ["text"]}, "rank_fields"),
+        ]
+        for body, param in bad:
+            status, _, error = self.rerank(body)
+            self.assertEqual((status, error["error"]["code"], error["error"]["param"]), (400, "invalid_option", param), body)
+        status, _, error = self.rerank("{not json")
+        self.assertEqual((status, error["error"]["code"]), (400, "invalid_json"))
+        # A pair past the model's context (128 tokens), as the embeddings endpoint names it.
+        status, _, error = self.rerank({"query": "q", "documents": ["word " * 200]})
+        self.assertEqual((status, error["error"]["code"]), (400, "context_length_exceeded"))
+        # A reranker does not embed.
+        status, _, error = request(self.address, "POST", "/v1/embeddings", {"input": "a"})
+        self.assertEqual((status, error["error"]["code"]), (400, "invalid_option"))
+        self.assertIn("reranker", error["error"]["message"])
+        status, _, health = request(self.address, "GET", "/health")
+        self.assertEqual((status, health["model_type"], health["backend"]), (200, "reranker", "cpu"))
+        status, _, error = request(self.address, "POST", "/v1/rerank", {"query": "q", "documents": ["a"]}, key="wrong")
+        self.assertEqual((status, error["error"]["code"]), (401, "invalid_api_key"))
+        after = metrics(self.address)
+        delta = lambda outcome: (sample(after, "kestrel_requests_total", endpoint="rerank", outcome=outcome)
+                                 - sample(before, "kestrel_requests_total", endpoint="rerank", outcome=outcome))
+        self.assertEqual(delta("invalid_option"), len(bad))
+        self.assertEqual(delta("invalid_json"), 1)
+        self.assertEqual(delta("context_length_exceeded"), 1)
+        self.assertEqual(delta("invalid_api_key"), 1)
+        self.assertEqual(delta("ok"), 0)
 
 
 class BatchTest(unittest.TestCase):

@@ -21,12 +21,16 @@ enum Command {
     Generate(commands::generate::GenerateArgs),
     /// An interactive chat with the model's chat template.
     Chat(commands::chat::ChatArgs),
-    /// A local OpenAI-compatible HTTP server (chat and text completions, streamed or whole, or
-    /// /v1/embeddings with an embedding model; /v1/models, /health, /metrics).
+    /// A local OpenAI-compatible HTTP server (chat and text completions, streamed or whole,
+    /// /v1/embeddings with an embedding model, or /v1/rerank with a reranker; /v1/models,
+    /// /health, /metrics).
     Serve(commands::serve::ServeArgs),
     /// Embed texts with an embedding model (bert, nomic-bert): OpenAI's embeddings JSON on
     /// stdout.
     Embed(commands::embed::EmbedArgs),
+    /// Score documents against a query with a reranker (a bert cross-encoder, pooling_type 4):
+    /// the rerank JSON of /v1/rerank on stdout, best first.
+    Rerank(commands::rerank::RerankArgs),
     /// Show a GGUF file's metadata and tensor table.
     Inspect {
         /// The GGUF file (default: the default model).
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => commands::chat::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Embed(args) => commands::embed::run(args),
+        Command::Rerank(args) => commands::rerank::run(args),
         Command::Inspect { model, tensors } => commands::inspect::run(&model_path::resolve(model), tensors),
         Command::Tokenize { text, model, json, add_special } => {
             commands::tokenize::run(&model_path::resolve(model), &text, json, add_special)

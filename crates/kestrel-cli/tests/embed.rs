@@ -1,6 +1,6 @@
-//! `kestrel embed` as a script runs it: OpenAI's embeddings JSON on stdout with llama.cpp's
-//! vectors (normalized), texts from the arguments or from stdin, and a chat model refused with
-//! its code.
+//! `kestrel embed` and `kestrel rerank` as a script runs them: OpenAI's embeddings JSON on stdout
+//! with llama.cpp's vectors (normalized), the rerank JSON with llama.cpp's scores, texts from the
+//! arguments or from stdin, and a model of the other kind refused with its code.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -38,8 +38,13 @@ fn cosine(a: &[f64], b: &[f64]) -> f64 {
 
 /// Runs `kestrel embed` with `args`, `stdin` piped in.
 fn embed(args: &[&str], stdin: &str) -> Output {
+    kestrel("embed", args, stdin)
+}
+
+/// Runs `kestrel COMMAND` with `args`, `stdin` piped in.
+fn kestrel(command: &str, args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .arg("embed")
+        .arg(command)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -112,4 +117,72 @@ fn chat_models_and_bad_inputs_are_refused_with_their_codes() {
     let out = embed(&["-m", &model], "\n");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("[invalid_option]"), "no texts: {stderr}");
+}
+
+/// The random-weight bert reranker and llama.cpp's scores of its query's documents, written by
+/// kestrel-model's rerankers_match_llama_cpp (`./build.sh` copies them into models/).
+fn reranker() -> (String, Value) {
+    let model = repo("models/synthetic-bert-pool4-f32.gguf");
+    let text = std::fs::read_to_string(repo("models/synthetic-bert-pool4-f32.gguf.rank.json")).expect("read the reranker's scores");
+    (model.to_str().expect("a UTF-8 path").to_owned(), serde_json::from_str(&text).expect("its scores are JSON"))
+}
+
+fn stderr_of(out: &Output) -> String {
+    assert!(!out.status.success(), "refused");
+    assert!(out.stdout.is_empty(), "nothing on stdout");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn rerank_gives_llama_cpp_scores_best_first() {
+    let (model, ranked) = reranker();
+    let cases = ranked["cases"].as_array().expect("cases");
+    let query = ranked["query"].as_str().expect("query");
+    let documents: Vec<&str> = cases.iter().map(|c| c["document"].as_str().expect("document")).collect();
+    let mut args = vec!["-m", model.as_str(), "--query", query];
+    args.extend(&documents);
+    let json = answer(&kestrel("rerank", &args, ""));
+    assert_eq!((json["object"].as_str(), json["model"].as_str()), (Some("list"), Some("synthetic-bert-pool4-f32")));
+    let results = json["results"].as_array().expect("results");
+    assert_eq!(results.len(), cases.len());
+    let scores: Vec<f64> = results.iter().map(|r| r["relevance_score"].as_f64().expect("a score")).collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "best first: {scores:?}");
+    for (result, score) in results.iter().zip(&scores) {
+        let case = &cases[usize::try_from(result["index"].as_u64().expect("index")).expect("an index")];
+        let want = case["score"].as_f64().expect("llama.cpp's score");
+        assert!((score - want).abs() < 1e-3, "{:?}: {score}, llama.cpp {want}", case["document"]);
+        assert!(result.get("document").is_none());
+    }
+    let tokens: usize = cases.iter().map(|c| c["tokens"].as_array().expect("tokens").len()).sum();
+    assert_eq!(json["usage"]["prompt_tokens"].as_u64(), Some(tokens as u64));
+
+    // Documents from stdin, one a line; the two best with their texts.
+    let json = answer(&kestrel("rerank", &["-m", &model, "-q", query, "--top-n", "2", "--return-documents"], &documents[..3].join("\n\n")));
+    let results = json["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2);
+    for r in results {
+        let index = usize::try_from(r["index"].as_u64().expect("index")).expect("an index");
+        assert_eq!(r["document"]["text"].as_str(), Some(documents[index]));
+    }
+}
+
+#[test]
+fn rerank_refuses_other_models_and_bad_inputs_with_their_codes() {
+    let (model, _) = reranker();
+    let chat = repo("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let stderr = stderr_of(&kestrel("rerank", &["-m", chat.to_str().expect("a UTF-8 path"), "-q", "q", "a"], ""));
+    assert!(stderr.contains("chat model (llama)") && stderr.contains("cannot rerank") && stderr.contains("[invalid_option]"), "{stderr}");
+    let stderr = stderr_of(&kestrel("rerank", &["-m", &embedding_model(), "-q", "q", "a"], ""));
+    assert!(stderr.contains("embedding model") && stderr.contains("[invalid_option]"), "{stderr}");
+    let stderr = stderr_of(&embed(&["-m", &model, "a"], ""));
+    assert!(stderr.contains("reranker") && stderr.contains("[invalid_option]"), "{stderr}");
+    for (args, stdin) in [(vec!["-q", ""], "a"), (vec!["-q", "q"], "\n"), (vec!["-q", "q", "--top-n", "0", "a"], "")] {
+        let mut all = vec!["-m", model.as_str()];
+        all.extend(&args);
+        let stderr = stderr_of(&kestrel("rerank", &all, stdin));
+        assert!(stderr.contains("[invalid_option]"), "{args:?}: {stderr}");
+    }
+    let long = "word ".repeat(200);
+    let stderr = stderr_of(&kestrel("rerank", &["-m", &model, "-q", "q", &long], ""));
+    assert!(stderr.contains("[context_overflow]"), "{stderr}");
 }

@@ -104,6 +104,14 @@ impl RerankRequest {
     }
 }
 
+/// The error of a rerank request to a chat model.
+pub fn not_a_reranker(arch: &str) -> EngineError {
+    EngineError::invalid(
+        "model",
+        format!("this is a chat model ({arch}): it generates text, it cannot rerank documents (load a reranker: a bert GGUF with pooling_type 4)"),
+    )
+}
+
 fn parse_documents(items: Vec<Value>) -> Result<Vec<String>, EngineError> {
     if items.is_empty() || items.len() > MAX_INPUTS {
         return Err(EngineError::invalid("documents", format!("{} documents: 1 to {MAX_INPUTS} per request", items.len())));

@@ -62,8 +62,9 @@ pub struct UnsupportedTensor {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
-    /// "chat", or "embedding" (an encoder, or a decoder with a pooling type: it runs on the CPU
-    /// backend wherever it is loaded, so its GPU verdict is the CPU backend's).
+    /// "chat", "embedding" (an encoder, or a decoder with a pooling type) or "reranker" (an
+    /// encoder with rank pooling); the last two run on the CPU backend wherever they are loaded,
+    /// so their GPU verdict is the CPU backend's.
     pub kind: &'static str,
     pub name: String,
     pub arch: String,
@@ -263,7 +264,7 @@ impl Estimate {
     /// Whether a device with `limits` that holds at most `memory` can load it: every tensor of a
     /// type the GPU runs, no binding over the limits, and the total within `memory`.
     pub fn verdict(&self, limits: &DeviceLimits, memory: &MemoryLimit) -> Verdict {
-        if self.kind == "embedding" {
+        if self.kind != "chat" {
             return self.cpu.verdict.clone();
         }
         if let Some(t) = self.unsupported.first() {
@@ -382,7 +383,7 @@ fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Estimate {
     let sizes = CpuSizes { context: c.train_context, chunk: encoder::TOKENS_PER_PASS, slots: 1, kv_cache_bytes: 0 };
     let cpu = CpuEstimate::from_parts(header, weight_bytes, scratch_bytes, sizes, &unsupported);
     Estimate {
-        kind: "embedding",
+        kind: encoder::kind(c.pooling),
         name: c.name.clone(),
         arch: c.arch.name().to_string(),
         file_bytes: header.data_end(),

@@ -345,7 +345,9 @@ struct RankedCase {
 /// weights leave only the order of sums and ggml's f16 GELU table between the two: their
 /// vectors of such a file agree to about 1e-4 relative, and the head multiplies that by a few
 /// units (measured: 1.9e-4 at most on the scores). All documents in one packed call score as
-/// each does alone, and the estimate counts the head's weights.
+/// each does alone, and the estimate counts the head's weights. The file and llama.cpp's scores
+/// stay in the tests' directory for the server and browser tests (`./build.sh`'s
+/// `browser_models` copies them into models/).
 #[test]
 fn rerankers_match_llama_cpp() {
     let m = SyntheticEncoder {
@@ -404,7 +406,8 @@ fn rerankers_match_llama_cpp() {
     }
     let header = kestrel_gguf::parse_header(&std::fs::read(&path).expect("read")).expect("header");
     let estimate = kestrel_model::estimate::Estimate::from_header(&header, None, Default::default(), 1).expect("estimate");
-    assert_eq!((estimate.kind, estimate.weight_bytes), ("embedding", model.weight_bytes() as u64));
+    assert_eq!((estimate.kind, estimate.weight_bytes), ("reranker", model.weight_bytes() as u64));
+    assert_eq!(model.kind(), "reranker");
     // The random head still tells the documents apart.
     let (lo, hi) = ranking.scores.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &s| (lo.min(s), hi.max(s)));
     assert!(hi - lo > 0.05, "scores {:?} barely differ", ranking.scores);

@@ -1,5 +1,6 @@
-//! The embedding thread: owns an embedding model (`kestrel_model::Embedder`) and embeds one
-//! request at a time. `Embedder::embed` is synchronous and already spreads each call over every
+//! The embedding thread: owns an embedding model or a reranker (`kestrel_model::Embedder`) and
+//! runs one request at a time, an embeddings or a rerank request (`Work`). `Embedder::embed` and
+//! `Embedder::rerank` are synchronous and already spreads each call over every
 //! core (the CPU backend's pool), so requests run one after another on this thread rather than on
 //! the async runtime, where they would stall the other connections. Requests that arrive while
 //! one runs wait in a bounded queue; past its bound they are refused at once (HTTP 429).
@@ -11,16 +12,69 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kestrel_engine::embeddings::EmbeddingRequest;
-use kestrel_model::{Embedder, Embeddings};
+use kestrel_engine::embeddings::{not_an_embedding_model, EmbeddingRequest};
+use kestrel_engine::rerank::{not_a_reranker, RerankRequest};
+use kestrel_engine::EngineError;
+use kestrel_model::{Embedder, Embeddings, Ranking};
 use tokio::sync::oneshot;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::routes::{admit, AppState};
 
-struct Job {
-    request: Arc<EmbeddingRequest>,
-    reply: oneshot::Sender<Result<Embeddings, ApiError>>,
+type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
+
+/// A request the embedding thread runs: parsed by the engine core, run on the `Embedder`.
+pub trait Work: Sized + Send + Sync + 'static {
+    type Output: Send + 'static;
+    /// Parses the request's body.
+    fn parse_body(body: &[u8]) -> Result<Self, EngineError>;
+    /// The request's error when the server holds a chat model (of architecture `arch`).
+    fn not_for_chat(arch: &str) -> EngineError;
+    fn run(&self, embedder: &Embedder) -> Result<Self::Output, EngineError>;
+    /// The queued job that runs `request` and sends its answer to `reply`.
+    fn job(request: Arc<Self>, reply: Reply<Self::Output>) -> Job;
+}
+
+impl Work for EmbeddingRequest {
+    type Output = Embeddings;
+    fn parse_body(body: &[u8]) -> Result<Self, EngineError> {
+        Self::parse_body(body)
+    }
+    fn not_for_chat(arch: &str) -> EngineError {
+        not_an_embedding_model(arch)
+    }
+    fn run(&self, embedder: &Embedder) -> Result<Embeddings, EngineError> {
+        self.run(embedder)
+    }
+    fn job(request: Arc<Self>, reply: Reply<Embeddings>) -> Job {
+        Job::Embed(request, reply)
+    }
+}
+
+impl Work for RerankRequest {
+    type Output = Ranking;
+    fn parse_body(body: &[u8]) -> Result<Self, EngineError> {
+        Self::parse_body(body)
+    }
+    fn not_for_chat(arch: &str) -> EngineError {
+        not_a_reranker(arch)
+    }
+    fn run(&self, embedder: &Embedder) -> Result<Ranking, EngineError> {
+        self.run(embedder)
+    }
+    fn job(request: Arc<Self>, reply: Reply<Ranking>) -> Job {
+        Job::Rerank(request, reply)
+    }
+}
+
+pub enum Job {
+    Embed(Arc<EmbeddingRequest>, Reply<Embeddings>),
+    Rerank(Arc<RerankRequest>, Reply<Ranking>),
 }
 
 /// What the embedding thread and the handlers share.
@@ -42,13 +96,15 @@ pub struct EmbeddingWorker {
     metrics: Arc<Metrics>,
     /// GGUF's name of the model's architecture (`bert`, `nomic-bert`), for error messages.
     arch: &'static str,
+    /// "embedding" or "reranker" (`Embedder::kind`).
+    kind: &'static str,
 }
 
 impl EmbeddingWorker {
     /// Starts the embedding thread with `embedder`, admitting up to `queue` requests beyond the
     /// one it runs.
     pub fn start(embedder: Embedder, queue: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
-        let arch = embedder.config().arch;
+        let (arch, kind) = (embedder.config().arch, embedder.kind());
         metrics.model_memory.set(embedder.weight_bytes() as u64);
         let (jobs, inbox) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
@@ -62,12 +118,12 @@ impl EmbeddingWorker {
             let metrics = metrics.clone();
             std::thread::Builder::new().name("kestrel-embed".into()).spawn(move || run(&embedder, &inbox, &shared, &metrics))?
         };
-        Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, metrics, arch })
+        Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, metrics, arch, kind })
     }
 
-    /// Admits `request`; the receiver gets its vectors or its error. Refused when the running
-    /// request and the queue are taken, or once shutdown began.
-    pub fn submit(&self, request: Arc<EmbeddingRequest>) -> Result<oneshot::Receiver<Result<Embeddings, ApiError>>, ApiError> {
+    /// Admits `request`; the receiver gets its answer (vectors, scores) or its error. Refused
+    /// when the running request and the queue are taken, or once shutdown began.
+    pub fn submit<W: Work>(&self, request: Arc<W>) -> Result<oneshot::Receiver<Result<W::Output, ApiError>>, ApiError> {
         if self.shared.stopping.load(Ordering::Relaxed) {
             return Err(ApiError::shutting_down());
         }
@@ -79,7 +135,7 @@ impl EmbeddingWorker {
         }
         let (reply, answer) = oneshot::channel();
         self.metrics.queue_depth.inc();
-        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(Job { request, reply }).is_ok());
+        let sent = self.jobs.as_ref().is_some_and(|jobs| jobs.send(W::job(request, reply)).is_ok());
         if !sent {
             self.metrics.queue_depth.dec();
             self.shared.pending.fetch_sub(1, Ordering::AcqRel);
@@ -98,6 +154,10 @@ impl EmbeddingWorker {
         self.arch
     }
 
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
     /// Requests admitted and not answered.
     pub fn pending(&self) -> usize {
         self.shared.pending.load(Ordering::Acquire)
@@ -112,29 +172,51 @@ impl EmbeddingWorker {
     }
 }
 
+/// Checks and parses a request of an embedding-thread endpoint and waits for the thread's
+/// answer. The request is shared with the thread, not copied: it may be megabytes, and the
+/// answer's JSON is written from it.
+pub async fn submit_and_wait<W: Work>(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(Arc<W>, W::Output), ApiError> {
+    let body = admit(state, body)?;
+    let worker = state.served.embedder(W::not_for_chat)?;
+    let request = Arc::new(W::parse_body(&body).map_err(|e| ApiError::from(&e))?);
+    let answer = worker.submit(request.clone())?;
+    let output = answer
+        .await
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal", "the embedding thread stopped"))??;
+    Ok((request, output))
+}
+
 /// The thread's loop: one request at a time until every handle to the worker is gone.
 fn run(embedder: &Embedder, inbox: &mpsc::Receiver<Job>, shared: &Shared, metrics: &Metrics) {
     while let Ok(job) = inbox.recv() {
         metrics.queue_depth.dec();
-        let result = if shared.stopping.load(Ordering::Relaxed) {
-            Err(ApiError::shutting_down())
-        } else if job.reply.is_closed() {
-            // Its client is gone: nobody would read the vectors.
-            shared.pending.fetch_sub(1, Ordering::AcqRel);
-            continue;
-        } else {
-            metrics.slots_in_use.set(1);
-            let started = Instant::now();
-            let result = job.request.run(embedder).map_err(|e| ApiError::from(&e));
-            metrics.slots_in_use.set(0);
-            remember_duration(shared, started.elapsed());
-            result
-        };
-        // Freed before the answer goes out, so a client that sends its next request as soon as
-        // it has this one's answer finds the place free.
-        shared.pending.fetch_sub(1, Ordering::AcqRel);
-        let _ = job.reply.send(result);
+        match job {
+            Job::Embed(request, reply) => answer(embedder, &*request, reply, shared, metrics),
+            Job::Rerank(request, reply) => answer(embedder, &*request, reply, shared, metrics),
+        }
     }
+}
+
+/// Runs `request` and sends its answer, unless shutdown began (refused) or its client is gone
+/// (skipped: nobody would read it).
+fn answer<W: Work>(embedder: &Embedder, request: &W, reply: Reply<W::Output>, shared: &Shared, metrics: &Metrics) {
+    let result = if shared.stopping.load(Ordering::Relaxed) {
+        Err(ApiError::shutting_down())
+    } else if reply.is_closed() {
+        shared.pending.fetch_sub(1, Ordering::AcqRel);
+        return;
+    } else {
+        metrics.slots_in_use.set(1);
+        let started = Instant::now();
+        let result = request.run(embedder).map_err(|e| ApiError::from(&e));
+        metrics.slots_in_use.set(0);
+        remember_duration(shared, started.elapsed());
+        result
+    };
+    // Freed before the answer goes out, so a client that sends its next request as soon as it
+    // has this one's answer finds the place free.
+    shared.pending.fetch_sub(1, Ordering::AcqRel);
+    let _ = reply.send(result);
 }
 
 /// Folds a request's duration into the running mean (weight 1/8 for the newest).

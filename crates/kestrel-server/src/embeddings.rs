@@ -8,20 +8,18 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kestrel_engine::embeddings::EmbeddingRequest;
-use kestrel_model::Embeddings;
 
-use crate::error::ApiError;
-use crate::routes::{admit, AppState, Outcome};
+use crate::embedder::submit_and_wait;
+use crate::routes::{AppState, Outcome};
 
 pub async fn embeddings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
     // Dropped unrecorded when the client goes away while the request waits: `client_gone`.
     let mut outcome = Outcome::new(state.metrics.clone(), "embeddings");
-    match embed(&state, body).await {
+    match submit_and_wait::<EmbeddingRequest>(&state, body).await {
         Ok((request, embeddings)) => {
             let metrics = &state.metrics;
             metrics.embedding_inputs.inc_by(embeddings.vectors.len() as u64);
@@ -35,18 +33,4 @@ pub async fn embeddings(State(state): State<Arc<AppState>>, body: Result<Bytes, 
             e.into_response()
         }
     }
-}
-
-/// Checks and parses the request and waits for the embedding thread's vectors. The request is
-/// shared with the thread, not copied: its inputs may be megabytes, and the answer's encoding
-/// is one of its fields.
-async fn embed(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(Arc<EmbeddingRequest>, Embeddings), ApiError> {
-    let body = admit(state, body)?;
-    let worker = state.served.embedding()?;
-    let request = Arc::new(EmbeddingRequest::parse_body(&body).map_err(|e| ApiError::from(&e))?);
-    let answer = worker.submit(request.clone())?;
-    let embeddings = answer
-        .await
-        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal", "the embedding thread stopped"))??;
-    Ok((request, embeddings))
 }

@@ -1,13 +1,15 @@
 //! `kestrel serve`: a local OpenAI-compatible HTTP server (axum on tokio) over one loaded model.
 //! `POST /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent events or
-//! whole) for a chat model, `POST /v1/embeddings` for an embedding model, `GET /v1/models`,
+//! whole) for a chat model, `POST /v1/embeddings` for an embedding model, `POST /v1/rerank` for a
+//! reranker, `GET /v1/models`,
 //! `GET /health`, `GET /metrics` (Prometheus). Requests share the
 //! CLI's and the npm package's options, defaults and error codes, and their scheduler and OpenAI
 //! layer (`kestrel_engine`);
 //! errors are OpenAI-shaped JSON. One engine thread generates, on the CPU backend for up to
 //! one request per KV slot at once (continuous batching); requests beyond the slots wait in a
-//! bounded queue, and past the queue get 429 with `Retry-After`. An embedding model runs on an
-//! embedding thread of its own, one request at a time behind the same kind of queue.
+//! bounded queue, and past the queue get 429 with `Retry-After`. An embedding model or a
+//! reranker runs on an embedding thread of its own, one request at a time behind the same kind
+//! of queue.
 
 mod cache;
 mod embedder;
@@ -15,6 +17,7 @@ mod embeddings;
 mod engine;
 mod error;
 mod metrics;
+mod rerank;
 mod routes;
 mod served;
 

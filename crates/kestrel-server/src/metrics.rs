@@ -1,6 +1,6 @@
 //! The server's Prometheus metrics (`GET /metrics`, OpenMetrics text through the
 //! `prometheus-client` crate): requests by endpoint and outcome, latency histograms, tokens,
-//! the inputs and tokens embedded, the engine's occupancy and the GPU memory in use.
+//! the inputs and tokens embedded, the documents and tokens reranked, the engine's occupancy and the GPU memory in use.
 
 use std::sync::atomic::AtomicU64;
 
@@ -44,6 +44,11 @@ pub struct Metrics {
     /// Tokens of answered embeddings requests (their `usage.prompt_tokens`).
     pub embedding_tokens: Counter,
     pub embedding_duration: Histogram,
+    /// Documents of answered rerank requests.
+    pub rerank_documents: Counter,
+    /// Tokens of answered rerank requests (their `usage.prompt_tokens`).
+    pub rerank_tokens: Counter,
+    pub rerank_duration: Histogram,
 }
 
 impl Metrics {
@@ -107,6 +112,17 @@ impl Metrics {
             Unit::Seconds,
             embedding_duration.clone(),
         );
+        let rerank_documents = Counter::default();
+        registry.register("rerank_documents", "Documents of answered rerank requests", rerank_documents.clone());
+        let rerank_tokens = Counter::default();
+        registry.register("rerank_tokens", "Tokens of answered rerank requests", rerank_tokens.clone());
+        let rerank_duration = latency();
+        registry.register_with_unit(
+            "rerank_request_duration",
+            "From arrival to the answer of a rerank request",
+            Unit::Seconds,
+            rerank_duration.clone(),
+        );
         Self {
             registry,
             requests,
@@ -127,6 +143,9 @@ impl Metrics {
             embedding_inputs,
             embedding_tokens,
             embedding_duration,
+            rerank_documents,
+            rerank_tokens,
+            rerank_duration,
         }
     }
 

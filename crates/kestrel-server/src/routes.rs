@@ -1,5 +1,6 @@
 //! The HTTP API: OpenAI's generation endpoints (streamed as server-sent events exactly as
-//! OpenAI sends them, or whole), the embeddings endpoint (`embeddings`), the model list, health
+//! OpenAI sends them, or whole), the embeddings endpoint (`embeddings`), the rerank endpoint
+//! (`rerank`), the model list, health
 //! and metrics; API-key checks; every failure as OpenAI-shaped error JSON.
 
 use std::collections::VecDeque;
@@ -27,6 +28,7 @@ use crate::embeddings::embeddings;
 use crate::engine::{Event, Ticket};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::rerank::rerank;
 use crate::served::Served;
 
 /// The response header that says whether the exact-response cache answered (`hit`) or was
@@ -55,6 +57,7 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize, cors_origins: &[Strin
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/rerank", post(rerank))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -91,6 +94,7 @@ fn endpoint_label(path: &str) -> &'static str {
         "/v1/chat/completions" => "chat_completions",
         "/v1/completions" => "completions",
         "/v1/embeddings" => "embeddings",
+        "/v1/rerank" => "rerank",
         "/v1/models" => "models",
         "/health" => "health",
         "/metrics" => "metrics",

@@ -1,10 +1,9 @@
 //! The one model a server holds, of either kind: a chat model behind the engine thread, or an
-//! embedding model behind the embedding thread. Each endpoint asks for the kind it needs; the
+//! embedding model or a reranker behind the embedding thread. Each endpoint asks for the kind it needs; the
 //! other kind is a 400 that says what the model is.
 
 use std::sync::Arc;
 
-use kestrel_engine::embeddings::not_an_embedding_model;
 use kestrel_engine::EngineError;
 use kestrel_model::{not_a_chat_model, LoadedModel};
 use serde_json::{json, Value};
@@ -46,11 +45,12 @@ impl Served {
         }
     }
 
-    /// The embedding worker, or `invalid_option` for a chat model.
-    pub fn embedding(&self) -> Result<&EmbeddingWorker, ApiError> {
+    /// The embedding worker (an embedding model or a reranker), or `not_one`'s `invalid_option`
+    /// for a chat model.
+    pub fn embedder(&self, not_one: fn(&str) -> EngineError) -> Result<&EmbeddingWorker, ApiError> {
         match self {
             Self::Embedding(worker) => Ok(worker),
-            Self::Chat(engine) => Err(ApiError::from(&not_an_embedding_model(engine.arch()))),
+            Self::Chat(engine) => Err(ApiError::from(&not_one(engine.arch()))),
         }
     }
 
@@ -66,8 +66,9 @@ impl Served {
             }),
             Self::Embedding(worker) => json!({
                 "status": "ok",
-                "model_type": "embedding",
-                // There is no encoder graph on the GPU: embedding models run on the CPU backend.
+                "model_type": worker.kind(),
+                // There is no encoder graph on the GPU: embedding models and rerankers run on the
+                // CPU backend.
                 "backend": "cpu",
                 "slots": 1,
                 "pending_requests": worker.pending(),

@@ -1,7 +1,6 @@
 //! `kestrel embed`: the embeddings of texts with an embedding model, printed as OpenAI's
 //! embeddings answer (the one `kestrel serve`'s /v1/embeddings sends), so scripts read one shape.
 
-use std::io::BufRead;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -9,7 +8,7 @@ use kestrel_engine::embeddings::{not_an_embedding_model, EmbeddingRequest};
 use serde_json::json;
 
 use super::load::{architecture, is_embedding, load_embedder};
-use super::{engine_coded, CliResult};
+use super::{engine_coded, model_name, stdin_lines, CliResult};
 
 #[derive(Args)]
 pub struct EmbedArgs {
@@ -47,18 +46,6 @@ pub fn run(args: EmbedArgs) -> CliResult {
     }
     let embedder = load_embedder(&path, false)?;
     let embeddings = request.run(&embedder).map_err(|e| engine_coded(&e))?;
-    let model_name = path.file_stem().map_or_else(|| "kestrel".into(), |s| s.to_string_lossy().into_owned());
-    println!("{}", request.response(&model_name, &embeddings));
+    println!("{}", request.response(&model_name(&path), &embeddings));
     Ok(())
-}
-
-fn stdin_lines() -> Result<Vec<String>, std::io::Error> {
-    let mut texts = Vec::new();
-    for line in std::io::stdin().lock().lines() {
-        let line = line?;
-        if !line.trim().is_empty() {
-            texts.push(line);
-        }
-    }
-    Ok(texts)
 }

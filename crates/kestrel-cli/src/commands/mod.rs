@@ -5,6 +5,7 @@ pub mod generate;
 pub mod inspect;
 mod load;
 pub mod quantize;
+pub mod rerank;
 pub mod serve;
 pub mod split;
 pub mod tokenize;
@@ -20,4 +21,22 @@ pub fn coded(e: kestrel_model::ModelError) -> String {
 /// An engine error as the CLI shows it, as `coded` shows a model error.
 pub fn engine_coded(e: &kestrel_engine::EngineError) -> String {
     format!("{e} [{}]", e.code)
+}
+
+/// The name answers give a model loaded from `path`: its file name without the extension.
+pub fn model_name(path: &std::path::Path) -> String {
+    path.file_stem().map_or_else(|| "kestrel".into(), |s| s.to_string_lossy().into_owned())
+}
+
+/// The lines of stdin, blank ones skipped: `kestrel embed`'s texts, `kestrel rerank`'s documents.
+pub fn stdin_lines() -> Result<Vec<String>, std::io::Error> {
+    use std::io::BufRead;
+    let mut lines = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        if !line.trim().is_empty() {
+            lines.push(line);
+        }
+    }
+    Ok(lines)
 }

@@ -65,7 +65,7 @@ pub fn run(args: ServeArgs) -> CliResult {
         LoadedModel::Chat(model) => format!("{} request(s) at once", model.slots()),
         LoadedModel::Embedding(embedder) => format!("embeddings of {} dimensions, one request at a time", embedder.dimensions()),
     };
-    let model_name = path.file_stem().map_or_else(|| "kestrel".into(), |s| s.to_string_lossy().into_owned());
+    let model_name = super::model_name(&path);
     let config = ServerConfig {
         model_name,
         api_key: args.api_key.filter(|k| !k.is_empty()),

@@ -133,6 +133,12 @@ impl Embedder {
         &self.tokenizer
     }
 
+    /// What the model does, as `Estimate::kind` says it: "reranker" (rank pooling: it scores
+    /// documents against a query, `rerank`) or "embedding" (it embeds texts, `embed`).
+    pub fn kind(&self) -> &'static str {
+        kind(self.info.pooling)
+    }
+
     /// The length of the vectors `embed` returns without `dimensions`.
     pub fn dimensions(&self) -> usize {
         self.info.hidden
@@ -305,6 +311,15 @@ impl Embedder {
             Pass::Encoder(e) => Ok(kestrel_cpu::on_pool(|| e.embed(pass))),
             Pass::Decoder(d) => kestrel_cpu::on_pool(|| d.embed(pass)),
         }
+    }
+}
+
+/// What a model of `pooling` does: "reranker" or "embedding".
+pub(crate) fn kind(pooling: Pooling) -> &'static str {
+    if pooling == Pooling::Rank {
+        "reranker"
+    } else {
+        "embedding"
     }
 }
 
