@@ -7,7 +7,7 @@
 // in OpenAI's shape; this module carries its events. The page (index.js) queues requests, except
 // generations on an engine that batches them (`info.model.batched`): those come at once and join
 // the running steps.
-import init, { Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, checkEmbeddingRequest, reusableTokens, shardNames } from './pkg/kestrel_wasm.js';
+import init, { Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, checkEmbeddingRequest, checkRerankRequest, reusableTokens, shardNames } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 import { adapterName } from './adapter-name.js';
 import { CACHE_NAME, SHARD_HEADER, storageRoom } from './storage.js';
@@ -605,23 +605,26 @@ async function generateRemote(id, endpoint, body) {
 }
 
 /**
- * Embeds the inputs of `body` (`embeddings.create`'s argument without `signal`) on the loaded
- * model: OpenAI's answer. The CPU pass runs to its end once started (the page stops waiting for
- * an aborted call's answer, and sends no abort for it).
+ * Embeds the inputs of `body` (`embeddings.create`'s argument without `signal`, type 'embed') or
+ * scores its documents against its query (`rerank`'s, type 'rerank') on the loaded model: the
+ * answer's JSON. The CPU pass runs to its end once started (the page stops waiting for an
+ * aborted call's answer, and sends no abort for it).
+ * @param {'embed' | 'rerank'} type
  */
-function embed(body) {
+function encode(type, body) {
   if (!engine) throw fail('no_model', 'no model is loaded');
-  return engine.embed(JSON.stringify(body));
+  return type === 'embed' ? engine.embed(JSON.stringify(body)) : engine.rerank(JSON.stringify(body));
 }
 
 /**
- * A remote engine's embeddings: checked as a local engine would check them, then sent to the
- * server's /embeddings; null when aborted (the page has stopped waiting).
+ * A remote engine's embeddings or rerank: checked as a local engine would check them, then sent
+ * to the server's /embeddings or /rerank; null when aborted (the page has stopped waiting).
+ * @param {'embed' | 'rerank'} type
  */
-async function embedRemote(id, body) {
+async function encodeRemote(type, id, body) {
   await initWasm();
-  checkEmbeddingRequest(JSON.stringify(body));
-  return remote.embed(id, body, aborted.delete(id));
+  (type === 'embed' ? checkEmbeddingRequest : checkRerankRequest)(JSON.stringify(body));
+  return type === 'embed' ? remote.embed(id, body, aborted.delete(id)) : remote.rerank(id, body, aborted.delete(id));
 }
 
 /**
@@ -686,8 +689,8 @@ export async function handleMessage(data) {
     answer(id, () => generateRemote(id, data.endpoint, data.body));
     return;
   }
-  if (type === 'embed' && remote) {
-    answer(id, () => embedRemote(id, data.body));
+  if ((type === 'embed' || type === 'rerank') && remote) {
+    answer(id, () => encodeRemote(type, id, data.body));
     return;
   }
   if (type === 'generate' && batched) {
@@ -718,7 +721,8 @@ export async function handleMessage(data) {
         value = await generate(id, data.endpoint, data.body);
         break;
       case 'embed':
-        value = embed(data.body);
+      case 'rerank':
+        value = encode(type, data.body);
         break;
       case 'reset':
         // After the batched requests before it.

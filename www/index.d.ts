@@ -89,16 +89,25 @@ export interface EmbeddingModelInfo {
   n_layers: number; hidden: number; n_heads: number; vocab: number; train_context: number;
 }
 
+/**
+ * A reranker's (a bert cross-encoder, `pooling_type` 4): `EngineInfo.model` where `kind` is
+ * 'reranker'. `context_length` bounds each query-document pair's tokens.
+ */
+export interface RerankerModelInfo extends Omit<EmbeddingModelInfo, 'pooling'> {
+  /** Rank pooling: the [CLS] row through the file's classifier head. */
+  pooling: 'rank';
+}
+
 interface EngineInfoCommon {
   /**
    * Where generation runs: this browser's GPU, its CPU (wasm SIMD in the engine's worker), or the
-   * `remote` server of createEngine. An embedding model always runs on the CPU backend (there is
-   * no GPU encoder), whatever `backend` asked for.
+   * `remote` server of createEngine. An embedding model or a reranker always runs on the CPU
+   * backend (there is no GPU encoder), whatever `backend` asked for.
    */
   backend: 'webgpu' | 'cpu' | 'remote';
   /**
    * With backend 'cpu': why (asked for, no WebGPU, a software adapter, the model does not fit the
-   * GPU, an embedding model).
+   * GPU, an embedding model or a reranker).
    */
   backend_reason?: string | null;
   /** With backend 'cpu': the SIMD instruction set of its kernels and its threads. */
@@ -141,11 +150,13 @@ interface EngineInfoCommon {
 /**
  * What the engine runs (`engine.info`). `kind` says what its model does, and narrows `model`:
  * 'chat' (it generates: `chat.completions`, `completions`), 'embedding' (it embeds:
- * `embeddings.create`), or null for a remote engine (the server decides; `model` is null).
+ * `embeddings.create`), 'reranker' (it scores documents against a query: `rerank`), or null for
+ * a remote engine (the server decides; `model` is null).
  */
 export type EngineInfo =
   | (EngineInfoCommon & { kind: 'chat'; model: ChatModelInfo })
   | (EngineInfoCommon & { kind: 'embedding'; model: EmbeddingModelInfo })
+  | (EngineInfoCommon & { kind: 'reranker'; model: RerankerModelInfo })
   | (EngineInfoCommon & { kind: null; model: null });
 
 export interface ChatMessage {
@@ -417,9 +428,61 @@ export interface CreateEmbeddingResponse {
   usage: { prompt_tokens: number; total_tokens: number };
 }
 
+/**
+ * `rerank`'s argument: the rerank request of llama.cpp's server, Jina and Cohere (`model` is
+ * accepted and only echoed), and the package's `signal`. Any other field is `invalid_option`.
+ */
+export interface RerankParams {
+  /** What the documents are scored against: a non-empty text. */
+  query: string;
+  /** The texts to score, 1 to 2048 per call (scored together). */
+  documents: string[];
+  /** Keep the `top_n` best results (a positive integer); default: all. */
+  top_n?: number;
+  /** Give each result its document's text (`document: { text }`); default false. */
+  return_documents?: boolean;
+  /** Echoed in the answer's `model`; the engine's model answers. */
+  model?: string;
+  /** As `EmbeddingCreateParams.signal`. */
+  signal?: AbortSignal;
+}
+
+/** One document's score. */
+export interface RerankResult {
+  /** The document's position in `documents`. */
+  index: number;
+  /**
+   * How relevant the document is to the query: a probability in [0, 1], the sigmoid of the
+   * classifier head's logit, as node-llama-cpp's `rankAll` gives it (llama.cpp's server returns
+   * the raw logit instead; the order is the same).
+   */
+  relevance_score: number;
+  /** With `return_documents`: the document's text. */
+  document?: { text: string };
+}
+
+/** `rerank`'s answer: llama.cpp server's, Jina's and Cohere's shape. */
+export interface RerankResponse {
+  /** The request's `model` where it gave one, else the model's name (a remote engine's: the server's). */
+  model: string;
+  object: 'list';
+  /** Best first (ties keep the documents' order), at most `top_n`. */
+  results: RerankResult[];
+  /** The tokens of every query-document pair, the model's special tokens included. */
+  usage: { prompt_tokens: number; total_tokens: number };
+}
+
 export interface Engine {
   /** Set once the model is loaded. */
   info: EngineInfo;
+  /**
+   * Rerankers (`info.kind` 'reranker'), on the CPU backend, and remote engines (the server's
+   * `/v1/rerank`): each document scored against the query, best first. A chat model or an
+   * embedding model refuses with `invalid_option`, as a reranker refuses `embeddings.create`. A
+   * bad field is `invalid_option`; a query-document pair longer than the model's context is
+   * `context_overflow`. Queued and aborted as `embeddings.create`.
+   */
+  rerank(request: RerankParams): Promise<RerankResponse>;
   /**
    * Embedding models (`info.kind` 'embedding'), on the CPU backend, and remote engines (the
    * server's `/v1/embeddings`). A chat model refuses with `invalid_option`, as an embedding model
@@ -590,10 +653,10 @@ export interface MemoryLimit {
 /** Will a model fit, from its GGUF header alone (see `estimate`). */
 export interface Estimate {
   /**
-   * 'chat', or 'embedding': an encoder, which runs on the CPU backend whatever the engine, so its
-   * GPU verdict (`fits`) is the CPU's, and it has no KV cache.
+   * 'chat', 'embedding' or 'reranker' (an encoder with rank pooling): an encoder runs on the CPU
+   * backend whatever the engine, so its GPU verdict (`fits`) is the CPU's, and it has no KV cache.
    */
-  kind: 'chat' | 'embedding';
+  kind: 'chat' | 'embedding' | 'reranker';
   name: string;
   arch: string;
   /** The file's size, as its header declares it. */

@@ -6,6 +6,7 @@
  * @import {
  *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEmbeddingResponse,
  *   CreateEngineOptions, EmbeddingCreateParams, Engine as EngineApi, EngineInfo, EngineMemory, EngineStatus, Estimate, KestrelErrorCode, LoadProgress, RemoteOptions,
+ *   RerankParams, RerankResponse,
  * } from './index.d.ts'
  */
 
@@ -307,7 +308,7 @@ class Engine {
     /** @type {EngineApi['completions']} */
     this.completions = { create: /** @type {any} */ ((/** @type {CompletionRequest} */ request) => this.#create('completions', request)) };
     /** @type {EngineApi['embeddings']} */
-    this.embeddings = { create: /** @type {any} */ ((/** @type {EmbeddingCreateParams} */ request) => this.#embed(request)) };
+    this.embeddings = { create: /** @type {any} */ ((/** @type {EmbeddingCreateParams} */ request) => this.#encode('embed', request)) };
   }
 
   /** @param {WorkerMessage} msg */
@@ -441,16 +442,30 @@ class Engine {
   }
 
   /**
-   * `embeddings.create`: queued like the other calls. An aborted `signal` rejects at once with its
-   * reason; a call still queued is then never sent. One the worker is running cannot be stopped
-   * mid-pass (it runs the CPU kernels to the end and its answer is dropped); a remote engine's
-   * request is cancelled.
-   * @param {EmbeddingCreateParams} request
-   * @returns {Promise<CreateEmbeddingResponse>}
+   * `rerank`: the documents scored against the query, best first, on a reranker (or a remote
+   * server's /v1/rerank). Queued and aborted as `embeddings.create`.
+   * @param {RerankParams} request
+   * @returns {Promise<RerankResponse>}
    */
-  #embed(request) {
+  rerank(request) {
+    return this.#encode('rerank', request);
+  }
+
+  /**
+   * `embeddings.create` (type 'embed') and `rerank`: queued like the other calls. An aborted
+   * `signal` rejects at once with its reason; a call still queued is then never sent. One the
+   * worker is running cannot be stopped mid-pass (it runs the CPU kernels to the end and its
+   * answer is dropped); a remote engine's request is cancelled.
+   * @param {'embed' | 'rerank'} type
+   * @param {(EmbeddingCreateParams | RerankParams) & { signal?: AbortSignal }} request
+   * @returns {Promise<any>}
+   */
+  #encode(type, request) {
     if (request === null || typeof request !== 'object') {
-      return Promise.reject(kestrelError('invalid_option', 'embeddings.create takes a request object: { input, dimensions?, encoding_format?, truncate?, signal? }'));
+      const usage = type === 'embed'
+        ? 'embeddings.create takes a request object: { input, dimensions?, encoding_format?, truncate?, signal? }'
+        : 'rerank takes a request object: { query, documents, top_n?, return_documents?, signal? }';
+      return Promise.reject(kestrelError('invalid_option', usage));
     }
     const { signal, ...body } = request;
     if (signal?.aborted) return Promise.reject(abortError(signal));
@@ -458,7 +473,7 @@ class Engine {
     let sent = null;
     const send = () => {
       if (signal?.aborted) return Promise.reject(abortError(signal));
-      return this.#send({ type: 'embed', body }, { onStart: (id) => (sent = id) });
+      return this.#send({ type, body }, { onStart: (id) => (sent = id) });
     };
     const result = this.#queue.then(send, send);
     this.#queue = result.catch(() => {});

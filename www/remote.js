@@ -76,7 +76,7 @@ async function* sseData(body) {
   }
 }
 
-/** Runs generation (streamed) and embeddings requests on an OpenAI-compatible server, with per-request abort. */
+/** Runs generation (streamed), embeddings and rerank requests on an OpenAI-compatible server, with per-request abort. */
 export class RemoteBackend {
   /** @type {RemoteOptions} */
   #options;
@@ -210,12 +210,40 @@ export class RemoteBackend {
    * @param {boolean} aborted
    * @returns {Promise<unknown>}
    */
-  async embed(id, body, aborted) {
+  embed(id, body, aborted) {
+    return this.#post(id, 'embeddings', body, aborted, (answer) => Array.isArray(answer?.data), "OpenAI's list");
+  }
+
+  /**
+   * Sends rerank request `id` (`body`: the page's `rerank` argument, checked) to the server's
+   * /rerank and resolves to its answer, the local engine's shape (llama.cpp server's, Jina's and
+   * Cohere's); null when aborted, as `embed`.
+   * @param {number} id
+   * @param {Record<string, unknown>} body
+   * @param {boolean} aborted
+   * @returns {Promise<unknown>}
+   */
+  rerank(id, body, aborted) {
+    return this.#post(id, 'rerank', body, aborted, (answer) => Array.isArray(answer?.results), 'a list of results');
+  }
+
+  /**
+   * POSTs `body` (with the engine's `model`) to the server's `/path`; its JSON answer where it is
+   * an `object: 'list'` that `valid` accepts (`shape` names what was expected), null when aborted.
+   * @param {number} id
+   * @param {string} path
+   * @param {Record<string, unknown>} body
+   * @param {boolean} aborted
+   * @param {(answer: any) => boolean} valid
+   * @param {string} shape
+   * @returns {Promise<unknown>}
+   */
+  async #post(id, path, body, aborted, valid, shape) {
     if (aborted) return null;
     const controller = new AbortController();
     this.#running.set(id, controller);
     try {
-      const response = await fetch(`${this.baseURL}/embeddings`, {
+      const response = await fetch(`${this.baseURL}/${path}`, {
         method: 'POST', headers: this.#headers(), body: JSON.stringify({ ...body, model: this.model }), signal: controller.signal,
       });
       const text = await response.text();
@@ -226,8 +254,8 @@ export class RemoteBackend {
       } catch {
         // Not JSON: refused below with the start of what came.
       }
-      if (answer?.object !== 'list' || !Array.isArray(answer.data)) {
-        throw kestrelError('remote_error', `the remote server's embeddings answer is not OpenAI's list: ${text.slice(0, 200)}`);
+      if (answer?.object !== 'list' || !valid(answer)) {
+        throw kestrelError('remote_error', `the remote server's ${path} answer is not ${shape}: ${text.slice(0, 200)}`);
       }
       return answer;
     } catch (e) {

@@ -157,7 +157,7 @@ describe('Embeddings in Chromium', { timeout: 20 * MINUTES }, () => {
     assert.ok(Math.abs(r.fit.weight_bytes / r.info.model.weight_bytes - 1) < 0.01, `${r.fit.weight_bytes} vs ${r.info.model.weight_bytes}`);
 
     assert.deepEqual(r.gpuInfo, { kind: 'embedding', backend: 'cpu', reason: r.gpuInfo.reason, gpu: null });
-    assert.match(r.gpuInfo.reason, /embedding models run on the CPU backend/);
+    assert.match(r.gpuInfo.reason, /embedding models and rerankers run on the CPU backend/);
     assert.ok(cosine(r.gpuHello, r.all.data[0].embedding) > 0.99999);
     assert.deepEqual(r.sharedInfo, { kind: 'embedding', backend: 'cpu', mode: 'shared-worker' });
     assert.ok(cosine(r.sharedHello, r.all.data[0].embedding) > 0.99999);

@@ -215,8 +215,10 @@ impl State {
                 },
             })
         });
-        let embedding = self.embedder.borrow().is_some();
-        // An embedding model runs on the CPU kernels even in an engine that holds a GPU device.
+        let encoder_kind = self.embedder.borrow().as_ref().map(Embedder::kind);
+        let embedding = encoder_kind.is_some();
+        // An embedding model or a reranker runs on the CPU kernels even in an engine that holds a
+        // GPU device.
         let (gpu, cpu_reason) = match (embedding, self.cpu_reason.borrow().clone()) {
             (_, Some(reason)) => (gpu, Some(reason)),
             (true, None) => (None, Some(embeddings::ON_CPU.to_string())),
@@ -225,10 +227,11 @@ impl State {
         let backend = if gpu.is_some() { "webgpu" } else { "cpu" };
         // One thread: a wasm worker has no shared-memory threads without a nightly toolchain.
         let cpu = cpu_reason.as_ref().map(|_| json!({ "simd": kestrel_cpu::simd_name(), "threads": 1 }));
-        let kind = match (embedding, self.model_info.borrow().is_some()) {
-            (true, _) => json!("embedding"),
-            (false, true) => json!("chat"),
-            (false, false) => Value::Null,
+        // "embedding" or "reranker" for an encoder (`Embedder::kind`), else "chat" once loaded.
+        let kind = match (encoder_kind, self.model_info.borrow().is_some()) {
+            (Some(kind), _) => json!(kind),
+            (None, true) => json!("chat"),
+            (None, false) => Value::Null,
         };
         to_js(&json!({
             "kind": kind,
