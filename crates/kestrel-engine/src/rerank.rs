@@ -191,6 +191,13 @@ mod tests {
     }
 
     #[test]
+    fn a_chat_model_refuses_naming_the_model() {
+        let err = not_a_reranker("llama");
+        assert_eq!((err.code, err.param.as_deref()), ("invalid_option", Some("model")));
+        assert!(err.message.contains("chat model (llama)") && err.message.contains("cannot rerank"), "{}", err.message);
+    }
+
+    #[test]
     fn documents_are_left_out_unless_asked_and_the_model_is_echoed() {
         let req = request(json!({ "model": "bge", "query": "q", "documents": ["a", "b"], "top_n": 10 }));
         let answer = req.response("reranker", &Ranking { scores: vec![0.1, 0.9], prompt_tokens: 7 });
