@@ -189,6 +189,7 @@ browser_tests() {
   build_dev_cli
   build_wasm
   browser_models
+  reranker_model || return
   shader_variants || return
   # The soak at a size that takes about 2 minutes on SwiftShader on a busy 2-core machine;
   # soak_browser runs the full one.
@@ -213,22 +214,30 @@ package_tests() {
   (cd tests/package && npm ci --no-audit --no-fund --silent && node --test --test-reporter=spec)
 }
 
-# The random-weight models the browser and server tests serve: the qwen3 ones, written by the
-# native tests that use them (which check the plain one's sha256 against the file llama.cpp's
-# reference was made from), and the bert reranker with llama.cpp's scores of its query's
-# documents (rerankers_match_llama_cpp, which runs llama.cpp live); run here unless
-# `./build.sh test`'s native tests just wrote them (native_tests_ran).
+# The random-weight qwen3 models the browser tests serve: written by the native tests that use
+# them (which check the plain one's sha256 against the file llama.cpp's reference was made from),
+# run here unless `./build.sh test`'s native tests just wrote them (native_tests_ran).
 native_tests_ran=""
-reranker=synthetic-bert-pool4-f32.gguf
 browser_models() {
   local tmp=$target_dir/tmp
-  if [ -z "$native_tests_ran" ] || [ ! -f "$tmp/synthetic-qwen3-f32.gguf" ] || [ ! -f "$tmp/synthetic-qwen3-runaway-template.gguf" ] \
-    || [ ! -f "$tmp/$reranker.rank.json" ]; then
+  if [ -z "$native_tests_ran" ] || [ ! -f "$tmp/synthetic-qwen3-f32.gguf" ] || [ ! -f "$tmp/synthetic-qwen3-runaway-template.gguf" ]; then
     cargo test --workspace --test greedy synthetic_model_features_change_llama_cpp_output
     cargo test --workspace --test bad_models hostile_chat_template_fails_the_request_not_the_model
+  fi
+  cp "$tmp/synthetic-qwen3-f32.gguf" "$tmp/synthetic-qwen3-runaway-template.gguf" models/
+}
+
+# The random-weight bert reranker the server, CLI and browser tests serve, with llama.cpp's scores
+# of its query's documents: written by the native test that compares them (it runs llama.cpp
+# live, so it needs tools/llama-cpp and MiniLM's vocabulary), run here unless `./build.sh test`'s
+# native tests just wrote them.
+reranker=synthetic-bert-pool4-f32.gguf
+reranker_model() {
+  local tmp=$target_dir/tmp
+  if [ -z "$native_tests_ran" ] || [ ! -f "$tmp/$reranker.rank.json" ]; then
     cargo test --workspace --test embeddings rerankers_match_llama_cpp
   fi
-  cp "$tmp/synthetic-qwen3-f32.gguf" "$tmp/synthetic-qwen3-runaway-template.gguf" "$tmp/$reranker" "$tmp/$reranker.rank.json" models/
+  cp "$tmp/$reranker" "$tmp/$reranker.rank.json" models/
 }
 
 # The browser's reliability tests (tests/browser/reliability.test.mjs) at their full size:
@@ -314,7 +323,7 @@ setup_server_tests() {
 server_tests() {
   build_dev_cli
   setup_server_tests
-  browser_models || return
+  reranker_model || return
   (cd tests/server && KESTREL_CLI="$target_dir/debug/kestrel" .venv/bin/python -m unittest -v test_server)
   # The load test at a size that takes under a minute here; `./build.sh load` runs the full one.
   (cd tests/server && KESTREL_CLI="$target_dir/debug/kestrel" .venv/bin/python load.py --requests ${LOAD_REQUESTS:-8} --clients ${LOAD_CLIENTS:-4})
@@ -401,6 +410,7 @@ case "$cmd" in
   test-browser)
     setup
     test_models
+    llama_cpp_tools
     setup_web
     browser_tests
     ;;
@@ -415,6 +425,8 @@ case "$cmd" in
     ;;
   test-server)
     setup
+    test_models
+    llama_cpp_tools
     server_tests
     ;;
   load)

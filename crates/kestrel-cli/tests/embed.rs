@@ -2,9 +2,13 @@
 //! with llama.cpp's vectors (normalized), the rerank JSON with llama.cpp's scores, texts from the
 //! arguments or from stdin, and a model of the other kind refused with its code.
 
+#[path = "../../kestrel-model/tests/common/synthetic_encoder.rs"]
+mod synthetic_encoder;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 
 use base64::Engine as _;
 use serde_json::Value;
@@ -119,12 +123,22 @@ fn chat_models_and_bad_inputs_are_refused_with_their_codes() {
     assert!(!out.status.success() && stderr.contains("[invalid_option]"), "no texts: {stderr}");
 }
 
-/// The random-weight bert reranker and llama.cpp's scores of its query's documents, written by
-/// kestrel-model's rerankers_match_llama_cpp (`./build.sh` copies them into models/).
+/// The random-weight bert reranker of kestrel-model's tests, in a folder of this test's own, and
+/// llama.cpp's scores of a query's documents on it (run live).
 fn reranker() -> (String, Value) {
-    let model = repo("models/synthetic-bert-pool4-f32.gguf");
-    let text = std::fs::read_to_string(repo("models/synthetic-bert-pool4-f32.gguf.rank.json")).expect("read the reranker's scores");
-    (model.to_str().expect("a UTF-8 path").to_owned(), serde_json::from_str(&text).expect("its scores are JSON"))
+    static RANKED: OnceLock<(String, Value)> = OnceLock::new();
+    RANKED
+        .get_or_init(|| {
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kestrel-cli-rerank");
+            std::fs::create_dir_all(&dir).expect("make the test's folder");
+            let model = dir.join(synthetic_encoder::RERANKER.file_name());
+            std::fs::copy(synthetic_encoder::RERANKER.write(Path::new(&embedding_model())), &model).expect("copy the reranker");
+            let documents = ["A kestrel hovers before it drops onto a vole.", "Interest rates rose again.", "kestrel", ""];
+            let out = synthetic_encoder::rank_with_llama_cpp(&model, "how do falcons hunt", &documents);
+            let ranked = serde_json::from_str(&std::fs::read_to_string(out).expect("read llama.cpp's scores")).expect("JSON");
+            (model.to_str().expect("a UTF-8 path").to_owned(), ranked)
+        })
+        .clone()
 }
 
 fn stderr_of(out: &Output) -> String {
@@ -143,6 +157,7 @@ fn rerank_gives_llama_cpp_scores_best_first() {
     args.extend(&documents);
     let json = answer(&kestrel("rerank", &args, ""));
     assert_eq!((json["object"].as_str(), json["model"].as_str()), (Some("list"), Some("synthetic-bert-pool4-f32")));
+    assert!(ranked["cases"][0]["score"].as_f64().is_some_and(|s| s > 0.0 && s < 1.0), "llama.cpp's scores are probabilities");
     let results = json["results"].as_array().expect("results");
     assert_eq!(results.len(), cases.len());
     let scores: Vec<f64> = results.iter().map(|r| r["relevance_score"].as_f64().expect("a score")).collect();

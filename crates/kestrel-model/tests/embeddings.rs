@@ -347,20 +347,10 @@ struct RankedCase {
 /// units (measured: 1.9e-4 at most on the scores). All documents in one packed call score as
 /// each does alone, and the estimate counts the head's weights. The file and llama.cpp's scores
 /// stay in the tests' directory for the server and browser tests (`./build.sh`'s
-/// `browser_models` copies them into models/).
+/// `reranker_model` copies them into models/).
 #[test]
 fn rerankers_match_llama_cpp() {
-    let m = SyntheticEncoder {
-        arch: "bert",
-        pooling_type: 4,
-        matrix_type: GgmlType::F32,
-        n_layers: 2,
-        hidden: 64,
-        n_heads: 4,
-        ffn: 128,
-        context: 128,
-        seed: 21,
-    };
+    let m = synthetic_encoder::RERANKER;
     let path = m.write(&model_path());
     let query = "how do birds fly";
     let documents = [
@@ -371,20 +361,7 @@ fn rerankers_match_llama_cpp() {
         "fly",
         "A recipe for bread: flour, water, salt and yeast, kneaded and baked.",
     ];
-    let tmp = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let input = tmp.join("rerank-query-docs.json");
-    std::fs::write(&input, serde_json::json!({ "query": query, "documents": documents }).to_string()).expect("write the pairs");
-    let out = tmp.join(format!("{}.rank.json", m.file_name()));
-    let run = std::process::Command::new("node")
-        .current_dir(common::repo_root().join("tools/llama-cpp"))
-        .arg("embed.mjs")
-        .arg(&path)
-        .arg("--rank")
-        .arg(&input)
-        .arg(&out)
-        .output()
-        .expect("run node tools/llama-cpp/embed.mjs --rank");
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let out = synthetic_encoder::rank_with_llama_cpp(&path, query, &documents);
     let llama: Ranked = serde_json::from_str(&std::fs::read_to_string(&out).expect("read llama.cpp's scores")).expect("parse");
     assert_eq!(llama.cases.len(), documents.len());
 

@@ -2,7 +2,9 @@
 //! architecture's real metadata keys and tensor names, seeded random weights in a given type,
 //! and the vocabulary of the real all-MiniLM-L6-v2 file (its WordPiece tokens and special ids).
 //! llama.cpp embeds with such a file as with a trained one, so the tests compare the two engines'
-//! vectors on it for each architecture and pooling type.
+//! vectors on it for each architecture and pooling type. Also the random-weight BERT reranker
+//! (`RERANKER`) and llama.cpp's scores on it (`rank_with_llama_cpp`), which kestrel-cli's tests
+//! include this file for.
 
 use std::path::{Path, PathBuf};
 
@@ -137,6 +139,41 @@ impl SyntheticEncoder {
 }
 
 /// `n` values uniform around `mean` with standard deviation `std`.
+/// The random-weight BERT reranker (rank pooling, F32) the tests compare with llama.cpp.
+pub const RERANKER: SyntheticEncoder = SyntheticEncoder {
+    arch: "bert",
+    pooling_type: 4,
+    matrix_type: GgmlType::F32,
+    n_layers: 2,
+    hidden: 64,
+    n_heads: 4,
+    ffn: 128,
+    context: 128,
+    seed: 21,
+};
+
+/// Scores `documents` against `query` with llama.cpp on the reranker at `model`
+/// (`tools/llama-cpp/embed.mjs --rank`, node-llama-cpp's `rankAll`): the path of the JSON it
+/// writes next to the model, `{query, cases: [{document, tokens, score}]}`.
+pub fn rank_with_llama_cpp(model: &Path, query: &str, documents: &[&str]) -> PathBuf {
+    let name = model.file_name().expect("a model file").to_string_lossy().into_owned();
+    let dir = model.parent().expect("the model's directory");
+    let input = dir.join(format!("{name}.query-docs.json"));
+    std::fs::write(&input, serde_json::json!({ "query": query, "documents": documents }).to_string()).expect("write the pairs");
+    let out = dir.join(format!("{name}.rank.json"));
+    let run = std::process::Command::new("node")
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/llama-cpp"))
+        .arg("embed.mjs")
+        .arg(model)
+        .arg("--rank")
+        .arg(&input)
+        .arg(&out)
+        .output()
+        .expect("run node tools/llama-cpp/embed.mjs --rank");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    out
+}
+
 fn uniform(rng: &mut StdRng, n: usize, std: f32, mean: f32) -> Vec<f32> {
     let half_width = std * 3f32.sqrt();
     (0..n).map(|_| mean + rng.random_range(-half_width..half_width)).collect()
