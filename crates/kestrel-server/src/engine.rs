@@ -213,12 +213,24 @@ fn run(mut scheduler: Scheduler, inbox: &mpsc::Receiver<Job>, shared: &Shared, m
             }
         }
         let batched = scheduler.is_batched();
-        let report = pollster::block_on(scheduler.step(&mut |id, event| route_event(&mut routes, id, event, batched, shared, metrics)));
+        // A request's end is delivered after the step's metrics are set: its client, once answered,
+        // may read /metrics at once and must find there the step that answered it.
+        let mut ended = Vec::new();
+        let report = pollster::block_on(scheduler.step(&mut |id, event| match event {
+            EngineEvent::Done(result) => {
+                ended.push((id, result));
+                true
+            }
+            event => route_event(&mut routes, id, event, batched, shared, metrics),
+        }));
         if let Some(sequences) = report.batch {
             metrics.batch_size.observe(sequences as f64);
         }
         metrics.slots_in_use.set(scheduler.running() as i64);
         update_gauges(scheduler.model(), metrics);
+        for (id, result) in ended {
+            route_event(&mut routes, id, EngineEvent::Done(result), batched, shared, metrics);
+        }
     }
 }
 
