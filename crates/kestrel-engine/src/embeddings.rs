@@ -6,7 +6,7 @@ use base64::Engine as _;
 use kestrel_model::{EmbedInput, EmbedOptions, Embedder, Embeddings};
 use serde_json::{json, Map, Value};
 
-use crate::EngineError;
+use crate::{body, EngineError};
 
 /// How the vectors are written in the answer (`encoding_format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,19 +40,14 @@ const IGNORED: [&str; 2] = ["model", "user"];
 impl EmbeddingRequest {
     /// Parses a body given as JSON bytes (a bad body is `invalid_json`).
     pub fn parse_body(body: &[u8]) -> Result<Self, EngineError> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| EngineError::new("invalid_json", format!("the body is not valid JSON: {e}")))?;
-        Self::parse(value)
+        Self::parse(body::json(body)?)
     }
 
     /// Parses the request: `input` (a string, an array of strings, an array of token ids, or an
     /// array of such arrays), `dimensions`, `encoding_format`, `truncate`. A field set to `null`
     /// is the same as an absent one; an unknown field is refused.
     pub fn parse(value: Value) -> Result<Self, EngineError> {
-        let Value::Object(mut fields) = value else {
-            return Err(EngineError::new("invalid_json", "the body must be a JSON object"));
-        };
-        fields.retain(|_, v| !v.is_null());
+        let mut fields = body::fields(value)?;
         let input = fields.remove("input").ok_or_else(|| EngineError::invalid("input", "input is required"))?;
         let inputs = parse_inputs(input)?;
         let dimensions = match fields.remove("dimensions") {

@@ -7,6 +7,7 @@
 //! `kestrel serve` is HTTP around it; the wasm engine exposes it to the browser package's worker.
 
 pub mod backend;
+mod body;
 pub mod embeddings;
 mod error;
 pub mod openai;

@@ -8,7 +8,7 @@
 use kestrel_model::{ChatFunctionCall, ChatMessage, ChatToolCall, FinishReason, Generation, TokenEvent};
 use serde_json::{json, Map, Value};
 
-use crate::{EngineError, Request};
+use crate::{body, EngineError, Request};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
@@ -67,17 +67,12 @@ const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
 /// Parses an endpoint's body given as JSON bytes (a bad body is `invalid_json`).
 pub fn parse_body(endpoint: Endpoint, body: &[u8]) -> Result<ApiRequest, EngineError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| EngineError::new("invalid_json", format!("the body is not valid JSON: {e}")))?;
-    parse(endpoint, value)
+    parse(endpoint, body::json(body)?)
 }
 
 /// Parses an endpoint's body. A field set to `null` is the same as an absent one.
 pub fn parse(endpoint: Endpoint, value: Value) -> Result<ApiRequest, EngineError> {
-    let Value::Object(mut fields) = value else {
-        return Err(EngineError::new("invalid_json", "the body must be a JSON object"));
-    };
-    fields.retain(|_, v| !v.is_null());
+    let mut fields = body::fields(value)?;
     for name in IGNORED {
         fields.remove(name);
     }

@@ -6,7 +6,7 @@ use kestrel_model::encoder::MAX_INPUTS;
 use kestrel_model::{Embedder, Ranking};
 use serde_json::{json, Map, Value};
 
-use crate::EngineError;
+use crate::{body, EngineError};
 
 /// A parsed rerank request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,19 +25,14 @@ pub struct RerankRequest {
 impl RerankRequest {
     /// Parses a body given as JSON bytes (a bad body is `invalid_json`).
     pub fn parse_body(body: &[u8]) -> Result<Self, EngineError> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| EngineError::new("invalid_json", format!("the body is not valid JSON: {e}")))?;
-        Self::parse(value)
+        Self::parse(body::json(body)?)
     }
 
     /// Parses the request: `query` (a string), `documents` (1 to `MAX_INPUTS` strings), `top_n`
     /// (a positive integer), `return_documents` (a boolean), `model` (a string). A field set to
     /// `null` is the same as an absent one; an unknown field is refused.
     pub fn parse(value: Value) -> Result<Self, EngineError> {
-        let Value::Object(mut fields) = value else {
-            return Err(EngineError::new("invalid_json", "the body must be a JSON object"));
-        };
-        fields.retain(|_, v| !v.is_null());
+        let mut fields = body::fields(value)?;
         let model = match fields.remove("model") {
             None => None,
             Some(Value::String(s)) => Some(s),
