@@ -8,6 +8,8 @@
 use kestrel_ops::params::PenaltyEntry;
 
 use crate::kernels::attention::AttentionParams;
+use crate::kernels::encoder::{EncoderAttentionParams, EncoderRopeParams, GeluParams};
+use crate::kernels::layernorm::LayerNormParams;
 use crate::kernels::rmsnorm::RmsNormParams;
 use crate::kernels::rope::RopeParams;
 use crate::kernels::sample::{PenaltyUniform, SampleUniform, TokenMaskUniform};
@@ -31,7 +33,11 @@ const SHADERS: &[(&str, &str)] = shaders![
     "attention",
     "copy",
     "embedding",
+    "encoder_attention",
+    "encoder_rope",
     "fma",
+    "gelu",
+    "layernorm",
     "matmul",
     "matvec",
     "penalties",
@@ -55,7 +61,11 @@ macro_rules! parameter_blocks {
 const PARAMETER_BLOCKS: &[(&str, &str)] = parameter_blocks![
     AttentionParams,
     CopyParams,
+    EncoderAttentionParams,
+    EncoderRopeParams,
     FmaParams,
+    GeluParams,
+    LayerNormParams,
     PenaltyEntry,
     PenaltyUniform,
     RmsNormParams,

@@ -6,6 +6,8 @@ mod fma;
 
 pub mod attention;
 pub mod embedding;
+pub mod encoder;
+pub mod layernorm;
 pub mod matmul;
 pub mod matvec;
 pub mod rmsnorm;

@@ -39,3 +39,37 @@ pub fn attention(shape: &AttentionShape, q: &[f32], k_cache: &[f32], v_cache: &[
     }
     out
 }
+
+/// An encoder's bidirectional attention over packed inputs, by the textbook softmax (f64): the
+/// tokens of `q`, `k` and `v` (`[n_tokens][n_heads * head_dim]` each) are inputs of `lengths`
+/// tokens, in order, and each query attends to every key of its own input. Scores are
+/// `q·k * scale`. Returns `[n_tokens][n_heads * head_dim]`.
+///
+/// Panics on inconsistent shapes (bugs of the caller).
+pub fn bidirectional(q: &[f32], k: &[f32], v: &[f32], lengths: &[usize], n_heads: usize, head_dim: usize, scale: f32) -> Vec<f32> {
+    let width = n_heads * head_dim;
+    let n_tokens: usize = lengths.iter().sum();
+    assert!(q.len() == n_tokens * width && k.len() == q.len() && v.len() == q.len(), "bidirectional: shapes");
+    let mut out = vec![0f32; q.len()];
+    let mut start = 0;
+    for &n in lengths {
+        for t in start..start + n {
+            for h in 0..n_heads {
+                let at =
+                    |m: &[f32], s: usize| -> Vec<f64> { m[s * width + h * head_dim..][..head_dim].iter().map(|&x| f64::from(x)).collect() };
+                let qt = at(q, t);
+                let scores: Vec<f64> =
+                    (start..start + n).map(|s| at(k, s).iter().zip(&qt).map(|(a, b)| a * b).sum::<f64>() * f64::from(scale)).collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = weights.iter().sum();
+                for d in 0..head_dim {
+                    let o: f64 = (start..start + n).zip(&weights).map(|(s, w)| w * f64::from(v[s * width + h * head_dim + d])).sum();
+                    out[t * width + h * head_dim + d] = (o / sum) as f32;
+                }
+            }
+        }
+        start += n;
+    }
+    out
+}
