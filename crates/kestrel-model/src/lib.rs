@@ -53,6 +53,17 @@ pub async fn load_file(
     stream_file(ModelLoader::new(gpu, options), path, progress).await?.into_chat()
 }
 
+/// A chat or an embedding model from disk, for the GPU (an encoder's layers run there).
+#[cfg(not(target_arch = "wasm32"))]
+pub async fn load_file_any(
+    gpu: &kestrel_gpu::Gpu,
+    path: &std::path::Path,
+    options: LoadOptions,
+    progress: &mut dyn FnMut(&LoadProgress),
+) -> Result<LoadedModel, ModelError> {
+    stream_file(ModelLoader::new(gpu, options), path, progress).await
+}
+
 /// The same for the CPU backend.
 #[cfg(not(target_arch = "wasm32"))]
 pub async fn load_file_cpu(

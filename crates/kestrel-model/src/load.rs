@@ -71,8 +71,8 @@ pub struct ModelLoader {
 enum State {
     /// A Llama-family model: a chat model, or an embedding one where it has a pooling type.
     Chat(Box<Loading>),
-    /// An embedding model (`encoder`): on the CPU backend whatever the target, as there is no
-    /// encoder graph on the GPU.
+    /// An embedding model (`encoder`): its layers on the GPU when loaded for one (natively),
+    /// else on the CPU backend.
     Encoder(Box<EncoderLoading>),
 }
 
@@ -161,7 +161,13 @@ impl ModelLoader {
             let outcome = match (event, shards.as_mut(), state.as_mut()) {
                 (StreamEvent::Header(header), None, _) => ShardSequence::first(header).map_err(ModelError::from).and_then(|sequence| {
                     let loading = match EncoderConfig::from_header(header)? {
-                        Some(config) => State::Encoder(Box::new(EncoderLoading::new(config, header, u32::from(sequence.count()))?)),
+                        Some(config) => {
+                            let gpu = match target {
+                                Target::Gpu(gpu) => Some(&**gpu),
+                                Target::Cpu => None,
+                            };
+                            State::Encoder(Box::new(EncoderLoading::new(config, header, u32::from(sequence.count()), gpu)?))
+                        }
                         None => State::Chat(Box::new(Loading::new(header, matches!(target, Target::Gpu(_)), sequence.count() == 1)?)),
                     };
                     *shards = Some(sequence);
@@ -234,7 +240,7 @@ impl ModelLoader {
             (State::Chat(loading), _) if loading.pooling.is_some() => Ok(LoadedModel::Embedding(loading.into_embedder(&self.options)?)),
             (State::Chat(loading), Target::Gpu(gpu)) => Ok(LoadedModel::Chat(loading.into_model(gpu, &self.options).await?)),
             (State::Chat(loading), Target::Cpu) => Ok(LoadedModel::Chat(loading.into_cpu_model(&self.options)?)),
-            (State::Encoder(loading), _) => Ok(LoadedModel::Embedding(loading.into_embedder()?)),
+            (State::Encoder(loading), _) => Ok(LoadedModel::Embedding(loading.into_embedder().await?)),
         }
     }
 }

@@ -18,23 +18,24 @@ use crate::cpu_forward::CpuKernels;
 use crate::error::{bad_model, ModelError};
 
 /// Q, K and V: one fused product (nomic-bert) or three.
-enum Qkv<M> {
+pub(super) enum Qkv<M> {
     Fused { w: M, bias: Option<Vec<f32>> },
     Split { w: [M; 3], bias: [Option<Vec<f32>>; 3] },
 }
 
-struct Layer<M> {
-    qkv: Qkv<M>,
-    attn_output: M,
-    attn_output_bias: Option<Vec<f32>>,
-    attn_norm: [Vec<f32>; 2],
-    up: M,
-    up_bias: Option<Vec<f32>>,
+/// One layer's weights, whichever backend holds the matrices (the GPU pass uploads the rest).
+pub(super) struct Layer<M> {
+    pub(super) qkv: Qkv<M>,
+    pub(super) attn_output: M,
+    pub(super) attn_output_bias: Option<Vec<f32>>,
+    pub(super) attn_norm: [Vec<f32>; 2],
+    pub(super) up: M,
+    pub(super) up_bias: Option<Vec<f32>>,
     /// SwiGLU's gate (nomic-bert); none: BERT's GELU of `up`.
-    gate: Option<M>,
-    down: M,
-    down_bias: Option<Vec<f32>>,
-    output_norm: [Vec<f32>; 2],
+    pub(super) gate: Option<M>,
+    pub(super) down: M,
+    pub(super) down_bias: Option<Vec<f32>>,
+    pub(super) output_norm: [Vec<f32>; 2],
 }
 
 /// One product of the classifier head, `W x + b`.
@@ -97,55 +98,29 @@ pub struct Encoder<K: CpuKernels> {
 impl<K: CpuKernels> Encoder<K> {
     pub fn from_tensors(config: EncoderConfig, tensors: EncoderTensors<K::Matrix>) -> Result<Self, ModelError> {
         let EncoderTensors { mut matrices, mut values } = tensors;
+        let layers = take_layers(&config, &mut matrices, &mut values)?;
+        Self::with_layers(config, EncoderTensors { matrices, values }, layers)
+    }
+
+    /// The encoder's ends (embeddings, their norm, the rank head) from `tensors`, around
+    /// `layers`: the GPU pass keeps the ends on the host with no layers (`take_layers` took
+    /// its own from its matrices).
+    pub(super) fn with_layers(
+        config: EncoderConfig,
+        tensors: EncoderTensors<K::Matrix>,
+        layers: Vec<Layer<K::Matrix>>,
+    ) -> Result<Self, ModelError> {
+        let EncoderTensors { mut matrices, mut values } = tensors;
         let head_matrices =
             (config.pooling == Pooling::Rank).then(|| (matrices.remove("cls.weight"), matrices.remove("cls.output.weight")));
-        let mut matrix = |name: &str| matrices.remove(name).ok_or_else(|| bad_model(format!("tensor {name} never arrived")));
-        let token_embd = matrix("token_embd.weight")?;
-        let mut layers = Vec::with_capacity(config.n_layers);
-        let mut layer_matrices = Vec::with_capacity(config.n_layers);
-        for l in 0..config.n_layers {
-            let name = |s: &str| format!("blk.{l}.{s}");
-            let qkv = match matrix(&name("attn_qkv.weight")) {
-                Ok(w) => Err(w),
-                Err(_) => Ok([matrix(&name("attn_q.weight"))?, matrix(&name("attn_k.weight"))?, matrix(&name("attn_v.weight"))?]),
-            };
-            let gate = (config.arch == EncoderArch::NomicBert).then(|| matrix(&name("ffn_gate.weight"))).transpose()?;
-            layer_matrices.push((
-                qkv,
-                matrix(&name("attn_output.weight"))?,
-                matrix(&name("ffn_up.weight"))?,
-                gate,
-                matrix(&name("ffn_down.weight"))?,
-            ));
-        }
+        let token_embd = matrices.remove("token_embd.weight").ok_or_else(|| bad_model("tensor token_embd.weight never arrived"))?;
         let mut take = |name: &str| values.remove(name);
-        let mut need = |name: &str| values_or_missing(take(name), name);
-        let embd_norm = [need("token_embd_norm.weight")?, need("token_embd_norm.bias")?];
+        let embd_norm = [
+            values_or_missing(take("token_embd_norm.weight"), "token_embd_norm.weight")?,
+            values_or_missing(take("token_embd_norm.bias"), "token_embd_norm.bias")?,
+        ];
         let token_types = take("token_types.weight");
         let positions = take("position_embd.weight");
-        for (l, (qkv, attn_output, up, gate, down)) in layer_matrices.into_iter().enumerate() {
-            let name = |s: &str| format!("blk.{l}.{s}");
-            let qkv = match qkv {
-                Err(w) => Qkv::Fused { w, bias: take(&name("attn_qkv.bias")) },
-                Ok(w) => Qkv::Split { w, bias: ["attn_q", "attn_k", "attn_v"].map(|s| take(&name(&format!("{s}.bias")))) },
-            };
-            let norm = |take: &mut dyn FnMut(&str) -> Option<Vec<f32>>, stem: &str| -> Result<[Vec<f32>; 2], ModelError> {
-                let (w, b) = (name(&format!("{stem}.weight")), name(&format!("{stem}.bias")));
-                Ok([values_or_missing(take(&w), &w)?, values_or_missing(take(&b), &b)?])
-            };
-            layers.push(Layer {
-                qkv,
-                attn_output,
-                attn_output_bias: take(&name("attn_output.bias")),
-                attn_norm: norm(&mut take, "attn_output_norm")?,
-                up,
-                up_bias: take(&name("ffn_up.bias")),
-                gate,
-                down,
-                down_bias: take(&name("ffn_down.bias")),
-                output_norm: norm(&mut take, "layer_output_norm")?,
-            });
-        }
         let head = head_matrices.map(|(cls, output)| {
             Box::new(RankHead {
                 cls: cls.map(|w| Dense { w, bias: take("cls.bias") }),
@@ -161,6 +136,12 @@ impl<K: CpuKernels> Encoder<K> {
             mscale: 1.0,
         });
         Ok(Self { config, token_embd, token_types, positions, embd_norm, layers, rope, head })
+    }
+
+    /// nomic-bert's RoPE; None for BERT (learned positions).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(super) fn rope(&self) -> Option<&RopeConfig> {
+        self.rope.as_ref()
     }
 
     /// Bytes the weights take: the matrices as the kernels store them, the rest as f32.
@@ -187,6 +168,16 @@ impl<K: CpuKernels> Encoder<K> {
     /// where the file has no `cls.output`). Each input must hold 1 to `train_context` tokens of
     /// the vocabulary (the caller checks: `Embedder::embed`).
     pub fn embed(&self, inputs: &[Vec<u32>]) -> Vec<Vec<f32>> {
+        let (mut x, ranges) = self.input(inputs);
+        for layer in &self.layers {
+            x = self.layer(layer, x, &ranges);
+        }
+        self.output(&x, &ranges)
+    }
+
+    /// The packed, normalized embeddings of `inputs` (`[tokens][hidden]`) and each input's
+    /// tokens: the layers' input.
+    pub(super) fn input(&self, inputs: &[Vec<u32>]) -> (Vec<f32>, Vec<Range<usize>>) {
         let h = self.config.hidden;
         let mut ranges: Vec<Range<usize>> = Vec::with_capacity(inputs.len());
         let mut x = Vec::with_capacity(inputs.iter().map(Vec::len).sum::<usize>() * h);
@@ -201,10 +192,12 @@ impl<K: CpuKernels> Encoder<K> {
             ranges.push(start..start + tokens.len());
         }
         layer_norm(&mut x, &self.embd_norm, self.config.norm_eps);
-        for layer in &self.layers {
-            x = self.layer(layer, x, &ranges);
-        }
-        let pooled: Vec<Vec<f32>> = ranges.iter().map(|r| self.pool(&x, r.clone())).collect();
+        (x, ranges)
+    }
+
+    /// The pooled outputs of the last layer's rows `x`: the vectors, or the rank head's scores.
+    pub(super) fn output(&self, x: &[f32], ranges: &[Range<usize>]) -> Vec<Vec<f32>> {
+        let pooled: Vec<Vec<f32>> = ranges.iter().map(|r| self.pool(x, r.clone())).collect();
         match &self.head {
             Some(head) => self.classify(head, pooled),
             None => pooled,
@@ -342,6 +335,46 @@ impl<K: CpuKernels> Encoder<K> {
             }
         }
     }
+}
+
+/// Every layer's tensors out of `matrices` and `values`, the matrices of whichever backend.
+pub(super) fn take_layers<M>(
+    config: &EncoderConfig,
+    matrices: &mut HashMap<String, M>,
+    values: &mut HashMap<String, Vec<f32>>,
+) -> Result<Vec<Layer<M>>, ModelError> {
+    let mut matrix = |name: &str| matrices.remove(name).ok_or_else(|| bad_model(format!("tensor {name} never arrived")));
+    let mut take = |name: &str| values.remove(name);
+    let mut layers = Vec::with_capacity(config.n_layers);
+    for l in 0..config.n_layers {
+        let name = |s: &str| format!("blk.{l}.{s}");
+        let qkv = match matrix(&name("attn_qkv.weight")) {
+            Ok(w) => Qkv::Fused { w, bias: take(&name("attn_qkv.bias")) },
+            Err(_) => Qkv::Split {
+                w: [matrix(&name("attn_q.weight"))?, matrix(&name("attn_k.weight"))?, matrix(&name("attn_v.weight"))?],
+                bias: ["attn_q", "attn_k", "attn_v"].map(|s| take(&name(&format!("{s}.bias")))),
+            },
+        };
+        let gate = (config.arch == EncoderArch::NomicBert).then(|| matrix(&name("ffn_gate.weight"))).transpose()?;
+        let mut norm = |stem: &str| -> Result<[Vec<f32>; 2], ModelError> {
+            let (w, b) = (name(&format!("{stem}.weight")), name(&format!("{stem}.bias")));
+            Ok([values_or_missing(take(&w), &w)?, values_or_missing(take(&b), &b)?])
+        };
+        let (attn_norm, output_norm) = (norm("attn_output_norm")?, norm("layer_output_norm")?);
+        layers.push(Layer {
+            qkv,
+            attn_output: matrix(&name("attn_output.weight"))?,
+            attn_output_bias: take(&name("attn_output.bias")),
+            attn_norm,
+            up: matrix(&name("ffn_up.weight"))?,
+            up_bias: take(&name("ffn_up.bias")),
+            gate,
+            down: matrix(&name("ffn_down.weight"))?,
+            down_bias: take(&name("ffn_down.bias")),
+            output_norm,
+        });
+    }
+    Ok(layers)
 }
 
 fn values_or_missing(v: Option<Vec<f32>>, name: &str) -> Result<Vec<f32>, ModelError> {

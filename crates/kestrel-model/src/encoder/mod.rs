@@ -6,6 +6,8 @@ mod config;
 mod decoder;
 mod forward;
 mod gelu;
+#[cfg(not(target_arch = "wasm32"))]
+mod gpu;
 mod loading;
 mod weights;
 
@@ -14,6 +16,9 @@ pub use decoder::{decoder_pooling, DecoderEmbedder};
 pub use forward::{Encoder, EncoderTensors};
 pub(crate) use loading::EncoderLoading;
 pub use weights::{check_complete, check_shape, expected_tensors, EncoderTensor, Kind};
+
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) use gpu::GpuEncoder;
 
 use kestrel_tokenizer::Tokenizer;
 
@@ -93,10 +98,14 @@ pub struct EmbedderInfo {
 #[allow(clippy::large_enum_variant)]
 enum Pass {
     Encoder(Encoder<Quantized>),
+    /// An encoder loaded for a GPU: its layers run there (boxed as the decoder is).
+    #[cfg(not(target_arch = "wasm32"))]
+    GpuEncoder(Box<GpuEncoder>),
     Decoder(Box<DecoderEmbedder>),
 }
 
-/// An embedding model on the CPU backend with its tokenizer.
+/// An embedding model with its tokenizer: an encoder on the CPU backend or with its layers on
+/// the GPU, or a decoder on the CPU backend.
 pub struct Embedder {
     info: EmbedderInfo,
     pass: Pass,
@@ -105,19 +114,23 @@ pub struct Embedder {
 
 impl Embedder {
     pub fn new(encoder: Encoder<Quantized>, tokenizer: Tokenizer) -> Self {
-        let c = &encoder.config;
-        let info = EmbedderInfo {
-            arch: c.arch.name(),
-            name: c.name.clone(),
-            n_layers: c.n_layers,
-            hidden: c.hidden,
-            n_heads: c.n_heads,
-            vocab: c.vocab,
-            train_context: c.train_context,
-            pooling: c.pooling,
-            context_length: c.train_context,
-        };
+        let info = encoder_info(&encoder.config);
         Self { info, pass: Pass::Encoder(encoder), tokenizer }
+    }
+
+    /// An encoder whose layers run on the GPU.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn gpu_encoder(encoder: GpuEncoder, tokenizer: Tokenizer) -> Self {
+        Self { info: encoder_info(encoder.config()), pass: Pass::GpuEncoder(Box::new(encoder)), tokenizer }
+    }
+
+    /// Where the model's layers run: "gpu" or "cpu".
+    pub fn backend(&self) -> &'static str {
+        match &self.pass {
+            #[cfg(not(target_arch = "wasm32"))]
+            Pass::GpuEncoder(_) => "gpu",
+            Pass::Encoder(_) | Pass::Decoder(_) => "cpu",
+        }
     }
 
     /// A decoder embedding model (Qwen3-Embedding).
@@ -152,6 +165,8 @@ impl Embedder {
     pub fn weight_bytes(&self) -> usize {
         match &self.pass {
             Pass::Encoder(e) => e.weight_bytes(),
+            #[cfg(not(target_arch = "wasm32"))]
+            Pass::GpuEncoder(e) => e.weight_bytes(),
             Pass::Decoder(d) => d.weight_bytes(),
         }
     }
@@ -309,8 +324,25 @@ impl Embedder {
     fn run(&self, pass: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ModelError> {
         match &self.pass {
             Pass::Encoder(e) => Ok(kestrel_cpu::on_pool(|| e.embed(pass))),
+            #[cfg(not(target_arch = "wasm32"))]
+            Pass::GpuEncoder(e) => e.embed(pass),
             Pass::Decoder(d) => kestrel_cpu::on_pool(|| d.embed(pass)),
         }
+    }
+}
+
+/// What an encoder is.
+fn encoder_info(c: &EncoderConfig) -> EmbedderInfo {
+    EmbedderInfo {
+        arch: c.arch.name(),
+        name: c.name.clone(),
+        n_layers: c.n_layers,
+        hidden: c.hidden,
+        n_heads: c.n_heads,
+        vocab: c.vocab,
+        train_context: c.train_context,
+        pooling: c.pooling,
+        context_length: c.train_context,
     }
 }
 
