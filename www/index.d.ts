@@ -102,7 +102,7 @@ interface EngineInfoCommon {
   /**
    * Where generation runs: this browser's GPU, its CPU (wasm SIMD in the engine's worker), or the
    * `remote` server of createEngine. An embedding model or a reranker always runs on the CPU
-   * backend (there is no GPU encoder), whatever `backend` asked for.
+   * backend (the GPU encoder is native only), whatever `backend` asked for.
    */
   backend: 'webgpu' | 'cpu' | 'remote';
   /**

@@ -63,8 +63,8 @@ pub struct UnsupportedTensor {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
     /// "chat", "embedding" (an encoder, or a decoder with a pooling type) or "reranker" (an
-    /// encoder with rank pooling); the last two run on the CPU backend wherever they are loaded,
-    /// so their GPU verdict is the CPU backend's.
+    /// encoder with rank pooling); the last two run on the CPU backend in the page (natively a
+    /// GPU loader runs an encoder's layers on the GPU), so their verdict is the CPU backend's.
     pub kind: &'static str,
     pub name: String,
     pub arch: String,

@@ -98,13 +98,15 @@ pub struct EmbeddingWorker {
     arch: &'static str,
     /// "embedding" or "reranker" (`Embedder::kind`).
     kind: &'static str,
+    /// Where the model's layers run, "gpu" or "cpu" (`Embedder::backend`).
+    backend: &'static str,
 }
 
 impl EmbeddingWorker {
     /// Starts the embedding thread with `embedder`, admitting up to `queue` requests beyond the
     /// one it runs.
     pub fn start(embedder: Embedder, queue: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
-        let (arch, kind) = (embedder.config().arch, embedder.kind());
+        let (arch, kind, backend) = (embedder.config().arch, embedder.kind(), embedder.backend());
         metrics.model_memory.set(embedder.weight_bytes() as u64);
         let (jobs, inbox) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
@@ -118,7 +120,7 @@ impl EmbeddingWorker {
             let metrics = metrics.clone();
             std::thread::Builder::new().name("kestrel-embed".into()).spawn(move || run(&embedder, &inbox, &shared, &metrics))?
         };
-        Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, metrics, arch, kind })
+        Ok(Self { jobs: Some(jobs), thread: Some(thread), shared, metrics, arch, kind, backend })
     }
 
     /// Admits `request`; the receiver gets its answer (vectors, scores) or its error. Refused
@@ -156,6 +158,10 @@ impl EmbeddingWorker {
 
     pub fn kind(&self) -> &'static str {
         self.kind
+    }
+
+    pub fn backend(&self) -> &'static str {
+        self.backend
     }
 
     /// Requests admitted and not answered.

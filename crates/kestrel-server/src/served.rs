@@ -67,9 +67,9 @@ impl Served {
             Self::Embedding(worker) => json!({
                 "status": "ok",
                 "model_type": worker.kind(),
-                // There is no encoder graph on the GPU: embedding models and rerankers run on the
-                // CPU backend.
-                "backend": "cpu",
+                // An encoder loaded for a GPU runs its layers there; a decoder embedding model
+                // runs on the CPU backend.
+                "backend": worker.backend(),
                 "slots": 1,
                 "pending_requests": worker.pending(),
             }),

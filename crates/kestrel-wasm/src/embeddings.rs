@@ -13,9 +13,10 @@ use wasm_bindgen::prelude::*;
 
 use crate::{engine_error, js_error, to_js, Engine};
 
-/// Why an embedding model reports the CPU backend on an engine that holds a GPU device: there is
-/// no encoder graph on the GPU, so the loader builds it on the CPU kernels whatever the engine.
-pub(crate) const ON_CPU: &str = "embedding models and rerankers run on the CPU backend (there is no GPU encoder)";
+/// Why an embedding model reports the CPU backend on an engine that holds a GPU device: the GPU
+/// encoder is native only (its pass waits for its readback, and `embed` is synchronous), so in
+/// the page the loader builds it on the CPU kernels whatever the engine.
+pub(crate) const ON_CPU: &str = "embedding models and rerankers run on the CPU backend (the GPU encoder is native only)";
 
 /// Parses `body` (the JSON of `embeddings.create`'s argument without `signal`).
 fn parse(body: &str) -> Result<EmbeddingRequest, JsValue> {

@@ -1,5 +1,6 @@
-//! Embedding models: encoders (`bert`, `nomic-bert`) read from GGUF as llama.cpp reads them, and
-//! decoders with a pooling type (Qwen3-Embedding), run on the CPU backend's kernels, and the
+//! Embedding models: encoders (`bert`, `nomic-bert`) read from GGUF as llama.cpp reads them, run
+//! on the CPU backend's kernels or, loaded for a GPU natively, with their layers on the GPU
+//! (`gpu`), and decoders with a pooling type (Qwen3-Embedding) on the CPU backend; and the
 //! `Embedder` that turns texts into pooled, normalized vectors.
 
 mod config;
