@@ -67,7 +67,8 @@ fn cosine(a: &[f32], b: &[f32]) -> f64 {
     dot / (norm(a) * norm(b))
 }
 
-const RAW: EmbedOptions = EmbedOptions { dimensions: None, normalize: false, truncate: false };
+/// Unnormalized vectors; an input past the context is cut to it.
+const RAW: EmbedOptions = EmbedOptions { dimensions: None, normalize: false, truncate: true };
 
 /// Texts of different lengths (3 to about 50 tokens), embedded in one call.
 fn texts() -> Vec<String> {
@@ -109,6 +110,12 @@ fn minilm_on_the_gpu_matches_the_cpu_and_llama_cpp() {
     let texts = texts();
     let inputs: Vec<EmbedInput<'_>> = texts.iter().map(|t| EmbedInput::Text(t)).collect();
     assert_gpu_matches_cpu("minilm texts", &gpu, &cpu, &inputs);
+    // An input of the whole context (512 tokens: eight tiles of the attention's keys) packed
+    // between short ones.
+    let long = "kestrels hover over the fields, watching for voles ".repeat(80);
+    let inputs = [EmbedInput::Text("a short one"), EmbedInput::Text(&long), EmbedInput::Text("and another")];
+    assert_eq!(gpu.tokens(inputs[1], true).expect("tokens").len(), 512);
+    assert_gpu_matches_cpu("minilm with a 512-token input", &gpu, &cpu, &inputs);
 
     // Throughput of both paths on the same batch (printed: lavapipe's numbers say little of a GPU).
     let batch: Vec<String> = (0..32).map(|i| format!("sentence number {i} about a model that embeds text on the GPU")).collect();
