@@ -1,8 +1,9 @@
 // An encoder's NeoX RoPE (nomic-bert), in place on the Q and K heads of the fused QKV rows of
 // the step's n_tokens tokens. Inputs are packed: token t belongs to the input whose tokens are
 // spans[t] = [start, end), and sits at position t - start (positions restart at 0 per input).
-// Pair i of a head is (x[i], x[i + HD/2]), rotated by the angle `table[pos * HD/2 + i]` gives as
-// (cos, sin), computed on the host in f64 (kernels::encoder::RopeTable): no f32 angle product.
+// Pair i of a head is (x[i], x[i + HD/2]), rotated by the angle whose (cos, sin) is
+// `table[pos * HD/2 + i]`, computed on the host in f64 (kernels::encoder::rope_table): no f32
+// angle product.
 // One thread per pair of each Q and K head.
 #include "StepParams"
 

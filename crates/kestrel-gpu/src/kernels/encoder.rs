@@ -211,9 +211,13 @@ pub struct EncoderAttentionKernel {
 }
 
 impl EncoderAttentionKernel {
-    /// For heads of `head_dim` values (1 to 256, held in workgroup memory).
+    /// The largest head it takes: a head's query is held in workgroup memory, and each of the
+    /// 64 threads keeps up to 4 of its output values.
+    pub const MAX_HEAD_DIM: usize = 256;
+
+    /// For heads of `head_dim` values (1 to `MAX_HEAD_DIM`).
     pub async fn new(gpu: &Gpu, head_dim: usize) -> Result<Self, GpuError> {
-        if !(1..=256).contains(&head_dim) {
+        if !(1..=Self::MAX_HEAD_DIM).contains(&head_dim) {
             return Err(GpuError::InvalidArgs(format!("encoder attention: head_dim {head_dim} is not 1 to 256")));
         }
         let defines = Defines::from([("HD".to_string(), head_dim.to_string())]);

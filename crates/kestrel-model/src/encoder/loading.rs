@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use kestrel_gguf::{GgufHeader, TensorInfo};
+use kestrel_gpu::kernels::encoder::EncoderAttentionKernel;
 use kestrel_gpu::{Gpu, WeightTensor};
 use kestrel_tokenizer::Vocabulary;
 
@@ -35,7 +36,8 @@ fn on_gpu(name: &str, e: &EncoderTensor) -> bool {
 impl EncoderLoading {
     /// From the model's header, which must be its whole file (embedding models are small: a
     /// split one is refused). With `gpu`, the layers run there when the GPU reads every layer
-    /// matrix's type (else all of it stays on the CPU backend).
+    /// matrix's type and its attention kernel takes the heads (else all of it stays on the CPU
+    /// backend).
     pub(crate) fn new(config: EncoderConfig, header: &GgufHeader, shards: u32, gpu: Option<&Gpu>) -> Result<Self, ModelError> {
         if shards != 1 {
             return Err(bad_model(format!(
@@ -53,7 +55,8 @@ impl EncoderLoading {
             .tensors
             .iter()
             .all(|t| expected.get(&t.name).is_none_or(|e| !on_gpu(&t.name, e) || kestrel_gpu::layout::is_gpu_supported(t.ggml_type)));
-        let gpu = gpu.filter(|_| gpu_reads_all && cfg!(not(target_arch = "wasm32"))).cloned();
+        let gpu_fits = config.head_dim <= EncoderAttentionKernel::MAX_HEAD_DIM;
+        let gpu = gpu.filter(|_| gpu_reads_all && gpu_fits && cfg!(not(target_arch = "wasm32"))).cloned();
         Ok(Self {
             config,
             tokenizer: PendingTokenizer::new(vocabulary).start(),
