@@ -87,6 +87,24 @@ fn texts_embed_as_openai_answers_with_llama_cpp_vectors() {
     assert_eq!(json["usage"]["total_tokens"].as_u64(), Some(tokens as u64));
 }
 
+/// `--backend gpu` runs the encoder's layers on the GPU (lavapipe here), says so, and gives
+/// llama.cpp's vectors too; `auto` on a software adapter stays on the CPU backend.
+#[test]
+fn backend_gpu_runs_the_layers_on_the_gpu() {
+    let case = &reference()[0];
+    let text = case["text"].as_str().expect("text");
+    let model = embedding_model();
+    let on_gpu = embed(&["-m", &model, "--backend", "gpu", text], "");
+    let vector = floats(&answer(&on_gpu)["data"][0]["embedding"]);
+    let loaded = String::from_utf8_lossy(&on_gpu.stderr);
+    assert!(loaded.contains("loaded") && !loaded.contains(" on CPU ("), "{loaded}");
+    let cos = cosine(&vector, &floats(&case["vector"]));
+    assert!(cos >= 0.999, "cosine {cos} with llama.cpp's");
+    let auto = embed(&["-m", &model, text], "");
+    let loaded = String::from_utf8_lossy(&auto.stderr);
+    assert!(auto.status.success() && loaded.contains(" on CPU ("), "{loaded}");
+}
+
 #[test]
 fn stdin_lines_base64_and_dimensions() {
     let case = &reference()[2];

@@ -7,7 +7,7 @@ use clap::Args;
 use kestrel_engine::embeddings::{not_an_embedding_model, EmbeddingRequest};
 use serde_json::json;
 
-use super::load::{architecture, is_embedding, load_embedder};
+use super::load::{architecture, is_embedding, load_embedder, BackendChoice};
 use super::{engine_coded, model_name, stdin_lines, CliResult};
 
 #[derive(Args)]
@@ -17,6 +17,11 @@ pub struct EmbedArgs {
     /// The embedding model's GGUF file (bert, nomic-bert; default: the default model).
     #[arg(long, short)]
     pub model: Option<PathBuf>,
+    /// Where the encoder's layers run: gpu, cpu, or auto (the GPU unless there is none or it is
+    /// a software rasterizer, which the CPU backend outruns). Decoder embedding models run on
+    /// the CPU backend.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
     /// Keep the first N values of each vector, normalized again (models trained for it, such
     /// as nomic-embed); default: all.
     #[arg(long)]
@@ -44,7 +49,7 @@ pub fn run(args: EmbedArgs) -> CliResult {
     if let Some(arch) = architecture(&path)?.filter(|arch| !is_embedding(Some(arch))) {
         return Err(engine_coded(&not_an_embedding_model(&arch)).into());
     }
-    let embedder = load_embedder(&path, false)?;
+    let embedder = load_embedder(&path, args.backend, false)?;
     let embeddings = request.run(&embedder).map_err(|e| engine_coded(&e))?;
     println!("{}", request.response(&model_name(&path), &embeddings));
     Ok(())

@@ -166,14 +166,17 @@ pub fn is_embedding(arch: Option<&str>) -> bool {
 /// encoder graph on the GPU), a chat model as `load_with_slots` loads it.
 pub fn load_any(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize) -> Result<LoadedModel, Box<dyn std::error::Error>> {
     if is_embedding(architecture(path)?.as_deref()) {
-        return Ok(LoadedModel::Embedding(load_embedder(path, quiet)?));
+        return Ok(LoadedModel::Embedding(load_embedder(path, cache.backend, quiet)?));
     }
     Ok(LoadedModel::Chat(load_with_slots(path, cache, quiet, slots)?.model))
 }
 
-/// The embedding model at `path`; a chat model is `invalid_option`.
-pub fn load_embedder(path: &Path, quiet: bool) -> Result<Embedder, Box<dyn std::error::Error>> {
+/// The embedding model at `path`, its layers on `backend` (an encoder's on the GPU where the
+/// choice is one; a decoder embedding model's on the CPU backend); a chat model is
+/// `invalid_option`.
+pub fn load_embedder(path: &Path, backend: BackendChoice, quiet: bool) -> Result<Embedder, Box<dyn std::error::Error>> {
     let start = Instant::now();
+    let device = device(backend)?;
     let total = model_bytes(path)?;
     let show_bar = !quiet && std::io::stderr().is_terminal();
     let mut bar = |p: &LoadProgress| {
@@ -181,7 +184,11 @@ pub fn load_embedder(path: &Path, quiet: bool) -> Result<Embedder, Box<dyn std::
             draw_bar(p.bytes_received, total);
         }
     };
-    let loaded = pollster::block_on(kestrel_model::load_file_cpu_any(path, LoadOptions::default(), &mut bar)).map_err(coded)?;
+    let loaded = match &device {
+        Device::Gpu(gpu) => pollster::block_on(kestrel_model::load_file_any(gpu, path, LoadOptions::default(), &mut bar)),
+        Device::Cpu(_) => pollster::block_on(kestrel_model::load_file_cpu_any(path, LoadOptions::default(), &mut bar)),
+    }
+    .map_err(coded)?;
     let embedder = match loaded {
         LoadedModel::Embedding(embedder) => embedder,
         LoadedModel::Chat(model) => {
@@ -193,13 +200,15 @@ pub fn load_embedder(path: &Path, quiet: bool) -> Result<Embedder, Box<dyn std::
     if !quiet {
         let config = embedder.config();
         eprintln!(
-            "\rloaded {} ({}, {} layers, {} dimensions) on CPU ({}, {} threads) in {:.2} s",
+            "\rloaded {} ({}, {} layers, {} dimensions) on {} in {:.2} s",
             path.display(),
             config.name,
             config.n_layers,
             embedder.dimensions(),
-            kestrel_cpu::simd_name(),
-            kestrel_cpu::threads(),
+            match (&device, embedder.backend()) {
+                (Device::Gpu(gpu), "gpu") => gpu.info.adapter_name.clone(),
+                _ => format!("CPU ({}, {} threads)", kestrel_cpu::simd_name(), kestrel_cpu::threads()),
+            },
             start.elapsed().as_secs_f64()
         );
     }

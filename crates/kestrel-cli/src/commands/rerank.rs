@@ -8,7 +8,7 @@ use clap::Args;
 use kestrel_engine::rerank::{not_a_reranker, RerankRequest};
 use serde_json::json;
 
-use super::load::{architecture, is_embedding, load_embedder};
+use super::load::{architecture, is_embedding, load_embedder, BackendChoice};
 use super::{engine_coded, model_name, stdin_lines, CliResult};
 
 #[derive(Args)]
@@ -22,6 +22,11 @@ pub struct RerankArgs {
     /// model).
     #[arg(long, short)]
     pub model: Option<PathBuf>,
+    /// Where the encoder's layers run: gpu, cpu, or auto (the GPU unless there is none or it is
+    /// a software rasterizer, which the CPU backend outruns). Decoder embedding models run on
+    /// the CPU backend.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
     /// Keep the N best documents; default: all.
     #[arg(long)]
     pub top_n: Option<usize>,
@@ -44,7 +49,7 @@ pub fn run(args: RerankArgs) -> CliResult {
     if let Some(arch) = architecture(&path)?.filter(|arch| !is_embedding(Some(arch))) {
         return Err(engine_coded(&not_a_reranker(&arch)).into());
     }
-    let reranker = load_embedder(&path, false)?;
+    let reranker = load_embedder(&path, args.backend, false)?;
     let ranking = request.run(&reranker).map_err(|e| engine_coded(&e))?;
     println!("{}", request.response(&model_name(&path), &ranking));
     Ok(())
