@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use kestrel_gguf::{GgmlType, MetadataValue};
 use kestrel_model::{EmbedInput, EmbedOptions, Embedder, LoadOptions, LoadedModel};
 use serde::Deserialize;
-use synthetic_encoder::SyntheticEncoder;
+use synthetic_encoder::{SyntheticEncoder, EVERY_ARCHITECTURE};
 
 #[derive(Deserialize)]
 struct Reference {
@@ -205,41 +205,7 @@ fn the_estimate_is_the_cpu_backends() {
 /// with room for both.
 #[test]
 fn every_architecture_and_pooling_matches_llama_cpp() {
-    let models = [
-        SyntheticEncoder {
-            arch: "bert",
-            pooling_type: 2,
-            matrix_type: GgmlType::Q8_0,
-            n_layers: 2,
-            hidden: 64,
-            n_heads: 4,
-            ffn: 128,
-            context: 128,
-            seed: 11,
-        },
-        SyntheticEncoder {
-            arch: "bert",
-            pooling_type: 3,
-            matrix_type: GgmlType::F16,
-            n_layers: 2,
-            hidden: 64,
-            n_heads: 2,
-            ffn: 256,
-            context: 64,
-            seed: 12,
-        },
-        SyntheticEncoder {
-            arch: "nomic-bert",
-            pooling_type: 1,
-            matrix_type: GgmlType::Q4_0,
-            n_layers: 3,
-            hidden: 128,
-            n_heads: 4,
-            ffn: 256,
-            context: 128,
-            seed: 13,
-        },
-    ];
+    let models = EVERY_ARCHITECTURE;
     for m in models {
         let path = m.write(&model_path());
         let llama = llama_cpp_vectors(&path, &m.file_name());

@@ -25,10 +25,9 @@ mod synthetic_encoder;
 use std::path::Path;
 use std::time::Instant;
 
-use kestrel_gguf::GgmlType;
 use kestrel_model::{EmbedInput, EmbedOptions, Embedder, LoadOptions, LoadedModel};
 use serde::Deserialize;
-use synthetic_encoder::SyntheticEncoder;
+use synthetic_encoder::EVERY_ARCHITECTURE;
 
 #[derive(Deserialize)]
 struct Reference {
@@ -129,41 +128,7 @@ fn minilm_on_the_gpu_matches_the_cpu_and_llama_cpp() {
 
 #[test]
 fn every_architecture_and_pooling_matches_the_cpu() {
-    let models = [
-        SyntheticEncoder {
-            arch: "bert",
-            pooling_type: 2,
-            matrix_type: GgmlType::Q8_0,
-            n_layers: 2,
-            hidden: 64,
-            n_heads: 4,
-            ffn: 128,
-            context: 128,
-            seed: 11,
-        },
-        SyntheticEncoder {
-            arch: "bert",
-            pooling_type: 3,
-            matrix_type: GgmlType::F16,
-            n_layers: 2,
-            hidden: 64,
-            n_heads: 2,
-            ffn: 256,
-            context: 64,
-            seed: 12,
-        },
-        SyntheticEncoder {
-            arch: "nomic-bert",
-            pooling_type: 1,
-            matrix_type: GgmlType::Q4_0,
-            n_layers: 3,
-            hidden: 128,
-            n_heads: 4,
-            ffn: 256,
-            context: 128,
-            seed: 13,
-        },
-    ];
+    let models = EVERY_ARCHITECTURE;
     let texts = texts();
     let inputs: Vec<EmbedInput<'_>> = texts.iter().map(|t| EmbedInput::Text(t)).collect();
     for m in models {

@@ -28,6 +28,48 @@ pub struct SyntheticEncoder {
     pub seed: u64,
 }
 
+/// One file of each architecture and pooling type, each with another matrix type: BERT with CLS
+/// pooling and Q8_0, BERT with last-token pooling and F16, nomic-bert (RoPE, SwiGLU, fused
+/// Q|K|V) with mean pooling and Q4_0. The file name has no seed: every test that writes one
+/// writes the same bytes.
+// Unused by kestrel-cli's tests, which include this file for the reranker.
+#[allow(dead_code)]
+pub const EVERY_ARCHITECTURE: [SyntheticEncoder; 3] = [
+    SyntheticEncoder {
+        arch: "bert",
+        pooling_type: 2,
+        matrix_type: GgmlType::Q8_0,
+        n_layers: 2,
+        hidden: 64,
+        n_heads: 4,
+        ffn: 128,
+        context: 128,
+        seed: 11,
+    },
+    SyntheticEncoder {
+        arch: "bert",
+        pooling_type: 3,
+        matrix_type: GgmlType::F16,
+        n_layers: 2,
+        hidden: 64,
+        n_heads: 2,
+        ffn: 256,
+        context: 64,
+        seed: 12,
+    },
+    SyntheticEncoder {
+        arch: "nomic-bert",
+        pooling_type: 1,
+        matrix_type: GgmlType::Q4_0,
+        n_layers: 3,
+        hidden: 128,
+        n_heads: 4,
+        ffn: 256,
+        context: 128,
+        seed: 13,
+    },
+];
+
 impl SyntheticEncoder {
     pub fn file_name(&self) -> String {
         format!("synthetic-{}-pool{}-{}.gguf", self.arch, self.pooling_type, self.matrix_type.name().to_lowercase())
