@@ -184,7 +184,9 @@ export class SharedEngineConnection {
     this.#send = (msg) => {
       if (msg.type === 'load') load = msg;
       if (worker) worker.postMessage(msg);
-      else if (leader) toLeader(msg);
+      // A tab taking the lead has no worker until its alive lock is held: what it sends meanwhile
+      // waits for lead() (to the channel it would reach no one: this tab is the leader).
+      else if (leader && this.mode === 'follower') toLeader(msg);
       else waiting.push(msg);
     };
     this.#close = () => {
