@@ -79,12 +79,15 @@ describe('Prompt API (LanguageModel) over Kestrel in Chromium', { timeout: 30 * 
 
       // Structured output: the documentation's boolean schema, the explainer's rating schema, and
       // the explainer's RegExp.
+      // On a session with topK 1 (the documentation's create({ topK, temperature })): at the default
+      // sampling a number may run past the adapter's maxTokens here (24), and the text would not parse.
+      const greedy = await LanguageModel.create({ topK: 1, temperature: 1 });
       const schema = { type: 'boolean' };
       const post = 'Mugs and ramen bowls, both a bit smaller than intended, but that happens with reclaimed clay. Ceramics #wheelthrowing #pottery #ceramics #handmade';
-      out.pottery = await session.prompt(`Is this post about pottery?\n\n${post}`, { responseConstraint: schema });
+      out.pottery = await greedy.prompt(`Is this post about pottery?\n\n${post}`, { responseConstraint: schema });
       const feedback = 'Summarize this feedback into a rating between 0-5: The food was delicious, service was excellent, will recommend.';
-      out.rating = await session.prompt(feedback, { responseConstraint: rating });
-      out.ratingOmitted = await session.prompt(feedback, { responseConstraint: rating, omitResponseConstraintInput: true });
+      out.rating = await greedy.prompt(feedback, { responseConstraint: rating });
+      out.ratingOmitted = await greedy.prompt(feedback, { responseConstraint: rating, omitResponseConstraintInput: true });
       const phone = /^[0-9]{3}-[0-9]{4}$/;
       out.phone = await session.prompt('Make up a phone number.', { responseConstraint: phone });
       // The constraint is shown to the model unless omitted, which measureContextUsage counts.
