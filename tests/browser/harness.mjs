@@ -129,12 +129,13 @@ export function gpuProcessBytes(browser) {
 /**
  * On the test `page`: each of `requests` (completions) alone, one at a time on an engine without
  * slots, then all of them at once on an engine with `slots`, streamed, together with `aborted`,
- * a long request aborted after its second chunk. Both engines on `backend` with `contextLength`.
+ * a long request aborted after its second chunk. Both engines on `backend` with `contextLength`,
+ * loading `model` (a URL; the default model unless given).
  * Resolves to `{ alone: [{ids, text}], together: [{ids, text, finish}]` (`aborted`'s last),
  * `order` (the request of each streamed token chunk, in arrival order), `info` (the batched
  * engine's) `}`.
  */
-export function runBatchedAndAlone(page, { backend, contextLength, slots, requests, aborted }) {
+export function runBatchedAndAlone(page, { backend, contextLength, slots, requests, aborted, model = MODEL_URL }) {
   return page.evaluate(async ({ model, backend, contextLength, slots, requests, aborted }) => {
     const { createEngine } = window.kestrel;
     const single = await createEngine({ model, backend, context_length: contextLength });
@@ -162,7 +163,7 @@ export function runBatchedAndAlone(page, { backend, contextLength, slots, reques
     const info = engine.info;
     await engine.unload();
     return { alone, together, order, info };
-  }, { model: MODEL_URL, backend, contextLength, slots, requests, aborted });
+  }, { model, backend, contextLength, slots, requests, aborted });
 }
 
 /**

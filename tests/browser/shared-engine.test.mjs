@@ -27,7 +27,16 @@ async function openTab(env, { noSharedWorker = false } = {}) {
   return page;
 }
 
-/** Creates the tab's engine (kept as window.engine, its onStatus events in window.statuses) and returns its info. */
+/**
+ * The WebGPU test's model: the browser suite's random-weight Qwen3 (f32), whose load and steps on
+ * SwiftShader take a fraction of the default model's; what it checks is the sharing.
+ */
+const SMALL_MODEL_URL = '/models/synthetic-qwen3-f32.gguf';
+
+/**
+ * Creates the tab's engine (kept as window.engine, its onStatus events in window.statuses) and
+ * returns its info. `options.model` overrides the default model.
+ */
 function createEngine(page, options) {
   return page.evaluate(async ({ model, options }) => {
     window.statuses = [];
@@ -48,7 +57,7 @@ function createEngine(page, options) {
       },
     });
     return window.engine.info;
-  }, { model: MODEL_URL, options });
+  }, { model: options.model ?? MODEL_URL, options });
 }
 
 /** The tab's greedy answer (text and token ids) to `q`. */
@@ -87,7 +96,7 @@ describe('The shared engine in Chromium', { timeout: 30 * MINUTES }, () => {
   const env = serveAndLaunch();
 
   test('(webgpu) three tabs hold one engine\'s GPU buffers', { timeout: 10 * MINUTES }, async () => {
-    const options = { backend: 'webgpu', context_length: CONTEXT_LENGTH, shared: true };
+    const options = { backend: 'webgpu', context_length: CONTEXT_LENGTH, shared: true, model: SMALL_MODEL_URL };
     const tabs = [];
     const gpuProcess = [];
     for (let k = 0; k < 3; k++) {
@@ -104,7 +113,7 @@ describe('The shared engine in Chromium', { timeout: 30 * MINUTES }, () => {
 
     // The same engine unshared, in a tab of its own: the buffers one engine holds.
     const alone = await openTab(env);
-    await createEngine(alone, { backend: 'webgpu', context_length: CONTEXT_LENGTH });
+    await createEngine(alone, { backend: 'webgpu', context_length: CONTEXT_LENGTH, model: SMALL_MODEL_URL });
     const one = await alone.evaluate(() => window.engine.memory());
     const aloneAnswer = await ask(alone, request(QUESTIONS[0], 4));
     gpuProcess.push(gpuProcessBytes(env.browser));
