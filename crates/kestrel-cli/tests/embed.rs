@@ -105,6 +105,30 @@ fn backend_gpu_runs_the_layers_on_the_gpu() {
     assert!(auto.status.success() && loaded.contains(" on CPU ("), "{loaded}");
 }
 
+/// `kestrel bench embed` measures where `--backend` places the layers, and says where; a chat
+/// model is refused with its code.
+#[test]
+fn bench_embed_runs_where_backend_says() {
+    let model = embedding_model();
+    let dir = std::env::temp_dir().join(format!("kestrel-bench-embed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (backend, device) in [("gpu", "GPU backend ("), ("cpu", "CPU backend (")] {
+        let json = dir.join(format!("{backend}.json"));
+        let json_arg = json.to_str().expect("utf-8 path");
+        let args = ["embed", "-m", &model, "--backend", backend, "--inputs", "3", "--tokens", "8", "--repeats", "1", "--json", json_arg];
+        let out = kestrel("bench", &args, "");
+        assert!(out.status.success(), "{backend}: {}", String::from_utf8_lossy(&out.stderr));
+        let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).expect("the report")).expect("JSON report");
+        assert!(report["device"].as_str().is_some_and(|d| d.starts_with(device)), "{backend}: {report}");
+        assert_eq!(report["inputs"], 3, "{report}");
+        assert!(report["sentences_per_s"]["median"].as_f64().is_some_and(|r| r > 0.0), "{report}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let chat = repo("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = kestrel("bench", &["embed", "-m", chat.to_str().expect("utf-8 path"), "--backend", "gpu"], "");
+    assert!(!out.status.success() && stderr_of(&out).contains("[invalid_option]"), "{}", stderr_of(&out));
+}
+
 #[test]
 fn stdin_lines_base64_and_dimensions() {
     let case = &reference()[2];

@@ -23,7 +23,6 @@ mod common;
 mod synthetic_encoder;
 
 use std::path::Path;
-use std::time::Instant;
 
 use kestrel_model::{EmbedInput, EmbedOptions, Embedder, LoadOptions, LoadedModel};
 use serde::Deserialize;
@@ -115,15 +114,6 @@ fn minilm_on_the_gpu_matches_the_cpu_and_llama_cpp() {
     let inputs = [EmbedInput::Text("a short one"), EmbedInput::Text(&long), EmbedInput::Text("and another")];
     assert_eq!(gpu.tokens(inputs[1], true).expect("tokens").len(), 512);
     assert_gpu_matches_cpu("minilm with a 512-token input", &gpu, &cpu, &inputs);
-
-    // Throughput of both paths on the same batch (printed: lavapipe's numbers say little of a GPU).
-    let batch: Vec<String> = (0..32).map(|i| format!("sentence number {i} about a model that embeds text on the GPU")).collect();
-    let inputs: Vec<EmbedInput<'_>> = batch.iter().map(|t| EmbedInput::Text(t)).collect();
-    for (name, model) in [("gpu", &gpu), ("cpu", &cpu)] {
-        let start = Instant::now();
-        model.embed(&inputs, &EmbedOptions::default()).expect("embed the batch");
-        eprintln!("minilm {name}: {:.1} sentences/s", batch.len() as f64 / start.elapsed().as_secs_f64());
-    }
 }
 
 #[test]

@@ -43,7 +43,12 @@ type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 /// Where a loaded model runs, as the reports say it: the GPU adapter, or the CPU backend's SIMD
 /// kernels and threads.
 fn backend_label(model: &kestrel_model::Model) -> String {
-    match model.gpu() {
+    device_label(model.gpu())
+}
+
+/// "GPU backend (its adapter)" or "CPU backend (its SIMD, its threads)".
+fn device_label(gpu: Option<&Gpu>) -> String {
+    match gpu {
         Some(gpu) => format!("GPU backend ({})", gpu.info.adapter_name),
         None => format!("CPU backend ({}, {} threads)", kestrel_cpu::simd_name(), kestrel_cpu::threads()),
     }

@@ -87,6 +87,11 @@ fn product(gpu: &Gpu, label: &str, w: WeightTensor, bias: Option<Vec<f32>>) -> R
 }
 
 impl GpuEncoder {
+    /// The device the layers run on.
+    pub(crate) fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
     /// From the host's tensors (the token embeddings, their norm, the rank head: `cpu`), the
     /// layers' matrices already on `gpu`, and every vector (`cpu.values`).
     pub(crate) async fn new(

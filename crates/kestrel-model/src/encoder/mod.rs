@@ -125,6 +125,15 @@ impl Embedder {
         Self { info: encoder_info(encoder.config()), pass: Pass::GpuEncoder(Box::new(encoder)), tokenizer }
     }
 
+    /// The GPU device its layers run on, where they run on one.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn gpu(&self) -> Option<&kestrel_gpu::Gpu> {
+        match &self.pass {
+            Pass::GpuEncoder(e) => Some(e.gpu()),
+            Pass::Encoder(_) | Pass::Decoder(_) => None,
+        }
+    }
+
     /// Where the model's layers run: "gpu" or "cpu".
     pub fn backend(&self) -> &'static str {
         match &self.pass {

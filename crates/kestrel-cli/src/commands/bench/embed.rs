@@ -1,5 +1,5 @@
-//! `kestrel bench embed`: an embedding model's throughput on the CPU backend, in sentences per
-//! second: `--inputs` inputs of exactly `--tokens` tokens each ([CLS] and [SEP] included, cut
+//! `kestrel bench embed`: an embedding model's throughput, in sentences per second, on the CPU
+//! backend or (`--backend gpu`, an encoder's layers) on the GPU: `--inputs` inputs of exactly `--tokens` tokens each ([CLS] and [SEP] included, cut
 //! from a passage's tokens at staggered offsets so no two are alike), embedded in one call (packed
 //! into passes), repeated. `--write-inputs` saves the token ids, so that a peer embeds the very
 //! same inputs (tools/llama-cpp/embed.mjs `--bench`).
@@ -8,11 +8,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use kestrel_model::{EmbedInput, EmbedOptions, LoadOptions, LoadedModel};
+use kestrel_model::{EmbedInput, EmbedOptions};
 use serde::Serialize;
 
 use super::stats::Spread;
-use super::BenchResult;
+use super::{device_label, BenchResult};
+use crate::commands::load::{load_embedder, BackendChoice};
 use crate::commands::CliResult;
 
 /// The passage the inputs are cut from: ordinary English, so the tokens are a model's usual ones.
@@ -27,6 +28,10 @@ pub struct EmbedBenchArgs {
     /// The embedding model (GGUF: bert, nomic-bert).
     #[arg(long, short)]
     model: PathBuf,
+    /// Where an encoder's layers run: cpu (the default: the peer the bench compares is
+    /// llama.cpp's CPU backend), gpu, or auto. Decoder embedding models run on the CPU backend.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
+    backend: BackendChoice,
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=2048))]
     inputs: u32,
     /// Tokens per input, [CLS] and [SEP] included.
@@ -57,12 +62,7 @@ struct EmbedReport {
 
 pub fn run(args: &EmbedBenchArgs) -> CliResult {
     let started = Instant::now();
-    let embedder = match pollster::block_on(kestrel_model::load_file_cpu_any(&args.model, LoadOptions::default(), &mut |_| {}))? {
-        LoadedModel::Embedding(e) => e,
-        LoadedModel::Chat(_) => {
-            return Err(format!("{} is a chat model: `bench embed` takes an embedding model", args.model.display()).into())
-        }
-    };
+    let embedder = load_embedder(&args.model, args.backend, true)?;
     let load_s = started.elapsed().as_secs_f64();
     let inputs = inputs(&embedder, args.inputs as usize, args.tokens as usize)?;
     if let Some(path) = &args.write_inputs {
@@ -81,7 +81,7 @@ pub fn run(args: &EmbedBenchArgs) -> CliResult {
     let report = EmbedReport {
         engine: "kestrel",
         version: env!("CARGO_PKG_VERSION"),
-        device: format!("CPU backend ({}, {} threads)", kestrel_cpu::simd_name(), kestrel_cpu::threads()),
+        device: device_label(embedder.gpu()),
         model: args.model.display().to_string(),
         inputs: inputs.len(),
         tokens_per_input: args.tokens as usize,
