@@ -190,6 +190,7 @@ browser_tests() {
   build_wasm
   browser_models
   reranker_model || return
+  embedding_test_models || return
   shader_variants || return
   # The soak at a size that takes about 2 minutes on SwiftShader on a busy 2-core machine;
   # soak_browser runs the full one.
@@ -238,6 +239,28 @@ reranker_model() {
     cargo test --workspace --test embeddings rerankers_match_llama_cpp
   fi
   cp "$tmp/$reranker" "$tmp/$reranker.rank.json" models/
+}
+
+# The random-weight embedding models the browser tests compare with llama.cpp, each with
+# llama.cpp's vectors of tests/data/embeddings/texts.json (its `.json`): an encoder per
+# architecture and pooling, and a last-token decoder (Qwen3-Embedding's shape). Written by the
+# native tests that compare them (they run llama.cpp live), run here unless `./build.sh test`'s
+# native tests just wrote them.
+embedding_models=(synthetic-bert-pool2-q8_0.gguf synthetic-bert-pool3-f16.gguf synthetic-nomic-bert-pool1-q4_0.gguf)
+decoder_embedder=synthetic-qwen3-f32-pooling-3
+embedding_test_models() {
+  local tmp=$target_dir/tmp name missing=""
+  for name in "${embedding_models[@]}"; do
+    [ -f "$tmp/$name.json" ] || missing=1
+  done
+  [ -f "$tmp/$decoder_embedder.json" ] || missing=1
+  if [ -z "$native_tests_ran" ] || [ -n "$missing" ]; then
+    cargo test --workspace --test embeddings every_architecture_and_pooling_matches_llama_cpp decoder_embedding_models_match_llama_cpp || return
+  fi
+  for name in "${embedding_models[@]}"; do
+    cp "$tmp/$name" "$tmp/$name.json" models/ || return
+  done
+  cp "$tmp/$decoder_embedder.gguf" "$tmp/$decoder_embedder.json" models/
 }
 
 # The browser's reliability tests (tests/browser/reliability.test.mjs) at their full size:

@@ -3,8 +3,10 @@
 // cosine >= 0.999), unit length, base64 and Matryoshka `dimensions`, usage, retrieval (each query's
 // own passage ranks first), the bad-input codes, an encoder refusing chat and a chat model refusing
 // to embed, an encoder on a WebGPU engine (it runs on the CPU kernels) and through the shared
-// engine's hub. Then a remote engine: `embeddings.create` POSTs the same request to the server's
-// /v1/embeddings (a recording server here, since the point is what goes over the wire).
+// engine's hub; and random-weight models of every architecture and pooling (bert, nomic-bert, a
+// last-token qwen3 decoder) against llama.cpp's vectors of the same texts. Then a remote engine:
+// `embeddings.create` POSTs the same request to the server's /v1/embeddings (a recording server
+// here, since the point is what goes over the wire).
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
@@ -165,6 +167,40 @@ describe('Embeddings in Chromium', { timeout: 20 * MINUTES }, () => {
     assert.equal(r.chatKind, 'chat');
     assert.equal(r.refused?.code, 'invalid_option');
     assert.match(r.refused.message, /chat model/);
+  });
+
+  // The random-weight models of kestrel-model's embeddings tests, with llama.cpp's vectors of the
+  // same texts (`./build.sh` copies both into models/): an encoder per architecture and pooling
+  // (bert with CLS and last-token pooling, nomic-bert with mean pooling, in Q8_0, F16 and Q4_0)
+  // and a decoder with last-token pooling and EOS after every input (Qwen3-Embedding's shape).
+  const SYNTHETIC = [
+    { file: 'synthetic-bert-pool2-q8_0.gguf', vectors: 'synthetic-bert-pool2-q8_0.gguf.json', arch: 'bert' },
+    { file: 'synthetic-bert-pool3-f16.gguf', vectors: 'synthetic-bert-pool3-f16.gguf.json', arch: 'bert' },
+    { file: 'synthetic-nomic-bert-pool1-q4_0.gguf', vectors: 'synthetic-nomic-bert-pool1-q4_0.gguf.json', arch: 'nomic-bert' },
+    { file: 'synthetic-qwen3-f32-pooling-3.gguf', vectors: 'synthetic-qwen3-f32-pooling-3.json', arch: 'qwen3' },
+  ];
+  test('every architecture and pooling embeds the texts as llama.cpp does', { timeout: 5 * MINUTES }, async () => {
+    const page = await openTestPage(env.browser.context, env.server.url);
+    page.setDefaultTimeout(5 * MINUTES);
+    for (const { file, vectors, arch } of SYNTHETIC) {
+      const llama = JSON.parse(readFileSync(join(ROOT, 'models', vectors), 'utf8'));
+      const texts = llama.cases.map((c) => c.text);
+      const r = await page.evaluate(async ({ model, texts }) => {
+        const engine = await window.kestrel.createEngine({ model, backend: 'cpu' });
+        const out = await engine.embeddings.create({ input: texts });
+        const info = engine.info.model;
+        await engine.unload();
+        return { vectors: out.data.map((d) => d.embedding), usage: out.usage, arch: info.arch, kind: engine.info.kind };
+      }, { model: `/models/${file}`, texts });
+      assert.equal(r.arch, arch, file);
+      assert.equal(r.kind, 'embedding', file);
+      assert.equal(r.usage.prompt_tokens, llama.cases.reduce((sum, c) => sum + c.tokens.length, 0), `${file}: llama.cpp's token count`);
+      llama.cases.forEach((c, i) => {
+        const cos = cosine(r.vectors[i], c.vector);
+        assert.ok(cos >= 0.999, `${file}: ${JSON.stringify(c.text)}: cosine ${cos} with llama.cpp's vector`);
+      });
+    }
+    await page.close();
   });
 });
 
