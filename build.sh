@@ -255,7 +255,7 @@ embedding_test_models() {
   done
   [ -f "$tmp/$decoder_embedder.json" ] || missing=1
   if [ -z "$native_tests_ran" ] || [ -n "$missing" ]; then
-    cargo test --workspace --test embeddings every_architecture_and_pooling_matches_llama_cpp decoder_embedding_models_match_llama_cpp || return
+    cargo test --workspace --test embeddings -- every_architecture_and_pooling_matches_llama_cpp decoder_embedding_models_match_llama_cpp || return
   fi
   for name in "${embedding_models[@]}"; do
     cp "$tmp/$name" "$tmp/$name.json" models/ || return
