@@ -215,52 +215,54 @@ package_tests() {
   (cd tests/package && npm ci --no-audit --no-fund --silent && node --test --test-reporter=spec)
 }
 
-# The random-weight qwen3 models the browser tests serve: written by the native tests that use
-# them (which check the plain one's sha256 against the file llama.cpp's reference was made from),
-# run here unless `./build.sh test`'s native tests just wrote them (native_tests_ran).
+# `from_native_tests FILE... -- CARGO_TEST_ARGS...`: copies FILEs, which native tests write into
+# $target_dir/tmp, to models/ for the server, CLI and browser tests; runs `cargo test --workspace
+# CARGO_TEST_ARGS...` (the tests that write them) first, unless `./build.sh test`'s native tests
+# just ran (native_tests_ran) and left every file there.
 native_tests_ran=""
-browser_models() {
-  local tmp=$target_dir/tmp
-  if [ -z "$native_tests_ran" ] || [ ! -f "$tmp/synthetic-qwen3-f32.gguf" ] || [ ! -f "$tmp/synthetic-qwen3-runaway-template.gguf" ]; then
-    cargo test --workspace --test greedy synthetic_model_features_change_llama_cpp_output
-    cargo test --workspace --test bad_models hostile_chat_template_fails_the_request_not_the_model
+from_native_tests() {
+  local tmp=$target_dir/tmp files=() file missing=""
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    files+=("$1")
+    shift
+  done
+  shift
+  for file in "${files[@]}"; do
+    [ -f "$tmp/$file" ] || missing=1
+  done
+  if [ -z "$native_tests_ran" ] || [ -n "$missing" ]; then
+    cargo test --workspace "$@" || return
   fi
-  cp "$tmp/synthetic-qwen3-f32.gguf" "$tmp/synthetic-qwen3-runaway-template.gguf" models/
+  for file in "${files[@]}"; do
+    cp "$tmp/$file" models/ || return
+  done
+}
+
+# The random-weight qwen3 models the browser tests serve, written by the native tests that use
+# them (which check the plain one's sha256 against the file llama.cpp's reference was made from).
+browser_models() {
+  from_native_tests synthetic-qwen3-f32.gguf synthetic-qwen3-runaway-template.gguf -- --test greedy --test bad_models -- \
+    synthetic_model_features_change_llama_cpp_output hostile_chat_template_fails_the_request_not_the_model
 }
 
 # The random-weight bert reranker the server, CLI and browser tests serve, with llama.cpp's scores
 # of its query's documents: written by the native test that compares them (it runs llama.cpp
-# live, so it needs tools/llama-cpp and MiniLM's vocabulary), run here unless `./build.sh test`'s
-# native tests just wrote them.
+# live, so it needs tools/llama-cpp and MiniLM's vocabulary).
 reranker=synthetic-bert-pool4-f32.gguf
 reranker_model() {
-  local tmp=$target_dir/tmp
-  if [ -z "$native_tests_ran" ] || [ ! -f "$tmp/$reranker.rank.json" ]; then
-    cargo test --workspace --test embeddings rerankers_match_llama_cpp
-  fi
-  cp "$tmp/$reranker" "$tmp/$reranker.rank.json" models/
+  from_native_tests "$reranker" "$reranker.rank.json" -- --test embeddings rerankers_match_llama_cpp
 }
 
 # The random-weight embedding models the browser tests compare with llama.cpp, each with
 # llama.cpp's vectors of tests/data/embeddings/texts.json (its `.json`): an encoder per
 # architecture and pooling, and a last-token decoder (Qwen3-Embedding's shape). Written by the
-# native tests that compare them (they run llama.cpp live), run here unless `./build.sh test`'s
-# native tests just wrote them.
-embedding_models=(synthetic-bert-pool2-q8_0.gguf synthetic-bert-pool3-f16.gguf synthetic-nomic-bert-pool1-q4_0.gguf)
-decoder_embedder=synthetic-qwen3-f32-pooling-3
+# native tests that compare them (they run llama.cpp live).
 embedding_test_models() {
-  local tmp=$target_dir/tmp name missing=""
-  for name in "${embedding_models[@]}"; do
-    [ -f "$tmp/$name.json" ] || missing=1
-  done
-  [ -f "$tmp/$decoder_embedder.json" ] || missing=1
-  if [ -z "$native_tests_ran" ] || [ -n "$missing" ]; then
-    cargo test --workspace --test embeddings -- every_architecture_and_pooling_matches_llama_cpp decoder_embedding_models_match_llama_cpp || return
-  fi
-  for name in "${embedding_models[@]}"; do
-    cp "$tmp/$name" "$tmp/$name.json" models/ || return
-  done
-  cp "$tmp/$decoder_embedder.gguf" "$tmp/$decoder_embedder.json" models/
+  from_native_tests synthetic-bert-pool2-q8_0.gguf synthetic-bert-pool2-q8_0.gguf.json \
+    synthetic-bert-pool3-f16.gguf synthetic-bert-pool3-f16.gguf.json \
+    synthetic-nomic-bert-pool1-q4_0.gguf synthetic-nomic-bert-pool1-q4_0.gguf.json \
+    synthetic-qwen3-f32-pooling-3.gguf synthetic-qwen3-f32-pooling-3.json -- \
+    --test embeddings -- every_architecture_and_pooling_matches_llama_cpp decoder_embedding_models_match_llama_cpp
 }
 
 # The browser's reliability tests (tests/browser/reliability.test.mjs) at their full size:

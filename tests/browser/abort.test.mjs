@@ -6,17 +6,12 @@
 // slots) and at its first token on WebGPU's single-sequence path.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { CONTEXT_LENGTH, MINUTES, MODEL_URL, openTestPage, serveAndLaunch } from './harness.mjs';
+import { CONTEXT_LENGTH, MINUTES, MODEL_URL, openTestPage, serveAndLaunch, SMALL_MODEL_URL } from './harness.mjs';
 
 /** Tokens a request would generate unaborted: far more than an abort lets through. */
 const MAX_TOKENS = 400;
 
-/**
- * WebGPU's engines load the browser suite's random-weight Qwen3 (f32): the abort is what is
- * checked, and on SwiftShader the small model takes a fraction of the default one's load and steps.
- */
-const SMALL_MODEL_URL = '/models/synthetic-qwen3-f32.gguf';
-
+// WebGPU's engines load the small model: the abort is what is checked.
 const ENGINES = [
   { backend: 'auto', slots: 1, expect: 'cpu', stepped: true, model: MODEL_URL },
   { backend: 'cpu', slots: 2, expect: 'cpu', stepped: true, model: MODEL_URL },

@@ -5,15 +5,7 @@
 // sampled with its own seed, and an aborted one must leave the others untouched.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { assertBatchedAsAlone, MINUTES, openTestPage, runBatchedAndAlone, serveAndLaunch } from './harness.mjs';
-
-/**
- * The browser suite's random-weight Qwen3 (f32): what is checked here is the batching, which a
- * small model shows in a third of the default one's time on SwiftShader. The quantized batched
- * variants are checked against the CPU reference by the native kernel tests, and compiled by
- * Tint in shaders.test.mjs.
- */
-const MODEL_URL = '/models/synthetic-qwen3-f32.gguf';
+import { assertBatchedAsAlone, MINUTES, openTestPage, runBatchedAndAlone, serveAndLaunch, SMALL_MODEL_URL } from './harness.mjs';
 
 /**
  * The KV cache of both engines: SwiftShader's attention cost grows with it, and these requests
@@ -25,6 +17,9 @@ describe('Batching on WebGPU in Chromium', { timeout: 20 * MINUTES }, () => {
   const env = serveAndLaunch();
 
   test('(m) with slots, concurrent requests on the GPU run as one batch and give what each gives alone', { timeout: 15 * MINUTES }, async () => {
+    // The small model: what is checked is the batching. The quantized batched variants are
+    // checked against the CPU reference by the native kernel tests, and compiled by Tint in
+    // shaders.test.mjs.
     const page = await openTestPage(env.browser.context, env.server.url);
     page.setDefaultTimeout(15 * MINUTES);
     const requests = [
@@ -32,7 +27,7 @@ describe('Batching on WebGPU in Chromium', { timeout: 20 * MINUTES }, () => {
       { prompt: 'def fibonacci(n):', max_tokens: 5, temperature: 0.8, seed: 3 },
     ].map((q) => ({ temperature: 0, ignore_eos: true, ...q }));
     const aborted = { prompt: 'Once upon a time', max_tokens: 40, temperature: 0, ignore_eos: true };
-    const r = await runBatchedAndAlone(page, { backend: 'webgpu', contextLength: CONTEXT_LENGTH, slots: 3, requests, aborted, model: MODEL_URL });
+    const r = await runBatchedAndAlone(page, { backend: 'webgpu', contextLength: CONTEXT_LENGTH, slots: 3, requests, aborted, model: SMALL_MODEL_URL });
     console.log(`batched on ${r.info.backend}: ${JSON.stringify(r.together.map((t) => t.text))}`);
     assert.equal(r.info.backend, 'webgpu');
     assert.equal(r.info.model.slots, 3);

@@ -12,6 +12,12 @@ import { startServer } from '../../www/serve.mjs';
 
 export const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
 export const MODEL_URL = '/models/SmolLM2-135M-Instruct.Q4_1.gguf';
+/**
+ * The random-weight Qwen3 (f32, 4 layers of 256) the native tests write and `./build.sh` copies
+ * into models/: for the WebGPU tests of the engine's logic, where SwiftShader would spend minutes
+ * on the default model's 30 layers.
+ */
+export const SMALL_MODEL_URL = '/models/synthetic-qwen3-f32.gguf';
 export const ARTIFACTS = join(ROOT, 'tests/artifacts');
 /**
  * KV cache size of the engines the tests create. SwiftShader's per-step cost grows with the

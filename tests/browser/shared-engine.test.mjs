@@ -6,7 +6,7 @@
 // says 'leader_lost', 'reloading', 'ready' in each remaining tab.
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { CONTEXT_LENGTH, gpuProcessBytes, MINUTES, MODEL_URL, openTestPage, serveAndLaunch } from './harness.mjs';
+import { CONTEXT_LENGTH, gpuProcessBytes, MINUTES, MODEL_URL, openTestPage, serveAndLaunch, SMALL_MODEL_URL } from './harness.mjs';
 
 /** A chat request per tab, greedy; the tabs ask different things so that a mix-up shows. */
 const QUESTIONS = ['Name a colour.', 'What is two plus two?', 'Say hello in French.'];
@@ -26,12 +26,6 @@ async function openTab(env, { noSharedWorker = false } = {}) {
   await page.waitForFunction(() => window.kestrelReady === true);
   return page;
 }
-
-/**
- * The WebGPU test's model: the browser suite's random-weight Qwen3 (f32), whose load and steps on
- * SwiftShader take a fraction of the default model's; what it checks is the sharing.
- */
-const SMALL_MODEL_URL = '/models/synthetic-qwen3-f32.gguf';
 
 /**
  * Creates the tab's engine (kept as window.engine, its onStatus events in window.statuses) and
@@ -96,6 +90,7 @@ describe('The shared engine in Chromium', { timeout: 30 * MINUTES }, () => {
   const env = serveAndLaunch();
 
   test('(webgpu) three tabs hold one engine\'s GPU buffers', { timeout: 10 * MINUTES }, async () => {
+    // The small model: what is checked is the sharing.
     const options = { backend: 'webgpu', context_length: CONTEXT_LENGTH, shared: true, model: SMALL_MODEL_URL };
     const tabs = [];
     const gpuProcess = [];

@@ -356,9 +356,9 @@ impl CpuEstimate {
 }
 
 /// An embedding model's estimate: the CPU backend's, where the page runs it (natively a GPU
-/// loader runs an encoder's layers on the GPU, whose buffers this does not size): the weights, a pass's
-/// activations (`encoder::TOKENS_PER_PASS` tokens) or, where the load goes higher, the largest
-/// tensor buffered until its bytes are complete, and the engine's own. No KV cache.
+/// loader runs an encoder's layers on the GPU, whose buffers this does not size): the weights, a
+/// pass's activations (`encoder::TOKENS_PER_PASS` tokens) or, where the load goes higher, the
+/// largest tensor buffered until its bytes are complete, and the engine's own. No KV cache.
 fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Estimate {
     let expected = encoder::expected_tensors(c, header);
     let mut weight_bytes = 0u64;

@@ -1,8 +1,9 @@
 //! `kestrel bench embed`: an embedding model's throughput, in sentences per second, on the CPU
-//! backend or (`--backend gpu`, an encoder's layers) on the GPU: `--inputs` inputs of exactly `--tokens` tokens each ([CLS] and [SEP] included, cut
-//! from a passage's tokens at staggered offsets so no two are alike), embedded in one call (packed
-//! into passes), repeated. `--write-inputs` saves the token ids, so that a peer embeds the very
-//! same inputs (tools/llama-cpp/embed.mjs `--bench`).
+//! backend or (`--backend gpu`, an encoder's layers) on the GPU: `--inputs` inputs of exactly
+//! `--tokens` tokens each ([CLS] and [SEP] included, cut from a passage's tokens at staggered
+//! offsets so no two are alike), embedded in one call (packed into passes), repeated.
+//! `--write-inputs` saves the token ids, so that a peer embeds the very same inputs
+//! (tools/llama-cpp/embed.mjs `--bench`).
 
 use std::path::PathBuf;
 use std::time::Instant;
