@@ -437,6 +437,7 @@ case "$cmd" in
     setup
     test_models
     llama_cpp_tools
+    scripts/make-q4-k-m.sh
     setup_web
     browser_tests
     ;;
