@@ -574,10 +574,17 @@ function onEngineEvent(event) {
 
 /** Rejects `r` with `error`, or with the device loss behind a GPU error, recovering from it. */
 async function settleError(r, error) {
-  const e = error.code === 'gpu' && engine ? await lossBehind(engine, error) : error;
-  // The request fails with the loss; the engine recovers by itself for the next one.
-  if (e.code === 'device_lost' && lastLoad && !recovery) recovery = recover();
-  r.reject(e);
+  r.reject(await deviceFault(error));
+}
+
+/**
+ * The error a request fails with: `error`, or the device loss behind a GPU error. After a loss
+ * the engine recovers by itself for the next request.
+ */
+async function deviceFault(error) {
+  const e = error?.code === 'gpu' && engine ? await lossBehind(engine, error) : error;
+  if (e?.code === 'device_lost' && lastLoad && !recovery) recovery = recover();
+  return e;
 }
 
 /**
@@ -606,14 +613,19 @@ async function generateRemote(id, endpoint, body) {
 
 /**
  * Embeds the inputs of `body` (`embeddings.create`'s argument without `signal`, type 'embed') or
- * scores its documents against its query (`rerank`'s, type 'rerank') on the loaded model: the
- * answer's JSON. The CPU pass runs to its end once started (the page stops waiting for an
- * aborted call's answer, and sends no abort for it).
+ * scores its documents against its query (`rerank`'s, type 'rerank') on the loaded model, on the
+ * GPU or the CPU kernels: the answer's JSON. A pass runs to its end once started (the page stops
+ * waiting for an aborted call's answer, and sends no abort for it). A lost device fails the call
+ * with `device_lost`, and the engine recovers for the next.
  * @param {'embed' | 'rerank'} type
  */
-function encode(type, body) {
+async function encode(type, body) {
   if (!engine) throw fail('no_model', 'no model is loaded');
-  return type === 'embed' ? engine.embed(JSON.stringify(body)) : engine.rerank(JSON.stringify(body));
+  try {
+    return await (type === 'embed' ? engine.embed(JSON.stringify(body)) : engine.rerank(JSON.stringify(body)));
+  } catch (e) {
+    throw await deviceFault(e);
+  }
 }
 
 /**
@@ -722,7 +734,7 @@ export async function handleMessage(data) {
         break;
       case 'embed':
       case 'rerank':
-        value = encode(type, data.body);
+        value = await encode(type, data.body);
         break;
       case 'reset':
         // After the batched requests before it.

@@ -101,13 +101,13 @@ export interface RerankerModelInfo extends Omit<EmbeddingModelInfo, 'pooling'> {
 interface EngineInfoCommon {
   /**
    * Where generation runs: this browser's GPU, its CPU (wasm SIMD in the engine's worker), or the
-   * `remote` server of createEngine. An embedding model or a reranker always runs on the CPU
-   * backend (the GPU encoder is native only), whatever `backend` asked for.
+   * `remote` server of createEngine. A decoder embedding model (Qwen3-Embedding), or an encoder
+   * the GPU kernels cannot run, runs on the CPU backend whatever `backend` asked for.
    */
   backend: 'webgpu' | 'cpu' | 'remote';
   /**
    * With backend 'cpu': why (asked for, no WebGPU, a software adapter, the model does not fit the
-   * GPU, an embedding model or a reranker).
+   * GPU, an embedding model the GPU does not run).
    */
   backend_reason?: string | null;
   /** With backend 'cpu': the SIMD instruction set of its kernels and its threads. */
@@ -476,7 +476,7 @@ export interface Engine {
   /** Set once the model is loaded. */
   info: EngineInfo;
   /**
-   * Rerankers (`info.kind` 'reranker'), on the CPU backend, and remote engines (the server's
+   * Rerankers (`info.kind` 'reranker'), on the GPU or the CPU backend, and remote engines (the server's
    * `/v1/rerank`): each document scored against the query, best first. A chat model or an
    * embedding model refuses with `invalid_option`, as a reranker refuses `embeddings.create`. A
    * bad field is `invalid_option`; a query-document pair longer than the model's context is
@@ -484,7 +484,7 @@ export interface Engine {
    */
   rerank(request: RerankParams): Promise<RerankResponse>;
   /**
-   * Embedding models (`info.kind` 'embedding'), on the CPU backend, and remote engines (the
+   * Embedding models (`info.kind` 'embedding'), on the GPU or the CPU backend, and remote engines (the
    * server's `/v1/embeddings`). A chat model refuses with `invalid_option`, as an embedding model
    * refuses `chat.completions` and `completions`. A bad input is `invalid_option`; an input
    * longer than the model's context, without `truncate`, is `context_overflow`.
@@ -653,10 +653,17 @@ export interface MemoryLimit {
 /** Will a model fit, from its GGUF header alone (see `estimate`). */
 export interface Estimate {
   /**
-   * 'chat', 'embedding' or 'reranker' (an encoder with rank pooling): an encoder runs on the CPU
-   * backend whatever the engine, so its GPU verdict (`fits`) is the CPU's, and it has no KV cache.
+   * 'chat', 'embedding' or 'reranker' (an encoder with rank pooling). An embedding model or a
+   * reranker has no KV cache; on the GPU its weights and activations are its layers' and a
+   * pass's (the embedding table stays with the CPU).
    */
   kind: 'chat' | 'embedding' | 'reranker';
+  /**
+   * Why a GPU engine would run this model on the CPU backend (a decoder embedding model, or an
+   * encoder the GPU kernels cannot run): then its GPU verdict (`fits`) is the CPU backend's.
+   * null: it runs on the GPU.
+   */
+  cpu_only: string | null;
   name: string;
   arch: string;
   /** The file's size, as its header declares it. */

@@ -2,9 +2,10 @@
 // pooling): every reference text's vector against llama.cpp's (tests/data/embeddings/minilm.json,
 // cosine >= 0.999), unit length, base64 and Matryoshka `dimensions`, usage, retrieval (each query's
 // own passage ranks first), the bad-input codes, an encoder refusing chat and a chat model refusing
-// to embed, an encoder on a WebGPU engine (it runs on the CPU kernels) and through the shared
-// engine's hub; and random-weight models of every architecture and pooling (bert, nomic-bert, a
-// last-token qwen3 decoder) against llama.cpp's vectors of the same texts. Then a remote engine:
+// to embed, an encoder on a WebGPU engine (its layers on the GPU: llama.cpp's vectors again, and a
+// lost device recovered from) and through the shared engine's hub; and random-weight models of
+// every architecture and pooling (bert, nomic-bert, a last-token qwen3 decoder) on both backends
+// against llama.cpp's vectors of the same texts. Then a remote engine:
 // `embeddings.create` POSTs the same request to the server's /v1/embeddings (a recording server
 // here, since the point is what goes over the wire).
 import assert from 'node:assert/strict';
@@ -76,12 +77,19 @@ describe('Embeddings in Chromium', { timeout: 20 * MINUTES }, () => {
       const info = engine.info;
       await engine.unload();
 
-      // On an engine with a GPU device the encoder still runs on the CPU kernels; 'auto' picks the
-      // CPU by itself here (SwiftShader is a software adapter), through the shared engine's hub.
-      const onGpu = await createEngine({ model, backend: 'webgpu' });
-      const gpuHello = (await onGpu.embeddings.create({ input: texts.reference[0] })).data[0].embedding;
-      const gpuInfo = { kind: onGpu.info.kind, backend: onGpu.info.backend, reason: onGpu.info.backend_reason, gpu: onGpu.info.gpu };
+      // On an engine with a GPU device the encoder's layers run on the GPU. A lost device fails the
+      // call in flight with device_lost; the engine reloads by itself and the next call is answered.
+      // 'auto' picks the CPU by itself here (SwiftShader is a software adapter), through the
+      // shared engine's hub.
+      const statuses = [];
+      const onGpu = await createEngine({ model, backend: 'webgpu', onStatus: (s) => statuses.push(s.status) });
+      const gpuAll = await onGpu.embeddings.create({ input: texts.reference });
+      const gpuInfo = { kind: onGpu.info.kind, backend: onGpu.info.backend, reason: onGpu.info.backend_reason, gpu: onGpu.info.gpu !== null };
+      onGpu._destroyDevice();
+      const lost = await codeOf(onGpu.embeddings.create({ input: texts.reference }));
+      const recovered = (await onGpu.embeddings.create({ input: texts.reference[0] })).data[0].embedding;
       await onGpu.unload();
+      lap('webgpu');
       const shared = await createEngine({ model, backend: 'auto', shared: true });
       const sharedHello = (await shared.embeddings.create({ input: texts.reference[0] })).data[0].embedding;
       const sharedInfo = { kind: shared.info.kind, backend: shared.info.backend, mode: shared.info.shared?.mode };
@@ -92,7 +100,10 @@ describe('Embeddings in Chromium', { timeout: 20 * MINUTES }, () => {
       const refused = await chat.embeddings.create({ input: 'hi' }).then(() => null, (e) => ({ code: e.code, message: e.message }));
       const chatKind = chat.info.kind;
       await chat.unload();
-      return { all, base64, short, retrieval, codes, chatMessage, truncated: truncated.usage, abortedRunning, abortMs, after, fit, info, gpuHello, gpuInfo, sharedHello, sharedInfo, refused, chatKind, ms };
+      return {
+        all, base64, short, retrieval, codes, chatMessage, truncated: truncated.usage, abortedRunning, abortMs, after, fit, info,
+        gpuAll, gpuInfo, lost, recovered, statuses, sharedHello, sharedInfo, refused, chatKind, ms,
+      };
     }, { model: EMBEDDING_MODEL, chatModel: MODEL_URL, contextLength: CONTEXT_LENGTH, texts: TEXTS });
     console.log(`times (ms): ${JSON.stringify(r.ms)}; an abort mid-pass rejected in ${r.abortMs.toFixed(1)} ms`);
 
@@ -153,14 +164,25 @@ describe('Embeddings in Chromium', { timeout: 20 * MINUTES }, () => {
     assert.ok(r.abortMs < 50, `the abort took ${r.abortMs} ms to reject`);
     assert.ok(cosine(r.after, r.all.data[0].embedding) > 0.99999);
 
-    // estimate(): the CPU backend's verdict is also the GPU's (the encoder runs on the CPU).
-    assert.deepEqual([r.fit.kind, r.fit.arch, r.fit.kv_cache_bytes, r.fit.cpu.fits, r.fit.fits], ['embedding', 'bert', 0, true, true]);
-    // The header's count against what the load stored (exact equality is the native test's).
-    assert.ok(Math.abs(r.fit.weight_bytes / r.info.model.weight_bytes - 1) < 0.01, `${r.fit.weight_bytes} vs ${r.info.model.weight_bytes}`);
+    // estimate(): both backends' verdicts; the CPU's weights against what the CPU load stored
+    // (exact equality is the native test's), and the GPU's against the adapter's limits.
+    assert.deepEqual([r.fit.kind, r.fit.arch, r.fit.kv_cache_bytes, r.fit.cpu_only, r.fit.cpu.fits], ['embedding', 'bert', 0, null, true]);
+    assert.ok(Math.abs(r.fit.cpu.weight_bytes / r.info.model.weight_bytes - 1) < 0.01, `${r.fit.cpu.weight_bytes} vs ${r.info.model.weight_bytes}`);
+    assert.equal(r.fit.fits, true, JSON.stringify(r.fit));
+    assert.ok(r.fit.weight_bytes < r.fit.cpu.weight_bytes && r.fit.activation_bytes > 0, JSON.stringify(r.fit));
 
-    assert.deepEqual(r.gpuInfo, { kind: 'embedding', backend: 'cpu', reason: r.gpuInfo.reason, gpu: null });
-    assert.match(r.gpuInfo.reason, /embedding models and rerankers run on the CPU backend/);
-    assert.ok(cosine(r.gpuHello, r.all.data[0].embedding) > 0.99999);
+    // On WebGPU: llama.cpp's vectors within the same bound, and within 0.9999 of the CPU
+    // backend's (the native GPU test's bound, derived in kestrel-model/tests/gpu_embeddings.rs).
+    assert.deepEqual(r.gpuInfo, { kind: 'embedding', backend: 'webgpu', reason: null, gpu: true });
+    for (const [i, expected] of LLAMA_CPP.cases.entries()) {
+      const got = r.gpuAll.data[i].embedding;
+      assert.ok(cosine(got, expected.vector) >= 0.999, `WebGPU: ${JSON.stringify(expected.text)}: cosine ${cosine(got, expected.vector)} with llama.cpp's`);
+      assert.ok(cosine(got, r.all.data[i].embedding) >= 0.9999, `WebGPU: ${JSON.stringify(expected.text)}: cosine with the CPU backend's`);
+    }
+    assert.deepEqual(r.gpuAll.usage, r.all.usage);
+    assert.equal(r.lost, 'device_lost');
+    assert.deepEqual(r.statuses, ['device_lost', 'reloading', 'ready']);
+    assert.ok(cosine(r.recovered, r.gpuAll.data[0].embedding) > 0.99999, 'the reloaded model embeds as before');
     assert.deepEqual(r.sharedInfo, { kind: 'embedding', backend: 'cpu', mode: 'shared-worker' });
     assert.ok(cosine(r.sharedHello, r.all.data[0].embedding) > 0.99999);
 
@@ -179,26 +201,33 @@ describe('Embeddings in Chromium', { timeout: 20 * MINUTES }, () => {
     { file: 'synthetic-nomic-bert-pool1-q4_0.gguf', vectors: 'synthetic-nomic-bert-pool1-q4_0.gguf.json', arch: 'nomic-bert' },
     { file: 'synthetic-qwen3-f32-pooling-3.gguf', vectors: 'synthetic-qwen3-f32-pooling-3.json', arch: 'qwen3' },
   ];
-  test('every architecture and pooling embeds the texts as llama.cpp does', { timeout: 5 * MINUTES }, async () => {
+  test('every architecture and pooling embeds the texts as llama.cpp does, on both backends', { timeout: 5 * MINUTES }, async () => {
     const page = await openTestPage(env.browser.context, env.server.url);
     page.setDefaultTimeout(5 * MINUTES);
     for (const { file, vectors, arch } of SYNTHETIC) {
       const llama = JSON.parse(readFileSync(join(ROOT, 'models', vectors), 'utf8'));
       const texts = llama.cases.map((c) => c.text);
-      const r = await page.evaluate(async ({ model, texts }) => {
-        const engine = await window.kestrel.createEngine({ model, backend: 'cpu' });
-        const out = await engine.embeddings.create({ input: texts });
-        const info = engine.info.model;
-        await engine.unload();
-        return { vectors: out.data.map((d) => d.embedding), usage: out.usage, arch: info.arch, kind: engine.info.kind };
-      }, { model: `/models/${file}`, texts });
-      assert.equal(r.arch, arch, file);
-      assert.equal(r.kind, 'embedding', file);
-      assert.equal(r.usage.prompt_tokens, llama.cases.reduce((sum, c) => sum + c.tokens.length, 0), `${file}: llama.cpp's token count`);
-      llama.cases.forEach((c, i) => {
-        const cos = cosine(r.vectors[i], c.vector);
-        assert.ok(cos >= 0.999, `${file}: ${JSON.stringify(c.text)}: cosine ${cos} with llama.cpp's vector`);
-      });
+      for (const backend of ['cpu', 'webgpu']) {
+        const r = await page.evaluate(async ({ model, texts, backend }) => {
+          const engine = await window.kestrel.createEngine({ model, backend });
+          const out = await engine.embeddings.create({ input: texts });
+          const { info } = engine;
+          await engine.unload();
+          return { vectors: out.data.map((d) => d.embedding), usage: out.usage, arch: info.model.arch, kind: info.kind, ran: info.backend, reason: info.backend_reason };
+        }, { model: `/models/${file}`, texts, backend });
+        const what = `${file} (${backend})`;
+        assert.equal(r.arch, arch, what);
+        assert.equal(r.kind, 'embedding', what);
+        // A decoder embedding model runs on the CPU backend in a WebGPU engine, and says why.
+        const decoder = arch === 'qwen3';
+        assert.equal(r.ran, backend === 'webgpu' && !decoder ? 'webgpu' : 'cpu', what);
+        if (backend === 'webgpu' && decoder) assert.match(r.reason, /decoder embedding models run on the CPU backend/);
+        assert.equal(r.usage.prompt_tokens, llama.cases.reduce((sum, c) => sum + c.tokens.length, 0), `${what}: llama.cpp's token count`);
+        llama.cases.forEach((c, i) => {
+          const cos = cosine(r.vectors[i], c.vector);
+          assert.ok(cos >= 0.999, `${what}: ${JSON.stringify(c.text)}: cosine ${cos} with llama.cpp's vector`);
+        });
+      }
     }
     await page.close();
   });

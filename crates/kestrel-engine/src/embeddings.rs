@@ -76,8 +76,8 @@ impl EmbeddingRequest {
         Ok(Self { inputs, dimensions, encoding, truncate })
     }
 
-    /// Embeds the inputs on `embedder`.
-    pub fn run(&self, embedder: &Embedder) -> Result<Embeddings, EngineError> {
+    /// Embeds the inputs on `embedder` (async: a GPU pass awaits its readback).
+    pub async fn run(&self, embedder: &Embedder) -> Result<Embeddings, EngineError> {
         let inputs: Vec<EmbedInput<'_>> = self
             .inputs
             .iter()
@@ -87,7 +87,7 @@ impl EmbeddingRequest {
             })
             .collect();
         let options = EmbedOptions { dimensions: self.dimensions, normalize: true, truncate: self.truncate };
-        Ok(embedder.embed(&inputs, &options)?)
+        Ok(embedder.embed(&inputs, &options).await?)
     }
 
     /// OpenAI's answer: `{object: "list", data: [{object: "embedding", index, embedding}], model,

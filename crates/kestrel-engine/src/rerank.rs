@@ -67,9 +67,9 @@ impl RerankRequest {
     }
 
     /// Scores the documents against the query on `reranker`.
-    pub fn run(&self, reranker: &Embedder) -> Result<Ranking, EngineError> {
+    pub async fn run(&self, reranker: &Embedder) -> Result<Ranking, EngineError> {
         let documents: Vec<&str> = self.documents.iter().map(String::as_str).collect();
-        Ok(reranker.rerank(&self.query, &documents)?)
+        Ok(reranker.rerank(&self.query, &documents).await?)
     }
 
     /// The answer: `{model, object: "list", results: [{index, relevance_score, document?:

@@ -117,6 +117,25 @@ pub struct Gpu {
 /// The largest piece `Gpu::write` stages at once (a multiple of 4 bytes).
 pub const WRITE_PIECE: usize = 16 << 20;
 
+/// A load's uploads, flushed (`Gpu::flush_writes`) once `WRITE_PIECE` bytes of them wait: with
+/// `Gpu::write`'s pieces, the staging memory a load holds beyond its buffers stays under two
+/// pieces, where wgpu would keep every upload's copy until the first submission.
+#[derive(Debug, Default)]
+pub struct UploadFlusher {
+    unflushed: u64,
+}
+
+impl UploadFlusher {
+    /// Counts `bytes` just queued for upload on `gpu`, and flushes once a piece's worth waits.
+    pub fn uploaded(&mut self, gpu: &Gpu, bytes: usize) {
+        self.unflushed += bytes as u64;
+        if self.unflushed >= WRITE_PIECE as u64 {
+            gpu.flush_writes();
+            self.unflushed = 0;
+        }
+    }
+}
+
 impl Gpu {
     /// Finds an adapter and creates a device with its full limits and the allowed features.
     pub async fn new(options: &GpuOptions) -> Result<Self, GpuError> {

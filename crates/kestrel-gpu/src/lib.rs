@@ -21,7 +21,7 @@ mod tensor;
 pub mod kernels;
 pub mod layout;
 
-pub use device::{Gpu, GpuFeatures, GpuInfo, GpuOptions, KernelChoice, MatvecVariant, WRITE_PIECE};
+pub use device::{Gpu, GpuFeatures, GpuInfo, GpuOptions, KernelChoice, MatvecVariant, UploadFlusher, WRITE_PIECE};
 pub use error::GpuError;
 pub use pipeline::{PipelineCache, PipelineKey};
 pub use preprocess::{preprocess, Defines};

@@ -63,9 +63,13 @@ pub struct UnsupportedTensor {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Estimate {
     /// "chat", "embedding" (an encoder, or a decoder with a pooling type) or "reranker" (an
-    /// encoder with rank pooling); the last two run on the CPU backend in the page (natively a
-    /// GPU loader runs an encoder's layers on the GPU), so their verdict is the CPU backend's.
+    /// encoder with rank pooling).
     pub kind: &'static str,
+    /// Why an engine with a GPU would run this model on the CPU backend (a decoder embedding
+    /// model, or an encoder the GPU encoder cannot take); then the GPU verdict is the CPU
+    /// backend's. None: a GPU engine runs it on the GPU, as the fields below size it (an
+    /// encoder's layers: the embedding table, its norm and the rank head stay on the host).
+    pub cpu_only: Option<String>,
     pub name: String,
     pub arch: String,
     /// The file's size (where its last tensor ends).
@@ -186,7 +190,7 @@ impl Estimate {
     /// shape or slot count Kestrel refuses is the same error the load gives.
     pub fn from_header(header: &GgufHeader, context: Option<usize>, kv: KvType, slots: usize) -> Result<Self, ModelError> {
         if let Some(c) = EncoderConfig::from_header(header)? {
-            return Ok(encoder_estimate(header, &c));
+            return encoder_estimate(header, &c);
         }
         let c = ModelConfig::from_header(header)?;
         // A decoder embedding model is the chat graph on the CPU backend with one KV cache, which
@@ -246,6 +250,7 @@ impl Estimate {
         let cpu = CpuEstimate::new(header, &c, &roles, CpuSizes { context, chunk, slots, kv_cache_bytes }, &unsupported);
         Ok(Self {
             kind: if embedding { "embedding" } else { "chat" },
+            cpu_only: embedding.then(|| encoder::DECODER_ON_CPU.to_string()),
             name: c.name.clone(),
             arch: format!("{:?}", c.arch).to_lowercase(),
             file_bytes: header.data_end(),
@@ -264,7 +269,7 @@ impl Estimate {
     /// Whether a device with `limits` that holds at most `memory` can load it: every tensor of a
     /// type the GPU runs, no binding over the limits, and the total within `memory`.
     pub fn verdict(&self, limits: &DeviceLimits, memory: &MemoryLimit) -> Verdict {
-        if self.kind != "chat" {
+        if self.cpu_only.is_some() {
             return self.cpu.verdict.clone();
         }
         if let Some(t) = self.unsupported.first() {
@@ -355,15 +360,19 @@ impl CpuEstimate {
     }
 }
 
-/// An embedding model's estimate: the CPU backend's, where the page runs it (natively a GPU
-/// loader runs an encoder's layers on the GPU, whose buffers this does not size): the weights, a
-/// pass's activations (`encoder::TOKENS_PER_PASS` tokens) or, where the load goes higher, the
-/// largest tensor buffered until its bytes are complete, and the engine's own. No KV cache.
-fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Estimate {
+/// An embedding model's estimate. The CPU backend's (`cpu`): the weights, a pass's activations
+/// (`encoder::TOKENS_PER_PASS` tokens) or, where the load goes higher, the largest tensor buffered
+/// until its bytes are complete, and the engine's own; no KV cache. On a GPU that runs its layers
+/// (`cpu_only` None), the GPU's: the layers' matrices packed and their vectors in f32, and one
+/// pass's buffers (`gpu_pass_bytes`).
+fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Result<Estimate, ModelError> {
     let expected = encoder::expected_tensors(c, header);
-    let mut weight_bytes = 0u64;
+    let mut cpu_weight_bytes = 0u64;
+    let mut gpu_weight_bytes = 0u64;
     let mut largest_tensor = 0u64;
+    let mut largest = Binding { name: String::new(), bytes: 0 };
     let mut unsupported = Vec::new();
+    let cpu_only = encoder::gpu_declines(c, header, &expected);
     for t in &header.tensors {
         let Some(e) = expected.get(&t.name) else { continue };
         largest_tensor = largest_tensor.max(t.n_bytes());
@@ -372,8 +381,15 @@ fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Estimate {
             encoder::Kind::Matrix => Matrix::stored_bytes(t.ggml_type, t.n_elements(), false),
         };
         match bytes {
-            Some(b) => weight_bytes = weight_bytes.saturating_add(b),
+            Some(b) => cpu_weight_bytes = cpu_weight_bytes.saturating_add(b),
             None => unsupported.push(UnsupportedTensor { tensor: t.name.clone(), ty: t.ggml_type.to_string() }),
+        }
+        if cpu_only.is_none() && t.name.starts_with("blk.") {
+            let bytes = if encoder::on_gpu(&t.name, e) { packed_bytes(t, rows(t))? } else { t.n_elements().saturating_mul(4) };
+            gpu_weight_bytes = gpu_weight_bytes.saturating_add(bytes);
+            if bytes > largest.bytes {
+                largest = Binding { name: t.name.clone(), bytes };
+            }
         }
     }
     // A pass holds the hidden state, Q, K, V, the attention's output and two residual copies,
@@ -381,9 +397,20 @@ fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Estimate {
     let pass = product(&[encoder::TOKENS_PER_PASS, 4, 7 * c.hidden + 2 * c.ffn]);
     let scratch_bytes = pass.max(largest_tensor);
     let sizes = CpuSizes { context: c.train_context, chunk: encoder::TOKENS_PER_PASS, slots: 1, kv_cache_bytes: 0 };
-    let cpu = CpuEstimate::from_parts(header, weight_bytes, scratch_bytes, sizes, &unsupported);
-    Estimate {
+    let cpu = CpuEstimate::from_parts(header, cpu_weight_bytes, scratch_bytes, sizes, &unsupported);
+    let (weight_bytes, activation_bytes, largest_binding) = match &cpu_only {
+        Some(why) => (cpu_weight_bytes, 0, Binding { name: format!("none: it runs on the CPU backend ({why})"), bytes: 0 }),
+        None => {
+            let (activations, widest) = gpu_pass_bytes(c);
+            if widest.bytes > largest.bytes {
+                largest = widest;
+            }
+            (gpu_weight_bytes, activations, largest)
+        }
+    };
+    Ok(Estimate {
         kind: encoder::kind(c.pooling),
+        cpu_only,
         name: c.name.clone(),
         arch: c.arch.name().to_string(),
         file_bytes: header.data_end(),
@@ -391,12 +418,25 @@ fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Estimate {
         context_length: c.train_context,
         slots: 1,
         kv_cache_bytes: 0,
-        activation_bytes: 0,
-        total_bytes: cpu.bytes,
-        largest_binding: Binding { name: "none: embedding models run on the CPU backend".into(), bytes: 0 },
+        activation_bytes,
+        total_bytes: if activation_bytes == 0 { cpu.bytes } else { weight_bytes.saturating_add(activation_bytes) },
+        largest_binding,
         unsupported,
         cpu,
-    }
+    })
+}
+
+/// The GPU encoder's buffers for its largest pass (`TOKENS_PER_PASS` tokens, or one input of the
+/// whole context where that is longer), and the widest of them: the hidden state and its
+/// LayerNorm copy, the fused Q|K|V rows, the attention's output, the FFN product, each token's
+/// span and the readback copy; and nomic-bert's RoPE table (a cos and sin per position and pair).
+fn gpu_pass_bytes(c: &EncoderConfig) -> (u64, Binding) {
+    let n = encoder::TOKENS_PER_PASS.max(c.train_context);
+    let per_token = sum(&[&[4, c.hidden], &[3, c.hidden], &[c.ffn], &[2]]);
+    let rope = if c.arch == encoder::EncoderArch::NomicBert { product(&[c.train_context, c.head_dim, 4]) } else { 0 };
+    let total = per_token.saturating_mul(n as u64).saturating_mul(4).saturating_add(rope);
+    let (name, width) = if c.ffn > 3 * c.hidden { ("ffn", c.ffn) } else { ("qkv", 3 * c.hidden) };
+    (total, Binding { name: format!("the {name} activations of a {n}-token pass"), bytes: product(&[4, n, width]) })
 }
 
 /// The bytes the CPU backend's weights take: the matrices as `kestrel_cpu::Matrix` stores them,

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 
 use kestrel_gguf::{GgmlType, GgufError, GgufHeader, GgufStreamReader, ShardSequence, StreamEvent, TensorInfo};
-use kestrel_gpu::{Gpu, RowShards, Tensor, WeightTensor};
+use kestrel_gpu::{Gpu, RowShards, Tensor, UploadFlusher, WeightTensor};
 use kestrel_ops::params::KvType;
 use kestrel_tokenizer::Vocabulary;
 
@@ -130,13 +130,9 @@ struct Loading {
     split_qkv: HashSet<usize>,
     /// The CPU backend's matrices and vectors.
     cpu: CpuTensors<kestrel_cpu::Matrix>,
-    /// Bytes uploaded to the GPU since its queued writes were last flushed (`Gpu::flush_writes`).
-    unflushed: u64,
+    /// The uploads' staging copies, given back as the load goes.
+    flusher: UploadFlusher,
 }
-
-/// Uploaded bytes after which the GPU's queued writes are flushed: with `Gpu::write`'s pieces,
-/// the most staging memory a load holds beyond the weights is about twice this.
-const FLUSH_BYTES: u64 = kestrel_gpu::WRITE_PIECE as u64;
 
 impl ModelLoader {
     pub fn new(gpu: &Gpu, options: LoadOptions) -> Self {
@@ -237,7 +233,13 @@ impl ModelLoader {
         self.reader.finish()?;
         self.shards.as_ref().map(ShardSequence::finish).transpose()?;
         match (self.state.ok_or_else(|| bad_model("empty file"))?, &self.target) {
-            (State::Chat(loading), _) if loading.pooling.is_some() => Ok(LoadedModel::Embedding(loading.into_embedder(&self.options)?)),
+            (State::Chat(loading), target) if loading.pooling.is_some() => {
+                let embedder = loading.into_embedder(&self.options)?;
+                Ok(LoadedModel::Embedding(match target {
+                    Target::Gpu(_) => embedder.declined_gpu(crate::encoder::DECODER_ON_CPU),
+                    Target::Cpu => embedder,
+                }))
+            }
             (State::Chat(loading), Target::Gpu(gpu)) => Ok(LoadedModel::Chat(loading.into_model(gpu, &self.options).await?)),
             (State::Chat(loading), Target::Cpu) => Ok(LoadedModel::Chat(loading.into_cpu_model(&self.options)?)),
             (State::Encoder(loading), _) => Ok(LoadedModel::Embedding(loading.into_embedder().await?)),
@@ -282,7 +284,7 @@ impl Loading {
             qkv_parts: HashMap::new(),
             split_qkv: HashSet::new(),
             cpu: CpuTensors::default(),
-            unflushed: 0,
+            flusher: UploadFlusher::default(),
         };
         loading.add_header(header, last)?;
         // The first header passed its checks: the tokenizer builds beside the tensors.
@@ -394,12 +396,7 @@ impl Loading {
                 self.weights.insert(role, w);
             }
         }
-        // The tensors' staging copies are given back once WRITE_PIECE bytes of them wait.
-        self.unflushed += bytes.len() as u64;
-        if self.unflushed >= FLUSH_BYTES {
-            gpu.flush_writes();
-            self.unflushed = 0;
-        }
+        self.flusher.uploaded(gpu, bytes.len());
         Ok(())
     }
 

@@ -7,6 +7,7 @@ mod common;
 #[path = "common/synthetic_encoder.rs"]
 mod synthetic_encoder;
 
+use pollster::block_on;
 use std::sync::OnceLock;
 
 use kestrel_gguf::{GgmlType, MetadataValue};
@@ -53,7 +54,7 @@ fn minilm() -> &'static Embedder {
 }
 
 fn load_embedder(path: &std::path::Path) -> Embedder {
-    let loaded = pollster::block_on(kestrel_model::load_file_cpu_any(path, LoadOptions::default(), &mut |_| {}));
+    let loaded = block_on(kestrel_model::load_file_cpu_any(path, LoadOptions::default(), &mut |_| {}));
     match loaded.unwrap_or_else(|e| panic!("load {}: {e}", path.display())) {
         LoadedModel::Embedding(e) => e,
         LoadedModel::Chat(_) => panic!("{} loaded as a chat model", path.display()),
@@ -88,10 +89,10 @@ fn vectors_match_llama_cpp() {
     let cases = reference().cases;
     let raw = EmbedOptions { normalize: false, ..EmbedOptions::default() };
     let inputs: Vec<EmbedInput<'_>> = cases.iter().map(|c| EmbedInput::Tokens(&c.tokens)).collect();
-    let together = model.embed(&inputs, &raw).expect("embed all");
+    let together = block_on(model.embed(&inputs, &raw)).expect("embed all");
     assert_eq!(together.prompt_tokens, cases.iter().map(|c| c.tokens.len()).sum::<usize>());
     for (case, packed) in cases.iter().zip(&together.vectors) {
-        let alone = model.embed(&[EmbedInput::Tokens(&case.tokens)], &raw).expect("embed one");
+        let alone = block_on(model.embed(&[EmbedInput::Tokens(&case.tokens)], &raw)).expect("embed one");
         for v in [&alone.vectors[0], packed] {
             let cos = cosine(v, &case.vector);
             assert!(cos >= 0.999, "{:?}: cosine {cos} with llama.cpp's vector", case.text);
@@ -112,7 +113,7 @@ fn texts_embed_as_llama_cpp_tokenizes_them() {
     let model = minilm();
     for case in reference().cases {
         assert_eq!(model.tokens(EmbedInput::Text(&case.text), false).expect("tokenize"), case.tokens, "{:?}", case.text);
-        let e = model.embed(&[EmbedInput::Text(&case.text)], &EmbedOptions::default()).expect("embed");
+        let e = block_on(model.embed(&[EmbedInput::Text(&case.text)], &EmbedOptions::default())).expect("embed");
         let v = &e.vectors[0];
         assert!((norm(v) - 1.0).abs() < 1e-5, "{:?}: normalized length {}", case.text, norm(v));
         assert!(cosine(v, &case.vector) >= 0.999, "{:?}", case.text);
@@ -126,7 +127,7 @@ fn each_query_finds_its_passage() {
     let texts: Texts = serde_json::from_str(&data("texts.json")).expect("parse texts.json");
     let embed = |strings: Vec<&str>| {
         let inputs: Vec<EmbedInput<'_>> = strings.into_iter().map(EmbedInput::Text).collect();
-        model.embed(&inputs, &EmbedOptions::default()).expect("embed").vectors
+        block_on(model.embed(&inputs, &EmbedOptions::default())).expect("embed").vectors
     };
     let queries = embed(texts.retrieval.iter().map(|p| p.query.as_str()).collect());
     let passages = embed(texts.retrieval.iter().map(|p| p.passage.as_str()).collect());
@@ -142,8 +143,10 @@ fn each_query_finds_its_passage() {
 fn dimensions_keep_the_first_values_normalized() {
     let model = minilm();
     let input = [EmbedInput::Text("dimensions")];
-    let full = model.embed(&input, &EmbedOptions { normalize: false, ..EmbedOptions::default() }).expect("embed").vectors.remove(0);
-    let cut = model.embed(&input, &EmbedOptions { dimensions: Some(64), ..EmbedOptions::default() }).expect("embed").vectors.remove(0);
+    let full =
+        block_on(model.embed(&input, &EmbedOptions { normalize: false, ..EmbedOptions::default() })).expect("embed").vectors.remove(0);
+    let cut =
+        block_on(model.embed(&input, &EmbedOptions { dimensions: Some(64), ..EmbedOptions::default() })).expect("embed").vectors.remove(0);
     assert_eq!(cut.len(), 64);
     let n = norm(&full[..64]);
     for (c, f) in cut.iter().zip(&full) {
@@ -155,7 +158,7 @@ fn dimensions_keep_the_first_values_normalized() {
 fn bad_input_is_refused_with_a_code() {
     let model = minilm();
     let opts = EmbedOptions::default();
-    let code = |inputs: &[EmbedInput<'_>], o: &EmbedOptions| model.embed(inputs, o).expect_err("must be refused").code();
+    let code = |inputs: &[EmbedInput<'_>], o: &EmbedOptions| block_on(model.embed(inputs, o)).expect_err("must be refused").code();
     assert_eq!(code(&[], &opts), "invalid_option");
     assert_eq!(code(&[EmbedInput::Text("")], &opts), "invalid_option");
     assert_eq!(code(&[EmbedInput::Tokens(&[])], &opts), "invalid_option");
@@ -169,32 +172,39 @@ fn bad_input_is_refused_with_a_code() {
     assert_eq!(code(&[EmbedInput::Text(&long)], &opts), "context_overflow");
     let cut = model.tokens(EmbedInput::Text(&long), true).expect("truncate");
     assert_eq!((cut.len(), cut.first(), cut.last()), (512, Some(&101), Some(&102)));
-    let truncated = model.embed(&[EmbedInput::Text(&long)], &EmbedOptions { truncate: true, ..opts }).expect("embed truncated");
+    let truncated = block_on(model.embed(&[EmbedInput::Text(&long)], &EmbedOptions { truncate: true, ..opts })).expect("embed truncated");
     assert_eq!(truncated.prompt_tokens, 512);
 }
 
 /// An embedding model cannot chat, and a chat model cannot embed: each refusal says why.
 #[test]
 fn the_kinds_refuse_each_others_work() {
-    let chat = pollster::block_on(kestrel_model::load_file_cpu(&model_path(), LoadOptions::default(), &mut |_| {}));
+    let chat = block_on(kestrel_model::load_file_cpu(&model_path(), LoadOptions::default(), &mut |_| {}));
     let err = chat.err().expect("an embedding model is not a chat model");
     assert_eq!(err.code(), "invalid_option");
     assert!(err.to_string().contains("embedding model"), "{err}");
 }
 
-/// Will it fit, from the header alone: an embedding model's estimate is the CPU backend's, its
-/// weights exactly what the load stores (F32 matrices and vectors as f32), no KV cache, and the
-/// GPU verdict is the CPU backend's (it runs there wherever it is loaded).
+/// Will it fit, from the header alone: an embedding model's CPU estimate has its weights exactly
+/// as the load stores them (F32 matrices and vectors as f32) and no KV cache. A GPU runs its
+/// layers (`cpu_only` is None), so its GPU verdict is the GPU's own: a device that binds 1 byte
+/// cannot hold it, whatever the CPU backend's verdict (gpu_embeddings.rs checks the GPU's bytes
+/// against what the device allocates).
 #[test]
-fn the_estimate_is_the_cpu_backends() {
+fn the_estimate_sizes_both_backends() {
     use kestrel_model::estimate::{DeviceLimits, Estimate, MemoryLimit};
     let header = kestrel_gguf::parse_header(&std::fs::read(model_path()).expect("read")).expect("header");
     let e = Estimate::from_header(&header, None, Default::default(), 1).expect("estimate");
-    assert_eq!((e.kind, e.arch.as_str(), e.kv_cache_bytes, e.context_length), ("embedding", "bert", 0, 512));
-    assert_eq!(e.weight_bytes, minilm().weight_bytes() as u64);
-    assert!(e.cpu.verdict.fits && e.cpu.bytes > e.weight_bytes, "{:?}", e.cpu);
+    assert_eq!((e.kind, e.arch.as_str(), e.kv_cache_bytes, e.context_length, e.cpu_only.as_deref()), ("embedding", "bert", 0, 512, None));
+    assert_eq!(e.cpu.weight_bytes, minilm().weight_bytes() as u64);
+    assert!(e.cpu.verdict.fits && e.cpu.bytes > e.cpu.weight_bytes, "{:?}", e.cpu);
     let tiny = DeviceLimits { max_buffer_size: 1, max_storage_buffer_binding_size: 1 };
-    assert_eq!(e.verdict(&tiny, &MemoryLimit::gpu(Some(1.0))), e.cpu.verdict);
+    let refused = e.verdict(&tiny, &MemoryLimit::gpu(Some(1.0)));
+    assert_eq!((refused.fits, refused.code), (false, Some("device_limits")), "{refused:?}");
+    let ample = DeviceLimits { max_buffer_size: 1 << 30, max_storage_buffer_binding_size: 1 << 30 };
+    assert!(e.verdict(&ample, &MemoryLimit::gpu(Some(1.0))).fits);
+    // The GPU holds the layers (the embedding table stays on the host) and a pass's buffers.
+    assert!(e.weight_bytes < e.cpu.weight_bytes && e.activation_bytes > 0, "{e:?}");
 }
 
 /// Every architecture and pooling type against llama.cpp run now on the same random-weight file
@@ -211,7 +221,7 @@ fn every_architecture_and_pooling_matches_llama_cpp() {
         let llama = llama_cpp_vectors(&path, &m.file_name());
         let model = load_embedder(&path);
         let inputs: Vec<EmbedInput<'_>> = llama.cases.iter().map(|c| EmbedInput::Tokens(&c.tokens)).collect();
-        let ours = model.embed(&inputs, &EmbedOptions { normalize: false, ..EmbedOptions::default() }).expect("embed");
+        let ours = block_on(model.embed(&inputs, &EmbedOptions { normalize: false, ..EmbedOptions::default() })).expect("embed");
         for (case, v) in llama.cases.iter().zip(&ours.vectors) {
             let cos = cosine(v, &case.vector);
             assert!(cos >= 0.999, "{}: {:?}: cosine {cos}", m.file_name(), case.text);
@@ -246,7 +256,7 @@ fn llama_cpp_vectors(path: &std::path::Path, name: &str) -> Reference {
 fn decoder_embedding_models_match_llama_cpp() {
     use common::synthetic::{with_metadata_bytes, QWEN2_F32, QWEN3_F32};
     for (m, pooling) in [(QWEN3_F32, 3u32), (QWEN2_F32, 1)] {
-        let chat = pollster::block_on(kestrel_model::load_file_cpu_any(&m.write(), LoadOptions::default(), &mut |_| {}));
+        let chat = block_on(kestrel_model::load_file_cpu_any(&m.write(), LoadOptions::default(), &mut |_| {}));
         assert!(matches!(chat.expect("load the chat file"), LoadedModel::Chat(_)), "{}: no pooling type is a chat model", m.label);
         let name = format!("{}-pooling-{pooling}", m.file_name().trim_end_matches(".gguf"));
         let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.gguf"));
@@ -263,10 +273,10 @@ fn decoder_embedding_models_match_llama_cpp() {
         assert_eq!((model.config().arch, model.dimensions()), (m.arch, m.hidden));
         let raw = EmbedOptions { normalize: false, ..EmbedOptions::default() };
         let texts: Vec<EmbedInput<'_>> = llama.cases.iter().map(|c| EmbedInput::Text(&c.text)).collect();
-        let together = model.embed(&texts, &raw).expect("embed all");
+        let together = block_on(model.embed(&texts, &raw)).expect("embed all");
         for (case, packed) in llama.cases.iter().zip(&together.vectors) {
             assert_eq!(model.tokens(EmbedInput::Text(&case.text), false).expect("tokenize"), case.tokens, "{}: {:?}", m.label, case.text);
-            let alone = model.embed(&[EmbedInput::Tokens(&case.tokens)], &raw).expect("embed one");
+            let alone = block_on(model.embed(&[EmbedInput::Tokens(&case.tokens)], &raw)).expect("embed one");
             for v in [&alone.vectors[0], packed] {
                 let cos = cosine(v, &case.vector);
                 assert!(cos >= 0.999, "{} pooling {pooling}: {:?}: cosine {cos}", m.label, case.text);
@@ -277,18 +287,19 @@ fn decoder_embedding_models_match_llama_cpp() {
             assert!(cosine(v, &other.vector) < 0.99, "{}: vectors of different texts agree", m.label);
         }
         // An input longer than a chunk runs in chunks, as a prefill does: the same vectors.
-        let chunked = pollster::block_on(kestrel_model::load_file_cpu_any(
-            &path,
-            LoadOptions { max_chunk: 3, ..LoadOptions::default() },
-            &mut |_| {},
-        ));
+        let chunked =
+            block_on(kestrel_model::load_file_cpu_any(&path, LoadOptions { max_chunk: 3, ..LoadOptions::default() }, &mut |_| {}));
         let LoadedModel::Embedding(chunked) = chunked.expect("load") else { panic!("{}: loaded as a chat model", m.label) };
-        for (case, v) in llama.cases.iter().zip(&chunked.embed(&texts, &raw).expect("embed in chunks").vectors) {
+        for (case, v) in llama.cases.iter().zip(&block_on(chunked.embed(&texts, &raw)).expect("embed in chunks").vectors) {
             assert!(cosine(v, &case.vector) >= 0.999, "{} in chunks of 3: {:?}", m.label, case.text);
         }
         let header = kestrel_gguf::parse_header(&std::fs::read(&path).expect("read")).expect("header");
         let estimate = kestrel_model::estimate::Estimate::from_header(&header, None, Default::default(), 1).expect("estimate");
         assert_eq!(estimate.kind, "embedding");
+        // A decoder embedding model runs on the CPU backend in a GPU engine too: one verdict.
+        let tiny = kestrel_model::estimate::DeviceLimits { max_buffer_size: 1, max_storage_buffer_binding_size: 1 };
+        let verdict = estimate.verdict(&tiny, &kestrel_model::estimate::MemoryLimit::gpu(Some(1.0)));
+        assert!(estimate.cpu_only.is_some() && verdict == estimate.cpu.verdict, "{}: {estimate:?}", m.label);
     }
 }
 
@@ -333,7 +344,7 @@ fn rerankers_match_llama_cpp() {
 
     let model = load_embedder(&path);
     assert_eq!(model.config().pooling.as_str(), "rank");
-    let ranking = model.rerank(query, &documents).expect("rerank");
+    let ranking = block_on(model.rerank(query, &documents)).expect("rerank");
     assert_eq!(ranking.prompt_tokens, llama.cases.iter().map(|c| c.tokens.len()).sum::<usize>());
     let logit = |p: f64| (p / (1.0 - p)).ln();
     let worst = llama.cases.iter().zip(&ranking.scores).map(|(c, &s)| (f64::from(s) - c.score).abs()).fold(0.0, f64::max);
@@ -344,28 +355,28 @@ fn rerankers_match_llama_cpp() {
         assert!((score - case.score).abs() < 1e-3, "{:?}: score {score}, llama.cpp {}", case.document, case.score);
         let (ours, theirs) = (logit(score), logit(case.score));
         assert!((ours - theirs).abs() < 4e-3, "{:?}: logit {ours}, llama.cpp {theirs}", case.document);
-        let alone = model.rerank(query, &[case.document.as_str()]).expect("rerank one").scores[0];
+        let alone = block_on(model.rerank(query, &[case.document.as_str()])).expect("rerank one").scores[0];
         assert!((f64::from(alone) - score).abs() < 1e-5, "{:?}: alone {alone}, packed {score}", case.document);
     }
     let header = kestrel_gguf::parse_header(&std::fs::read(&path).expect("read")).expect("header");
     let estimate = kestrel_model::estimate::Estimate::from_header(&header, None, Default::default(), 1).expect("estimate");
-    assert_eq!((estimate.kind, estimate.weight_bytes), ("reranker", model.weight_bytes() as u64));
+    assert_eq!((estimate.kind, estimate.cpu.weight_bytes), ("reranker", model.weight_bytes() as u64));
     assert_eq!(model.kind(), "reranker");
     // The random head still tells the documents apart.
     let (lo, hi) = ranking.scores.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &s| (lo.min(s), hi.max(s)));
     assert!(hi - lo > 0.05, "scores {:?} barely differ", ranking.scores);
 
     // A reranker does not embed, an embedding model does not rerank; bad calls are refused.
-    let err = model.embed(&[EmbedInput::Text("a")], &EmbedOptions::default()).expect_err("a reranker does not embed");
+    let err = block_on(model.embed(&[EmbedInput::Text("a")], &EmbedOptions::default())).expect_err("a reranker does not embed");
     assert_eq!(err.code(), "invalid_option");
     assert!(err.to_string().contains("reranker"), "{err}");
-    assert_eq!(minilm().rerank(query, &documents).expect_err("an embedding model does not rerank").code(), "invalid_option");
-    assert_eq!(model.rerank(query, &[]).expect_err("no documents").code(), "invalid_option");
+    assert_eq!(block_on(minilm().rerank(query, &documents)).expect_err("an embedding model does not rerank").code(), "invalid_option");
+    assert_eq!(block_on(model.rerank(query, &[])).expect_err("no documents").code(), "invalid_option");
     let long = "word ".repeat(200);
-    assert_eq!(model.rerank(query, &[long.as_str()]).expect_err("past the context").code(), "context_overflow");
+    assert_eq!(block_on(model.rerank(query, &[long.as_str()])).expect_err("past the context").code(), "context_overflow");
 
     // llama.cpp reads no classifier head for nomic-bert: such a reranker is refused.
     let nomic = SyntheticEncoder { arch: "nomic-bert", matrix_type: GgmlType::F32, ..m };
-    let refused = pollster::block_on(kestrel_model::load_file_cpu_any(&nomic.write(&model_path()), LoadOptions::default(), &mut |_| {}));
+    let refused = block_on(kestrel_model::load_file_cpu_any(&nomic.write(&model_path()), LoadOptions::default(), &mut |_| {}));
     assert_eq!(refused.err().expect("a nomic-bert reranker is refused").code(), "bad_model");
 }

@@ -22,6 +22,7 @@ mod common;
 #[path = "common/synthetic_encoder.rs"]
 mod synthetic_encoder;
 
+use pollster::block_on;
 use std::path::Path;
 
 use kestrel_model::{EmbedInput, EmbedOptions, Embedder, LoadOptions, LoadedModel};
@@ -53,8 +54,8 @@ fn embedder(loaded: Result<LoadedModel, kestrel_model::ModelError>, path: &Path)
 
 /// The model at `path` on the GPU and on the CPU backend.
 fn both(path: &Path) -> (Embedder, Embedder) {
-    let gpu = embedder(pollster::block_on(kestrel_model::load_file_any(&common::gpu(), path, LoadOptions::default(), &mut |_| {})), path);
-    let cpu = embedder(pollster::block_on(kestrel_model::load_file_cpu_any(path, LoadOptions::default(), &mut |_| {})), path);
+    let gpu = embedder(block_on(kestrel_model::load_file_any(&common::gpu(), path, LoadOptions::default(), &mut |_| {})), path);
+    let cpu = embedder(block_on(kestrel_model::load_file_cpu_any(path, LoadOptions::default(), &mut |_| {})), path);
     assert_eq!((gpu.backend(), cpu.backend()), ("gpu", "cpu"), "{}", path.display());
     (gpu, cpu)
 }
@@ -80,7 +81,8 @@ fn texts() -> Vec<String> {
 
 /// Every vector of one packed call on the GPU within the bound of the CPU's.
 fn assert_gpu_matches_cpu(what: &str, gpu: &Embedder, cpu: &Embedder, inputs: &[EmbedInput<'_>]) {
-    let (g, c) = (gpu.embed(inputs, &RAW).expect("embed on the GPU"), cpu.embed(inputs, &RAW).expect("embed on the CPU"));
+    let (g, c) =
+        (block_on(gpu.embed(inputs, &RAW)).expect("embed on the GPU"), block_on(cpu.embed(inputs, &RAW)).expect("embed on the CPU"));
     assert_eq!(g.prompt_tokens, c.prompt_tokens);
     let mut worst = 1.0f64;
     for (i, (g, c)) in g.vectors.iter().zip(&c.vectors).enumerate() {
@@ -99,7 +101,7 @@ fn minilm_on_the_gpu_matches_the_cpu_and_llama_cpp() {
         serde_json::from_str(&std::fs::read_to_string(common::repo_root().join("tests/data/embeddings/minilm.json")).expect("read"))
             .expect("parse minilm.json");
     let inputs: Vec<EmbedInput<'_>> = reference.cases.iter().map(|c| EmbedInput::Tokens(&c.tokens)).collect();
-    let packed = gpu.embed(&inputs, &RAW).expect("embed on the GPU");
+    let packed = block_on(gpu.embed(&inputs, &RAW)).expect("embed on the GPU");
     for (case, v) in reference.cases.iter().zip(&packed.vectors) {
         let cos = cosine(v, &case.vector);
         assert!(cos >= 0.999, "{:?}: cosine {cos} with llama.cpp's vector", case.text);
@@ -136,7 +138,10 @@ fn a_reranker_on_the_gpu_ranks_as_on_the_cpu() {
     let (gpu, cpu) = both(&m.write(&minilm_path()));
     let query = "how do birds fly";
     let documents = ["Birds fly by flapping their wings.", "The stock market closed higher.", "Penguins are birds that cannot fly.", "fly"];
-    let (g, c) = (gpu.rerank(query, &documents).expect("rerank on the GPU"), cpu.rerank(query, &documents).expect("rerank on the CPU"));
+    let (g, c) = (
+        block_on(gpu.rerank(query, &documents)).expect("rerank on the GPU"),
+        block_on(cpu.rerank(query, &documents)).expect("rerank on the CPU"),
+    );
     let order = |s: &[f32]| {
         let mut i: Vec<usize> = (0..s.len()).collect();
         i.sort_by(|&a, &b| s[b].total_cmp(&s[a]));
@@ -147,4 +152,30 @@ fn a_reranker_on_the_gpu_ranks_as_on_the_cpu() {
         // Probabilities from the head's logit: the vectors' bound moves them by ~1e-3 at most.
         assert!((g - c).abs() < 2e-3, "GPU score {g}, CPU {c}");
     }
+}
+
+/// The estimate's GPU weights are what the device holds once MiniLM's layers are loaded, within
+/// 1 % (allocations round up to 16 bytes), and while they load it holds no more than that plus
+/// the staging copies of two pieces of uploads (`kestrel_gpu::WRITE_PIECE`): the encoder's
+/// loader gives them back as it goes, as the chat loader does. Without that, staging held
+/// another copy of every layer (42 MB here, over the bound).
+#[test]
+fn the_gpu_estimate_is_what_the_device_allocates() {
+    use kestrel_model::estimate::Estimate;
+    let path = minilm_path();
+    let header = kestrel_gguf::parse_header(&std::fs::read(&path).expect("read")).expect("header");
+    let estimate = Estimate::from_header(&header, None, Default::default(), 1).expect("estimate");
+    assert_eq!(estimate.cpu_only, None);
+    // A fresh device: nothing another test left on a pooled one is in the count.
+    let gpu = common::own_gpu();
+    let before = common::settled_gpu_bytes(&gpu);
+    let mut peak = 0u64;
+    let mut sample = |_: &kestrel_model::LoadProgress| peak = peak.max(gpu.allocated_bytes().expect("an allocator report"));
+    let model = embedder(block_on(kestrel_model::load_file_any(&gpu, &path, LoadOptions::default(), &mut sample)), &path);
+    assert_eq!(model.backend(), "gpu");
+    let held = common::settled_gpu_bytes(&gpu) - before;
+    let off = held.abs_diff(estimate.weight_bytes) as f64 / estimate.weight_bytes as f64;
+    assert!(off <= 0.01, "the device holds {held} bytes of layers, the estimate {}", estimate.weight_bytes);
+    let bound = estimate.weight_bytes + 2 * kestrel_gpu::WRITE_PIECE as u64;
+    assert!(peak - before <= bound, "{} bytes while loading, over {bound}", peak - before);
 }

@@ -49,7 +49,8 @@ impl Work for EmbeddingRequest {
         not_an_embedding_model(arch)
     }
     fn run(&self, embedder: &Embedder) -> Result<Embeddings, EngineError> {
-        self.run(embedder)
+        // This thread is the embedder's own: it waits for a GPU pass's readback.
+        pollster::block_on(EmbeddingRequest::run(self, embedder))
     }
     fn job(request: Arc<Self>, reply: Reply<Embeddings>) -> Job {
         Job::Embed(request, reply)
@@ -65,7 +66,7 @@ impl Work for RerankRequest {
         not_a_reranker(arch)
     }
     fn run(&self, embedder: &Embedder) -> Result<Ranking, EngineError> {
-        self.run(embedder)
+        pollster::block_on(RerankRequest::run(self, embedder))
     }
     fn job(request: Arc<Self>, reply: Reply<Ranking>) -> Job {
         Job::Rerank(request, reply)

@@ -7,16 +7,15 @@
 use kestrel_engine::embeddings::{not_an_embedding_model, EmbeddingRequest};
 use kestrel_engine::rerank::{not_a_reranker, RerankRequest};
 use kestrel_engine::EngineError;
+use std::rc::Rc;
+
+use js_sys::Promise;
 use kestrel_model::Embedder;
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
+use wasm_bindgen_futures::future_to_promise;
 
-use crate::{engine_error, js_error, to_js, Engine};
-
-/// Why an embedding model reports the CPU backend on an engine that holds a GPU device: the GPU
-/// encoder is native only (its pass waits for its readback, and `embed` is synchronous), so in
-/// the page the loader builds it on the CPU kernels whatever the engine.
-pub(crate) const ON_CPU: &str = "embedding models and rerankers run on the CPU backend (the GPU encoder is native only)";
+use crate::{engine_error, js_error, to_js, Engine, State};
 
 /// Parses `body` (the JSON of `embeddings.create`'s argument without `signal`).
 fn parse(body: &str) -> Result<EmbeddingRequest, JsValue> {
@@ -63,48 +62,67 @@ pub(crate) fn model_info(embedder: &Embedder) -> Value {
 #[wasm_bindgen]
 impl Engine {
     /// Embeds the inputs of `body` (the JSON of `embeddings.create`'s argument, without `signal`)
-    /// and returns OpenAI's answer. Runs to its end once started (the CPU kernels take no abort).
-    /// A chat model, a malformed request or a bad input is `invalid_option`; an input longer than
-    /// the model's context without `truncate` is `context_overflow`.
-    pub fn embed(&self, body: &str) -> Result<JsValue, JsValue> {
-        self.with_embedder(not_an_embedding_model, |embedder| {
-            let request = parse(body)?;
-            let embeddings = request.run(embedder).map_err(|e| package_error(&e))?;
+    /// and resolves to OpenAI's answer. Runs to its end once started: the CPU kernels take no
+    /// abort, and a GPU pass is one submission. A chat model, a malformed request or a bad input
+    /// is `invalid_option`; an input longer than the model's context without `truncate` is
+    /// `context_overflow`.
+    pub fn embed(&self, body: String) -> Promise {
+        let state = self.state.clone();
+        future_to_promise(async move {
+            let embedder = state.embedder_for(not_an_embedding_model)?;
+            let request = parse(&body)?;
+            let _running = Encoding::start(&state);
+            let embeddings = request.run(&embedder).await.map_err(|e| package_error(&e))?;
             Ok(to_js(&request.response(&embedder.config().name, &embeddings)))
         })
     }
 
     /// Scores the documents of `body` (the JSON of `rerank`'s argument, without `signal`) against
-    /// its query and returns the rerank answer (`{model, object: "list", results, usage}`, best
-    /// first). Runs to its end once started, as `embed`. A chat model, an embedding model, a
+    /// its query and resolves to the rerank answer (`{model, object: "list", results, usage}`,
+    /// best first). Runs to its end once started, as `embed`. A chat model, an embedding model, a
     /// malformed request or a bad field is `invalid_option`; a pair longer than the model's
     /// context is `context_overflow`.
-    pub fn rerank(&self, body: &str) -> Result<JsValue, JsValue> {
-        self.with_embedder(not_a_reranker, |reranker| {
-            let request = parse_rerank(body)?;
-            let ranking = request.run(reranker).map_err(|e| package_error(&e))?;
+    pub fn rerank(&self, body: String) -> Promise {
+        let state = self.state.clone();
+        future_to_promise(async move {
+            let reranker = state.embedder_for(not_a_reranker)?;
+            let request = parse_rerank(&body)?;
+            let _running = Encoding::start(&state);
+            let ranking = request.run(&reranker).await.map_err(|e| package_error(&e))?;
             Ok(to_js(&request.response(&reranker.config().name, &ranking)))
         })
     }
 }
 
-impl Engine {
-    /// Runs `f` on the loaded embedding model or reranker; a chat model is `not_one`'s error.
-    fn with_embedder(
-        &self,
-        not_one: fn(&str) -> EngineError,
-        f: impl FnOnce(&Embedder) -> Result<JsValue, JsValue>,
-    ) -> Result<JsValue, JsValue> {
-        let s = &self.state;
-        let embedder = s.embedder.borrow();
-        let Some(embedder) = embedder.as_ref() else {
-            let info = s.model_info.borrow();
-            return Err(match info.as_ref().and_then(|i| i["arch"].as_str()) {
-                Some(arch) => engine_error(&not_one(arch)),
-                None => js_error("no_model", "no model is loaded"),
-            });
-        };
-        f(embedder)
+impl State {
+    /// The loaded embedding model or reranker, held for one call (an `unload()` meanwhile drops
+    /// the engine's hold; the call's ends with it); a chat model is `not_one`'s error.
+    fn embedder_for(&self, not_one: fn(&str) -> EngineError) -> Result<Rc<Embedder>, JsValue> {
+        if let Some(embedder) = self.embedder.borrow().as_ref() {
+            return Ok(embedder.clone());
+        }
+        let info = self.model_info.borrow();
+        Err(match info.as_ref().and_then(|i| i["arch"].as_str()) {
+            Some(arch) => engine_error(&not_one(arch)),
+            None => js_error("no_model", "no model is loaded"),
+        })
+    }
+}
+
+/// An embedding or rerank call under way: a load waits for it to end (`State::check_idle`), as it
+/// waits for a generation. Calls may overlap (a shared engine's tabs): each counts.
+struct Encoding(Rc<State>);
+
+impl Encoding {
+    fn start(state: &Rc<State>) -> Self {
+        state.encoding.set(state.encoding.get() + 1);
+        Self(state.clone())
+    }
+}
+
+impl Drop for Encoding {
+    fn drop(&mut self) {
+        self.0.encoding.set(self.0.encoding.get().saturating_sub(1));
     }
 }
 

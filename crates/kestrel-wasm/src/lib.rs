@@ -69,7 +69,10 @@ struct State {
     cpu_reason: RefCell<Option<String>>,
     loader: RefCell<Option<ModelLoader>>,
     /// The loaded embedding model; then there is no scheduler (an encoder generates nothing).
-    embedder: RefCell<Option<Embedder>>,
+    /// Each call holds it too, so that an `unload()` during one frees it when the call ends.
+    embedder: RefCell<Option<Rc<Embedder>>>,
+    /// Embedding and rerank calls under way (`embeddings::Encoding`).
+    encoding: Cell<usize>,
     /// The loaded chat model in the engine core's scheduler; taken out while a step runs.
     scheduler: RefCell<Option<Scheduler>>,
     /// The scheduler's aborts, reachable while a step runs.
@@ -96,6 +99,7 @@ impl State {
             cpu_reason: RefCell::new(cpu_reason),
             loader: RefCell::default(),
             embedder: RefCell::default(),
+            encoding: Cell::default(),
             scheduler: RefCell::default(),
             aborts: RefCell::default(),
             inbox: RefCell::default(),
@@ -112,6 +116,9 @@ impl State {
         let working = self.scheduler.borrow().as_ref().is_some_and(|s| !s.is_idle()) || !self.inbox.borrow().is_empty();
         if self.busy.get() || working {
             return Err(js_error("busy", &format!("cannot {what} while a generation is running")));
+        }
+        if self.encoding.get() > 0 {
+            return Err(js_error("busy", &format!("cannot {what} while an embedding or rerank call is running")));
         }
         Ok(())
     }
@@ -148,7 +155,7 @@ impl State {
             LoadedModel::Chat(model) => model,
             LoadedModel::Embedding(embedder) => {
                 *self.model_info.borrow_mut() = Some(embeddings::model_info(&embedder));
-                *self.embedder.borrow_mut() = Some(embedder);
+                *self.embedder.borrow_mut() = Some(Rc::new(embedder));
                 return Ok(self.info());
             }
         };
@@ -215,14 +222,15 @@ impl State {
                 },
             })
         });
-        let encoder_kind = self.embedder.borrow().as_ref().map(Embedder::kind);
-        let embedding = encoder_kind.is_some();
-        // An embedding model or a reranker runs on the CPU kernels even in an engine that holds a
-        // GPU device.
-        let (gpu, cpu_reason) = match (embedding, self.cpu_reason.borrow().clone()) {
+        let embedder = self.embedder.borrow();
+        let encoder_kind = embedder.as_ref().map(|e| e.kind());
+        // An embedding model the GPU does not run (`Embedder::gpu_declined`) is on the CPU
+        // kernels even in an engine that holds a GPU device.
+        let declined = embedder.as_ref().and_then(|e| e.gpu_declined()).map(|why| format!("this model runs on the CPU backend: {why}"));
+        let (gpu, cpu_reason) = match (declined, self.cpu_reason.borrow().clone()) {
             (_, Some(reason)) => (gpu, Some(reason)),
-            (true, None) => (None, Some(embeddings::ON_CPU.to_string())),
-            (false, None) => (gpu, None),
+            (Some(why), None) => (None, Some(why)),
+            (None, None) => (gpu, None),
         };
         let backend = if gpu.is_some() { "webgpu" } else { "cpu" };
         // One thread: a wasm worker has no shared-memory threads without a nightly toolchain.

@@ -50,7 +50,7 @@ pub fn run(args: EmbedArgs) -> CliResult {
         return Err(engine_coded(&not_an_embedding_model(&arch)).into());
     }
     let embedder = load_embedder(&path, args.backend, false)?;
-    let embeddings = request.run(&embedder).map_err(|e| engine_coded(&e))?;
+    let embeddings = pollster::block_on(request.run(&embedder)).map_err(|e| engine_coded(&e))?;
     println!("{}", request.response(&model_name(&path), &embeddings));
     Ok(())
 }

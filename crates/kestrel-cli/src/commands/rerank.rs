@@ -50,7 +50,7 @@ pub fn run(args: RerankArgs) -> CliResult {
         return Err(engine_coded(&not_a_reranker(&arch)).into());
     }
     let reranker = load_embedder(&path, args.backend, false)?;
-    let ranking = request.run(&reranker).map_err(|e| engine_coded(&e))?;
+    let ranking = pollster::block_on(request.run(&reranker)).map_err(|e| engine_coded(&e))?;
     println!("{}", request.response(&model_name(&path), &ranking));
     Ok(())
 }

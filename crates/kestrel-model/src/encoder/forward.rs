@@ -139,7 +139,6 @@ impl<K: CpuKernels> Encoder<K> {
     }
 
     /// nomic-bert's RoPE; None for BERT (learned positions).
-    #[cfg(not(target_arch = "wasm32"))]
     pub(super) fn rope(&self) -> Option<&RopeConfig> {
         self.rope.as_ref()
     }

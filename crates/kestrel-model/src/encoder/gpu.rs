@@ -172,9 +172,9 @@ impl GpuEncoder {
     }
 
     /// `Encoder::embed` with the layers on the GPU: the same inputs, the same outputs.
-    pub(crate) fn embed(&self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ModelError> {
+    pub(crate) async fn embed(&self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ModelError> {
         let (x, ranges) = self.host.input(inputs);
-        let x = pollster::block_on(self.layers(x, &ranges))?;
+        let x = self.layers(x, &ranges).await?;
         Ok(self.host.output(&x, &ranges))
     }
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use kestrel_gguf::{GgufHeader, TensorInfo};
 use kestrel_gpu::kernels::encoder::EncoderAttentionKernel;
-use kestrel_gpu::{Gpu, WeightTensor};
+use kestrel_gpu::{Gpu, UploadFlusher, WeightTensor};
 use kestrel_tokenizer::Vocabulary;
 
 use super::{check_complete, check_shape, expected_tensors, Embedder, Encoder, EncoderConfig, EncoderTensor, EncoderTensors, Kind};
@@ -20,24 +20,41 @@ pub(crate) struct EncoderLoading {
     tokenizer: PendingTokenizer,
     expected: HashMap<String, EncoderTensor>,
     tensors: EncoderTensors<kestrel_cpu::Matrix>,
-    /// Where the layers run when loaded for a GPU (natively; the browser's embedding calls are
-    /// synchronous, so they stay on the CPU backend there), and their matrices uploaded so far.
+    /// Where the layers run when loaded for a GPU, and their matrices uploaded so far.
     gpu: Option<Gpu>,
     gpu_matrices: HashMap<String, WeightTensor>,
+    /// The uploads' staging copies, given back as the load goes.
+    flusher: UploadFlusher,
+    /// Loaded for a GPU that does not run its layers: why (`gpu_declines`).
+    declined: Option<String>,
     pub(crate) tensors_loaded: usize,
 }
 
 /// Whether the tensor goes to the GPU: a layer's matrix (the embedding table and the rank head
 /// stay with the host's ends of the pass).
-fn on_gpu(name: &str, e: &EncoderTensor) -> bool {
+pub(crate) fn on_gpu(name: &str, e: &EncoderTensor) -> bool {
     e.kind == Kind::Matrix && name.starts_with("blk.")
+}
+
+/// Why an engine with a GPU runs the encoder of `config` (`expected`: its tensors in `header`)
+/// on the CPU backend: a layer matrix of a type the GPU kernels do not read, or heads wider than
+/// the GPU attention kernel takes. None: its layers run on the GPU.
+pub(crate) fn gpu_declines(config: &EncoderConfig, header: &GgufHeader, expected: &HashMap<String, EncoderTensor>) -> Option<String> {
+    let unread = header
+        .tensors
+        .iter()
+        .find(|t| expected.get(&t.name).is_some_and(|e| on_gpu(&t.name, e) && !kestrel_gpu::layout::is_gpu_supported(t.ggml_type)));
+    if let Some(t) = unread {
+        return Some(format!("the GPU kernels do not read {}'s type {}", t.name, t.ggml_type));
+    }
+    (config.head_dim > EncoderAttentionKernel::MAX_HEAD_DIM)
+        .then(|| format!("heads of {} values are wider than the GPU attention's {}", config.head_dim, EncoderAttentionKernel::MAX_HEAD_DIM))
 }
 
 impl EncoderLoading {
     /// From the model's header, which must be its whole file (embedding models are small: a
-    /// split one is refused). With `gpu`, the layers run there when the GPU reads every layer
-    /// matrix's type and its attention kernel takes the heads (else all of it stays on the CPU
-    /// backend).
+    /// split one is refused). With `gpu`, the layers run there unless `gpu_declines` (then all of
+    /// it stays on the CPU backend).
     pub(crate) fn new(config: EncoderConfig, header: &GgufHeader, shards: u32, gpu: Option<&Gpu>) -> Result<Self, ModelError> {
         if shards != 1 {
             return Err(bad_model(format!(
@@ -51,19 +68,17 @@ impl EncoderLoading {
             check_shape(&expected, info)?;
         }
         check_complete(&expected, header.tensors.iter().map(|t| t.name.as_str()))?;
-        let gpu_reads_all = header
-            .tensors
-            .iter()
-            .all(|t| expected.get(&t.name).is_none_or(|e| !on_gpu(&t.name, e) || kestrel_gpu::layout::is_gpu_supported(t.ggml_type)));
-        let gpu_fits = config.head_dim <= EncoderAttentionKernel::MAX_HEAD_DIM;
-        let gpu = gpu.filter(|_| gpu_reads_all && gpu_fits && cfg!(not(target_arch = "wasm32"))).cloned();
+        let declined = gpu.and_then(|_| gpu_declines(&config, header, &expected));
+        let gpu = gpu.filter(|_| declined.is_none()).cloned();
         Ok(Self {
+            declined,
             config,
             tokenizer: PendingTokenizer::new(vocabulary).start(),
             expected,
             tensors: EncoderTensors::default(),
             gpu,
             gpu_matrices: HashMap::new(),
+            flusher: UploadFlusher::default(),
             tensors_loaded: 0,
         })
     }
@@ -78,6 +93,7 @@ impl EncoderLoading {
             Some(gpu) if on_gpu(&info.name, e) => {
                 let w = WeightTensor::from_gguf_bytes(gpu, &info.name, info.ggml_type, e.rows, e.cols, bytes)?;
                 self.gpu_matrices.insert(info.name.clone(), w);
+                self.flusher.uploaded(gpu, bytes.len());
             }
             _ => self.tensors.add::<Quantized>(&info.name, e, info.ggml_type, bytes)?,
         }
@@ -91,12 +107,17 @@ impl EncoderLoading {
             return Err(bad_model(format!("tokenizer has {} tokens, the model {}", tokenizer.vocab_size(), self.config.vocab)));
         }
         match self.gpu {
-            #[cfg(not(target_arch = "wasm32"))]
             Some(gpu) => {
                 let encoder = super::GpuEncoder::new(&gpu, self.config, self.tensors, self.gpu_matrices).await?;
                 Ok(Embedder::gpu_encoder(encoder, tokenizer))
             }
-            _ => Ok(Embedder::new(Encoder::from_tensors(self.config, self.tensors)?, tokenizer)),
+            None => {
+                let embedder = Embedder::new(Encoder::from_tensors(self.config, self.tensors)?, tokenizer);
+                Ok(match self.declined {
+                    Some(why) => embedder.declined_gpu(why),
+                    None => embedder,
+                })
+            }
         }
     }
 }

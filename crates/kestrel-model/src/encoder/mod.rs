@@ -1,13 +1,13 @@
 //! Embedding models: encoders (`bert`, `nomic-bert`) read from GGUF as llama.cpp reads them, run
-//! on the CPU backend's kernels or, loaded for a GPU natively, with their layers on the GPU
-//! (`gpu`), and decoders with a pooling type (Qwen3-Embedding) on the CPU backend; and the
-//! `Embedder` that turns texts into pooled, normalized vectors.
+//! on the CPU backend's kernels or, loaded for a GPU (natively or in the page), with their layers
+//! on the GPU (`gpu`), and decoders with a pooling type (Qwen3-Embedding) on the CPU backend; and
+//! the `Embedder` that turns texts into pooled, normalized vectors. Embedding is async because a
+//! GPU pass awaits its readback (a browser cannot block on it); native callers block on it.
 
 mod config;
 mod decoder;
 mod forward;
 mod gelu;
-#[cfg(not(target_arch = "wasm32"))]
 mod gpu;
 mod loading;
 mod weights;
@@ -15,10 +15,9 @@ mod weights;
 pub use config::{EncoderArch, EncoderConfig, Pooling};
 pub use decoder::{decoder_pooling, DecoderEmbedder};
 pub use forward::{Encoder, EncoderTensors};
-pub(crate) use loading::EncoderLoading;
+pub(crate) use loading::{gpu_declines, on_gpu, EncoderLoading};
 pub use weights::{check_complete, check_shape, expected_tensors, EncoderTensor, Kind};
 
-#[cfg(not(target_arch = "wasm32"))]
 pub(crate) use gpu::GpuEncoder;
 
 use kestrel_tokenizer::Tokenizer;
@@ -100,7 +99,6 @@ pub struct EmbedderInfo {
 enum Pass {
     Encoder(Encoder<Quantized>),
     /// An encoder loaded for a GPU: its layers run there (boxed as the decoder is).
-    #[cfg(not(target_arch = "wasm32"))]
     GpuEncoder(Box<GpuEncoder>),
     Decoder(Box<DecoderEmbedder>),
 }
@@ -111,22 +109,25 @@ pub struct Embedder {
     info: EmbedderInfo,
     pass: Pass,
     tokenizer: Tokenizer,
+    /// Loaded for a GPU that does not run it: why (`gpu_declined`).
+    gpu_declined: Option<String>,
 }
+
+/// Why a decoder embedding model loaded for a GPU runs on the CPU backend.
+pub const DECODER_ON_CPU: &str = "decoder embedding models run on the CPU backend";
 
 impl Embedder {
     pub fn new(encoder: Encoder<Quantized>, tokenizer: Tokenizer) -> Self {
         let info = encoder_info(&encoder.config);
-        Self { info, pass: Pass::Encoder(encoder), tokenizer }
+        Self { info, pass: Pass::Encoder(encoder), tokenizer, gpu_declined: None }
     }
 
     /// An encoder whose layers run on the GPU.
-    #[cfg(not(target_arch = "wasm32"))]
     pub(crate) fn gpu_encoder(encoder: GpuEncoder, tokenizer: Tokenizer) -> Self {
-        Self { info: encoder_info(encoder.config()), pass: Pass::GpuEncoder(Box::new(encoder)), tokenizer }
+        Self { info: encoder_info(encoder.config()), pass: Pass::GpuEncoder(Box::new(encoder)), tokenizer, gpu_declined: None }
     }
 
     /// The GPU device its layers run on, where they run on one.
-    #[cfg(not(target_arch = "wasm32"))]
     pub fn gpu(&self) -> Option<&kestrel_gpu::Gpu> {
         match &self.pass {
             Pass::GpuEncoder(e) => Some(e.gpu()),
@@ -136,16 +137,27 @@ impl Embedder {
 
     /// Where the model's layers run: "gpu" or "cpu".
     pub fn backend(&self) -> &'static str {
-        match &self.pass {
-            #[cfg(not(target_arch = "wasm32"))]
-            Pass::GpuEncoder(_) => "gpu",
-            Pass::Encoder(_) | Pass::Decoder(_) => "cpu",
+        if self.gpu().is_some() {
+            "gpu"
+        } else {
+            "cpu"
         }
     }
 
     /// A decoder embedding model (Qwen3-Embedding).
     pub fn decoder(decoder: DecoderEmbedder, tokenizer: Tokenizer) -> Self {
-        Self { info: decoder.info().clone(), pass: Pass::Decoder(Box::new(decoder)), tokenizer }
+        Self { info: decoder.info().clone(), pass: Pass::Decoder(Box::new(decoder)), tokenizer, gpu_declined: None }
+    }
+
+    /// The model was loaded for a GPU that does not run it, for the reason `why`.
+    pub(crate) fn declined_gpu(self, why: impl Into<String>) -> Self {
+        Self { gpu_declined: Some(why.into()), ..self }
+    }
+
+    /// Why the GPU it was loaded for does not run it; None where it was loaded for the CPU
+    /// backend or its layers run on the GPU.
+    pub fn gpu_declined(&self) -> Option<&str> {
+        self.gpu_declined.as_deref()
     }
 
     pub fn config(&self) -> &EmbedderInfo {
@@ -175,7 +187,6 @@ impl Embedder {
     pub fn weight_bytes(&self) -> usize {
         match &self.pass {
             Pass::Encoder(e) => e.weight_bytes(),
-            #[cfg(not(target_arch = "wasm32"))]
             Pass::GpuEncoder(e) => e.weight_bytes(),
             Pass::Decoder(d) => d.weight_bytes(),
         }
@@ -222,7 +233,7 @@ impl Embedder {
 
     /// The embeddings of `inputs` (1 to `MAX_INPUTS`): every input is checked before any is run.
     /// A reranker (rank pooling) gives scores, not embeddings: refused.
-    pub fn embed(&self, inputs: &[EmbedInput<'_>], options: &EmbedOptions) -> Result<Embeddings, ModelError> {
+    pub async fn embed(&self, inputs: &[EmbedInput<'_>], options: &EmbedOptions) -> Result<Embeddings, ModelError> {
         if self.info.pooling == Pooling::Rank {
             let reason = "this is a reranker (pooling_type 4, rank): it scores documents against a query (rerank), it does not embed";
             return Err(ModelError::InvalidOption { name: "model", reason: reason.into() });
@@ -239,7 +250,7 @@ impl Embedder {
         }
         let tokens = inputs.iter().map(|&i| self.tokens(i, options.truncate)).collect::<Result<Vec<_>, _>>()?;
         let prompt_tokens = tokens.iter().map(Vec::len).sum();
-        let mut vectors = self.run_packed(tokens)?;
+        let mut vectors = self.run_packed(tokens).await?;
         for v in &mut vectors {
             if let Some(d) = options.dimensions {
                 v.truncate(d);
@@ -278,7 +289,7 @@ impl Embedder {
     /// its classifier head, all pairs packed into as few passes as embedding packs inputs into.
     /// A pair longer than the model's context is refused (`context_overflow`), and every pair is
     /// checked before any is run. An embedding model is refused (`invalid_option`).
-    pub fn rerank(&self, query: &str, documents: &[&str]) -> Result<Ranking, ModelError> {
+    pub async fn rerank(&self, query: &str, documents: &[&str]) -> Result<Ranking, ModelError> {
         if self.info.pooling != Pooling::Rank {
             let reason = format!(
                 "this is an embedding model ({} pooling): it embeds texts, it does not rerank them (load a reranker: pooling_type 4)",
@@ -297,7 +308,7 @@ impl Embedder {
         }
         let prompt_tokens = pairs.iter().map(Vec::len).sum();
         let run: Vec<Vec<u32>> = pairs.iter().filter(|p| !p.is_empty()).cloned().collect();
-        let mut outputs = self.run_packed(run)?.into_iter();
+        let mut outputs = self.run_packed(run).await?.into_iter();
         let scores = pairs
             .iter()
             .map(|p| {
@@ -313,29 +324,28 @@ impl Embedder {
     }
 
     /// The pooled outputs of `inputs` in order, run in passes of about `TOKENS_PER_PASS` tokens.
-    fn run_packed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, ModelError> {
+    async fn run_packed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>, ModelError> {
         let mut outputs = Vec::with_capacity(inputs.len());
         let mut pass: Vec<Vec<u32>> = Vec::new();
         let mut pass_tokens = 0;
         for t in inputs {
             if !pass.is_empty() && pass_tokens + t.len() > TOKENS_PER_PASS {
-                outputs.extend(self.run(&std::mem::take(&mut pass))?);
+                outputs.extend(self.run(&std::mem::take(&mut pass)).await?);
                 pass_tokens = 0;
             }
             pass_tokens += t.len();
             pass.push(t);
         }
         if !pass.is_empty() {
-            outputs.extend(self.run(&pass)?);
+            outputs.extend(self.run(&pass).await?);
         }
         Ok(outputs)
     }
 
-    fn run(&self, pass: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ModelError> {
+    async fn run(&self, pass: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, ModelError> {
         match &self.pass {
             Pass::Encoder(e) => Ok(kestrel_cpu::on_pool(|| e.embed(pass))),
-            #[cfg(not(target_arch = "wasm32"))]
-            Pass::GpuEncoder(e) => e.embed(pass),
+            Pass::GpuEncoder(e) => e.embed(pass).await,
             Pass::Decoder(d) => kestrel_cpu::on_pool(|| d.embed(pass)),
         }
     }

@@ -72,11 +72,11 @@ pub fn run(args: &EmbedBenchArgs) -> CliResult {
     let batch: Vec<EmbedInput<'_>> = inputs.iter().map(|t| EmbedInput::Tokens(t)).collect();
     let options = EmbedOptions::default();
     // Untimed: the pool's threads and the first pages of the activations.
-    embedder.embed(&batch, &options)?;
+    pollster::block_on(embedder.embed(&batch, &options))?;
     let mut rates = Vec::new();
     for _ in 0..args.repeats {
         let start = Instant::now();
-        embedder.embed(&batch, &options)?;
+        pollster::block_on(embedder.embed(&batch, &options))?;
         rates.push(inputs.len() as f64 / start.elapsed().as_secs_f64());
     }
     let report = EmbedReport {
