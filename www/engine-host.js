@@ -18,6 +18,7 @@ let wasmMemory = null; // the wasm instance's WebAssembly.Memory, once initialis
 const aborted = new Set(); // page ids aborted before their request reached the engine
 let lastLoad = null; // {model, engineOptions, sha256, persist} of the loaded model, to reload it after a device loss
 let recovery = null; // the reload under way after a device loss; requests wait for it
+let encoding = Promise.resolve(); // the embedding or rerank call under way; the next waits for it
 let prefixes = null; // the PrefixStore of the loaded model, with `persistPrefix`
 let saving = Promise.resolve(); // the KV prefix being saved after a request; the next one waits for it
 let remote = null; // the RemoteBackend of a remote engine (createEngine's `remote`)
@@ -733,9 +734,14 @@ export async function handleMessage(data) {
         value = await generate(id, data.endpoint, data.body);
         break;
       case 'embed':
-      case 'rerank':
-        value = await encode(type, data.body);
+      case 'rerank': {
+        // One at a time (the tabs of a shared engine may overlap): a decoder embedding model's
+        // KV cache serves one call.
+        const run = encoding.then(() => encode(type, data.body));
+        encoding = run.catch(() => {});
+        value = await run;
         break;
+      }
       case 'reset':
         // After the batched requests before it.
         await stepping;

@@ -101,8 +101,8 @@ export interface RerankerModelInfo extends Omit<EmbeddingModelInfo, 'pooling'> {
 interface EngineInfoCommon {
   /**
    * Where generation runs: this browser's GPU, its CPU (wasm SIMD in the engine's worker), or the
-   * `remote` server of createEngine. A decoder embedding model (Qwen3-Embedding), or an encoder
-   * the GPU kernels cannot run, runs on the CPU backend whatever `backend` asked for.
+   * `remote` server of createEngine. An encoder the GPU kernels cannot run (`backend_reason`
+   * says why) runs on the CPU backend whatever `backend` asked for.
    */
   backend: 'webgpu' | 'cpu' | 'remote';
   /**
@@ -659,8 +659,8 @@ export interface Estimate {
    */
   kind: 'chat' | 'embedding' | 'reranker';
   /**
-   * Why a GPU engine would run this model on the CPU backend (a decoder embedding model, or an
-   * encoder the GPU kernels cannot run): then its GPU verdict (`fits`) is the CPU backend's.
+   * Why a GPU engine would run this model on the CPU backend (an encoder the GPU kernels cannot
+   * run): then its GPU verdict (`fits`) is the CPU backend's.
    * null: it runs on the GPU.
    */
   cpu_only: string | null;

@@ -27,6 +27,9 @@ pub enum ModelError {
     /// memory cannot grow that far). Nothing is left half-loaded: a smaller model still loads.
     #[error("out of memory: cannot allocate {bytes} bytes for {what}")]
     OutOfMemory { what: String, bytes: u64 },
+    /// A model that serves one call at a time asked for a second meanwhile.
+    #[error("busy: {0}")]
+    Busy(&'static str),
     /// The error of a batched step, as each of its sequences gets it.
     #[error("{message}")]
     InBatch { code: &'static str, message: String },
@@ -52,6 +55,7 @@ impl ModelError {
             Self::BadSnapshot(_) => "bad_snapshot",
             Self::SnapshotMismatch(_) => "snapshot_mismatch",
             Self::NeedsGpu(_) => "needs_gpu",
+            Self::Busy(_) => "busy",
             Self::InBatch { code, .. } => code,
             // The model's chat template failed while rendering a request: its own code, so that a
             // page can tell a hostile or broken template from a tokenizer fault.

@@ -65,9 +65,8 @@ pub struct Estimate {
     /// "chat", "embedding" (an encoder, or a decoder with a pooling type) or "reranker" (an
     /// encoder with rank pooling).
     pub kind: &'static str,
-    /// Why an engine with a GPU would run this model on the CPU backend (a decoder embedding
-    /// model, or an encoder the GPU encoder cannot take); then the GPU verdict is the CPU
-    /// backend's. None: a GPU engine runs it on the GPU, as the fields below size it (an
+    /// Why an engine with a GPU would run this model on the CPU backend (an encoder the GPU
+    /// encoder cannot take); then the GPU verdict is the CPU backend's. None: a GPU engine runs it on the GPU, as the fields below size it (an
     /// encoder's layers: the embedding table, its norm and the rank head stay on the host).
     pub cpu_only: Option<String>,
     pub name: String,
@@ -193,8 +192,7 @@ impl Estimate {
             return encoder_estimate(header, &c);
         }
         let c = ModelConfig::from_header(header)?;
-        // A decoder embedding model is the chat graph on the CPU backend with one KV cache, which
-        // the CPU estimate below sizes; its verdict is that one (`verdict`).
+        // A decoder embedding model is the chat graph with one KV cache (on either backend).
         let embedding = encoder::decoder_pooling(header)?.is_some();
         let slots = if embedding { 1 } else { slots };
         let context = context_length(&c, context)?;
@@ -250,7 +248,7 @@ impl Estimate {
         let cpu = CpuEstimate::new(header, &c, &roles, CpuSizes { context, chunk, slots, kv_cache_bytes }, &unsupported);
         Ok(Self {
             kind: if embedding { "embedding" } else { "chat" },
-            cpu_only: embedding.then(|| encoder::DECODER_ON_CPU.to_string()),
+            cpu_only: None,
             name: c.name.clone(),
             arch: format!("{:?}", c.arch).to_lowercase(),
             file_bytes: header.data_end(),

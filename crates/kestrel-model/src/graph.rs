@@ -314,6 +314,7 @@ impl Graph {
         let output_norm: Arc<dyn kestrel_gpu::StepOp> =
             Arc::new(norm.bind(gpu, &step, &act.x, &weights.output_norm, &act.normed, c.rms_eps)?);
         plan.logits.push(PlannedOp { family: "rmsnorm", op: output_norm.clone() });
+        plan.output_norm.push(PlannedOp { family: "rmsnorm", op: output_norm.clone() });
         plan.every_batch("rmsnorm", output_norm);
         let last_row = LastRowCopy { src: act.normed.buffer.clone(), dst: act.last_normed.buffer.clone(), row_bytes: 4 * c.hidden as u64 };
         plan.logits.push(PlannedOp { family: plan::COPY, op: Arc::new(last_row) });
@@ -533,6 +534,23 @@ impl Graph {
             [id, prob] => Ok((*id, f32::from_bits(*prob))),
             _ => Err(GpuError::Readback(format!("expected 2 words, got {}", words.len()))),
         }
+    }
+
+    /// Runs `tokens` (at most `max_chunk`) at positions `pos..` of slot 0 and returns every
+    /// token's final hidden state after the output norm, `[token][hidden]`: what a decoder
+    /// embedding model pools (llama.cpp's `result_norm`). The LM head does not run.
+    pub async fn normed_rows(&self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, GpuError> {
+        let step = self.begin_step(StepInput::Tokens(tokens), pos, 0)?;
+        let mut rec = Recorder::new(&self.gpu);
+        plan::record(&mut rec, &self.plan.prefill, &step);
+        plan::record(&mut rec, &self.plan.output_norm, &step);
+        let bytes = 4 * (tokens.len() * self.config.hidden) as u64;
+        let readback = Readback::new(&self.gpu, bytes);
+        rec.copy(&self.act.normed.buffer, 0, readback.buffer(), 0, bytes);
+        let submission = rec.submit();
+        let read = readback.read_after(&self.gpu, bytes, Some(submission)).await;
+        self.gpu.check_faults()?;
+        Ok(bytemuck::pod_collect_to_vec(&read?))
     }
 
     /// The logits copied by the last `TokenAndLogits` step.

@@ -108,8 +108,8 @@ enum Target {
 /// What is known once the header is parsed, and the tensors uploaded so far.
 struct Loading {
     config: ModelConfig,
-    /// A decoder embedding model's pooling (`{arch}.pooling_type`): it loads on the CPU backend
-    /// whatever the target, as encoders do, and becomes an `Embedder`.
+    /// A decoder embedding model's pooling (`{arch}.pooling_type`): it loads as a chat model does,
+    /// on either backend, and becomes an `Embedder`.
     pooling: Option<Pooling>,
     tokenizer: PendingTokenizer,
     /// Each tensor's role, from the headers so far.
@@ -233,15 +233,20 @@ impl ModelLoader {
         self.reader.finish()?;
         self.shards.as_ref().map(ShardSequence::finish).transpose()?;
         match (self.state.ok_or_else(|| bad_model("empty file"))?, &self.target) {
-            (State::Chat(loading), target) if loading.pooling.is_some() => {
-                let embedder = loading.into_embedder(&self.options)?;
-                Ok(LoadedModel::Embedding(match target {
-                    Target::Gpu(_) => embedder.declined_gpu(crate::encoder::DECODER_ON_CPU),
-                    Target::Cpu => embedder,
-                }))
+            (State::Chat(loading), target) => {
+                let pooling = loading.pooling;
+                let model = match target {
+                    Target::Gpu(gpu) => loading.into_model(gpu, &self.options).await?,
+                    Target::Cpu => loading.into_cpu_model(&self.options)?,
+                };
+                Ok(match pooling {
+                    Some(pooling) => {
+                        let tokenizer = model.tokenizer().clone();
+                        LoadedModel::Embedding(Embedder::decoder(DecoderEmbedder::new(model, pooling), tokenizer))
+                    }
+                    None => LoadedModel::Chat(model),
+                })
             }
-            (State::Chat(loading), Target::Gpu(gpu)) => Ok(LoadedModel::Chat(loading.into_model(gpu, &self.options).await?)),
-            (State::Chat(loading), Target::Cpu) => Ok(LoadedModel::Chat(loading.into_cpu_model(&self.options)?)),
             (State::Encoder(loading), _) => Ok(LoadedModel::Embedding(loading.into_embedder().await?)),
         }
     }
@@ -261,8 +266,6 @@ impl Loading {
     fn new(header: &GgufHeader, gpu: bool, last: bool) -> Result<Self, ModelError> {
         let config = ModelConfig::from_header(header)?;
         let pooling = decoder_pooling(header)?;
-        // An embedding model runs on the CPU backend: the GPU's checks do not apply to it.
-        let gpu = gpu && pooling.is_none();
         let vocabulary = Vocabulary::from_metadata(&header.metadata)?;
         if vocabulary.tokens.len() != config.vocab {
             return Err(bad_model(format!("tokenizer has {} tokens, the model {}", vocabulary.tokens.len(), config.vocab)));
@@ -335,7 +338,7 @@ impl Loading {
         self.tensors_loaded += 1;
         let ty = info.ggml_type;
         let gpu = match target {
-            Target::Gpu(gpu) if self.pooling.is_none() => gpu,
+            Target::Gpu(gpu) => gpu,
             _ => return self.cpu.add::<Quantized>(e.role, ty, bytes, e.rows, e.cols),
         };
         match e.role {
@@ -491,18 +494,6 @@ impl Loading {
         }
         let forward = CpuForward::<Quantized>::from_tensors(self.config, self.cpu, max_ctx, options.kv_cache)?;
         Model::new_cpu(CpuBackend::new(forward, options.max_chunk.min(max_ctx), options.kv_cache), self.tokenizer.finish()?)
-    }
-
-    /// A decoder embedding model: the CPU backend's pass, run in chunks of `max_chunk` tokens.
-    fn into_embedder(self, options: &LoadOptions) -> Result<Embedder, ModelError> {
-        let Some(pooling) = self.pooling else { return Err(bad_model("a chat model has no pooling type")) };
-        let max_ctx = context_length(&self.config, options.context_length)?;
-        if options.max_chunk == 0 {
-            return Err(ModelError::InvalidOption { name: "max_chunk", reason: "must be at least 1".into() });
-        }
-        let forward = CpuForward::<Quantized>::from_tensors(self.config, self.cpu, max_ctx, options.kv_cache)?;
-        let decoder = DecoderEmbedder::new(forward, pooling, options.max_chunk.min(max_ctx));
-        Ok(Embedder::decoder(decoder, self.tokenizer.finish()?))
     }
 }
 

@@ -13,6 +13,7 @@ use web_time::Instant;
 use crate::config::ModelConfig;
 use crate::constraint::{OutputConstraint, TokenGrammar, TokenMatcher};
 use crate::cpu_backend::CpuBackend;
+use crate::cpu_forward::SequenceStep;
 use crate::error::bad_model;
 use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput, TOKEN_SLOTS};
 use crate::host_sampling::HostSampler;
@@ -527,6 +528,27 @@ impl Model {
         self.prefill(tokens, 0, &StepOutput::TokenAndLogits).await?;
         self.cached[0] = tokens.to_vec();
         self.backend.read_logits().await
+    }
+
+    /// Runs `tokens` from position 0, a chunk at a time, and returns every token's final hidden
+    /// state after the output norm (`[token][hidden]`), without the LM head: what a decoder
+    /// embedding model pools. The cache keeps no conversation after it (its rows are the input's).
+    pub async fn normed_hidden(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        self.check_no_sequences()?;
+        self.cached[0].clear();
+        let chunk = self.backend.max_chunk();
+        let mut rows = Vec::with_capacity(tokens.len() * self.config().hidden);
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let pos = i * chunk;
+            match &mut self.backend {
+                Backend::Gpu(g) => rows.extend(g.normed_rows(part, pos).await?),
+                Backend::Cpu(c) => {
+                    let step = SequenceStep { slot: 0, pos, tokens: part, logits: false };
+                    rows.extend(kestrel_cpu::on_pool(|| c.forward.normed_hidden(&[step]))?);
+                }
+            }
+        }
+        Ok(rows)
     }
 
     pub(crate) fn check_prompt(&self, tokens: &[u32]) -> Result<(), ModelError> {

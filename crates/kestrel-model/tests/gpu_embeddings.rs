@@ -1,7 +1,8 @@
 //! Encoders loaded for a GPU run their layers there: their pooled vectors against the CPU
 //! backend's on the real all-MiniLM-L6-v2 and on random-weight files of each architecture,
 //! pooling and weight type, llama.cpp's recorded vectors, and a reranker's ranking. Inputs of
-//! different lengths are packed into one pass.
+//! different lengths are packed into one pass. Decoder embedding models run the chat graph on
+//! the GPU, against the CPU backend's vectors.
 //!
 //! The bound, cosine >= 0.9999 with the CPU's vector. The two differ in three ways: the order
 //! of f32 sums (relative 1e-6 per product); BERT's GELU, the CPU's ggml f16 table against the
@@ -151,6 +152,22 @@ fn a_reranker_on_the_gpu_ranks_as_on_the_cpu() {
     for (g, c) in g.scores.iter().zip(&c.scores) {
         // Probabilities from the head's logit: the vectors' bound moves them by ~1e-3 at most.
         assert!((g - c).abs() < 2e-3, "GPU score {g}, CPU {c}");
+    }
+}
+
+/// Decoder embedding models loaded for a GPU run the chat graph there without the LM head
+/// (Qwen3's shape with last-token pooling, Qwen2's with mean pooling): within the bound of the
+/// CPU backend's vectors, which embeddings.rs checks against llama.cpp. Both have F32 weights and
+/// an f16 KV cache, so only the order of sums differs.
+#[test]
+fn decoder_embedding_models_on_the_gpu_match_the_cpu() {
+    use common::synthetic::{pooled, QWEN2_F32, QWEN3_F32};
+    let texts = texts();
+    let inputs: Vec<EmbedInput<'_>> = texts.iter().map(|t| EmbedInput::Text(t)).collect();
+    for (m, pooling) in [(QWEN3_F32, 3u32), (QWEN2_F32, 1)] {
+        let (path, name) = pooled(&m, pooling);
+        let (gpu, cpu) = both(&path);
+        assert_gpu_matches_cpu(&name, &gpu, &cpu, &inputs);
     }
 }
 

@@ -17,9 +17,8 @@ pub struct EmbedArgs {
     /// The embedding model's GGUF file (bert, nomic-bert; default: the default model).
     #[arg(long, short)]
     pub model: Option<PathBuf>,
-    /// Where the encoder's layers run: gpu, cpu, or auto (the GPU unless there is none or it is
-    /// a software rasterizer, which the CPU backend outruns). Decoder embedding models run on
-    /// the CPU backend.
+    /// Where the model's layers run: gpu, cpu, or auto (the GPU unless there is none or it is a
+    /// software rasterizer, which the CPU backend outruns).
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
     /// Keep the first N values of each vector, normalized again (models trained for it, such

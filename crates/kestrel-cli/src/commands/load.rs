@@ -162,8 +162,8 @@ pub fn is_embedding(arch: Option<&str>) -> bool {
     arch.and_then(kestrel_model::encoder::EncoderArch::from_name).is_some()
 }
 
-/// The model at `path`, of either kind: an embedding model on the CPU backend (there is no
-/// encoder graph on the GPU), a chat model as `load_with_slots` loads it.
+/// The model at `path`, of either kind: an encoder where `cache.backend` places it
+/// (`load_embedder`), a chat model as `load_with_slots` loads it.
 pub fn load_any(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize) -> Result<LoadedModel, Box<dyn std::error::Error>> {
     if is_embedding(architecture(path)?.as_deref()) {
         return Ok(LoadedModel::Embedding(load_embedder(path, cache.backend, quiet)?));
@@ -171,9 +171,8 @@ pub fn load_any(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize) -> Re
     Ok(LoadedModel::Chat(load_with_slots(path, cache, quiet, slots)?.model))
 }
 
-/// The embedding model at `path`, its layers on `backend` (an encoder's on the GPU where the
-/// choice is one; a decoder embedding model's on the CPU backend); a chat model is
-/// `invalid_option`.
+/// The embedding model at `path` (an encoder, or a decoder with a pooling type), its layers on
+/// `backend`; a chat model is `invalid_option`.
 pub fn load_embedder(path: &Path, backend: BackendChoice, quiet: bool) -> Result<Embedder, Box<dyn std::error::Error>> {
     let start = Instant::now();
     let device = device(backend)?;

@@ -1,6 +1,6 @@
 //! Embedding models: encoders (`bert`, `nomic-bert`) read from GGUF as llama.cpp reads them, run
 //! on the CPU backend's kernels or, loaded for a GPU (natively or in the page), with their layers
-//! on the GPU (`gpu`), and decoders with a pooling type (Qwen3-Embedding) on the CPU backend; and
+//! on the GPU (`gpu`), and decoders with a pooling type (Qwen3-Embedding) on either backend; and
 //! the `Embedder` that turns texts into pooled, normalized vectors. Embedding is async because a
 //! GPU pass awaits its readback (a browser cannot block on it); native callers block on it.
 
@@ -104,7 +104,7 @@ enum Pass {
 }
 
 /// An embedding model with its tokenizer: an encoder on the CPU backend or with its layers on
-/// the GPU, or a decoder on the CPU backend.
+/// the GPU, or a decoder on either.
 pub struct Embedder {
     info: EmbedderInfo,
     pass: Pass,
@@ -112,9 +112,6 @@ pub struct Embedder {
     /// Loaded for a GPU that does not run it: why (`gpu_declined`).
     gpu_declined: Option<String>,
 }
-
-/// Why a decoder embedding model loaded for a GPU runs on the CPU backend.
-pub const DECODER_ON_CPU: &str = "decoder embedding models run on the CPU backend";
 
 impl Embedder {
     pub fn new(encoder: Encoder<Quantized>, tokenizer: Tokenizer) -> Self {
@@ -131,7 +128,8 @@ impl Embedder {
     pub fn gpu(&self) -> Option<&kestrel_gpu::Gpu> {
         match &self.pass {
             Pass::GpuEncoder(e) => Some(e.gpu()),
-            Pass::Encoder(_) | Pass::Decoder(_) => None,
+            Pass::Decoder(d) => d.gpu(),
+            Pass::Encoder(_) => None,
         }
     }
 
@@ -346,7 +344,7 @@ impl Embedder {
         match &self.pass {
             Pass::Encoder(e) => Ok(kestrel_cpu::on_pool(|| e.embed(pass))),
             Pass::GpuEncoder(e) => e.embed(pass).await,
-            Pass::Decoder(d) => kestrel_cpu::on_pool(|| d.embed(pass)),
+            Pass::Decoder(d) => d.embed(pass).await,
         }
     }
 }

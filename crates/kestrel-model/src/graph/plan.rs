@@ -32,6 +32,8 @@ pub struct StepPlan {
     pub layer_starts: Vec<usize>,
     /// The final norm, the last token's row and the LM head: the logits.
     pub logits: Vec<PlannedOp>,
+    /// The final norm alone, over every row of a chunk: what a decoder embedding model pools.
+    pub output_norm: Vec<PlannedOp>,
     /// Logit bias and penalties, then the draw.
     pub sample: Vec<PlannedOp>,
     /// Decode steps of several sequences, one token each, one list per batch size

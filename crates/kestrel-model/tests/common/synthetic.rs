@@ -513,3 +513,21 @@ pub fn with_template(model: &SyntheticModel, template: &str, file_name: &str) ->
         path
     })
 }
+
+/// `model` as a decoder embedding model: `{arch}.pooling_type` set to `pooling` (last-token
+/// pooling, 3, also asks for EOS after every input, as Qwen3-Embedding's files do, so the vector
+/// pooled is that token's), written to the test target directory (once per binary). Returns its
+/// path and its name (`<model>-pooling-<pooling>`).
+pub fn pooled(model: &SyntheticModel, pooling: u32) -> (PathBuf, String) {
+    let name = format!("{}-pooling-{pooling}", model.file_name().trim_end_matches(".gguf"));
+    let path = super::write_once(&format!("{name}.gguf"), || {
+        let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.gguf"));
+        let mut set = vec![(format!("{}.pooling_type", model.arch), MetadataValue::U32(pooling))];
+        if pooling == 3 {
+            set.push(("tokenizer.ggml.add_eos_token".into(), MetadataValue::Bool(true)));
+        }
+        std::fs::write(&path, with_metadata_bytes(model, &set)).expect("write the model");
+        path
+    });
+    (path, name)
+}
