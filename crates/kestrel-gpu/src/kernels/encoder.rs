@@ -99,12 +99,15 @@ impl QkvLayout {
         Self { n_heads, head_dim, stride: 3 * h, k_offset: h, v_offset: 2 * h }
     }
 
-    fn check(&self, kernel: &str) -> Result<(), GpuError> {
+    /// That the layout fits its rows, `qkv` holds `max_tokens` of them, and `spans` a span of
+    /// each token: what the encoder's RoPE and attention both read.
+    fn check_rows(&self, kernel: &str, qkv: &Tensor, spans: &Tensor, max_tokens: usize) -> Result<(), GpuError> {
         let h = self.n_heads * self.head_dim;
         if h == 0 || self.k_offset + h > self.stride || self.v_offset + h > self.stride {
             return Err(GpuError::InvalidArgs(format!("{kernel}: {self:?} does not fit its rows")));
         }
-        Ok(())
+        check_f32(kernel, "qkv", qkv, max_tokens * self.stride)?;
+        check_spans(kernel, spans, max_tokens)
     }
 }
 
@@ -175,13 +178,11 @@ impl EncoderRopeKernel {
         max_tokens: usize,
     ) -> Result<TokenDispatch, GpuError> {
         let kernel = "encoder rope";
-        layout.check(kernel)?;
+        layout.check_rows(kernel, qkv, spans, max_tokens)?;
         if !layout.head_dim.is_multiple_of(2) {
             return Err(GpuError::InvalidArgs(format!("{kernel}: odd head_dim {}", layout.head_dim)));
         }
-        check_f32(kernel, "qkv", qkv, max_tokens * layout.stride)?;
         check_f32(kernel, "table", table, layout.head_dim)?;
-        check_spans(kernel, spans, max_tokens)?;
         let params = EncoderRopeParams {
             n_heads: layout.n_heads as u32,
             head_dim: layout.head_dim as u32,
@@ -239,13 +240,11 @@ impl EncoderAttentionKernel {
         max_tokens: usize,
     ) -> Result<TokenDispatch, GpuError> {
         let kernel = "encoder attention";
-        layout.check(kernel)?;
+        layout.check_rows(kernel, qkv, spans, max_tokens)?;
         if layout.head_dim != self.head_dim {
             return Err(GpuError::InvalidArgs(format!("{kernel}: built for head_dim {}, given {}", self.head_dim, layout.head_dim)));
         }
-        check_f32(kernel, "qkv", qkv, max_tokens * layout.stride)?;
         check_f32(kernel, "out", out, max_tokens * layout.n_heads * layout.head_dim)?;
-        check_spans(kernel, spans, max_tokens)?;
         if qkv.buffer == out.buffer {
             return Err(GpuError::InvalidArgs(format!("{kernel}: qkv and out are the same buffer")));
         }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
+use crate::{grid, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 kestrel_ops::gpu_struct! {
     /// The LayerNorm kernel's uniform (`Params` in `shaders/layernorm.wgsl`).
@@ -42,23 +42,7 @@ impl LayerNormKernel {
         out: &Tensor,
         eps: f32,
     ) -> Result<LayerNormDispatch, GpuError> {
-        let n = x.shape.last().copied().unwrap_or(0);
-        let invalid = |why: String| Err(GpuError::InvalidArgs(format!("layernorm: {why}")));
-        if [x.dtype, weight.dtype, bias.dtype, out.dtype] != [DType::F32; 4] {
-            return invalid("x, weight, bias and out must be f32".into());
-        }
-        if n == 0 || x.is_empty() {
-            return invalid(format!("x has shape {:?}", x.shape));
-        }
-        if weight.len() != n || bias.len() != n {
-            return invalid(format!("weight has {} values and bias {}, rows have {n}", weight.len(), bias.len()));
-        }
-        if out.shape != x.shape || out.buffer == x.buffer {
-            return invalid(format!("out ({:?}) must be another buffer of x's shape {:?}", out.shape, x.shape));
-        }
-        if !(eps.is_finite() && eps >= 0.0) {
-            return invalid(format!("eps {eps} must be finite and >= 0"));
-        }
+        let n = super::check_row_norm("layernorm", x, &[("weight", weight), ("bias", bias)], out, eps)?;
         let params = LayerNormParams { n: n as u32, eps };
         let uniform = gpu.uniform_buffer("layernorm.params", bytemuck::bytes_of(&params));
         let resources = [

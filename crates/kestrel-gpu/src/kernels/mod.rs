@@ -23,7 +23,31 @@ pub use weights::{Epilogue, OutputColumns};
 pub(crate) use copy::CopyParams;
 pub(crate) use weights::WeightParams;
 
-use crate::GpuError;
+use crate::{DType, GpuError, Tensor};
+
+/// The checks of a norm over the rows of `x` (RMSNorm, LayerNorm): `x`, each of `vectors` (its
+/// per-column weight, bias) and `out` are f32, every vector holds a row's values, `out` is
+/// another buffer of `x`'s shape, and `eps` is finite and >= 0. Returns the row length.
+pub(crate) fn check_row_norm(kernel: &str, x: &Tensor, vectors: &[(&str, &Tensor)], out: &Tensor, eps: f32) -> Result<usize, GpuError> {
+    let invalid = |why: String| Err(GpuError::InvalidArgs(format!("{kernel}: {why}")));
+    let n = x.shape.last().copied().unwrap_or(0);
+    if x.dtype != DType::F32 || out.dtype != DType::F32 || vectors.iter().any(|(_, v)| v.dtype != DType::F32) {
+        return invalid("x, its vectors and out must be f32".into());
+    }
+    if n == 0 || x.is_empty() {
+        return invalid(format!("x has shape {:?}", x.shape));
+    }
+    if let Some((name, v)) = vectors.iter().find(|(_, v)| v.len() != n) {
+        return invalid(format!("{name} has {} values, rows have {n}", v.len()));
+    }
+    if out.shape != x.shape || out.buffer == x.buffer {
+        return invalid(format!("out ({:?}) must be another buffer of x's shape {:?}", out.shape, x.shape));
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return invalid(format!("eps {eps} must be finite and >= 0"));
+    }
+    Ok(n)
+}
 
 /// A model constant baked into a kernel as a WGSL float literal (a `{{NAME}}` define): Rust's
 /// shortest round-trip form, which WGSL reads back to the same f32. Finite and positive only.

@@ -76,24 +76,7 @@ impl RmsNormKernel {
         out: &Tensor,
         eps: f32,
     ) -> Result<RmsNormDispatch, GpuError> {
-        let n = x.shape.last().copied().unwrap_or(0);
-        let invalid = |why: String| Err(GpuError::InvalidArgs(format!("rmsnorm: {why}")));
-        if [x.dtype, weight.dtype, out.dtype] != [DType::F32; 3] {
-            return invalid("x, weight and out must be f32".into());
-        }
-        if n == 0 || x.is_empty() {
-            return invalid(format!("x has shape {:?}", x.shape));
-        }
-        if weight.len() != n {
-            return invalid(format!("weight has {} values, rows have {n}", weight.len()));
-        }
-        if out.shape != x.shape {
-            return invalid(format!("out shape {:?} differs from x shape {:?}", out.shape, x.shape));
-        }
-        if out.buffer == x.buffer {
-            return invalid("out must be a different buffer than x".into());
-        }
-        check_eps(eps)?;
+        let n = super::check_row_norm("rmsnorm", x, &[("weight", weight)], out, eps)?;
         let params = RmsNormParams { n: n as u32, eps, rows_per_token: 1, token_stride: n as u32, offset: 0 };
         Ok(bind_rows(gpu, "rmsnorm", &self.pipeline, step, &params, x, weight, Some(out)))
     }
