@@ -21,8 +21,9 @@
 //                           1b) the GPU path against llama.cpp Vulkan; their workload:
 //       [--size-prompt-tokens 128] [--size-decode-tokens 32] [--size-repeats 2]
 //       [--schema nested_address]   the JSON Schema of the structured-output part (an id of
-//                           tests/data/constrained/schemas.json): Kestrel on the CPU backend and
-//                           the GPU, and llama.cpp's grammar, constrained against free decode
+//                           tests/data/constrained/schemas.json; --smoke: enum_color, the shortest
+//                           answer): Kestrel on the CPU backend and the GPU, and llama.cpp's
+//                           grammar, constrained against free decode
 //       [--embedding-model models/all-MiniLM-L6-v2.f32.gguf] [--embedding-inputs 256]
 //                           [--embedding-tokens 32]   an embedding model's sentences per second,
 //                           Kestrel's CPU backend against llama.cpp's embedding context on the same
@@ -67,7 +68,7 @@ const { values: opt } = parseArgs({
     'size-decode-tokens': { type: 'string', default: '32' },
     'size-repeats': { type: 'string', default: '2' },
     'gpu-sizes-up-to': { type: 'string', default: '1b' },
-    schema: { type: 'string', default: 'nested_address' },
+    schema: { type: 'string' },
     'embedding-model': { type: 'string', default: 'models/all-MiniLM-L6-v2.f32.gguf' },
     'embedding-inputs': { type: 'string', default: '256' },
     'embedding-tokens': { type: 'string', default: '32' },
@@ -103,6 +104,8 @@ if (opt.full && opt.smoke) {
   console.error('--full and --smoke are two sizes of the whole suite: give one');
   process.exit(2);
 }
+// The structured-output part's schema: a smoke only needs the path to run, so the shortest answer.
+const schemaId = opt.schema ?? (opt.smoke ? 'enum_color' : 'nested_address');
 /**
  * Prompt lengths, decode steps and repeats: the issue's workload (--full), each part's smallest
  * (--smoke), or else the options whose names start with `prefix`.
@@ -230,11 +233,11 @@ if (!skip.has('constrained')) {
   const repeats = opt.smoke ? 1 : n.repeats;
   const constrained = (what, key, fn) => attempt(what, () => fn(join(raw, `${key}.json`))).then((r) => { run.native[key] = r; });
   await constrained('Kestrel, native, CPU, constrained', 'kestrel_cpu_constrained',
-    (out) => runKestrelConstrained({ model, backend: 'cpu', schema: opt.schema, repeats, threads, out }));
+    (out) => runKestrelConstrained({ model, backend: 'cpu', schema: schemaId, repeats, threads, out }));
   await constrained('Kestrel, native, GPU, constrained', 'kestrel_constrained',
-    (out) => runKestrelConstrained({ model, backend: 'gpu', schema: opt.schema, repeats, out }));
+    (out) => runKestrelConstrained({ model, backend: 'gpu', schema: schemaId, repeats, out }));
   await constrained('llama.cpp, native, constrained', 'llama_cpp_constrained',
-    (out) => runLlamaConstrained({ model, schema: opt.schema, repeats, threads, out }));
+    (out) => runLlamaConstrained({ model, schema: schemaId, repeats, threads, out }));
 }
 /** The embeddings part's token ids, for the browser to embed the same. */
 let embeddingInputs = null;
@@ -264,7 +267,7 @@ if (!skip.has('browser')) {
       modelUrl, prompts, decodeTokens: b.decode_tokens, repeats: b.repeats, threads, realGpu: b.gpu, only: opt['browser-engines'] ? opt['browser-engines'].split(',') : null,
       contextLength: Math.max(...b.prompt_tokens) + b.decode_tokens + 64,
       batch: skip.has('browser-batch') ? null : { sizes: b.batch.sizes, decodeTokens: b.batch.decode_tokens },
-      constrained: skip.has('constrained') ? null : schemaCase(opt.schema),
+      constrained: skip.has('constrained') ? null : schemaCase(schemaId),
       embeddings: embeddingInputs ? { modelUrl: `/models/${basename(opt['embedding-model'])}`, inputs: embeddingInputs, repeats: b.repeats } : null,
     });
   });
