@@ -718,6 +718,7 @@ export async function handleMessage(data) {
     switch (type) {
       case 'load':
         await stepping;
+        await encoding;
         value = await load(id, data.model, data.cache !== false, data.options, data.sha256, data.persist);
         lastLoad = { model: data.model, engineOptions: data.options, sha256: data.sha256, persist: data.persist };
         break;
@@ -737,7 +738,11 @@ export async function handleMessage(data) {
       case 'rerank': {
         // One at a time (the tabs of a shared engine may overlap): a decoder embedding model's
         // KV cache serves one call.
-        const run = encoding.then(() => encode(type, data.body));
+        // One queued behind a call that lost the device waits for the reload.
+        const run = encoding.then(async () => {
+          if (recovery) await recovery;
+          return encode(type, data.body);
+        });
         encoding = run.catch(() => {});
         value = await run;
         break;

@@ -653,9 +653,9 @@ export interface MemoryLimit {
 /** Will a model fit, from its GGUF header alone (see `estimate`). */
 export interface Estimate {
   /**
-   * 'chat', 'embedding' or 'reranker' (an encoder with rank pooling). An embedding model or a
-   * reranker has no KV cache; on the GPU its weights and activations are its layers' and a
-   * pass's (the embedding table stays with the CPU).
+   * 'chat', 'embedding' or 'reranker' (an encoder with rank pooling). An encoder has no KV
+   * cache; on the GPU its weights and activations are its layers' and a pass's (the embedding
+   * table stays with the CPU). A decoder embedding model is sized as a chat model of one slot.
    */
   kind: 'chat' | 'embedding' | 'reranker';
   /**

@@ -454,8 +454,8 @@ class Engine {
   /**
    * `embeddings.create` (type 'embed') and `rerank`: queued like the other calls. An aborted
    * `signal` rejects at once with its reason; a call still queued is then never sent. One the
-   * worker is running cannot be stopped mid-pass (it runs the CPU kernels to the end and its
-   * answer is dropped); a remote engine's request is cancelled.
+   * worker is running cannot be stopped mid-pass (it runs to the end on the GPU or the CPU
+   * kernels and its answer is dropped); a remote engine's request is cancelled.
    * @param {'embed' | 'rerank'} type
    * @param {(EmbeddingCreateParams | RerankParams) & { signal?: AbortSignal }} request
    * @returns {Promise<any>}

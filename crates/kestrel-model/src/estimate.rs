@@ -66,14 +66,16 @@ pub struct Estimate {
     /// encoder with rank pooling).
     pub kind: &'static str,
     /// Why an engine with a GPU would run this model on the CPU backend (an encoder the GPU
-    /// encoder cannot take); then the GPU verdict is the CPU backend's. None: a GPU engine runs it on the GPU, as the fields below size it (an
-    /// encoder's layers: the embedding table, its norm and the rank head stay on the host).
+    /// encoder cannot take); then the GPU verdict is the CPU backend's. None: a GPU engine runs
+    /// it on the GPU, as the fields below size it (an encoder's layers: the embedding table, its
+    /// norm and the rank head stay on the host).
     pub cpu_only: Option<String>,
     pub name: String,
     pub arch: String,
     /// The file's size (where its last tensor ends).
     pub file_bytes: u64,
-    /// The weights as packed on the GPU (supported tensors only).
+    /// The weights as packed on the GPU (supported tensors only); where `cpu_only` is set, as the
+    /// CPU backend stores them.
     pub weight_bytes: u64,
     pub context_length: usize,
     /// Sequences that can generate at once, each with its own KV cache.
@@ -382,7 +384,9 @@ fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Result<Estimate, 
             Some(b) => cpu_weight_bytes = cpu_weight_bytes.saturating_add(b),
             None => unsupported.push(UnsupportedTensor { tensor: t.name.clone(), ty: t.ggml_type.to_string() }),
         }
-        if cpu_only.is_none() && t.name.starts_with("blk.") {
+        // nomic-bert's up bias is never uploaded: its SwiGLU has none (`encoder/gpu.rs`).
+        let unused_on_gpu = c.arch == encoder::EncoderArch::NomicBert && t.name.ends_with("ffn_up.bias");
+        if cpu_only.is_none() && t.name.starts_with("blk.") && !unused_on_gpu {
             let bytes = if encoder::on_gpu(&t.name, e) { packed_bytes(t, rows(t))? } else { t.n_elements().saturating_mul(4) };
             gpu_weight_bytes = gpu_weight_bytes.saturating_add(bytes);
             if bytes > largest.bytes {
@@ -406,6 +410,7 @@ fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Result<Estimate, 
             (gpu_weight_bytes, activations, largest)
         }
     };
+    let total_bytes = if cpu_only.is_some() { cpu.bytes } else { weight_bytes.saturating_add(activation_bytes) };
     Ok(Estimate {
         kind: encoder::kind(c.pooling),
         cpu_only,
@@ -417,7 +422,7 @@ fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Result<Estimate, 
         slots: 1,
         kv_cache_bytes: 0,
         activation_bytes,
-        total_bytes: if activation_bytes == 0 { cpu.bytes } else { weight_bytes.saturating_add(activation_bytes) },
+        total_bytes,
         largest_binding,
         unsupported,
         cpu,

@@ -235,9 +235,11 @@ impl ModelLoader {
         match (self.state.ok_or_else(|| bad_model("empty file"))?, &self.target) {
             (State::Chat(loading), target) => {
                 let pooling = loading.pooling;
+                // An embedding model runs one input at a time: one KV cache, as its estimate says.
+                let options = if pooling.is_some() { LoadOptions { slots: 1, ..self.options.clone() } } else { self.options.clone() };
                 let model = match target {
-                    Target::Gpu(gpu) => loading.into_model(gpu, &self.options).await?,
-                    Target::Cpu => loading.into_cpu_model(&self.options)?,
+                    Target::Gpu(gpu) => loading.into_model(gpu, &options).await?,
+                    Target::Cpu => loading.into_cpu_model(&options)?,
                 };
                 Ok(match pooling {
                     Some(pooling) => {

@@ -1,8 +1,7 @@
 //! The embedding thread: owns an embedding model or a reranker (`kestrel_model::Embedder`) and
-//! runs one request at a time, an embeddings or a rerank request (`Work`). `Embedder::embed` and
-//! `Embedder::rerank` are synchronous and already spreads each call over every
-//! core (the CPU backend's pool), so requests run one after another on this thread rather than on
-//! the async runtime, where they would stall the other connections. Requests that arrive while
+//! runs one request at a time, an embeddings or a rerank request (`Work`). Each call already
+//! spreads over every core (the CPU backend's pool) or waits on the GPU, blocking this thread
+//! (`pollster`) rather than the async runtime, where it would stall the other connections. Requests that arrive while
 //! one runs wait in a bounded queue; past its bound they are refused at once (HTTP 429).
 //!
 //! A request whose client went away before its turn is skipped: its reply channel is closed.

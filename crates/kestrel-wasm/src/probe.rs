@@ -104,16 +104,16 @@ impl HeaderProbe {
         Ok(self.reader.header().is_some())
     }
 
-    /// `{kind, name, arch, file_bytes, weight_bytes, context_length, slots, kv_cache_bytes,
+    /// `{kind, cpu_only, name, arch, file_bytes, weight_bytes, context_length, slots, kv_cache_bytes,
     /// activation_bytes, total_bytes, largest_binding: {name, bytes}, unsupported: [{tensor,
     /// type}], cpu: {bytes, weight_bytes, kv_cache_bytes, scratch_bytes, engine_bytes,
     /// memory_limit, fits, code, reason}, memory_limit: {bytes, source}, fits, code, reason}` for
     /// the engine `options` (JSON, as `Engine.create` takes them: `slots` KV caches of
-    /// `context_length` tokens of `kv_cache` values, with their defaults). The GPU verdict is against the adapter
-    /// limits given (absent: `fits` is null) and what the GPU can plausibly hold, judged from
-    /// `device_memory` (`navigator.deviceMemory`, GiB; absent where the browser has none); the
-    /// CPU backend's against 32-bit wasm memory. An embedding model (`kind: "embedding"`) runs on
-    /// the CPU backend wherever it is loaded: both verdicts are the CPU backend's.
+    /// `context_length` tokens of `kv_cache` values, with their defaults). The GPU verdict is
+    /// against the adapter limits given (absent: `fits` is null) and what the GPU can plausibly
+    /// hold, judged from `device_memory` (`navigator.deviceMemory`, GiB; absent where the browser
+    /// has none); the CPU backend's against 32-bit wasm memory. An encoder the GPU would not run
+    /// (`cpu_only` says why) has the CPU backend's verdict for both.
     pub fn estimate(
         &self,
         options: &str,

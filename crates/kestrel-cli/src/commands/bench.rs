@@ -74,7 +74,8 @@ enum BenchCommand {
     /// Decode under a JSON Schema against free decode of as many tokens, and the mask's time
     /// per token (p50, p90, p99).
     Constrained(constrained::ConstrainedArgs),
-    /// An embedding model's sentences per second on the CPU backend, for many short inputs.
+    /// An embedding model's sentences per second (the CPU backend by default), for many short
+    /// inputs.
     Embed(embed::EmbedBenchArgs),
     /// The suite's prompts as text (JSON), for engines that take text (www/bench).
     Prompt(prompt::PromptArgs),

@@ -43,10 +43,17 @@ pub(crate) fn check_row_norm(kernel: &str, x: &Tensor, vectors: &[(&str, &Tensor
     if out.shape != x.shape || out.buffer == x.buffer {
         return invalid(format!("out ({:?}) must be another buffer of x's shape {:?}", out.shape, x.shape));
     }
-    if !(eps.is_finite() && eps >= 0.0) {
-        return invalid(format!("eps {eps} must be finite and >= 0"));
-    }
+    check_eps(kernel, eps)?;
     Ok(n)
+}
+
+/// A norm's epsilon: finite and >= 0.
+pub(crate) fn check_eps(kernel: &str, eps: f32) -> Result<(), GpuError> {
+    if eps.is_finite() && eps >= 0.0 {
+        Ok(())
+    } else {
+        Err(GpuError::InvalidArgs(format!("{kernel}: eps {eps} must be finite and >= 0")))
+    }
 }
 
 /// A model constant baked into a kernel as a WGSL float literal (a `{{NAME}}` define): Rust's

@@ -44,14 +44,6 @@ pub struct HeadSpan {
     pub head_dim: usize,
 }
 
-fn check_eps(eps: f32) -> Result<(), GpuError> {
-    if eps.is_finite() && eps >= 0.0 {
-        Ok(())
-    } else {
-        Err(GpuError::InvalidArgs(format!("rmsnorm: eps {eps} must be finite and >= 0")))
-    }
-}
-
 impl RmsNormKernel {
     pub async fn new(gpu: &Gpu) -> Result<Self, GpuError> {
         Ok(Self { pipeline: gpu.pipelines.get("rmsnorm", "main", &Defines::new()).await? })
@@ -134,7 +126,7 @@ impl HeadNormKernel {
         if weight.len() != head_dim {
             return invalid(format!("weight has {} values, heads have {head_dim}", weight.len()));
         }
-        check_eps(eps)?;
+        super::check_eps("rmsnorm", eps)?;
         let params =
             RmsNormParams { n: head_dim as u32, eps, rows_per_token: heads as u32, token_stride: width as u32, offset: offset as u32 };
         Ok(bind_rows(gpu, "head_rmsnorm", &self.pipeline, step, &params, x, weight, None))

@@ -29,8 +29,8 @@ pub struct EmbedBenchArgs {
     /// The embedding model (GGUF: bert, nomic-bert).
     #[arg(long, short)]
     model: PathBuf,
-    /// Where an encoder's layers run: cpu (the default: the peer the bench compares is
-    /// llama.cpp's CPU backend), gpu, or auto. Decoder embedding models run on the CPU backend.
+    /// Where the model's layers run: cpu (the default: the peer the bench compares is
+    /// llama.cpp's CPU backend), gpu, or auto.
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     backend: BackendChoice,
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=2048))]
