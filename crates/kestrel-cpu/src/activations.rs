@@ -23,6 +23,9 @@ pub(crate) struct QuantizedRows {
     pub(crate) q: Vec<i8>,
     /// One scale per 32 values.
     pub(crate) d: Vec<f32>,
+    /// `Σ q` per 16 values (at most 16 · 128 in magnitude), which the tiles of 6-bit levels
+    /// kept with a bias take off in integers.
+    pub(crate) level_sums16: Vec<i16>,
     /// `d * Σ q` per 16 values and per 32.
     pub(crate) sums16: Vec<f32>,
     pub(crate) sums32: Vec<f32>,
@@ -35,8 +38,14 @@ impl QuantizedRows {
     /// `x` is whole rows of a multiple of 32 values (of 256 for Q8_K), which every quantized
     /// weight format's row length is.
     pub(crate) fn new(x: &[f32], format: ActFormat) -> Self {
-        let mut out =
-            Self { format, q: vec![0; x.len()], d: Vec::with_capacity(x.len() / ACT_BLOCK), sums16: Vec::new(), sums32: Vec::new() };
+        let mut out = Self {
+            format,
+            q: vec![0; x.len()],
+            d: Vec::with_capacity(x.len() / ACT_BLOCK),
+            level_sums16: Vec::new(),
+            sums16: Vec::new(),
+            sums32: Vec::new(),
+        };
         let block = match format {
             ActFormat::Q8_0 => ACT_BLOCK,
             ActFormat::Q8K => Q8K_BLOCK,
@@ -48,9 +57,11 @@ impl QuantizedRows {
             };
             out.d.extend(std::iter::repeat_n(d, xs.len() / ACT_BLOCK));
         }
-        let level_sum = |q: &[i8]| q.iter().map(|&q| i32::from(q)).sum::<i32>() as f32;
-        out.sums16 = out.q.chunks(INT_GROUP).zip(out.d.iter().flat_map(|&d| [d, d])).map(|(q, d)| d * level_sum(q)).collect();
-        out.sums32 = out.q.chunks(ACT_BLOCK).zip(&out.d).map(|(q, d)| d * level_sum(q)).collect();
+        // 16 levels of at most 128 in magnitude: within i16.
+        out.level_sums16 = out.q.chunks(INT_GROUP).map(|q| q.iter().map(|&q| i16::from(q)).sum()).collect();
+        let halves = out.level_sums16.chunks(ACT_BLOCK / INT_GROUP);
+        out.sums16 = out.level_sums16.iter().zip(out.d.iter().flat_map(|&d| [d, d])).map(|(&s, d)| d * f32::from(s)).collect();
+        out.sums32 = halves.zip(&out.d).map(|(s, d)| d * s.iter().map(|&s| f32::from(s)).sum::<f32>()).collect();
         out
     }
 }

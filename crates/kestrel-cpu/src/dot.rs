@@ -160,6 +160,9 @@ pub(crate) struct ActRow<'a> {
     pub q: &'a [i8],
     /// One scale per 32 values.
     pub d: &'a [f32],
+    /// `Σ q` per 16 values.
+    #[cfg_attr(not(target_arch = "x86_64"), expect(dead_code, reason = "only the AVX2 tiles read it"))]
+    pub level_sums16: &'a [i16],
     /// `d · Σ q` per 16 and per 32 values.
     pub sums16: &'a [f32],
     pub sums32: &'a [f32],
@@ -176,6 +179,7 @@ impl QuantizedRows {
         ActRow {
             q: &self.q[t * cols..][..cols],
             d: &self.d[t * cols / ACT_BLOCK..][..cols / ACT_BLOCK],
+            level_sums16: &self.level_sums16[t * cols / INT_GROUP..][..cols / INT_GROUP],
             sums16: &self.sums16[t * cols / INT_GROUP..][..cols / INT_GROUP],
             sums32: &self.sums32[t * cols / ACT_BLOCK..][..cols / ACT_BLOCK],
         }

@@ -1,6 +1,7 @@
 //! A weight matrix for the CPU kernels: quantized formats as integer levels (two a byte for the
-//! formats of at most 4 bits) with a scale and an offset per 32 weights (per 16 for Q6_K), F16
-//! and F32 as f32. `apply` is `y = x·Wᵀ` for rows of x.
+//! formats of at most 4 bits, 6 bits for Q6_K where its rows are interleaved) with a scale and an
+//! offset per 32 weights (per 16 for Q6_K), F16 and F32 as f32. `apply` is `y = x·Wᵀ` for rows
+//! of x.
 
 use kestrel_gguf::quant::{int_groups, q4_k, super_block_factors, SuperBlockFactors, INT_GROUP};
 use kestrel_gguf::GgmlType;
@@ -11,7 +12,7 @@ use crate::dot::{f32_products, int_products, IntRows, Levels, Scales};
 use crate::error::CpuError;
 use crate::factored::UnitLayout;
 use crate::interleaved::{self, GroupRows};
-use crate::interleaved_bytes::{self, ByteGroupRows};
+use crate::interleaved_bytes::{self, ByteGroupRows, WovenLevels};
 use crate::parallel::{for_each_chunk, for_row_chunks, try_each_on_pool};
 
 /// Tokens a task of a product's transposition takes: a cache line of f32 sums.
@@ -129,6 +130,9 @@ enum LevelStore {
     /// Byte levels of rows in groups of 8, interleaved alike (`interleaved_bytes`' layout), for
     /// the other formats, where the machine has the SIMD code and for a multiple of 8 rows.
     Bytes8(Vec<i8>),
+    /// Q6_K's levels in 6 bits, rows in groups of 8 (`interleaved_bytes`' six-bit layout), where
+    /// Bytes8 would otherwise hold them: three quarters of the bytes a decode step streams.
+    SixBits8(Vec<u8>),
 }
 
 /// The formats whose scales and offsets are whole multiples of a unit per super-block
@@ -147,6 +151,7 @@ enum LevelRun<'a> {
     Nibbles8(&'a mut [u8]),
     Bytes(&'a mut [i8]),
     Bytes8(&'a mut [i8]),
+    SixBits8(&'a mut [u8]),
 }
 
 /// The part of a matrix's scales (or offsets) that one run of rows converts into: whole f32
@@ -332,6 +337,7 @@ impl BlockPlacer {
                     woven[at..at + 4].copy_from_slice(run);
                 }
             }
+            LevelRun::SixBits8(bits) => interleaved_bytes::put_six_bit_block(bits, r, b, row_blocks, block),
         }
         self.advance();
     }
@@ -347,8 +353,8 @@ impl BlockPlacer {
                     woven[at..at + 4].copy_from_slice(run);
                 }
             }
-            // Byte levels are never packed.
-            LevelRun::Bytes(_) | LevelRun::Bytes8(_) => {}
+            // Byte and 6-bit levels are never packed two a byte.
+            LevelRun::Bytes(_) | LevelRun::Bytes8(_) | LevelRun::SixBits8(_) => {}
         }
         self.advance();
     }
@@ -395,21 +401,44 @@ const RUN_BLOCKS: usize = 4096;
 const DECODE_BLOCKS: usize = 256;
 
 /// How a quantized type is stored: weights per scale (every format but Q6_K has one scale and min
-/// per 32, its two groups of 16 agreeing), whether levels are kept two a byte, and whether the
-/// products have an offset per scale (the formats with a min, and Q4_0, whose signed levels are
-/// kept as unsigned nibbles).
+/// per 32, its two groups of 16 agreeing), how its levels are kept, and whether the products have
+/// an offset per scale (the formats with a min, and Q4_0, whose signed levels are kept as unsigned
+/// nibbles, where its products do not take the bias off themselves).
 struct IntLayout {
     group: usize,
+    /// Two levels a byte.
     nibbles: bool,
+    /// Rows interleaved in groups of 8 (`interleaved`, `interleaved_bytes`): where the machine
+    /// has their SIMD products, the format suits them (one scale per 32 for 4-bit levels), and
+    /// the rows are whole groups.
+    woven: bool,
+    /// Q6_K's levels in 6 bits: where they are woven.
+    six_bits: bool,
+    /// What the stored levels exceed the format's by: 8 for Q4_0's unsigned nibbles.
+    bias: i8,
     offset: bool,
 }
 
 impl IntLayout {
-    fn of(ty: GgmlType) -> Self {
-        Self {
-            group: if ty == GgmlType::Q6_K { INT_GROUP } else { ACT_BLOCK },
-            nibbles: matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K),
-            offset: matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K),
+    /// `ty`'s layout for `rows` rows, in this build (`native`) or in wasm's.
+    fn of(ty: GgmlType, rows: u64, native: bool) -> Self {
+        let group = if ty == GgmlType::Q6_K { INT_GROUP } else { ACT_BLOCK };
+        let nibbles = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q4_K);
+        let woven =
+            native && (group == ACT_BLOCK || !nibbles) && interleaved::has_simd() && rows.is_multiple_of(interleaved::GROUP_ROWS as u64);
+        let bias = if ty == GgmlType::Q4_0 { 8 } else { 0 };
+        let has_offset = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K);
+        // Q4_0's interleaved products apply its bias themselves: no offsets.
+        let offset = has_offset && !(woven && bias != 0);
+        Self { group, nibbles, woven, six_bits: woven && ty == GgmlType::Q6_K, bias, offset }
+    }
+
+    /// Bytes of `n` levels.
+    fn level_bytes(&self, n: usize) -> usize {
+        match (self.nibbles, self.six_bits) {
+            (true, _) => n / 2,
+            (false, true) => n / 4 * 3,
+            (false, false) => n,
         }
     }
 }
@@ -424,33 +453,32 @@ impl IntWeights {
     /// factored stores (`factored`).
     fn from_ggml(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize, what: &dyn Fn() -> String) -> Result<Self, CpuError> {
         let n = rows * cols;
-        let IntLayout { group, nibbles, offset: has_offset } = IntLayout::of(ty);
-        let bias: i8 = if ty == GgmlType::Q4_0 { 8 } else { 0 };
-        let woven = (group == ACT_BLOCK || !nibbles) && interleaved::has_simd() && rows.is_multiple_of(interleaved::GROUP_ROWS);
-        let mut levels = match (nibbles, woven) {
-            (true, true) => LevelStore::Nibbles8(zeroed(n / 2, what)?),
-            (true, false) => LevelStore::Nibbles(zeroed(n / 2, what)?),
-            (false, true) => LevelStore::Bytes8(zeroed(n, what)?),
-            (false, false) => LevelStore::Bytes(zeroed(n, what)?),
+        let layout = IntLayout::of(ty, rows as u64, cfg!(not(target_arch = "wasm32")));
+        let IntLayout { group, woven, bias, .. } = layout;
+        let mut levels = match (layout.nibbles, woven, layout.six_bits) {
+            (true, true, _) => LevelStore::Nibbles8(zeroed(n / 2, what)?),
+            (true, false, _) => LevelStore::Nibbles(zeroed(n / 2, what)?),
+            (false, true, true) => LevelStore::SixBits8(zeroed(layout.level_bytes(n), what)?),
+            (false, true, false) => LevelStore::Bytes8(zeroed(n, what)?),
+            (false, false, _) => LevelStore::Bytes(zeroed(n, what)?),
         };
         let block = ty.block_size() as usize;
         let factored = FACTORED_SCALES && super_blocks_factor(ty);
         let mut scale = ValueStore::new(factored, n / group, n / block, what)?;
-        // Q4_0's interleaved products apply its bias themselves: no offsets.
-        let keeps_offset = has_offset && !(woven && bias != 0);
-        let mut offset = if keeps_offset { Some(ValueStore::new(factored, n / group, n / block, what)?) } else { None };
+        let mut offset = if layout.offset { Some(ValueStore::new(factored, n / group, n / block, what)?) } else { None };
 
         // Runs of whole rows (whole interleaved groups) of about RUN_BLOCKS blocks, one task
         // each over the pool: each converts its rows into its own part of every store.
         let row_blocks = cols / block;
         let run_rows = (RUN_BLOCKS / row_blocks.max(1)).max(1).next_multiple_of(interleaved::GROUP_ROWS);
         let row_bytes = row_blocks * ty.type_size() as usize;
-        let level_bytes = if nibbles { cols / 2 } else { cols };
+        let level_bytes = layout.level_bytes(cols);
         let level_runs: Vec<LevelRun<'_>> = match &mut levels {
             LevelStore::Nibbles(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Nibbles).collect(),
             LevelStore::Nibbles8(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Nibbles8).collect(),
             LevelStore::Bytes(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Bytes).collect(),
             LevelStore::Bytes8(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::Bytes8).collect(),
+            LevelStore::SixBits8(v) => v.chunks_mut(run_rows * level_bytes).map(LevelRun::SixBits8).collect(),
         };
         let (run_values, run_units) = (run_rows * cols / group, run_rows * row_blocks);
         let mut offset_runs = offset.as_mut().map(|o| o.runs(run_values, run_units).into_iter());
@@ -485,7 +513,7 @@ impl IntWeights {
 
     fn bytes(&self) -> usize {
         let levels = match &self.levels {
-            LevelStore::Nibbles(n) | LevelStore::Nibbles8(n) => n.len(),
+            LevelStore::Nibbles(n) | LevelStore::Nibbles8(n) | LevelStore::SixBits8(n) => n.len(),
             LevelStore::Bytes(q) | LevelStore::Bytes8(q) => q.len(),
         };
         levels + self.scale.bytes() + self.offset.as_ref().map_or(0, ScaleStore::bytes)
@@ -494,6 +522,10 @@ impl IntWeights {
     /// The format's level of weight `i` (counted over the whole matrix, of `cols` weights a row).
     fn level(&self, i: usize, cols: usize) -> i8 {
         let nibble = |byte: u8| (if i % ACT_BLOCK < ACT_BLOCK / 2 { byte & 0x0F } else { byte >> 4 }) as i8 - self.bias;
+        let woven_level = |levels: WovenLevels<'_>| {
+            let (r, e) = (i / cols, i % cols);
+            levels.level(r, e / ACT_BLOCK, e % ACT_BLOCK, cols / ACT_BLOCK)
+        };
         match &self.levels {
             LevelStore::Nibbles(n) => nibble(n[i / ACT_BLOCK * (ACT_BLOCK / 2) + i % (ACT_BLOCK / 2)]),
             LevelStore::Nibbles8(n) => {
@@ -501,17 +533,17 @@ impl IntWeights {
                 nibble(n[interleaved::byte_index(r, e / ACT_BLOCK, e % (ACT_BLOCK / 2), cols / ACT_BLOCK)])
             }
             LevelStore::Bytes(q) => q[i],
-            LevelStore::Bytes8(q) => {
-                let (r, e) = (i / cols, i % cols);
-                q[interleaved_bytes::level_index(r, e / ACT_BLOCK, e % ACT_BLOCK, cols / ACT_BLOCK)]
-            }
+            LevelStore::Bytes8(q) => woven_level(WovenLevels::Bytes(q)),
+            LevelStore::SixBits8(bits) => woven_level(WovenLevels::SixBits(bits)),
         }
     }
 
     /// Where the scale (and offset) of weight `i` is kept.
     fn group_of(&self, i: usize, cols: usize) -> usize {
         match &self.levels {
-            LevelStore::Nibbles8(_) | LevelStore::Bytes8(_) => interleaved::value_index(i / cols, i % cols / self.group, cols / self.group),
+            LevelStore::Nibbles8(_) | LevelStore::Bytes8(_) | LevelStore::SixBits8(_) => {
+                interleaved::value_index(i / cols, i % cols / self.group, cols / self.group)
+            }
             LevelStore::Nibbles(_) | LevelStore::Bytes(_) => i / self.group,
         }
     }
@@ -544,7 +576,11 @@ impl IntWeights {
                 return interleaved::products(GroupRows { levels, scale, offset, bias: f32::from(self.bias), cols }, x, out);
             }
             LevelStore::Bytes8(q) => {
-                let levels = &q[first * cols..][..count * cols];
+                let levels = WovenLevels::Bytes(&q[first * cols..][..count * cols]);
+                return interleaved_bytes::products(ByteGroupRows { levels, group: self.group, scale, offset, cols }, x, out);
+            }
+            LevelStore::SixBits8(bits) => {
+                let levels = WovenLevels::SixBits(&bits[first * cols / 4 * 3..][..count * cols / 4 * 3]);
                 return interleaved_bytes::products(ByteGroupRows { levels, group: self.group, scale, offset, cols }, x, out);
             }
         };
@@ -554,7 +590,7 @@ impl IntWeights {
     /// The rows a product's task takes a multiple of.
     fn rows_per_task(&self) -> usize {
         match self.levels {
-            LevelStore::Nibbles8(_) | LevelStore::Bytes8(_) => interleaved::GROUP_ROWS,
+            LevelStore::Nibbles8(_) | LevelStore::Bytes8(_) | LevelStore::SixBits8(_) => interleaved::GROUP_ROWS,
             LevelStore::Nibbles(_) | LevelStore::Bytes(_) => 1,
         }
     }
@@ -563,7 +599,8 @@ impl IntWeights {
     fn deinterleaved(self, rows: usize, cols: usize) -> Self {
         let levels = match &self.levels {
             LevelStore::Nibbles8(n) => LevelStore::Nibbles(interleaved::deinterleave_levels(n, rows, cols)),
-            LevelStore::Bytes8(q) => LevelStore::Bytes(interleaved_bytes::deinterleave_levels(q, rows, cols)),
+            LevelStore::Bytes8(q) => LevelStore::Bytes(interleaved_bytes::deinterleave_levels(WovenLevels::Bytes(q), rows, cols)),
+            LevelStore::SixBits8(bits) => LevelStore::Bytes(interleaved_bytes::deinterleave_levels(WovenLevels::SixBits(bits), rows, cols)),
             LevelStore::Nibbles(_) | LevelStore::Bytes(_) => return self,
         };
         let groups = cols / self.group;
@@ -607,6 +644,10 @@ impl IntWeights {
             LevelStore::Bytes8(mut q) => {
                 let tail = split_off(&mut q, at * cols, what)?;
                 (LevelStore::Bytes8(q), LevelStore::Bytes8(tail))
+            }
+            LevelStore::SixBits8(mut bits) => {
+                let tail = split_off(&mut bits, at * cols / 4 * 3, what)?;
+                (LevelStore::SixBits8(bits), LevelStore::SixBits8(tail))
             }
         };
         let scale_tail = scale.split_off(at * cols / group, what)?;
@@ -661,15 +702,18 @@ impl Matrix {
         self.cols
     }
 
-    /// The bytes `from_ggml` stores `n` weights of `ty` in (None: a type it does not run), with
-    /// the scales as `native` code keeps them (the K-quants' factored, the others' in f16 when
-    /// every scale and offset of the matrix is exactly an f16) or as wasm does (f32).
-    pub fn stored_bytes(ty: GgmlType, n: u64, native: bool) -> Option<u64> {
+    /// The bytes `from_ggml` stores `rows` x `cols` weights of `ty` in (None: a type it does not
+    /// run, or more weights than a u64 counts), with
+    /// the levels and scales as `native` code on this machine keeps them (`IntLayout`; the
+    /// K-quants' scales factored, the others' in f16 when every scale and offset of the matrix is
+    /// exactly an f16) or as wasm does (f32 scales).
+    pub fn stored_bytes(ty: GgmlType, rows: u64, cols: u64, native: bool) -> Option<u64> {
+        let n = rows.checked_mul(cols)?;
         match ty {
             GgmlType::F32 | GgmlType::F16 => n.checked_mul(4),
             ty if INT_TYPES.contains(&ty) => {
-                let layout = IntLayout::of(ty);
-                let levels = if layout.nibbles { n / 2 } else { n };
+                let layout = IntLayout::of(ty, rows, native);
+                let levels = layout.level_bytes(usize::try_from(n).ok()?) as u64;
                 let scale_arrays = if layout.offset { 2 } else { 1 };
                 let groups = n / layout.group as u64;
                 let super_blocks = n / ty.block_size();

@@ -113,7 +113,7 @@ fn split_rows_keeps_each_half_of_the_product() {
 fn unsupported_types_and_ragged_rows_are_errors() {
     let q2 = quant::quantize(GgmlType::Q2_K, &[0.5; 256]).unwrap();
     assert!(Matrix::from_ggml(GgmlType::Q2_K, &q2, 1, 256).is_err());
-    assert_eq!(Matrix::stored_bytes(GgmlType::Q2_K, 256, false), None);
+    assert_eq!(Matrix::stored_bytes(GgmlType::Q2_K, 1, 256, false), None);
     let q4 = quant::quantize(GgmlType::Q4_0, &[0.5; 64]).unwrap();
     assert!(Matrix::from_ggml(GgmlType::Q4_0, &q4, 1, 32).is_err(), "byte count of 2 rows for 1");
     let k = quant::quantize(GgmlType::Q4_K, &[0.5; 512]).unwrap();
@@ -122,28 +122,30 @@ fn unsupported_types_and_ragged_rows_are_errors() {
 
 /// A matrix is converted a run of blocks at a time (4096): over several runs, the last one
 /// partial, every row still gathers the dequantizer's values and its products agree with the
-/// same rows converted alone; its bytes are one of the two layouts `stored_bytes` gives.
+/// same rows converted alone; its bytes are one of the two layouts `stored_bytes` gives. Rows one
+/// after another (2100) and in whole interleaved groups (2104; Q6_K's levels then in 6 bits).
 #[test]
 fn matrices_of_many_decoding_runs_keep_every_row() {
     let mut rng = StdRng::seed_from_u64(9);
-    // 1,075,200 weights: 4.1 runs of 256-weight blocks, 32.8 of 32-weight ones.
-    let (rows, cols) = (2100, 512);
-    for ty in TYPES {
-        let bytes = quant::quantize(ty, &random(&mut rng, rows * cols, 0.05)).unwrap();
-        let mut w = vec![0.0; rows * cols];
-        quant::dequantize(ty, &bytes, &mut w).unwrap();
-        let m = Matrix::from_ggml(ty, &bytes, rows, cols).unwrap();
-        // What the will-it-fit estimate counts: the layout in f32 scales (wasm) or in f16 ones.
-        let n = (rows * cols) as u64;
-        let stored = [false, true].map(|f16| Matrix::stored_bytes(ty, n, f16).unwrap());
-        assert!(stored.contains(&(m.bytes() as u64)), "{ty}: {} bytes, the layouts {stored:?}", m.bytes());
-        for r in [0, 255, 256, 1024, 2047, 2048, rows - 1] {
-            assert_eq!(m.row(r), w[r * cols..][..cols].to_vec(), "{ty} row {r}");
+    // About 1,075,000 weights: 4.1 runs of 256-weight blocks, 32.8 of 32-weight ones. The tail
+    // converted alone is as many rows as keep the whole matrix's layout.
+    let cols = 512;
+    for (rows, tail_rows) in [(2100, 52), (2104, 56)] {
+        for ty in TYPES {
+            let bytes = quant::quantize(ty, &random(&mut rng, rows * cols, 0.05)).unwrap();
+            let mut w = vec![0.0; rows * cols];
+            quant::dequantize(ty, &bytes, &mut w).unwrap();
+            let m = Matrix::from_ggml(ty, &bytes, rows, cols).unwrap();
+            // What the will-it-fit estimate counts: the layout in f32 scales (wasm) or natively.
+            let stored = [false, true].map(|native| Matrix::stored_bytes(ty, rows as u64, cols as u64, native).unwrap());
+            assert!(stored.contains(&(m.bytes() as u64)), "{ty}: {} bytes, the layouts {stored:?}", m.bytes());
+            for r in [0, 255, 256, 1024, 2047, 2048, rows - 1] {
+                assert_eq!(m.row(r), w[r * cols..][..cols].to_vec(), "{ty} {rows} rows: row {r}");
+            }
+            let tail_bytes = &bytes[bytes.len() - tail_rows * ty.row_bytes(cols as u64).unwrap() as usize..];
+            let alone = Matrix::from_ggml(ty, tail_bytes, tail_rows, cols).unwrap();
+            let x = random(&mut rng, cols, 1.0);
+            assert_eq!(m.apply(&x)[rows - tail_rows..], alone.apply(&x)[..], "{ty} {rows} rows");
         }
-        let tail_rows = 52;
-        let tail_bytes = &bytes[bytes.len() - tail_rows * ty.row_bytes(cols as u64).unwrap() as usize..];
-        let alone = Matrix::from_ggml(ty, tail_bytes, tail_rows, cols).unwrap();
-        let x = random(&mut rng, cols, 1.0);
-        assert_eq!(m.apply(&x)[rows - tail_rows..], alone.apply(&x)[..], "{ty}");
     }
 }

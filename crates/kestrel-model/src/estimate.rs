@@ -378,7 +378,10 @@ fn encoder_estimate(header: &GgufHeader, c: &EncoderConfig) -> Result<Estimate, 
         largest_tensor = largest_tensor.max(t.n_bytes());
         let bytes = match e.kind {
             encoder::Kind::Values => Some(t.n_elements().saturating_mul(4)),
-            encoder::Kind::Matrix => Matrix::stored_bytes(t.ggml_type, t.n_elements(), false),
+            encoder::Kind::Matrix => {
+                let cols = t.dims.first().copied().unwrap_or(0).max(1);
+                Matrix::stored_bytes(t.ggml_type, t.n_elements() / cols, cols, false)
+            }
         };
         match bytes {
             Some(b) => cpu_weight_bytes = cpu_weight_bytes.saturating_add(b),
@@ -465,7 +468,7 @@ fn cpu_tensor_bytes(t: &TensorInfo, e: &Expected, f16_scales: bool) -> u64 {
     if e.rows == 1 {
         t.n_elements().saturating_mul(4)
     } else {
-        Matrix::stored_bytes(t.ggml_type, t.n_elements(), f16_scales).unwrap_or(0)
+        Matrix::stored_bytes(t.ggml_type, e.rows as u64, e.cols as u64, f16_scales).unwrap_or(0)
     }
 }
 

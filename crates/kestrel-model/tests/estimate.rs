@@ -70,22 +70,23 @@ fn the_estimate_matches_the_loaded_model_and_predicts_the_binding_limit() {
 
 /// The CPU backend holds what the estimate says: its weights, vectors and KV caches (three slots
 /// here) are wasm's layout exactly where the scales are f32 (as in wasm, and natively for F32
-/// matrices), and natively, where the backend keeps scales that are exactly f16 in f16, between
-/// the layout with every scale in f16 and the estimate. The 4-bit and 8-bit formats quantized
-/// here have f16 scales (and Q4_0's offsets, -8 times them): those hold exactly the f16 layout.
-/// Models of every storage: F32 matrices, Q4_0 (offsets from the scales), Q4_1 in Phi-3's fused
-/// tensors (split after the load), Q8_0 with biases, Q4_K and Q6_K (16 weights a scale).
+/// matrices), and natively exactly the native layout `Matrix::stored_bytes` gives for each
+/// matrix's type and shape: f16 scales for the 4-bit and 8-bit formats quantized here, Q4_0
+/// interleaved without offsets, the K-quants' scales factored, Q6_K's levels in 6 bits. Models of
+/// every storage: F32 matrices, Q4_0, Q4_1 in Phi-3's fused tensors (split after the load), Q8_0
+/// with biases, Q4_K and Q6_K (16 weights a scale).
 #[test]
 fn the_cpu_estimate_is_what_the_cpu_backend_allocates() {
-    let models: [(SyntheticModel, Option<bool>); 6] = [
-        (QWEN3_F32, Some(false)),
-        (SyntheticModel { label: "qwen2 Q4_0", matrix_type: GgmlType::Q4_0, ..QWEN2_F32 }, Some(true)),
-        (SyntheticModel { label: "phi3 Q4_1", matrix_type: GgmlType::Q4_1, rope: SyntheticRope::Plain, ..PHI3_F32 }, Some(true)),
-        (QWEN2_Q8_0, Some(true)),
-        (GEMMA3_Q4_K, None),
-        (SyntheticModel { label: "gemma3 Q6_K", matrix_type: GgmlType::Q6_K, ..GEMMA3_F32 }, None),
+    // With the f32-scale layout natively too (F32 matrices).
+    let models: [(SyntheticModel, bool); 6] = [
+        (QWEN3_F32, true),
+        (SyntheticModel { label: "qwen2 Q4_0", matrix_type: GgmlType::Q4_0, ..QWEN2_F32 }, false),
+        (SyntheticModel { label: "phi3 Q4_1", matrix_type: GgmlType::Q4_1, rope: SyntheticRope::Plain, ..PHI3_F32 }, false),
+        (QWEN2_Q8_0, false),
+        (GEMMA3_Q4_K, false),
+        (SyntheticModel { label: "gemma3 Q6_K", matrix_type: GgmlType::Q6_K, ..GEMMA3_F32 }, false),
     ];
-    for (model, f16_scales) in models {
+    for (model, f32_scales) in models {
         let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("estimate-{}.gguf", model.label.replace(' ', "-")));
         model.write_to(&path);
         let header = kestrel_gguf::parse_header(&std::fs::read(&path).unwrap()).unwrap();
@@ -94,26 +95,11 @@ fn the_cpu_estimate_is_what_the_cpu_backend_allocates() {
         loaded.set_slots(3).unwrap();
         assert_eq!(estimate.cpu.kv_cache_bytes, loaded.kv_cache_bytes(), "{}: three slots' caches", model.label);
         let held = loaded.cpu_buffer_bytes().unwrap() - loaded.kv_cache_bytes();
-        let f16_layout = cpu_weight_bytes(&header, true).unwrap();
-        // Natively Q4_0 matrices of whole groups of 8 rows may keep no offsets (their levels
-        // interleaved: the products apply Q4_0's bias), 2 bytes per 32 weights fewer.
-        let q4_0_offsets: u64 =
-            header.tensors.iter().filter(|t| t.ggml_type == GgmlType::Q4_0 && t.dims.len() > 1).map(|t| t.n_elements() / 32 * 2).sum();
-        match f16_scales {
-            Some(true) if q4_0_offsets > 0 => assert!(
-                (f16_layout - q4_0_offsets..=f16_layout).contains(&held),
-                "{}: {held} bytes, not within {}..={f16_layout}",
-                model.label,
-                f16_layout - q4_0_offsets
-            ),
-            Some(true) => assert_eq!(held, f16_layout, "{}: f16 scales", model.label),
-            Some(false) => assert_eq!(held, estimate.cpu.weight_bytes, "{}: f32 scales", model.label),
-            None => assert!(
-                (f16_layout..=estimate.cpu.weight_bytes).contains(&held),
-                "{}: {held} bytes, not within {f16_layout}..={}",
-                model.label,
-                estimate.cpu.weight_bytes
-            ),
+        let native_layout = cpu_weight_bytes(&header, true).unwrap();
+        if f32_scales {
+            assert_eq!(held, estimate.cpu.weight_bytes, "{}: f32 scales", model.label);
+        } else {
+            assert_eq!(held, native_layout, "{}: the native layout", model.label);
         }
         assert!(estimate.cpu.verdict.fits && estimate.cpu.bytes > estimate.cpu.weight_bytes + estimate.cpu.kv_cache_bytes);
     }
