@@ -170,8 +170,12 @@ pub(crate) mod avx2 {
 
     /// Bytes of one group's block.
     const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * ROW_BLOCK_BYTES;
-    /// Tokens a tile computes: each group's block is loaded (and split into nibbles) once for them.
-    pub(crate) const TOKENS: usize = 4;
+    /// Tokens a tile computes at most: each group's block is loaded (and split into nibbles) once
+    /// for them. The AVX2 tiles take up to 4 (`TILE_TOKENS`), whose accumulators fit AVX2's 16
+    /// vector registers; the AVX512-VNNI tiles of 4-bit levels up to 8 in its 32.
+    pub(crate) const TOKENS: usize = 8;
+    /// Tokens the tiles other than the 4-bit AVX512-VNNI ones take at most.
+    pub(crate) const TILE_TOKENS: usize = 4;
     /// How far ahead of the block being read the levels are fetched into the cache, in bytes (a
     /// decode step streams every weight once; the hardware prefetchers stop at each 4 KiB page).
     pub(crate) const PREFETCH_BYTES: usize = 4096;
@@ -181,30 +185,38 @@ pub(crate) mod avx2 {
 
     /// `out[r·n + t]` for the `rows` weight rows (whole groups of 8) and the `n` rows of `x` (of
     /// `cols` values), tile by tile: `tile(g, acts, tokens, sums)` computes group g's 8 rows for the
-    /// first `tokens` of `acts` (a tile of fewer than `TOKENS` repeats its last row in the unused
-    /// places), for the interleaved nibble and byte layouts alike.
+    /// first `tokens` (at most `most`) of `acts` (a tile of fewer than `TOKENS` repeats its last
+    /// row in the unused places), for the interleaved nibble and byte layouts alike.
     pub(crate) fn by_tiles(
         x: &QuantizedRows,
         cols: usize,
         rows: usize,
         n: usize,
         out: &mut [f32],
+        most: usize,
         mut tile: impl FnMut(usize, &[ActRow<'_>; TOKENS], usize, &mut TileSums),
     ) {
         let acts: Vec<ActRow<'_>> = (0..n).map(|t| x.row(t, cols)).collect();
+        // Each token tile's first token, count and rows, made once for every group (a decode
+        // step's one tile would otherwise be rebuilt for each group of 8 weight rows).
+        let width = most.clamp(1, TOKENS);
+        let tiles: Vec<(usize, usize, [ActRow<'_>; TOKENS])> = (0..n)
+            .step_by(width)
+            .map(|t| {
+                let tokens = (n - t).min(width);
+                (t, tokens, std::array::from_fn(|i| acts[t + i.min(tokens - 1)]))
+            })
+            .collect();
+        // A tile writes the sums of its tokens, and only those are read.
+        let mut sums = [[0f32; GROUP_ROWS]; TOKENS];
         for g in 0..rows / GROUP_ROWS {
-            let mut t = 0;
-            while t < n {
-                let tile_tokens = (n - t).min(TOKENS);
-                let tile_acts: [ActRow<'_>; TOKENS] = std::array::from_fn(|i| acts[t + i.min(tile_tokens - 1)]);
-                let mut sums = [[0f32; GROUP_ROWS]; TOKENS];
-                tile(g, &tile_acts, tile_tokens, &mut sums);
-                for (j, token) in sums.iter().enumerate().take(tile_tokens) {
+            for (t, tokens, tile_acts) in &tiles {
+                tile(g, tile_acts, *tokens, &mut sums);
+                for (j, token) in sums.iter().enumerate().take(*tokens) {
                     for (i, &v) in token.iter().enumerate() {
                         out[(g * GROUP_ROWS + i) * n + t + j] = v;
                     }
                 }
-                t += tile_tokens;
             }
         }
     }
@@ -217,7 +229,7 @@ pub(crate) mod avx2 {
             return;
         }
         with_eight_scales!(w.scale, w.offset, |scale, offset| {
-            by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match tokens {
+            by_tiles(x, w.cols, rows, n, out, TILE_TOKENS, |g, acts, tokens, sums| match tokens {
                 // SAFETY: as this function's.
                 4 => unsafe { tile::<4, _>(&w, scale, offset, g, acts, sums) },
                 3 => unsafe { tile::<3, _>(&w, scale, offset, g, acts, sums) },
@@ -244,12 +256,17 @@ pub(crate) mod avx2 {
         n: usize,
         vnni: bool,
     ) {
-        by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match (vnni, tokens) {
+        let most = if vnni { TOKENS } else { TILE_TOKENS };
+        by_tiles(x, w.cols, rows, n, out, most, |g, acts, tokens, sums| match (vnni, tokens) {
             // SAFETY: as this function's.
             (false, 4) => unsafe { tile_factored::<4>(w, scale, offset, g, acts, sums) },
             (false, 3) => unsafe { tile_factored::<3>(w, scale, offset, g, acts, sums) },
             (false, 2) => unsafe { tile_factored::<2>(w, scale, offset, g, acts, sums) },
             (false, _) => unsafe { tile_factored::<1>(w, scale, offset, g, acts, sums) },
+            (true, 8) => unsafe { tile_factored_vnni::<8>(w, scale, offset, g, acts, sums) },
+            (true, 7) => unsafe { tile_factored_vnni::<7>(w, scale, offset, g, acts, sums) },
+            (true, 6) => unsafe { tile_factored_vnni::<6>(w, scale, offset, g, acts, sums) },
+            (true, 5) => unsafe { tile_factored_vnni::<5>(w, scale, offset, g, acts, sums) },
             (true, 4) => unsafe { tile_factored_vnni::<4>(w, scale, offset, g, acts, sums) },
             (true, 3) => unsafe { tile_factored_vnni::<3>(w, scale, offset, g, acts, sums) },
             (true, 2) => unsafe { tile_factored_vnni::<2>(w, scale, offset, g, acts, sums) },
@@ -425,7 +442,8 @@ pub(crate) mod tests {
 
     /// The interleaved products give the row-by-row kernels' sums for the same weights (up to
     /// the order of the f32 additions), with f32 and f16 scales, with and without offsets, for
-    /// one token, a whole tile and a tile's remainder; the SIMD code gives the portable code's.
+    /// tiles of every width (1 to 8 tokens) and a run of whole tiles with a remainder; the SIMD
+    /// code gives the portable code's.
     #[test]
     fn interleaved_products_are_the_row_layouts() {
         let (rows, cols) = (24, 256);
@@ -440,12 +458,12 @@ pub(crate) mod tests {
         let (scale_w, offset_w) = (interleave_values(&scale, rows, blocks, false), interleave_values(&offset, rows, blocks, false));
         assert_eq!(interleave_values(&scale_w, rows, blocks, true), scale);
         let (scale16, offset16, scale16_w, offset16_w) = (to_f16(&scale), to_f16(&offset), to_f16(&scale_w), to_f16(&offset_w));
-        let x: Vec<f32> = (0..5 * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
+        let x: Vec<f32> = (0..19 * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
         let stores = [
             (Scales::F32(&scale), Scales::F32(&offset), Scales::F32(&scale_w), Scales::F32(&offset_w)),
             (Scales::F16(&scale16), Scales::F16(&offset16), Scales::F16(&scale16_w), Scales::F16(&offset16_w)),
         ];
-        for (format, n) in [ActFormat::Q8_0, ActFormat::Q8K].into_iter().flat_map(|f| [1, 4, 5].map(|n| (f, n))) {
+        for (format, n) in [ActFormat::Q8_0, ActFormat::Q8K].into_iter().flat_map(|f| [1, 2, 3, 4, 5, 6, 7, 19].map(|n| (f, n))) {
             let xq = QuantizedRows::new(&x[..n * cols], format);
             for (with_offset, (s, o, s_w, o_w)) in [false, true].into_iter().flat_map(|o| stores.map(|s| (o, s))) {
                 let plain =

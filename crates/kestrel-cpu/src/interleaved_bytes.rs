@@ -202,7 +202,7 @@ pub(crate) mod avx2 {
     use crate::activations::Q8K_BLOCK;
     use crate::dot::avx2::{end_super_block, has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
     use crate::dot::ActRow;
-    use crate::interleaved::avx2::{by_tiles, factored_tile_variants, TileSums, PREFETCH_BYTES, TOKENS};
+    use crate::interleaved::avx2::{by_tiles, factored_tile_variants, TileSums, PREFETCH_BYTES, TILE_TOKENS, TOKENS};
     use crate::ACT_BLOCK;
 
     /// Bytes of one group's block of byte levels: 8 rows of 32.
@@ -239,7 +239,7 @@ pub(crate) mod avx2 {
         rows: usize,
         n: usize,
     ) {
-        by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| match tokens {
+        by_tiles(x, w.cols, rows, n, out, TILE_TOKENS, |g, acts, tokens, sums| match tokens {
             // SAFETY: as this function's.
             4 => unsafe { tile::<4, HALVES, SIX, _>(w, s, o, g, acts, sums) },
             3 => unsafe { tile::<3, HALVES, SIX, _>(w, s, o, g, acts, sums) },
@@ -292,7 +292,7 @@ pub(crate) mod avx2 {
         n: usize,
         vnni: bool,
     ) {
-        by_tiles(x, w.cols, rows, n, out, |g, acts, tokens, sums| {
+        by_tiles(x, w.cols, rows, n, out, TILE_TOKENS, |g, acts, tokens, sums| {
             // SAFETY: as this function's.
             unsafe {
                 match (vnni, tokens) {
