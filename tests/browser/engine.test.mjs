@@ -124,7 +124,12 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
   });
 
   test('(c) generation never blocks the main thread', { timeout: 30 * MINUTES }, async () => {
-    const r = await page.evaluate(async () => {
+    // A long task's duration is wall-clock time, so on a loaded machine (CI's 2 cores run the
+    // bench and fuzz smokes beside this suite) a short task that the OS preempts can count as one
+    // (a CI run saw one of 90 ms; alone, none and a 17 ms frame gap). Generation on the main
+    // thread would make long tasks in every attempt (a token's work takes hundreds of ms in
+    // wasm), so up to three attempts are made, and the last must have none.
+    const measure = () => page.evaluate(async () => {
       const long = [];
       const observer = new PerformanceObserver((list) => long.push(...list.getEntries().map((e) => e.duration)));
       observer.observe({ type: 'longtask' });
@@ -147,6 +152,11 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
       observer.disconnect();
       return { long, frames, maxGap, ms, tokens: out.usage.completion_tokens };
     });
+    let r = await measure();
+    for (let attempt = 2; attempt <= 3 && r.long.length > 0; attempt++) {
+      console.log(`long tasks ${JSON.stringify(r.long)} in attempt ${attempt - 1}: measuring again`);
+      r = await measure();
+    }
     console.log(`generation ${(r.ms / 1e3).toFixed(1)} s, ${r.frames} frames, longest frame gap ${r.maxGap.toFixed(0)} ms, long tasks ${JSON.stringify(r.long)}`);
     assert.ok(r.tokens > 0);
     assert.deepEqual(r.long, [], 'main-thread long tasks during generation');
