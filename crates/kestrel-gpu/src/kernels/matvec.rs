@@ -26,11 +26,26 @@ fn matvec_groups(params: &WeightParams, rows_per_thread: u32) -> u32 {
 /// every token live in registers.
 pub const MAX_MATVEC_COLUMNS: u32 = 16;
 
-/// Rows per thread of a matvec on `gpu` over `columns` tokens: the device's variant, halved for
-/// the fused SwiGLU product, which reads two matrices per row, and divided by the tokens (the
-/// same registers for the accumulators and scales).
-fn matvec_rows_per_thread(gpu: &Gpu, swiglu: bool, columns: u32) -> u32 {
+/// The weight types whose matvec threads compute at most [`WIDE_UNIT_MAX_ROWS`] rows.
+///
+/// A thread keeps each of its rows' block state live across the block's 4 units: the scale pair
+/// for every type, and also the plane words for the types with high bits (Q5_0, Q5_1, Q5_K,
+/// Q6_K; Q6_K also a second scale pair), while a dense unit is itself 4 or 8 words (F16, F32).
+/// With 8 rows, those no longer fit in the registers: on lavapipe these types ran about 2x
+/// slower with 8 rows per thread than with 4, where Q4_0, Q4_1, Q8_0 and Q4_K (no high bits) are
+/// fastest with 8 (`kestrel bench kernels --matvec 1,8` against `1,4` at 1B shapes).
+pub const WIDE_UNIT_TYPES: [GgmlType; 6] = [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::F32];
+
+/// Rows per thread for [`WIDE_UNIT_TYPES`] at most.
+pub const WIDE_UNIT_MAX_ROWS: u32 = 4;
+
+/// Rows per thread of a matvec over `ty` weights on `gpu` for `columns` tokens: the device's
+/// variant, capped for the types with wide units, halved for the fused SwiGLU product, which
+/// reads two matrices per row, and divided by the tokens (the same registers for the
+/// accumulators and scales).
+fn matvec_rows_per_thread(gpu: &Gpu, ty: GgmlType, swiglu: bool, columns: u32) -> u32 {
     let rows = gpu.info.kernels.matvec.rows_per_thread;
+    let rows = if WIDE_UNIT_TYPES.contains(&ty) { rows.min(WIDE_UNIT_MAX_ROWS) } else { rows };
     let rows = if swiglu { rows / 2 } else { rows };
     (rows / columns).max(1)
 }
@@ -96,7 +111,7 @@ impl MatvecKernel {
     }
 
     async fn build(gpu: &Gpu, ty: GgmlType, epilogue: Epilogue, softcap: Option<f32>, columns: u32) -> Result<Self, GpuError> {
-        let rows_per_thread = matvec_rows_per_thread(gpu, false, columns);
+        let rows_per_thread = matvec_rows_per_thread(gpu, ty, false, columns);
         let mut defines = matvec_defines(gpu, "matvec", ty, rows_per_thread, columns)?;
         epilogue.add_defines(&mut defines);
         if let Some(cap) = softcap {
@@ -166,7 +181,7 @@ impl SwigluMatvecKernel {
 
     /// The product over `columns` tokens (1 to `MAX_MATVEC_COLUMNS`).
     pub async fn batched(gpu: &Gpu, ty: GgmlType, act: GateActivation, columns: u32) -> Result<Self, GpuError> {
-        let rows_per_thread = matvec_rows_per_thread(gpu, true, columns);
+        let rows_per_thread = matvec_rows_per_thread(gpu, ty, true, columns);
         let mut defines = matvec_defines(gpu, "swiglu matvec", ty, rows_per_thread, columns)?;
         add_gate_defines(&mut defines, act);
         Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, rows_per_thread, columns })

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use kestrel_gpu::kernels::matvec::{WIDE_UNIT_MAX_ROWS, WIDE_UNIT_TYPES};
 use kestrel_gpu::GpuInfo;
 use serde::Serialize;
 
@@ -156,7 +157,7 @@ impl Adapter {
     pub fn markdown(&self, timing: &str) -> String {
         let features = if self.features.is_empty() { "none".to_string() } else { self.features.join(", ") };
         format!(
-            "adapter: {} ({}, {}{})  \nfeatures: {features}; binding limit {:.0} MiB  \nkernels: matvec with {} thread(s) per row, {} rows per thread  \ntiming: {timing}",
+            "adapter: {} ({}, {}{})  \nfeatures: {features}; binding limit {:.0} MiB  \nkernels: matvec with {} thread(s) per row, {} rows per thread ({})  \ntiming: {timing}",
             self.name,
             self.backend,
             self.driver,
@@ -164,8 +165,18 @@ impl Adapter {
             self.max_storage_buffer_binding_size as f64 / MIB,
             self.matvec_slices,
             self.matvec_rows_per_thread,
+            wide_unit_note(self.matvec_rows_per_thread),
         )
     }
+}
+
+/// Which types the matvec runs with fewer rows per thread than the adapter's variant.
+fn wide_unit_note(rows_per_thread: u32) -> String {
+    if rows_per_thread <= WIDE_UNIT_MAX_ROWS {
+        return "every type".into();
+    }
+    let types: Vec<String> = WIDE_UNIT_TYPES.iter().map(|t| t.to_string()).collect();
+    format!("{WIDE_UNIT_MAX_ROWS} for {}", types.join(", "))
 }
 
 /// Everything a run measured, as `--json` writes it.
