@@ -104,13 +104,29 @@ impl WovenLevels<'_> {
         }
     }
 
+    /// Bytes of one group's block (8 rows of 32 levels).
+    pub(crate) fn block_bytes(&self) -> usize {
+        match self {
+            WovenLevels::Bytes(_) => GROUP_ROWS * ACT_BLOCK,
+            WovenLevels::SixBits(_) => SIX_BIT_BLOCK_BYTES,
+        }
+    }
+
+    /// The levels' first byte.
+    fn start(&self) -> *const u8 {
+        match self {
+            WovenLevels::Bytes(q) => q.as_ptr().cast(),
+            WovenLevels::SixBits(bits) => bits.as_ptr(),
+        }
+    }
+
     /// Whether they are whole groups' blocks of `cols` weights a row.
     fn whole(&self, cols: usize) -> bool {
-        let (bytes, block_bytes) = match self {
-            WovenLevels::Bytes(q) => (q.len(), GROUP_ROWS * ACT_BLOCK),
-            WovenLevels::SixBits(bits) => (bits.len(), SIX_BIT_BLOCK_BYTES),
+        let bytes = match self {
+            WovenLevels::Bytes(q) => q.len(),
+            WovenLevels::SixBits(bits) => bits.len(),
         };
-        bytes.is_multiple_of(block_bytes * (cols / ACT_BLOCK).max(1))
+        bytes.is_multiple_of(self.block_bytes() * (cols / ACT_BLOCK).max(1))
     }
 }
 
@@ -197,16 +213,13 @@ pub(crate) fn products_portable(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &m
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{ByteGroupRows, WovenLevels, GROUP_ROWS, SIX_BIT_BIAS, SIX_BIT_BLOCK_BYTES, SIX_BIT_HIGH};
+    use super::{ByteGroupRows, WovenLevels, GROUP_ROWS, SIX_BIT_BIAS, SIX_BIT_HIGH};
     use crate::activations::QuantizedRows;
     use crate::activations::Q8K_BLOCK;
     use crate::dot::avx2::{end_super_block, has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
     use crate::dot::ActRow;
     use crate::interleaved::avx2::{by_tiles, factored_tile_variants, TileSums, PREFETCH_BYTES, TILE_TOKENS, TOKENS};
     use crate::ACT_BLOCK;
-
-    /// Bytes of one group's block of byte levels: 8 rows of 32.
-    const BYTE_BLOCK_BYTES: usize = GROUP_ROWS * ACT_BLOCK;
 
     /// # Safety
     /// AVX2, FMA and F16C are present, and `w`, `x` and `out` have the shapes `products` checks.
@@ -317,10 +330,8 @@ pub(crate) mod avx2 {
     /// Group g is within `w`'s levels.
     #[inline(always)]
     unsafe fn group_blocks(w: &ByteGroupRows<'_>, g: usize, blocks: usize) -> (*const u8, usize) {
-        match w.levels {
-            WovenLevels::Bytes(q) => (q.as_ptr().cast::<u8>().add(g * blocks * BYTE_BLOCK_BYTES), BYTE_BLOCK_BYTES),
-            WovenLevels::SixBits(bits) => (bits.as_ptr().add(g * blocks * SIX_BIT_BLOCK_BYTES), SIX_BIT_BLOCK_BYTES),
-        }
+        let block_bytes = w.levels.block_bytes();
+        (w.levels.start().add(g * blocks * block_bytes), block_bytes)
     }
 
     /// Fetches a block's bytes `PREFETCH_BYTES` ahead into the cache.
@@ -366,6 +377,13 @@ pub(crate) mod avx2 {
         } else {
             (_mm256_sign_epi8(levels, levels), _mm256_sign_epi8(x, levels))
         }
+    }
+
+    /// Activation bytes `4k..4k + 4` of block `b` of `act`, in every lane: what chunk `k` of a
+    /// group's block multiplies.
+    #[inline(always)]
+    unsafe fn x_chunk(act: &ActRow<'_>, b: usize, k: usize) -> __m256i {
+        _mm256_set1_epi32(act.q.as_ptr().add(b * ACT_BLOCK + 4 * k).cast::<i32>().read_unaligned())
     }
 
     /// What 6-bit levels' bias adds to the sum of 16 weights times x: `32 · Σ x` of those 16
@@ -432,7 +450,7 @@ pub(crate) mod avx2 {
                     let levels = chunk::<SIX>(block, k);
                     let k16 = if k < 4 { k_first } else { k_second };
                     for j in 0..T {
-                        let x = _mm256_set1_epi32(acts[j].q.as_ptr().add(b * ACT_BLOCK + 4 * k).cast::<i32>().read_unaligned());
+                        let x = x_chunk(&acts[j], b, k);
                         let (w_bytes, x_bytes) = operands::<SIX>(levels, x);
                         if VNNI {
                             let half = &mut halves[j][k / 4];
@@ -508,7 +526,7 @@ pub(crate) mod avx2 {
             for k in 0..8 {
                 let levels = chunk::<SIX>(block, k);
                 for j in 0..T {
-                    let x = _mm256_set1_epi32(acts[j].q.as_ptr().add(b * ACT_BLOCK + 4 * k).cast::<i32>().read_unaligned());
+                    let x = x_chunk(&acts[j], b, k);
                     let (w_bytes, x_bytes) = operands::<SIX>(levels, x);
                     // At most 2 · 128 · 127 a pair, within i16.
                     let four = _mm256_madd_epi16(_mm256_maddubs_epi16(w_bytes, x_bytes), ones);
@@ -592,7 +610,10 @@ mod tests {
 
     /// `interleaved_byte_products_are_the_row_layouts` for one kind of levels.
     fn check_layout(kind: &str, plain_levels: &[i8], woven: WovenLevels<'_>, rows: usize, cols: usize) {
-        let x: Vec<f32> = (0..5 * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
+        // Every token count up to 8 (these tiles take up to 4), and several tiles with a short
+        // last one (19).
+        let counts = [1, 2, 3, 4, 5, 6, 7, 8, 19];
+        let x: Vec<f32> = (0..19 * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
         for group in [32, 16] {
             let groups = cols / group;
             // Exact in f16, so both storages give the same sums.
@@ -601,7 +622,7 @@ mod tests {
             let (scale_w, offset_w) = (interleave_values(&scale, rows, groups, false), interleave_values(&offset, rows, groups, false));
             let to_f16 = |v: &[f32]| v.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect::<Vec<u16>>();
             let (scale16, scale16_w) = (to_f16(&scale), to_f16(&scale_w));
-            for (format, n) in [ActFormat::Q8_0, ActFormat::Q8K].into_iter().flat_map(|f| [1, 4, 5].map(|n| (f, n))) {
+            for (format, n) in [ActFormat::Q8_0, ActFormat::Q8K].into_iter().flat_map(|f| counts.map(|n| (f, n))) {
                 let xq = QuantizedRows::new(&x[..n * cols], format);
                 let offsets = if group == ACT_BLOCK { vec![false, true] } else { vec![false] };
                 for with_offset in offsets {
