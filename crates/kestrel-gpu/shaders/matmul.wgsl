@@ -264,7 +264,10 @@ fn few_token_tile(lid: u32, lane: u32, n0: u32, m0: u32, rows: u32) {
     for (var k0 = 0u; k0 < params.cols; k0 += BK) {
         load_x_tile(lid, m0, k0, rows);
         workgroupBarrier();
-        for (var v = 0u; v < 4u; v++) {
+        // Threads past the tile's BN features (half of them in a SwiGLU tile) have nothing to
+        // store: a loop bound rather than a branch, so that SIMD groups of them skip the units.
+        let units = select(0u, 4u, lid < BN);
+        for (var v = 0u; v < units; v++) {
             let w_unit = slice_unit(n, k0 / 8u + v, false);
 #if SWIGLU
             let up_unit = slice_unit(n, k0 / 8u + v, true);
