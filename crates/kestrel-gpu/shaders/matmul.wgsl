@@ -52,11 +52,15 @@ const BN: u32 = 64u;
 // 8 apart: a step of the inner loop reads 8 + TN tile words for 8 * TN multiply-adds.
 const TN: u32 = BN / 8u;
 
-// Tiles are unpadded (64 x 32 x 2 words fill the 16 KiB of workgroup memory WebGPU guarantees);
-// a word's column is XORed with its row instead, so that threads reading one column of
-// different rows hit different banks.
-fn tile_index(row: u32, col: u32) -> u32 {
-    return row * BK + (col ^ (row % BK));
+// Tiles hold quads: 4 consecutive tile columns of a row in one vec4, read and written whole (one
+// wide access instead of four; on lavapipe each access is a loop over the SIMD lanes, so this
+// quarters the loops). Tiles are unpadded (64 x 32 x 2 words fill the 16 KiB of workgroup memory
+// WebGPU guarantees); a quad's index is XORed with its row instead, so that threads reading one
+// quad column of different rows hit different banks.
+const QUADS: u32 = BK / 4u;
+
+fn tile_index(row: u32, quad: u32) -> u32 {
+    return row * QUADS + (quad ^ (row % QUADS));
 }
 
 // The thread's accumulators. lo[j][i]: token tm + 8i, hi[j][i]: token tm + 32 + 8i, both of
@@ -68,10 +72,10 @@ var<private> up_lo: array<vec4<f32>, TN>;
 var<private> up_hi: array<vec4<f32>, TN>;
 #endif
 
-var<workgroup> x_tile: array<f32, BM * BK>;
-var<workgroup> w_tile: array<f32, BN * BK>;
+var<workgroup> x_tile: array<vec4<f32>, BM * QUADS>;
+var<workgroup> w_tile: array<vec4<f32>, BN * QUADS>;
 #if SWIGLU
-var<workgroup> up_tile: array<f32, BN * BK>;
+var<workgroup> up_tile: array<vec4<f32>, BN * QUADS>;
 #endif
 
 // Unit `u` of row `n` (of `w_up` when `is_up`). A dense unit running past K (dense rows need not
@@ -119,15 +123,17 @@ fn slice_col(c: u32) -> u32 {
 // Stages x[m0 .. m0 + rows][k0 .. k0 + BK] in tile column order, the tile's rows that are step
 // tokens (the others are never read into a stored result); columns past K are zero.
 fn load_x_tile(lid: u32, m0: u32, k0: u32, rows: u32) {
-    for (var i = lid; i < rows * BK; i += THREADS) {
-        let r = i / BK;
-        let c = i % BK;
-        let k = k0 + slice_col(c);
-        var v = 0.0;
-        if (k < params.cols) {
-            v = x[(m0 + r) * params.cols + k];
+    for (var i = lid; i < rows * QUADS; i += THREADS) {
+        let r = i / QUADS;
+        let quad = i % QUADS;
+        var v = vec4<f32>();
+        for (var e = 0u; e < 4u; e++) {
+            let k = k0 + slice_col(4u * quad + e);
+            if (k < params.cols) {
+                v[e] = x[(m0 + r) * params.cols + k];
+            }
         }
-        x_tile[tile_index(r, c)] = v;
+        x_tile[tile_index(r, quad)] = v;
     }
 }
 
@@ -140,73 +146,102 @@ fn load_w_tile(lid: u32, n0: u32, k0: u32) {
         let r = i % BN;
         let n = min(n0 + r, params.rows - 1u);
         let v = i / BN;
+        // Unit v is tile columns 8v .. 8v + 7: quads 2v (lo) and 2v + 1 (hi).
         let unit = slice_unit(n, k0 / 8u + v, false);
-        for (var e = 0u; e < 4u; e++) {
-            w_tile[tile_index(r, 8u * v + e)] = unit.lo[e];
-            w_tile[tile_index(r, 8u * v + 4u + e)] = unit.hi[e];
-        }
+        w_tile[tile_index(r, 2u * v)] = unit.lo;
+        w_tile[tile_index(r, 2u * v + 1u)] = unit.hi;
 #if SWIGLU
         let up = slice_unit(n, k0 / 8u + v, true);
-        for (var e = 0u; e < 4u; e++) {
-            up_tile[tile_index(r, 8u * v + e)] = up.lo[e];
-            up_tile[tile_index(r, 8u * v + 4u + e)] = up.hi[e];
-        }
+        up_tile[tile_index(r, 2u * v)] = up.lo;
+        up_tile[tile_index(r, 2u * v + 1u)] = up.hi;
 #endif
     }
 }
 
-// Products of step kk for the thread's first token (a) with each of its features.
-fn one_token_step(kk: u32, tn: u32, a: f32) {
+// The thread's x values of one quad: element e holds those of tile column 4q + e, for its first
+// token (one_token_quad) or for 4 of its tokens (one per component).
+alias XQuad = array<vec4<f32>, 4>;
+
+// Products of quad q for the thread's first token, whose x values of the quad's columns are `a`,
+// with each of its features.
+fn one_token_quad(quad: u32, tn: u32, a: vec4<f32>) {
     for (var j = 0u; j < TN; j++) {
-        lo[j].x = fma(a, w_tile[tile_index(tn + 8u * j, kk)], lo[j].x);
+        let b = w_tile[tile_index(tn + 8u * j, quad)];
 #if SWIGLU
-        up_lo[j].x = fma(a, up_tile[tile_index(tn + 8u * j, kk)], up_lo[j].x);
+        let b_up = up_tile[tile_index(tn + 8u * j, quad)];
+#endif
+        lo[j].x = fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, lo[j].x))));
+#if SWIGLU
+        up_lo[j].x = fma(a.w, b_up.w, fma(a.z, b_up.z, fma(a.y, b_up.y, fma(a.x, b_up.x, up_lo[j].x))));
 #endif
     }
 }
 
-// Products of step kk for the thread's first 4 tokens (a) with each of its features.
-fn lo_step(kk: u32, tn: u32, a: vec4<f32>) {
+// `sums` plus 4 tokens' products with one feature over a quad, column by column in order. Written
+// out: arrays indexed in loops that a compiler does not unroll are kept in memory.
+fn quad_sum(a: XQuad, b: vec4<f32>, sums: vec4<f32>) -> vec4<f32> {
+    let s0 = fma(a[0], vec4<f32>(b.x), sums);
+    let s1 = fma(a[1], vec4<f32>(b.y), s0);
+    let s2 = fma(a[2], vec4<f32>(b.z), s1);
+    return fma(a[3], vec4<f32>(b.w), s2);
+}
+
+// Products of quad q for the thread's first 4 tokens (a) with each of its features.
+fn lo_quad(quad: u32, tn: u32, a: XQuad) {
     for (var j = 0u; j < TN; j++) {
-        lo[j] = fma(a, vec4<f32>(w_tile[tile_index(tn + 8u * j, kk)]), lo[j]);
+        let b = w_tile[tile_index(tn + 8u * j, quad)];
 #if SWIGLU
-        up_lo[j] = fma(a, vec4<f32>(up_tile[tile_index(tn + 8u * j, kk)]), up_lo[j]);
+        let b_up = up_tile[tile_index(tn + 8u * j, quad)];
+#endif
+        lo[j] = quad_sum(a, b, lo[j]);
+#if SWIGLU
+        up_lo[j] = quad_sum(a, b_up, up_lo[j]);
 #endif
     }
 }
 
-// Products of step kk for all 8 of the thread's tokens (a, a_hi) with each of its features.
-fn all_step(kk: u32, tn: u32, a: vec4<f32>, a_hi: vec4<f32>) {
+// Products of quad q for all 8 of the thread's tokens (a, a_hi) with each of its features.
+fn all_quad(quad: u32, tn: u32, a: XQuad, a_hi: XQuad) {
     for (var j = 0u; j < TN; j++) {
-        let b = vec4<f32>(w_tile[tile_index(tn + 8u * j, kk)]);
-        lo[j] = fma(a, b, lo[j]);
-        hi[j] = fma(a_hi, b, hi[j]);
+        let b = w_tile[tile_index(tn + 8u * j, quad)];
 #if SWIGLU
-        let b_up = vec4<f32>(up_tile[tile_index(tn + 8u * j, kk)]);
-        up_lo[j] = fma(a, b_up, up_lo[j]);
-        up_hi[j] = fma(a_hi, b_up, up_hi[j]);
+        let b_up = up_tile[tile_index(tn + 8u * j, quad)];
+#endif
+        lo[j] = quad_sum(a, b, lo[j]);
+        hi[j] = quad_sum(a_hi, b, hi[j]);
+#if SWIGLU
+        up_lo[j] = quad_sum(a, b_up, up_lo[j]);
+        up_hi[j] = quad_sum(a_hi, b_up, up_hi[j]);
 #endif
     }
 }
 
-// Tokens `first`, `first` + `apart`, + 2 `apart` and + 3 `apart` of the x tile at column c.
-fn x_tokens(first: u32, apart: u32, c: u32) -> vec4<f32> {
-    return vec4<f32>(
-        x_tile[tile_index(first, c)],
-        x_tile[tile_index(first + apart, c)],
-        x_tile[tile_index(first + 2u * apart, c)],
-        x_tile[tile_index(first + 3u * apart, c)],
+// Tokens `first`, `first` + `apart`, + 2 `apart` and + 3 `apart` of the x tile in quad q.
+fn x_quad(first: u32, apart: u32, quad: u32) -> XQuad {
+    let t0 = x_tile[tile_index(first, quad)];
+    let t1 = x_tile[tile_index(first + apart, quad)];
+    let t2 = x_tile[tile_index(first + 2u * apart, quad)];
+    let t3 = x_tile[tile_index(first + 3u * apart, quad)];
+    return XQuad(
+        vec4<f32>(t0.x, t1.x, t2.x, t3.x),
+        vec4<f32>(t0.y, t1.y, t2.y, t3.y),
+        vec4<f32>(t0.z, t1.z, t2.z, t3.z),
+        vec4<f32>(t0.w, t1.w, t2.w, t3.w),
     );
 }
 
 #if SHARE_X
-// The words that lanes `first` .. `first` + 3 read.
-fn shuffled(own: f32, first: u32) -> vec4<f32> {
-    return vec4<f32>(
-        subgroupShuffle(own, first),
-        subgroupShuffle(own, first + 1u),
-        subgroupShuffle(own, first + 2u),
-        subgroupShuffle(own, first + 3u),
+// The quads that lanes `first` .. `first` + 3 read.
+fn shuffled(own: vec4<f32>, first: u32) -> XQuad {
+    let t0 = subgroupShuffle(own, first);
+    let t1 = subgroupShuffle(own, first + 1u);
+    let t2 = subgroupShuffle(own, first + 2u);
+    let t3 = subgroupShuffle(own, first + 3u);
+    return XQuad(
+        vec4<f32>(t0.x, t1.x, t2.x, t3.x),
+        vec4<f32>(t0.y, t1.y, t2.y, t3.y),
+        vec4<f32>(t0.z, t1.z, t2.z, t3.z),
+        vec4<f32>(t0.w, t1.w, t2.w, t3.w),
     );
 }
 #endif
@@ -272,26 +307,30 @@ fn few_token_tile(lid: u32, lane: u32, n0: u32, m0: u32, rows: u32) {
 #if SWIGLU
             let up_unit = slice_unit(n, k0 / 8u + v, true);
 #endif
-            for (var e = 0u; e < 8u; e++) {
-                let c = 8u * v + e;
+            // The unit's columns are quads 2v (its lo weights) and 2v + 1 (hi).
+            for (var h = 0u; h < 2u; h++) {
+                let quad = 2u * v + h;
 #if SHARE_X
-                let own = x_tile[tile_index(role, c)];
+                let own = x_tile[tile_index(role, quad)];
                 let a = shuffled(own, group);
                 let a_hi = shuffled(own, group + 4u);
 #else
-                let a = x_tokens(0u, 1u, c);
-                var a_hi = vec4<f32>();
+                let a = x_quad(0u, 1u, quad);
+                var a_hi: XQuad;
                 if (rows > 4u) {
-                    a_hi = x_tokens(4u, 1u, c);
+                    a_hi = x_quad(4u, 1u, quad);
                 }
 #endif
-                let b = select(w_unit.hi[e % 4u], w_unit.lo[e % 4u], e < 4u);
+                let b = select(w_unit.hi, w_unit.lo, h == 0u);
 #if SWIGLU
-                let b_up = select(up_unit.hi[e % 4u], up_unit.lo[e % 4u], e < 4u);
+                let b_up = select(up_unit.hi, up_unit.lo, h == 0u);
 #else
-                let b_up = 0.0;
+                let b_up = vec4<f32>();
 #endif
-                few_token_step(a, a_hi, b, b_up);
+                few_token_step(a[0], a_hi[0], b.x, b_up.x);
+                few_token_step(a[1], a_hi[1], b.y, b_up.y);
+                few_token_step(a[2], a_hi[2], b.z, b_up.z);
+                few_token_step(a[3], a_hi[3], b.w, b_up.w);
             }
         }
         workgroupBarrier();
@@ -338,9 +377,9 @@ fn main(
         return;
     }
     let tokens = select(0u, (rows - tm + 7u) / 8u, tm < rows);
-    let one_token_steps = select(0u, BK, tokens == 1u);
-    var lo_steps = select(0u, BK, tokens >= 2u && tokens <= 4u);
-    var all_steps = select(0u, BK, tokens > 4u);
+    let one_token_steps = select(0u, QUADS, tokens == 1u);
+    var lo_steps = select(0u, QUADS, tokens >= 2u && tokens <= 4u);
+    var all_steps = select(0u, QUADS, tokens > 4u);
 #if SHARE_X
     // Whether this thread's token group is lanes `group` .. `group` + 7 of its subgroup (how a
     // device maps threads to lanes is its own; every lane of such a group finds the same). Its
@@ -360,24 +399,24 @@ fn main(
         load_x_tile(lid, m0, k0, rows);
         load_w_tile(lid, n0, k0);
         workgroupBarrier();
-        for (var kk = 0u; kk < one_token_steps; kk++) {
-            one_token_step(kk, tn, x_tile[tile_index(tm, kk)]);
+        for (var quad = 0u; quad < one_token_steps; quad++) {
+            one_token_quad(quad, tn, x_tile[tile_index(tm, quad)]);
         }
-        for (var kk = 0u; kk < lo_steps; kk++) {
-            lo_step(kk, tn, x_tokens(tm, 8u, kk));
+        for (var quad = 0u; quad < lo_steps; quad++) {
+            lo_quad(quad, tn, x_quad(tm, 8u, quad));
         }
-        for (var kk = 0u; kk < all_steps; kk++) {
-            all_step(kk, tn, x_tokens(tm, 8u, kk), x_tokens(tm + 32u, 8u, kk));
+        for (var quad = 0u; quad < all_steps; quad++) {
+            all_quad(quad, tn, x_quad(tm, 8u, quad), x_quad(tm + 32u, 8u, quad));
         }
 #if SHARE_X
-        for (var kk = 0u; kk < shared_lo_steps; kk++) {
+        for (var quad = 0u; quad < shared_lo_steps; quad++) {
             // Lanes 4-7 of the group read the same tokens as lanes 0-3.
-            let own = x_tile[tile_index(tm + 8u * (role & 3u), kk)];
-            lo_step(kk, tn, shuffled(own, group));
+            let own = x_tile[tile_index(tm + 8u * (role & 3u), quad)];
+            lo_quad(quad, tn, shuffled(own, group));
         }
-        for (var kk = 0u; kk < shared_all_steps; kk++) {
-            let own = x_tile[tile_index(tm + 8u * role, kk)];
-            all_step(kk, tn, shuffled(own, group), shuffled(own, group + 4u));
+        for (var quad = 0u; quad < shared_all_steps; quad++) {
+            let own = x_tile[tile_index(tm + 8u * role, quad)];
+            all_quad(quad, tn, shuffled(own, group), shuffled(own, group + 4u));
         }
 #endif
         workgroupBarrier();
