@@ -30,7 +30,9 @@ diagnostic(off, subgroup_uniformity);
 
 @group(0) @binding(0) var<uniform> params: WeightParams;
 @group(0) @binding(1) var<uniform> step: Step;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
+// Read as vec4s, a quad at a time where rows are whole vec4s (every buffer is a whole number of
+// vec4s); value i of the row-major [tokens][K] array is x[i / 4][i % 4].
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> w: array<u32>;
 #if SWIGLU
@@ -78,10 +80,10 @@ var<workgroup> w_tile: array<vec4<f32>, BN * QUADS>;
 var<workgroup> up_tile: array<vec4<f32>, BN * QUADS>;
 #endif
 
-// Unit `u` of row `n` (of `w_up` when `is_up`). A dense unit running past K (dense rows need not
-// be whole units) is read column by column, zero past K.
-fn slice_unit(n: u32, u: u32, is_up: bool) -> Unit {
 #if DENSE
+// Unit `u` of row `n` (of `w_up` when `is_up`) of dense weights. A unit running past K (dense rows
+// need not be whole units) is read column by column, zero past K.
+fn dense_unit(n: u32, u: u32, is_up: bool) -> Unit {
     if (8u * u + 8u > params.cols) {
         var values: array<f32, 8>;
         for (var e = 0u; e < 8u; e++) {
@@ -102,13 +104,48 @@ fn slice_unit(n: u32, u: u32, is_up: bool) -> Unit {
             vec4<f32>(values[4], values[5], values[6], values[7]),
         );
     }
-#endif
 #if SWIGLU
     if (is_up) {
         return load_up_unit(n, u);
     }
 #endif
     return load_unit(n, u);
+}
+#endif
+
+// The scale pairs (block_scales) and plane words of row n's block that starts at unit `first`
+// (a slice's 32 columns), loaded once for its 4 units; none for dense rows.
+struct SliceBlock {
+    scale: vec4<f32>,
+    high: vec2<u32>,
+}
+
+fn slice_block(n: u32, first: u32, is_up: bool) -> SliceBlock {
+#if DENSE
+    return SliceBlock(vec4<f32>(), vec2<u32>());
+#else
+#if SWIGLU
+    if (is_up) {
+        return SliceBlock(block_scales(load_up_scale_words(n, first), n, first), load_up_block_high(n, first));
+    }
+#endif
+    return SliceBlock(block_scales(load_scale_words(n, first), n, first), load_block_high(n, first));
+#endif
+}
+
+// Unit `first` + v (v < 4) of row `n` (of `w_up` when `is_up`), given its block's slice_block.
+fn block_unit(n: u32, first: u32, v: u32, block: SliceBlock, is_up: bool) -> Unit {
+#if DENSE
+    return dense_unit(n, first + v, is_up);
+#else
+    let scale = select(block.scale.xy, block.scale.zw, v >= 2u);
+#if SWIGLU
+    if (is_up) {
+        return load_up_unit_in(n, first + v, scale, block.high);
+    }
+#endif
+    return load_unit_in(n, first + v, scale, block.high);
+#endif
 }
 
 // The row column, from the slice's start, of tile column `c`. The tiles keep each unit's 8
@@ -122,15 +159,26 @@ fn slice_col(c: u32) -> u32 {
 
 // Stages x[m0 .. m0 + rows][k0 .. k0 + BK] in tile column order, the tile's rows that are step
 // tokens (the others are never read into a stored result); columns past K are zero.
+// A quad's columns are 4 consecutive row columns from a multiple of 4 (unit_cols), so where K is
+// a multiple of 4 (every quantized type) a quad is one aligned vec4 of x, whole or past K.
 fn load_x_tile(lid: u32, m0: u32, k0: u32, rows: u32) {
+    let whole_quads = params.cols % 4u == 0u;
     for (var i = lid; i < rows * QUADS; i += THREADS) {
         let r = i / QUADS;
         let quad = i % QUADS;
+        let first = k0 + slice_col(4u * quad);
+        let row = (m0 + r) * params.cols;
         var v = vec4<f32>();
-        for (var e = 0u; e < 4u; e++) {
-            let k = k0 + slice_col(4u * quad + e);
-            if (k < params.cols) {
-                v[e] = x[(m0 + r) * params.cols + k];
+        if (whole_quads) {
+            if (first < params.cols) {
+                v = x[(row + first) / 4u];
+            }
+        } else {
+            for (var e = 0u; e < 4u; e++) {
+                if (first + e < params.cols) {
+                    let index = row + first + e;
+                    v[e] = x[index / 4u][index % 4u];
+                }
             }
         }
         x_tile[tile_index(r, quad)] = v;
@@ -140,18 +188,23 @@ fn load_x_tile(lid: u32, m0: u32, k0: u32, rows: u32) {
 // Stages W[n0 .. n0 + BN][k0 .. k0 + BK] (and the same of `w_up`) dequantized, one unit of 8
 // weights per step; features past the last are clamped to it (never stored).
 fn load_w_tile(lid: u32, n0: u32, k0: u32) {
-    // Neighbouring threads take neighbouring rows of one unit: neighbouring words of the tiled
-    // weight layout.
-    for (var i = lid; i < BN * 4u; i += THREADS) {
-        let r = i % BN;
-        let n = min(n0 + r, params.rows - 1u);
-        let v = i / BN;
+    // Thread t stages row t % BN (neighbouring threads read neighbouring words of the tiled
+    // weight layout), units t / BN, + THREADS / BN, ... of the slice's block, whose scale and
+    // plane words it loads once.
+    let r = lid % BN;
+    let n = min(n0 + r, params.rows - 1u);
+    let first = k0 / 8u;
+    let block = slice_block(n, first, false);
+#if SWIGLU
+    let up_block = slice_block(n, first, true);
+#endif
+    for (var v = lid / BN; v < 4u; v += THREADS / BN) {
         // Unit v is tile columns 8v .. 8v + 7: quads 2v (lo) and 2v + 1 (hi).
-        let unit = slice_unit(n, k0 / 8u + v, false);
+        let unit = block_unit(n, first, v, block, false);
         w_tile[tile_index(r, 2u * v)] = unit.lo;
         w_tile[tile_index(r, 2u * v + 1u)] = unit.hi;
 #if SWIGLU
-        let up = slice_unit(n, k0 / 8u + v, true);
+        let up = block_unit(n, first, v, up_block, true);
         up_tile[tile_index(r, 2u * v)] = up.lo;
         up_tile[tile_index(r, 2u * v + 1u)] = up.hi;
 #endif
@@ -302,10 +355,15 @@ fn few_token_tile(lid: u32, lane: u32, n0: u32, m0: u32, rows: u32) {
         // Threads past the tile's BN features (half of them in a SwiGLU tile) have nothing to
         // store: a loop bound rather than a branch, so that SIMD groups of them skip the units.
         let units = select(0u, 4u, lid < BN);
-        for (var v = 0u; v < units; v++) {
-            let w_unit = slice_unit(n, k0 / 8u + v, false);
+        let first = k0 / 8u;
+        let block = slice_block(n, first, false);
 #if SWIGLU
-            let up_unit = slice_unit(n, k0 / 8u + v, true);
+        let up_block = slice_block(n, first, true);
+#endif
+        for (var v = 0u; v < units; v++) {
+            let w_unit = block_unit(n, first, v, block, false);
+#if SWIGLU
+            let up_unit = block_unit(n, first, v, up_block, true);
 #endif
             // The unit's columns are quads 2v (its lo weights) and 2v + 1 (hi).
             for (var h = 0u; h < 2u; h++) {

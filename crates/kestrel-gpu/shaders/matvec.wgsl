@@ -112,15 +112,6 @@ fn add_to_first(sums: ptr<function, Sums>, i: u32, v: vec2<f32>) {
 }
 #endif
 
-// (d, m) of the halves of the block starting at unit `first`: units 0-1 in .xy, 2-3 in .zw.
-fn block_scales(s: array<u32, SCALE_WORDS>, row: u32, first: u32) -> vec4<f32> {
-    let lo = unit_scale_of(s, row, first);
-    if (SCALE_PER_HALF_BLOCK) {
-        return vec4<f32>(lo, unit_scale_of(s, row, first + 2u));
-    }
-    return vec4<f32>(lo, lo);
-}
-
 @compute @workgroup_size(LANES * SLICES)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,

@@ -198,6 +198,15 @@ fn unit_scale_of(s: array<u32, SCALE_WORDS>, row: u32, u: u32) -> vec2<f32> {
 #endif
 }
 
+// (d, m) of the halves of the block starting at unit `first`: units 0-1 in .xy, 2-3 in .zw.
+fn block_scales(s: array<u32, SCALE_WORDS>, row: u32, first: u32) -> vec4<f32> {
+    let lo = unit_scale_of(s, row, first);
+    if (SCALE_PER_HALF_BLOCK) {
+        return vec4<f32>(lo, unit_scale_of(s, row, first + 2u));
+    }
+    return vec4<f32>(lo, lo);
+}
+
 // The 4 bytes of `w` as integers 0..255, lowest byte first.
 fn bytes4(w: u32) -> vec4<u32> {
     return (vec4<u32>(w) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
