@@ -112,7 +112,8 @@ impl WovenLevels<'_> {
         }
     }
 
-    /// The levels' first byte.
+    /// The levels' first byte (for the x86-64 tiles, which walk the blocks by pointer).
+    #[cfg(target_arch = "x86_64")]
     fn start(&self) -> *const u8 {
         match self {
             WovenLevels::Bytes(q) => q.as_ptr().cast(),
