@@ -126,8 +126,17 @@ interface EngineInfoCommon {
     limits: Record<string, number>;
     /** A software (CPU-emulated) adapter: SwiftShader, llvmpipe, WARP. */
     software: boolean;
-    /** Kernel variants chosen for this adapter: the decode matvec's threads per row and rows per thread. */
-    kernels: { matvec_slices: number; matvec_rows_per_thread: number };
+    /**
+     * Kernel variants chosen for this adapter: the decode matvec's threads per row and rows per
+     * thread, and the fewer rows a thread the types with wide units get (`matvec_wide_unit_types`:
+     * Q5_0, Q5_1, Q5_K, Q6_K, F16, F32).
+     */
+    kernels: {
+      matvec_slices: number;
+      matvec_rows_per_thread: number;
+      matvec_wide_unit_rows: number;
+      matvec_wide_unit_types: string[];
+    };
     /** The browser's own description of the adapter (GPUAdapterInfo), where it gives one. */
     adapter_info?: { vendor: string; architecture: string; device: string; description: string };
   } | null;

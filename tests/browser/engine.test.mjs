@@ -45,6 +45,11 @@ describe('kestrel package in Chromium', { timeout: 60 * MINUTES }, () => {
     const last = result.chunks.at(-1);
     console.log('usage', JSON.stringify(last.usage));
     assert.deepEqual(result.phases, ['download', 'compile', 'ready']);
+    // The adapter's matvec variant, and the cap on rows a thread for the types with wide units
+    // (their block state outgrows the registers; Q6_K is one).
+    const kernels = result.info.gpu.kernels;
+    assert.ok(kernels.matvec_wide_unit_rows <= Math.min(kernels.matvec_rows_per_thread, 4), JSON.stringify(kernels));
+    assert.ok(kernels.matvec_wide_unit_types.includes('Q6_K'), JSON.stringify(kernels));
     const streamedIds = result.chunks.flatMap((c) => c.choices).map((c) => c.token_id).filter((id) => id != null);
     const text = result.chunks.map((c) => c.choices[0]?.delta?.content ?? '').join('');
     assert.deepEqual(last.kestrel.prompt_token_ids, native.prompt_token_ids, 'prompt tokens differ from the native CLI');
