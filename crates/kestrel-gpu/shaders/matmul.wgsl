@@ -5,19 +5,20 @@
 // columns (one quant block) it stages x[BM][BK] and the dequantized W[BN][BK] in workgroup
 // memory; each of its 64 threads then accumulates an 8 x TN register block whose tokens are 8
 // apart and whose features are 8 apart, so that neighbouring threads write neighbouring y words.
-// The block's size sets the kernel's speed: each multiply-add of a step reads one of 8 + TN tile
-// words shared by the block's 8 * TN products. A tile of at most 8 tokens skips the weight tile
-// and runs as a batched matvec (`few_token_tile`). Every path sums a product in the same order.
+// The block's size sets the kernel's speed: a step over one quad (4 tile columns) reads 8 + TN
+// tile quads shared by the block's 4 * 8 * TN products. A tile of at most 8 tokens skips the
+// weight tile and runs as a batched matvec (`few_token_tile`). Every path sums a product in the
+// same order.
 //
 // Epilogues (defines) as in matvec.wgsl: BIAS, ACCUMULATE (in-place y += x W^T; each y element is
 // read then written by the same invocation), SWIGLU (gate `w`, up `w_up`; the tile is then only
 // 32 features wide so that both weight tiles fit in 16 KiB of workgroup memory).
 //
 // SHARE_X (subgroups of at least 8 lanes): the 8 threads of a token group, when they are 8
-// aligned lanes of one subgroup, read one x word each per step and exchange them by shuffles, so
-// a step reads 1 + TN tile words instead of 8 + TN (on devices whose workgroup-memory bandwidth
-// bounds the product, and on lavapipe where each read is a per-lane gather); in a few-token tile
-// any 8 aligned lanes share the x words all threads read.
+// aligned lanes of one subgroup, read one x quad each per step and exchange them by shuffles, so
+// a step reads 1 + TN tile quads instead of 8 + TN (on devices whose workgroup-memory bandwidth
+// bounds the product, and on lavapipe where each read is a loop over the lanes); in a few-token
+// tile any 8 aligned lanes share the x quads all threads read.
 #include "subgroups"
 #if SHARE_X
 // The shuffles run in loops whose trip counts are the same for the lanes of a token group, which
@@ -51,7 +52,7 @@ const BN: u32 = 32u;
 const BN: u32 = 64u;
 #endif
 // Each thread accumulates TM = 8 tokens, 8 apart (two vec4s of accumulators), by TN features,
-// 8 apart: a step of the inner loop reads 8 + TN tile words for 8 * TN multiply-adds.
+// 8 apart: a step of the inner loop reads 8 + TN tile quads for 4 * 8 * TN multiply-adds.
 const TN: u32 = BN / 8u;
 
 // Tiles hold quads: 4 consecutive tile columns of a row in one vec4, read and written whole (one
