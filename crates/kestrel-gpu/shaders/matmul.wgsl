@@ -270,18 +270,23 @@ fn all_quad(quad: u32, tn: u32, a: XQuad, a_hi: XQuad) {
     }
 }
 
-// Tokens `first`, `first` + `apart`, + 2 `apart` and + 3 `apart` of the x tile in quad q.
-fn x_quad(first: u32, apart: u32, quad: u32) -> XQuad {
-    let t0 = x_tile[tile_index(first, quad)];
-    let t1 = x_tile[tile_index(first + apart, quad)];
-    let t2 = x_tile[tile_index(first + 2u * apart, quad)];
-    let t3 = x_tile[tile_index(first + 3u * apart, quad)];
+// Element e of the result: component e of each of 4 tokens' quads t0 .. t3.
+fn transposed(t0: vec4<f32>, t1: vec4<f32>, t2: vec4<f32>, t3: vec4<f32>) -> XQuad {
     return XQuad(
         vec4<f32>(t0.x, t1.x, t2.x, t3.x),
         vec4<f32>(t0.y, t1.y, t2.y, t3.y),
         vec4<f32>(t0.z, t1.z, t2.z, t3.z),
         vec4<f32>(t0.w, t1.w, t2.w, t3.w),
     );
+}
+
+// Tokens `first`, `first` + `apart`, + 2 `apart` and + 3 `apart` of the x tile in quad q.
+fn x_quad(first: u32, apart: u32, quad: u32) -> XQuad {
+    let t0 = x_tile[tile_index(first, quad)];
+    let t1 = x_tile[tile_index(first + apart, quad)];
+    let t2 = x_tile[tile_index(first + 2u * apart, quad)];
+    let t3 = x_tile[tile_index(first + 3u * apart, quad)];
+    return transposed(t0, t1, t2, t3);
 }
 
 #if SHARE_X
@@ -291,12 +296,7 @@ fn shuffled(own: vec4<f32>, first: u32) -> XQuad {
     let t1 = subgroupShuffle(own, first + 1u);
     let t2 = subgroupShuffle(own, first + 2u);
     let t3 = subgroupShuffle(own, first + 3u);
-    return XQuad(
-        vec4<f32>(t0.x, t1.x, t2.x, t3.x),
-        vec4<f32>(t0.y, t1.y, t2.y, t3.y),
-        vec4<f32>(t0.z, t1.z, t2.z, t3.z),
-        vec4<f32>(t0.w, t1.w, t2.w, t3.w),
-    );
+    return transposed(t0, t1, t2, t3);
 }
 #endif
 

@@ -18,7 +18,7 @@ use kestrel_engine::openai::Answer;
 use kestrel_engine::{
     choose_backend, Aborts, EngineError, EngineOptions, EngineSettings, Placement, Platform, Request, RequestId, Scheduler,
 };
-use kestrel_gpu::kernels::matvec::{WIDE_UNIT_MAX_ROWS, WIDE_UNIT_TYPES};
+use kestrel_gpu::kernels::matvec::{wide_unit_rows, WIDE_UNIT_TYPES};
 use kestrel_gpu::Gpu;
 use kestrel_model::{Embedder, LoadProgress, LoadedModel, ModelError, ModelLoader};
 use serde_json::{json, Value};
@@ -221,7 +221,7 @@ impl State {
                     "matvec_slices": i.kernels.matvec.slices,
                     "matvec_rows_per_thread": i.kernels.matvec.rows_per_thread,
                     // The types whose rows keep more live across a block get fewer rows a thread.
-                    "matvec_wide_unit_rows": i.kernels.matvec.rows_per_thread.min(WIDE_UNIT_MAX_ROWS),
+                    "matvec_wide_unit_rows": wide_unit_rows(i.kernels.matvec.rows_per_thread),
                     "matvec_wide_unit_types": WIDE_UNIT_TYPES.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
                 },
             })

@@ -39,13 +39,19 @@ pub const WIDE_UNIT_TYPES: [GgmlType; 6] = [GgmlType::Q5_0, GgmlType::Q5_1, Ggml
 /// Rows per thread for [`WIDE_UNIT_TYPES`] at most.
 pub const WIDE_UNIT_MAX_ROWS: u32 = 4;
 
+/// Rows per thread of a [`WIDE_UNIT_TYPES`] matvec where the adapter's variant gives
+/// `rows_per_thread`.
+pub fn wide_unit_rows(rows_per_thread: u32) -> u32 {
+    rows_per_thread.min(WIDE_UNIT_MAX_ROWS)
+}
+
 /// Rows per thread of a matvec over `ty` weights on `gpu` for `columns` tokens: the device's
 /// variant, capped for the types with wide units, halved for the fused SwiGLU product, which
 /// reads two matrices per row, and divided by the tokens (the same registers for the
 /// accumulators and scales).
 fn matvec_rows_per_thread(gpu: &Gpu, ty: GgmlType, swiglu: bool, columns: u32) -> u32 {
     let rows = gpu.info.kernels.matvec.rows_per_thread;
-    let rows = if WIDE_UNIT_TYPES.contains(&ty) { rows.min(WIDE_UNIT_MAX_ROWS) } else { rows };
+    let rows = if WIDE_UNIT_TYPES.contains(&ty) { wide_unit_rows(rows) } else { rows };
     let rows = if swiglu { rows / 2 } else { rows };
     (rows / columns).max(1)
 }

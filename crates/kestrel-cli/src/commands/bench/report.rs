@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use kestrel_gpu::kernels::matvec::{WIDE_UNIT_MAX_ROWS, WIDE_UNIT_TYPES};
+use kestrel_gpu::kernels::matvec::{wide_unit_rows, WIDE_UNIT_TYPES};
 use kestrel_gpu::GpuInfo;
 use serde::Serialize;
 
@@ -172,11 +172,12 @@ impl Adapter {
 
 /// Which types the matvec runs with fewer rows per thread than the adapter's variant.
 fn wide_unit_note(rows_per_thread: u32) -> String {
-    if rows_per_thread <= WIDE_UNIT_MAX_ROWS {
+    let wide = wide_unit_rows(rows_per_thread);
+    if wide == rows_per_thread {
         return "every type".into();
     }
     let types: Vec<String> = WIDE_UNIT_TYPES.iter().map(|t| t.to_string()).collect();
-    format!("{WIDE_UNIT_MAX_ROWS} for {}", types.join(", "))
+    format!("{wide} for {}", types.join(", "))
 }
 
 /// Everything a run measured, as `--json` writes it.
