@@ -172,9 +172,10 @@ pub(crate) mod avx2 {
     const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * ROW_BLOCK_BYTES;
     /// Tokens a tile computes at most: each group's block is loaded (and split into nibbles) once
     /// for them. The AVX2 tiles take up to 4 (`TILE_TOKENS`), whose accumulators fit AVX2's 16
-    /// vector registers; the AVX512-VNNI tiles of 4-bit levels up to 8 in its 32.
+    /// vector registers; the factored AVX512-VNNI tiles (4-bit, byte and 6-bit levels) up to 8
+    /// in its 32.
     pub(crate) const TOKENS: usize = 8;
-    /// Tokens the tiles other than the 4-bit AVX512-VNNI ones take at most.
+    /// Tokens the tiles other than the factored AVX512-VNNI ones take at most.
     pub(crate) const TILE_TOKENS: usize = 4;
     /// How far ahead of the block being read the levels are fetched into the cache, in bytes (a
     /// decode step streams every weight once; the hardware prefetchers stop at each 4 KiB page).

@@ -306,7 +306,8 @@ pub(crate) mod avx2 {
         n: usize,
         vnni: bool,
     ) {
-        by_tiles(x, w.cols, rows, n, out, TILE_TOKENS, |g, acts, tokens, sums| {
+        let most = if vnni { TOKENS } else { TILE_TOKENS };
+        by_tiles(x, w.cols, rows, n, out, most, |g, acts, tokens, sums| {
             // SAFETY: as this function's.
             unsafe {
                 match (vnni, tokens) {
@@ -314,6 +315,10 @@ pub(crate) mod avx2 {
                     (false, 3) => tile_factored::<3, HALVES, SIX>(w, scale, offset, g, acts, sums),
                     (false, 2) => tile_factored::<2, HALVES, SIX>(w, scale, offset, g, acts, sums),
                     (false, _) => tile_factored::<1, HALVES, SIX>(w, scale, offset, g, acts, sums),
+                    (true, 8) => tile_factored_vnni::<8, HALVES, SIX>(w, scale, offset, g, acts, sums),
+                    (true, 7) => tile_factored_vnni::<7, HALVES, SIX>(w, scale, offset, g, acts, sums),
+                    (true, 6) => tile_factored_vnni::<6, HALVES, SIX>(w, scale, offset, g, acts, sums),
+                    (true, 5) => tile_factored_vnni::<5, HALVES, SIX>(w, scale, offset, g, acts, sums),
                     (true, 4) => tile_factored_vnni::<4, HALVES, SIX>(w, scale, offset, g, acts, sums),
                     (true, 3) => tile_factored_vnni::<3, HALVES, SIX>(w, scale, offset, g, acts, sums),
                     (true, 2) => tile_factored_vnni::<2, HALVES, SIX>(w, scale, offset, g, acts, sums),
@@ -404,9 +409,9 @@ pub(crate) mod avx2 {
     /// Bounds: a pair sum is at most `2 · 128 · 127` in magnitude (any byte levels; a 6-bit
     /// value's, `2 · 63 · 128`); times an integer scale of at most 128, twice, over 8 chunks a
     /// block and 8 blocks a super-block, within 64 · 2 · 32,512 · 128 < 2^31, before and after a
-    /// bias is taken off. With `VNNI`, `dpbusd` sums each half-block's products straight into
-    /// i32 (at most 16 · 128 · 128 after the bias), which the integer scales multiply (`mullo`):
-    /// the same bound.
+    /// bias is taken off. With `VNNI`, `dpbusd` sums each span's products (16 or 32 weights)
+    /// straight into i32 (at most 32 · 128 · 128, bias included), which the integer scales
+    /// multiply (`mullo`): the same bound.
     ///
     /// Inlined into its callers, which enable the instruction sets it uses.
     #[inline(always)]
@@ -439,50 +444,43 @@ pub(crate) mod avx2 {
             for b in first..first + super_blocks {
                 let block = levels.add(b * block_bytes);
                 prefetch_ahead(block, block_bytes);
-                let (k_first, k_second) = if HALVES {
-                    (scales16(scale.k, (g * groups + 2 * b) * GROUP_ROWS), scales16(scale.k, (g * groups + 2 * b + 1) * GROUP_ROWS))
-                } else {
-                    let k = scales16(scale.k, (g * groups + b) * GROUP_ROWS);
-                    (k, k)
-                };
-                // With `VNNI`: each token's sums of the block's first and second 16 weights.
-                let mut halves = [[_mm256_setzero_si256(); 2]; T];
-                for k in 0..8 {
-                    let levels = chunk::<SIX>(block, k);
-                    let k16 = if k < 4 { k_first } else { k_second };
-                    for j in 0..T {
-                        let x = x_chunk(&acts[j], b, k);
-                        let (w_bytes, x_bytes) = operands::<SIX>(levels, x);
-                        if VNNI {
-                            let half = &mut halves[j][k / 4];
-                            *half = _mm256_dpbusd_epi32(*half, w_bytes, x_bytes);
-                        } else {
-                            let pairs = _mm256_maddubs_epi16(w_bytes, x_bytes);
-                            scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k16));
-                        }
-                    }
-                }
-                if SIX {
-                    for j in 0..T {
-                        for (h, k16) in [k_first, k_second].into_iter().enumerate() {
+                // The block's spans of one integer scale: its halves of 16 weights (`HALVES`),
+                // or the whole block. With `VNNI` each token's products over a span sum in one
+                // i32 register, so a tile of 8 tokens holds 8 of them, not 16.
+                let parts = if HALVES { 2 } else { 1 };
+                for h in 0..parts {
+                    let k16 = scales16(scale.k, (g * groups + parts * b + h) * GROUP_ROWS);
+                    let mut span = [_mm256_setzero_si256(); T];
+                    for k in h * 8 / parts..(h + 1) * 8 / parts {
+                        let levels = chunk::<SIX>(block, k);
+                        for j in 0..T {
+                            let (w_bytes, x_bytes) = operands::<SIX>(levels, x_chunk(&acts[j], b, k));
                             if VNNI {
-                                halves[j][h] = _mm256_sub_epi32(halves[j][h], six_bit_bias(&acts[j], 2 * b + h));
+                                span[j] = _mm256_dpbusd_epi32(span[j], w_bytes, x_bytes);
                             } else {
-                                // 32 · Σ x · k as (Σ x · k) · 32: Σ x fits the low i16 that `madd`
-                                // multiplies by k (the high one is zero).
-                                let x_sum = _mm256_set1_epi32(i32::from(*acts[j].level_sums16.get_unchecked(2 * b + h) as u16));
-                                let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(x_sum, k16));
-                                scaled[j] = _mm256_sub_epi32(scaled[j], bias);
+                                let pairs = _mm256_maddubs_epi16(w_bytes, x_bytes);
+                                scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k16));
                             }
                         }
                     }
-                }
-                if VNNI {
                     for j in 0..T {
-                        let [first_half, second_half] = halves[j];
-                        let block_sum =
-                            _mm256_add_epi32(_mm256_mullo_epi32(first_half, k_first), _mm256_mullo_epi32(second_half, k_second));
-                        scaled[j] = _mm256_add_epi32(scaled[j], block_sum);
+                        if SIX {
+                            let sixteens = 2 / parts;
+                            for sixteen in 2 * b + h * sixteens..2 * b + (h + 1) * sixteens {
+                                if VNNI {
+                                    span[j] = _mm256_sub_epi32(span[j], six_bit_bias(&acts[j], sixteen));
+                                } else {
+                                    // 32 · Σ x · k as (Σ x · k) · 32: Σ x fits the low i16 that
+                                    // `madd` multiplies by k (the high one is zero).
+                                    let x_sum = _mm256_set1_epi32(i32::from(*acts[j].level_sums16.get_unchecked(sixteen) as u16));
+                                    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(x_sum, k16));
+                                    scaled[j] = _mm256_sub_epi32(scaled[j], bias);
+                                }
+                            }
+                        }
+                        if VNNI {
+                            scaled[j] = _mm256_add_epi32(scaled[j], _mm256_mullo_epi32(span[j], k16));
+                        }
                     }
                 }
                 if let Some(o) = offset {
@@ -611,8 +609,8 @@ mod tests {
 
     /// `interleaved_byte_products_are_the_row_layouts` for one kind of levels.
     fn check_layout(kind: &str, plain_levels: &[i8], woven: WovenLevels<'_>, rows: usize, cols: usize) {
-        // Every token count up to 8 (these tiles take up to 4), and several tiles with a short
-        // last one (19).
+        // Every token count up to 8 (the AVX2 tiles take up to 4, the factored AVX512-VNNI ones
+        // 8), and several tiles with a short last one (19).
         let counts = [1, 2, 3, 4, 5, 6, 7, 8, 19];
         let x: Vec<f32> = (0..19 * cols).map(|i| ((i * 53 % 97) as f32 - 48.0) / 17.0 * (1 + i % 7) as f32).collect();
         for group in [32, 16] {
