@@ -403,15 +403,16 @@ pub(crate) mod avx2 {
     /// chunk's pair sums are multiplied by the rows' integer scales in the `madd` that widens
     /// them and summed over the super-block in i32, as llama.cpp's K-quant dot products do; the
     /// units and the activations' scale multiply once per super-block, and the offsets' integers,
-    /// in f32, the blocks' activation sums. 6-bit levels (`SIX`) take their bias off each 16
-    /// weights' sum before it is scaled.
+    /// in f32, the blocks' activation sums. 6-bit levels (`SIX`) take their bias, `32 · Σ x`
+    /// times each 16 weights' integer scale, off the scaled sums once a block.
     ///
     /// Bounds: a pair sum is at most `2 · 128 · 127` in magnitude (any byte levels; a 6-bit
     /// value's, `2 · 63 · 128`); times an integer scale of at most 128, twice, over 8 chunks a
-    /// block and 8 blocks a super-block, within 64 · 2 · 32,512 · 128 < 2^31, before and after a
-    /// bias is taken off. With `VNNI`, `dpbusd` sums each span's products (16 or 32 weights)
-    /// straight into i32 (at most 32 · 128 · 128, bias included), which the integer scales
-    /// multiply (`mullo`): the same bound.
+    /// block and 8 blocks a super-block, within 64 · 2 · 32,512 · 128 < 2^31. With `VNNI`,
+    /// `dpbusd` sums each span's products (16 or 32 weights) straight into i32 (at most
+    /// 32 · 128 · 128), which the integer scales multiply (`mullo`): the same bound. 6-bit
+    /// values' scaled sums stay within 16 · 16 · 63 · 128 · 128 < 2^28 a super-block, and their
+    /// bias within 16 · 32 · 16 · 128 · 128 = 2^27, so any partial sum within 2^29.
     ///
     /// Inlined into its callers, which enable the instruction sets it uses.
     #[inline(always)]
@@ -427,16 +428,10 @@ pub(crate) mod avx2 {
         let super_blocks = Q8K_BLOCK / ACT_BLOCK;
         let (levels, block_bytes) = group_blocks(w, g, blocks);
         let low16 = _mm256_set1_epi32(0xFFFF);
-        // Row r's integer scale of value i in lane r: as i32 with `VNNI` (for `mullo`), else in
-        // both i16 halves (for `madd`).
-        let scales16 = |k: &[i8], i: usize| {
-            let k32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64(k.as_ptr().add(i).cast()));
-            if VNNI {
-                k32
-            } else {
-                _mm256_or_si256(_mm256_and_si256(k32, low16), _mm256_slli_epi32(k32, 16))
-            }
-        };
+        // Row r's integer scale of value i, as i32 in lane r.
+        let scales32 = |i: usize| _mm256_cvtepi8_epi32(_mm_loadl_epi64(scale.k.as_ptr().add(i).cast()));
+        // Two i32 lanes' low halves as one lane's two i16.
+        let pair16 = |low: __m256i, high: __m256i| _mm256_or_si256(_mm256_and_si256(low, low16), _mm256_slli_epi32(high, 16));
         let mut acc = [_mm256_setzero_ps(); T];
         for first in (0..blocks).step_by(super_blocks) {
             let mut scaled = [_mm256_setzero_si256(); T];
@@ -448,39 +443,44 @@ pub(crate) mod avx2 {
                 // or the whole block. With `VNNI` each token's products over a span sum in one
                 // i32 register, so a tile of 8 tokens holds 8 of them, not 16.
                 let parts = if HALVES { 2 } else { 1 };
-                for h in 0..parts {
-                    let k16 = scales16(scale.k, (g * groups + parts * b + h) * GROUP_ROWS);
+                let k = [0, parts - 1].map(|h| scales32((g * groups + parts * b + h) * GROUP_ROWS));
+                for (h, &k_h) in k.iter().enumerate().take(parts) {
+                    // As `mullo` takes it with `VNNI`, else in both i16 halves for `madd`.
+                    let k_span = if VNNI { k_h } else { pair16(k_h, k_h) };
                     let mut span = [_mm256_setzero_si256(); T];
-                    for k in h * 8 / parts..(h + 1) * 8 / parts {
-                        let levels = chunk::<SIX>(block, k);
+                    for c in h * 8 / parts..(h + 1) * 8 / parts {
+                        let levels = chunk::<SIX>(block, c);
                         for j in 0..T {
-                            let (w_bytes, x_bytes) = operands::<SIX>(levels, x_chunk(&acts[j], b, k));
+                            let (w_bytes, x_bytes) = operands::<SIX>(levels, x_chunk(&acts[j], b, c));
                             if VNNI {
                                 span[j] = _mm256_dpbusd_epi32(span[j], w_bytes, x_bytes);
                             } else {
                                 let pairs = _mm256_maddubs_epi16(w_bytes, x_bytes);
-                                scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k16));
+                                scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k_span));
                             }
                         }
                     }
+                    if VNNI {
+                        for j in 0..T {
+                            scaled[j] = _mm256_add_epi32(scaled[j], _mm256_mullo_epi32(span[j], k_span));
+                        }
+                    }
+                }
+                if SIX {
+                    // The bias, 32 · Σ x · k over each 16 weights, off the scaled sums in one
+                    // `madd` (`dpwssd`) a token: lane r's -32 · k of its two 16s (at most 4,096
+                    // in magnitude) times the token's two sums of 16 levels (`level_sums16`).
+                    let bias_k = pair16(
+                        _mm256_slli_epi32::<5>(_mm256_sub_epi32(_mm256_setzero_si256(), k[0])),
+                        _mm256_slli_epi32::<5>(_mm256_sub_epi32(_mm256_setzero_si256(), k[1])),
+                    );
                     for j in 0..T {
-                        if SIX {
-                            let sixteens = 2 / parts;
-                            for sixteen in 2 * b + h * sixteens..2 * b + (h + 1) * sixteens {
-                                if VNNI {
-                                    span[j] = _mm256_sub_epi32(span[j], six_bit_bias(&acts[j], sixteen));
-                                } else {
-                                    // 32 · Σ x · k as (Σ x · k) · 32: Σ x fits the low i16 that
-                                    // `madd` multiplies by k (the high one is zero).
-                                    let x_sum = _mm256_set1_epi32(i32::from(*acts[j].level_sums16.get_unchecked(sixteen) as u16));
-                                    let bias = _mm256_slli_epi32::<5>(_mm256_madd_epi16(x_sum, k16));
-                                    scaled[j] = _mm256_sub_epi32(scaled[j], bias);
-                                }
-                            }
-                        }
-                        if VNNI {
-                            scaled[j] = _mm256_add_epi32(scaled[j], _mm256_mullo_epi32(span[j], k16));
-                        }
+                        let x_sums = _mm256_set1_epi32(acts[j].level_sums16.as_ptr().add(2 * b).cast::<i32>().read_unaligned());
+                        scaled[j] = if VNNI {
+                            _mm256_dpwssd_epi32(scaled[j], bias_k, x_sums)
+                        } else {
+                            _mm256_add_epi32(scaled[j], _mm256_madd_epi16(bias_k, x_sums))
+                        };
                     }
                 }
                 if let Some(o) = offset {
