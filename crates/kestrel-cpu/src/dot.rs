@@ -233,8 +233,19 @@ fn kernels() -> &'static Kernels {
     CHOSEN.get_or_init(|| available().swap_remove(0))
 }
 
+/// The chosen kernel set's name, and `+avx512vnni` where the interleaved K-quant tiles take
+/// AVX512-VNNI's `dpbusd` (`interleaved`, `interleaved_bytes`), which they choose on their own.
 pub(crate) fn simd_name() -> &'static str {
-    kernels().name
+    let name = kernels().name;
+    #[cfg(target_arch = "x86_64")]
+    if avx2::has_avx512_vnni() {
+        match name {
+            "avx2" => return "avx2+avx512vnni",
+            "avx2+vnni" => return "avx2+vnni+avx512vnni",
+            _ => {}
+        }
+    }
+    name
 }
 
 /// `out[r·n + t] = Σ_e w_r[e]·x_t[e]` for the rows r of `w` and the n rows t of `x`, with

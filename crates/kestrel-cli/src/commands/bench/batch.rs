@@ -33,7 +33,8 @@ pub struct BatchArgs {
     /// Decode steps timed after every prompt is in.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
     decode_tokens: u32,
-    /// Times each batch size is run; medians and ranges are reported.
+    /// Rounds, each of which runs every batch size once in turn; medians and ranges are
+    /// reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     repeats: u32,
     /// The prompt admitted while the other sequences decode (0: skip that part).
@@ -58,8 +59,11 @@ struct BatchRow {
     batch: usize,
     /// Tokens per second of all the sequences together.
     decode_tok_s: Spread,
-    /// `decode_tok_s` over batch 1's (when batch 1 ran).
+    /// `decode_tok_s` over batch 1's in the same round (batch sizes past 1, when batch 1 ran):
+    /// the median of the rounds' ratios.
     ratio_to_batch_1: Option<f64>,
+    /// The rounds' ratios to batch 1.
+    ratio_spread: Option<Spread>,
 }
 
 #[derive(Debug, Serialize)]
@@ -89,6 +93,8 @@ struct BatchReport {
     threads: usize,
     prompt_tokens: usize,
     decode_tokens: usize,
+    /// Rounds: each runs every batch size once, in turn.
+    repeats: usize,
     rows: Vec<BatchRow>,
     admission: Option<Admission>,
     wall_s: f64,
@@ -113,17 +119,26 @@ pub fn run(args: &BatchArgs) -> CliResult {
 
     // One untimed round: the pool's threads and the caches' first pages.
     decode_rate(&mut model, &(0..max_batch).map(|i| prompt(i, prompt_tokens)).collect::<Vec<_>>(), &decode_options)?;
-    let mut rows: Vec<BatchRow> = Vec::new();
-    for &batch in &sizes {
-        let prompts: Vec<Vec<u32>> = (0..batch).map(|i| prompt(i, prompt_tokens)).collect();
-        let mut rates = Vec::new();
-        for _ in 0..args.repeats {
-            rates.push(decode_rate(&mut model, &prompts, &decode_options)?);
+    // Rounds of every batch size in turn: a machine whose speed drifts (a shared host's
+    // arithmetic rate moves by half within minutes here) slows each size alike, and each
+    // round's ratio to batch 1 compares runs made seconds apart.
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
+    for round in 0..args.repeats {
+        for (&batch, rates) in sizes.iter().zip(&mut rates) {
+            let prompts: Vec<Vec<u32>> = (0..batch).map(|i| prompt(i, prompt_tokens)).collect();
+            let rate = decode_rate(&mut model, &prompts, &decode_options)?;
+            eprintln!("round {}, batch {batch}: {rate:.1} tok/s", round + 1);
+            rates.push(rate);
         }
-        let decode_tok_s = Spread::of(&rates).ok_or("no repeats")?;
-        let base = rows.iter().find(|r| r.batch == 1).map(|r| r.decode_tok_s.median);
-        eprintln!("batch {batch}: {:.1} tok/s", decode_tok_s.median);
-        rows.push(BatchRow { batch, decode_tok_s, ratio_to_batch_1: base.map(|b| decode_tok_s.median / b) });
+    }
+    let one = sizes.iter().position(|&b| b == 1).map(|i| &rates[i]);
+    let mut rows: Vec<BatchRow> = Vec::new();
+    for (&batch, rates) in sizes.iter().zip(&rates) {
+        let decode_tok_s = Spread::of(rates).ok_or("no repeats")?;
+        let ratios: Vec<f64> =
+            one.filter(|_| batch != 1).map(|one| rates.iter().zip(one).map(|(r, o)| r / o).collect()).unwrap_or_default();
+        let ratio_spread = Spread::of(&ratios);
+        rows.push(BatchRow { batch, decode_tok_s, ratio_to_batch_1: ratio_spread.map(|s| s.median), ratio_spread });
     }
 
     let admission = if args.long_prompt > 0 && max_batch > 1 {
@@ -157,6 +172,7 @@ pub fn run(args: &BatchArgs) -> CliResult {
         threads: kestrel_cpu::threads(),
         prompt_tokens,
         decode_tokens,
+        repeats: args.repeats as usize,
         rows,
         admission,
         wall_s: started.elapsed().as_secs_f64(),
@@ -236,12 +252,12 @@ fn check(events: Vec<(kestrel_model::SequenceId, SequenceEvent)>) -> BenchResult
 
 fn markdown(r: &BatchReport) -> String {
     let mut out = format!(
-        "Batched decode, {}: {}-token prompts, {} decode steps\n\n| batch | decode tok/s (all sequences) | range | x batch 1 |\n|--:|--:|--:|--:|\n",
-        r.device, r.prompt_tokens, r.decode_tokens
+        "Batched decode, {}: {}-token prompts, {} decode steps, {} rounds of every batch size in turn\n\n| batch | decode tok/s (all sequences) | range | x batch 1 in the same round (median, range) |\n|--:|--:|--:|--:|\n",
+        r.device, r.prompt_tokens, r.decode_tokens, r.repeats
     );
     for row in &r.rows {
         let s = row.decode_tok_s;
-        let ratio = row.ratio_to_batch_1.map_or_else(|| "-".into(), |x| format!("{x:.2}x"));
+        let ratio = row.ratio_spread.map_or_else(|| "-".into(), |x| format!("{:.2}x ({:.2}-{:.2})", x.median, x.min, x.max));
         out += &format!("| {} | {:.1} | {:.1}-{:.1} | {ratio} |\n", row.batch, s.median, s.min, s.max);
     }
     if let Some(a) = &r.admission {
