@@ -177,6 +177,16 @@ pub(crate) mod avx2 {
     pub(crate) const TOKENS: usize = 8;
     /// Tokens the tiles other than the factored AVX512-VNNI ones take at most.
     pub(crate) const TILE_TOKENS: usize = 4;
+
+    /// Tokens a factored tile takes at most: `TOKENS` with AVX512-VNNI (`vnni`), else
+    /// `TILE_TOKENS`.
+    pub(crate) fn factored_tile_tokens(vnni: bool) -> usize {
+        if vnni {
+            TOKENS
+        } else {
+            TILE_TOKENS
+        }
+    }
     /// How far ahead of the block being read the levels are fetched into the cache, in bytes (a
     /// decode step streams every weight once; the hardware prefetchers stop at each 4 KiB page).
     pub(crate) const PREFETCH_BYTES: usize = 4096;
@@ -257,8 +267,7 @@ pub(crate) mod avx2 {
         n: usize,
         vnni: bool,
     ) {
-        let most = if vnni { TOKENS } else { TILE_TOKENS };
-        by_tiles(x, w.cols, rows, n, out, most, |g, acts, tokens, sums| match (vnni, tokens) {
+        by_tiles(x, w.cols, rows, n, out, factored_tile_tokens(vnni), |g, acts, tokens, sums| match (vnni, tokens) {
             // SAFETY: as this function's.
             (false, 4) => unsafe { tile_factored::<4>(w, scale, offset, g, acts, sums) },
             (false, 3) => unsafe { tile_factored::<3>(w, scale, offset, g, acts, sums) },

@@ -219,7 +219,7 @@ pub(crate) mod avx2 {
     use crate::activations::Q8K_BLOCK;
     use crate::dot::avx2::{end_super_block, has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
     use crate::dot::ActRow;
-    use crate::interleaved::avx2::{by_tiles, factored_tile_variants, TileSums, PREFETCH_BYTES, TILE_TOKENS, TOKENS};
+    use crate::interleaved::avx2::{by_tiles, factored_tile_tokens, factored_tile_variants, TileSums, PREFETCH_BYTES, TILE_TOKENS, TOKENS};
     use crate::ACT_BLOCK;
 
     /// # Safety
@@ -306,8 +306,7 @@ pub(crate) mod avx2 {
         n: usize,
         vnni: bool,
     ) {
-        let most = if vnni { TOKENS } else { TILE_TOKENS };
-        by_tiles(x, w.cols, rows, n, out, most, |g, acts, tokens, sums| {
+        by_tiles(x, w.cols, rows, n, out, factored_tile_tokens(vnni), |g, acts, tokens, sums| {
             // SAFETY: as this function's.
             unsafe {
                 match (vnni, tokens) {
@@ -443,7 +442,10 @@ pub(crate) mod avx2 {
                 // or the whole block. With `VNNI` each token's products over a span sum in one
                 // i32 register, so a tile of 8 tokens holds 8 of them, not 16.
                 let parts = if HALVES { 2 } else { 1 };
-                let k = [0, parts - 1].map(|h| scales32((g * groups + parts * b + h) * GROUP_ROWS));
+                // The integer scales of the block's first and second 16 weights (one for both
+                // where a scale covers 32).
+                let k_first = scales32((g * groups + parts * b) * GROUP_ROWS);
+                let k = [k_first, if HALVES { scales32((g * groups + parts * b + 1) * GROUP_ROWS) } else { k_first }];
                 for (h, &k_h) in k.iter().enumerate().take(parts) {
                     // As `mullo` takes it with `VNNI`, else in both i16 halves for `madd`.
                     let k_span = if VNNI { k_h } else { pair16(k_h, k_h) };
