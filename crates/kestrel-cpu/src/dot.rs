@@ -621,11 +621,15 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// Whether the CPU has AVX512-VNNI's `dpbusd` on 256-bit vectors (AVX512VL): the interleaved
-    /// K-quant tiles then sum 4 byte products into i32 in one instruction where AVX2 takes
-    /// `maddubs` and an add (and a widening `madd` a block).
+    /// Whether the CPU has AVX512-VNNI's `dpbusd`, on 256-bit vectors (AVX512VL) and 512-bit ones
+    /// (with AVX512BW's byte and 16-bit lanes, which every CPU with AVX512-VNNI has): the
+    /// interleaved K-quant tiles then sum 4 byte products into i32 in one instruction where AVX2
+    /// takes `maddubs` and an add (and a widening `madd` a block).
     pub(crate) fn has_avx512_vnni() -> bool {
-        is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+        is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
     }
 
     /// Scales or offsets read 8 interleaved lanes at a time, a type per storage: a tile is

@@ -191,13 +191,16 @@ pub(crate) mod avx2 {
     /// decode step streams every weight once; the hardware prefetchers stop at each 4 KiB page).
     pub(crate) const PREFETCH_BYTES: usize = 4096;
 
-    /// A token tile's sums: `sums[token][row]` for a group's 8 rows.
-    pub(crate) type TileSums = [[f32; GROUP_ROWS]; TOKENS];
+    /// A token tile's sums: `sums[token][row]` for a group's 8 rows, or a pair of groups' 16.
+    pub(crate) type TileSums = [[f32; 2 * GROUP_ROWS]; TOKENS];
 
     /// `out[r·n + t]` for the `rows` weight rows (whole groups of 8) and the `n` rows of `x` (of
-    /// `cols` values), tile by tile: `tile(g, acts, tokens, sums)` computes group g's 8 rows for the
-    /// first `tokens` (at most `most`) of `acts` (a tile of fewer than `TOKENS` repeats its last
-    /// row in the unused places), for the interleaved nibble and byte layouts alike.
+    /// `cols` values), tile by tile: `tile(g, pair, acts, tokens, sums)` computes group g's 8 rows
+    /// (and group g + 1's, where `pair`) for the first `tokens` (at most `most`) of `acts` (a tile
+    /// of fewer than `TOKENS` repeats its last row in the unused places), for the interleaved
+    /// nibble and byte layouts alike. With `pairs` the groups go two at a time (the last alone
+    /// where their count is odd).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn by_tiles(
         x: &QuantizedRows,
         cols: usize,
@@ -205,7 +208,8 @@ pub(crate) mod avx2 {
         n: usize,
         out: &mut [f32],
         most: usize,
-        mut tile: impl FnMut(usize, &[ActRow<'_>; TOKENS], usize, &mut TileSums),
+        pairs: bool,
+        mut tile: impl FnMut(usize, bool, &[ActRow<'_>; TOKENS], usize, &mut TileSums),
     ) {
         let acts: Vec<ActRow<'_>> = (0..n).map(|t| x.row(t, cols)).collect();
         // Each token tile's first token, count and rows, made once for every group (a decode
@@ -219,16 +223,21 @@ pub(crate) mod avx2 {
             })
             .collect();
         // A tile writes the sums of its tokens, and only those are read.
-        let mut sums = [[0f32; GROUP_ROWS]; TOKENS];
-        for g in 0..rows / GROUP_ROWS {
+        let mut sums = [[0f32; 2 * GROUP_ROWS]; TOKENS];
+        let groups = rows / GROUP_ROWS;
+        let mut g = 0;
+        while g < groups {
+            let pair = pairs && g + 1 < groups;
+            let tile_rows = if pair { 2 * GROUP_ROWS } else { GROUP_ROWS };
             for (t, tokens, tile_acts) in &tiles {
-                tile(g, tile_acts, *tokens, &mut sums);
+                tile(g, pair, tile_acts, *tokens, &mut sums);
                 for (j, token) in sums.iter().enumerate().take(*tokens) {
-                    for (i, &v) in token.iter().enumerate() {
+                    for (i, &v) in token.iter().enumerate().take(tile_rows) {
                         out[(g * GROUP_ROWS + i) * n + t + j] = v;
                     }
                 }
             }
+            g += tile_rows / GROUP_ROWS;
         }
     }
 
@@ -240,7 +249,7 @@ pub(crate) mod avx2 {
             return;
         }
         with_eight_scales!(w.scale, w.offset, |scale, offset| {
-            by_tiles(x, w.cols, rows, n, out, TILE_TOKENS, |g, acts, tokens, sums| match tokens {
+            by_tiles(x, w.cols, rows, n, out, TILE_TOKENS, false, |g, _, acts, tokens, sums| match tokens {
                 // SAFETY: as this function's.
                 4 => unsafe { tile::<4, _>(&w, scale, offset, g, acts, sums) },
                 3 => unsafe { tile::<3, _>(&w, scale, offset, g, acts, sums) },
@@ -251,10 +260,11 @@ pub(crate) mod avx2 {
     }
 
     /// `products` of factored scales with Q8_K activations (`FactoredLanes::super_blocks`), with
-    /// AVX512-VNNI's `dpbusd` where `vnni`.
+    /// AVX512-VNNI's `dpbusd` where `vnni`, on pairs of groups in 512-bit vectors
+    /// (`pair_tile_vnni`), and on the last group alone where their count is odd.
     ///
     /// # Safety
-    /// As `products`'s, the layout checked by `super_blocks`, and AVX512-VNNI and AVX512VL
+    /// As `products`'s, the layout checked by `super_blocks`, and AVX512-VNNI (`has_avx512_vnni`)
     /// present where `vnni`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn factored_products(
@@ -267,20 +277,28 @@ pub(crate) mod avx2 {
         n: usize,
         vnni: bool,
     ) {
-        by_tiles(x, w.cols, rows, n, out, factored_tile_tokens(vnni), |g, acts, tokens, sums| match (vnni, tokens) {
+        by_tiles(x, w.cols, rows, n, out, factored_tile_tokens(vnni), vnni, |g, pair, acts, tokens, sums| match (vnni, pair, tokens) {
             // SAFETY: as this function's.
-            (false, 4) => unsafe { tile_factored::<4>(w, scale, offset, g, acts, sums) },
-            (false, 3) => unsafe { tile_factored::<3>(w, scale, offset, g, acts, sums) },
-            (false, 2) => unsafe { tile_factored::<2>(w, scale, offset, g, acts, sums) },
-            (false, _) => unsafe { tile_factored::<1>(w, scale, offset, g, acts, sums) },
-            (true, 8) => unsafe { tile_factored_vnni::<8>(w, scale, offset, g, acts, sums) },
-            (true, 7) => unsafe { tile_factored_vnni::<7>(w, scale, offset, g, acts, sums) },
-            (true, 6) => unsafe { tile_factored_vnni::<6>(w, scale, offset, g, acts, sums) },
-            (true, 5) => unsafe { tile_factored_vnni::<5>(w, scale, offset, g, acts, sums) },
-            (true, 4) => unsafe { tile_factored_vnni::<4>(w, scale, offset, g, acts, sums) },
-            (true, 3) => unsafe { tile_factored_vnni::<3>(w, scale, offset, g, acts, sums) },
-            (true, 2) => unsafe { tile_factored_vnni::<2>(w, scale, offset, g, acts, sums) },
-            (true, _) => unsafe { tile_factored_vnni::<1>(w, scale, offset, g, acts, sums) },
+            (true, true, 8) => unsafe { pair_tile_vnni::<8>(w, scale, offset, g, acts, sums) },
+            (true, true, 7) => unsafe { pair_tile_vnni::<7>(w, scale, offset, g, acts, sums) },
+            (true, true, 6) => unsafe { pair_tile_vnni::<6>(w, scale, offset, g, acts, sums) },
+            (true, true, 5) => unsafe { pair_tile_vnni::<5>(w, scale, offset, g, acts, sums) },
+            (true, true, 4) => unsafe { pair_tile_vnni::<4>(w, scale, offset, g, acts, sums) },
+            (true, true, 3) => unsafe { pair_tile_vnni::<3>(w, scale, offset, g, acts, sums) },
+            (true, true, 2) => unsafe { pair_tile_vnni::<2>(w, scale, offset, g, acts, sums) },
+            (true, true, _) => unsafe { pair_tile_vnni::<1>(w, scale, offset, g, acts, sums) },
+            (false, _, 4) => unsafe { tile_factored::<4>(w, scale, offset, g, acts, sums) },
+            (false, _, 3) => unsafe { tile_factored::<3>(w, scale, offset, g, acts, sums) },
+            (false, _, 2) => unsafe { tile_factored::<2>(w, scale, offset, g, acts, sums) },
+            (false, _, _) => unsafe { tile_factored::<1>(w, scale, offset, g, acts, sums) },
+            (true, false, 8) => unsafe { tile_factored_vnni::<8>(w, scale, offset, g, acts, sums) },
+            (true, false, 7) => unsafe { tile_factored_vnni::<7>(w, scale, offset, g, acts, sums) },
+            (true, false, 6) => unsafe { tile_factored_vnni::<6>(w, scale, offset, g, acts, sums) },
+            (true, false, 5) => unsafe { tile_factored_vnni::<5>(w, scale, offset, g, acts, sums) },
+            (true, false, 4) => unsafe { tile_factored_vnni::<4>(w, scale, offset, g, acts, sums) },
+            (true, false, 3) => unsafe { tile_factored_vnni::<3>(w, scale, offset, g, acts, sums) },
+            (true, false, 2) => unsafe { tile_factored_vnni::<2>(w, scale, offset, g, acts, sums) },
+            (true, false, _) => unsafe { tile_factored_vnni::<1>(w, scale, offset, g, acts, sums) },
         });
     }
 
@@ -387,6 +405,95 @@ pub(crate) mod avx2 {
         }
         for j in 0..T {
             _mm256_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
+        }
+    }
+
+    /// `factored_tile` with `VNNI` for groups g and g + 1 at once, in 512-bit vectors whose low
+    /// half holds group g's 8 rows and high half group g + 1's: each 4 activation bytes are
+    /// broadcast once for 16 rows, where the 256-bit tile broadcasts them for 8. A broadcast
+    /// operand costs the same as the `dpbusd` it feeds on Zen 4 (the 256-bit tile runs at about
+    /// 1.1 `dpbusd` a cycle of the 2 the core can start), and a 512-bit `dpbusd` does the work
+    /// of two 256-bit ones (two passes on Zen 4, one on Intel's 512-bit units). The same bounds
+    /// as `factored_tile`'s, lane by lane.
+    ///
+    /// # Safety
+    /// As `factored_products`'s with `vnni`, and groups g and g + 1 are within `w`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn pair_tile_vnni<const T: usize>(
+        w: &GroupRows<'_>,
+        scale: FactoredLanes<'_>,
+        offset: Option<FactoredLanes<'_>>,
+        g: usize,
+        acts: &[ActRow<'_>; TOKENS],
+        sums: &mut TileSums,
+    ) {
+        let blocks = w.cols / ACT_BLOCK;
+        let per_unit = scale.layout.per_unit();
+        let levels = w.levels.as_ptr().add(g * blocks * GROUP_BLOCK_BYTES);
+        // The next group's blocks, and its scales', offsets' and units' lanes, are this group's
+        // moved by `next`.
+        let next = blocks * GROUP_BLOCK_BYTES;
+        let next_lanes = blocks * GROUP_ROWS;
+        // A pair's two 8-lane runs at `at` and `at + next_lanes`: one as 16 i32 lanes, the other
+        // as 16 f32 lanes.
+        let ints = |k: &[i8], at: usize| {
+            let two =
+                _mm_unpacklo_epi64(_mm_loadl_epi64(k.as_ptr().add(at).cast()), _mm_loadl_epi64(k.as_ptr().add(at + next_lanes).cast()));
+            _mm512_cvtepi8_epi32(two)
+        };
+        let units = |lanes: FactoredLanes<'_>, at: usize| {
+            let low = _mm256_loadu_ps(lanes.units.as_ptr().add(lanes.layout.unit_of(at)));
+            let high = _mm256_loadu_ps(lanes.units.as_ptr().add(lanes.layout.unit_of(at + next_lanes)));
+            _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high)
+        };
+        let mask = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); T];
+        for first in (0..blocks).step_by(per_unit) {
+            let mut scaled = [_mm512_setzero_si512(); T];
+            let mut offsets = [_mm512_setzero_ps(); T];
+            for b in first..first + per_unit {
+                let block = levels.add(b * GROUP_BLOCK_BYTES);
+                for ahead in [PREFETCH_BYTES, PREFETCH_BYTES + 64, next + PREFETCH_BYTES, next + PREFETCH_BYTES + 64] {
+                    _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(ahead).cast());
+                }
+                let raw: [__m512i; 4] = std::array::from_fn(|k| {
+                    let low = _mm256_loadu_si256(block.add(32 * k).cast());
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), _mm256_loadu_si256(block.add(next + 32 * k).cast()))
+                });
+                let low: [__m512i; 4] = std::array::from_fn(|k| _mm512_and_si512(raw[k], mask));
+                let high: [__m512i; 4] = std::array::from_fn(|k| _mm512_and_si512(_mm512_srli_epi16::<4>(raw[k]), mask));
+                let at = (g * blocks + b) * GROUP_ROWS;
+                let k32 = ints(scale.k, at);
+                let m = offset.map(|o| _mm512_cvtepi32_ps(ints(o.k, at)));
+                for j in 0..T {
+                    let q = acts[j].q.as_ptr().add(b * ACT_BLOCK);
+                    let mut block_sums = _mm512_setzero_si512();
+                    for k in 0..4 {
+                        let x_low = _mm512_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
+                        let x_high = _mm512_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
+                        block_sums = _mm512_dpbusd_epi32(block_sums, low[k], x_low);
+                        block_sums = _mm512_dpbusd_epi32(block_sums, high[k], x_high);
+                    }
+                    scaled[j] = _mm512_add_epi32(scaled[j], _mm512_mullo_epi32(block_sums, k32));
+                    if let Some(m) = m {
+                        offsets[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(*acts[j].sums32.get_unchecked(b)), offsets[j]);
+                    }
+                }
+            }
+            // As `end_super_block`: the units and the activations' scale once a super-block.
+            let at = (g * blocks + first) * GROUP_ROWS;
+            let unit = units(scale, at);
+            let offset_unit = offset.map(|o| units(o, at));
+            for j in 0..T {
+                let d = _mm512_set1_ps(*acts[j].d.get_unchecked(first));
+                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled[j]), _mm512_mul_ps(unit, d), acc[j]);
+                if let Some(u) = offset_unit {
+                    acc[j] = _mm512_fmadd_ps(offsets[j], u, acc[j]);
+                }
+            }
+        }
+        for j in 0..T {
+            _mm512_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
         }
     }
 

@@ -253,7 +253,7 @@ pub(crate) mod avx2 {
         rows: usize,
         n: usize,
     ) {
-        by_tiles(x, w.cols, rows, n, out, TILE_TOKENS, |g, acts, tokens, sums| match tokens {
+        by_tiles(x, w.cols, rows, n, out, TILE_TOKENS, false, |g, _, acts, tokens, sums| match tokens {
             // SAFETY: as this function's.
             4 => unsafe { tile::<4, HALVES, SIX, _>(w, s, o, g, acts, sums) },
             3 => unsafe { tile::<3, HALVES, SIX, _>(w, s, o, g, acts, sums) },
@@ -306,7 +306,7 @@ pub(crate) mod avx2 {
         n: usize,
         vnni: bool,
     ) {
-        by_tiles(x, w.cols, rows, n, out, factored_tile_tokens(vnni), |g, acts, tokens, sums| {
+        by_tiles(x, w.cols, rows, n, out, factored_tile_tokens(vnni), false, |g, _, acts, tokens, sums| {
             // SAFETY: as this function's.
             unsafe {
                 match (vnni, tokens) {
