@@ -260,8 +260,8 @@ pub(crate) mod avx2 {
     }
 
     /// `products` of factored scales with Q8_K activations (`FactoredLanes::super_blocks`), with
-    /// AVX512-VNNI's `dpbusd` where `vnni`, on pairs of groups in 512-bit vectors
-    /// (`pair_tile_vnni`), and on the last group alone where their count is odd.
+    /// AVX512-VNNI's `dpbusd` on pairs of groups in 512-bit vectors where `vnni`
+    /// (`pair_tile_vnni`).
     ///
     /// # Safety
     /// As `products`'s, the layout checked by `super_blocks`, and AVX512-VNNI (`has_avx512_vnni`)
@@ -277,58 +277,22 @@ pub(crate) mod avx2 {
         n: usize,
         vnni: bool,
     ) {
-        by_tiles(x, w.cols, rows, n, out, factored_tile_tokens(vnni), vnni, |g, pair, acts, tokens, sums| match (vnni, pair, tokens) {
+        by_tiles(x, w.cols, rows, n, out, factored_tile_tokens(vnni), vnni, |g, pair, acts, tokens, sums| match (vnni, tokens) {
             // SAFETY: as this function's.
-            (true, true, 8) => unsafe { pair_tile_vnni::<8>(w, scale, offset, g, acts, sums) },
-            (true, true, 7) => unsafe { pair_tile_vnni::<7>(w, scale, offset, g, acts, sums) },
-            (true, true, 6) => unsafe { pair_tile_vnni::<6>(w, scale, offset, g, acts, sums) },
-            (true, true, 5) => unsafe { pair_tile_vnni::<5>(w, scale, offset, g, acts, sums) },
-            (true, true, 4) => unsafe { pair_tile_vnni::<4>(w, scale, offset, g, acts, sums) },
-            (true, true, 3) => unsafe { pair_tile_vnni::<3>(w, scale, offset, g, acts, sums) },
-            (true, true, 2) => unsafe { pair_tile_vnni::<2>(w, scale, offset, g, acts, sums) },
-            (true, true, _) => unsafe { pair_tile_vnni::<1>(w, scale, offset, g, acts, sums) },
-            (false, _, 4) => unsafe { tile_factored::<4>(w, scale, offset, g, acts, sums) },
-            (false, _, 3) => unsafe { tile_factored::<3>(w, scale, offset, g, acts, sums) },
-            (false, _, 2) => unsafe { tile_factored::<2>(w, scale, offset, g, acts, sums) },
-            (false, _, _) => unsafe { tile_factored::<1>(w, scale, offset, g, acts, sums) },
-            (true, false, 8) => unsafe { tile_factored_vnni::<8>(w, scale, offset, g, acts, sums) },
-            (true, false, 7) => unsafe { tile_factored_vnni::<7>(w, scale, offset, g, acts, sums) },
-            (true, false, 6) => unsafe { tile_factored_vnni::<6>(w, scale, offset, g, acts, sums) },
-            (true, false, 5) => unsafe { tile_factored_vnni::<5>(w, scale, offset, g, acts, sums) },
-            (true, false, 4) => unsafe { tile_factored_vnni::<4>(w, scale, offset, g, acts, sums) },
-            (true, false, 3) => unsafe { tile_factored_vnni::<3>(w, scale, offset, g, acts, sums) },
-            (true, false, 2) => unsafe { tile_factored_vnni::<2>(w, scale, offset, g, acts, sums) },
-            (true, false, _) => unsafe { tile_factored_vnni::<1>(w, scale, offset, g, acts, sums) },
+            (true, 8) => unsafe { pair_tile_vnni::<8>(w, scale, offset, g, pair, acts, sums) },
+            (true, 7) => unsafe { pair_tile_vnni::<7>(w, scale, offset, g, pair, acts, sums) },
+            (true, 6) => unsafe { pair_tile_vnni::<6>(w, scale, offset, g, pair, acts, sums) },
+            (true, 5) => unsafe { pair_tile_vnni::<5>(w, scale, offset, g, pair, acts, sums) },
+            (true, 4) => unsafe { pair_tile_vnni::<4>(w, scale, offset, g, pair, acts, sums) },
+            (true, 3) => unsafe { pair_tile_vnni::<3>(w, scale, offset, g, pair, acts, sums) },
+            (true, 2) => unsafe { pair_tile_vnni::<2>(w, scale, offset, g, pair, acts, sums) },
+            (true, _) => unsafe { pair_tile_vnni::<1>(w, scale, offset, g, pair, acts, sums) },
+            (false, 4) => unsafe { tile_factored::<4>(w, scale, offset, g, acts, sums) },
+            (false, 3) => unsafe { tile_factored::<3>(w, scale, offset, g, acts, sums) },
+            (false, 2) => unsafe { tile_factored::<2>(w, scale, offset, g, acts, sums) },
+            (false, _) => unsafe { tile_factored::<1>(w, scale, offset, g, acts, sums) },
         });
     }
-
-    /// Writes a tile family's two compiled copies of its `factored_tile`, which differ only in
-    /// the instruction sets they enable: `tile_factored` (AVX2) and `tile_factored_vnni`
-    /// (AVX512-VNNI's `dpbusd` on 256-bit vectors). `$rows`: the family's weight rows; `$flag`:
-    /// its tile's const parameters between the token count and `VNNI`.
-    macro_rules! factored_tile_variants {
-        ($rows:ty $(, $flag:ident)*) => {
-            factored_tile_variants!(@one tile_factored, "avx2,fma,f16c", false, $rows $(, $flag)*);
-            factored_tile_variants!(@one tile_factored_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", true, $rows $(, $flag)*);
-        };
-        (@one $name:ident, $features:literal, $vnni:literal, $rows:ty $(, $flag:ident)*) => {
-            /// `factored_tile` compiled for the instruction sets it is named by.
-            #[target_feature(enable = $features)]
-            unsafe fn $name<const T: usize $(, const $flag: bool)*>(
-                w: &$rows,
-                scale: FactoredLanes<'_>,
-                offset: Option<FactoredLanes<'_>>,
-                g: usize,
-                acts: &[ActRow<'_>; TOKENS],
-                sums: &mut TileSums,
-            ) {
-                factored_tile::<T $(, $flag)*, $vnni>(w, scale, offset, g, acts, sums)
-            }
-        };
-    }
-    pub(crate) use factored_tile_variants;
-
-    factored_tile_variants!(GroupRows<'_>);
 
     /// `tile` for factored scales (`FactoredLanes`) and Q8_K activations: each block's pair sums
     /// are multiplied by the rows' integer scales in the `madd` that widens them and summed over
@@ -337,17 +301,11 @@ pub(crate) mod avx2 {
     /// blocks' activation sums. Fewer instructions per weight than whole f32 scales, for a
     /// fifth fewer bytes.
     ///
-    /// With `VNNI`, `dpbusd` sums each block's 4-byte products straight into i32 and the integer
-    /// scales multiply those (`mullo`).
-    ///
     /// Bounds: 8 pair sums of at most `2 · 15 · 128` stay within i16 (as in `tile`); times an
     /// integer scale of at most 128 in magnitude, twice, and over a super-block's 8 blocks,
-    /// within 8 · 2 · 30,720 · 128 < 2^31 (with `dpbusd`, a block's 32 products of at most
-    /// 15 · 128, times 128, over 8 blocks, the same).
-    ///
-    /// Inlined into its callers, which enable the instruction sets it uses.
-    #[inline(always)]
-    unsafe fn factored_tile<const T: usize, const VNNI: bool>(
+    /// within 8 · 2 · 30,720 · 128 < 2^31.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_factored<const T: usize>(
         w: &GroupRows<'_>,
         scale: FactoredLanes<'_>,
         offset: Option<FactoredLanes<'_>>,
@@ -377,25 +335,14 @@ pub(crate) mod avx2 {
                 let m = offset.map(|o| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(o.k.as_ptr().add(at).cast()))));
                 for j in 0..T {
                     let q = acts[j].q.as_ptr().add(b * ACT_BLOCK);
-                    if VNNI {
-                        let mut block_sums = _mm256_setzero_si256();
-                        for k in 0..4 {
-                            let x_low = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
-                            let x_high = _mm256_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
-                            block_sums = _mm256_dpbusd_epi32(block_sums, low[k], x_low);
-                            block_sums = _mm256_dpbusd_epi32(block_sums, high[k], x_high);
-                        }
-                        scaled[j] = _mm256_add_epi32(scaled[j], _mm256_mullo_epi32(block_sums, k32));
-                    } else {
-                        let mut pairs = _mm256_setzero_si256();
-                        for k in 0..4 {
-                            let x_low = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
-                            let x_high = _mm256_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
-                            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low[k], x_low));
-                            pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(high[k], x_high));
-                        }
-                        scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k16));
+                    let mut pairs = _mm256_setzero_si256();
+                    for k in 0..4 {
+                        let x_low = _mm256_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
+                        let x_high = _mm256_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
+                        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(low[k], x_low));
+                        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(high[k], x_high));
                     }
+                    scaled[j] = _mm256_add_epi32(scaled[j], _mm256_madd_epi16(pairs, k16));
                     if let Some(m) = m {
                         offsets[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(*acts[j].sums32.get_unchecked(b)), offsets[j]);
                     }
@@ -408,32 +355,36 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// `factored_tile` with `VNNI` for groups g and g + 1 at once, in 512-bit vectors whose low
-    /// half holds group g's 8 rows and high half group g + 1's: each 4 activation bytes are
+    /// `tile_factored` with AVX512-VNNI's `dpbusd`, which sums each block's 4-byte products
+    /// straight into i32 for the integer scales to multiply (`mullo`), for groups g and g + 1 at
+    /// once (`pair`; else group g in both halves, and its sums twice), in 512-bit vectors whose
+    /// low half holds group g's 8 rows and high half group g + 1's: each 4 activation bytes are
     /// broadcast once for 16 rows, where the 256-bit tile broadcasts them for 8. A broadcast
     /// operand costs the same as the `dpbusd` it feeds on Zen 4 (the 256-bit tile runs at about
     /// 1.1 `dpbusd` a cycle of the 2 the core can start), and a 512-bit `dpbusd` does the work
-    /// of two 256-bit ones (two passes on Zen 4, one on Intel's 512-bit units). The same bounds
-    /// as `factored_tile`'s, lane by lane.
+    /// of two 256-bit ones (two passes on Zen 4, one on Intel's 512-bit units). Bounds: a block's
+    /// 32 products of at most 15 · 128, times an integer scale of at most 128, over 8 blocks,
+    /// within 2^31.
     ///
     /// # Safety
-    /// As `factored_products`'s with `vnni`, and groups g and g + 1 are within `w`.
+    /// As `factored_products`'s with `vnni`, and group g (and g + 1 where `pair`) is within `w`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     unsafe fn pair_tile_vnni<const T: usize>(
         w: &GroupRows<'_>,
         scale: FactoredLanes<'_>,
         offset: Option<FactoredLanes<'_>>,
         g: usize,
+        pair: bool,
         acts: &[ActRow<'_>; TOKENS],
         sums: &mut TileSums,
     ) {
         let blocks = w.cols / ACT_BLOCK;
         let per_unit = scale.layout.per_unit();
         let levels = w.levels.as_ptr().add(g * blocks * GROUP_BLOCK_BYTES);
-        // The next group's blocks, and its scales', offsets' and units' lanes, are this group's
-        // moved by `next`.
-        let next = blocks * GROUP_BLOCK_BYTES;
-        let next_lanes = blocks * GROUP_ROWS;
+        // The high half's blocks, and its scales', offsets' and units' lanes, are the low half's
+        // moved by `next` and `next_lanes`: group g + 1's, or group g's own.
+        let groups = usize::from(pair);
+        let (next, next_lanes) = (groups * blocks * GROUP_BLOCK_BYTES, groups * blocks * GROUP_ROWS);
         // A pair's two 8-lane runs at `at` and `at + next_lanes`: one as 16 i32 lanes, the other
         // as 16 f32 lanes.
         let ints = |k: &[i8], at: usize| {

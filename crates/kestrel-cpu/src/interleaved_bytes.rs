@@ -219,7 +219,7 @@ pub(crate) mod avx2 {
     use crate::activations::Q8K_BLOCK;
     use crate::dot::avx2::{end_super_block, has_avx512_vnni, with_eight_scales, EightScales, FactoredLanes};
     use crate::dot::ActRow;
-    use crate::interleaved::avx2::{by_tiles, factored_tile_tokens, factored_tile_variants, TileSums, PREFETCH_BYTES, TILE_TOKENS, TOKENS};
+    use crate::interleaved::avx2::{by_tiles, factored_tile_tokens, TileSums, PREFETCH_BYTES, TILE_TOKENS, TOKENS};
     use crate::ACT_BLOCK;
 
     /// # Safety
@@ -325,6 +325,31 @@ pub(crate) mod avx2 {
                 }
             }
         });
+    }
+
+    /// Writes a tile family's two compiled copies of its `factored_tile`, which differ only in
+    /// the instruction sets they enable: `tile_factored` (AVX2) and `tile_factored_vnni`
+    /// (AVX512-VNNI's `dpbusd` on 256-bit vectors). `$rows`: the family's weight rows; `$flag`:
+    /// its tile's const parameters between the token count and `VNNI`.
+    macro_rules! factored_tile_variants {
+        ($rows:ty $(, $flag:ident)*) => {
+            factored_tile_variants!(@one tile_factored, "avx2,fma,f16c", false, $rows $(, $flag)*);
+            factored_tile_variants!(@one tile_factored_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", true, $rows $(, $flag)*);
+        };
+        (@one $name:ident, $features:literal, $vnni:literal, $rows:ty $(, $flag:ident)*) => {
+            /// `factored_tile` compiled for the instruction sets it is named by.
+            #[target_feature(enable = $features)]
+            unsafe fn $name<const T: usize $(, const $flag: bool)*>(
+                w: &$rows,
+                scale: FactoredLanes<'_>,
+                offset: Option<FactoredLanes<'_>>,
+                g: usize,
+                acts: &[ActRow<'_>; TOKENS],
+                sums: &mut TileSums,
+            ) {
+                factored_tile::<T $(, $flag)*, $vnni>(w, scale, offset, g, acts, sums)
+            }
+        };
     }
 
     factored_tile_variants!(ByteGroupRows<'_>, HALVES, SIX);

@@ -587,10 +587,12 @@ impl IntWeights {
         int_products(IntRows { levels, group: self.group, scale, offset, cols }, x, out)
     }
 
-    /// The rows a product's task takes a multiple of.
+    /// The rows a product's task takes a multiple of: whole groups, and for 4-bit levels whole
+    /// pairs of groups, which the AVX512-VNNI tile takes at once (a lone group costs it a pair).
     fn rows_per_task(&self) -> usize {
         match self.levels {
-            LevelStore::Nibbles8(_) | LevelStore::Bytes8(_) | LevelStore::SixBits8(_) => interleaved::GROUP_ROWS,
+            LevelStore::Nibbles8(_) => 2 * interleaved::GROUP_ROWS,
+            LevelStore::Bytes8(_) | LevelStore::SixBits8(_) => interleaved::GROUP_ROWS,
             LevelStore::Nibbles(_) | LevelStore::Bytes(_) => 1,
         }
     }
