@@ -392,10 +392,11 @@ pub(crate) mod avx2 {
                 _mm_unpacklo_epi64(_mm_loadl_epi64(k.as_ptr().add(at).cast()), _mm_loadl_epi64(k.as_ptr().add(at + next_lanes).cast()));
             _mm512_cvtepi8_epi32(two)
         };
+        // (The f32 halves are joined as integers: AVX512F inserts 256-bit halves of 64-bit lanes
+        // only, and 32-bit ones need AVX512DQ.)
         let units = |lanes: FactoredLanes<'_>, at: usize| {
-            let low = _mm256_loadu_ps(lanes.units.as_ptr().add(lanes.layout.unit_of(at)));
-            let high = _mm256_loadu_ps(lanes.units.as_ptr().add(lanes.layout.unit_of(at + next_lanes)));
-            _mm512_insertf32x8::<1>(_mm512_castps256_ps512(low), high)
+            let half = |at: usize| _mm256_castps_si256(_mm256_loadu_ps(lanes.units.as_ptr().add(lanes.layout.unit_of(at))));
+            _mm512_castsi512_ps(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(at)), half(at + next_lanes)))
         };
         let mask = _mm512_set1_epi8(0x0F);
         let mut acc = [_mm512_setzero_ps(); T];
