@@ -327,32 +327,28 @@ pub(crate) mod avx2 {
         });
     }
 
-    /// Writes a tile family's two compiled copies of its `factored_tile`, which differ only in
-    /// the instruction sets they enable: `tile_factored` (AVX2) and `tile_factored_vnni`
-    /// (AVX512-VNNI's `dpbusd` on 256-bit vectors). `$rows`: the family's weight rows; `$flag`:
-    /// its tile's const parameters between the token count and `VNNI`.
-    macro_rules! factored_tile_variants {
-        ($rows:ty $(, $flag:ident)*) => {
-            factored_tile_variants!(@one tile_factored, "avx2,fma,f16c", false, $rows $(, $flag)*);
-            factored_tile_variants!(@one tile_factored_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", true, $rows $(, $flag)*);
-        };
-        (@one $name:ident, $features:literal, $vnni:literal, $rows:ty $(, $flag:ident)*) => {
+    /// Writes `factored_tile` compiled for one instruction set: `tile_factored` (AVX2) and
+    /// `tile_factored_vnni` (AVX512-VNNI's `dpbusd` on 256-bit vectors) differ only in the
+    /// features they enable.
+    macro_rules! factored_tile_for {
+        ($name:ident, $features:literal, $vnni:literal) => {
             /// `factored_tile` compiled for the instruction sets it is named by.
             #[target_feature(enable = $features)]
-            unsafe fn $name<const T: usize $(, const $flag: bool)*>(
-                w: &$rows,
+            unsafe fn $name<const T: usize, const HALVES: bool, const SIX: bool>(
+                w: &ByteGroupRows<'_>,
                 scale: FactoredLanes<'_>,
                 offset: Option<FactoredLanes<'_>>,
                 g: usize,
                 acts: &[ActRow<'_>; TOKENS],
                 sums: &mut TileSums,
             ) {
-                factored_tile::<T $(, $flag)*, $vnni>(w, scale, offset, g, acts, sums)
+                factored_tile::<T, HALVES, SIX, $vnni>(w, scale, offset, g, acts, sums)
             }
         };
     }
 
-    factored_tile_variants!(ByteGroupRows<'_>, HALVES, SIX);
+    factored_tile_for!(tile_factored, "avx2,fma,f16c", false);
+    factored_tile_for!(tile_factored_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", true);
 
     /// Group g's first block and the bytes of each of its blocks.
     ///
