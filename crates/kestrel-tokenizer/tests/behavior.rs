@@ -227,17 +227,67 @@ fn chat_template_python_methods_and_raise_exception() {
     assert!(matches!(&err, TokenizerError::Template(m) if m.contains("bad role: robot")), "{err}");
 }
 
-/// Found by fuzzing (fuzz/fuzz_targets/chat_template.rs), not fixed: a namespace stored in
-/// itself makes minijinja recurse without bound when the value is printed, and the stack
-/// overflow aborts the process (in the browser: traps the engine). A GGUF's chat template is
-/// outside data, so this is a crash a model file can cause. Ignored until fixed: run it with
-/// `--ignored` to see the abort.
+/// Found by fuzzing (fuzz/fuzz_targets/chat_template.rs): a namespace is the one value a template
+/// can change, so the one way to build a value that contains itself or grows on every turn of a
+/// loop. Printing, serializing, comparing or dropping one recursed without bound and the stack
+/// overflow aborted the process (in the browser: trapped the engine). patches/minijinja refuses
+/// such an assignment; each case here aborted before it. Run on a 1 MiB thread, a wasm worker's
+/// stack, so that a recursion a native main thread's 8 MiB would absorb still fails the test.
 #[test]
-#[ignore = "minijinja overflows the stack on a namespace cycle (not fixed yet)"]
-fn chat_template_namespace_cycle_overflows_the_stack() {
-    let src = "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns %}{% endfor %}{{ ns }}";
-    let template = ChatTemplate::new(src, "", "").unwrap();
-    assert!(template.render(&[ChatMessage::new("user", "hi")], false).is_err());
+fn chat_template_namespace_cycles_and_runaway_nesting_are_template_errors() {
+    let cycle = "cannot assign a value that contains the namespace";
+    let deep = "nested more than 64 levels deep";
+    let large = "of more than 1048576 items";
+    let cases = [
+        ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns %}{% endfor %}{{ ns }}", cycle),
+        ("{% set ns = namespace(n=0) %}{% set ns.n = ns %}{{ ns|tojson }}", cycle),
+        ("{% set ns = namespace(n=0) %}{% set ns.n = [ns] %}{{ ns|string }}", cycle),
+        ("{% set ns = namespace(n=0) %}{% set ns.n = {'a': ns} %}{{ ns|pprint }}", cycle),
+        // Two namespaces that hold each other, compared and sorted.
+        ("{% set a = namespace() %}{% set b = namespace(y=a) %}{% set a.x = b %}{{ a == b }}", cycle),
+        ("{% set a = namespace() %}{% set b = namespace(y=[a]) %}{% set a.x = [b] %}{{ [a, b]|sort }}", cycle),
+        ("{% set a = namespace() %}{% set a.x = namespace(z=a) %}{{ a }}", cycle),
+        // A value nested one level deeper, or doubled, on each turn of a loop: dropping the first
+        // overflowed the stack, serializing the second ran out of memory.
+        ("{% set ns = namespace(x=0) %}{% for i in range(90000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x|length }}", deep),
+        ("{% set ns = namespace(x=0) %}{% for i in range(90000) %}{% set ns.x = {'a': ns.x} %}{% endfor %}{{ ns.x|tojson }}", deep),
+        ("{% set ns = namespace(x=0) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x|tojson }}", large),
+    ];
+    let handle = std::thread::Builder::new()
+        .stack_size(1 << 20)
+        .spawn(move || cases.map(|(src, expected)| (src, expected, hostile_render_error(src))))
+        .expect("spawn a thread with a 1 MiB stack");
+    for (src, expected, msg) in handle.join().expect("every render returned") {
+        assert!(msg.contains(expected), "{src}: {msg}");
+    }
+}
+
+/// Lazy iterables and `loop` are views that change after an assignment checks them: a namespace
+/// keeps a list of what they hold at the assignment, so no cycle can form through them later.
+#[test]
+fn chat_template_namespace_keeps_what_a_view_holds_when_assigned() {
+    let render = |src: &str| {
+        let tpl = ChatTemplate::new(src, "", "").unwrap_or_else(|e| panic!("{src}: {e}"));
+        tpl.render(&[ChatMessage::new("user", "hi")], false).unwrap_or_else(|e| panic!("{src}: {e}"))
+    };
+    assert_eq!(render("{% set ns = namespace(x=0) %}{% set ns.x = ns|items %}{{ ns|tojson }}"), r#"{"x": [["x", 0]]}"#);
+    assert_eq!(
+        render("{% set a = namespace(x=0) %}{% set b = namespace(x=a|items) %}{% set a.y = b %}{{ a }}"),
+        r#"{"x": 0, "y": {"x": [["x", 0]]}}"#
+    );
+    // The first turn's loop, as it was then (a live `loop` would say 3 and 2 by now); a loop whose
+    // next item is the namespace is refused.
+    assert_eq!(
+        render("{% set ns = namespace() %}{% for x in [1, 2, 3] %}{% if loop.first %}{% set ns.l = loop %}{% endif %}{% endfor %}{{ ns.l.index }} {{ ns.l.nextitem }}"),
+        "1 2"
+    );
+    let tpl = ChatTemplate::new("{% set ns = namespace() %}{% for x in [1, ns] %}{% set ns.l = loop %}{% endfor %}", "", "").unwrap();
+    assert!(matches!(tpl.render(&[], false), Err(TokenizerError::Template(m)) if m.contains("contains the namespace")));
+    // What real templates do with namespaces still works: flags, counters, accumulated lists.
+    assert_eq!(
+        render("{% set ns = namespace(seen=false, n=0, msgs=[]) %}{% for m in messages %}{% set ns.seen = true %}{% set ns.n = ns.n + 1 %}{% set ns.msgs = ns.msgs + [m] %}{% endfor %}{{ ns.seen }} {{ ns.n }} {{ ns.msgs|tojson }}"),
+        r#"True 1 [{"role": "user", "content": "hi"}]"#
+    );
 }
 
 #[test]
@@ -278,7 +328,17 @@ fn hostile_templates_fail_with_a_template_error() {
     let msg = hostile_render_error("{{ 'x' * 1000000000000 }}");
     assert!(msg.contains("too large"), "{msg}");
     let msg = hostile_render_error("{% for i in range(1000) %}{{ 'x' * 10000000 }}{% endfor %}");
-    assert!(msg.contains("exceed"), "{msg}");
+    assert!(msg.contains("exceed") || msg.contains("fuel"), "{msg}");
+    // Values doubled in a loop or a recursion, or many big ones made: fuel pays for the bytes of
+    // the values a template makes too (patches/minijinja), so memory is bounded with time.
+    let msg = hostile_render_error("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}");
+    assert!(msg.contains("fuel"), "{msg}");
+    let msg = hostile_render_error(
+        "{% macro f(n, x) %}{% if n > 0 %}{{ f(n - 1, x ~ x ~ x ~ x) }}{% endif %}{% endmacro %}{{ f(12, 'x' * 1000) }}",
+    );
+    assert!(msg.contains("fuel"), "{msg}");
+    let msg = hostile_render_error("{% set a = 'x' * 99999999 %}{% set b = a ~ 'b' %}{% set c = a ~ 'c' %}{% set d = a ~ 'd' %}");
+    assert!(msg.contains("fuel"), "{msg}");
     // Reading through something undefined is an error (printing an undefined name alone renders
     // nothing, as in jinja2, which real templates rely on for optional variables like `tools`).
     let msg = hostile_render_error("{{ messages[7].content.strip() }}");
@@ -301,12 +361,13 @@ fn template_recursion_limit_fits_a_wasm_worker_stack() {
 #[test]
 fn real_template_fuel_and_output_are_far_from_the_limits() {
     // The default model's template over a long conversation stays within the bounds that stop
-    // hostile templates: 2,000 messages of 1 KiB.
+    // hostile templates (fuel pays for the text the template copies, too): 2,000 messages of
+    // 4 KiB, 8 MB, far past any model's context.
     let tpl = ChatTemplate::for_tokenizer(tok()).unwrap();
     let msgs: Vec<ChatMessage> =
-        (0..2000).map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "word ".repeat(205))).collect();
+        (0..2000).map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "word ".repeat(820))).collect();
     let out = tpl.render(&msgs, true).expect("a long real conversation renders");
-    assert!(out.len() > 2000 * 1024);
+    assert!(out.len() > 2000 * 4096);
 }
 
 #[test]

@@ -50,7 +50,7 @@ fn default_formatter() -> Arc<FormatterFunc> {
 /// However in some situations more depth is pushed if the cost
 /// of the stack frame is higher.  Raising this limit
 /// requires enabling the `stacker` feature.
-const MAX_RECURSION: usize = 500;
+pub(crate) const MAX_RECURSION: usize = 500;
 
 /// An abstraction that holds the engine configuration.
 ///

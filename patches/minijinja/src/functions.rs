@@ -459,6 +459,12 @@ mod builtins {
             {
                 for (key, value) in pairs {
                     if let Some(key) = key.as_str() {
+                        // The new namespace can hold no lazy iterable either (see `storable`).
+                        let value = crate::value::namespace_object::storable(
+                            &value,
+                            None,
+                            crate::environment::MAX_RECURSION,
+                        )?;
                         ns.set_value(key, value);
                     }
                 }

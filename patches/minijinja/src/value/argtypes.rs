@@ -262,6 +262,8 @@ impl From<ValueRepr> for Value {
 impl<'a> From<&'a [u8]> for Value {
     #[inline(always)]
     fn from(val: &'a [u8]) -> Self {
+        #[cfg(feature = "fuel")]
+        crate::vm::fuel::note_made(val.len());
         ValueRepr::Bytes(Arc::new(val.into())).into()
     }
 }
@@ -271,7 +273,11 @@ impl<'a> From<&'a str> for Value {
     fn from(val: &'a str) -> Self {
         SmallStr::try_new(val)
             .map(|small_str| Value(ValueRepr::SmallStr(small_str)))
-            .unwrap_or_else(|| Value(ValueRepr::String(val.into(), StringType::Normal)))
+            .unwrap_or_else(|| {
+                #[cfg(feature = "fuel")]
+                crate::vm::fuel::note_made(val.len());
+                Value(ValueRepr::String(val.into(), StringType::Normal))
+            })
     }
 }
 
@@ -303,6 +309,8 @@ impl<'a> From<Cow<'a, str>> for Value {
 
 impl From<Arc<str>> for Value {
     fn from(value: Arc<str>) -> Self {
+        #[cfg(feature = "fuel")]
+        crate::vm::fuel::note_made(value.len());
         Value(ValueRepr::String(value, StringType::Normal))
     }
 }

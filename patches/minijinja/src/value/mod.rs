@@ -905,6 +905,8 @@ impl Value {
     /// let val = Value::from_safe_string("<em>note</em>".into());
     /// ```
     pub fn from_safe_string(value: String) -> Value {
+        #[cfg(feature = "fuel")]
+        crate::vm::fuel::note_made(value.len());
         ValueRepr::String(Arc::from(value), StringType::Safe).into()
     }
 
@@ -940,6 +942,17 @@ impl Value {
     /// let val = Value::from_object(Thing { id: 42 });
     /// ```
     pub fn from_object<T: Object + Send + Sync + 'static>(value: T) -> Value {
+        #[cfg(feature = "fuel")]
+        {
+            let any = &value as &dyn std::any::Any;
+            let items = any
+                .downcast_ref::<Vec<Value>>()
+                .map(Vec::len)
+                .or_else(|| any.downcast_ref::<ValueMap>().map(|map| map.len() * 2));
+            if let Some(items) = items {
+                crate::vm::fuel::note_made(items * std::mem::size_of::<Value>());
+            }
+        }
         Value::from(ValueRepr::Object(DynObject::new(Arc::new(value))))
     }
 

@@ -30,7 +30,7 @@ pub use crate::vm::state::State;
 mod closure_object;
 mod context;
 #[cfg(feature = "fuel")]
-mod fuel;
+pub(crate) mod fuel;
 mod loop_object;
 #[cfg(feature = "macros")]
 mod macro_object;
@@ -369,7 +369,7 @@ impl<'env> Vm<'env> {
                     b = stack.pop();
                     a = stack.pop();
                     if let Some(ns) = b.downcast_object_ref::<Namespace>() {
-                        ns.set_value(name, a);
+                        ctx_ok!(ns.assign(name, a, &b, self.env.recursion_limit()));
                     } else {
                         bail!(Error::new(
                             ErrorKind::InvalidOperation,
