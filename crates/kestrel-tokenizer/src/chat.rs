@@ -13,7 +13,7 @@ use crate::tokenizer::Tokenizer;
 /// why GGUF files should carry their own template.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-/// Instructions a render may execute, and values it may make (with patches/minijinja, a unit of
+/// Instructions a render may execute, and values it may make (with vendor/minijinja, a unit of
 /// fuel also pays for 16 bytes of the strings, lists and maps a template makes: 80 MB in all).
 /// The default model's template over 2,000 messages of 1 KiB takes about 0.45M (23 instructions
 /// and a few copies of the text per message), over 8 MB of messages, past any model's context,

@@ -230,7 +230,7 @@ fn chat_template_python_methods_and_raise_exception() {
 /// Found by fuzzing (fuzz/fuzz_targets/chat_template.rs): a namespace is the one value a template
 /// can change, so the one way to build a value that contains itself or grows on every turn of a
 /// loop. Printing, serializing, comparing or dropping one recursed without bound and the stack
-/// overflow aborted the process (in the browser: trapped the engine). patches/minijinja refuses
+/// overflow aborted the process (in the browser: trapped the engine). vendor/minijinja refuses
 /// such an assignment; each case here aborted before it. Run on a 1 MiB thread, a wasm worker's
 /// stack, so that a recursion a native main thread's 8 MiB would absorb still fails the test.
 #[test]
@@ -330,7 +330,7 @@ fn hostile_templates_fail_with_a_template_error() {
     let msg = hostile_render_error("{% for i in range(1000) %}{{ 'x' * 10000000 }}{% endfor %}");
     assert!(msg.contains("exceed") || msg.contains("fuel"), "{msg}");
     // Values doubled in a loop or a recursion, or many big ones made: fuel pays for the bytes of
-    // the values a template makes too (patches/minijinja), so memory is bounded with time.
+    // the values a template makes too (vendor/minijinja), so memory is bounded with time.
     let msg = hostile_render_error("{% set ns = namespace(s='x') %}{% for i in range(60) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}");
     assert!(msg.contains("fuel"), "{msg}");
     let msg = hostile_render_error(
