@@ -1,5 +1,5 @@
-//! The WGSL sources, embedded at compile time. One kernel family per file in the crate's
-//! `shaders/`; shared helpers (quant block decoding and its loaders, workgroup reductions, the
+//! The WGSL sources, embedded at compile time. One kernel family per file in the repository's
+//! top-level `shaders/` (build.rs says where it is: `KESTREL_SHADERS_DIR`); shared helpers (quant block decoding and its loaders, workgroup reductions, the
 //! subgroup preamble, activations) are files that others `#include`. The parameter blocks shared
 //! with Rust are not files: each is declared once, in Rust, by `kestrel_ops::gpu_struct!`, and a
 //! shader includes its WGSL text by the Rust type's name (`#include "StepParams"`): lowercase
@@ -24,7 +24,7 @@ pub fn shader_source(name: &str) -> Option<&'static str> {
 
 macro_rules! shaders {
     ($($name:literal),* $(,)?) => {
-        &[$(($name, include_str!(concat!("../shaders/", $name, ".wgsl")))),*]
+        &[$(($name, include_str!(concat!(env!("KESTREL_SHADERS_DIR"), "/", $name, ".wgsl")))),*]
     };
 }
 
