@@ -125,6 +125,23 @@ class ServerTest(unittest.TestCase):
         ok = self.client.completions.create(model="m", prompt=PROMPT, max_tokens=2, temperature=0, extra_headers={"Cache-Control": "no-store"})
         self.assertEqual(ok.usage.completion_tokens, 2)
 
+    def test_a_panic_in_the_engine_fails_its_request_and_the_server_keeps_serving(self):
+        # The dev-profile binary's test hook (kestrel-server's `test-hooks`, engine::PANIC_PROMPT):
+        # the engine thread panics at this prompt's first token, inside a step.
+        panic_prompt = "kestrel test hook: panic in the engine thread"
+        expected = native_greedy(PROMPT, 4)
+        for _ in range(2):
+            with self.assertRaises(openai.InternalServerError) as caught:
+                self.client.completions.create(model="m", prompt=panic_prompt, max_tokens=4, temperature=0, extra_headers={"Cache-Control": "no-store"})
+            self.assertEqual(caught.exception.status_code, 500)
+            self.assertEqual(caught.exception.code, "internal", caught.exception.body)
+            self.assertIn("the test hook's panic", caught.exception.message)
+            # The next request is answered as before, with the slot the panicking one held freed.
+            ok = self.client.completions.create(model="m", prompt=PROMPT, max_tokens=4, temperature=0, extra_headers={"Cache-Control": "no-store"})
+            self.assertEqual(ok.choices[0].text, expected["text"])
+        self.assertEqual(request(self.address, "GET", "/health", key=None)[0], 200)
+        self.assertEqual(sample(metrics(self.address), "kestrel_slots_in_use"), 0)
+
     def test_structured_output_parses_into_a_pydantic_model(self):
         class City(pydantic.BaseModel):
             name: str = pydantic.Field(max_length=20)

@@ -183,6 +183,17 @@ impl Scheduler {
         self.waiting.drain(..).map(|q| q.id).collect()
     }
 
+    /// Drops the running requests, whose state a panic in a step left in doubt: their sequences
+    /// end and free their KV slots. Returns their ids; they get no event.
+    pub fn drop_running(&mut self) -> Vec<RequestId> {
+        let running = std::mem::take(&mut self.running);
+        for r in &running {
+            self.aborts.forget(r.id);
+            let _ = self.model.abort_sequence(r.sequence);
+        }
+        running.into_iter().map(|r| r.id).collect()
+    }
+
     /// Runs one step and gives each event to `sink` with its request's id. `sink` returning false
     /// for a token means its receiver is gone: the request is aborted.
     pub async fn step(&mut self, sink: &mut dyn FnMut(RequestId, Event) -> bool) -> StepReport {

@@ -7,13 +7,19 @@
 //! A request is cancelled by dropping its [`Ticket`] (the client went away, or the HTTP handler
 //! ended): the scheduler aborts it before its next step or at its next token. Shutdown aborts
 //! the running requests and refuses the queued ones.
+//!
+//! A panic in the engine (a bug; the server is built with `panic = "unwind"`) is caught at the
+//! request boundary: the requests it was running end with a 500 (`internal`, with the panic's
+//! message), their KV slots are freed, and the thread goes on serving the next ones.
 
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
 use kestrel_engine::{Aborts, Event as EngineEvent, Request, RequestId, Scheduler};
 use kestrel_model::{Generation, Model, TokenEvent};
 use tokio::sync::mpsc as async_mpsc;
@@ -40,7 +46,16 @@ struct Route {
     arrived: Instant,
     started: bool,
     last_token: Option<Instant>,
+    /// The test build's hook: the engine panics at this request's first token (see [`PANIC_PROMPT`]).
+    #[cfg(feature = "test-hooks")]
+    panics: bool,
 }
+
+/// The prompt at whose first token the engine thread panics, in a build with the `test-hooks`
+/// feature (the dev-profile CLI the tests run; never a release build): how the tests reach the
+/// panic recovery, which no real request should.
+#[cfg(feature = "test-hooks")]
+pub const PANIC_PROMPT: &str = "kestrel test hook: panic in the engine thread";
 
 /// A request admitted to the engine: its events, and its cancellation when dropped.
 pub struct Ticket {
@@ -190,13 +205,13 @@ fn run(mut scheduler: Scheduler, inbox: &mpsc::Receiver<Job>, shared: &Shared, m
     while open || !scheduler.is_idle() {
         if scheduler.is_idle() {
             match inbox.recv() {
-                Ok(job) => take(&mut scheduler, job, &mut routes, shared, metrics),
+                Ok(job) => take_guarded(&mut scheduler, job, &mut routes, shared, metrics),
                 Err(_) => break,
             }
         }
         loop {
             match inbox.try_recv() {
-                Ok(job) => take(&mut scheduler, job, &mut routes, shared, metrics),
+                Ok(job) => take_guarded(&mut scheduler, job, &mut routes, shared, metrics),
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => {
                     open = false;
@@ -216,15 +231,22 @@ fn run(mut scheduler: Scheduler, inbox: &mpsc::Receiver<Job>, shared: &Shared, m
         // A request's end is delivered after the step's metrics are set: its client, once answered,
         // may read /metrics at once and must find there the step that answered it.
         let mut ended = Vec::new();
-        let report = pollster::block_on(scheduler.step(&mut |id, event| match event {
-            EngineEvent::Done(result) => {
-                ended.push((id, result));
-                true
-            }
-            event => route_event(&mut routes, id, event, batched, shared, metrics),
+        let step = catch_unwind(AssertUnwindSafe(|| {
+            pollster::block_on(scheduler.step(&mut |id, event| match event {
+                EngineEvent::Done(result) => {
+                    ended.push((id, result));
+                    true
+                }
+                event => route_event(&mut routes, id, event, batched, shared, metrics),
+            }))
         }));
-        if let Some(sequences) = report.batch {
-            metrics.batch_size.observe(sequences as f64);
+        match step {
+            Ok(report) => {
+                if let Some(sequences) = report.batch {
+                    metrics.batch_size.observe(sequences as f64);
+                }
+            }
+            Err(payload) => fail_running(&mut scheduler, &mut routes, &panic_error(payload.as_ref()), shared, metrics),
         }
         metrics.slots_in_use.set(scheduler.running() as i64);
         update_gauges(scheduler.model(), metrics);
@@ -234,18 +256,65 @@ fn run(mut scheduler: Scheduler, inbox: &mpsc::Receiver<Job>, shared: &Shared, m
     }
 }
 
+/// [`take`], with a panic in it (rendering or encoding the prompt) ending that request alone.
+fn take_guarded(scheduler: &mut Scheduler, job: Job, routes: &mut HashMap<RequestId, Route>, shared: &Shared, metrics: &Metrics) {
+    let id = job.id;
+    // The route goes into `routes` before the work that may panic, so the panic's error reaches it.
+    let taken = catch_unwind(AssertUnwindSafe(|| take(scheduler, job, routes, shared, metrics)));
+    if let Err(payload) = taken {
+        if let Some(route) = routes.remove(&id) {
+            metrics.queue_depth.dec();
+            finish(&route, Err(panic_error(payload.as_ref())), shared, metrics);
+        }
+    }
+}
+
+/// After a panic in a step: every request not waiting in the queue was running in it, and ends
+/// with `error`; the scheduler drops their sequences, whose state the panic left in doubt.
+fn fail_running(scheduler: &mut Scheduler, routes: &mut HashMap<RequestId, Route>, error: &ApiError, shared: &Shared, metrics: &Metrics) {
+    // Dropping the sequences runs model code too: a second panic there leaves them as they are.
+    let _ = catch_unwind(AssertUnwindSafe(|| scheduler.drop_running()));
+    let running: Vec<RequestId> = routes.keys().copied().filter(|&id| scheduler.prompt_tokens(id).is_none()).collect();
+    for id in running {
+        if let Some(route) = routes.remove(&id) {
+            if !route.started {
+                metrics.queue_depth.dec();
+            }
+            finish(&route, Err(error.clone()), shared, metrics);
+        }
+    }
+    metrics.slots_in_use.set(scheduler.running() as i64);
+}
+
+/// The error a request gets when the engine panicked while serving it: a 500 with the panic's
+/// message (the panic itself is also on the server's stderr, from the default hook).
+fn panic_error(payload: &(dyn std::any::Any + Send)) -> ApiError {
+    let what = payload.downcast_ref::<&str>().copied().or_else(|| payload.downcast_ref::<String>().map(String::as_str));
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "internal",
+        format!("the engine failed on this request: {}", what.unwrap_or("a panic without a message")),
+    )
+}
+
 /// Submits a job's request to the scheduler; one that cannot run ends here with its error.
 fn take(scheduler: &mut Scheduler, job: Job, routes: &mut HashMap<RequestId, Route>, shared: &Shared, metrics: &Metrics) {
-    let route = Route { events: job.events, arrived: job.arrived, started: false, last_token: None };
+    let route = Route {
+        events: job.events,
+        arrived: job.arrived,
+        started: false,
+        last_token: None,
+        #[cfg(feature = "test-hooks")]
+        panics: job.request.prompt.as_deref() == Some(PANIC_PROMPT),
+    };
     if shared.stopping.load(Ordering::Relaxed) {
         metrics.queue_depth.dec();
         return finish(&route, Err(ApiError::shutting_down()), shared, metrics);
     }
-    match scheduler.submit(job.id, &job.request) {
-        Ok(()) => {
-            routes.insert(job.id, route);
-        }
-        Err(e) => {
+    routes.insert(job.id, route);
+    if let Err(e) = scheduler.submit(job.id, &job.request) {
+        if let Some(route) = routes.remove(&job.id) {
             metrics.queue_depth.dec();
             finish(&route, Err(ApiError::from(&e)), shared, metrics);
         }
@@ -276,6 +345,10 @@ fn route_event(
         }
         EngineEvent::Token(token) => {
             let Some(route) = routes.get_mut(&id) else { return false };
+            #[cfg(feature = "test-hooks")]
+            if route.panics {
+                panic!("the test hook's panic at the first token");
+            }
             if token.id.is_some() {
                 observe_token(route, metrics);
                 if !batched {
