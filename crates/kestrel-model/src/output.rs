@@ -97,11 +97,19 @@ impl TokenOutput {
         let event = TokenEvent { id: Some(token), text: self.content(&out.text), logprobs: logprobs.clone() };
         self.logprobs.extend(logprobs);
         self.stopped_by_string = out.stopped;
-        Ok(Accepted::Token { event, stopped: out.stopped })
+        Ok(Accepted::Token { event, stopped: out.stopped || self.repeated_a_call(&out.text) })
+    }
+
+    /// Whether `added`, the newest text, closed a call that repeats an earlier one: the output
+    /// ends there (see `tools::repeats_a_call`).
+    fn repeated_a_call(&self, added: &str) -> bool {
+        self.calls.as_ref().is_some_and(|calls| {
+            calls.splitter.in_call() && added.contains('>') && crate::tools::repeats_a_call(calls.syntax, &calls.tools, &self.text)
+        })
     }
 
     /// At the end: the content still held back (none after a stop string), and the tool calls
-    /// cut out of the text. A call that does not parse is streamed now as content.
+    /// cut out of the text. A call cut off by `max_tokens` is dropped (see `split_calls`).
     pub fn flush(&mut self) -> Option<TokenEvent> {
         let rest = if self.stopped_by_string {
             String::new()
@@ -127,6 +135,9 @@ impl TokenOutput {
                 self.shown = content.len();
                 self.text = content;
                 self.tool_calls = found;
+            } else {
+                // The content is what streamed: the splitter kept back only a cut call's opening.
+                self.text.truncate(self.shown);
             }
         }
         (!shown.is_empty()).then_some(TokenEvent { id: None, text: shown, logprobs: None })

@@ -353,12 +353,16 @@ impl CallSplitter {
         }
     }
 
-    /// At the end: the text still held back that is content (none once a call began).
+    /// At the end: the text still held back that is content: none once a call began, nor the
+    /// start of a call's opening that the output ended in (cut off by `max_tokens`; it is the
+    /// model's call syntax, never content).
     pub fn finish(&mut self) -> String {
-        if self.in_call {
+        let held = std::mem::take(&mut self.held);
+        let opening = matches!(self.syntax, ToolSyntax::Hermes { .. }) && !held.is_empty() && HERMES_OPEN.starts_with(held.as_str());
+        if self.in_call || opening {
             String::new()
         } else {
-            std::mem::take(&mut self.held)
+            held
         }
     }
 
@@ -368,17 +372,21 @@ impl CallSplitter {
 }
 
 /// The content and the calls of a whole output `text` in `syntax`. Calls are taken up to the first
-/// that does not parse (cut off by `max_tokens`), which stays in the content from its opening on;
-/// a call naming no tool of the request leaves the whole text as content and no call. Nothing the
-/// model wrote is lost, and the content starts with the text streamed before the first call.
-/// `seed` makes the calls' ids (with their index).
+/// that does not parse: one cut off by `max_tokens` (the grammar lets nothing else be unparsable),
+/// which is dropped with the rest, so the model's call syntax never shows as content, as OpenAI's
+/// streamed deltas of a cut call carry no content either (the finish reason says `length`). A call
+/// naming no tool of the request leaves the whole text as content and no call. The content is the
+/// text streamed before the first call. `seed` makes the calls' ids (with their index).
 pub(crate) fn split_calls(syntax: ToolSyntax, tools: &[Tool], text: &str, seed: u64) -> (String, Vec<ToolCall>) {
     let whole = || (text.to_string(), Vec::new());
     let known = |name: &str| tools.iter().any(|t| t.function.name == name);
     let mut calls = Vec::new();
     let content = match syntax {
         ToolSyntax::LlamaJson => {
-            let Ok(Value::Object(body)) = serde_json::from_str::<Value>(text.trim()) else { return whole() };
+            let Ok(Value::Object(body)) = serde_json::from_str::<Value>(text.trim()) else {
+                // The grammar's text answers never start with `{`: one that does is a cut call.
+                return if text.trim_start().starts_with('{') { (String::new(), Vec::new()) } else { whole() };
+            };
             match call_of(&body, "parameters") {
                 Some(call) if known(&call.0) => calls.push(call),
                 _ => return whole(),
@@ -388,7 +396,6 @@ pub(crate) fn split_calls(syntax: ToolSyntax, tools: &[Tool], text: &str, seed: 
         ToolSyntax::Hermes { .. } => {
             let Some(first) = text.find(HERMES_OPEN) else { return whole() };
             let mut rest = &text[first..];
-            let mut cut = "";
             while let Some(open) = rest.find(HERMES_OPEN) {
                 let body_start = open + HERMES_OPEN.len();
                 let parsed = rest[body_start..].find(HERMES_CLOSE).and_then(|close| {
@@ -403,8 +410,8 @@ pub(crate) fn split_calls(syntax: ToolSyntax, tools: &[Tool], text: &str, seed: 
                         rest = &rest[end..];
                     }
                     Some(_) => return whole(),
+                    // Cut off: dropped.
                     None => {
-                        cut = &rest[open..];
                         rest = "";
                         break;
                     }
@@ -413,10 +420,18 @@ pub(crate) fn split_calls(syntax: ToolSyntax, tools: &[Tool], text: &str, seed: 
             if !rest.trim().is_empty() {
                 return whole();
             }
-            format!("{}{cut}", &text[..first])
+            text[..first].to_string()
         }
     };
-    let calls = calls
+    // A call repeated with the same arguments is one call (a small model repeats itself; the
+    // generation stops at the first repeat, see `repeats_a_call`).
+    let mut distinct: Vec<(String, String)> = Vec::with_capacity(calls.len());
+    for call in calls {
+        if !distinct.contains(&call) {
+            distinct.push(call);
+        }
+    }
+    let calls = distinct
         .into_iter()
         .enumerate()
         .map(|(i, (name, arguments))| ToolCall {
@@ -426,6 +441,34 @@ pub(crate) fn split_calls(syntax: ToolSyntax, tools: &[Tool], text: &str, seed: 
         })
         .collect();
     (content, calls)
+}
+
+/// Whether the output `text` so far, which has just closed a call, holds a call that repeats an
+/// earlier one (the same tool, the same arguments): then the generation ends there, since a model
+/// that repeats a call is looping, and the repeat is dropped (`split_calls`).
+pub(crate) fn repeats_a_call(syntax: ToolSyntax, tools: &[Tool], text: &str) -> bool {
+    let ToolSyntax::Hermes { .. } = syntax else { return false };
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find(HERMES_OPEN) {
+        let body_start = open + HERMES_OPEN.len();
+        let Some(close) = rest[body_start..].find(HERMES_CLOSE) else { return false };
+        let call = match serde_json::from_str::<Value>(rest[body_start..body_start + close].trim()) {
+            Ok(Value::Object(body)) => call_of(&body, "arguments"),
+            _ => None,
+        };
+        match call {
+            Some(call) if tools.iter().any(|t| t.function.name == call.0) => {
+                if seen.contains(&call) {
+                    return true;
+                }
+                seen.push(call);
+            }
+            _ => return false,
+        }
+        rest = &rest[body_start + close + HERMES_CLOSE.len()..];
+    }
+    false
 }
 
 /// A call's name and its arguments as JSON text, from `{"name", <args_key>}`.
@@ -468,19 +511,35 @@ mod tests {
     }
 
     #[test]
-    fn a_cut_or_unknown_call_stays_text() {
+    fn a_cut_call_is_dropped_and_an_unknown_one_stays_text() {
         let tools = [tool("add")];
         let hermes = ToolSyntax::Hermes { template_knows_tools: true };
-        for text in ["<tool_call>\n{\"name\": \"add\", \"argu", "<tool_call>\n{\"name\": \"sub\", \"arguments\": {}}\n</tool_call>"] {
-            assert_eq!(split_calls(hermes, &tools, text, 0), (text.to_string(), Vec::new()), "{text}");
-        }
-        // The calls before a cut one are kept; the cut one stays text.
+        // Cut by max_tokens: no call, and none of its syntax in the content.
+        assert_eq!(split_calls(hermes, &tools, "Sure.\n<tool_call>\n{\"", 0), ("Sure.\n".to_string(), Vec::new()));
+        let unknown = "<tool_call>\n{\"name\": \"sub\", \"arguments\": {}}\n</tool_call>";
+        assert_eq!(split_calls(hermes, &tools, unknown, 0), (unknown.to_string(), Vec::new()));
+        // The calls before a cut one are kept.
         let cut = "<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"a";
         let (content, calls) = split_calls(hermes, &tools, cut, 0);
-        assert_eq!((content.as_str(), calls.len()), ("<tool_call>\n{\"name\": \"a", 1));
+        assert_eq!((content.as_str(), calls.len()), ("", 1));
         let (content, calls) = split_calls(ToolSyntax::LlamaJson, &tools, " {\"name\": \"add\", \"parameters\": {\"a\": 2}}", 0);
         assert_eq!((content.as_str(), calls[0].function.arguments.as_str()), ("", r#"{"a":2}"#));
+        assert_eq!(split_calls(ToolSyntax::LlamaJson, &tools, " {\"name\": \"ad", 0), (String::new(), Vec::new()));
         assert!(split_calls(ToolSyntax::LlamaJson, &tools, "{\"a\": 2} is JSON", 0).1.is_empty());
+    }
+
+    #[test]
+    fn a_repeated_call_ends_the_output_and_is_one_call() {
+        let tools = [tool("add")];
+        let hermes = ToolSyntax::Hermes { template_knows_tools: true };
+        let call = |a: u32| format!("<tool_call>\n{{\"name\": \"add\", \"arguments\": {{\"a\": {a}}}}}\n</tool_call>");
+        let two = format!("{}\n{}", call(1), call(2));
+        assert!(!repeats_a_call(hermes, &tools, &two));
+        let repeated = format!("{two}\n{}", call(1));
+        assert!(repeats_a_call(hermes, &tools, &repeated));
+        let (_, calls) = split_calls(hermes, &tools, &repeated, 0);
+        let args: Vec<&str> = calls.iter().map(|c| c.function.arguments.as_str()).collect();
+        assert_eq!(args, [r#"{"a":1}"#, r#"{"a":2}"#]);
     }
 
     #[test]
@@ -491,6 +550,10 @@ mod tests {
         assert_eq!(shown, ["Sure", " ", "<tooling> ok ", "", ""]);
         assert!(s.in_call());
         assert_eq!(s.finish(), "");
+        // An output that ends inside a call's opening: cut off, and not content.
+        let mut cut = CallSplitter::new(ToolSyntax::Hermes { template_knows_tools: true });
+        assert_eq!([cut.push("Hi <to"), cut.push("ol_c")], ["Hi ", ""]);
+        assert_eq!(cut.finish(), "");
         let mut llama = CallSplitter::new(ToolSyntax::LlamaJson);
         assert_eq!([llama.push(" "), llama.push("Hi {"), llama.push("x")], ["", " Hi {", "x"]);
     }

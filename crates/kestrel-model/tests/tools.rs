@@ -141,12 +141,48 @@ fn auto_changes_no_token_of_an_answer_without_calls() {
             assert_eq!(g.tokens, free.tokens, "seed {:?}: {:?} against {:?}", base.seed, g.text, free.text);
             assert!(g.tool_calls.is_empty());
         } else if g.tool_calls.is_empty() {
-            // A call the grammar cut short (max_tokens) stays text.
+            // A call the grammar cut short (max_tokens) is dropped: none of its syntax is content.
             assert_eq!(g.finish_reason, FinishReason::Length, "{g:?}");
+            assert!(!g.text.contains("<tool_call>"), "{g:?}");
         }
     }
     // The default model answers this prompt in text: the comparison above ran.
     assert!(free_answers > 0);
+}
+
+/// A call cut off by `max_tokens` is dropped: none of the model's call syntax reaches the content,
+/// whole or streamed (`generate` checks the stream), and the finish reason says `length`. (A new
+/// user's app saw `"<tool_call>\n{\""` as the answer's content.) Every cut point of the first call.
+#[test]
+fn a_call_cut_by_max_tokens_leaves_no_call_syntax_in_the_content() {
+    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let required = Some(ToolChoice::Mode(ToolMode::Required));
+    let whole = generate(&mut model, &options(required.clone(), GenerateOptions::greedy()));
+    assert_required(&whole, "uncut");
+    let first_call = whole.tokens.len().min(40);
+    for max_tokens in 1..first_call {
+        let g = generate(&mut model, &GenerateOptions { max_tokens, ..options(required.clone(), GenerateOptions::greedy()) });
+        assert_eq!(g.finish_reason, FinishReason::Length, "{max_tokens}: {g:?}");
+        assert!(!g.text.contains("<tool_call") && !g.text.contains('{'), "{max_tokens}: {g:?}");
+        assert_valid_calls(&g, "cut");
+    }
+}
+
+/// A model that repeats a call (the default 135M model under `required` calls get_weather for
+/// Paris again and again) ends at the first repeat, which is dropped: the calls are distinct and
+/// the answer ends in `tool_calls`, not at `max_tokens` (a new user's app saw 2-3 identical calls).
+#[test]
+fn repeated_calls_end_the_answer_and_are_not_returned_twice() {
+    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let required = Some(ToolChoice::Mode(ToolMode::Required));
+    for base in [GenerateOptions::greedy()].into_iter().chain(SEEDS.map(sampled)) {
+        let g = generate(&mut model, &GenerateOptions { max_tokens: 400, ..options(required.clone(), base.clone()) });
+        assert_required(&g, "parallel");
+        let calls: Vec<(&str, &str)> = g.tool_calls.iter().map(|c| (c.function.name.as_str(), c.function.arguments.as_str())).collect();
+        for (i, call) in calls.iter().enumerate() {
+            assert!(!calls[..i].contains(call), "seed {:?}: {calls:?}", base.seed);
+        }
+    }
 }
 
 /// Batched sequences, each with its own matcher and its own calls.
