@@ -1,5 +1,7 @@
 //! Chat templates (the Jinja templates stored in GGUF `tokenizer.chat_template`).
 
+use std::sync::Mutex;
+
 use minijinja::{context, Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
@@ -13,12 +15,16 @@ use crate::tokenizer::Tokenizer;
 /// why GGUF files should carry their own template.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
-/// Instructions a render may execute, and values it may make (with vendor/minijinja, a unit of
-/// fuel also pays for 16 bytes of the strings, lists and maps a template makes: 80 MB in all).
-/// The default model's template over 2,000 messages of 1 KiB takes about 0.45M (23 instructions
-/// and a few copies of the text per message), over 8 MB of messages, past any model's context,
-/// 1.6M; a runaway loop stops in about a third of a second natively.
+/// Instructions a render may execute, and values it may make, beyond what its input pays for
+/// (`FUEL_PER_INPUT_BYTE`). With vendor/minijinja a unit of fuel also pays for 4 bytes of the
+/// strings, lists and maps a template makes, so a runaway loop or a value doubled in one stops in
+/// about 0.4 s natively, having made at most 20 MB (and one last value, at most a few times that).
 const RENDER_FUEL: u64 = 5_000_000;
+
+/// Fuel a render gets for each byte of its messages and tools: a template copies each message
+/// into a few intermediate strings (the default model's, over 2,000 messages of 1 KiB, takes 1.6M
+/// units, 0.8 a byte), and a long conversation must not run out where a short one would not.
+const FUEL_PER_INPUT_BYTE: u64 = 2;
 
 /// Deepest nesting of macro calls, includes and recursive loops. Templates in the wild nest a
 /// handful of levels; each level costs several interpreter frames, and 500 (minijinja's own
@@ -74,7 +80,8 @@ impl ChatMessage {
 /// render with `msg`, and the variables `messages`, `add_generation_prompt`,
 /// `bos_token` and `eos_token` are set.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    /// Locked while a render runs: each render sets its own fuel (see `FUEL_PER_INPUT_BYTE`).
+    env: Mutex<Environment<'static>>,
     bos_token: String,
     eos_token: String,
 }
@@ -105,17 +112,16 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        // A chat template is code from whoever made the model file: bound its time (fuel) and its
-        // nesting (a recursion limit low enough for a wasm worker's 1 MiB stack); its output is
-        // bounded in `render`.
-        env.set_fuel(Some(RENDER_FUEL));
+        // A chat template is code from whoever made the model file: bound its nesting (a recursion
+        // limit low enough for a wasm worker's 1 MiB stack); its time and the values it makes
+        // (fuel) and its output are bounded in `render`, by its input.
         env.set_recursion_limit(RENDER_RECURSION_LIMIT);
         env.add_filter("tojson", python_tojson);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_template_owned("chat", template_src.to_string()).map_err(template_err)?;
-        Ok(Self { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+        Ok(Self { env: Mutex::new(env), bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
     }
 
     /// The ChatML fallback ([`CHATML_TEMPLATE`]).
@@ -123,7 +129,7 @@ impl ChatTemplate {
         // CHATML_TEMPLATE is a constant known to compile; fall back to an empty
         // environment rather than panic if that were ever not so.
         Self::new(CHATML_TEMPLATE, "", "").unwrap_or_else(|_| Self {
-            env: Environment::new(),
+            env: Mutex::new(Environment::new()),
             bos_token: String::new(),
             eos_token: String::new(),
         })
@@ -151,12 +157,16 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let tmpl = self.env.get_template("chat").map_err(template_err)?;
         let calls: usize =
             messages.iter().flat_map(|m| &m.tool_calls).map(|c| c.function.name.len() + c.function.arguments.to_string().len()).sum();
         let tools_len = tools.map_or(0, |t| t.to_string().len());
         let input: usize = messages.iter().map(|m| m.role.len() + m.content.len()).sum::<usize>() + calls + tools_len;
         let mut out = BoundedOutput { text: Vec::new(), limit: input.saturating_mul(4).saturating_add(RENDER_OUTPUT_SLACK) };
+        // A render that panicked cannot have left the environment half-changed: only the fuel is
+        // set here, and every render sets it.
+        let mut env = self.env.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        env.set_fuel(Some(RENDER_FUEL.saturating_add((input as u64).saturating_mul(FUEL_PER_INPUT_BYTE))));
+        let tmpl = env.get_template("chat").map_err(template_err)?;
         let ctx = context! {
             messages => Value::from_serialize(messages),
             add_generation_prompt => add_generation_prompt,

@@ -339,6 +339,12 @@ fn hostile_templates_fail_with_a_template_error() {
     assert!(msg.contains("fuel"), "{msg}");
     let msg = hostile_render_error("{% set a = 'x' * 99999999 %}{% set b = a ~ 'b' %}{% set c = a ~ 'c' %}{% set d = a ~ 'd' %}");
     assert!(msg.contains("fuel"), "{msg}");
+    // Found by fuzzing: `debug()`'s dump of the state, stored in a namespace on every turn, so each
+    // dump holds the last one escaped (ran 1.6 s at 16 bytes a unit of fuel; 0.4 s at 4).
+    let tpl =
+        ChatTemplate::new("{% set ns = namespace(x=0) %}{% for m in messages %}{% set ns.x = debug() %}{% endfor %}", "", "").unwrap();
+    let msgs: Vec<ChatMessage> = (0..60).map(|_| ChatMessage::new("user", "")).collect();
+    assert!(matches!(tpl.render(&msgs, false), Err(TokenizerError::Template(m)) if m.contains("fuel")));
     // Reading through something undefined is an error (printing an undefined name alone renders
     // nothing, as in jinja2, which real templates rely on for optional variables like `tools`).
     let msg = hostile_render_error("{{ messages[7].content.strip() }}");

@@ -10,7 +10,7 @@ use std::sync::Arc;
 /// Fuel bounds a template's time by its instructions; a few instructions can also make values
 /// of any size (`{% set ns.s = ns.s ~ ns.s %}` in a loop doubles a string each turn), so the
 /// memory of the values made is charged too, and the same budget bounds both.
-pub(crate) const BYTES_PER_FUEL: u64 = 16;
+pub(crate) const BYTES_PER_FUEL: u64 = 4;
 
 thread_local! {
     /// The bytes of the values made on this thread so far (see [`note_made`]).
@@ -124,7 +124,7 @@ mod tests {
             let err = render(src).expect_err(src);
             assert!(err.contains("out of fuel"), "{src}: {err}");
         }
-        // Megabytes of text are far from the budget (5M fuel pays for 80 MB).
+        // Megabytes of text are far from the budget (5M fuel pays for 20 MB).
         let text = render("{% for i in range(1000) %}{{ 'word ' * 200 ~ i }}{% endfor %}").unwrap();
         assert_eq!(text.len(), 1000 * 1000 + 2890);
     }
