@@ -9,7 +9,8 @@
  *   `template` (the model's chat template failed), `tokenizer`, `no_model`, `busy`, `needs_gpu`;
  * - the GPU: `gpu`, `device_lost` (the engine recovers by itself, see EngineStatus);
  * - saved KV prefixes: `bad_snapshot`, `snapshot_mismatch`;
- * - the engine: `worker_error` (its worker could not start), `unloaded`, `internal` (a bug);
+ * - the engine: `worker_error` (its worker could not start), `unloaded`, `internal` (a bug; a
+ *   crash of the engine, which then recovers by itself, see EngineStatus);
  * - `remote_error`: the `remote` server failed or answered with a code of its own (in `remote`).
  */
 export type KestrelErrorCode =
@@ -207,37 +208,41 @@ export type ToolChoice = 'none' | 'auto' | 'required' | { type: 'function'; func
  * fails the request with code `invalid_option` and a message naming the option.
  */
 export interface SamplingOptions {
-  /** Most tokens to generate (at least 1; generation also ends when the context is full, finish_reason "length"). */
+  /** Most tokens to generate: an integer of at least 1 (generation also ends when the context is full, finish_reason "length"). */
   max_tokens?: number;
-  /** 0 is greedy. */
+  /** In [0, 2], as OpenAI's; 0 is greedy. */
   temperature?: number;
-  /** In (0, 1]; 1 disables it. */
+  /** In [0, 1], as OpenAI's; 1 disables it. */
   top_p?: number;
-  /** 0 disables it. */
+  /** An integer of at least 0; 0 disables it. */
   top_k?: number;
   /** In [0, 1]; 0 disables it. */
   min_p?: number;
-  /** Same seed, same tokens (default: drawn from the clock). */
+  /** An integer of at least 0. Same seed, same tokens (default: drawn from the clock). */
   seed?: number;
   /** Stop when the text contains one of these (not part of the output); at most 16, each 1 to 512 bytes. */
   stop?: string | string[];
   /** Stop after one of these tokens (at most 1024). */
   stop_token_ids?: number[];
-  /** `{ "token id": bias }`, at most 1024 entries; `-Infinity` bans the token. */
+  /** `{ "token id": bias }`, at most 1024 entries, each bias in [-100, 100] as OpenAI's; `-Infinity` bans the token. */
   logit_bias?: Record<string, number>;
-  /** > 0; 1 disables it. */
+  /** A finite number above 0; 1 disables it. */
   repetition_penalty?: number;
-  /** In [-2, 2]. */
+  /** In [-2, 2], as OpenAI's. */
   frequency_penalty?: number;
-  /** In [-2, 2]. */
+  /** In [-2, 2], as OpenAI's. */
   presence_penalty?: number;
-  /** How many recent tokens the penalties look at (at most 4096). */
+  /** How many recent tokens the penalties look at: an integer from 0 to 4096. */
   penalty_last_n?: number;
   /** Keep going past the model's end-of-generation tokens. */
   ignore_eos?: boolean;
-  /** Report log-probabilities (in `kestrel.logprobs`). */
+  /**
+   * Report log-probabilities in `choices[0].logprobs`, in OpenAI's shape: `ChatLogprobs` for chat
+   * completions, `CompletionLogprobs` for text completions (a streamed chunk carries those of its
+   * token); with the token ids in `kestrel.logprobs`.
+   */
   logprobs?: boolean;
-  /** With `logprobs`: how many of the most likely tokens each step reports (default 1, at most 20). */
+  /** With `logprobs`: how many of the most likely tokens each step reports, an integer from 0 to 20 (default 1; 0 reports 1). */
   top_logprobs?: number;
   /**
    * OpenAI's structured output: the answer is a JSON object, or JSON valid against
@@ -309,7 +314,45 @@ export interface KestrelDetails {
   prompt_token_ids: number[];
   token_ids: number[];
   timings: Timings;
-  logprobs: { token_id: number; logprob: number; top: [number, number][] }[];
+  /**
+   * With `logprobs`, each generated step: the token's id, log-probability and bytes, and the most
+   * likely tokens (best first) as `[id, logprob]` with their bytes in `top_bytes`. What
+   * `choices[0].logprobs` shows, with the ids OpenAI's shape lacks.
+   */
+  logprobs: { token_id: number; logprob: number; bytes: number[]; top: [number, number][]; top_bytes: number[][] }[];
+}
+
+/**
+ * One token of an answer in OpenAI's chat `logprobs`. `token` is its text (a token holding part of
+ * a UTF-8 character shows U+FFFD for it; `bytes` holds it exactly).
+ */
+export interface TopLogprob {
+  token: string;
+  logprob: number;
+  bytes: number[];
+}
+
+export interface TokenLogprob extends TopLogprob {
+  /** The most likely tokens of the step, best first. */
+  top_logprobs: TopLogprob[];
+}
+
+/** OpenAI's chat `logprobs`: the answer's tokens in order (a streamed chunk: its token's). */
+export interface ChatLogprobs {
+  content: TokenLogprob[];
+  refusal: null;
+}
+
+/**
+ * OpenAI's text-completion `logprobs`: the tokens, their log-probabilities, the most likely tokens
+ * of each step by text, and where each token starts in the answer's text (in characters, going on
+ * from chunk to chunk in a stream).
+ */
+export interface CompletionLogprobs {
+  tokens: string[];
+  token_logprobs: number[];
+  top_logprobs: Record<string, number>[];
+  text_offset: number[];
 }
 
 export interface ChatCompletionChunk {
@@ -324,7 +367,8 @@ export interface ChatCompletionChunk {
     finish_reason: FinishReason | null;
     /** The token this chunk's text came from (null for a final flush of held-back text). */
     token_id?: number | null;
-    logprobs: null;
+    /** With `logprobs`, this chunk's token's; the final chunk's: any no chunk carried (a remote or stored answer). */
+    logprobs: ChatLogprobs | null;
   }[];
   /** Only on the last chunk. */
   usage?: Usage;
@@ -342,7 +386,7 @@ export interface ChatCompletion {
     /** With tool calls, `content` is the text around them (null when there is none). */
     message: { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] };
     finish_reason: FinishReason;
-    logprobs: null;
+    logprobs: ChatLogprobs | null;
   }[];
   usage: Usage;
   kestrel: KestrelDetails;
@@ -354,7 +398,7 @@ export interface Completion {
   created: number;
   model: string;
   system_fingerprint: null;
-  choices: { index: 0; text: string; finish_reason: FinishReason | null; token_id?: number | null; logprobs: null }[];
+  choices: { index: 0; text: string; finish_reason: FinishReason | null; token_id?: number | null; logprobs: CompletionLogprobs | null }[];
   usage?: Usage;
   kestrel?: KestrelDetails;
 }
@@ -557,7 +601,7 @@ export interface CreateEngineOptions {
    * not cached. A split model's: one per shard, in order.
    */
   sha256?: string | string[];
-  /** Follows the engine recovering by itself from a lost GPU device (see EngineStatus). */
+  /** Follows the engine recovering by itself from a lost GPU device or a crash (see EngineStatus). */
   onStatus?: (status: EngineStatus) => void;
   /**
    * Where the model runs: 'webgpu', 'cpu' (wasm SIMD kernels in the engine's worker), or 'auto'
@@ -632,9 +676,15 @@ export interface CreateEngineOptions {
  * A shared engine (`shared: true`) whose leading tab closed: the requests in flight fail with
  * `leader_lost`, then 'leader_lost', 'reloading' (the next tab in line loads the model from the
  * Cache API), then 'ready' or 'failed', in every tab that used it.
+ *
+ * When the engine crashes (a bug: its WebAssembly traps on a Rust panic, a stack overflow or an
+ * allocation failure, and its state is lost), the request that crashed it and those in flight fail
+ * with `internal` (the message says what trapped), then 'crashed' with that error, 'reloading' (a
+ * new worker loads the model from the Cache API or the same File), then 'ready' or 'failed'.
+ * Requests made meanwhile wait for it. A crash during that reload fails it.
  */
 export interface EngineStatus {
-  status: 'device_lost' | 'leader_lost' | 'reloading' | 'ready' | 'failed';
+  status: 'device_lost' | 'leader_lost' | 'crashed' | 'reloading' | 'ready' | 'failed';
   error?: { code: string; message: string };
 }
 

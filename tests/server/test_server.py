@@ -142,6 +142,98 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(request(self.address, "GET", "/health", key=None)[0], 200)
         self.assertEqual(sample(metrics(self.address), "kestrel_slots_in_use"), 0)
 
+    def test_options_outside_openais_ranges_are_refused_naming_the_option_and_its_range(self):
+        messages = [{"role": "user", "content": "x"}]
+        no_store = {"Cache-Control": "no-store"}
+
+        def refused(param, words, **options):
+            with self.assertRaises(openai.BadRequestError) as caught:
+                self.client.chat.completions.create(model="m", messages=messages, extra_headers=no_store, **options)
+            e = caught.exception
+            self.assertEqual((e.code, e.param), ("invalid_option", param), e.body)
+            self.assertIn(param, e.message)
+            self.assertIn(words, e.message)
+
+        refused("temperature", "must be a number from 0 to 2, got 2.5", temperature=2.5)
+        refused("top_p", "must be a number from 0 to 1, got 1.5", top_p=1.5)
+        refused("presence_penalty", "must be a number from -2 to 2, got 2.5", presence_penalty=2.5)
+        refused("frequency_penalty", "must be a number from -2 to 2, got -3", frequency_penalty=-3)
+        refused("logit_bias", "must be a number from -100 to 100", logit_bias={"5": 101})
+        refused("max_tokens", "must be an integer of at least 1, got -5", max_tokens=-5)
+        refused("max_completion_tokens", "must be an integer of at least 1, got 0", max_completion_tokens=0)
+        refused("top_logprobs", "must be an integer from 0 to 20, got 50", logprobs=True, top_logprobs=50)
+        refused("n", "must be 1", n=2)
+        # Just inside every range: answered.
+        ok = self.client.chat.completions.create(
+            model="m", messages=messages, max_tokens=1, temperature=2, top_p=0, presence_penalty=-2, frequency_penalty=2,
+            logit_bias={"5": -100}, logprobs=True, top_logprobs=20, seed=0, extra_headers=no_store)
+        self.assertEqual(len(ok.choices[0].logprobs.content[0].top_logprobs), 20)
+
+        # What OpenAI's client refuses to send (NaN: "Out of range float values are not JSON
+        # compliant"), or types it would not send, as raw JSON.
+        for body, param, words in [
+            ({"top_k": -1}, "top_k", "must be an integer of at least 0, got -1"),
+            ({"seed": 1.5}, "seed", "must be an integer of at least 0, got 1.5"),
+            ({"max_tokens": "many"}, "max_tokens", 'must be an integer of at least 1, got "many"'),
+            # Too large for the engine's f32: infinity, in no range.
+            ({"temperature": 1e39}, "temperature", "must be a number from 0 to 2, got inf"),
+            ({"logprobs": 50}, "logprobs", "must be an integer from 0 to 20, got 50"),
+        ]:
+            status, _, error = request(self.address, "POST", "/v1/completions", {"prompt": "x", **body}, no_store)
+            self.assertEqual((status, error["error"]["code"], error["error"]["param"]), (400, "invalid_option", param), error)
+            self.assertIn(words, error["error"]["message"])
+        for literal in ["NaN", "Infinity", "-Infinity"]:
+            body = '{"prompt": "x", "temperature": %s}' % literal
+            status, _, error = request(self.address, "POST", "/v1/completions", body, {"Content-Type": "application/json", **no_store})
+            self.assertEqual((status, error["error"]["code"]), (400, "invalid_json"), error)
+
+    def test_logprobs_come_where_openai_puts_them_whole_and_streamed(self):
+        messages = [{"role": "user", "content": "Name a colour."}]
+        options = dict(model="m", messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+
+        def check(entries, text):
+            self.assertEqual("".join(e.token for e in entries), text)
+            for e in entries:
+                self.assertLessEqual(e.logprob, 0)
+                self.assertEqual(e.bytes, list(e.token.encode()))
+                alternatives = [t.logprob for t in e.top_logprobs]
+                self.assertEqual(len(alternatives), 3)
+                self.assertEqual(alternatives, sorted(alternatives, reverse=True))
+                # Greedy: the chosen token is the likeliest.
+                self.assertEqual((e.top_logprobs[0].token, e.top_logprobs[0].logprob), (e.token, e.logprob))
+            return [e.token for e in entries]
+
+        whole = self.client.chat.completions.create(**options, extra_headers={"Cache-Control": "no-store"})
+        content = whole.choices[0].logprobs.content
+        self.assertEqual(len(content), whole.usage.completion_tokens)
+        tokens = check(content, whole.choices[0].message.content)
+        # Kestrel's own form keeps the token ids.
+        self.assertEqual([step["token_id"] for step in whole.model_extra["kestrel"]["logprobs"]], whole.model_extra["kestrel"]["token_ids"])
+
+        # Streamed, by the model (each chunk carries its token's) and from the response cache (the
+        # stored answer in one chunk, its tokens' logprobs on the final chunk).
+        for headers, cache in [({"Cache-Control": "no-store"}, None), ({}, "miss"), ({}, "hit")]:
+            response = self.client.chat.completions.with_raw_response.create(**options, stream=True, extra_headers=headers)
+            self.assertEqual(response.headers.get("x-kestrel-response-cache"), cache)
+            chunks = list(response.parse())
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+            self.assertEqual(check(entries, text), tokens, cache)
+            if cache is None:
+                with_token = [c for c in chunks if c.choices and c.choices[0].model_extra.get("token_id") is not None]
+                self.assertTrue(all(len(c.choices[0].logprobs.content) == 1 for c in with_token))
+
+        # Text completions: OpenAI's legacy shape, for `logprobs` given as a count.
+        text = self.client.completions.create(model="m", prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2, extra_headers={"Cache-Control": "no-store"})
+        logprobs = text.choices[0].logprobs
+        self.assertEqual("".join(logprobs.tokens), text.choices[0].text)
+        self.assertEqual(len(logprobs.token_logprobs), len(logprobs.tokens))
+        self.assertEqual(logprobs.text_offset, [len("".join(logprobs.tokens[:i])) for i in range(len(logprobs.tokens))])
+        for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+            self.assertEqual(len(top), 2)
+            self.assertEqual(max(top.values()), logprob)
+            self.assertEqual(top[token], logprob)
+
     def test_structured_output_parses_into_a_pydantic_model(self):
         class City(pydantic.BaseModel):
             name: str = pydantic.Field(max_length=20)

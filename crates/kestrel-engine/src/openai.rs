@@ -5,7 +5,8 @@
 //! [`Request`] (the same options, defaults and errors). Answers are built here too, as JSON
 //! values: streamed chunks, the whole completion, the usage with its details.
 
-use kestrel_model::{ChatFunctionCall, ChatMessage, ChatToolCall, FinishReason, Generation, TokenEvent};
+use kestrel_model::options::{Allowed, MAX_LOGPROBS};
+use kestrel_model::{ChatFunctionCall, ChatMessage, ChatToolCall, FinishReason, Generation, StepLogprobs, TokenEvent};
 use serde_json::{json, Map, Value};
 
 use crate::{body, EngineError, Request};
@@ -85,10 +86,12 @@ pub fn parse(endpoint: Endpoint, value: Value) -> Result<ApiRequest, EngineError
     match fields.remove("n") {
         None => {}
         Some(n) if n.as_u64() == Some(1) => {}
-        Some(n) => return Err(EngineError::invalid("n", format!("n must be 1 (one choice per request), got {n}"))),
+        Some(n) => return Err(EngineError::invalid("n", format!("invalid option n: must be 1 (one choice per request), got {n}"))),
     }
+    // OpenAI's newer name for `max_tokens`, checked under the name the request used.
     if let Some(max) = fields.remove("max_completion_tokens") {
-        fields.entry("max_tokens").or_insert(max);
+        let max = Allowed::MAX_TOKENS.count("max_completion_tokens", &max)?;
+        fields.entry("max_tokens").or_insert(json!(max));
     }
     take_logprobs(&mut fields)?;
     match endpoint {
@@ -123,25 +126,25 @@ pub fn parse(endpoint: Endpoint, value: Value) -> Result<ApiRequest, EngineError
 
 /// `logprobs` as the engine takes it: the number of most likely tokens each step reports. Chat
 /// requests (and the npm package's) give a flag and `top_logprobs` the count; OpenAI's text
-/// completions give the count itself.
+/// completions give the count itself. Either count is checked under the name the request used.
 fn take_logprobs(fields: &mut Map<String, Value>) -> Result<(), EngineError> {
-    let top = fields.remove("top_logprobs");
+    let top = fields.remove("top_logprobs").map(|top| Allowed::LOGPROBS.count("top_logprobs", &top)).transpose()?;
     let count = match fields.remove("logprobs") {
         None | Some(Value::Bool(false)) => return Ok(()),
-        Some(Value::Bool(true)) => match &top {
-            None => 1,
-            Some(top) => top.as_u64().ok_or_else(|| EngineError::invalid("top_logprobs", "top_logprobs must be a non-negative integer"))?,
-        },
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(0) => return Ok(()),
-            Some(n) => n,
-            None => return Err(EngineError::invalid("logprobs", format!("logprobs must be a boolean or a non-negative integer, got {n}"))),
+        // The engine reports the best token of each step with it: `top_logprobs: 0` shows one.
+        Some(Value::Bool(true)) => top.unwrap_or(1).max(1),
+        Some(Value::Number(n)) => match Allowed::LOGPROBS.count("logprobs", &Value::Number(n))? {
+            0 => return Ok(()),
+            n => n,
         },
         Some(other) => {
-            return Err(EngineError::invalid("logprobs", format!("logprobs must be a boolean or a non-negative integer, got {other}")))
+            return Err(EngineError::invalid(
+                "logprobs",
+                format!("invalid option logprobs: must be true or false, or an integer from 0 to {MAX_LOGPROBS}, got {other}"),
+            ))
         }
     };
-    fields.insert("logprobs".into(), json!(count.max(1)));
+    fields.insert("logprobs".into(), json!(count));
     Ok(())
 }
 
@@ -253,13 +256,14 @@ impl ResponseMeta {
         self.envelope(self.endpoint.chunk_object(), json!([choice]))
     }
 
-    /// A streamed chunk of text, with the token it came from (None: held-back text flushed).
-    fn chunk(&self, text: &str, token_id: Option<u32>) -> Value {
+    /// A streamed chunk of text, with the token it came from (None: held-back text flushed) and
+    /// its `logprobs`.
+    fn chunk(&self, text: &str, token_id: Option<u32>, logprobs: Value) -> Value {
         let choice = match self.endpoint {
             Endpoint::Chat => {
-                json!({ "index": 0, "delta": { "content": text }, "logprobs": null, "finish_reason": null, "token_id": token_id })
+                json!({ "index": 0, "delta": { "content": text }, "logprobs": logprobs, "finish_reason": null, "token_id": token_id })
             }
-            Endpoint::Completions => json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": null, "token_id": token_id }),
+            Endpoint::Completions => json!({ "index": 0, "text": text, "logprobs": logprobs, "finish_reason": null, "token_id": token_id }),
         };
         self.envelope(self.endpoint.chunk_object(), json!([choice]))
     }
@@ -277,11 +281,12 @@ impl ResponseMeta {
         self.envelope(self.endpoint.chunk_object(), json!([choice]))
     }
 
-    /// The stream's last chunk with a choice: its finish reason, the usage and Kestrel's details.
-    fn final_chunk(&self, generation: &Generation, cache_hit: Option<bool>) -> Value {
+    /// The stream's last chunk with a choice: its finish reason, the `logprobs` of steps no
+    /// chunk carried yet, the usage and Kestrel's details.
+    fn final_chunk(&self, generation: &Generation, logprobs: Value, cache_hit: Option<bool>) -> Value {
         let choice = match self.endpoint {
-            Endpoint::Chat => json!({ "index": 0, "delta": {}, "logprobs": null, "finish_reason": generation.finish_reason }),
-            Endpoint::Completions => json!({ "index": 0, "text": "", "logprobs": null, "finish_reason": generation.finish_reason }),
+            Endpoint::Chat => json!({ "index": 0, "delta": {}, "logprobs": logprobs, "finish_reason": generation.finish_reason }),
+            Endpoint::Completions => json!({ "index": 0, "text": "", "logprobs": logprobs, "finish_reason": generation.finish_reason }),
         };
         let mut chunk = self.envelope(self.endpoint.chunk_object(), json!([choice]));
         chunk["usage"] = usage(generation, cache_hit);
@@ -296,8 +301,8 @@ impl ResponseMeta {
         chunk
     }
 
-    /// The whole answer of a request that did not stream.
-    fn completion(&self, generation: &Generation, cache_hit: Option<bool>) -> Value {
+    /// The whole answer of a request that did not stream, with its `logprobs`.
+    fn completion(&self, generation: &Generation, logprobs: Value, cache_hit: Option<bool>) -> Value {
         let mut body = match self.endpoint {
             Endpoint::Chat => {
                 let mut message = json!({ "role": "assistant", "content": generation.text });
@@ -309,12 +314,12 @@ impl ResponseMeta {
                 }
                 self.envelope(
                     "chat.completion",
-                    json!([{ "index": 0, "message": message, "logprobs": null, "finish_reason": generation.finish_reason }]),
+                    json!([{ "index": 0, "message": message, "logprobs": logprobs, "finish_reason": generation.finish_reason }]),
                 )
             }
             Endpoint::Completions => self.envelope(
                 "text_completion",
-                json!([{ "index": 0, "text": generation.text, "logprobs": null, "finish_reason": generation.finish_reason }]),
+                json!([{ "index": 0, "text": generation.text, "logprobs": logprobs, "finish_reason": generation.finish_reason }]),
             ),
         };
         body["usage"] = usage(generation, cache_hit);
@@ -331,21 +336,27 @@ pub struct Answer {
     pub include_usage: bool,
     /// Whether a chat stream has sent its role chunk.
     opened: bool,
+    /// The generated steps whose log-probabilities are written.
+    steps_written: usize,
+    /// A text completion's `text_offset` of the next step: the characters of those written.
+    text_offset: usize,
 }
 
 impl Answer {
     pub fn new(meta: ResponseMeta, stream: bool, include_usage: bool) -> Self {
-        Self { meta, stream, include_usage, opened: false }
+        Self { meta, stream, include_usage, opened: false, steps_written: 0, text_offset: 0 }
     }
 
-    /// The chunks a token gives when streaming (a chat's role chunk first): nothing for a whole
-    /// answer, nor for a flush with no text.
+    /// The chunks a token gives when streaming (a chat's role chunk first), with its
+    /// log-probabilities where the request asked for them: nothing for a whole answer, nor for a
+    /// flush with no text.
     pub fn on_token(&mut self, token: &TokenEvent) -> Vec<Value> {
         if !self.stream || (token.id.is_none() && token.text.is_empty()) {
             return Vec::new();
         }
         let mut out = self.open();
-        out.push(self.meta.chunk(&token.text, token.id));
+        let logprobs = self.logprobs(token.logprobs.as_slice());
+        out.push(self.meta.chunk(&token.text, token.id, logprobs));
         out
     }
 
@@ -353,14 +364,18 @@ impl Answer {
     /// whole, the completion. `cache_hit`: whether a response cache answered (a server's; None
     /// where there is none).
     pub fn on_done(&mut self, generation: &Generation, cache_hit: Option<bool>) -> Vec<Value> {
+        // Steps whose tokens came with no log-probabilities (a stored answer streamed as one
+        // chunk, a remote server's stream) come with the end: a stream's chunks carry all steps.
+        let rest = generation.logprobs.get(self.steps_written..).unwrap_or_default();
+        let logprobs = self.logprobs(rest);
         if !self.stream {
-            return vec![self.meta.completion(generation, cache_hit)];
+            return vec![self.meta.completion(generation, logprobs, cache_hit)];
         }
         let mut out = self.open();
         if self.meta.endpoint == Endpoint::Chat && !generation.tool_calls.is_empty() {
             out.push(self.meta.tool_calls_chunk(generation));
         }
-        out.push(self.meta.final_chunk(generation, cache_hit));
+        out.push(self.meta.final_chunk(generation, logprobs, cache_hit));
         if self.include_usage {
             out.push(self.meta.usage_chunk(generation, cache_hit));
         }
@@ -373,6 +388,68 @@ impl Answer {
         }
         vec![self.meta.role_chunk()]
     }
+
+    /// A choice's `logprobs` for the next `steps` of the answer, in OpenAI's shape for the
+    /// endpoint; null for none (a request that asked for none, a chunk of no token).
+    fn logprobs(&mut self, steps: &[StepLogprobs]) -> Value {
+        if steps.is_empty() {
+            return Value::Null;
+        }
+        self.steps_written += steps.len();
+        match self.meta.endpoint {
+            Endpoint::Chat => chat_logprobs(steps),
+            Endpoint::Completions => text_logprobs(steps, &mut self.text_offset),
+        }
+    }
+}
+
+/// A token's text as OpenAI's answers show it: a token holding part of a UTF-8 character shows
+/// U+FFFD for it (its `bytes`, in the chat shape, hold it exactly).
+fn token_text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// OpenAI's chat shape: `{content: [{token, logprob, bytes, top_logprobs: [{token, logprob,
+/// bytes}]}], refusal}`.
+fn chat_logprobs(steps: &[StepLogprobs]) -> Value {
+    let entry = |bytes: &[u8], logprob: f32| json!({ "token": token_text(bytes), "logprob": logprob, "bytes": bytes });
+    let content: Vec<Value> = steps
+        .iter()
+        .map(|step| {
+            let mut chosen = entry(&step.bytes, step.logprob);
+            chosen["top_logprobs"] = step.top.iter().zip(&step.top_bytes).map(|(&(_, logprob), bytes)| entry(bytes, logprob)).collect();
+            chosen
+        })
+        .collect();
+    json!({ "content": content, "refusal": null })
+}
+
+/// OpenAI's text completions' shape: `{tokens, token_logprobs, top_logprobs: [{token: logprob}],
+/// text_offset}`, the offsets in characters of the answer's text from `offset` on (which this
+/// moves past the steps).
+fn text_logprobs(steps: &[StepLogprobs], offset: &mut usize) -> Value {
+    let tokens: Vec<String> = steps.iter().map(|step| token_text(&step.bytes)).collect();
+    let text_offset: Vec<usize> = tokens
+        .iter()
+        .map(|token| {
+            let at = *offset;
+            *offset += token.chars().count();
+            at
+        })
+        .collect();
+    let top: Vec<Map<String, Value>> = steps
+        .iter()
+        .map(|step| {
+            let mut by_text = Map::new();
+            // Two tokens of one text (parts of different characters): the likelier one, listed first.
+            for (&(_, logprob), bytes) in step.top.iter().zip(&step.top_bytes) {
+                by_text.entry(token_text(bytes)).or_insert(json!(logprob));
+            }
+            by_text
+        })
+        .collect();
+    let token_logprobs: Vec<f32> = steps.iter().map(|step| step.logprob).collect();
+    json!({ "tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": text_offset })
 }
 
 /// OpenAI's usage: token counts, the prompt tokens the KV cache already held, and Kestrel's
@@ -407,6 +484,8 @@ fn usage(generation: &Generation, cache_hit: Option<bool>) -> Value {
 }
 
 /// Kestrel's own details of a generation (`kestrel`): token ids, timings, log-probabilities.
+/// The log-probabilities are also the choice's, in OpenAI's shape; these carry more: the ids of
+/// the tokens and their alternatives (the remote engine writes its answers from them).
 fn details(generation: &Generation, cache_hit: Option<bool>) -> Value {
     let mut details = json!({
         "prompt_token_ids": generation.prompt_tokens,
@@ -611,6 +690,137 @@ mod tests {
         assert_eq!(end[0]["kestrel"]["token_ids"], json!([7, 8]));
         assert_eq!(end[1]["choices"], json!([]));
         assert_eq!(end[1]["usage"]["total_tokens"], 5);
+    }
+
+    /// Two steps of "hi!": "hi" (likeliest), then "!" (second to "?"); each with two alternatives.
+    fn with_logprobs() -> Generation {
+        let step = |token: u32, text: &str, logprob: f32, top: [(u32, &str, f32); 2]| StepLogprobs {
+            token,
+            logprob,
+            bytes: text.as_bytes().to_vec(),
+            top: top.iter().map(|&(id, _, lp)| (id, lp)).collect(),
+            top_bytes: top.iter().map(|&(_, text, _)| text.as_bytes().to_vec()).collect(),
+        };
+        Generation {
+            logprobs: vec![step(7, "hi", -0.25, [(7, "hi", -0.25), (9, "yo", -1.5)]), step(8, "!", -1.0, [(3, "?", -0.5), (8, "!", -1.0)])],
+            ..generation()
+        }
+    }
+
+    /// The events the engine gives for `generation`'s tokens, each with its step's logprobs.
+    fn token_events(generation: &Generation) -> Vec<TokenEvent> {
+        let texts = ["hi", "!"];
+        generation
+            .logprobs
+            .iter()
+            .zip(texts)
+            .map(|(step, text)| TokenEvent { id: Some(step.token), text: text.into(), logprobs: Some(step.clone()) })
+            .collect()
+    }
+
+    /// OpenAI's chat shape: `choices[0].logprobs.content`, whole and a token's in each chunk; the
+    /// Kestrel field keeps the ids.
+    #[test]
+    fn chat_logprobs_are_where_openai_puts_them() {
+        let g = with_logprobs();
+        let hi = json!({"token": "hi", "logprob": -0.25, "bytes": [104, 105],
+            "top_logprobs": [{"token": "hi", "logprob": -0.25, "bytes": [104, 105]}, {"token": "yo", "logprob": -1.5, "bytes": [121, 111]}]});
+        let bang = json!({"token": "!", "logprob": -1.0, "bytes": [33],
+            "top_logprobs": [{"token": "?", "logprob": -0.5, "bytes": [63]}, {"token": "!", "logprob": -1.0, "bytes": [33]}]});
+        let mut whole = Answer::new(ResponseMeta::new(Endpoint::Chat, 1, 0, "m"), false, false);
+        let out = whole.on_done(&g, None);
+        assert_eq!(out[0]["choices"][0]["logprobs"], json!({"content": [hi, bang], "refusal": null}));
+        assert_eq!(out[0]["kestrel"]["logprobs"][1]["top"], json!([[3, -0.5], [8, -1.0]]));
+
+        let mut streamed = Answer::new(ResponseMeta::new(Endpoint::Chat, 1, 0, "m"), true, false);
+        let mut chunks: Vec<Value> = token_events(&g).iter().flat_map(|t| streamed.on_token(t)).collect();
+        chunks.extend(streamed.on_done(&g, None));
+        let logprobs: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["logprobs"]).collect();
+        assert_eq!(
+            logprobs,
+            [&Value::Null, &json!({"content": [hi], "refusal": null}), &json!({"content": [bang], "refusal": null}), &Value::Null],
+            "the role chunk, a chunk per token, the end"
+        );
+    }
+
+    /// OpenAI's text completions' shape: parallel lists, top alternatives by text, offsets into
+    /// the answer's text that go on from chunk to chunk.
+    #[test]
+    fn text_completion_logprobs_take_the_legacy_shape() {
+        let g = with_logprobs();
+        let mut whole = Answer::new(ResponseMeta::new(Endpoint::Completions, 1, 0, "m"), false, false);
+        assert_eq!(
+            whole.on_done(&g, None)[0]["choices"][0]["logprobs"],
+            json!({"tokens": ["hi", "!"], "token_logprobs": [-0.25, -1.0], "top_logprobs": [{"hi": -0.25, "yo": -1.5}, {"?": -0.5, "!": -1.0}], "text_offset": [0, 2]})
+        );
+        let mut streamed = Answer::new(ResponseMeta::new(Endpoint::Completions, 1, 0, "m"), true, false);
+        let chunks: Vec<Value> = token_events(&g).iter().flat_map(|t| streamed.on_token(t)).collect();
+        assert_eq!(
+            chunks[1]["choices"][0]["logprobs"],
+            json!({"tokens": ["!"], "token_logprobs": [-1.0], "top_logprobs": [{"?": -0.5, "!": -1.0}], "text_offset": [2]})
+        );
+        assert_eq!(streamed.on_done(&g, None)[0]["choices"][0]["logprobs"], Value::Null, "every step was streamed");
+    }
+
+    /// A stream whose tokens came without their logprobs (a stored answer replayed as one chunk,
+    /// a remote server's) carries them on the final chunk; a request without logprobs has none.
+    #[test]
+    fn steps_not_streamed_come_with_the_end() {
+        let g = with_logprobs();
+        let mut replay = Answer::new(ResponseMeta::new(Endpoint::Chat, 1, 0, "m"), true, false);
+        let text = replay.on_token(&TokenEvent { id: None, text: g.text.clone(), logprobs: None });
+        assert_eq!(text[1]["choices"][0]["logprobs"], Value::Null);
+        let end = replay.on_done(&g, None);
+        let tokens: Vec<&Value> =
+            end[0]["choices"][0]["logprobs"]["content"].as_array().into_iter().flatten().map(|e| &e["token"]).collect();
+        assert_eq!(tokens, ["hi", "!"]);
+        let plain = Answer::new(ResponseMeta::new(Endpoint::Completions, 1, 0, "m"), false, false).on_done(&generation(), None);
+        assert_eq!(plain[0]["choices"][0]["logprobs"], Value::Null);
+    }
+
+    /// `top_logprobs` and `max_completion_tokens` are checked under their own names, with their
+    /// ranges (the engine's options call them `logprobs` and `max_tokens`).
+    #[test]
+    fn openais_other_names_are_checked_under_their_own() {
+        let chat = |extra: Value| {
+            let mut body = json!({"messages": [{"role": "user", "content": "c"}]});
+            if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+                body.extend(extra);
+            }
+            parsed(Endpoint::Chat, body)
+        };
+        for (extra, param, message) in [
+            (
+                json!({"logprobs": true, "top_logprobs": 50}),
+                "top_logprobs",
+                "invalid option top_logprobs: must be an integer from 0 to 20, got 50",
+            ),
+            (json!({"top_logprobs": -1}), "top_logprobs", "invalid option top_logprobs: must be an integer from 0 to 20, got -1"),
+            (
+                json!({"max_completion_tokens": 0}),
+                "max_completion_tokens",
+                "invalid option max_completion_tokens: must be an integer of at least 1, got 0",
+            ),
+            (
+                json!({"logprobs": "yes"}),
+                "logprobs",
+                "invalid option logprobs: must be true or false, or an integer from 0 to 20, got \"yes\"",
+            ),
+            (json!({"n": 2}), "n", "invalid option n: must be 1 (one choice per request), got 2"),
+        ] {
+            let e = chat(extra.clone()).map(|_| ()).expect_err("refused");
+            assert_eq!((e.code, e.param.as_deref(), e.message.as_str()), ("invalid_option", Some(param), message), "{extra}");
+        }
+        let count = |extra: Value| chat(extra).map(|api| api.request.options.logprobs).expect("valid");
+        assert_eq!(count(json!({"logprobs": true, "top_logprobs": 20})), 20);
+        assert_eq!(count(json!({"logprobs": true, "top_logprobs": 0})), 1, "each step's token, with one alternative");
+        assert_eq!(count(json!({"logprobs": 0, "top_logprobs": 3})), 0);
+        assert_eq!(count(json!({"top_logprobs": 3})), 0, "top_logprobs alone asks for none");
+        let text = parsed(Endpoint::Completions, json!({"prompt": "p", "logprobs": 21})).map(|_| ()).expect_err("21");
+        assert_eq!(
+            (text.param.as_deref(), text.message.as_str()),
+            (Some("logprobs"), "invalid option logprobs: must be an integer from 0 to 20, got 21")
+        );
     }
 
     #[test]

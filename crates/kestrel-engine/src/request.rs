@@ -33,10 +33,12 @@ impl Request {
     }
 
     /// Parses a request from a JSON value. A field set to `null` is the same as an absent one;
-    /// an unknown field is an `invalid_option` error that lists the known ones.
+    /// an unknown field is an `invalid_option` error that lists the known ones; a numeric option
+    /// of the wrong type gets the message of one out of range, naming the option and its range.
     pub fn from_value(mut value: Value) -> Result<Request, EngineError> {
         if let Some(fields) = value.as_object_mut() {
             fields.retain(|_, v| !v.is_null());
+            GenerateOptions::check_wire(fields)?;
         }
         let request = Request::deserialize(value).map_err(|e| invalid(&e))?;
         if let Some(field) = request.unknown.keys().next() {
@@ -123,7 +125,6 @@ mod tests {
         assert!(e.contains("unknown field `max_token`") && e.contains("`max_tokens`") && e.contains("`prompt`"), "{e}");
         let e = err(r#"{"prompt": "hi", "logit_bias": {"x": 1}}"#);
         assert!(e.contains("logit_bias"), "{e}");
-        err(r#"{"prompt": "hi", "max_tokens": -1}"#);
         err(r#"{"prompt": "hi", "stop": 5}"#);
         err(r#"["hi"]"#);
         err("not json");
@@ -131,5 +132,32 @@ mod tests {
         assert!(neither.prompt().is_err());
         let Ok(both) = Request::parse(r#"{"prompt": "a", "messages": []}"#) else { panic!() };
         assert!(both.prompt().is_err());
+    }
+
+    /// The issue's cases: serde's words ("invalid value: integer `-5`, expected usize") were the
+    /// message; now the option and its range are, and the option is the error's `param`.
+    #[test]
+    fn numeric_options_of_the_wrong_type_name_themselves() {
+        for (json, param, message) in [
+            (r#"{"prompt": "hi", "max_tokens": -5}"#, "max_tokens", "invalid option max_tokens: must be an integer of at least 1, got -5"),
+            (r#"{"prompt": "hi", "top_k": -1}"#, "top_k", "invalid option top_k: must be an integer of at least 0, got -1"),
+            (r#"{"prompt": "hi", "seed": 1.5}"#, "seed", "invalid option seed: must be an integer of at least 0, got 1.5"),
+            (
+                r#"{"prompt": "hi", "temperature": "0"}"#,
+                "temperature",
+                "invalid option temperature: must be a number from 0 to 2, got \"0\"",
+            ),
+        ] {
+            let Err(e) = Request::parse(json) else { panic!("{json} parsed") };
+            assert_eq!((e.code, e.param.as_deref(), e.message.as_str()), ("invalid_option", Some(param), message), "{json}");
+        }
+        // In range, or out of range but of the right type: refused by the checks every front end
+        // runs before a model sees the request, in the same words.
+        let Ok(hot) = Request::parse(r#"{"prompt": "hi", "temperature": 2.5}"#) else { panic!("a number") };
+        let e = hot.validate_for_any_model().expect_err("temperature 2.5");
+        assert_eq!(
+            (e.param.as_deref(), e.message.as_str()),
+            (Some("temperature"), "invalid option temperature: must be a number from 0 to 2, got 2.5")
+        );
     }
 }

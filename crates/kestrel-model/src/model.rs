@@ -57,15 +57,21 @@ impl FinishReason {
     }
 }
 
-/// Log-probabilities of one generated step. On the wire `{token_id, logprob, top: [[id,
-/// logprob], ...]}`.
+/// Log-probabilities of one generated step. On the wire `{token_id, logprob, bytes, top: [[id,
+/// logprob], ...], top_bytes: [bytes, ...]}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StepLogprobs {
     #[serde(rename = "token_id")]
     pub token: u32,
     pub logprob: f32,
+    /// The token's bytes (a token may hold part of a UTF-8 character): with those of `top`, what
+    /// an answer shows of the tokens, taken here where the tokenizer is (a remote engine's
+    /// answers are written from these, with no tokenizer).
+    pub bytes: Vec<u8>,
     /// The most likely tokens, best first.
     pub top: Vec<(u32, f32)>,
+    /// The bytes of each of `top`, in its order.
+    pub top_bytes: Vec<Vec<u8>>,
 }
 
 /// One generated token, as streamed to the caller.
@@ -708,7 +714,7 @@ impl Model {
                 None => false,
             };
             let step_logprobs = match &logits {
-                Some(l) if want_logprobs => Some(top_logprobs(l, token, options.logprobs)),
+                Some(l) if want_logprobs => Some(top_logprobs(l, token, options.logprobs, &self.tokenizer)),
                 _ => None,
             };
             match output.accept(&self.tokenizer, options, token, step_logprobs)? {
@@ -809,8 +815,8 @@ fn clock_seed() -> u64 {
     web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Log-softmax of `logits`: the chosen token's value and the `n` best.
-pub(crate) fn top_logprobs(logits: &[f32], token: u32, n: usize) -> StepLogprobs {
+/// Log-softmax of `logits`: the chosen token's value and the `n` best, with their bytes.
+pub(crate) fn top_logprobs(logits: &[f32], token: u32, n: usize, tokenizer: &Tokenizer) -> StepLogprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let log_sum = logits.iter().map(|&l| f64::from(l - max).exp()).sum::<f64>().ln() as f32;
     let logprob = |l: f32| l - max - log_sum;
@@ -821,7 +827,15 @@ pub(crate) fn top_logprobs(logits: &[f32], token: u32, n: usize) -> StepLogprobs
     }
     let mut top: Vec<(u32, f32)> = order[..n].iter().map(|&i| (i, logprob(logits[i as usize]))).collect();
     top.sort_by(|a, b| b.1.total_cmp(&a.1));
-    StepLogprobs { token, logprob: logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)), top }
+    // Logits past the vocabulary (a padded output) are of no token: no bytes.
+    let bytes = |id: u32| tokenizer.token_bytes(id).map(<[u8]>::to_vec).unwrap_or_default();
+    StepLogprobs {
+        token,
+        logprob: logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+        bytes: bytes(token),
+        top_bytes: top.iter().map(|&(id, _)| bytes(id)).collect(),
+        top,
+    }
 }
 
 #[cfg(test)]
@@ -838,14 +852,23 @@ mod tests {
             text: "hi".into(),
             finish_reason: FinishReason::Length,
             timings: Timings { prompt_tokens: 2, decode_tokens: 1, ..Timings::default() },
-            logprobs: vec![StepLogprobs { token: 3, logprob: -0.5, top: vec![(3, -0.5), (4, f32::NEG_INFINITY)] }],
+            logprobs: vec![StepLogprobs {
+                token: 3,
+                logprob: -0.5,
+                bytes: b"hi".to_vec(),
+                top: vec![(3, -0.5), (4, f32::NEG_INFINITY)],
+                top_bytes: vec![b"hi".to_vec(), vec![0xe2]],
+            }],
             tool_calls: Vec::new(),
         };
         let json = serde_json::to_value(&g).unwrap();
         assert_eq!(json["prompt_token_ids"], serde_json::json!([1, 2]));
         assert_eq!(json["token_ids"], serde_json::json!([3]));
         assert_eq!(json["finish_reason"], "length");
-        assert_eq!(json["logprobs"], serde_json::json!([{ "token_id": 3, "logprob": -0.5, "top": [[3, -0.5], [4, null]] }]));
+        assert_eq!(
+            json["logprobs"],
+            serde_json::json!([{ "token_id": 3, "logprob": -0.5, "bytes": [104, 105], "top": [[3, -0.5], [4, null]], "top_bytes": [[104, 105], [0xe2]] }])
+        );
         let timings = json["timings"].as_object().unwrap();
         for key in [
             "prompt_tokens",

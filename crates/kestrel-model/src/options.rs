@@ -1,5 +1,6 @@
 //! Generation options, as OpenAI-style APIs name them, with their validation. Every option out
-//! of range is an error naming the option and the allowed range.
+//! of range is an error naming the option and the allowed range: OpenAI's range for the options
+//! OpenAI defines, Kestrel's for its own ([`NUMERIC_OPTIONS`] has the numeric ones).
 //!
 //! This type is also the wire format: it (de)serializes with serde under the names the browser
 //! package sends (`max_tokens`, `stop` as a string or an array, `logit_bias` as a
@@ -7,9 +8,10 @@
 
 use std::fmt;
 
-use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, DeserializeOwned, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
 
 use crate::constraint::{OutputConstraint, ResponseFormat};
 use crate::tools::{Tool, ToolChoice};
@@ -22,6 +24,8 @@ pub const MAX_PENALTY_WINDOW: usize = 4096;
 pub const MAX_LOGIT_BIAS: usize = 1024;
 /// Most top log-probabilities reported per step (`logprobs`), as OpenAI's API allows.
 pub const MAX_LOGPROBS: usize = 20;
+/// The largest `logit_bias` either way, as OpenAI's API allows (-100 about bans a token; -inf bans it).
+pub const MAX_BIAS: f32 = 100.0;
 /// Most stop strings one request may give (each is searched for after every token).
 pub const MAX_STOP_STRINGS: usize = 16;
 /// Longest stop string, in UTF-8 bytes.
@@ -167,36 +171,17 @@ impl GenerateOptions {
     /// remote server, so a mistake fails there with the code a local engine gives.
     pub fn validate_for_any_model(&self) -> Result<(), ModelError> {
         let bad = |name: &'static str, reason: String| Err(ModelError::InvalidOption { name, reason });
-        if self.max_tokens == 0 {
-            return bad("max_tokens", "must be at least 1".into());
-        }
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return bad("temperature", format!("{} must be a finite number >= 0", self.temperature));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", format!("{} must be in (0, 1]", self.top_p));
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min_p", format!("{} must be in [0, 1]", self.min_p));
-        }
-        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return bad("repetition_penalty", format!("{} must be a finite number > 0", self.repetition_penalty));
-        }
-        for (name, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
-            if !(-2.0..=2.0).contains(&v) {
-                return bad(name, format!("{v} must be in [-2, 2]"));
+        for option in &NUMERIC_OPTIONS {
+            let value = (option.value)(self);
+            if !option.allowed.allows(value) {
+                return Err(option.allowed.refuse(option.name, value));
             }
-        }
-        if self.penalty_last_n > MAX_PENALTY_WINDOW {
-            return bad("penalty_last_n", format!("{} must be at most {MAX_PENALTY_WINDOW}", self.penalty_last_n));
         }
         if self.logit_bias.len() > MAX_LOGIT_BIAS {
             return bad("logit_bias", format!("{} entries, at most {MAX_LOGIT_BIAS} are allowed", self.logit_bias.len()));
         }
-        for &(id, bias) in &self.logit_bias {
-            if bias.is_nan() || bias == f32::INFINITY {
-                return bad("logit_bias", format!("bias {bias} for token {id} must be a number or -inf"));
-            }
+        if let Some(&(id, bias)) = self.logit_bias.iter().find(|&&(_, bias)| !(bias == f32::NEG_INFINITY || bias.abs() <= MAX_BIAS)) {
+            return Err(bias_refused(id, bias));
         }
         if self.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
             return bad("stop_token_ids", format!("{} ids, at most {MAX_STOP_TOKEN_IDS} are allowed", self.stop_token_ids.len()));
@@ -210,9 +195,6 @@ impl GenerateOptions {
         if let Some(long) = self.stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
             return bad("stop", format!("a stop string of {} bytes, at most {MAX_STOP_BYTES} are allowed", long.len()));
         }
-        if self.logprobs > MAX_LOGPROBS {
-            return bad("logprobs", format!("{} must be at most {MAX_LOGPROBS}", self.logprobs));
-        }
         match self.constraint()? {
             Some(OutputConstraint::Regex("")) => return bad("regex", "must not be empty".into()),
             Some(OutputConstraint::Grammar(text)) if text.trim().is_empty() => return bad("grammar", "must not be empty".into()),
@@ -222,6 +204,161 @@ impl GenerateOptions {
             _ => {}
         }
         self.validate_tools()
+    }
+
+    /// Checks the JSON values of the numeric options and of `logit_bias`'s biases before serde
+    /// reads them into `GenerateOptions`: a value their field cannot hold (a negative or
+    /// fractional count, a string) is refused here with the message a value out of range gets,
+    /// naming the option and its range, instead of serde's. `fields`: a request's, those set to
+    /// `null` removed.
+    pub fn check_wire(fields: &Map<String, Value>) -> Result<(), ModelError> {
+        for option in &NUMERIC_OPTIONS {
+            match fields.get(option.name) {
+                Some(value) if !(option.fits)(value) => return Err(option.allowed.refuse(option.name, value)),
+                _ => {}
+            }
+        }
+        // The ids are checked as they are read (`logit_bias_map`), with their own message.
+        if let Some(Value::Object(biases)) = fields.get("logit_bias") {
+            if let Some((id, bias)) = biases.iter().find(|(_, bias)| !fits::<Option<f32>>(bias)) {
+                return Err(bias_refused(id, bias));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The values a numeric option allows. Its message names the option and this range, for a value
+/// out of it and for one of the wrong type alike.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Allowed {
+    /// A whole number from `min` to `max` (`None`: as large as its field holds).
+    Integer { min: u64, max: Option<u64> },
+    /// A number from `min` to `max`, both finite.
+    Number { min: f32, max: f32 },
+    /// A finite number above 0.
+    Positive,
+}
+
+impl Allowed {
+    /// `max_tokens`: OpenAI's chat endpoint also calls it `max_completion_tokens`.
+    pub const MAX_TOKENS: Allowed = Allowed::Integer { min: 1, max: None };
+    /// `logprobs`' count: OpenAI's chat endpoint calls it `top_logprobs`.
+    pub const LOGPROBS: Allowed = Allowed::Integer { min: 0, max: Some(MAX_LOGPROBS as u64) };
+
+    /// The whole number a JSON value gives for an option counted in whole numbers, if this allows
+    /// it; else `invalid_option` naming `name` (the name the request used, which may be one of
+    /// OpenAI's other names for the option).
+    pub fn count(self, name: &'static str, value: &Value) -> Result<u64, ModelError> {
+        value.as_u64().filter(|&n| self.allows(Num::Count(n))).ok_or_else(|| self.refuse(name, value))
+    }
+
+    fn allows(self, value: Num) -> bool {
+        match (self, value) {
+            (Self::Integer { min, max }, Num::Count(n)) => n >= min && max.is_none_or(|max| n <= max),
+            // NaN and the infinities are in no range.
+            (Self::Number { min, max }, Num::Real(x)) => (min..=max).contains(&x),
+            (Self::Positive, Num::Real(x)) => x.is_finite() && x > 0.0,
+            // An option of one kind checked as another: a mistake in `NUMERIC_OPTIONS`.
+            _ => false,
+        }
+    }
+
+    fn refuse(self, name: &'static str, got: impl fmt::Display) -> ModelError {
+        let range = match self {
+            Self::Integer { min, max: None } => format!("an integer of at least {min}"),
+            Self::Integer { min, max: Some(max) } => format!("an integer from {min} to {max}"),
+            Self::Number { min, max } => format!("a number from {min} to {max}"),
+            Self::Positive => "a finite number above 0".into(),
+        };
+        ModelError::InvalidOption { name, reason: format!("must be {range}, got {got}") }
+    }
+}
+
+/// A numeric option's value, as its field holds it.
+#[derive(Clone, Copy, Debug)]
+enum Num {
+    Count(u64),
+    Real(f32),
+}
+
+impl fmt::Display for Num {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Count(n) => n.fmt(f),
+            Self::Real(x) => x.fmt(f),
+        }
+    }
+}
+
+/// A numeric option of [`GenerateOptions`], under its wire name.
+struct NumericOption {
+    name: &'static str,
+    allowed: Allowed,
+    /// Whether serde reads a JSON value into the field (else it refuses it in its own words).
+    fits: fn(&Value) -> bool,
+    value: fn(&GenerateOptions) -> Num,
+}
+
+/// The numeric options, each with its range: OpenAI's for those it defines (`max_tokens`,
+/// `temperature`, `top_p`, the frequency and presence penalties, `logprobs` as `top_logprobs`),
+/// Kestrel's (llama.cpp's meanings) for the others.
+const NUMERIC_OPTIONS: [NumericOption; 11] = [
+    NumericOption { name: "max_tokens", allowed: Allowed::MAX_TOKENS, fits: fits::<usize>, value: |o| Num::Count(o.max_tokens as u64) },
+    NumericOption {
+        name: "temperature",
+        allowed: Allowed::Number { min: 0.0, max: 2.0 },
+        fits: fits::<f32>,
+        value: |o| Num::Real(o.temperature),
+    },
+    NumericOption {
+        name: "top_k",
+        allowed: Allowed::Integer { min: 0, max: None },
+        fits: fits::<u32>,
+        value: |o| Num::Count(o.top_k.into()),
+    },
+    NumericOption { name: "top_p", allowed: Allowed::Number { min: 0.0, max: 1.0 }, fits: fits::<f32>, value: |o| Num::Real(o.top_p) },
+    NumericOption { name: "min_p", allowed: Allowed::Number { min: 0.0, max: 1.0 }, fits: fits::<f32>, value: |o| Num::Real(o.min_p) },
+    NumericOption { name: "repetition_penalty", allowed: Allowed::Positive, fits: fits::<f32>, value: |o| Num::Real(o.repetition_penalty) },
+    NumericOption {
+        name: "frequency_penalty",
+        allowed: Allowed::Number { min: -2.0, max: 2.0 },
+        fits: fits::<f32>,
+        value: |o| Num::Real(o.frequency_penalty),
+    },
+    NumericOption {
+        name: "presence_penalty",
+        allowed: Allowed::Number { min: -2.0, max: 2.0 },
+        fits: fits::<f32>,
+        value: |o| Num::Real(o.presence_penalty),
+    },
+    NumericOption {
+        name: "penalty_last_n",
+        allowed: Allowed::Integer { min: 0, max: Some(MAX_PENALTY_WINDOW as u64) },
+        fits: fits::<usize>,
+        value: |o| Num::Count(o.penalty_last_n as u64),
+    },
+    // Absent, the seed is drawn from the clock: any u64.
+    NumericOption {
+        name: "seed",
+        allowed: Allowed::Integer { min: 0, max: None },
+        fits: fits::<u64>,
+        value: |o| Num::Count(o.seed.unwrap_or(0)),
+    },
+    NumericOption { name: "logprobs", allowed: Allowed::LOGPROBS, fits: fits::<usize>, value: |o| Num::Count(o.logprobs as u64) },
+];
+
+fn fits<T: DeserializeOwned>(value: &Value) -> bool {
+    T::deserialize(value).is_ok()
+}
+
+/// A bias out of [-`MAX_BIAS`, `MAX_BIAS`] (or not a number), for token `id`.
+fn bias_refused(id: impl fmt::Display, bias: impl fmt::Display) -> ModelError {
+    ModelError::InvalidOption {
+        name: "logit_bias",
+        reason: format!(
+            "the bias of token {id} must be a number from -{MAX_BIAS} to {MAX_BIAS}, or null (-Infinity) to ban it, got {bias}"
+        ),
     }
 }
 
@@ -305,7 +442,7 @@ mod tests {
         assert!(GenerateOptions::default().validate(100).is_ok());
         let cases: Vec<(GenerateOptions, &str)> = vec![
             (GenerateOptions { temperature: -1.0, ..Default::default() }, "temperature"),
-            (GenerateOptions { top_p: 0.0, ..Default::default() }, "top_p"),
+            (GenerateOptions { top_p: 1.5, ..Default::default() }, "top_p"),
             (GenerateOptions { min_p: 1.5, ..Default::default() }, "min_p"),
             (GenerateOptions { max_tokens: 0, ..Default::default() }, "max_tokens"),
             (GenerateOptions { logit_bias: vec![(100, 1.0)], ..Default::default() }, "logit_bias"),
@@ -321,6 +458,119 @@ mod tests {
             let vocab_only = matches!(expected, "logit_bias" | "stop_token_ids") && options.validate(u32::MAX as usize).is_ok();
             assert_eq!(options.validate_for_any_model().is_ok(), vocab_only, "{options:?}");
         }
+    }
+
+    /// How the engine checks a request's options: their JSON values, then the options serde
+    /// read from them. The message of the first refusal, if any.
+    fn refusal(json: Value) -> Option<String> {
+        let Value::Object(fields) = &json else { panic!("{json} is not an object") };
+        if let Err(e) = GenerateOptions::check_wire(fields) {
+            return Some(e.to_string());
+        }
+        let options: GenerateOptions =
+            serde_json::from_value(json.clone()).unwrap_or_else(|e| panic!("{json} passed check_wire, serde refused it: {e}"));
+        options.validate_for_any_model().err().map(|e| e.to_string())
+    }
+
+    /// Each numeric option just inside its range passes and just outside fails, in a message
+    /// naming the option and the range: OpenAI's for the options OpenAI defines.
+    #[test]
+    fn numeric_options_take_openais_ranges() {
+        use serde_json::json;
+        for (name, inside, outside, range) in [
+            ("max_tokens", json!(1), json!(0), "an integer of at least 1"),
+            ("temperature", json!(0), json!(-0.01), "a number from 0 to 2"),
+            ("temperature", json!(2), json!(2.01), "a number from 0 to 2"),
+            ("top_p", json!(0), json!(-0.01), "a number from 0 to 1"),
+            ("top_p", json!(1), json!(1.01), "a number from 0 to 1"),
+            ("min_p", json!(0), json!(-0.01), "a number from 0 to 1"),
+            ("min_p", json!(1), json!(1.01), "a number from 0 to 1"),
+            ("frequency_penalty", json!(-2), json!(-2.01), "a number from -2 to 2"),
+            ("frequency_penalty", json!(2), json!(2.01), "a number from -2 to 2"),
+            ("presence_penalty", json!(-2), json!(-2.01), "a number from -2 to 2"),
+            ("presence_penalty", json!(2), json!(2.01), "a number from -2 to 2"),
+            ("repetition_penalty", json!(0.01), json!(0), "a finite number above 0"),
+            ("penalty_last_n", json!(0), json!(-1), "an integer from 0 to 4096"),
+            ("penalty_last_n", json!(4096), json!(4097), "an integer from 0 to 4096"),
+            ("logprobs", json!(0), json!(-1), "an integer from 0 to 20"),
+            ("logprobs", json!(20), json!(21), "an integer from 0 to 20"),
+            ("top_k", json!(0), json!(-1), "an integer of at least 0"),
+            ("seed", json!(0), json!(-1), "an integer of at least 0"),
+        ] {
+            assert_eq!(refusal(json!({ name: inside })), None, "{name}: {inside}");
+            let e = refusal(json!({ name: outside })).unwrap_or_else(|| panic!("{name}: {outside} passed"));
+            assert_eq!(e, format!("invalid option {name}: must be {range}, got {outside}"));
+        }
+        assert_eq!(refusal(json!({"seed": u64::MAX, "top_k": u32::MAX})), None);
+        for bias in [json!(-100), json!(100), json!(null)] {
+            assert_eq!(refusal(json!({"logit_bias": {"5": bias}})), None, "{bias}");
+        }
+        for bias in [json!(-100.5), json!(101)] {
+            let e = refusal(json!({"logit_bias": {"5": bias}})).unwrap_or_else(|| panic!("bias {bias} passed"));
+            assert!(e.starts_with("invalid option logit_bias: the bias of token 5 must be a number from -100 to 100"), "{e}");
+        }
+    }
+
+    /// NaN and the infinities are in no option's range (JSON has none of them; a number too large
+    /// for an f32 reads as infinity). Only `logit_bias` takes -inf: it bans the token.
+    #[test]
+    fn non_finite_numbers_are_refused() {
+        type Make = fn(f32) -> GenerateOptions;
+        let reals: [(&str, Make); 6] = [
+            ("temperature", |x| GenerateOptions { temperature: x, ..Default::default() }),
+            ("top_p", |x| GenerateOptions { top_p: x, ..Default::default() }),
+            ("min_p", |x| GenerateOptions { min_p: x, ..Default::default() }),
+            ("repetition_penalty", |x| GenerateOptions { repetition_penalty: x, ..Default::default() }),
+            ("frequency_penalty", |x| GenerateOptions { frequency_penalty: x, ..Default::default() }),
+            ("presence_penalty", |x| GenerateOptions { presence_penalty: x, ..Default::default() }),
+        ];
+        for (name, make) in reals {
+            for x in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                assert_eq!(invalid_option_name(&make(x), 100), Some(name), "{name}: {x}");
+            }
+        }
+        for bias in [f32::NAN, f32::INFINITY] {
+            assert_eq!(
+                invalid_option_name(&GenerateOptions { logit_bias: vec![(1, bias)], ..Default::default() }, 100),
+                Some("logit_bias")
+            );
+        }
+        assert_eq!(invalid_option_name(&GenerateOptions { logit_bias: vec![(1, f32::NEG_INFINITY)], ..Default::default() }, 100), None);
+        let e = refusal(serde_json::json!({"temperature": 1e39})).expect("an f32 infinity");
+        assert_eq!(e, "invalid option temperature: must be a number from 0 to 2, got inf");
+    }
+
+    /// A value of the wrong type (a negative or fractional count, a string for a number, a count
+    /// past its field) gets the message of a value out of range, not serde's.
+    #[test]
+    fn wrong_types_name_the_option_and_its_range() {
+        use serde_json::json;
+        for (name, value, range) in [
+            ("max_tokens", json!(-5), "an integer of at least 1"),
+            ("max_tokens", json!(2.5), "an integer of at least 1"),
+            ("max_tokens", json!(5.0), "an integer of at least 1"),
+            ("max_tokens", json!("many"), "an integer of at least 1"),
+            ("top_k", json!(-1), "an integer of at least 0"),
+            ("top_k", json!(u64::from(u32::MAX) + 1), "an integer of at least 0"),
+            ("seed", json!(1.5), "an integer of at least 0"),
+            ("penalty_last_n", json!(true), "an integer from 0 to 4096"),
+            ("logprobs", json!(-1), "an integer from 0 to 20"),
+            ("temperature", json!("hot"), "a number from 0 to 2"),
+            ("top_p", json!([0.5]), "a number from 0 to 1"),
+            ("repetition_penalty", json!({}), "a finite number above 0"),
+        ] {
+            let e = refusal(json!({ name: value })).unwrap_or_else(|| panic!("{name}: {value} passed"));
+            assert_eq!(e, format!("invalid option {name}: must be {range}, got {value}"));
+        }
+        let e = refusal(json!({"logit_bias": {"7": "ban"}})).expect("a bias that is no number");
+        assert_eq!(
+            e,
+            "invalid option logit_bias: the bias of token 7 must be a number from -100 to 100, or null (-Infinity) to ban it, got \"ban\""
+        );
+        // Under OpenAI's other names for an option, the name the request used.
+        let e = Allowed::LOGPROBS.count("top_logprobs", &json!(50)).expect_err("50 top log-probabilities");
+        assert_eq!(e.to_string(), "invalid option top_logprobs: must be an integer from 0 to 20, got 50");
+        assert_eq!(Allowed::MAX_TOKENS.count("max_completion_tokens", &json!(7)).ok(), Some(7));
     }
 
     /// Each request limit: at the limit is fine, one past it is `invalid_option` naming the option.

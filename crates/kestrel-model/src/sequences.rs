@@ -349,7 +349,7 @@ impl Model {
         };
         let logprobs = match (seq.options.logprobs, &logits) {
             (0, _) => None,
-            (n, Some(logits)) => Some(top_logprobs(logits, token, n)),
+            (n, Some(logits)) => Some(top_logprobs(logits, token, n, &self.tokenizer)),
             (_, None) => return Err(GpuError::Readback("a batched step returned no logits for logprobs".into()).into()),
         };
         match seq.output.accept(&self.tokenizer, &seq.options, token, logprobs)? {
