@@ -23,7 +23,8 @@
 #   ./build.sh wasm              build the wasm engine into www/pkg (the npm package's binary)
 #   ./build.sh demo              build everything, fetch the model, serve the chat demo on 127.0.0.1
 #   ./build.sh fuzz [seconds]    build the fuzz targets (fuzz/, on stable Rust) and run each for
-#                                `seconds` (default 60); crashes land in fuzz/artifacts/<target>/
+#                                `seconds` (default 60), or FUZZ_RUNS executions where set;
+#                                crashes land in fuzz/artifacts/<target>/
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -131,6 +132,22 @@ build_wasm() {
   echo "$wasm: $(stat -c %s "$wasm") bytes, $(gzip -9c "$wasm" | wc -c) gzipped"
 }
 
+# The browser suite's wasm: the same engine with kestrel-wasm's `test-hooks` (`trapForTest`, the
+# way to the package's crash recovery), in a folder of its own that the suite's crash test serves
+# as www/pkg (tests/browser/crash.test.mjs). The npm package's www/pkg never has the hook.
+test_wasm_pkg=$target_dir/wasm-test-hooks/pkg
+build_test_wasm() {
+  export PATH="$HOME/.cargo/bin:$PATH"
+  local built=$target_dir/wasm32-unknown-unknown/release/kestrel_wasm.wasm
+  # Only kestrel-wasm itself builds again: cargo keeps one build of it, so the next build_wasm
+  # builds it again without the hook (and bindgens www/pkg anew).
+  cargo build -p kestrel-wasm --target wasm32-unknown-unknown --release --features test-hooks || return
+  ensure_wasm_bindgen || return
+  if [ ! -f "$test_wasm_pkg/kestrel_wasm_bg.wasm" ] || [ "$built" -nt "$test_wasm_pkg/kestrel_wasm_bg.wasm" ]; then
+    wasm-bindgen --target web --out-dir "$test_wasm_pkg" "$built"
+  fi
+}
+
 # The benchmark suite (bench/run.mjs): the native CLI, tools/llama-cpp's llama.cpp, and www/bench in
 # headless Chromium with wllama. Writes bench/results/latest.{md,svg,json}.
 bench() {
@@ -170,6 +187,12 @@ wasm_kernel_tests() {
     cargo test -p kestrel-cpu --target wasm32-wasip1
 }
 
+# The unit tests of the fix in vendor/minijinja (vendor/README.md): the copy is outside the
+# workspace, so `cargo test --workspace` does not run them.
+patched_crate_tests() {
+  cargo test --manifest-path vendor/minijinja/Cargo.toml --target-dir "$target_dir/vendor" --features fuel --lib -- namespace_object fuel
+}
+
 # bench/gpu-check.sh in its smallest size on this machine's device (lavapipe without a GPU), with
 # the dev-profile CLI, so the real-GPU check never rots.
 gpu_check_smoke() {
@@ -194,6 +217,9 @@ shader_variants() {
 # profile so that it reuses what `cargo test` compiled), the models and the shader variants.
 browser_prep() {
   build_dev_cli || return
+  # The test build first: the package's after it leaves cargo's build of kestrel-wasm the one the
+  # later build_wasm calls (the bench smoke, the package and bundler tests) find up to date.
+  build_test_wasm || return
   build_wasm || return
   browser_models || return
   reranker_model || return
@@ -204,7 +230,7 @@ browser_prep() {
 browser_suite() {
   # The soak at a size that takes about 2 minutes on SwiftShader on a busy 2-core machine;
   # soak_browser runs the full one.
-  (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" KESTREL_WGSL_DIR="$wgsl_variants" SOAK_REQUESTS=${SOAK_REQUESTS:-8} node --test --test-concurrency=1 --test-reporter=spec)
+  (cd tests/browser && KESTREL_CLI="$target_dir/debug/kestrel" KESTREL_WGSL_DIR="$wgsl_variants" KESTREL_TEST_WASM_PKG="$test_wasm_pkg" SOAK_REQUESTS=${SOAK_REQUESTS:-8} node --test --test-concurrency=1 --test-reporter=spec)
 }
 
 browser_tests() {
@@ -277,7 +303,8 @@ from_native_tests() {
 # The random-weight qwen3 models the browser tests serve, written by the native tests that use
 # them (which check the plain one's sha256 against the file llama.cpp's reference was made from).
 browser_models() {
-  from_native_tests synthetic-qwen3-f32.gguf synthetic-qwen3-runaway-template.gguf -- --test greedy --test bad_models -- \
+  from_native_tests synthetic-qwen3-f32.gguf synthetic-qwen3-runaway-template.gguf synthetic-qwen3-namespace-cycle-template.gguf -- \
+    --test greedy --test bad_models -- \
     synthetic_model_features_change_llama_cpp_output hostile_chat_template_fails_the_request_not_the_model
 }
 
@@ -345,17 +372,23 @@ fuzz_seeds() {
 # runs) and seeds (fuzz/seeds/TARGET, which also holds every input that once crashed it, and
 # fuzz/target/seeds/TARGET); prints its executions and coverage. Fails on a crash.
 fuzz_one() {
-  local profile=$1 target=$2 seconds=$3 log=fuzz/target/$2.log rc=0 dir seeds=()
+  local profile=$1 target=$2 seconds=$3 log=fuzz/target/$2.log rc=0 dir seeds=() start=$SECONDS
   mkdir -p "fuzz/corpus/$target" "fuzz/artifacts/$target"
   for dir in "fuzz/seeds/$target" "fuzz/target/seeds/$target"; do
     [ -d "$dir" ] && seeds+=("$dir")
   done
+  # The target's dictionary of syntax (fuzz/dictionaries), where it has one.
+  local dict=()
+  [ -f "fuzz/dictionaries/$target.dict" ] && dict=(-dict="fuzz/dictionaries/$target.dict")
   # -timeout: an input running 10 s is a hang; -rss_limit_mb: a runaway allocation is a bug.
-  "fuzz/target/$(fuzz_host)/$profile/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  # FUZZ_RUNS: that many executions instead of SECONDS (the long runs the README reports).
+  local budget=(-max_total_time="$seconds")
+  [ -n "${FUZZ_RUNS:-}" ] && budget=(-runs="$FUZZ_RUNS")
+  "fuzz/target/$(fuzz_host)/$profile/$target" "${dict[@]}" "${budget[@]}" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="fuzz/artifacts/$target/" "fuzz/corpus/$target" "${seeds[@]}" >"$log" 2>&1 || rc=$?
   [ $rc -eq 0 ] || tail -n 40 "$log"
   printf '%-14s %11s executions in %4s s, %s%s\n' "$target" "$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")" \
-    "$seconds" "$(grep -o 'cov: [0-9]*' "$log" | tail -n 1)" "$([ $rc -eq 0 ] || echo ", FAILED: see $log")"
+    "$((SECONDS - start))" "$(grep -o 'cov: [0-9]*' "$log" | tail -n 1)" "$([ $rc -eq 0 ] || echo ", FAILED: see $log")"
   return $rc
 }
 
@@ -446,6 +479,7 @@ case "$cmd" in
     timed "typescript" npm --prefix tests/browser run --silent typecheck || status=1
     rm -rf "$wgsl_variants"
     timed "native tests" env KESTREL_DUMP_WGSL="$wgsl_variants" cargo test --workspace --no-fail-fast || status=1
+    timed "patched minijinja's tests" patched_crate_tests || status=1
     native_tests_ran=1
     timed "wasm kernel tests" wasm_kernel_tests || status=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
@@ -473,6 +507,7 @@ case "$cmd" in
     llama_cpp_tools
     scripts/make-q4-k-m.sh
     cargo test --workspace --no-fail-fast
+    patched_crate_tests
     wasm_kernel_tests
     ;;
   test-browser)

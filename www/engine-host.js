@@ -1,13 +1,15 @@
 // The engine a worker hosts: the wasm Engine, or for a remote engine the connection to its server.
 // Its clients talk to it with messages ({type, id, ...}) through `handleMessage`; it answers with
-// 'progress', 'token' (a streamed chunk), 'result' and 'error' messages, and reports 'status'
-// (a device loss and the recovery from it) to every client, through the function `setOutbound`
-// gives it. worker.js hosts it for one page; shared-worker.js for every tab of an origin. The
-// engine core (kestrel-engine, in the wasm module) schedules the requests and writes their answers
-// in OpenAI's shape; this module carries its events. The page (index.js) queues requests, except
-// generations on an engine that batches them (`info.model.batched`): those come at once and join
-// the running steps.
-import init, { Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, checkEmbeddingRequest, checkRerankRequest, reusableTokens, shardNames } from './pkg/kestrel_wasm.js';
+// 'progress', 'token' (a streamed chunk), 'result' and 'error' messages, and reports 'status' (a
+// device loss and the recovery from it, a crash) to every client, through the function
+// `setOutbound` gives it. worker.js hosts it for one page; shared-worker.js for every tab of an
+// origin. The engine core (kestrel-engine, in the wasm module) schedules the requests and writes
+// their answers in OpenAI's shape; this module carries its events. The page (index.js) queues
+// requests, except generations on an engine that batches them (`info.model.batched`): those come
+// at once and join the running steps. A trap of the wasm instance (a Rust panic, a stack
+// overflow, an allocation failure) ends the engine for good: every call fails with `internal`,
+// and the status 'crashed' tells the clients, whose page replaces this worker with a new one.
+import init, { Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, checkEmbeddingRequest, checkRerankRequest, reportPanicsTo, reusableTokens, shardNames } from './pkg/kestrel_wasm.js';
 import { MIN_RESTORED_TOKENS, PrefixStore, sharedPrefix } from './prefix-store.js';
 import { adapterName } from './adapter-name.js';
 import { CACHE_NAME, SHARD_HEADER, storageRoom } from './storage.js';
@@ -23,6 +25,7 @@ let prefixes = null; // the PrefixStore of the loaded model, with `persistPrefix
 let saving = Promise.resolve(); // the KV prefix being saved after a request; the next one waits for it
 let remote = null; // the RemoteBackend of a remote engine (createEngine's `remote`)
 let batched = false; // the loaded model's requests run as batched steps (info.model.batched)
+let crash = null; // the error every call fails with once the engine crashed (`crashWith`)
 
 // The GPUBuffers this worker holds, for `memory()`: created, and neither destroyed nor garbage
 // collected. Counted here, where every buffer passes, because wgpu cannot: on the web it drops a
@@ -65,8 +68,64 @@ const errorOf = (e) => ({
 });
 
 async function initWasm() {
-  wasmMemory ??= (await init({ module_or_path: new URL('./pkg/kestrel_wasm_bg.wasm', import.meta.url) })).memory;
+  if (wasmMemory) return;
+  wasmMemory = (await init({ module_or_path: new URL('./pkg/kestrel_wasm_bg.wasm', import.meta.url) })).memory;
+  // A panic aborts (wasm is built with panic=abort) with a bare `RuntimeError: unreachable`: its
+  // message, reported just before, says why.
+  reportPanicsTo((message) => crashWith('RuntimeError: unreachable', message));
 }
+
+/**
+ * Whether `e` is a trap of the wasm instance: a `RuntimeError` (a panic or an allocation failure,
+ * which abort: `unreachable`; a bad memory access), or a stack overflow (a RangeError in V8 and
+ * JavaScriptCore, an InternalError in Firefox).
+ */
+function isTrap(e) {
+  return e instanceof WebAssembly.RuntimeError
+    || (e instanceof RangeError && /call stack/i.test(e.message))
+    || (e?.name === 'InternalError' && /recursion/i.test(e.message));
+}
+
+/**
+ * Records the engine's crash, once, and tells every client ('crashed'). After a trap the
+ * instance's Rust state is undefined (RefCells left borrowed, structures half written), and
+ * wasm-bindgen instantiates its module once per realm: nothing here can run the engine again, so
+ * every call fails with the crash's error and the page replaces this worker with a new one that
+ * reloads the model (index.js). `trap`: what the instance threw; `panic`: the panic behind it.
+ * @param {string} trap
+ * @param {string} [panic]
+ */
+function crashWith(trap, panic) {
+  if (!crash) {
+    crash = fail('internal', `the engine crashed (${trap}${panic ? `: ${panic}` : ''}); it restarts in a new worker and reloads the model`);
+    post({ type: 'status', status: 'crashed', error: errorOf(crash) });
+  }
+  return crash;
+}
+
+/**
+ * The error a call fails with: `e`, or the crash's once the engine crashed (`e` may then be what
+ * a later use of the dead instance threw, such as wasm-bindgen's "recursive use of an object").
+ */
+function callError(e) {
+  if (crash) return crash;
+  return isTrap(e) ? crashWith(`${e.name}: ${e.message}`) : e;
+}
+
+// A trap in a future that the wasm polls from a microtask (a step, a load's compile, an
+// embedding) reaches no call: its promise never settles, and the trap is this worker's uncaught
+// error, kept here from the page's `onerror` (which would close the engine for good). After a
+// crash, so are the dead instance's other errors.
+self.addEventListener('error', (event) => {
+  if (!crash && !isTrap(event.error)) return;
+  event.preventDefault();
+  callError(event.error);
+});
+self.addEventListener('unhandledrejection', (event) => {
+  if (!crash && !isTrap(event.reason)) return;
+  event.preventDefault();
+  callError(event.reason);
+});
 
 async function getEngine(engineOptions) {
   if (!engine) {
@@ -441,6 +500,8 @@ async function load(id, model, useCache, engineOptions, sha256, persist) {
     post({ type: 'progress', id, progress: { phase: 'ready', loaded, total } });
     return info;
   } catch (e) {
+    // A trap (an allocation failure, most likely here) left the engine unusable: no more calls.
+    if (isTrap(e)) throw e;
     reader?.cancel().catch(() => {});
     eng.cancelLoad();
     // Never keep a file that failed to load (a corrupt download would otherwise stick), nor the
@@ -480,6 +541,7 @@ async function restorePrefix(eng, rid) {
     entry = best.entry;
     eng.restorePrefix(prefixes.modelKey, await prefixes.read(entry), best.shared);
   } catch (e) {
+    if (isTrap(e)) throw e;
     console.warn('kestrel: a saved KV prefix was not restored:', e?.message ?? e);
     if (e?.code === 'bad_snapshot' && entry) await prefixes.remove(entry.name);
     if (e?.code === 'snapshot_mismatch' && entry) prefixes.refused.add(entry.name);
@@ -500,6 +562,7 @@ async function savePrefix(eng) {
     }
     await prefixes.save(bytes);
   } catch (e) {
+    if (isTrap(e)) throw e;
     console.warn('kestrel: could not save the KV prefix:', e?.message ?? e);
   }
 }
@@ -650,7 +713,7 @@ async function lossBehind(eng, error) {
     try {
       eng.checkDevice();
     } catch (fault) {
-      if (fault?.code === 'device_lost') return fault;
+      if (fault?.code === 'device_lost' || isTrap(fault)) return fault;
     }
   }
   return error;
@@ -674,7 +737,7 @@ async function recover() {
     post({ type: 'status', status: 'ready', info });
   } catch (e) {
     lastLoad = null;
-    post({ type: 'status', status: 'failed', error: errorOf(e) });
+    post({ type: 'status', status: 'failed', error: errorOf(callError(e)) });
   } finally {
     recovery = null;
   }
@@ -685,13 +748,18 @@ async function answer(id, run) {
   try {
     post({ type: 'result', id, value: await run() });
   } catch (e) {
-    post({ type: 'error', id, error: errorOf(e) });
+    post({ type: 'error', id, error: errorOf(callError(e)) });
   }
 }
 
 /** Handles one message of a client: a request, or the abort of one. */
 export async function handleMessage(data) {
   const { type, id } = data;
+  if (crash) {
+    // The page replaces this worker; until it does, every call fails with the crash.
+    if (type !== 'abort') post({ type: 'error', id, error: errorOf(crash) });
+    return;
+  }
   if (type === 'abort') {
     if (remote?.isRunning(id)) remote.abort(id);
     else if (engineIds.has(id)) engine?.abort(engineIds.get(id));
@@ -730,6 +798,12 @@ export async function handleMessage(data) {
       case 'destroy-device':
         // The test hook of the recovery: loses the device as a driver reset would.
         engine?.destroyDevice();
+        break;
+      case 'trap':
+        // The test hook of the crash recovery: traps the instance, `how` as `trapForTest` says.
+        // Only the browser suite's build of the wasm (kestrel-wasm's `test-hooks`) has it.
+        if (typeof engine?.trapForTest !== 'function') throw fail('invalid_option', 'this build of the engine has no test hooks');
+        value = await engine.trapForTest(data.how);
         break;
       case 'generate':
         value = await generate(id, data.endpoint, data.body);
@@ -778,6 +852,6 @@ export async function handleMessage(data) {
     }
     post({ type: 'result', id, value });
   } catch (e) {
-    post({ type: 'error', id, error: errorOf(e) });
+    post({ type: 'error', id, error: errorOf(callError(e)) });
   }
 }

@@ -123,6 +123,14 @@ function modelOption(model) {
 }
 
 /**
+ * A new module worker hosting an engine (worker.js). Written out as bundlers look for it
+ * (`new Worker(new URL(..., import.meta.url))`), so that they bundle the worker.
+ */
+function startWorker() {
+  return new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+}
+
+/**
  * The `worker_error` of the engine's worker's `error` event. The dev servers of Vite 5-7 pre-bundle
  * this file into node_modules/.vite/deps/, where `new URL('./worker.js', import.meta.url)` names no
  * file, so the worker cannot start there: the message then says the fix.
@@ -167,12 +175,13 @@ export async function clearSavedPrefixes() {
 export async function estimate(options) {
   const { context_length, kv_cache, slots } = options ?? {};
   const model = modelOption(options?.model);
-  const worker = new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+  const worker = startWorker();
   try {
     return await new Promise((resolve, reject) => {
       worker.onmessage = ({ data }) => {
         if (data.type === 'result') resolve(data.value);
-        else if (data.type === 'error') reject(kestrelError(/** @type {KestrelErrorCode} */ (data.error.code), data.error.message));
+        // A crash may leave the call unanswered: its status says why.
+        else if (data.type === 'error' || data.status === 'crashed') reject(kestrelError(/** @type {KestrelErrorCode} */ (data.error.code), data.error.message));
       };
       worker.onerror = (e) => reject(workerError(e));
       worker.postMessage({ type: 'estimate', id: 0, model, context_length, kv_cache, slots });
@@ -295,20 +304,41 @@ class Engine {
   #clients = { clients: 1, abandoned_requests: 0 };
 
   /**
+   * The message that set the worker up ('load', or a remote engine's 'connect'), sent again to the
+   * new worker that replaces one whose engine crashed.
+   * @type {{ type: 'load' | 'connect', [key: string]: unknown } | null}
+   */
+  #setup = null;
+
+  /**
+   * The new worker's reload after a crash, which calls wait for; null otherwise.
+   * @type {Promise<void> | null}
+   */
+  #restarting = null;
+
+  /**
    * @param {EngineWorker} worker
    * @param {CreateEngineOptions['onStatus']} onStatus
    */
   constructor(worker, onStatus) {
-    this.#worker = worker;
+    this.#worker = this.#listen(worker);
     this.#onStatus = onStatus;
-    worker.onmessage = (/** @type {{ data: WorkerMessage }} */ { data }) => this.#onMessage(data);
-    worker.onerror = (/** @type {ErrorEvent} */ e) => this.#fail(workerError(e));
     /** @type {EngineApi['chat']} */
     this.chat = { completions: { create: /** @type {any} */ ((/** @type {ChatCompletionRequest} */ request) => this.#create('chat', request)) } };
     /** @type {EngineApi['completions']} */
     this.completions = { create: /** @type {any} */ ((/** @type {CompletionRequest} */ request) => this.#create('completions', request)) };
     /** @type {EngineApi['embeddings']} */
     this.embeddings = { create: /** @type {any} */ ((/** @type {EmbeddingCreateParams} */ request) => this.#encode('embed', request)) };
+  }
+
+  /**
+   * Takes `worker`'s messages and errors.
+   * @param {EngineWorker} worker
+   */
+  #listen(worker) {
+    worker.onmessage = (/** @type {{ data: WorkerMessage }} */ { data }) => this.#onMessage(data);
+    worker.onerror = (/** @type {ErrorEvent} */ e) => this.#fail(workerError(e));
+    return worker;
   }
 
   /** @param {WorkerMessage} msg */
@@ -327,6 +357,10 @@ class Engine {
       if (this.info) this.info = { ...this.info, shared: this.#sharedInfo() };
       this.#onStatus?.({ status: 'leader_lost' });
       this.#onStatus?.({ status: 'reloading' });
+      return;
+    }
+    if (msg.type === 'status' && msg.status === 'crashed') {
+      this.#crashed(/** @type {{ code: string, message: string }} */ (msg.error));
       return;
     }
     if (msg.type === 'status') {
@@ -351,6 +385,58 @@ class Engine {
   #sharedInfo() {
     const worker = this.#worker;
     return worker instanceof SharedEngineConnection ? { mode: worker.mode, ...this.#clients } : null;
+  }
+
+  /**
+   * The worker's engine crashed (a trap of its wasm instance, whose state is then lost; see
+   * engine-host.js): the calls in flight fail with the crash's `internal` error, and a new worker,
+   * made as the first was, is set up again: the model reloaded from the Cache API (a URL's) or the
+   * same File or Blob. Reported as 'crashed', 'reloading', then 'ready' or 'failed'; calls made
+   * meanwhile wait for it. A crash during that reload fails it ('failed'), leaving a new worker
+   * without a model, rather than reload again a model that may crash it each time.
+   * @param {{ code: string, message: string }} error
+   */
+  #crashed(error) {
+    const crash = kestrelError('internal', error.message);
+    for (const p of this.#pending.values()) p.reject(crash);
+    this.#pending.clear();
+    // createEngine's own load crashed: it fails with the crash, and ends the worker.
+    if (!this.#setup || this.#closed) return;
+    const reloading = this.#restarting !== null;
+    if (!reloading) this.#onStatus?.({ status: 'crashed', error });
+    // A shared engine's connection has reached a new engine by itself (shared.js).
+    if (!(this.#worker instanceof SharedEngineConnection)) this.#replaceWorker();
+    if (!reloading) {
+      this.#restarting = this.#restart(this.#setup).finally(() => {
+        this.#restarting = null;
+      });
+    }
+  }
+
+  /** Ends the crashed worker and starts a new one, made as createEngine made it. */
+  #replaceWorker() {
+    const crashed = this.#worker;
+    crashed.onmessage = null;
+    crashed.onerror = null;
+    crashed.terminate();
+    this.#worker = this.#listen(startWorker());
+  }
+
+  /**
+   * Sets the new worker up as the crashed one was (`setup`: its 'load' or 'connect'), reporting
+   * 'reloading', then 'ready' or 'failed'.
+   * @param {{ type: string, [key: string]: unknown }} setup
+   */
+  async #restart(setup) {
+    this.#onStatus?.({ status: 'reloading' });
+    try {
+      const value = await this.#post(setup, {});
+      if (setup.type === 'load') this.info = { ...value, shared: this.#sharedInfo() };
+      this.#onStatus?.({ status: 'ready' });
+    } catch (e) {
+      const { code, message } = /** @type {KestrelError} */ (e);
+      this.#onStatus?.({ status: 'failed', error: { code, message } });
+    }
   }
 
   /** @param {KestrelError} error */
@@ -386,12 +472,26 @@ class Engine {
   }
 
   /**
+   * Sends one message and waits for its answer, once the reload after a crash (if one runs) ends.
    * @param {{ type: string, [key: string]: unknown }} msg
    * @param {Handlers} handlers
    * @param {Transferable[]} [transfer]
    * @returns {Promise<any>}
    */
   #send(msg, handlers, transfer) {
+    const restarting = this.#restarting;
+    if (restarting) return restarting.then(() => this.#send(msg, handlers, transfer));
+    return this.#post(msg, handlers, transfer);
+  }
+
+  /**
+   * Sends one message to the worker now and waits for its answer.
+   * @param {{ type: string, [key: string]: unknown }} msg
+   * @param {Handlers} handlers
+   * @param {Transferable[]} [transfer]
+   * @returns {Promise<any>}
+   */
+  #post(msg, handlers, transfer) {
     if (this.#closed) return Promise.reject(this.#closed);
     const id = this.#nextId++;
     handlers.onStart?.(id);
@@ -409,8 +509,10 @@ class Engine {
    * @param {{ maxBytes: number } | null} persist `persistPrefix`
    */
   async _load(model, onProgress, engineOptions, sha256, persist) {
-    const info = await this.#call({ type: 'load', model, options: engineOptions, sha256, persist }, { onProgress });
+    const load = { type: /** @type {const} */ ('load'), model, options: engineOptions, sha256, persist };
+    const info = await this.#call(load, { onProgress });
     this.info = { ...info, shared: this.#sharedInfo() };
+    this.#setup = load;
     return this.info;
   }
 
@@ -420,7 +522,9 @@ class Engine {
    * @param {KestrelError} reason why the model does not run here
    */
   async _connect(remote, reason) {
-    await this.#call({ type: 'connect', remote });
+    const connect = { type: /** @type {const} */ ('connect'), remote };
+    await this.#call(connect);
+    this.#setup = connect;
     this.info = {
       backend: 'remote', fallback: { code: reason.code, message: reason.message },
       remote: { baseURL: remote.baseURL.replace(/\/+$/, ''), model: remote.model ?? 'kestrel' }, gpu: null, kind: null, model: null, version: null, shared: null,
@@ -433,12 +537,12 @@ class Engine {
    * @param {Partial<ChatCompletionRequest & CompletionRequest>} request
    */
   #create(endpoint, request) {
-    const worker = this.#worker;
     // A model whose requests run as batched steps (several slots, or the CPU backend) takes
     // concurrent requests at once; a remote server too.
     const beside = this.info?.backend === 'remote' || (this.info?.kind === 'chat' && this.info.model.batched === true);
     const send = (/** @type {{ type: string }} */ msg, /** @type {Handlers} */ handlers) => (beside ? this.#callBeside(msg, handlers) : this.#call(msg, handlers));
-    return openaiRequest(endpoint, request, send, (id) => worker.postMessage({ type: 'abort', id }));
+    // To the worker that runs the request now (a crash may have replaced the first).
+    return openaiRequest(endpoint, request, send, (id) => this.#worker.postMessage({ type: 'abort', id }));
   }
 
   /**
@@ -495,6 +599,17 @@ class Engine {
    */
   _destroyDevice() {
     this.#worker.postMessage({ type: 'destroy-device', id: 0 });
+  }
+
+  /**
+   * Test hook: traps the worker's wasm instance, `how`: 'panic', 'stack_overflow', or
+   * 'panic_in_future' (in a future the wasm polls later, as a step's). Queued as a request, which
+   * fails with `internal`; the engine then recovers. Only the browser suite's build of the wasm
+   * has the trap (kestrel-wasm's `test-hooks`); the package's fails with `invalid_option`.
+   * @param {'panic' | 'stack_overflow' | 'panic_in_future'} how
+   */
+  _trap(how) {
+    return this.#call({ type: 'trap', how });
   }
 
   /**
@@ -605,7 +720,9 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * request in flight fails with `device_lost`, then 'device_lost', 'reloading' (the model from the
  * Cache API or the same File), 'ready' (or 'failed' with `error`); later requests wait for it.
  * A shared engine whose leading tab closed says 'leader_lost', 'reloading' (on the next tab in
- * line), then 'ready' or 'failed'.
+ * line), then 'ready' or 'failed'. A crash of the engine (its WebAssembly trapped: a bug) fails
+ * the request that caused it and those in flight with `internal`, then says 'crashed' (with
+ * `error`), 'reloading' (the model in a new worker), 'ready' (or 'failed'); later requests wait.
  * `sha256` (hex): the file's digest, checked as it streams; a mismatch is `bad_model` and the
  * copy is not kept in the Cache API. `info.model_cache` says whether the Cache API kept the file
  * (not where the storage quota has no room: `quota_exceeded`).
@@ -640,13 +757,13 @@ export async function createEngine(options) {
   const key = shared ? sharedKey(model, engineOptions, { persist }) : null;
   if (remote != null) checkRemote(remote);
   /** @param {KestrelError} reason */
-  const useRemote = (reason) => new Engine(new Worker(new URL('./worker.js', import.meta.url), { type: 'module' }), onStatus)._connect(/** @type {RemoteOptions} */ (remote), reason);
+  const useRemote = (reason) => new Engine(startWorker(), onStatus)._connect(/** @type {RemoteOptions} */ (remote), reason);
   if (engineOptions.backend === 'webgpu' && !globalThis.navigator?.gpu) {
     const error = kestrelError('no_webgpu', 'WebGPU is not available in this browser (navigator.gpu is missing)');
     if (remote != null) return useRemote(error);
     throw error;
   }
-  const worker = key === null ? new Worker(new URL('./worker.js', import.meta.url), { type: 'module' }) : await SharedEngineConnection.connect(key);
+  const worker = key === null ? startWorker() : await SharedEngineConnection.connect(key);
   const engine = new Engine(worker, onStatus);
   try {
     await engine._load(model, onProgress, engineOptions, sha256, persist);

@@ -27,8 +27,10 @@ const MIME = {
  * Starts the server; resolves to {url, port, log, close}. `log` lists every request's path.
  * `omitLength` sends files without a Content-Length (chunked), as hosts that compress on the fly do;
  * `ranges: false` ignores Range headers (answers 200 with the whole file), as some hosts do.
+ * `pkg` serves /www/pkg/ from that folder instead: the browser suite's build of the wasm, with its
+ * test hooks (tests/browser/crash.test.mjs).
  */
-export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet = true, omitLength = false, ranges = true } = {}) {
+export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet = true, omitLength = false, ranges = true, pkg = null } = {}) {
   const log = [];
   const server = createServer(async (req, res) => {
     const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
@@ -44,8 +46,9 @@ export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet =
       res.writeHead(302, { ...headers, Location: '/www/demo/' });
       return res.end();
     }
-    let file = normalize(join(root, path));
-    if (!ALLOWED.some((p) => path.startsWith(p)) || !(file + sep).startsWith(root + sep)) {
+    const [base, rest] = pkg && path.startsWith('/www/pkg/') ? [resolve(pkg), path.slice('/www/pkg'.length)] : [root, path];
+    let file = normalize(join(base, rest));
+    if (!ALLOWED.some((p) => path.startsWith(p)) || !(file + sep).startsWith(base + sep)) {
       res.writeHead(404, headers);
       return res.end('not found');
     }

@@ -4,8 +4,16 @@
 // shared.js elects it with Web Locks), its own page through its port and the other tabs through a
 // BroadcastChannel. Either way this hub makes the tabs' request ids unique before they reach the
 // engine (engine-host.js), routes every answer back to the tab that asked, loads the model once
-// for all of them, and ends the requests of a tab that goes away.
+// for all of them, and ends the requests of a tab that goes away. When the engine crashes, this
+// worker closes itself, and the tabs reach a new one (shared.js).
 import { handleMessage, setOutbound } from './engine-host.js';
+
+/**
+ * This worker's id: it holds the Web Lock `kestrel-engine-alive:<id>` while it lives, so that
+ * the tabs know when a crashed one is gone.
+ */
+const instance = crypto.randomUUID();
+navigator.locks.request(`kestrel-engine-alive:${instance}`, () => new Promise(() => {}));
 
 /**
  * A connected tab: `send` posts to it; `ids` maps the hub's ids of its live requests to its own;
@@ -31,8 +39,12 @@ let load = null;
 
 setOutbound((msg) => {
   if (msg.id === undefined) {
-    // A status (device loss, recovery): every tab's.
-    for (const c of clients) c.send(msg);
+    // A status (device loss, recovery, a crash): every tab's.
+    const status = msg.status === 'crashed' ? { ...msg, engine: instance } : msg;
+    for (const c of clients) c.send(status);
+    // A crashed engine never runs again (engine-host.js): once this worker is gone, a tab that
+    // connects starts a new one.
+    if (msg.status === 'crashed') self.close();
     return;
   }
   if (load && msg.id === load.id) {

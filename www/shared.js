@@ -11,6 +11,11 @@
 //
 // Each tab holds a Web Lock of its own while it lives: the engine is granted it when the tab
 // closes or navigates away, and ends that tab's requests, whatever the tab had time to say.
+//
+// When the engine crashes (engine-host.js), its hub tells every tab ('crashed') and its worker
+// closes itself; each tab's connection reaches a new one before its Engine (index.js) hears of it
+// and loads the model again: the SharedWorker of the same name once the old one is gone, or the
+// leading tab's new worker. The hub loads the model once for every tab that asks.
 
 /**
  * Holds Web Lock `name` until the returned function is called.
@@ -75,13 +80,44 @@ export class SharedEngineConnection {
     const worker = new SharedWorker(new URL('./shared-worker.js', import.meta.url), { type: 'module', name: `kestrel:${key}` /* @vite-ignore */ });
     worker.onerror = (e) => this.onerror?.(/** @type {ErrorEvent} */ (e));
     const { port } = worker;
-    port.onmessage = ({ data }) => this.#deliver(data);
+    port.onmessage = ({ data }) => {
+      if (data?.type === 'status' && data.status === 'crashed') {
+        worker.onerror = null;
+        port.onmessage = null;
+        port.close();
+        this.#afterCrash(data.engine, key, clientLock);
+      }
+      this.#deliver(data);
+    };
     port.postMessage({ type: 'hello', lock: clientLock });
     this.#send = (msg) => port.postMessage(msg);
     this.#close = () => {
       port.postMessage({ type: 'bye' });
       port.close();
     };
+  }
+
+  /**
+   * The SharedWorker's engine crashed and the worker closes itself: once it is gone (its Web Lock
+   * free; a new SharedWorker of its name would otherwise join it), connects to a new one. What
+   * this tab sends meanwhile waits.
+   * @param {string} engine the crashed worker's id (shared-worker.js)
+   * @param {string} key
+   * @param {string} clientLock
+   */
+  #afterCrash(engine, key, clientLock) {
+    /** @type {any[]} */
+    const waiting = [];
+    let left = false;
+    this.#send = (msg) => waiting.push(msg);
+    this.#close = () => {
+      left = true;
+    };
+    navigator.locks.request(`kestrel-engine-alive:${engine}`, () => {
+      if (left) return;
+      this.#viaSharedWorker(key, clientLock);
+      for (const msg of waiting.splice(0)) this.#send(msg);
+    });
   }
 
   /**
@@ -115,16 +151,33 @@ export class SharedEngineConnection {
       this.#deliver({ type: 'lost' });
     };
 
+    /**
+     * Starts the worker that hosts the engine and its hub for every tab (shared-worker.js).
+     * @returns {Worker}
+     */
+    const startHub = () => {
+      const hub = new Worker(new URL('./shared-worker.js', import.meta.url), { type: 'module' });
+      hub.onmessage = ({ data }) => {
+        // The engine crashed: a new worker takes its place, which the tabs' Engines load again.
+        if (data?.type === 'status' && data.status === 'crashed') {
+          hub.onmessage = null;
+          hub.terminate();
+          worker = startHub();
+        }
+        this.#deliver(data);
+      };
+      hub.onerror = (e) => this.onerror?.(e);
+      hub.postMessage({ type: 'lead', channel: `kestrel-channel:${key}`, leader: me, rejoin: rejoining });
+      return hub;
+    };
+
     const lead = async () => {
       if (this.mode === 'follower' && leader) lost();
       this.mode = 'leader';
       leader = me;
       // Held while this tab leads: the tabs that follow it learn from it when it is gone.
       await holdLock(`kestrel-leader-alive:${me}`);
-      worker = new Worker(new URL('./shared-worker.js', import.meta.url), { type: 'module' });
-      worker.onmessage = ({ data }) => this.#deliver(data);
-      worker.onerror = (e) => this.onerror?.(e);
-      worker.postMessage({ type: 'lead', channel: `kestrel-channel:${key}`, leader: me, rejoin: rejoining });
+      worker = startHub();
       // Taking over: the model loads again (from the Cache API) for this tab and the others, and
       // the tabs that lost the old leader learn when it is ready.
       if (load) worker.postMessage({ ...load, id: 0 });
@@ -144,6 +197,9 @@ export class SharedEngineConnection {
       }).catch(() => {});
     };
 
+    /** The leader this tab watches (`watch`), once per leader. */
+    let watched = /** @type {string | null} */ (null);
+
     channel.onmessage = ({ data }) => {
       if (this.mode === 'leader') return;
       if (data?.to === '*' && data.msg?.type === 'leader') {
@@ -157,13 +213,23 @@ export class SharedEngineConnection {
       }
       if (data?.to !== me) return;
       if (data.msg?.type === 'welcome') {
-        if (leader !== data.leader) watch(data.leader);
+        if (watched !== data.leader) {
+          watched = data.leader;
+          watch(data.leader);
+        }
         leader = data.leader;
         rejoining = false;
         for (const msg of waiting.splice(0)) toLeader(msg);
         return;
       }
-      if (data.leader === leader) this.#deliver(data.msg);
+      if (data.leader !== leader) return;
+      if (data.msg?.type === 'status' && data.msg.status === 'crashed') {
+        // The leader's engine crashed; its tab starts a new one. What this tab sends waits for the
+        // new one's welcome (the hello gets one if it runs already, its announcement otherwise).
+        leader = null;
+        hello();
+      }
+      this.#deliver(data.msg);
     };
 
     this.mode = 'follower';

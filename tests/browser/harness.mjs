@@ -33,13 +33,27 @@ export function launch({ webgpu = true } = {}) {
 export const MINUTES = 60_000;
 
 /**
- * Starts the static server and Chromium before a suite's tests and closes both after them.
- * Returns `{ server, browser }`, filled in once the suite's first `before` has run.
+ * The browser suite's build of the wasm, with kestrel-wasm's test hooks (`trapForTest`), which
+ * `./build.sh` writes beside the package's (build_test_wasm): $KESTREL_TEST_WASM_PKG, else its
+ * default place.
  */
-export function serveAndLaunch() {
+export function testWasmPkg() {
+  const pkg = process.env.KESTREL_TEST_WASM_PKG ?? join(ROOT, 'target/wasm-test-hooks/pkg');
+  if (!existsSync(join(pkg, 'kestrel_wasm_bg.wasm'))) {
+    throw new Error(`${pkg} is missing: \`./build.sh test-browser\` builds it (build_test_wasm), or set KESTREL_TEST_WASM_PKG`);
+  }
+  return pkg;
+}
+
+/**
+ * Starts the static server and Chromium before a suite's tests and closes both after them.
+ * Returns `{ server, browser }`, filled in once the suite's first `before` has run. With
+ * `testHooks`, the server serves the wasm built with test hooks (`testWasmPkg`) as www/pkg.
+ */
+export function serveAndLaunch({ testHooks = false } = {}) {
   const env = { server: null, browser: null };
   before(async () => {
-    env.server = await startServer();
+    env.server = await startServer(testHooks ? { pkg: testWasmPkg() } : {});
     env.browser = await launch();
   });
   after(async () => {
@@ -49,14 +63,23 @@ export function serveAndLaunch() {
   return env;
 }
 
-/** Opens the test page (which exposes the package as window.kestrel); forwards console errors. */
-export async function openTestPage(context, baseUrl, path = '/tests/browser/page.html') {
+/**
+ * Opens the test page (which exposes the package as window.kestrel); forwards console errors.
+ * `noSharedWorker` takes SharedWorker away before the package runs (the shared engine's path of
+ * Chrome on Android).
+ */
+export async function openTestPage(context, baseUrl, { noSharedWorker = false } = {}) {
   const page = await context.newPage();
   page.on('console', (m) => {
     if (m.type() === 'error' || m.type() === 'warning') console.log(`[browser ${m.type()}] ${m.text()}`);
   });
   page.on('pageerror', (e) => console.log(`[page error] ${e.message}`));
-  await page.goto(baseUrl + path);
+  if (noSharedWorker) {
+    await page.addInitScript(() => {
+      delete window.SharedWorker;
+    });
+  }
+  await page.goto(`${baseUrl}/tests/browser/page.html`);
   await page.waitForFunction(() => window.kestrelReady === true);
   return page;
 }

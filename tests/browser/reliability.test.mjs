@@ -3,8 +3,9 @@
 // - a soak of random requests, two in flight at a time, a third of them aborted: none lost, none
 //   stuck, each result self-consistent, the KV cache's prefix bookkeeping intact, memory flat;
 // - createEngine/unload cycles that leave no worker, JS heap or GPU memory behind;
-// - a chat template that never ends fails its request with code 'template' and leaves the
-//   engine answering.
+// - a chat template that never ends, and one whose namespace holds itself (printing it once
+//   overflowed the stack and trapped the engine), fail their request with code 'template' and
+//   leave the engine answering.
 // SOAK_REQUESTS sets the soak's size (default 100), SOAK_SEED its random plan (default fixed),
 // LEAK_CYCLES the leak test's cycles (default 5).
 import assert from 'node:assert/strict';
@@ -13,6 +14,8 @@ import { CONTEXT_LENGTH, gpuProcessBytes, MINUTES, openTestPage, serveAndLaunch 
 
 const MODEL_URL = '/models/synthetic-qwen3-f32.gguf';
 const RUNAWAY_TEMPLATE_URL = '/models/synthetic-qwen3-runaway-template.gguf';
+/** Its template: `{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns %}{% endfor %}{{ ns }}`. */
+const NAMESPACE_CYCLE_TEMPLATE_URL = '/models/synthetic-qwen3-namespace-cycle-template.gguf';
 const REQUESTS = Number(process.env.SOAK_REQUESTS ?? 100);
 const SEED = Number(process.env.SOAK_SEED ?? 15);
 /** createEngine/unload cycles of the leak test (`./build.sh soak` runs more). */
@@ -292,5 +295,26 @@ describe('reliability in Chromium', { timeout: 30 * MINUTES }, () => {
     // Bounded: natively the render gives up after ~0.3 s; wasm on a loaded machine is slower.
     assert.ok(r.ms < 30_000, `the template ran ${r.ms} ms before failing`);
     assert.equal(r.after, 2);
+  });
+
+  test("a chat template whose namespace holds itself fails with 'template', and the engine does not crash", { timeout: 5 * MINUTES }, async () => {
+    const r = await page.evaluate(async ({ modelUrl, contextLength }) => {
+      const statuses = [];
+      const engine = await window.kestrel.createEngine({ model: modelUrl, context_length: contextLength, onStatus: (s) => statuses.push(s.status) });
+      let error = null;
+      try {
+        await engine.chat.completions.create({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 });
+      } catch (e) {
+        error = { code: e.code, message: e.message };
+      }
+      const out = await engine.completions.create({ prompt: 'the kestrel', max_tokens: 2, temperature: 0, ignore_eos: true });
+      await engine.unload();
+      return { error, statuses, after: out.kestrel.token_ids.length };
+    }, { modelUrl: NAMESPACE_CYCLE_TEMPLATE_URL, contextLength: CONTEXT_LENGTH });
+    console.log(`namespace cycle: ${JSON.stringify(r.error)}; then ${r.after} tokens of a text prompt; statuses ${JSON.stringify(r.statuses)}`);
+    assert.equal(r.error?.code, 'template');
+    assert.match(r.error.message, /contains the namespace/);
+    assert.equal(r.after, 2);
+    assert.deepEqual(r.statuses, [], 'the engine reported a crash (or another status)');
   });
 });

@@ -13,18 +13,8 @@ const QUESTIONS = ['Name a colour.', 'What is two plus two?', 'Say hello in Fren
 const request = (content, max_tokens = 16) => ({ messages: [{ role: 'user', content }], temperature: 0, max_tokens });
 
 /** Opens a test page; `noSharedWorker` takes SharedWorker away before the package runs. */
-async function openTab(env, { noSharedWorker = false } = {}) {
-  if (!noSharedWorker) return openTestPage(env.browser.context, env.server.url);
-  const page = await env.browser.context.newPage();
-  page.on('console', (m) => {
-    if (m.type() === 'error' || m.type() === 'warning') console.log(`[browser ${m.type()}] ${m.text()}`);
-  });
-  await page.addInitScript(() => {
-    delete window.SharedWorker;
-  });
-  await page.goto(`${env.server.url}/tests/browser/page.html`);
-  await page.waitForFunction(() => window.kestrelReady === true);
-  return page;
+function openTab(env, options) {
+  return openTestPage(env.browser.context, env.server.url, options);
 }
 
 /**

@@ -100,6 +100,14 @@ test('nothing ships that the package does not load: no tests, demo, bench or dev
   assert.deepEqual(devFiles, [], 'test, demo, bench or dev files in the tarball');
 });
 
+test("the wasm has none of the browser suite's test hooks", async () => {
+  // kestrel-wasm's `test-hooks` (`trapForTest`) is for the suite's own build of the wasm.
+  const module = await WebAssembly.compile(readFileSync(join(WWW, 'pkg/kestrel_wasm_bg.wasm')));
+  const hooks = WebAssembly.Module.exports(module).map((e) => e.name).filter((name) => /trap/i.test(name));
+  assert.deepEqual(hooks, [], 'the wasm exports a test hook: build www/pkg without the test-hooks feature');
+  assert.doesNotMatch(read('pkg/kestrel_wasm.js'), /trapForTest/);
+});
+
 test('package.json has the metadata the registry shows', () => {
   assert.deepEqual(manifest.repository, { type: 'git', url: 'git+https://github.com/kestrel-llm/kestrel.git', directory: 'www' });
   assert.match(manifest.homepage, /^https:\/\/github\.com\/kestrel-llm\/kestrel\b/);

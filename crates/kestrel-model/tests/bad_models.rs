@@ -141,25 +141,34 @@ fn gate_and_up_of_different_types_are_refused_before_upload() {
     assert!(err.to_string().contains("blk.5.ffn_gate/ffn_up"), "{err}");
 }
 
-/// A chat template is code from whoever made the file: one that runs away fails the request with
-/// the `template` code and leaves the model working; one that does not compile is a bad model.
+/// A chat template is code from whoever made the file: one that runs away, or one that makes a
+/// namespace hold itself (printing it overflowed the stack, which in the browser trapped the
+/// engine), fails the request with the `template` code and leaves the model working; one that
+/// does not compile is a bad model.
 #[test]
 fn hostile_chat_template_fails_the_request_not_the_model() {
     use kestrel_model::{ChatMessage, GenerateOptions, Prompt};
     let runaway = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
-    let bytes = common::synthetic::with_template_bytes(&common::synthetic::QWEN3_F32, runaway);
-    // The browser suite serves the same file (./build.sh copies it from here).
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("synthetic-qwen3-runaway-template.gguf");
-    std::fs::write(&path, &bytes).expect("write the runaway-template model for the browser suite");
-    let mut model = load_bytes(&bytes, 1 << 20).expect("the file itself is sound");
-    let err = model.encode(&Prompt::Chat(&[ChatMessage::new("user", "hi")])).expect_err("a runaway template must fail");
-    assert_eq!(err.code(), "template", "{err}");
-    assert!(err.to_string().contains("fuel"), "{err}");
-    // The same model still answers a plain-text prompt.
-    let prompt = model.encode(&Prompt::Text("Hello")).expect("text prompts need no template");
-    let options = GenerateOptions { max_tokens: 3, ignore_eos: true, ..GenerateOptions::greedy() };
-    let out = pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).expect("generate after the failed render");
-    assert_eq!(out.tokens.len(), 3);
+    let cycle = "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns %}{% endfor %}{{ ns }}";
+    let cases = [
+        (runaway, "synthetic-qwen3-runaway-template.gguf", "fuel"),
+        (cycle, "synthetic-qwen3-namespace-cycle-template.gguf", "contains the namespace"),
+    ];
+    for (template, file, says) in cases {
+        let bytes = common::synthetic::with_template_bytes(&common::synthetic::QWEN3_F32, template);
+        // The browser suite serves the same file (./build.sh copies it from here).
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(file);
+        std::fs::write(&path, &bytes).expect("write the hostile-template model for the browser suite");
+        let mut model = load_bytes(&bytes, 1 << 20).expect("the file itself is sound");
+        let err = model.encode(&Prompt::Chat(&[ChatMessage::new("user", "hi")])).expect_err("a hostile template must fail");
+        assert_eq!(err.code(), "template", "{file}: {err}");
+        assert!(err.to_string().contains(says), "{file}: {err}");
+        // The same model still answers a plain-text prompt.
+        let prompt = model.encode(&Prompt::Text("Hello")).expect("text prompts need no template");
+        let options = GenerateOptions { max_tokens: 3, ignore_eos: true, ..GenerateOptions::greedy() };
+        let out = pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).expect("generate after the failed render");
+        assert_eq!(out.tokens.len(), 3, "{file}");
+    }
 
     let err = load_bytes(&common::synthetic::with_template_bytes(&common::synthetic::QWEN3_F32, "{% for %}"), 1 << 20)
         .err()

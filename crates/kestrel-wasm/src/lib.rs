@@ -30,6 +30,8 @@ mod prefix;
 mod probe;
 mod remote;
 mod requests;
+#[cfg(feature = "test-hooks")]
+mod test_hooks;
 
 pub use probe::{HeaderProbe, Sha256Hasher};
 
@@ -52,15 +54,36 @@ fn to_js(value: &Value) -> JsValue {
     js_sys::JSON::parse(&value.to_string()).unwrap_or(JsValue::NULL)
 }
 
+thread_local! {
+    /// The worker's function that hears each panic's message (`reportPanicsTo`).
+    static PANIC_REPORTER: RefCell<Option<js_sys::Function>> = const { RefCell::new(None) };
+}
+
 /// Reports panics (bugs: every input-dependent failure is a `Result`) to the console with their
-/// message and location, instead of a bare "unreachable executed".
+/// message and location, instead of a bare "unreachable executed", and to the worker's reporter.
 fn install_panic_hook() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         std::panic::set_hook(Box::new(|info| {
-            web_sys::console::error_1(&JsValue::from_str(&format!("kestrel panicked (a bug, please report it): {info}")));
+            let message = format!("kestrel panicked (a bug, please report it): {info}");
+            web_sys::console::error_1(&JsValue::from_str(&message));
+            // try_borrow: a panic inside `reportPanicsTo` itself finds the reporter borrowed.
+            PANIC_REPORTER.with(|reporter| {
+                if let Ok(Some(report)) = reporter.try_borrow().as_deref() {
+                    let _ = report.call1(&JsValue::NULL, &JsValue::from_str(&message));
+                }
+            });
         }));
     });
+}
+
+/// Has `report(message)` called with each panic's message and location before the panic aborts
+/// (wasm is built with panic=abort: the instance traps with a bare `RuntimeError: unreachable`),
+/// so that the worker can say why the engine crashed.
+#[wasm_bindgen(js_name = reportPanicsTo)]
+pub fn report_panics_to(report: js_sys::Function) {
+    install_panic_hook();
+    PANIC_REPORTER.with(|reporter| *reporter.borrow_mut() = Some(report));
 }
 
 struct State {
