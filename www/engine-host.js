@@ -76,6 +76,20 @@ async function initWasm() {
 }
 
 /**
+ * A generation request's JSON for the engine core, which checks every option. JSON has no NaN or
+ * Infinity (`JSON.stringify` writes null, which would mean "the default"), so a non-finite number
+ * goes as its name, a string the engine refuses naming the option and its range; a `logit_bias`
+ * of -Infinity goes as null, which bans the token as -Infinity does.
+ * @param {Record<string, unknown>} body
+ */
+function requestJson(body) {
+  return JSON.stringify(body, function (key, value) {
+    if (typeof value !== 'number' || Number.isFinite(value)) return value;
+    return this === body.logit_bias && value === -Infinity ? null : String(value);
+  });
+}
+
+/**
  * Whether `e` is a trap of the wasm instance: a `RuntimeError` (a panic or an allocation failure,
  * which abort: `unreachable`; a bad memory access), or a stack overflow (a RangeError in V8 and
  * JavaScriptCore, an InternalError in Firefox).
@@ -583,7 +597,7 @@ let stepping = null;
 async function generate(id, endpoint, body) {
   const eng = engine;
   if (!eng) throw fail('no_model', 'no model is loaded');
-  const rid = eng.submit(endpoint, JSON.stringify(body));
+  const rid = eng.submit(endpoint, requestJson(body));
   engineIds.set(id, rid);
   // An abort that came before the request.
   if (aborted.delete(id)) eng.abort(rid);
@@ -657,10 +671,10 @@ async function deviceFault(error) {
  */
 async function generateRemote(id, endpoint, body) {
   await initWasm();
-  const answer = new RemoteAnswer(id, endpoint, JSON.stringify(body), remote.model);
+  const answer = new RemoteAnswer(id, endpoint, requestJson(body), remote.model);
   try {
-    const onToken = (text, tokenId) => {
-      for (const e of answer.token(text, tokenId)) post({ type: 'token', id, chunk: e.chunk });
+    const onToken = (text, tokenId, logprobs) => {
+      for (const e of answer.token(text, tokenId, logprobs ? JSON.stringify(logprobs) : undefined)) post({ type: 'token', id, chunk: e.chunk });
     };
     // An abort that came before the request.
     const result = await remote.generate(id, endpoint, body, onToken, aborted.delete(id));

@@ -103,7 +103,8 @@ export class RemoteBackend {
    * @param {number} id
    * @param {'chat' | 'completions'} endpoint
    * @param {Record<string, unknown>} body
-   * @param {(text: string, tokenId: number | undefined) => void} onToken
+   * @param {(text: string, tokenId: number | undefined, logprobs: unknown) => void} onToken
+   *   `logprobs`: those the server's chunk carried, in OpenAI's shape for the endpoint
    * @param {boolean} aborted aborted before it was sent: it ends at once, with no token
    * @returns {Promise<GenerateResult>}
    */
@@ -156,7 +157,7 @@ export class RemoteBackend {
         if (piece || tokenId !== undefined) {
           firstToken ||= performance.now();
           text += piece ?? '';
-          onToken(piece ?? '', tokenId);
+          onToken(piece ?? '', tokenId, choice.logprobs);
         }
         // A call may come in pieces of one index: its id, type and name once, its arguments in parts.
         for (const delta of (chat && choice.delta?.tool_calls) || []) {

@@ -47,6 +47,14 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
       } catch (e) {
         invalid = { code: e.code, message: e.message };
       }
+      // OpenAI's ranges, and numbers JSON cannot carry (which JSON.stringify would turn into null,
+      // "the default"), each refused naming its option.
+      const refusals = [];
+      for (const options of [{ temperature: 2.5 }, { temperature: NaN }, { top_p: Infinity }, { max_tokens: -5 }, { seed: 1.5 }]) {
+        refusals.push(await engine.completions.create({ prompt: 'Hello', ...options }).then(() => null, (e) => ({ code: e.code, message: e.message })));
+      }
+      // -Infinity in logit_bias bans a token, as it always did.
+      const banned = await engine.completions.create({ prompt: 'Hello', temperature: 0, max_tokens: 1, logit_bias: { 0: -Infinity } });
       let overflow;
       try {
         await engine.completions.create({ prompt: 'a '.repeat(9000), max_tokens: 1 });
@@ -55,7 +63,7 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
       }
       const after = await engine.completions.create({ prompt: 'Hello', temperature: 0, max_tokens: 1 });
       await engine.unload();
-      return { garbage, truncated, corrupt, missing, html, htmlEstimate, savedPage, tokens: out.usage.completion_tokens, invalid, overflow, after: after.usage.completion_tokens };
+      return { garbage, truncated, corrupt, missing, html, htmlEstimate, savedPage, tokens: out.usage.completion_tokens, invalid, refusals, banned: banned.usage.completion_tokens, overflow, after: after.usage.completion_tokens };
     }, { modelUrl: MODEL_URL, contextLength: CONTEXT_LENGTH });
     console.log(JSON.stringify(r, null, 1));
     for (const k of ['garbage', 'truncated', 'corrupt']) {
@@ -75,6 +83,11 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
     assert.equal(r.tokens, 2);
     assert.equal(r.invalid.code, 'invalid_option');
     assert.match(r.invalid.message, /temperature/);
+    for (const [refusal, option] of r.refusals.map((refusal, i) => [refusal, ['temperature', 'temperature', 'top_p', 'max_tokens', 'seed'][i]])) {
+      assert.equal(refusal?.code, 'invalid_option', `${option}: ${JSON.stringify(refusal)}`);
+      assert.match(refusal.message, new RegExp(`${option}: must be`), refusal.message);
+    }
+    assert.equal(r.banned, 1);
     assert.equal(r.overflow.code, 'context_overflow');
     assert.equal(r.after, 1);
     await page.close();

@@ -26,10 +26,14 @@ const TABLE = {
   'refused: messages on completions': { kind: 'completions', request: { messages: [{ role: 'user', content: 'x' }] } },
 };
 
-/** A value's shape: objects by their sorted keys, arrays by each element, primitives by type. */
+/**
+ * A value's shape: objects by their sorted keys, arrays by each element, primitives by type. An
+ * array of numbers (token ids, a token's bytes) is one shape whatever its length: the two engines
+ * may rank a close alternative differently (native and wasm SIMD round apart), and its bytes with it.
+ */
 function shape(v) {
   if (v === null) return 'null';
-  if (Array.isArray(v)) return v.map(shape);
+  if (Array.isArray(v)) return v.length > 0 && v.every((x) => typeof x === 'number') ? 'number[]' : v.map(shape);
   if (typeof v === 'object') return Object.fromEntries(Object.keys(v).sort().map((k) => [k, shape(v[k])]));
   return typeof v;
 }

@@ -351,11 +351,40 @@ impl Answer {
     /// log-probabilities where the request asked for them: nothing for a whole answer, nor for a
     /// flush with no text.
     pub fn on_token(&mut self, token: &TokenEvent) -> Vec<Value> {
-        if !self.stream || (token.id.is_none() && token.text.is_empty()) {
+        if !self.streams(token) {
             return Vec::new();
         }
-        let mut out = self.open();
         let logprobs = self.logprobs(token.logprobs.as_slice());
+        self.token_chunks(token, logprobs)
+    }
+
+    /// [`Answer::on_token`] for a token relayed from a remote server (a remote engine's), whose
+    /// chunk carried `logprobs` in OpenAI's shape for the endpoint: written as the server wrote
+    /// them (it has the tokenizer; the remote engine has none), and counted as written.
+    pub fn on_relayed_token(&mut self, token: &TokenEvent, logprobs: Value) -> Vec<Value> {
+        if !self.streams(token) {
+            return Vec::new();
+        }
+        let tokens = match self.meta.endpoint {
+            Endpoint::Chat => logprobs.get("content"),
+            Endpoint::Completions => logprobs.get("tokens"),
+        };
+        for token in tokens.and_then(Value::as_array).into_iter().flatten() {
+            self.steps_written += 1;
+            let text = token.get("token").unwrap_or(token).as_str().unwrap_or_default();
+            self.text_offset += text.chars().count();
+        }
+        self.token_chunks(token, logprobs)
+    }
+
+    /// Whether `token` gives chunks: in a stream, a token or a flush with text.
+    fn streams(&self, token: &TokenEvent) -> bool {
+        self.stream && (token.id.is_some() || !token.text.is_empty())
+    }
+
+    /// A streamed token's chunks (a chat's role chunk first).
+    fn token_chunks(&mut self, token: &TokenEvent, logprobs: Value) -> Vec<Value> {
+        let mut out = self.open();
         out.push(self.meta.chunk(&token.text, token.id, logprobs));
         out
     }
@@ -693,6 +722,20 @@ mod tests {
     }
 
     /// Two steps of "hi!": "hi" (likeliest), then "!" (second to "?"); each with two alternatives.
+    #[test]
+    fn relayed_logprobs_are_written_as_the_server_wrote_them_and_not_again_at_the_end() {
+        let parsed = parsed(Endpoint::Chat, json!({"messages": [{"role": "user", "content": "x"}], "stream": true, "logprobs": true}))
+            .expect("a chat body");
+        let mut answer = Answer::new(ResponseMeta::new(Endpoint::Chat, 1, 0, "m"), parsed.stream, parsed.include_usage);
+        let relayed = json!({"content": [{"token": "hi", "logprob": -0.25, "bytes": [104, 105], "top_logprobs": []}], "refusal": null});
+        let chunks = answer.on_relayed_token(&TokenEvent { id: Some(7), text: "hi".into(), logprobs: None }, relayed.clone());
+        assert_eq!(chunks.last().map(|c| c["choices"][0]["logprobs"].clone()), Some(relayed));
+        // The end's Kestrel details list that step too: it is not written twice.
+        let generation = with_logprobs();
+        let end = answer.on_done(&Generation { logprobs: generation.logprobs[..1].to_vec(), ..generation }, None);
+        assert!(end.iter().all(|c| c["choices"].get(0).is_none_or(|choice| choice["logprobs"].is_null())), "{end:?}");
+    }
+
     fn with_logprobs() -> Generation {
         let step = |token: u32, text: &str, logprob: f32, top: [(u32, &str, f32); 2]| StepLogprobs {
             token,

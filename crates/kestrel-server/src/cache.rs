@@ -66,7 +66,9 @@ impl ResponseCache {
 /// What an entry holds: its key, text, token ids and log-probabilities.
 fn entry_bytes(key: &str, g: &Generation) -> usize {
     let ids = (g.prompt_tokens.len() + g.tokens.len()) * 4;
-    let logprobs: usize = g.logprobs.iter().map(|l| 8 + l.top.len() * 8).sum();
+    // Each step: its token and logprob, its bytes, and each alternative's id, logprob and bytes.
+    let logprobs: usize =
+        g.logprobs.iter().map(|l| 8 + l.bytes.len() + l.top.len() * 8 + l.top_bytes.iter().map(|b| b.len() + 24).sum::<usize>()).sum();
     key.len() + g.text.len() + ids + logprobs + std::mem::size_of::<Generation>()
 }
 

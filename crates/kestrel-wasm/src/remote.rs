@@ -31,10 +31,16 @@ impl RemoteAnswer {
         Ok(RemoteAnswer { id, answer: Answer::new(meta, api.stream, api.include_usage) })
     }
 
-    /// The events of a piece of text the server streamed (`token_id` where it said).
-    pub fn token(&mut self, text: String, token_id: Option<u32>) -> JsValue {
+    /// The events of a piece of text the server streamed (`token_id` where it said), with the
+    /// log-probabilities its chunk carried (`logprobs`: their JSON, in OpenAI's shape).
+    pub fn token(&mut self, text: String, token_id: Option<u32>, logprobs: Option<String>) -> JsValue {
         let token = TokenEvent { id: token_id, text, logprobs: None };
-        to_js(&Value::Array(token_events(self.id, &mut self.answer, &token)))
+        let relayed = logprobs.and_then(|json| serde_json::from_str::<Value>(&json).ok()).filter(|v| !v.is_null());
+        let chunks = match relayed {
+            Some(logprobs) => self.answer.on_relayed_token(&token, logprobs),
+            None => self.answer.on_token(&token),
+        };
+        to_js(&Value::Array(token_events(self.id, chunks)))
     }
 
     /// The events of the end: `generation` is the JSON of what the stream gave (the local

@@ -6,7 +6,7 @@
 use js_sys::{Function, Promise, Uint32Array};
 use kestrel_engine::openai::{self, Answer, Endpoint, ResponseMeta};
 use kestrel_engine::{EngineError, Event, RequestId, Scheduler};
-use kestrel_model::{not_a_chat_model, Generation, TokenEvent};
+use kestrel_model::{not_a_chat_model, Generation};
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -29,10 +29,10 @@ pub(crate) fn now_s() -> u64 {
     (js_sys::Date::now() / 1e3) as u64
 }
 
-/// What the worker hears of a token: `{id, chunk}` for each streamed chunk (none for a whole
-/// answer).
-pub(crate) fn token_events(id: RequestId, answer: &mut Answer, token: &TokenEvent) -> Vec<Value> {
-    answer.on_token(token).into_iter().map(|chunk| json!({ "id": id, "chunk": chunk })).collect()
+/// What the worker hears of a token: `{id, chunk}` for each of the chunks the answer gave it
+/// (none for a whole answer).
+pub(crate) fn token_events(id: RequestId, chunks: Vec<Value>) -> Vec<Value> {
+    chunks.into_iter().map(|chunk| json!({ "id": id, "chunk": chunk })).collect()
 }
 
 /// What the worker hears of a request's end: its last chunks, then `{id, done: true, result}`
@@ -135,7 +135,7 @@ impl Engine {
                 let Some(answer) = answers.get_mut(&id) else { return true };
                 let values = match &event {
                     Event::Started => Vec::new(),
-                    Event::Token(token) => token_events(id, answer, token),
+                    Event::Token(token) => token_events(id, answer.on_token(token)),
                     Event::Done(result) => done_events(id, answer, result),
                 };
                 if matches!(event, Event::Done(_)) {
