@@ -144,8 +144,8 @@ interface EngineInfoCommon {
   /** The wasm engine's version (null with backend 'remote'). */
   version: string | null;
   /**
-   * With backend 'webgpu': whether the Cache API keeps the model file (a URL loaded with the cache
-   * on), and why not where storing failed: `quota_exceeded` (the site's storage quota has no room;
+   * With a local engine (either backend): whether the Cache API keeps the model file (a URL loaded
+   * with the cache on), and why not where storing failed: `quota_exceeded` (the site's storage quota has no room;
    * the model ran from the network and downloads again next time) or `cache_failed`.
    */
   model_cache?: { stored: boolean; error: { code: 'quota_exceeded' | 'cache_failed'; message: string } | null };
@@ -370,8 +370,12 @@ export interface ChatCompletionChunk {
     /** With `logprobs`, this chunk's token's; the final chunk's: any no chunk carried (a remote or stored answer). */
     logprobs: ChatLogprobs | null;
   }[];
-  /** Only on the last chunk. */
+  /**
+   * On the final chunk (the one with `finish_reason`); with `stream_options.include_usage`, also on
+   * the chunk after it, whose `choices` is empty, as OpenAI sends it.
+   */
   usage?: Usage;
+  /** On the final chunk. */
   kestrel?: KestrelDetails;
 }
 
@@ -403,9 +407,17 @@ export interface Completion {
   kestrel?: KestrelDetails;
 }
 
-export interface ChatCompletionRequest extends SamplingOptions {
-  messages: ChatMessage[];
+/** What OpenAI's requests carry besides the sampling options, as the engine takes them. */
+export interface RequestEnvelope {
+  /** OpenAI's; any name is accepted and the engine's model answers (every OpenAI snippet passes one). */
+  model?: string;
   stream?: boolean;
+  /** `include_usage`: a last chunk with empty `choices` and the `usage`, after the final chunk. */
+  stream_options?: { include_usage?: boolean };
+}
+
+export interface ChatCompletionRequest extends SamplingOptions, RequestEnvelope {
+  messages: ChatMessage[];
   /**
    * Functions the model may call. The model's chat template shows them to it (Qwen/Hermes
    * `<tool_call>` blocks, Llama 3.1's JSON; a template that knows no tools gets them in a system
@@ -420,9 +432,8 @@ export interface ChatCompletionRequest extends SamplingOptions {
   parallel_tool_calls?: boolean;
 }
 
-export interface CompletionRequest extends SamplingOptions {
+export interface CompletionRequest extends SamplingOptions, RequestEnvelope {
   prompt: string;
-  stream?: boolean;
 }
 
 /**

@@ -2,9 +2,16 @@
 // local engine (the CPU backend here) and on a remote one (`kestrel serve` on the CPU backend), and
 // every answer, streamed chunk by chunk or whole, has the same fields with the same types, and the
 // same tokens, texts, finish reasons, counts and error codes. Both are written by the engine core's
-// OpenAI layer (kestrel-engine), the remote one from the server's stream.
+// OpenAI layer (kestrel-engine), the remote one from the server's stream. And the package's types
+// say what the runtime does: every request of the table and every answer it gave is written out as
+// a TypeScript literal of the type index.d.ts gives it and type-checked strictly, so a field the
+// runtime sends that the types lack (or the reverse) fails here.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { startServer } from '../../www/serve.mjs';
 import { MINUTES, MODEL_URL, launch, openTestPage, startKestrelServe } from './harness.mjs';
 
@@ -13,7 +20,8 @@ const text = (extra) => ({ kind: 'completions', request: { prompt: 'The kestrel 
 
 /** The table: each request as a page passes it, on both engines. */
 const TABLE = {
-  'chat, whole': chat({}),
+  // Every OpenAI snippet passes `model`: taken, and the engine's model answers.
+  'chat, whole': chat({ model: 'gpt-4o-mini' }),
   'chat, streamed': chat({ stream: true }),
   'chat, streamed with include_usage': chat({ stream: true, stream_options: { include_usage: true } }),
   'chat, with logprobs': chat({ logprobs: true, top_logprobs: 2 }),
@@ -49,6 +57,39 @@ function values(answer) {
     usage: c.usage && { prompt: c.usage.prompt_tokens, completion: c.usage.completion_tokens, total: c.usage.total_tokens, cached: c.usage.prompt_tokens_details.cached_tokens },
     kestrel: c.kestrel && { prompt: c.kestrel.prompt_token_ids, tokens: c.kestrel.token_ids, logprobs: c.kestrel.logprobs.map((l) => l.token_id) },
   }));
+}
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+
+/**
+ * Type-checks the table's requests and the answers `answers` gave (name: {local, remote}) against
+ * index.d.ts: each as a literal of its declared type, so excess and missing fields are errors.
+ */
+function typeCheck(answers) {
+  const dir = join(HERE, '../artifacts/types');
+  mkdirSync(dir, { recursive: true });
+  const lines = ["import type { ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest } from '../../../www/index.js';"];
+  let n = 0;
+  for (const [name, entry] of Object.entries(TABLE)) {
+    const chat = entry.kind === 'chat';
+    // A request the runtime refuses need not type-check (the types cannot say `top_p <= 1`).
+    if (answers[name].local.error) continue;
+    lines.push(`// ${name}`, `export const request${n}: ${chat ? 'ChatCompletionRequest' : 'CompletionRequest'} = ${JSON.stringify(entry.request)};`);
+    for (const [side, answer] of Object.entries(answers[name])) {
+      if (answer.error) continue;
+      const type = answer.chunks ? `${chat ? 'ChatCompletionChunk' : 'Completion'}[]` : chat ? 'ChatCompletion' : 'Completion';
+      lines.push(`export const answer${n}_${side}: ${type} = ${JSON.stringify(answer.chunks ?? answer.whole)};`);
+    }
+    n++;
+  }
+  writeFileSync(join(dir, 'shapes.generated.ts'), lines.join('\n') + '\n');
+  const config = { compilerOptions: { strict: true, noEmit: true, target: 'es2022', module: 'esnext', moduleResolution: 'bundler', lib: ['es2022', 'dom'], types: [] }, files: ['shapes.generated.ts'] };
+  writeFileSync(join(dir, 'tsconfig.json'), JSON.stringify(config, null, 1));
+  try {
+    execFileSync(join(HERE, 'node_modules/.bin/tsc'), ['-p', dir], { encoding: 'utf8' });
+  } catch (e) {
+    assert.fail(`the runtime's requests and answers do not type-check against index.d.ts (${join(dir, 'shapes.generated.ts')}):\n${e.stdout}${e.stderr}`);
+  }
 }
 
 test('local and remote engines answer one table of requests in the same shapes', { timeout: 10 * MINUTES }, async () => {
@@ -103,6 +144,7 @@ test('local and remote engines answer one table of requests in the same shapes',
     assert.equal(a['chat, with logprobs'].local.whole.kestrel.logprobs[0].top.length, 2);
     assert.equal(a['refused: top_p 2'].local.error.code, 'invalid_option');
     assert.equal(a['refused: messages on completions'].remote.error.code, 'invalid_option');
+    typeCheck(r.answers);
   } finally {
     await browser.close();
     await api.close();
