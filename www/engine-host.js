@@ -379,6 +379,8 @@ async function load(id, model, useCache, engineOptions, sha256, persist) {
   const cachePuts = files.map(() => null);
   // Whether the Cache API keeps the files, and why not where it could not (`info.model_cache`).
   let cacheError = null;
+  // Per file downloaded now: its Content-Length (0 where the host sent none).
+  const lengths = files.map(() => 0);
   if (typeof files[0] === 'string') {
     cache = useCache && self.caches ? await caches.open(CACHE_NAME) : null;
     if (cache) hits = await Promise.all(files.map(async (url) => (await cache.match(url)) ?? null));
@@ -416,6 +418,7 @@ async function load(id, model, useCache, engineOptions, sha256, persist) {
     if (wrong) throw wrong;
     if (!response.body) throw fail('fetch_failed', `could not fetch ${file}: HTTP ${response.status} without a body`);
     const length = Number(response.headers.get('content-length')) || 0;
+    lengths[k] = length;
     if (shards === 1) total = length;
     let body = response.body;
     if (cache && length > (await storageRoom())) {
@@ -455,9 +458,15 @@ async function load(id, model, useCache, engineOptions, sha256, persist) {
       // Each shard's start is reported, however soon the last report was.
       if (shards > 1) report();
       const hasher = digests ? new Sha256Hasher() : null;
+      // A download (not a File, a Blob or the Cache API's copy) can be cut short.
+      const downloading = typeof files[k] === 'string' && !hits[k];
+      let fileLoaded = 0;
       for (;;) {
-        const { done, value } = await reader.read();
+        const { done, value } = await reader.read().catch((e) => {
+          throw downloading ? cutShort(files[k], fileLoaded, lengths[k], e) : e;
+        });
         if (done) break;
+        fileLoaded += value.byteLength;
         loaded += value.byteLength;
         hasher?.update(value);
         progress = eng.loadChunk(value);
@@ -470,6 +479,10 @@ async function load(id, model, useCache, engineOptions, sha256, persist) {
         }
       }
       reader = null;
+      // A stream that ends before the size its host or the file's header declared is a download
+      // cut short (a host or proxy compressing on the fly, a dropped connection), not a bad file.
+      const declared = lengths[k] || (shards === 1 ? progress?.file_bytes ?? 0 : 0);
+      if (downloading && fileLoaded < declared) throw cutShort(files[k], fileLoaded, declared);
       if (hasher) {
         const digest = hasher.finishHex();
         hasher.free();
@@ -526,6 +539,20 @@ async function load(id, model, useCache, engineOptions, sha256, persist) {
     }
     throw e;
   }
+}
+
+/**
+ * The error of a download that ended, or failed, after `received` of the `expected` bytes
+ * (0: unknown): `fetch_failed`, naming both, and `retryable` (handleMessage fetches it again once).
+ * @param {string} url
+ * @param {number} received
+ * @param {number} expected
+ * @param {Error} [cause] the stream's error, where it failed rather than ended
+ */
+function cutShort(url, received, expected, cause) {
+  const of = expected ? ` of ${expected}` : '';
+  const why = cause ? `: ${cause.message}` : '';
+  return Object.assign(fail('fetch_failed', `the download of ${url} ended after ${received}${of} bytes${why}; no copy of it was kept`), { retryable: true });
 }
 
 /** The digest that names a model: its file's sha256, or a split model's: of its shards' digests. */
@@ -801,7 +828,13 @@ export async function handleMessage(data) {
       case 'load':
         await stepping;
         await encoding;
-        value = await load(id, data.model, data.cache !== false, data.options, data.sha256, data.persist);
+        value = await load(id, data.model, data.cache !== false, data.options, data.sha256, data.persist).catch((e) => {
+          // A download cut short is fetched again once, from the start: hosts that compress on
+          // the fly answer no Range to resume from.
+          if (!e?.retryable) throw e;
+          console.warn(`kestrel: ${e.message}; downloading it again`);
+          return load(id, data.model, data.cache !== false, data.options, data.sha256, data.persist);
+        });
         lastLoad = { model: data.model, engineOptions: data.options, sha256: data.sha256, persist: data.persist };
         break;
       case 'connect':

@@ -29,9 +29,13 @@ const MIME = {
  * `ranges: false` ignores Range headers (answers 200 with the whole file), as some hosts do.
  * `pkg` serves /www/pkg/ from that folder instead: the browser suite's build of the wasm, with its
  * test hooks (tests/browser/crash.test.mjs).
+ * `cutShort: {bytes, times}` ends the first `times` whole-file answers for a .gguf file after
+ * `bytes` bytes, without a Content-Length, so they end as if complete: a host or proxy that cuts a
+ * download short (tests/browser/download.test.mjs).
  */
-export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet = true, omitLength = false, ranges = true, pkg = null } = {}) {
+export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet = true, omitLength = false, ranges = true, pkg = null, cutShort = null } = {}) {
   const log = [];
+  let cut = 0;
   const server = createServer(async (req, res) => {
     const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
     log.push({ method: req.method, path, range: req.headers.range ?? null });
@@ -76,9 +80,11 @@ export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet =
         if (req.method === 'HEAD') return res.end();
         return createReadStream(file, { start, end }).pipe(res);
       }
-      res.writeHead(200, { ...headers, 'Content-Type': type, 'Accept-Ranges': ranges ? 'bytes' : 'none', ...(omitLength ? {} : { 'Content-Length': stat.size }) });
+      const short = cutShort && req.method === 'GET' && file.endsWith('.gguf') && cut < cutShort.times;
+      if (short) cut++;
+      res.writeHead(200, { ...headers, 'Content-Type': type, 'Accept-Ranges': ranges ? 'bytes' : 'none', ...(omitLength || short ? {} : { 'Content-Length': stat.size }) });
       if (req.method === 'HEAD') return res.end();
-      createReadStream(file).pipe(res);
+      createReadStream(file, short ? { end: cutShort.bytes - 1 } : {}).pipe(res);
     } catch {
       res.writeHead(404, headers);
       res.end('not found');

@@ -45,3 +45,45 @@ test('without a Content-Length, progress reports the size the header declares', 
     await server.close();
   }
 });
+
+// A download that ends early with no error (a host or proxy cutting the stream short, as a new
+// user's app saw behind `vite preview`) is no corrupt file: it is fetched again once, by itself,
+// and where it is cut again the load fails with `fetch_failed` naming the bytes received and
+// expected, and keeps no copy.
+test('a download cut short is fetched again, and fails as fetch_failed when cut again', { timeout: 20 * MINUTES }, async () => {
+  const size = statSync(join(ROOT, MODEL_URL)).size;
+  const once = await startServer({ cutShort: { bytes: Math.floor(size / 2), times: 1 } });
+  const always = await startServer({ cutShort: { bytes: Math.floor(size / 2), times: 1000 } });
+  const browser = await launch();
+  try {
+    const run = async (server) => {
+      const page = await openTestPage(browser.context, server.url);
+      page.setDefaultTimeout(15 * MINUTES);
+      return page.evaluate(async ({ model, contextLength }) => {
+        const { createEngine, hasModelInCache } = window.kestrel;
+        try {
+          const engine = await createEngine({ model, context_length: contextLength });
+          const done = await engine.completions.create({ prompt: 'Hi', max_tokens: 1, temperature: 0 });
+          await engine.unload();
+          return { tokens: done.usage.completion_tokens, cached: await hasModelInCache(model) };
+        } catch (e) {
+          return { error: { code: e.code, message: e.message }, cached: await hasModelInCache(model) };
+        }
+      }, { model: MODEL_URL, contextLength: CONTEXT_LENGTH });
+    };
+    const gets = (server) => server.log.filter((r) => r.path.endsWith('.gguf') && !r.range && r.method === 'GET').length;
+    const retried = await run(once);
+    assert.equal(retried.tokens, 1, JSON.stringify(retried));
+    assert.equal(gets(once), 2, 'the cut download was fetched again once');
+    assert.equal(retried.cached, true, 'the whole second download is cached');
+    const failed = await run(always);
+    assert.equal(failed.error?.code, 'fetch_failed', JSON.stringify(failed));
+    assert.match(failed.error.message, new RegExp(`ended after ${Math.floor(size / 2)} of ${size} bytes`));
+    assert.equal(gets(always), 2, 'fetched twice, then given up');
+    assert.equal(failed.cached, false, 'no copy of a cut download is kept');
+  } finally {
+    await browser.close();
+    await once.close();
+    await always.close();
+  }
+});
