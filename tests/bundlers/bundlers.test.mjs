@@ -3,13 +3,14 @@
 // servers of Vite 5-8, each opened in headless Chromium (WebGPU on SwiftShader): tokens stream,
 // each subpath export (ai-sdk, prompt-api, langchain, with the real `ai` and `@langchain/core`)
 // and a shared engine give the package's own greedy answer, and the app asks nothing of another
-// origin. The dev servers of Vite 5-7 pre-bundle the package
+// origin; `vite preview` serves a build and its model gzipped on the fly, and the shared engine
+// loads it. The dev servers of Vite 5-7 pre-bundle the package
 // into node_modules/.vite/deps/, away from the worker that `new URL('./worker.js', import.meta.url)`
 // names: without `optimizeDeps.exclude` the engine fails with an error that says so, with it
 // tokens stream. Needs www/pkg (`./build.sh wasm`) and models/synthetic-qwen3-f32.gguf.
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -139,12 +140,20 @@ const ANSI_ESCAPE = /\x1b\[[0-9;]*m/g;
  * its cache folder); /models/ goes to the static server. Resolves to `{ url, close }`.
  */
 async function startDevServer(vite, config) {
+  return startVite(vite, ['--config', config, '--force'], { KESTREL_MODELS_ORIGIN: env.server.url });
+}
+
+/**
+ * Starts `vite` with `args` (a command and its options) on a fresh port, with `extraEnv`; resolves
+ * to `{ url, close }` once it prints its URL.
+ */
+async function startVite(vite, args, extraEnv = {}) {
   const port = String(await freshPort());
-  const child = spawn(process.execPath, [`node_modules/${vite}/bin/vite.js`, '--config', config, '--host', '127.0.0.1', '--port', port, '--strictPort', '--force'], {
+  const child = spawn(process.execPath, [`node_modules/${vite}/bin/vite.js`, ...args, '--host', '127.0.0.1', '--port', port, '--strictPort'], {
     cwd: HERE,
     // Vite colours its banner wherever `CI` is set (picocolors), even into a pipe: NO_COLOR keeps
     // the URL plain, and the escapes are stripped anyway should a version ignore it.
-    env: { ...process.env, KESTREL_MODELS_ORIGIN: env.server.url, NO_COLOR: '1' },
+    env: { ...process.env, ...extraEnv, NO_COLOR: '1' },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   const close = () => new Promise((done) => {
@@ -156,7 +165,7 @@ async function startDevServer(vite, config) {
   return new Promise((resolveStart, reject) => {
     const gaveUp = setTimeout(() => {
       close();
-      reject(new Error(`${vite}'s dev server named no URL within ${DEV_SERVER_START_S} s: ${output}`));
+      reject(new Error(`${vite} ${args[0]} named no URL within ${DEV_SERVER_START_S} s: ${output}`));
     }, DEV_SERVER_START_S * 1000);
     const read = (text) => {
       output += text;
@@ -170,7 +179,7 @@ async function startDevServer(vite, config) {
     child.stderr.setEncoding('utf8').on('data', read);
     child.once('exit', (code) => {
       clearTimeout(gaveUp);
-      reject(new Error(`${vite}'s dev server exited with ${code} before listening: ${output}`));
+      reject(new Error(`${vite} ${args[0]} exited with ${code} before listening: ${output}`));
     });
   });
 }
@@ -202,3 +211,24 @@ for (const vite of VITES) {
     assert.ok(result.requests.some((r) => new URL(r).pathname === MODEL_PATH), 'the model was not fetched from the dev server');
   });
 }
+
+// `vite preview` serves the production build and the model from it, compressing the model on the
+// fly (Content-Encoding: gzip, a weak ETag, no Content-Length): the shared engine failed there
+// for a new user with "GGUF file truncated" where the unshared one loaded.
+test('vite8: `vite preview` serves the build and its model compressed on the fly, and the shared engine loads it', { timeout: 4 * MINUTES }, async () => {
+  const out = 'dist/vite8-preview';
+  node(['node_modules/vite8/bin/vite.js', 'build', '--outDir', out, '--emptyOutDir']);
+  mkdirSync(join(HERE, out, 'models'), { recursive: true });
+  copyFileSync(join(ROOT, MODEL_PATH.slice(1)), join(HERE, out, MODEL_PATH.slice(1)));
+  // Without KESTREL_MODELS_ORIGIN: vite preview serves the model itself, from the build.
+  const server = await startVite('vite8', ['preview', '--outDir', out]);
+  try {
+    const url = `${server.url.replace(/\/$/, '')}/`;
+    const answer = await fetch(new URL(MODEL_PATH, url), { headers: { 'Accept-Encoding': 'gzip' } });
+    await answer.body?.cancel();
+    assert.equal(answer.headers.get('content-encoding'), 'gzip', 'vite preview compresses the model: the case under test');
+    assertStreamed(await openApp(url), url);
+  } finally {
+    await server.close();
+  }
+});
