@@ -119,6 +119,16 @@ setup_web() {
   fi
 }
 
+# The demo's Markdown renderer (www/demo/markdown.js with marked and DOMPurify, from
+# www/demo/package.json) bundled into www/demo/markdown.bundle.js, which the page imports: the
+# demo fetches nothing from a CDN.
+build_demo() {
+  if [ ! -d www/demo/node_modules/marked ] || [ www/demo/package-lock.json -nt www/demo/node_modules/.package-lock.json ]; then
+    (cd www/demo && npm ci --no-audit --no-fund --silent) || return
+  fi
+  www/demo/node_modules/.bin/esbuild www/demo/markdown.js --bundle --format=esm --minify --log-level=warning --outfile=www/demo/markdown.bundle.js
+}
+
 build_wasm() {
   export PATH="$HOME/.cargo/bin:$PATH"
   local built=$target_dir/wasm32-unknown-unknown/release/kestrel_wasm.wasm wasm=www/pkg/kestrel_wasm_bg.wasm
@@ -221,6 +231,7 @@ browser_prep() {
   # later build_wasm calls (the bench smoke, the package and bundler tests) find up to date.
   build_test_wasm || return
   build_wasm || return
+  build_demo || return
   browser_models || return
   reranker_model || return
   embedding_test_models || return
@@ -457,6 +468,7 @@ case "$cmd" in
     setup
     setup_web
     build_wasm
+    build_demo
     exec node www/serve.mjs "${1:-8080}"
     ;;
   run)

@@ -194,6 +194,8 @@ describe('errors and the demo page', { timeout: 60 * MINUTES }, () => {
     const ttft = await page.textContent('#ttft');
     console.log(`demo: ${JSON.stringify(text)}; ${toks} tok/s; TTFT ${ttft}; screenshot ${shot}`);
     assert.ok(text.trim().length > 0, 'no tokens shown');
+    // The reply is shown as rendered Markdown (demo-markdown.test.mjs checks the renderer).
+    assert.ok(await page.$('.msg.assistant > *'), 'the reply is rendered Markdown, not raw text');
     assert.match(toks, /^\d+(\.\d+)?$/);
     assert.match(ttft, /^\d+(\.\d+)? s$/);
     await page.click('#stop');

@@ -5,6 +5,7 @@
 // 'cpu').
 import { adapterName as nameOf } from '../adapter-name.js';
 import { createEngine, estimate } from '../index.js';
+import { renderMarkdown } from './markdown.bundle.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
@@ -165,7 +166,8 @@ async function send(text) {
       const choice = chunk.choices[0];
       if (choice?.delta?.content) {
         reply += choice.delta.content;
-        out.textContent = reply;
+        // The reply so far as Markdown (an unfinished fence or list renders as it stands).
+        out.innerHTML = renderMarkdown(reply);
         out.scrollIntoView({ block: 'end' });
       }
       if (choice?.token_id != null) {
