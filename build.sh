@@ -22,6 +22,8 @@
 #   ./build.sh setup-web         install what the wasm build and browser tests need
 #   ./build.sh wasm              build the wasm engine into www/pkg (the npm package's binary)
 #   ./build.sh demo              build everything, fetch the model, serve the chat demo on 127.0.0.1
+#   ./build.sh docs              the API references: the npm package's (TypeDoc) in target/docs/js,
+#                                the crates' (cargo doc) in target/doc; a warning fails it
 #   ./build.sh fuzz [seconds]    build the fuzz targets (fuzz/, on stable Rust) and run each for
 #                                `seconds` (default 60), or FUZZ_RUNS executions where set;
 #                                crashes land in fuzz/artifacts/<target>/
@@ -127,6 +129,17 @@ build_demo() {
     (cd www/demo && npm ci --no-audit --no-fund --silent) || return
   fi
   www/demo/node_modules/.bin/esbuild www/demo/markdown.js --bundle --format=esm --minify --log-level=warning --outfile=www/demo/markdown.bundle.js
+}
+
+# The API references (./build.sh docs): the npm package's from its declarations (TypeDoc with
+# docs/api's typedoc.json, installed from docs/api/package.json) into target/docs/js, and the
+# crates' (cargo doc) into target/doc. Warnings are errors in both.
+docs() {
+  if [ ! -d docs/api/node_modules/typedoc ] || [ docs/api/package-lock.json -nt docs/api/node_modules/.package-lock.json ]; then
+    (cd docs/api && npm ci --no-audit --no-fund --silent) || return
+  fi
+  (cd docs/api && node_modules/.bin/typedoc --options typedoc.json --out "$target_dir/docs/js") || return
+  RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 }
 
 build_wasm() {
@@ -434,12 +447,14 @@ server_tests() {
   (cd tests/server && KESTREL_CLI="$target_dir/debug/kestrel" .venv/bin/python load.py --requests ${LOAD_REQUESTS:-8} --clients ${LOAD_CLIENTS:-4})
 }
 
-# The Vercel AI SDK (`ai` with `@ai-sdk/openai-compatible`) against `kestrel serve`:
-# generateObject, streamObject and a tool call (tests/ai-sdk; it starts the server with the
-# browser suite's harness).
+# The Vercel AI SDK against `kestrel serve` (tests/ai-sdk; it starts the server with the browser
+# suite's harness): `ai` 7 with `@ai-sdk/openai-compatible` (generateObject, streamObject and a
+# tool call), and the package's own provider (www/ai-sdk.js) under the real ai 5, 6 and 7 (the
+# specification each calls, generateText, streamText, generateObject, streamObject, tool calls)
+# and its types under each.
 ai_sdk_tests() {
   build_dev_cli
-  (cd tests/ai-sdk && npm ci --no-audit --no-fund --silent && KESTREL_CLI="$target_dir/debug/kestrel" node --test --test-reporter=spec ai-sdk.test.mjs)
+  (cd tests/ai-sdk && npm ci --no-audit --no-fund --silent && KESTREL_CLI="$target_dir/debug/kestrel" node --test --test-reporter=spec ai-sdk.test.mjs provider.test.mjs types.test.mjs)
 }
 
 # `timed LABEL CMD...`: runs CMD, records and prints its wall time; returns its status.
@@ -463,6 +478,9 @@ case "$cmd" in
     ;;
   wasm)
     build_wasm
+    ;;
+  docs)
+    docs
     ;;
   demo)
     setup
@@ -489,6 +507,7 @@ case "$cmd" in
     # Before the tests, and sharing their dependencies' builds: only the workspace is linted.
     timed "clippy" cargo clippy --workspace --all-targets --no-deps -- -D warnings || status=1
     timed "typescript" npm --prefix tests/browser run --silent typecheck || status=1
+    timed "API references" docs || status=1
     rm -rf "$wgsl_variants"
     timed "native tests" env KESTREL_DUMP_WGSL="$wgsl_variants" cargo test --workspace --no-fail-fast || status=1
     timed "patched minijinja's tests" patched_crate_tests || status=1
@@ -570,7 +589,7 @@ case "$cmd" in
     bench "$@"
     ;;
   *)
-    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | test-bundlers | test-package | test-server | load [requests] [clients] | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port]]" >&2
+    echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | test-bundlers | test-package | test-server | load [requests] [clients] | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port] | docs]" >&2
     exit 2
     ;;
 esac

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// The given path, else `$KESTREL_MODEL`, else `models/<default>` in the current directory or
-/// in the repository the binary was built in (target/<profile>/kestrel -> ../../models).
+/// in the repository the binary was built in (`target/<profile>/kestrel` -> `../../models`).
 pub fn resolve(given: Option<PathBuf>) -> PathBuf {
     if let Some(path) = given {
         return path;

@@ -1,6 +1,6 @@
 //! Generation options, as OpenAI-style APIs name them, with their validation. Every option out
 //! of range is an error naming the option and the allowed range: OpenAI's range for the options
-//! OpenAI defines, Kestrel's for its own ([`NUMERIC_OPTIONS`] has the numeric ones).
+//! OpenAI defines, Kestrel's for its own (`NUMERIC_OPTIONS` has the numeric ones).
 //!
 //! This type is also the wire format: it (de)serializes with serde under the names the browser
 //! package sends (`max_tokens`, `stop` as a string or an array, `logit_bias` as a

@@ -106,7 +106,7 @@ fn norm(v: &[f32]) -> f64 {
     v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt()
 }
 
-/// The text itself: the tokenizer gives llama.cpp's ids ([CLS] ... [SEP] included), and the
+/// The text itself: the tokenizer gives llama.cpp's ids (`[CLS]` ... `[SEP]` included), and the
 /// vector is unit length by default.
 #[test]
 fn texts_embed_as_llama_cpp_tokenizes_them() {
@@ -306,7 +306,7 @@ struct RankedCase {
     score: f64,
 }
 
-/// A BERT reranker (pooling_type 4, the classifier head `cls` + tanh + `cls.output` on the [CLS]
+/// A BERT reranker (pooling_type 4, the classifier head `cls` + tanh + `cls.output` on the `[CLS]`
 /// row) against node-llama-cpp's ranking context on the same random-weight file: each pair's
 /// tokens are the ones rankAll evaluates, and the scores (the sigmoid of the head's logit) agree
 /// within 1e-3 absolute, the logits within 4e-3 (the sigmoid's slope is at most 1/4). F32

@@ -142,7 +142,7 @@ fn gemma3_270m_file_matches_llama_cpp() {
 }
 
 /// all-MiniLM-L6-v2's WordPiece vocabulary (llama.cpp's `bert`): accents, CJK, punctuation,
-/// [SEP] in text, unknown words, [CLS] ... [SEP] with `add_special`, and llama.cpp's
+/// `[SEP]` in text, unknown words, `[CLS]` ... `[SEP]` with `add_special`, and llama.cpp's
 /// detokenization with its space clean-up.
 #[test]
 fn minilm_wordpiece_file_matches_llama_cpp() {

@@ -1,7 +1,7 @@
 //! WordPiece ("bert") vocabularies: a tiny hand-made vocabulary in llama.cpp's phantom-space form
 //! checked against what llama.cpp's `llm_tokenizer_wpm_session` does (BERT word splitting,
 //! lowercasing and accent stripping, greedy longest pieces, a word that cannot be covered is one
-//! [UNK], [CLS] ... [SEP] with `add_special`) and how its `llama_detokenize` cleans up spaces.
+//! [UNK], `[CLS]` ... `[SEP]` with `add_special`) and how its `llama_detokenize` cleans up spaces.
 
 use kestrel_tokenizer::{SpecialTokenIds, TokenType, Tokenizer, Vocabulary, VocabularyModel};
 

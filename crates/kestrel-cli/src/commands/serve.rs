@@ -51,7 +51,7 @@ pub struct ServeArgs {
     /// Seconds running requests may take to finish after SIGINT/SIGTERM before they are aborted.
     #[arg(long, default_value_t = ServerConfig::default().shutdown_grace.as_secs())]
     pub shutdown_grace: u64,
-    /// A web page origin (e.g. https://app.example) allowed to call the API from the browser
+    /// A web page origin (e.g. `https://app.example`) allowed to call the API from the browser
     /// (repeatable; `*` for any). Without it browsers keep other origins' pages from reading
     /// answers.
     #[arg(long = "cors-origin")]

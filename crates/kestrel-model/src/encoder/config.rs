@@ -40,11 +40,11 @@ impl EncoderArch {
 pub enum Pooling {
     /// The mean of every token's vector (sentence-transformers' default).
     Mean,
-    /// The first token's ([CLS]).
+    /// The first token's (`[CLS]`).
     Cls,
     /// The last token's (decoder embedding models).
     Last,
-    /// A cross-encoder reranker's: the first token's ([CLS]) row through the classifier head
+    /// A cross-encoder reranker's: the first token's (`[CLS]`) row through the classifier head
     /// (`cls`, tanh, `cls.output`), whose first value is the pair's relevance logit.
     Rank,
 }

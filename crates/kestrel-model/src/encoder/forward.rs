@@ -203,7 +203,7 @@ impl<K: CpuKernels> Encoder<K> {
         }
     }
 
-    /// llama.cpp's rank head over the pooled [CLS] rows, all inputs in one product each.
+    /// llama.cpp's rank head over the pooled `[CLS]` rows, all inputs in one product each.
     fn classify(&self, head: &RankHead<K::Matrix>, pooled: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
         let n = pooled.len();
         let mut x: Vec<f32> = pooled.concat();

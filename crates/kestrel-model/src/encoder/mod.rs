@@ -47,7 +47,7 @@ pub struct EmbedOptions {
     /// L2-normalize each vector (OpenAI's embeddings are unit vectors); false gives the pooled
     /// values as llama.cpp returns them.
     pub normalize: bool,
-    /// An input longer than the model's context is cut to it (keeping its closing [SEP]) rather
+    /// An input longer than the model's context is cut to it (keeping its closing `[SEP]`) rather
     /// than refused.
     pub truncate: bool,
 }
@@ -191,7 +191,7 @@ impl Embedder {
     }
 
     /// The token ids `input` is embedded from: a text with the model's special tokens added as
-    /// llama.cpp's embedding contexts add them ([CLS] ... [SEP]; a decoder's BOS and EOS where
+    /// llama.cpp's embedding contexts add them (`[CLS]` ... `[SEP]`; a decoder's BOS and EOS where
     /// its vocabulary adds them), ids as given. Checked: no input
     /// is empty, every id is in the vocabulary, and none is longer than the context (unless
     /// `truncate`).
@@ -263,7 +263,7 @@ impl Embedder {
     /// The tokens a reranker scores for `query` and `document`, built as node-llama-cpp's
     /// `LlamaRankingContext` builds them: each text tokenized without special tokens, then
     /// `[BOS] query [EOS] [SEP] document [EOS]`, leaving out each special token the vocabulary
-    /// lacks (a WordPiece vocabulary has BOS = [CLS] and SEP = [SEP], and EOS only where the file
+    /// lacks (a WordPiece vocabulary has BOS = `[CLS]` and SEP = `[SEP]`, and EOS only where the file
     /// names one). Empty when both texts give no tokens: such a pair scores 0 unrun, as there.
     pub fn rank_tokens(&self, query: &str, document: &str) -> Result<Vec<u32>, ModelError> {
         let query = self.tokenizer.encode_with(query, false, false)?;

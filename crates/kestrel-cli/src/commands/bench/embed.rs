@@ -1,6 +1,6 @@
 //! `kestrel bench embed`: an embedding model's throughput, in sentences per second, on the CPU
 //! backend or (`--backend gpu`, an encoder's layers) on the GPU: `--inputs` inputs of exactly
-//! `--tokens` tokens each ([CLS] and [SEP] included, cut from a passage's tokens at staggered
+//! `--tokens` tokens each (`[CLS]` and `[SEP]` included, cut from a passage's tokens at staggered
 //! offsets so no two are alike), embedded in one call (packed into passes), repeated.
 //! `--write-inputs` saves the token ids, so that a peer embeds the very same inputs
 //! (tools/llama-cpp/embed.mjs `--bench`).
@@ -35,7 +35,7 @@ pub struct EmbedBenchArgs {
     backend: BackendChoice,
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=2048))]
     inputs: u32,
-    /// Tokens per input, [CLS] and [SEP] included.
+    /// Tokens per input, `[CLS]` and `[SEP]` included.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(3..=512))]
     tokens: u32,
     /// Timed calls after an untimed one; the median and range are reported.
@@ -100,8 +100,8 @@ pub fn run(args: &EmbedBenchArgs) -> CliResult {
     Ok(())
 }
 
-/// `n` inputs of `len` tokens: [CLS], `len - 2` of the passage's tokens from a staggered offset
-/// (wrapping around), [SEP] — the ids the model's tokenizer gives a text with its specials.
+/// `n` inputs of `len` tokens: `[CLS]`, `len - 2` of the passage's tokens from a staggered offset
+/// (wrapping around), `[SEP]` — the ids the model's tokenizer gives a text with its specials.
 fn inputs(embedder: &kestrel_model::Embedder, n: usize, len: usize) -> BenchResult<Vec<Vec<u32>>> {
     let with_specials = embedder.tokenizer().encode_with(PASSAGE, true, false)?;
     let (Some(&first), Some(&last)) = (with_specials.first(), with_specials.last()) else { return Err("the passage has no tokens".into()) };

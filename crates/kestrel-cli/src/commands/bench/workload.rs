@@ -17,7 +17,7 @@ use super::BenchResult;
 pub const DEFAULT_PROMPTS: &str = "tests/data/reference/greedy.json";
 
 /// The suite's prompt of exactly `tokens` ids: the file's `bench_prompt.ids` repeated
-/// cyclically and cut (ids[i] = bench_ids[i % len]), as the native peer builds it.
+/// cyclically and cut (`ids[i] = bench_ids[i % len]`), as the native peer builds it.
 pub fn prompt_ids(bench_ids: &[u32], tokens: usize) -> Vec<u32> {
     bench_ids.iter().copied().cycle().take(tokens).collect()
 }
