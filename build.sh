@@ -504,6 +504,7 @@ case "$cmd" in
     timed "llama.cpp's Q4_K_M" scripts/make-q4-k-m.sh
     timed "setup-web" setup_web
     timed "format" cargo fmt --check || status=1
+    timed "docs links" node --test tests/docs/links.test.mjs || status=1
     # Before the tests, and sharing their dependencies' builds: only the workspace is linted.
     timed "clippy" cargo clippy --workspace --all-targets --no-deps -- -D warnings || status=1
     timed "typescript" npm --prefix tests/browser run --silent typecheck || status=1
@@ -587,6 +588,7 @@ case "$cmd" in
     build_cli
     build_wasm
     bench "$@"
+    node bench/summary.mjs
     ;;
   *)
     echo "usage: ./build.sh [run [prompt] | test | test-native | test-browser | test-bundlers | test-package | test-server | load [requests] [clients] | soak [requests] [cycles] | fuzz [seconds] | bench | setup | setup-web | wasm | demo [port] | docs]" >&2
