@@ -1,10 +1,21 @@
-// Types of `@kestrel-llm/web/ai-sdk`: a Vercel AI SDK provider over a Kestrel engine. Its models
-// implement the AI SDK's LanguageModelV4 specification (`@ai-sdk/provider` 4, used by `ai` 7),
-// whose types come from `@ai-sdk/provider` (an optional peer dependency: only these declarations
-// import it, the module itself imports nothing of the AI SDK).
+// Types of `@kestrel-llm/web/ai-sdk`: a Vercel AI SDK provider over a Kestrel engine, for `ai`
+// 5, 6 and 7 (an optional peer dependency). Its models implement the specification the installed
+// `ai` calls, LanguageModelV2 (ai 5), V3 (ai 6) or V4 (ai 7), as the module picks at run time from
+// `ai`'s version; these declarations take that specification's types from `ai` itself (its
+// `LanguageModel`), so they follow whichever `ai` the app has.
 
-import type { LanguageModelV4, ProviderV4 } from '@ai-sdk/provider';
+import type { LanguageModel } from 'ai';
 import type { ChatCompletionRequest, CreateEngineOptions, Engine, Estimate, KestrelErrorCode } from './index.js';
+
+/** The models the installed `ai` takes: its `LanguageModel`, less the ids of a global provider's. */
+type AiLanguageModel = Exclude<LanguageModel, string>;
+
+/** The newest specification of `Model`'s: what `ai` calls natively (it takes older ones in a compatibility mode). */
+type NewestModel<Model> = [Extract<Model, { specificationVersion: 'v4' }>] extends [never]
+  ? [Extract<Model, { specificationVersion: 'v3' }>] extends [never]
+    ? Extract<Model, { specificationVersion: 'v2' }>
+    : Extract<Model, { specificationVersion: 'v3' }>
+  : Extract<Model, { specificationVersion: 'v4' }>;
 
 /**
  * An existing engine, which the provider uses as it is (and never unloads by itself), or
@@ -43,17 +54,30 @@ export type KestrelProviderOptions = Pick<
   | 'ignore_eos' | 'logprobs' | 'top_logprobs' | 'regex' | 'grammar'
 >;
 
-/** A Kestrel model as the AI SDK calls it (`generateText`, `streamText`, `Output.object`, tools). */
-export interface KestrelLanguageModel extends LanguageModelV4 {
-  readonly provider: 'kestrel';
-}
+/**
+ * A Kestrel model as the AI SDK calls it (`generateText`, `streamText`, `generateObject`,
+ * `Output.object`, tools): a LanguageModelV2 with `ai` 5, V3 with `ai` 6, V4 with `ai` 7.
+ */
+export type KestrelLanguageModel = NewestModel<AiLanguageModel> & { readonly provider: 'kestrel' };
 
-export interface KestrelProvider extends ProviderV4 {
+/** The specification of the provider's models: 'v2' (ai 5), 'v3' (ai 6) or 'v4' (ai 7). */
+export type KestrelSpecificationVersion = KestrelLanguageModel['specificationVersion'];
+
+/**
+ * The provider: a ProviderV2, V3 or V4, as its models are (ProviderV3 and V4 name their
+ * `specificationVersion`; ProviderV2 has none).
+ */
+export type KestrelProvider = KestrelProviderMethods &
+  (KestrelSpecificationVersion extends 'v2' ? {} : { readonly specificationVersion: KestrelSpecificationVersion });
+
+export interface KestrelProviderMethods {
   /** The provider's model; `modelId` only names it (default: the model file's name). */
   (modelId?: string): KestrelLanguageModel;
   languageModel(modelId?: string): KestrelLanguageModel;
   /** Kestrel runs chat models only: throws the AI SDK's NoSuchModelError (`NoSuchModelError.isInstance`). */
   embeddingModel(modelId: string): never;
+  /** ProviderV2's (ai 5's) name of `embeddingModel`: throws the AI SDK's NoSuchModelError. */
+  textEmbeddingModel(modelId: string): never;
   /** Kestrel runs chat models only: throws the AI SDK's NoSuchModelError (`NoSuchModelError.isInstance`). */
   imageModel(modelId: string): never;
   /** Whether the model can run here, before anything downloads (see KestrelAvailability). */
@@ -71,8 +95,9 @@ export interface KestrelProvider extends ProviderV4 {
  * A Vercel AI SDK provider of Kestrel models:
  * `generateText({ model: createKestrel({ model: url })(), prompt })`. Prompt text, tool calls and
  * tool results map to Kestrel's chat messages; function tools, `toolChoice`, JSON output
- * (`Output.object`), the sampling settings and `abortSignal` to its request. Settings Kestrel
- * lacks (file parts, reasoning, provider tools) come back as the call's `warnings`. Bad settings
- * throw KestrelError `invalid_option`.
+ * (`generateObject`, `Output.object`), the sampling settings and `abortSignal` to its request.
+ * Settings Kestrel lacks (file parts, reasoning, provider tools) come back as the call's
+ * `warnings`. Bad settings throw KestrelError `invalid_option`, and so does an installed `ai`
+ * other than 5, 6 or 7 (the message names its version and the supported ones).
  */
 export function createKestrel(settings: KestrelProviderSettings): KestrelProvider;

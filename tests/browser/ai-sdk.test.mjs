@@ -1,34 +1,56 @@
-// The Vercel AI SDK provider (www/ai-sdk.js) in the page, driven by the real `ai` package
-// (bundled with esbuild): generateText and streamText give the greedy text of the package's own
+// The Vercel AI SDK provider (www/ai-sdk.js) in the page, driven by the real `ai` package (ai 7;
+// tests/ai-sdk runs the provider under ai 5, 6 and 7), bundled with esbuild together with the
+// provider, which reads `ai`'s version from its package.json, as an app's bundler would:
+// generateText and streamText give the greedy text of the package's own
 // chat.completions.create on the same messages; a tool call comes back as the SDK's tool call
 // with arguments valid against the tool's zod schema (and Ajv on its JSON Schema); Output.object
 // and Output.json give valid JSON; availability() answers from the estimate before the lazy load
 // and 'available' after it; an aborted streamText stops the engine's generation. CPU backend.
 import assert from 'node:assert/strict';
-import { join } from 'node:path';
+import { join, relative, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import Ajv from 'ajv';
 import { build } from 'esbuild';
 import { ARTIFACTS, CONTEXT_LENGTH, MINUTES, MODEL_URL, openTestPage, serveAndLaunch } from './harness.mjs';
 
 const BUNDLE = '/tests/artifacts/ai-sdk/ai.js';
+const WWW = join(import.meta.dirname, '../../www');
+
+/**
+ * An esbuild plugin that leaves the rest of the package out of the bundle: the provider's imports
+ * of the package's other modules load unbundled from /www, where the engine and its worker are
+ * (and where the other tests load them from).
+ */
+const packageFromWww = {
+  name: 'package-from-www',
+  setup(build) {
+    build.onResolve({ filter: /^\.\.?\// }, ({ path, importer, resolveDir }) => {
+      if (!importer.startsWith(`${WWW}/`)) return undefined;
+      return { path: `/www/${relative(WWW, resolve(resolveDir, path))}`, external: true };
+    });
+  },
+};
 
 describe('Vercel AI SDK provider in Chromium', { timeout: 20 * MINUTES }, () => {
   const env = serveAndLaunch();
   let page;
 
   before(async () => {
-    // The SDK and zod for the page; the package itself loads unbundled from /www (its worker).
+    // The SDK, zod and the provider for the page; `ai` resolves from this folder's node_modules.
     await build({
-      stdin: { contents: "export { generateText, streamText, Output, tool, NoSuchModelError } from 'ai'; export { z } from 'zod';", resolveDir: import.meta.dirname },
+      stdin: {
+        contents: `export { generateText, streamText, Output, tool, NoSuchModelError } from 'ai'; export { z } from 'zod'; export { createKestrel } from ${JSON.stringify(join(WWW, 'ai-sdk.js'))};`,
+        resolveDir: import.meta.dirname,
+      },
       bundle: true, format: 'esm', platform: 'browser', target: 'es2022', outfile: join(ARTIFACTS, 'ai-sdk/ai.js'), logLevel: 'warning',
+      nodePaths: [join(import.meta.dirname, 'node_modules')], plugins: [packageFromWww],
     });
     page = await openTestPage(env.browser.context, env.server.url);
     page.setDefaultTimeout(10 * MINUTES);
     await page.evaluate(async (bundle) => {
       globalThis.AI_SDK_LOG_WARNINGS = false; // the tests read warnings from the results
       window.ai = await import(bundle);
-      window.createKestrel = (await import('/www/ai-sdk.js')).createKestrel;
+      window.createKestrel = window.ai.createKestrel;
     }, BUNDLE);
   });
   after(() => page?.close());

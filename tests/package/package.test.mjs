@@ -100,6 +100,18 @@ test('nothing ships that the package does not load: no tests, demo, bench or dev
   assert.deepEqual(devFiles, [], 'test, demo, bench or dev files in the tarball');
 });
 
+test('the AI SDK provider declares the ai majors it supports as an optional peer dependency', () => {
+  // ai-sdk.js gives each supported `ai` major the specification it calls (SPECIFICATIONS) and
+  // refuses any other with a KestrelError; this range lets npm warn of those at install time.
+  const table = read('ai-sdk.js').match(/^const SPECIFICATIONS = \{([^}]*)\};$/m)[1];
+  const majors = [...table.matchAll(/(\d+): 'v\d'/g)].map((m) => Number(m[1]));
+  assert.deepEqual(majors, [5, 6, 7]);
+  assert.equal(manifest.peerDependencies?.ai, `>=${majors[0]} <${majors.at(-1) + 1}`);
+  assert.deepEqual(manifest.peerDependenciesMeta?.ai, { optional: true });
+  // Its declarations take the model types from `ai`, whose own @ai-sdk/provider differs by major.
+  assert.equal(manifest.peerDependencies?.['@ai-sdk/provider'], undefined);
+});
+
 test("the wasm has none of the browser suite's test hooks", async () => {
   // kestrel-wasm's `test-hooks` (`trapForTest`) is for the suite's own build of the wasm.
   const module = await WebAssembly.compile(readFileSync(join(WWW, 'pkg/kestrel_wasm_bg.wasm')));
