@@ -4,13 +4,13 @@
 // each subpath export (ai-sdk, prompt-api, langchain, with the real `ai` and `@langchain/core`)
 // and a shared engine give the package's own greedy answer, and the app asks nothing of another
 // origin; `vite preview` serves a build and its model gzipped on the fly, and the shared engine
-// loads it. The dev servers of Vite 5-7 pre-bundle the package
+// loads it; and the README's quick start, copied as a user would, streams tokens. The dev servers of Vite 5-7 pre-bundle the package
 // into node_modules/.vite/deps/, away from the worker that `new URL('./worker.js', import.meta.url)`
 // names: without `optimizeDeps.exclude` the engine fails with an error that says so, with it
 // tokens stream. Needs www/pkg (`./build.sh wasm`) and models/synthetic-qwen3-f32.gguf.
 import assert from 'node:assert/strict';
 import { execFileSync, spawn } from 'node:child_process';
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -231,4 +231,37 @@ test('vite8: `vite preview` serves the build and its model compressed on the fly
   } finally {
     await server.close();
   }
+});
+
+/**
+ * The README's quick start as a user copies it: its JavaScript block, with the model URL pointed at
+ * the default model on this origin (the hub is out of reach here), is an app's module script,
+ * built by Vite 8 against the packed tarball and run in Chromium. Resolves to the app's folder.
+ */
+function writeQuickStartApp() {
+  const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
+  const start = readme.indexOf('## Quick start');
+  const code = readme.slice(start).match(/```js\n([\s\S]*?)```/)?.[1];
+  assert.ok(start >= 0 && code, 'the README has a quick start with a js block');
+  const model = /model: '[^']*'/;
+  assert.match(code, model, 'the quick start names its model');
+  const dir = join(HERE, 'quickstart');
+  mkdirSync(dir, { recursive: true });
+  const local = code.replace(model, "model: '/models/SmolLM2-135M-Instruct.Q4_1.gguf'");
+  // The snippet as it is, then what it streamed into the page, for openApp; its error (a module's
+  // top-level rejection reaches the window) the same way.
+  writeFileSync(join(dir, 'main.js'), `${local}\nwindow.kestrelOutcome = { ok: true, text: document.body.textContent };\n`);
+  const onError = "<script>addEventListener('error', (e) => { window.kestrelOutcome = { ok: false, code: e.error?.code, message: e.message }; });</script>";
+  writeFileSync(join(dir, 'index.html'), `<!doctype html><html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>Quick start</title>${onError}</head><body><script type="module" src="./main.js"></script></body></html>\n`);
+  return dir;
+}
+
+test("vite8: the README's quick start, as written, streams tokens from the packed package", { timeout: 4 * MINUTES }, async () => {
+  writeQuickStartApp();
+  node(['node_modules/vite8/bin/vite.js', 'build', 'quickstart', '--config', 'vite.config.mjs', '--outDir', '../dist/quickstart', '--emptyOutDir']);
+  const url = `${env.server.url}/tests/bundlers/dist/quickstart/index.html`;
+  const { outcome } = await openApp(url);
+  assert.equal(outcome.ok, true, `the quick start failed: ${outcome.code}: ${outcome.message}`);
+  console.log(`the quick start streamed: ${JSON.stringify(outcome.text)}`);
+  assert.ok(outcome.text.trim().length > 0, 'no tokens streamed into the page');
 });
