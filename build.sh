@@ -516,6 +516,7 @@ case "$cmd" in
     timed "wasm kernel tests" wasm_kernel_tests || status=1
     timed "gpu-check smoke" gpu_check_smoke || status=1
     timed "server tests" server_tests || status=1
+    timed "docs examples" env KESTREL_CLI="$target_dir/debug/kestrel" node --test tests/docs/examples.test.mjs || status=1
     timed "AI SDK tests" ai_sdk_tests || status=1
     timed "browser set-up" browser_prep || status=1
     beside_log=$target_dir/beside-browser-suite.log
