@@ -397,14 +397,7 @@ pub(crate) fn split_calls(syntax: ToolSyntax, tools: &[Tool], text: &str, seed: 
             let Some(first) = text.find(HERMES_OPEN) else { return whole() };
             let mut rest = &text[first..];
             while let Some(open) = rest.find(HERMES_OPEN) {
-                let body_start = open + HERMES_OPEN.len();
-                let parsed = rest[body_start..].find(HERMES_CLOSE).and_then(|close| {
-                    match serde_json::from_str::<Value>(rest[body_start..body_start + close].trim()) {
-                        Ok(Value::Object(body)) => Some((call_of(&body, "arguments"), body_start + close + HERMES_CLOSE.len())),
-                        _ => None,
-                    }
-                });
-                match parsed {
+                match hermes_block(rest, open) {
                     Some((Some(call), end)) if known(&call.0) => {
                         calls.push(call);
                         rest = &rest[end..];
@@ -451,12 +444,7 @@ pub(crate) fn repeats_a_call(syntax: ToolSyntax, tools: &[Tool], text: &str) -> 
     let mut seen: Vec<(String, String)> = Vec::new();
     let mut rest = text;
     while let Some(open) = rest.find(HERMES_OPEN) {
-        let body_start = open + HERMES_OPEN.len();
-        let Some(close) = rest[body_start..].find(HERMES_CLOSE) else { return false };
-        let call = match serde_json::from_str::<Value>(rest[body_start..body_start + close].trim()) {
-            Ok(Value::Object(body)) => call_of(&body, "arguments"),
-            _ => None,
-        };
+        let Some((call, end)) = hermes_block(rest, open) else { return false };
         match call {
             Some(call) if tools.iter().any(|t| t.function.name == call.0) => {
                 if seen.contains(&call) {
@@ -466,9 +454,21 @@ pub(crate) fn repeats_a_call(syntax: ToolSyntax, tools: &[Tool], text: &str) -> 
             }
             _ => return false,
         }
-        rest = &rest[body_start + close + HERMES_CLOSE.len()..];
+        rest = &rest[end..];
     }
     false
+}
+
+/// The `<tool_call>` block that opens at `open` in `rest`: its call (None where its JSON names no
+/// call) and where the block ends; None where it is not closed or its body is no JSON object (cut
+/// off).
+fn hermes_block(rest: &str, open: usize) -> Option<(Option<(String, String)>, usize)> {
+    let body_start = open + HERMES_OPEN.len();
+    let close = rest[body_start..].find(HERMES_CLOSE)?;
+    match serde_json::from_str::<Value>(rest[body_start..body_start + close].trim()) {
+        Ok(Value::Object(body)) => Some((call_of(&body, "arguments"), body_start + close + HERMES_CLOSE.len())),
+        _ => None,
+    }
 }
 
 /// A call's name and its arguments as JSON text, from `{"name", <args_key>}`.
