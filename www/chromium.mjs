@@ -17,6 +17,10 @@ const COMMON_FLAGS = ['--no-sandbox', '--disable-background-networking', '--disa
  * with a fresh profile. `webgpu`:
  * 'swiftshader', 'gpu', or null for WebGPU off; `flags`: more command-line switches.
  * Resolves to {context, userDataDir, close()}; close() also removes the profile.
+ * @template {{ close(): Promise<void> }} Context
+ * @param {{ launchPersistentContext(userDataDir: string, options: { executablePath: string, headless: boolean, args: string[] }): Promise<Context> }} chromium
+ *   playwright-core's BrowserType (the part used here), whose contexts are `Context`s
+ * @param {{ webgpu?: keyof typeof WEBGPU_FLAGS | null, flags?: string[] }} [options]
  */
 export async function launchChromium(chromium, { webgpu = 'swiftshader', flags = [] } = {}) {
   const userDataDir = mkdtempSync(join(tmpdir(), 'kestrel-chromium-'));

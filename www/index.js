@@ -5,7 +5,7 @@
 /**
  * @import {
  *   ChatCompletion, ChatCompletionChunk, ChatCompletionRequest, Completion, CompletionRequest, CreateEmbeddingResponse,
- *   CreateEngineOptions, EmbeddingCreateParams, Engine as EngineApi, EngineInfo, EngineMemory, EngineStatus, Estimate, KestrelErrorCode, LoadProgress, RemoteOptions,
+ *   CreateEngineOptions, EmbeddingCreateParams, Engine as EngineApi, EngineInfo, EngineMemory, Estimate, KestrelErrorCode, LoadProgress, RemoteOptions,
  *   RerankParams, RerankResponse,
  * } from './index.d.ts'
  */
@@ -22,15 +22,7 @@ import { SharedEngineConnection } from './shared.js';
  */
 
 /**
- * A message from the worker (worker.js, or the shared engine's shared-worker.js).
- * @typedef {({ id: number } & (
- *   | { type: 'progress', progress: LoadProgress }
- *   | { type: 'token', chunk: ChatCompletionChunk | Completion }
- *   | { type: 'result', value: any }
- *   | { type: 'error', error: { code: string, message: string, remote?: { status: number, code: string | null } } }
- * )) | { type: 'status', id?: undefined, status: EngineStatus['status'], info?: EngineInfo, error?: { code: string, message: string } }
- *   | { type: 'clients', id?: undefined, clients: number, abandoned_requests: number }
- *   | { type: 'lost', id?: undefined }} WorkerMessage
+ * @import { ConnectRequest, LoadRequest, Reply, EngineRequest, RequestBody } from './protocol.d.ts'
  */
 
 /**
@@ -178,13 +170,14 @@ export async function estimate(options) {
   const worker = startWorker();
   try {
     return await new Promise((resolve, reject) => {
-      worker.onmessage = ({ data }) => {
-        if (data.type === 'result') resolve(data.value);
+      worker.onmessage = (/** @type {MessageEvent<Reply>} */ { data }) => {
+        if (data.type === 'result') resolve(/** @type {Estimate} */ (data.value));
         // A crash may leave the call unanswered: its status says why.
-        else if (data.type === 'error' || data.status === 'crashed') reject(kestrelError(/** @type {KestrelErrorCode} */ (data.error.code), data.error.message));
+        const error = data.type === 'error' || (data.type === 'status' && data.status === 'crashed') ? data.error : undefined;
+        if (error) reject(kestrelError(/** @type {KestrelErrorCode} */ (error.code), error.message));
       };
       worker.onerror = (e) => reject(workerError(e));
-      worker.postMessage({ type: 'estimate', id: 0, model, context_length, kv_cache, slots });
+      worker.postMessage(/** @satisfies {EngineRequest} */ ({ type: 'estimate', id: 0, model, context_length, kv_cache, slots }));
     });
   } finally {
     worker.terminate();
@@ -237,7 +230,7 @@ function channel(onCancel) {
  * the request only travels, and its `signal` (or leaving a `for await` early) aborts it.
  * @param {'chat' | 'completions'} endpoint
  * @param {Partial<ChatCompletionRequest & CompletionRequest>} request
- * @param {(msg: { type: string, [key: string]: unknown }, handlers: Handlers) => Promise<any>} send
+ * @param {(msg: RequestBody, handlers: Handlers) => Promise<any>} send
  * @param {(id: number) => void} abort
  * @returns {Promise<AsyncIterable<ChatCompletionChunk | Completion> | ChatCompletion | Completion>}
  */
@@ -306,7 +299,7 @@ class Engine {
   /**
    * The message that set the worker up ('load', or a remote engine's 'connect'), sent again to the
    * new worker that replaces one whose engine crashed.
-   * @type {{ type: 'load' | 'connect', [key: string]: unknown } | null}
+   * @type {Omit<LoadRequest, 'id'> | Omit<ConnectRequest, 'id'> | null}
    */
   #setup = null;
 
@@ -336,12 +329,12 @@ class Engine {
    * @param {EngineWorker} worker
    */
   #listen(worker) {
-    worker.onmessage = (/** @type {{ data: WorkerMessage }} */ { data }) => this.#onMessage(data);
+    worker.onmessage = (/** @type {{ data: Reply }} */ { data }) => this.#onMessage(data);
     worker.onerror = (/** @type {ErrorEvent} */ e) => this.#fail(workerError(e));
     return worker;
   }
 
-  /** @param {WorkerMessage} msg */
+  /** @param {Reply} msg */
   #onMessage(msg) {
     if (msg.type === 'clients') {
       this.#clients = { clients: msg.clients, abandoned_requests: msg.abandoned_requests };
@@ -425,7 +418,7 @@ class Engine {
   /**
    * Sets the new worker up as the crashed one was (`setup`: its 'load' or 'connect'), reporting
    * 'reloading', then 'ready' or 'failed'.
-   * @param {{ type: string, [key: string]: unknown }} setup
+   * @param {Omit<LoadRequest, 'id'> | Omit<ConnectRequest, 'id'>} setup
    */
   async #restart(setup) {
     this.#onStatus?.({ status: 'reloading' });
@@ -448,13 +441,12 @@ class Engine {
 
   /**
    * Sends one message and waits for its answer; requests run one at a time, in order.
-   * @param {{ type: string, [key: string]: unknown }} msg
+   * @param {RequestBody} msg
    * @param {Handlers} [handlers]
-   * @param {Transferable[]} [transfer]
    * @returns {Promise<any>}
    */
-  #call(msg, handlers = {}, transfer) {
-    const result = this.#queue.then(() => this.#send(msg, handlers, transfer), () => this.#send(msg, handlers, transfer));
+  #call(msg, handlers = {}) {
+    const result = this.#queue.then(() => this.#send(msg, handlers), () => this.#send(msg, handlers));
     this.#queue = result.catch(() => {});
     return result;
   }
@@ -462,7 +454,7 @@ class Engine {
   /**
    * Sends one message after the queued ones have started, without holding back the ones after
    * it: generations on an engine with several slots, which the worker runs as one batch.
-   * @param {{ type: string, [key: string]: unknown }} msg
+   * @param {RequestBody} msg
    * @param {Handlers} [handlers]
    * @returns {Promise<any>}
    */
@@ -473,32 +465,38 @@ class Engine {
 
   /**
    * Sends one message and waits for its answer, once the reload after a crash (if one runs) ends.
-   * @param {{ type: string, [key: string]: unknown }} msg
+   * @param {RequestBody} msg
    * @param {Handlers} handlers
-   * @param {Transferable[]} [transfer]
    * @returns {Promise<any>}
    */
-  #send(msg, handlers, transfer) {
+  #send(msg, handlers) {
     const restarting = this.#restarting;
-    if (restarting) return restarting.then(() => this.#send(msg, handlers, transfer));
-    return this.#post(msg, handlers, transfer);
+    if (restarting) return restarting.then(() => this.#send(msg, handlers));
+    return this.#post(msg, handlers);
   }
 
   /**
    * Sends one message to the worker now and waits for its answer.
-   * @param {{ type: string, [key: string]: unknown }} msg
+   * @param {RequestBody} msg
    * @param {Handlers} handlers
-   * @param {Transferable[]} [transfer]
    * @returns {Promise<any>}
    */
-  #post(msg, handlers, transfer) {
+  #post(msg, handlers) {
     if (this.#closed) return Promise.reject(this.#closed);
     const id = this.#nextId++;
     handlers.onStart?.(id);
     return new Promise((/** @type {(value: any) => void} */ resolve, reject) => {
       this.#pending.set(id, { resolve, reject, ...handlers });
-      this.#worker.postMessage({ ...msg, id }, transfer ?? []);
+      this.#worker.postMessage({ ...msg, id });
     });
+  }
+
+  /**
+   * Sends `msg` to the worker now, for no answer of its own.
+   * @param {EngineRequest} msg
+   */
+  #tell(msg) {
+    this.#worker.postMessage(msg);
   }
 
   /**
@@ -540,9 +538,9 @@ class Engine {
     // A model whose requests run as batched steps (several slots, or the CPU backend) takes
     // concurrent requests at once; a remote server too.
     const beside = this.info?.backend === 'remote' || (this.info?.kind === 'chat' && this.info.model.batched === true);
-    const send = (/** @type {{ type: string }} */ msg, /** @type {Handlers} */ handlers) => (beside ? this.#callBeside(msg, handlers) : this.#call(msg, handlers));
+    const send = (/** @type {RequestBody} */ msg, /** @type {Handlers} */ handlers) => (beside ? this.#callBeside(msg, handlers) : this.#call(msg, handlers));
     // To the worker that runs the request now (a crash may have replaced the first).
-    return openaiRequest(endpoint, request, send, (id) => this.#worker.postMessage({ type: 'abort', id }));
+    return openaiRequest(endpoint, request, send, (id) => this.#tell({ type: 'abort', id }));
   }
 
   /**
@@ -585,7 +583,7 @@ class Engine {
     return new Promise((resolve, reject) => {
       const onAbort = () => {
         // Only a remote request can stop; a local pass finishes, its answer unread.
-        if (sent !== null && this.info?.backend === 'remote') this.#worker.postMessage({ type: 'abort', id: sent });
+        if (sent !== null && this.info?.backend === 'remote') this.#tell({ type: 'abort', id: sent });
         reject(abortError(signal));
       };
       signal.addEventListener('abort', onAbort, { once: true });
@@ -598,7 +596,7 @@ class Engine {
    * reset would lose it. The request in flight fails with `device_lost`; the engine recovers.
    */
   _destroyDevice() {
-    this.#worker.postMessage({ type: 'destroy-device', id: 0 });
+    this.#tell({ type: 'destroy-device', id: 0 });
   }
 
   /**

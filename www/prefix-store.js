@@ -5,7 +5,7 @@
 // `peekPrefixSnapshot` to choose one) and ends with a checksum the engine verifies before it
 // restores any row: a corrupt or truncated file is deleted, never trusted; another model's (or
 // another cache setup's) is left for that model, and the byte budget bounds them all.
-import { peekPrefixSnapshot } from './pkg/kestrel_wasm.js';
+import { peekPrefixSnapshot } from './wasm.js';
 import { PREFIX_DIRECTORY } from './storage.js';
 /** Restoring reads a whole snapshot: worth it only when it saves this many prefill tokens. */
 export const MIN_RESTORED_TOKENS = 16;
@@ -14,7 +14,11 @@ export const MIN_RESTORED_TOKENS = 16;
  * @typedef {{ name: string, key: string, tokens: Uint32Array | number[], bytes: number, written: number }} Entry
  */
 
-/** How many leading tokens `a` and `b` share. */
+/**
+ * How many leading tokens `a` and `b` share.
+ * @param {ArrayLike<number>} a
+ * @param {ArrayLike<number>} b
+ */
 export function sharedPrefix(a, b) {
   const n = Math.min(a.length, b.length);
   let i = 0;
@@ -47,12 +51,19 @@ export class PrefixStore {
   constructor(modelKey, maxBytes) {
     this.modelKey = modelKey;
     this.maxBytes = maxBytes;
-    /** Snapshots of this key the engine refused as another setup's (a RoPE table of another
-     * context): not read again in this session. */
+    /**
+     * Snapshots of this key the engine refused as another setup's (a RoPE table of another
+     * context): not read again in this session.
+     * @type {Set<string>}
+     */
     this.refused = new Set();
   }
 
-  /** The store for one model, or null where this browser has no Origin Private File System. */
+  /**
+   * The store for one model, or null where this browser has no Origin Private File System.
+   * @param {string} modelKey
+   * @param {number} maxBytes
+   */
   static async open(modelKey, maxBytes) {
     if (!globalThis.navigator?.storage?.getDirectory) return null;
     const store = new PrefixStore(modelKey, maxBytes);
@@ -90,14 +101,18 @@ export class PrefixStore {
         const { key, tokens } = await peekHeader(async (n) => new Uint8Array(await file.slice(0, n).arrayBuffer()), file.size);
         entries.push({ name, key, tokens, bytes: file.size, written: file.lastModified });
       } catch (e) {
-        if (e?.code === 'bad_snapshot') await this.remove(name);
+        if (/** @type {{ code?: string }} */ (e)?.code === 'bad_snapshot') await this.remove(name);
       }
     }
     return entries;
   }
 
-  /** The snapshot of this model sharing the most leading tokens with `prompt`, and how many. */
+  /**
+   * The snapshot of this model sharing the most leading tokens with `prompt`, and how many.
+   * @param {ArrayLike<number>} prompt
+   */
   async best(prompt) {
+    /** @type {Entry | null} */
     let best = null;
     let shared = 0;
     for (const e of await this.entries()) {
@@ -113,6 +128,7 @@ export class PrefixStore {
     return new Uint8Array(await (await handle.getFile()).arrayBuffer());
   }
 
+  /** @param {string} name */
   async remove(name) {
     await (await this.directory()).removeEntry(name).catch(() => {});
   }
@@ -121,7 +137,7 @@ export class PrefixStore {
    * Stores the snapshot `bytes` (at most the byte budget: the engine cut it to fit), drops this
    * model's snapshots it extends (their tokens are a prefix of its own), then the least recently
    * written ones beyond the budget.
-   * @param {Uint8Array} bytes
+   * @param {Uint8Array<ArrayBuffer>} bytes
    */
   async save(bytes) {
     // The tokens the snapshot itself holds (the save may have kept fewer than the cache), read

@@ -10,6 +10,7 @@ import { fileURLToPath } from 'node:url';
 
 const ROOT = resolve(fileURLToPath(new URL('..', import.meta.url)));
 const ALLOWED = ['/www/', '/models/', '/tests/'];
+/** @type {Record<string, string>} */
 const MIME = {
   '.html': 'text/html; charset=utf-8',
   '.js': 'text/javascript; charset=utf-8',
@@ -32,12 +33,18 @@ const MIME = {
  * `cutShort: {bytes, times}` ends the first `times` whole-file answers for a .gguf file after
  * `bytes` bytes, without a Content-Length, so they end as if complete: a host or proxy that cuts a
  * download short (tests/browser/download.test.mjs).
+ * @param {{
+ *   port?: number, host?: string, root?: string, quiet?: boolean, omitLength?: boolean, ranges?: boolean,
+ *   pkg?: string | null, cutShort?: { bytes: number, times: number } | null,
+ * }} [options]
  */
 export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet = true, omitLength = false, ranges = true, pkg = null, cutShort = null } = {}) {
+  /** @type {{ method: string | undefined, path: string, range: string | null }[]} */
   const log = [];
   let cut = 0;
   const server = createServer(async (req, res) => {
-    const path = decodeURIComponent(new URL(req.url, 'http://x').pathname);
+    // A server's request always has its URL (http.IncomingMessage types it as optional).
+    const path = decodeURIComponent(new URL(/** @type {string} */ (req.url), 'http://x').pathname);
     log.push({ method: req.method, path, range: req.headers.range ?? null });
     if (!quiet) console.log(req.method, path);
     const headers = {
@@ -93,7 +100,8 @@ export function startServer({ port = 0, host = '127.0.0.1', root = ROOT, quiet =
   return new Promise((ok, fail) => {
     server.once('error', fail);
     server.listen(port, host, () => {
-      const { port } = server.address();
+      // Listening on a host and port, the address is an AddressInfo (a pipe's would be a string).
+      const { port } = /** @type {import('node:net').AddressInfo} */ (server.address());
       ok({ url: `http://${host}:${port}`, port, log, close: () => new Promise((r) => { server.closeAllConnections?.(); server.close(r); }) });
     });
   });

@@ -18,6 +18,10 @@
 // leading tab's new worker. The hub loads the model once for every tab that asks.
 
 /**
+ * @import { ChannelMessage, HubRequest, LeadMessage, LoadRequest, Reply, EngineRequest } from './protocol.d.ts'
+ */
+
+/**
  * Holds Web Lock `name` until the returned function is called.
  * @param {string} name
  * @returns {Promise<() => void>}
@@ -39,13 +43,13 @@ async function holdLock(name) {
  * `mode` says how it is reached: 'shared-worker', or 'leader' / 'follower' where the tabs elect one.
  */
 export class SharedEngineConnection {
-  /** @type {((e: { data: any }) => void) | null} */
+  /** @type {((e: { data: Reply }) => void) | null} */
   onmessage = null;
   /** @type {((e: ErrorEvent) => void) | null} */
   onerror = null;
   /** @type {'shared-worker' | 'leader' | 'follower'} */
   mode = 'shared-worker';
-  /** @type {(msg: any) => void} */
+  /** @type {(msg: EngineRequest) => void} */
   #send = () => {};
   /** @type {() => void} */
   #close = () => {};
@@ -65,7 +69,7 @@ export class SharedEngineConnection {
     return connection;
   }
 
-  /** @param {any} data */
+  /** @param {Reply} data */
   #deliver(data) {
     this.onmessage?.({ data });
   }
@@ -80,8 +84,8 @@ export class SharedEngineConnection {
     const worker = new SharedWorker(new URL('./shared-worker.js', import.meta.url), { type: 'module', name: `kestrel:${key}` /* @vite-ignore */ });
     worker.onerror = (e) => this.onerror?.(/** @type {ErrorEvent} */ (e));
     const { port } = worker;
-    port.onmessage = ({ data }) => {
-      if (data?.type === 'status' && data.status === 'crashed') {
+    port.onmessage = (/** @type {MessageEvent<Reply>} */ { data }) => {
+      if (data?.type === 'status' && data.status === 'crashed' && data.engine) {
         worker.onerror = null;
         port.onmessage = null;
         port.close();
@@ -89,10 +93,12 @@ export class SharedEngineConnection {
       }
       this.#deliver(data);
     };
-    port.postMessage({ type: 'hello', lock: clientLock });
-    this.#send = (msg) => port.postMessage(msg);
+    /** @param {HubRequest} msg */
+    const toHub = (msg) => port.postMessage(msg);
+    toHub({ type: 'hello', lock: clientLock });
+    this.#send = toHub;
     this.#close = () => {
-      port.postMessage({ type: 'bye' });
+      toHub({ type: 'bye' });
       port.close();
     };
   }
@@ -106,7 +112,7 @@ export class SharedEngineConnection {
    * @param {string} clientLock
    */
   #afterCrash(engine, key, clientLock) {
-    /** @type {any[]} */
+    /** @type {EngineRequest[]} */
     const waiting = [];
     let left = false;
     this.#send = (msg) => waiting.push(msg);
@@ -132,15 +138,16 @@ export class SharedEngineConnection {
     let worker = null;
     /** The leader that welcomed this tab; messages wait until one has. */
     let leader = /** @type {string | null} */ (null);
-    /** @type {any[]} */
+    /** @type {EngineRequest[]} */
     const waiting = [];
     /** This tab's load, sent again by this tab when it takes over. */
-    let load = /** @type {any} */ (null);
+    /** @type {LoadRequest | null} */
+    let load = null;
     const stopWaiting = new AbortController();
     /** Ends this tab's lead, handing the engine to the next tab in line. */
     let stopLeading = () => {};
     const holdLead = () => new Promise((resolve) => (stopLeading = () => resolve(undefined)));
-    const toLeader = (/** @type {any} */ msg) => channel.postMessage({ to: 'leader', from: me, msg });
+    const toLeader = (/** @type {HubRequest} */ msg) => channel.postMessage(/** @satisfies {ChannelMessage} */ ({ to: 'leader', from: me, msg }));
     /** Whether this tab lost its leader and waits for the model on the next one ('ready'). */
     let rejoining = false;
     const hello = () => toLeader({ type: 'hello', lock: clientLock, rejoin: rejoining });
@@ -157,7 +164,7 @@ export class SharedEngineConnection {
      */
     const startHub = () => {
       const hub = new Worker(new URL('./shared-worker.js', import.meta.url), { type: 'module' });
-      hub.onmessage = ({ data }) => {
+      hub.onmessage = (/** @type {MessageEvent<Reply>} */ { data }) => {
         // The engine crashed: a new worker takes its place, which the tabs' Engines load again.
         if (data?.type === 'status' && data.status === 'crashed') {
           hub.onmessage = null;
@@ -167,7 +174,7 @@ export class SharedEngineConnection {
         this.#deliver(data);
       };
       hub.onerror = (e) => this.onerror?.(e);
-      hub.postMessage({ type: 'lead', channel: `kestrel-channel:${key}`, leader: me, rejoin: rejoining });
+      hub.postMessage(/** @satisfies {LeadMessage} */ ({ type: 'lead', channel: `kestrel-channel:${key}`, leader: me, rejoin: rejoining }));
       return hub;
     };
 
@@ -200,7 +207,7 @@ export class SharedEngineConnection {
     /** The leader this tab watches (`watch`), once per leader. */
     let watched = /** @type {string | null} */ (null);
 
-    channel.onmessage = ({ data }) => {
+    channel.onmessage = (/** @type {MessageEvent<ChannelMessage>} */ { data }) => {
       if (this.mode === 'leader') return;
       if (data?.to === '*' && data.msg?.type === 'leader') {
         // A new leader: what ran on the old one is lost; this tab says hello to the new one.
@@ -229,7 +236,9 @@ export class SharedEngineConnection {
         leader = null;
         hello();
       }
-      this.#deliver(data.msg);
+      // A leader announces itself to every tab ('*', above) and welcomes one (above): the rest is
+      // what its hub answers this tab.
+      this.#deliver(/** @type {Reply} */ (data.msg));
     };
 
     this.mode = 'follower';
@@ -268,7 +277,7 @@ export class SharedEngineConnection {
     };
   }
 
-  /** @param {any} msg */
+  /** @param {EngineRequest} msg */
   postMessage(msg) {
     this.#send(msg);
   }

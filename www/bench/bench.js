@@ -7,6 +7,34 @@ import { createEngine, deleteModelFromCache } from '../index.js';
 import { measureMemory, watchMainThread } from './monitor.js';
 import { hookWorkers, wasmHeapBytes } from './wasm-heap.js';
 
+/**
+ * @import { ChatMessage, CreateEngineOptions, Engine, ResponseFormat, Usage } from '../index.d.ts'
+ */
+
+/**
+ * The workload (bench/browser.mjs's): each prompt's text and its length in tokens, the decode
+ * steps after the first token, and the generations of each prompt.
+ * @typedef {{ prompts: { prompt_tokens: number, text: string }[], decodeTokens: number, repeats: number }} Workload
+ */
+
+/**
+ * One engine's generation of `text` (`maxTokens`), calling `onToken` as each token reaches the
+ * page: resolves to the prompt tokens it ran, and its longest GPU submission where it reports one.
+ * @typedef {(text: string, maxTokens: number, onToken: () => void) => Promise<{ prompt_tokens: number, longest_submission_ms?: number | null }>} Generate
+ */
+
+/**
+ * The part of wllama's API this page uses (its module is vendored into ./vendor/ by
+ * bench/browser.mjs, and not in the repository).
+ * @typedef {{
+ *   loadModelFromUrl(url: string, options: { n_ctx: number, n_threads: number, n_gpu_layers: number, useCache: boolean }): Promise<void>,
+ *   createCompletion(options: Record<string, unknown>): Promise<AsyncIterable<{ timings?: { cache_n: number, prompt_n: number }, choices?: unknown[] }>>,
+ *   isMultithread(): boolean,
+ *   getNumThreads(): number,
+ *   exit(): Promise<void>,
+ * }} Wllama
+ */
+
 // Before any engine starts its worker: each engine's wasm heap is then measured the same way.
 hookWorkers();
 
@@ -18,6 +46,8 @@ const WLLAMA_WASM = new URL('./vendor/wllama/wllama.wasm', import.meta.url).href
  * the prompt tokens the engine ran, and its longest GPU submission of them where it reports one)
  * for each prompt, `repeats` times. Every engine is timed the same way, by when its
  * tokens reach the page: TTFT from the request to the first token, decode over the steps after.
+ * @param {Workload} workload
+ * @param {Generate} generate
  */
 async function runWorkload({ prompts, decodeTokens, repeats }, generate) {
   const results = [];
@@ -25,29 +55,35 @@ async function runWorkload({ prompts, decodeTokens, repeats }, generate) {
   for (const { prompt_tokens: wanted, text } of prompts) {
     const runs = [];
     for (let r = 0; r < repeats; r += 1) {
+      /** @type {number[]} */
       const times = [];
       const start = performance.now();
       const reported = await generate(text, decodeTokens + 1, () => times.push(performance.now()));
       checkStreamed(times, decodeTokens + 1);
       const itl = times.slice(1).map((t, i) => t - times[i]);
       const ttft = times[0] - start;
-      const decodeMs = times.at(-1) - times[0];
-      runs.push({
+      const decodeMs = times[times.length - 1] - times[0];
+      const run = {
         prompt_tokens: reported.prompt_tokens,
         longest_submission_ms: reported.longest_submission_ms ?? null,
         ttft_ms: ttft,
         prefill_tok_s: reported.prompt_tokens / (ttft / 1e3),
         decode_tok_s: decodeTokens / (decodeMs / 1e3),
         itl_ms: itl,
-      });
-      console.log(`prompt ${wanted}: repeat ${r + 1}/${repeats}: TTFT ${ttft.toFixed(0)} ms, decode ${runs.at(-1).decode_tok_s.toFixed(2)} tok/s`);
+      };
+      runs.push(run);
+      console.log(`prompt ${wanted}: repeat ${r + 1}/${repeats}: TTFT ${ttft.toFixed(0)} ms, decode ${run.decode_tok_s.toFixed(2)} tok/s`);
     }
     results.push({ prompt_tokens: wanted, decode_tokens: decodeTokens, repeats, runs });
   }
   return { workloads: results, main_thread: watch.stop() };
 }
 
-/** Throws unless the engine streamed the `asked` tokens, each timed in `times`. */
+/**
+ * Throws unless the engine streamed the `asked` tokens, each timed in `times`.
+ * @param {number[]} times
+ * @param {number} asked
+ */
 function checkStreamed(times, asked) {
   if (times.length !== asked) throw new Error(`asked for ${asked} tokens, the engine streamed ${times.length}`);
 }
@@ -55,8 +91,14 @@ function checkStreamed(times, asked) {
 /**
  * Streams Kestrel's greedy completion of `text` (`maxTokens`, past any end of text), calling
  * `onToken` as each token reaches the page; resolves to the usage its last chunk carries.
+ * @param {Engine} engine
+ * @param {string} text
+ * @param {number} maxTokens
+ * @param {() => void} onToken
+ * @returns {Promise<Usage>}
  */
 async function streamGreedy(engine, text, maxTokens, onToken) {
+  /** @type {Usage | null} */
   let usage = null;
   const stream = await engine.completions.create({ prompt: text, stream: true, max_tokens: maxTokens, temperature: 0, ignore_eos: true });
   for await (const chunk of stream) {
@@ -70,12 +112,14 @@ async function streamGreedy(engine, text, maxTokens, onToken) {
 /**
  * Kestrel on `backend` ('webgpu' or 'cpu'): cold load (Cache API emptied first), the workload,
  * then a warm load from the cache.
+ * @param {Workload & { modelUrl: string, backend: CreateEngineOptions['backend'] }} options
  */
 export async function runKestrel({ modelUrl, prompts, decodeTokens, repeats, backend }) {
   await deleteModelFromCache(new URL(modelUrl, location.href).href);
   let t = performance.now();
   const engine = await createEngine({ model: modelUrl, backend });
   const coldLoadMs = performance.now() - t;
+  /** @type {Generate} */
   const generate = async (text, maxTokens, onToken) => {
     // Each repeat from an empty cache: otherwise the engine reuses the previous prompt's prefix.
     await engine.reset();
@@ -102,11 +146,13 @@ export async function runKestrel({ modelUrl, prompts, decodeTokens, repeats, bac
  * the page while all B decode, from the last request's first token to the first request's last
  * one, so prompts being prefilled and requests already done count for nothing. Resolves to the
  * engine's backend and, per B, the rate of each repeat.
+ * @param {Workload & { modelUrl: string, batchSizes: number[], backend: CreateEngineOptions['backend'] }} options
  */
 export async function runKestrelBatch({ modelUrl, prompts, decodeTokens, repeats, batchSizes, backend }) {
   const engine = await createEngine({ model: modelUrl, backend, slots: Math.max(...batchSizes) });
   const text = prompts[0].text;
   const stream = async () => {
+    /** @type {number[]} */
     const times = [];
     await streamGreedy(engine, text, decodeTokens + 1, () => times.push(performance.now()));
     checkStreamed(times, decodeTokens + 1);
@@ -118,11 +164,12 @@ export async function runKestrelBatch({ modelUrl, prompts, decodeTokens, repeats
     for (let r = 0; r < repeats; r += 1) {
       const streams = await Promise.all(Array.from({ length: batch }, stream));
       const from = Math.max(...streams.map((t) => t[0]));
-      const to = Math.min(...streams.map((t) => t.at(-1)));
+      const to = Math.min(...streams.map((t) => t[t.length - 1]));
       if (to <= from) throw new Error(`batch ${batch}: a request ended before another's first token`);
       const tokens = streams.reduce((n, t) => n + t.filter((x) => x > from && x <= to).length, 0);
-      rates.push(tokens / ((to - from) / 1e3));
-      console.log(`batch ${batch}: repeat ${r + 1}/${repeats}: ${rates.at(-1).toFixed(2)} tok/s`);
+      const rate = tokens / ((to - from) / 1e3);
+      rates.push(rate);
+      console.log(`batch ${batch}: repeat ${r + 1}/${repeats}: ${rate.toFixed(2)} tok/s`);
     }
     batches.push({ batch, decode_tok_s: rates });
   }
@@ -136,20 +183,26 @@ export async function runKestrelBatch({ modelUrl, prompts, decodeTokens, repeats
  * prompt `ask` answered greedy under `schema` (to its end), then free decode of as many tokens
  * (`ignore_eos`), alternating for `repeats` rounds; the decode rates are the engine's own
  * (usage.extra). Resolves to the backend, the answer's tokens and each round's rates.
+ * @param {{ modelUrl: string, schema: Record<string, unknown>, ask: string, repeats: number, backend: CreateEngineOptions['backend'] }} options
  */
 export async function runKestrelConstrained({ modelUrl, schema, ask, repeats, backend }) {
   const engine = await createEngine({ model: modelUrl, backend });
+  /** @type {ChatMessage[]} */
   const messages = [{ role: 'system', content: 'Answer in JSON.' }, { role: 'user', content: ask }];
+  /** @type {ResponseFormat} */
   const response_format = { type: 'json_schema', json_schema: { name: 'bench', schema, strict: true } };
+  /** @type {number[]} */
   const held = [];
+  /** @type {number[]} */
   const free = [];
   let tokens = 0;
+  /** @type {string | null} */
   let answer = '';
   for (let r = 0; r < repeats; r += 1) {
     const c = await engine.chat.completions.create({ messages, response_format, temperature: 0, max_tokens: 256 });
     if (c.choices[0].finish_reason !== 'stop') throw new Error(`the constrained answer did not end within 256 tokens: ${c.choices[0].message.content}`);
     answer = c.choices[0].message.content;
-    JSON.parse(answer);
+    JSON.parse(String(answer)); // as JSON.parse(null) reads it: 'null'
     tokens = c.usage.completion_tokens;
     held.push(c.usage.extra.decode_tokens_per_s);
     const f = await engine.chat.completions.create({ messages, temperature: 0, max_tokens: tokens, ignore_eos: true });
@@ -163,9 +216,11 @@ export async function runKestrelConstrained({ modelUrl, schema, ask, repeats, ba
 /**
  * An embedding model's sentences per second in the page: `inputs` (token-id arrays, the native
  * bench's) embedded in one call, an untimed call and then `repeats` timed ones.
+ * @param {{ modelUrl: string, inputs: number[][], repeats: number }} options
  */
 export async function runKestrelEmbeddings({ modelUrl, inputs, repeats }) {
   const engine = await createEngine({ model: modelUrl, backend: 'cpu' });
+  /** @type {number[]} */
   const rates = [];
   await engine.embeddings.create({ input: inputs });
   for (let r = 0; r < repeats; r += 1) {
@@ -190,6 +245,7 @@ export async function adapterInfo() {
 /**
  * wllama on CPU threads (`gpuLayers` 0) or on llama.cpp's WebGPU backend (every layer). Its
  * WebGPU backend needs shader-f16: without it the run is reported as cannot-run, with why.
+ * @param {Workload & { modelUrl: string, threads: number, gpuLayers: number, contextLength: number }} options
  */
 export async function runWllama({ modelUrl, prompts, decodeTokens, repeats, threads, gpuLayers, contextLength }) {
   const backend = gpuLayers > 0 ? 'webgpu' : 'cpu';
@@ -200,14 +256,17 @@ export async function runWllama({ modelUrl, prompts, decodeTokens, repeats, thre
       return { engine: 'wllama', backend, cannot_run: `the adapter (${adapter.description || adapter.vendor || 'unknown'}) lacks shader-f16, which llama.cpp's WebGPU backend needs` };
     }
   }
-  const { Wllama } = await import(WLLAMA_URL);
+  // The vendored module has no types here: its constructor as Wllama (above) describes it.
+  const { Wllama } = /** @type {{ Wllama: new (paths: { default: string }, config: { suppressNativeLog: boolean }) => Wllama }} */ (await import(WLLAMA_URL));
   const wllama = new Wllama({ default: WLLAMA_WASM }, { suppressNativeLog: true });
   const t = performance.now();
   await wllama.loadModelFromUrl(new URL(modelUrl, location.href).href, {
     n_ctx: contextLength, n_threads: threads, n_gpu_layers: gpuLayers, useCache: false,
   });
   const loadMs = performance.now() - t;
+  /** @type {Generate} */
   const generate = async (text, maxTokens, onToken) => {
+    /** @type {{ cache_n: number, prompt_n: number } | null} */
     let timings = null;
     const stream = await wllama.createCompletion({
       prompt: text, stream: true, max_tokens: maxTokens, temp: 0, temperature: 0, top_k: 1, ignore_eos: true,

@@ -4,11 +4,13 @@
 
 /** Median gap between animation frames over `frames` frames, in ms. */
 async function frameInterval(frames = 20) {
+  /** @type {number[]} */
   const times = [];
   await new Promise((done) => {
+    /** @type {FrameRequestCallback} */
     const tick = (t) => {
       times.push(t);
-      if (times.length > frames) done();
+      if (times.length > frames) done(undefined);
       else requestAnimationFrame(tick);
     };
     requestAnimationFrame(tick);
@@ -33,8 +35,10 @@ export async function watchMainThread() {
   observer?.observe({ type: 'longtask' });
   let frames = 0;
   let dropped = 0;
+  /** @type {number | null} */
   let last = null;
   let running = true;
+  /** @type {FrameRequestCallback} */
   const tick = (t) => {
     if (last !== null) {
       frames += 1;
@@ -70,6 +74,7 @@ export async function watchMainThread() {
 export async function measureMemory(timeoutMs = 10_000) {
   if (!globalThis.crossOriginIsolated || !performance.measureUserAgentSpecificMemory) return null;
   // It may wait for a garbage collection; a benchmark does not wait for it forever.
+  /** @type {Promise<null>} */
   const timeout = new Promise((resolve) => setTimeout(() => resolve(null), timeoutMs));
   const m = await Promise.race([performance.measureUserAgentSpecificMemory(), timeout]);
   if (!m) return null;

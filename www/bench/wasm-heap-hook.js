@@ -13,22 +13,33 @@ WebAssembly.Memory = new Proxy(NativeMemory, {
   },
 });
 
-/** Adds the memories an instance exports (the engine's own heap when it does not import one). */
+/**
+ * Adds the memories an instance exports (the engine's own heap when it does not import one).
+ * @param {WebAssembly.Instance} instance
+ */
 function recordExports(instance) {
   for (const value of Object.values(instance?.exports ?? {})) {
     if (value instanceof NativeMemory) memories.add(value);
   }
 }
-for (const name of ['instantiate', 'instantiateStreaming']) {
-  const original = WebAssembly[name];
-  if (!original) continue;
-  WebAssembly[name] = async (...args) => {
-    const result = await original.apply(WebAssembly, args);
+
+/**
+ * `original` (WebAssembly.instantiate or instantiateStreaming), recording the exports of what it
+ * instantiates.
+ * @template {(...args: never[]) => Promise<WebAssembly.Instance | WebAssembly.WebAssemblyInstantiatedSource>} F
+ * @param {F} original
+ * @returns {F}
+ */
+function recording(original) {
+  return /** @type {F} */ (async (/** @type {Parameters<F>} */ ...args) => {
+    const result = await Reflect.apply(original, WebAssembly, args);
     // instantiate(module) resolves to the instance itself, instantiate(bytes) to {module, instance}.
     recordExports(result instanceof WebAssembly.Instance ? result : result.instance);
     return result;
-  };
+  });
 }
+WebAssembly.instantiate = recording(WebAssembly.instantiate);
+if (WebAssembly.instantiateStreaming) WebAssembly.instantiateStreaming = recording(WebAssembly.instantiateStreaming);
 WebAssembly.Instance = new Proxy(WebAssembly.Instance, {
   construct(target, args, newTarget) {
     const instance = Reflect.construct(target, args, newTarget);

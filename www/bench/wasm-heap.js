@@ -5,10 +5,20 @@
 const CHANNEL = 'kestrel-bench-wasm-heap';
 const HOOK = new URL('./wasm-heap-hook.js', import.meta.url).href;
 
+/**
+ * What crosses the channel: the page's query, and each hooked worker's answer to it (the byte
+ * sizes of its linear memories).
+ * @typedef {{ type: 'query', query: number } | { type: 'answer', query: number, bytes: number[] }} HeapMessage
+ */
+
 /** Makes every module worker started after this call load the hook first. */
 export function hookWorkers() {
   const NativeWorker = globalThis.Worker;
   globalThis.Worker = class HookedWorker extends NativeWorker {
+    /**
+     * @param {string | URL} url
+     * @param {WorkerOptions} [options]
+     */
     constructor(url, options) {
       if (options?.type !== 'module') {
         super(url, options);
@@ -31,12 +41,13 @@ export function hookWorkers() {
 export async function wasmHeapBytes(waitMs = 2000) {
   const channel = new BroadcastChannel(CHANNEL);
   const query = Math.random();
+  /** @type {number | null} */
   let total = null;
-  channel.onmessage = ({ data }) => {
+  channel.onmessage = (/** @type {MessageEvent<HeapMessage | null>} */ { data }) => {
     if (data?.type !== 'answer' || data.query !== query) return;
     total = (total ?? 0) + data.bytes.reduce((sum, b) => sum + b, 0);
   };
-  channel.postMessage({ type: 'query', query });
+  channel.postMessage(/** @satisfies {HeapMessage} */ ({ type: 'query', query }));
   await new Promise((resolve) => setTimeout(resolve, waitMs));
   channel.close();
   return total;
