@@ -4,17 +4,22 @@
 //! natively, detected at run time; simd128 in wasm built with it; portable code otherwise), the
 //! rows of a product split over a thread pool natively. F16 and F32 matrices stay f32 and
 //! multiply f32 activations, as llama.cpp's do.
+//!
+//! Portable code (layouts, scalar reference kernels, the choice of instruction set) lies at the
+//! top; the SIMD kernels of each architecture under `arch`, as ggml-cpu's `arch/x86`,
+//! `arch/wasm`.
 
 mod activations;
 mod alloc;
+mod arch;
 mod attention;
 mod dot;
 mod error;
 mod factored;
 mod interleaved;
-mod interleaved_bytes;
 mod matrix;
 mod parallel;
+mod rows;
 
 pub use alloc::{zeroed, ZeroBits};
 pub use attention::{Attention, KvRows};

@@ -10,9 +10,18 @@
 //! fixed runs of positions, so a token's output has the same bits whether it runs in a prefill
 //! chunk or as a decode step.
 
+//!
+//! The tiles are written once over 8 f32 lanes (`lanes::Lanes`), which each instruction set
+//! implements (`arch::x86::lanes`, `arch::wasm::lanes`, and plain arrays).
+
+pub(crate) mod lanes;
+
 use std::ops::Range;
 
+#[cfg(target_arch = "x86_64")]
+use crate::arch::x86;
 use crate::parallel::for_each_chunk;
+use lanes::{CacheValue, Lanes, LANES};
 
 /// One layer's keys and values, `[kv_head][position][head_dim]` each: f32, or f16 bits (half the
 /// memory and half the bytes a step reads; the values an f16 cache holds in either case).
@@ -45,8 +54,6 @@ const ROW_TILE: usize = 4;
 /// Keys a score tile computes: 4 x 3 accumulators of 8 lanes fit AVX2's 16 registers with the
 /// rows' and keys' loads.
 const KEY_TILE: usize = 3;
-/// Lanes of the accumulators (f32 SIMD: one AVX2 register, two of wasm's simd128).
-const LANES: usize = 8;
 /// Value dimensions a value tile computes (two lane groups).
 const DIM_TILE: usize = 2 * LANES;
 /// Keys a span holds: spans start at multiples of it.
@@ -160,12 +167,12 @@ impl<E: CacheValue> Task<'_, E> {
     /// Writes each row's partial result into `part` (`[row][HEADER + head_dim]`).
     fn run(&self, part: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        if x86::has_avx2() {
             // SAFETY: the CPU has AVX2, FMA and F16C (checked just above).
             return unsafe { self.run_avx2(part) };
         }
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        return self.run_with::<lanes::Simd128>(part);
+        return self.run_with::<crate::arch::wasm::lanes::Simd128>(part);
         #[allow(unreachable_code)]
         self.run_with::<lanes::Portable>(part)
     }
@@ -173,7 +180,7 @@ impl<E: CacheValue> Task<'_, E> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn run_avx2(&self, part: &mut [f32]) {
-        self.run_with::<lanes::Avx2>(part)
+        self.run_with::<x86::lanes::Avx2>(part)
     }
 
     /// `run` in the SIMD lanes `L` (inlined into `run_avx2`, where AVX2's are allowed).
@@ -359,393 +366,6 @@ fn value_tail<E: CacheValue>(ws: &[&[f32]; ROW_TILE], v: &[E], hd: usize, d0: us
     }
 }
 
-/// A value as a KV cache stores it: f32, or f16 bits.
-trait CacheValue: Copy + Send + Sync {
-    fn to_f32(self) -> f32;
-    /// `s`'s first 8 values, in lanes.
-    fn load<L: Lanes>(s: &[Self]) -> L;
-}
-
-impl CacheValue for f32 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        self
-    }
-
-    #[inline(always)]
-    fn load<L: Lanes>(s: &[Self]) -> L {
-        L::load(s)
-    }
-}
-
-impl CacheValue for u16 {
-    #[inline(always)]
-    fn to_f32(self) -> f32 {
-        crate::dot::f16_to_f32(self)
-    }
-
-    #[inline(always)]
-    fn load<L: Lanes>(s: &[Self]) -> L {
-        L::load_f16(s)
-    }
-}
-
-/// 8 f32 lanes of SIMD: the tiles' arithmetic, written once for every instruction set.
-trait Lanes: Copy {
-    fn zero() -> Self;
-    fn splat(x: f32) -> Self;
-    /// `s`'s first 8 values.
-    fn load(s: &[f32]) -> Self;
-    /// `s`'s first 8 values, f16 bits.
-    fn load_f16(s: &[u16]) -> Self;
-    /// Into `out`'s first 8 values.
-    fn store(self, out: &mut [f32]);
-    /// `self · b + c`, fused where the instruction set has it.
-    fn mul_add(self, b: Self, c: Self) -> Self;
-    fn mul(self, b: Self) -> Self;
-    fn add(self, b: Self) -> Self;
-    fn sub(self, b: Self) -> Self;
-    fn max(self, b: Self) -> Self;
-    fn floor(self) -> Self;
-    /// `2^n` of lanes holding whole numbers n in -126..=127.
-    fn pow2(self) -> Self;
-    fn sum(self) -> f32;
-
-    /// Lane 0.
-    #[inline(always)]
-    fn first(self) -> f32 {
-        let mut lanes = [0f32; LANES];
-        self.store(&mut lanes);
-        lanes[0]
-    }
-
-    /// The largest lane.
-    #[inline(always)]
-    fn max_lane(self) -> f32 {
-        let mut lanes = [0f32; LANES];
-        self.store(&mut lanes);
-        lanes.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x))
-    }
-
-    /// `e^x` for lanes x <= 0 (a softmax's scores less their maximum), within 2 units in the
-    /// last place: Cephes' `expf`, `2^n · e^r` with `n = round(x · log2 e)` and `|r| <= ln2/2` by a
-    /// polynomial. Below -87 it returns e^-87 (1.6e-38), nothing next to the maximum's weight 1.
-    #[inline(always)]
-    fn exp(self) -> Self {
-        let x = self.max(Self::splat(-87.0));
-        let n = x.mul_add(Self::splat(std::f32::consts::LOG2_E), Self::splat(0.5)).floor();
-        // ln 2 in two parts, the first exact in a few bits, so that n · it is exact.
-        let r = n.mul_add(Self::splat(-0.693_359_4), x);
-        let r = n.mul_add(Self::splat(2.121_944_4e-4), r);
-        let mut p = Self::splat(1.987_569_1e-4);
-        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-            p = p.mul_add(r, Self::splat(c));
-        }
-        p.mul(r.mul(r)).add(r).add(Self::splat(1.0)).mul(n.pow2())
-    }
-}
-
-mod lanes {
-    use super::{Lanes, LANES};
-
-    /// Plain arrays, for targets without the SIMD below.
-    #[derive(Clone, Copy)]
-    pub(super) struct Portable([f32; LANES]);
-
-    impl Lanes for Portable {
-        #[inline(always)]
-        fn zero() -> Self {
-            Self([0.0; LANES])
-        }
-
-        #[inline(always)]
-        fn splat(x: f32) -> Self {
-            Self([x; LANES])
-        }
-
-        #[inline(always)]
-        fn load(s: &[f32]) -> Self {
-            let mut lanes = [0.0; LANES];
-            lanes.copy_from_slice(&s[..LANES]);
-            Self(lanes)
-        }
-
-        #[inline(always)]
-        fn load_f16(s: &[u16]) -> Self {
-            let mut lanes = [0.0; LANES];
-            for (x, &h) in lanes.iter_mut().zip(&s[..LANES]) {
-                *x = crate::dot::f16_to_f32(h);
-            }
-            Self(lanes)
-        }
-
-        #[inline(always)]
-        fn store(self, out: &mut [f32]) {
-            out[..LANES].copy_from_slice(&self.0);
-        }
-
-        #[inline(always)]
-        fn mul_add(self, b: Self, c: Self) -> Self {
-            let mut lanes = c.0;
-            for ((x, a), b) in lanes.iter_mut().zip(self.0).zip(b.0) {
-                *x += a * b;
-            }
-            Self(lanes)
-        }
-
-        #[inline(always)]
-        fn mul(self, b: Self) -> Self {
-            self.zip(b, |a, b| a * b)
-        }
-
-        #[inline(always)]
-        fn add(self, b: Self) -> Self {
-            self.zip(b, |a, b| a + b)
-        }
-
-        #[inline(always)]
-        fn sub(self, b: Self) -> Self {
-            self.zip(b, |a, b| a - b)
-        }
-
-        #[inline(always)]
-        fn max(self, b: Self) -> Self {
-            self.zip(b, f32::max)
-        }
-
-        #[inline(always)]
-        fn floor(self) -> Self {
-            self.zip(self, |a, _| a.floor())
-        }
-
-        #[inline(always)]
-        fn pow2(self) -> Self {
-            self.zip(self, |n, _| f32::from_bits(((n as i32 + 127) as u32) << 23))
-        }
-
-        #[inline(always)]
-        fn sum(self) -> f32 {
-            self.0.iter().sum()
-        }
-    }
-
-    impl Portable {
-        #[inline(always)]
-        fn zip(self, b: Self, f: impl Fn(f32, f32) -> f32) -> Self {
-            let mut lanes = self.0;
-            for (x, b) in lanes.iter_mut().zip(b.0) {
-                *x = f(*x, b);
-            }
-            Self(lanes)
-        }
-    }
-
-    /// One AVX2 register, with FMA and F16C. Made only inside `Task::run_avx2`, which runs after
-    /// the CPU reported all three, so the intrinsics below always have their instructions.
-    #[cfg(target_arch = "x86_64")]
-    #[derive(Clone, Copy)]
-    pub(super) struct Avx2(std::arch::x86_64::__m256);
-
-    #[cfg(target_arch = "x86_64")]
-    impl Lanes for Avx2 {
-        #[inline(always)]
-        fn zero() -> Self {
-            // SAFETY (each block below): AVX2 and FMA are present (see the type).
-            Self(unsafe { std::arch::x86_64::_mm256_setzero_ps() })
-        }
-
-        #[inline(always)]
-        fn splat(x: f32) -> Self {
-            Self(unsafe { std::arch::x86_64::_mm256_set1_ps(x) })
-        }
-
-        #[inline(always)]
-        fn load(s: &[f32]) -> Self {
-            assert!(s.len() >= LANES, "lanes: a short load");
-            // SAFETY: 8 values are readable (checked); AVX2 is present.
-            Self(unsafe { std::arch::x86_64::_mm256_loadu_ps(s.as_ptr()) })
-        }
-
-        #[inline(always)]
-        fn load_f16(s: &[u16]) -> Self {
-            use std::arch::x86_64::*;
-            assert!(s.len() >= LANES, "lanes: a short load");
-            // SAFETY: 8 halves (16 bytes) are readable (checked); F16C is present.
-            Self(unsafe { _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())) })
-        }
-
-        #[inline(always)]
-        fn store(self, out: &mut [f32]) {
-            assert!(out.len() >= LANES, "lanes: a short store");
-            // SAFETY: 8 values are writable (checked); AVX2 is present.
-            unsafe { std::arch::x86_64::_mm256_storeu_ps(out.as_mut_ptr(), self.0) }
-        }
-
-        #[inline(always)]
-        fn mul_add(self, b: Self, c: Self) -> Self {
-            Self(unsafe { std::arch::x86_64::_mm256_fmadd_ps(self.0, b.0, c.0) })
-        }
-
-        #[inline(always)]
-        fn mul(self, b: Self) -> Self {
-            Self(unsafe { std::arch::x86_64::_mm256_mul_ps(self.0, b.0) })
-        }
-
-        #[inline(always)]
-        fn add(self, b: Self) -> Self {
-            Self(unsafe { std::arch::x86_64::_mm256_add_ps(self.0, b.0) })
-        }
-
-        #[inline(always)]
-        fn sub(self, b: Self) -> Self {
-            Self(unsafe { std::arch::x86_64::_mm256_sub_ps(self.0, b.0) })
-        }
-
-        #[inline(always)]
-        fn max(self, b: Self) -> Self {
-            Self(unsafe { std::arch::x86_64::_mm256_max_ps(self.0, b.0) })
-        }
-
-        #[inline(always)]
-        fn floor(self) -> Self {
-            Self(unsafe { std::arch::x86_64::_mm256_floor_ps(self.0) })
-        }
-
-        #[inline(always)]
-        fn pow2(self) -> Self {
-            use std::arch::x86_64::*;
-            // SAFETY: AVX2 is present. n + 127 is the biased exponent of 2^n.
-            Self(unsafe {
-                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(self.0), _mm256_set1_epi32(127)), 23))
-            })
-        }
-
-        #[inline(always)]
-        fn sum(self) -> f32 {
-            use std::arch::x86_64::*;
-            // SAFETY: AVX2 is present.
-            unsafe {
-                let s = _mm_add_ps(_mm256_castps256_ps128(self.0), _mm256_extractf128_ps(self.0, 1));
-                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-            }
-        }
-    }
-
-    /// Two of wasm's 128-bit registers (every wasm build of this crate has simd128).
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    #[derive(Clone, Copy)]
-    pub(super) struct Simd128([core::arch::wasm32::v128; 2]);
-
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    use core::arch::wasm32::{
-        f32x4_add, f32x4_floor, f32x4_max, f32x4_mul, f32x4_sub, i32x4_add, i32x4_shl, i32x4_splat, i32x4_trunc_sat_f32x4, v128,
-    };
-
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    impl Simd128 {
-        #[inline(always)]
-        fn zip(self, b: Self, f: impl Fn(v128, v128) -> v128) -> Self {
-            Self([f(self.0[0], b.0[0]), f(self.0[1], b.0[1])])
-        }
-    }
-
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    impl Lanes for Simd128 {
-        #[inline(always)]
-        fn zero() -> Self {
-            Self::splat(0.0)
-        }
-
-        #[inline(always)]
-        fn splat(x: f32) -> Self {
-            let v = core::arch::wasm32::f32x4_splat(x);
-            Self([v, v])
-        }
-
-        #[inline(always)]
-        fn load(s: &[f32]) -> Self {
-            assert!(s.len() >= LANES, "lanes: a short load");
-            // SAFETY: 8 values are readable (checked); wasm loads need no alignment.
-            unsafe { Self([core::arch::wasm32::v128_load(s.as_ptr().cast()), core::arch::wasm32::v128_load(s.as_ptr().add(4).cast())]) }
-        }
-
-        /// wasm has no f16 conversion: `f16_to_f32`'s bit moves in integer lanes. Normal halves
-        /// rebias their exponent (+112 << 23); zeros and subnormals are their mantissa times
-        /// 2^-24; infinities and NaNs keep an all-ones exponent.
-        #[inline(always)]
-        fn load_f16(s: &[u16]) -> Self {
-            use core::arch::wasm32::*;
-            assert!(s.len() >= LANES, "lanes: a short load");
-            // SAFETY: 8 halves (16 bytes) are readable (checked).
-            let h = unsafe { v128_load(s.as_ptr().cast()) };
-            let convert = |h: v128| {
-                let sign = i32x4_shl(v128_and(h, i32x4_splat(0x8000)), 16);
-                let magnitude = v128_and(h, i32x4_splat(0x7fff));
-                let normal = i32x4_add(i32x4_shl(magnitude, 13), i32x4_splat(0x3800_0000));
-                let special = i32x4_add(normal, i32x4_splat(0x3800_0000));
-                let tiny = f32x4_mul(f32x4_convert_i32x4(magnitude), f32x4_splat(1.0 / 16_777_216.0));
-                let value = v128_bitselect(tiny, normal, i32x4_lt(magnitude, i32x4_splat(0x0400)));
-                let value = v128_bitselect(special, value, i32x4_ge(magnitude, i32x4_splat(0x7c00)));
-                v128_or(value, sign)
-            };
-            Self([convert(u32x4_extend_low_u16x8(h)), convert(u32x4_extend_high_u16x8(h))])
-        }
-
-        #[inline(always)]
-        fn store(self, out: &mut [f32]) {
-            assert!(out.len() >= LANES, "lanes: a short store");
-            // SAFETY: 8 values are writable (checked).
-            unsafe {
-                core::arch::wasm32::v128_store(out.as_mut_ptr().cast(), self.0[0]);
-                core::arch::wasm32::v128_store(out.as_mut_ptr().add(4).cast(), self.0[1]);
-            }
-        }
-
-        #[inline(always)]
-        fn mul_add(self, b: Self, c: Self) -> Self {
-            self.mul(b).add(c)
-        }
-
-        #[inline(always)]
-        fn mul(self, b: Self) -> Self {
-            self.zip(b, |a, b| f32x4_mul(a, b))
-        }
-
-        #[inline(always)]
-        fn add(self, b: Self) -> Self {
-            self.zip(b, |a, b| f32x4_add(a, b))
-        }
-
-        #[inline(always)]
-        fn sub(self, b: Self) -> Self {
-            self.zip(b, |a, b| f32x4_sub(a, b))
-        }
-
-        #[inline(always)]
-        fn max(self, b: Self) -> Self {
-            self.zip(b, |a, b| f32x4_max(a, b))
-        }
-
-        #[inline(always)]
-        fn floor(self) -> Self {
-            self.zip(self, |a, _| f32x4_floor(a))
-        }
-
-        #[inline(always)]
-        fn pow2(self) -> Self {
-            self.zip(self, |n, _| i32x4_shl(i32x4_add(i32x4_trunc_sat_f32x4(n), i32x4_splat(127)), 23))
-        }
-
-        #[inline(always)]
-        fn sum(self) -> f32 {
-            let mut lanes = [0f32; LANES];
-            self.store(&mut lanes);
-            lanes.iter().sum()
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -772,8 +392,8 @@ mod tests {
     fn lanes_exp_is_within_two_ulp() {
         check_exp::<lanes::Portable>("portable");
         #[cfg(target_arch = "x86_64")]
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            check_exp::<lanes::Avx2>("avx2");
+        if x86::has_avx2() {
+            check_exp::<x86::lanes::Avx2>("avx2");
         }
     }
 }

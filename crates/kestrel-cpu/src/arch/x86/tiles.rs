@@ -1,0 +1,101 @@
+//! What the interleaved tiles of both layouts (`interleaved`, `interleaved_bytes`) share: a
+//! product's walk over its groups of 8 rows and its token tiles, and a tile's inputs.
+
+use std::arch::x86_64::*;
+
+use super::scales::FactoredLanes;
+use crate::activations::QuantizedRows;
+use crate::interleaved::GROUP_ROWS;
+use crate::rows::ActRow;
+use crate::ACT_BLOCK;
+
+/// Tokens a tile computes at most: each group's block is loaded (and split into nibbles) once
+/// for them. The AVX2 tiles take up to 4 (`TILE_TOKENS`), whose accumulators fit AVX2's 16
+/// vector registers; the factored AVX512-VNNI tiles (4-bit, byte and 6-bit levels) up to 8
+/// in its 32.
+pub(crate) const TOKENS: usize = 8;
+/// Tokens the tiles other than the factored AVX512-VNNI ones take at most.
+pub(crate) const TILE_TOKENS: usize = 4;
+
+/// Tokens a factored tile takes at most: `TOKENS` with AVX512-VNNI (`vnni`), else
+/// `TILE_TOKENS`.
+pub(crate) fn factored_tile_tokens(vnni: bool) -> usize {
+    if vnni {
+        TOKENS
+    } else {
+        TILE_TOKENS
+    }
+}
+
+/// A token tile's sums: `sums[token][row]` for a group's 8 rows, or a pair of groups' 16.
+pub(crate) type TileSums = [[f32; 2 * GROUP_ROWS]; TOKENS];
+
+/// `out[r·n + t]` for the `rows` weight rows (whole groups of 8) and the `n` rows of `x` (of
+/// `cols` values), tile by tile: `tile(g, pair, acts, tokens, sums)` computes group g's 8 rows
+/// (and group g + 1's, where `pair`) for the first `tokens` (at most `most`) of `acts` (a tile
+/// of fewer than `TOKENS` repeats its last row in the unused places), for the interleaved
+/// nibble and byte layouts alike. With `pairs` the groups go two at a time (the last alone
+/// where their count is odd).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn by_tiles(
+    x: &QuantizedRows,
+    cols: usize,
+    rows: usize,
+    n: usize,
+    out: &mut [f32],
+    most: usize,
+    pairs: bool,
+    mut tile: impl FnMut(usize, bool, &[ActRow<'_>; TOKENS], usize, &mut TileSums),
+) {
+    let acts: Vec<ActRow<'_>> = (0..n).map(|t| x.row(t, cols)).collect();
+    // Each token tile's first token, count and rows, made once for every group (a decode
+    // step's one tile would otherwise be rebuilt for each group of 8 weight rows).
+    let width = most.clamp(1, TOKENS);
+    let tiles: Vec<(usize, usize, [ActRow<'_>; TOKENS])> = (0..n)
+        .step_by(width)
+        .map(|t| {
+            let tokens = (n - t).min(width);
+            (t, tokens, std::array::from_fn(|i| acts[t + i.min(tokens - 1)]))
+        })
+        .collect();
+    // A tile writes the sums of its tokens, and only those are read.
+    let mut sums = [[0f32; 2 * GROUP_ROWS]; TOKENS];
+    let groups = rows / GROUP_ROWS;
+    let mut g = 0;
+    while g < groups {
+        let pair = pairs && g + 1 < groups;
+        let tile_rows = if pair { 2 * GROUP_ROWS } else { GROUP_ROWS };
+        for (t, tokens, tile_acts) in &tiles {
+            tile(g, pair, tile_acts, *tokens, &mut sums);
+            for (j, token) in sums.iter().enumerate().take(*tokens) {
+                for (i, &v) in token.iter().enumerate().take(tile_rows) {
+                    out[(g * GROUP_ROWS + i) * n + t + j] = v;
+                }
+            }
+        }
+        g += tile_rows / GROUP_ROWS;
+    }
+}
+
+/// A product's weight rows (`W`: a layout's group rows) and the readers of their scales and
+/// offsets (`EightScales`, or `FactoredLanes` for the factored tiles): what each of its tiles
+/// reads besides its group of rows and its tokens.
+#[derive(Clone, Copy)]
+pub(crate) struct ScaledRows<W, S> {
+    pub rows: W,
+    pub scale: S,
+    pub offset: Option<S>,
+}
+
+/// Rows with factored scales and offsets, as the factored tiles take them.
+pub(crate) type FactoredRows<'a, W> = ScaledRows<W, FactoredLanes<'a>>;
+
+/// Activation bytes `4k..4k + 4` of block `b` of `act`, in every lane: what chunk `k` of a
+/// group's block multiplies.
+///
+/// # Safety
+/// AVX is present (inlined into callers that enable AVX2), and `act` has block `b`.
+#[inline(always)]
+pub(crate) unsafe fn x_chunk(act: &ActRow<'_>, b: usize, k: usize) -> __m256i {
+    _mm256_set1_epi32(act.q.as_ptr().add(b * ACT_BLOCK + 4 * k).cast::<i32>().read_unaligned())
+}
