@@ -112,18 +112,8 @@ const WG: u32 = CHUNK;
 #include "reduce"
 
 @compute @workgroup_size(256)
-fn decode_partial(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-#if SUBGROUPS
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) size: u32,
-#endif
-) {
-#if SUBGROUPS
-    sg_lane = lane;
-    sg_size = size;
-#endif
+fn decode_partial(@builtin(workgroup_id) wg: vec3<u32>, thread: ReduceThread) {
+    let lid = reduce_setup(thread);
     let query = wg.z;
     let slot = rows[query].x;
     let pos = rows[query].y;

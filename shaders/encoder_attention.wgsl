@@ -30,19 +30,8 @@ var<workgroup> p_tile: array<f32, WG>;
 #include "reduce"
 
 @compute @workgroup_size(64)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-#if SUBGROUPS
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) size: u32,
-#endif
-) {
-#if SUBGROUPS
-    sg_lane = lane;
-    sg_size = size;
-#endif
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, thread: ReduceThread) {
+    let lid = reduce_setup(thread);
     let item = wg.x + wg.y * nwg.x;
     let t = item / params.n_heads;
     if (t >= step.n_tokens) {

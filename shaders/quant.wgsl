@@ -59,29 +59,30 @@ const UNIT_WORDS: u32 = 8u;
 const UNIT_WORDS: u32 = 4u;
 #elif WTYPE_Q8_0
 const UNIT_WORDS: u32 = 2u;
-#elif WTYPE_Q4_0
-const UNIT_WORDS: u32 = 1u;
-#elif WTYPE_Q4_1
-const UNIT_WORDS: u32 = 1u;
-#elif PLANES
+#else
+// Q4_0, Q4_1 and the bit-plane types: 8 four-bit quants.
 const UNIT_WORDS: u32 = 1u;
 #endif
 
-#if WTYPE_Q5_0
-const HIGH_BITS: u32 = 1u;
-const Q_OFFSET: f32 = 16.0;
-#elif WTYPE_Q5_1
-const HIGH_BITS: u32 = 1u;
-const Q_OFFSET: f32 = 0.0;
+#if PLANES
+#if WTYPE_Q6_K
+const HIGH_BITS: u32 = 2u;
 #elif WTYPE_Q4_K
 const HIGH_BITS: u32 = 0u;
-const Q_OFFSET: f32 = 0.0;
-#elif WTYPE_Q5_K
+#else
+// Q5_0, Q5_1, Q5_K.
 const HIGH_BITS: u32 = 1u;
+#endif
+// The types with a minimum (SCALES_DM, SCALES_K: weight = q * d + m) store their quants as they
+// are; the others (Q5_0, Q6_K: weight = (q - Q_OFFSET) * d) centred, offset by half their range
+// of 2^(4 + HIGH_BITS) values: 16 and 32.
+#if SCALES_DM
 const Q_OFFSET: f32 = 0.0;
-#elif WTYPE_Q6_K
-const HIGH_BITS: u32 = 2u;
-const Q_OFFSET: f32 = 32.0;
+#elif SCALES_K
+const Q_OFFSET: f32 = 0.0;
+#else
+const Q_OFFSET: f32 = f32(8u << HIGH_BITS);
+#endif
 #endif
 
 // Row columns of the two vec4s of unit `u` (counted from the row start).

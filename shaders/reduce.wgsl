@@ -4,14 +4,35 @@
 // next reduction may reuse the slots.
 //
 // Under SUBGROUPS, subgroup operations reduce each subgroup and the per-subgroup results are
-// combined through workgroup memory; the entry point must set `sg_lane` and `sg_size` from its
-// subgroup built-ins first. Otherwise a tree in workgroup memory halves the active threads each
-// level.
+// combined through workgroup memory; otherwise a tree in workgroup memory halves the active
+// threads each level. An entry point takes the built-ins the reductions need as one parameter,
+// `thread: ReduceThread`, and starts with `let lid = reduce_setup(thread);`.
+struct ReduceThread {
+    @builtin(local_invocation_index) lid: u32,
+#if SUBGROUPS
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) size: u32,
+#endif
+}
+
 #if SUBGROUPS
 // One slot per subgroup; the device's subgroups have at least 4 lanes (see GpuFeatures).
 var<workgroup> reduce_slots: array<f32, 64>;
 var<private> sg_lane: u32;
 var<private> sg_size: u32;
+#endif
+
+// Keeps the thread's subgroup lane and size for the reductions; returns its
+// local_invocation_index.
+fn reduce_setup(thread: ReduceThread) -> u32 {
+#if SUBGROUPS
+    sg_lane = thread.lane;
+    sg_size = thread.size;
+#endif
+    return thread.lid;
+}
+
+#if SUBGROUPS
 
 fn workgroup_sum(v: f32, lid: u32) -> f32 {
     let s = subgroupAdd(v);

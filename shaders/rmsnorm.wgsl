@@ -25,19 +25,8 @@ const WG: u32 = 256u;
 #include "reduce"
 
 @compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-#if SUBGROUPS
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) size: u32,
-#endif
-) {
-#if SUBGROUPS
-    sg_lane = lane;
-    sg_size = size;
-#endif
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, thread: ReduceThread) {
+    let lid = reduce_setup(thread);
     let row = wg.x + wg.y * nwg.x;
     if (row >= step.n_tokens * params.rows_per_token) {
         return;

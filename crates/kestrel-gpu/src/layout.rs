@@ -181,24 +181,23 @@ struct PlaneFormat {
     high: fn(usize) -> (usize, u32),
 }
 
+/// Q5_0's and Q5_1's blocks, which differ only in where their fields sit (`qs` at byte `QS`, `qh`
+/// at `QH`): element j is the low nibble of qs[j % 16] (j < 16) or its high nibble, and bit j of qh.
+fn q5_format<const QS: usize, const QH: usize>(block_bytes: usize) -> PlaneFormat {
+    PlaneFormat {
+        block_bytes,
+        weights: QK,
+        high_bits: 1,
+        low: |e| (QS + e % 16, 4 * (e / 16) as u32),
+        high: |e| (QH + e / 8, (e % 8) as u32),
+    }
+}
+
 fn plane_format(ty: GgmlType) -> Option<PlaneFormat> {
     let no_high = |_| (0, 0);
     Some(match ty {
-        // Element j: low nibble of qs[j % 16] (j < 16) or its high nibble; bit j of qh.
-        GgmlType::Q5_0 => PlaneFormat {
-            block_bytes: q5_0::BLOCK_BYTES,
-            weights: QK,
-            high_bits: 1,
-            low: |e| (q5_0::OFFSET_QS + e % 16, 4 * (e / 16) as u32),
-            high: |e| (q5_0::OFFSET_QH + e / 8, (e % 8) as u32),
-        },
-        GgmlType::Q5_1 => PlaneFormat {
-            block_bytes: q5_1::BLOCK_BYTES,
-            weights: QK,
-            high_bits: 1,
-            low: |e| (q5_1::OFFSET_QS + e % 16, 4 * (e / 16) as u32),
-            high: |e| (q5_1::OFFSET_QH + e / 8, (e % 8) as u32),
-        },
+        GgmlType::Q5_0 => q5_format::<{ q5_0::OFFSET_QS }, { q5_0::OFFSET_QH }>(q5_0::BLOCK_BYTES),
+        GgmlType::Q5_1 => q5_format::<{ q5_1::OFFSET_QS }, { q5_1::OFFSET_QH }>(q5_1::BLOCK_BYTES),
         // Element 64 j + 32 h + l (j < 4, h < 2, l < 32): nibble h of qs[32 j + l]; for Q5_K
         // bit 2 j + h of qh[l].
         GgmlType::Q4_K => PlaneFormat {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use kestrel_gpu::kernels::attention::{AttentionKernel, KvCache};
+use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionOperands, KvCache};
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
 use kestrel_ops::params::{AttentionShape, KvType, Scores};
 use kestrel_ops::reference::attention::attention;
@@ -107,7 +107,13 @@ fn plain(shape: AttentionShape) -> Scores {
 fn decode(gpu: &Gpu, shape: AttentionShape, kv: KvType, scores: Scores, kv_lens: &[usize], batches: &[&[[u32; 2]]]) {
     let kernel = pollster::block_on(AttentionKernel::new(gpu, shape.head_dim, kv)).unwrap();
     let layer = Layer::new(gpu, shape, kv, scores, 1);
-    let attn = kernel.bind_decode(gpu, &layer.rows, &layer.q, &layer.cache, &layer.out, &layer.scores, QUERIES).unwrap();
+    let attn = kernel
+        .bind_decode(
+            gpu,
+            &AttentionOperands { q: &layer.q, cache: &layer.cache, out: &layer.out, scores: &layer.scores, rows: &layer.rows },
+            QUERIES,
+        )
+        .unwrap();
     for (i, &kv_len) in kv_lens.iter().enumerate() {
         layer.check(gpu, &run((i % SLOTS) as u32, kv_len - 1, 1), kv_len as u64, &attn);
     }
@@ -120,7 +126,13 @@ fn decode(gpu: &Gpu, shape: AttentionShape, kv: KvType, scores: Scores, kv_lens:
 fn prefill(gpu: &Gpu, shape: AttentionShape, kv: KvType, scores: Scores, chunks: &[(u32, usize, usize)]) {
     let kernel = pollster::block_on(AttentionKernel::new(gpu, shape.head_dim, kv)).unwrap();
     let layer = Layer::new(gpu, shape, kv, scores, 2);
-    let attn = kernel.bind_prefill(gpu, &layer.step, &layer.rows, &layer.q, &layer.cache, &layer.out, &layer.scores).unwrap();
+    let attn = kernel
+        .bind_prefill(
+            gpu,
+            &layer.step,
+            &AttentionOperands { q: &layer.q, cache: &layer.cache, out: &layer.out, scores: &layer.scores, rows: &layer.rows },
+        )
+        .unwrap();
     for &(slot, n_tokens, pos) in chunks {
         layer.check(gpu, &run(slot, pos, n_tokens), (n_tokens + pos) as u64, &attn);
     }
@@ -186,19 +198,43 @@ fn attention_rejects_bad_shapes() {
     let rows = StepRows::new(&gpu, 2).unwrap();
     let q = Tensor::zeros(&gpu, "q", &[2, 256], DType::F32).unwrap();
     let wrong = Tensor::zeros(&gpu, "out", &[2, 128], DType::F32).unwrap();
-    assert!(matches!(kernel.bind_decode(&gpu, &rows, &q, &cache, &wrong, &scores, 1), Err(GpuError::InvalidArgs(_))));
-    assert!(matches!(kernel.bind_prefill(&gpu, &step, &rows, &wrong, &cache, &wrong, &scores), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(
+        kernel.bind_decode(&gpu, &AttentionOperands { q: &q, cache: &cache, out: &wrong, scores: &scores, rows: &rows }, 1),
+        Err(GpuError::InvalidArgs(_))
+    ));
+    assert!(matches!(
+        kernel.bind_prefill(&gpu, &step, &AttentionOperands { q: &wrong, cache: &cache, out: &wrong, scores: &scores, rows: &rows }),
+        Err(GpuError::InvalidArgs(_))
+    ));
     let out = Tensor::zeros(&gpu, "out", &[2, 256], DType::F32).unwrap();
-    assert!(kernel.bind_decode(&gpu, &rows, &q, &cache, &out, &scores, 2).is_ok());
+    assert!(kernel.bind_decode(&gpu, &AttentionOperands { q: &q, cache: &cache, out: &out, scores: &scores, rows: &rows }, 2).is_ok());
     // More sequences than q's rows, or than the step rows hold.
-    assert!(matches!(kernel.bind_decode(&gpu, &rows, &q, &cache, &out, &scores, 3), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(
+        kernel.bind_decode(&gpu, &AttentionOperands { q: &q, cache: &cache, out: &out, scores: &scores, rows: &rows }, 3),
+        Err(GpuError::InvalidArgs(_))
+    ));
     let one_row = StepRows::new(&gpu, 1).unwrap();
-    assert!(matches!(kernel.bind_decode(&gpu, &one_row, &q, &cache, &out, &scores, 2), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(
+        kernel.bind_decode(&gpu, &AttentionOperands { q: &q, cache: &cache, out: &out, scores: &scores, rows: &one_row }, 2),
+        Err(GpuError::InvalidArgs(_))
+    ));
     for bad in [Scores { window: Some(0), ..scores }, Scores { softcap: Some(-1.0), ..scores }, Scores::scaled(f32::NAN)] {
-        assert!(matches!(kernel.bind_decode(&gpu, &rows, &q, &cache, &out, &bad, 1), Err(GpuError::InvalidArgs(_))), "{bad:?}");
+        assert!(
+            matches!(
+                kernel.bind_decode(&gpu, &AttentionOperands { q: &q, cache: &cache, out: &out, scores: &bad, rows: &rows }, 1),
+                Err(GpuError::InvalidArgs(_))
+            ),
+            "{bad:?}"
+        );
     }
     let f32_cache = KvCache::new(&gpu, "cache", shape, KvType::F32, 1).unwrap();
-    assert!(matches!(kernel.bind_decode(&gpu, &rows, &q, &f32_cache, &out, &scores, 1), Err(GpuError::InvalidArgs(_))), "cache type");
+    assert!(
+        matches!(
+            kernel.bind_decode(&gpu, &AttentionOperands { q: &q, cache: &f32_cache, out: &out, scores: &scores, rows: &rows }, 1),
+            Err(GpuError::InvalidArgs(_))
+        ),
+        "cache type"
+    );
     let bad_cache = AttentionShape { n_heads: 4, n_kv_heads: 3, ..shape };
     assert!(matches!(KvCache::new(&gpu, "bad", bad_cache, KvType::F16, 1), Err(GpuError::InvalidArgs(_))));
     assert!(matches!(KvCache::new(&gpu, "no slots", shape, KvType::F16, 0), Err(GpuError::InvalidArgs(_))));

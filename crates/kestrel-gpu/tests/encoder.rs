@@ -3,8 +3,8 @@
 
 mod common;
 
-use kestrel_gpu::kernels::encoder::{rope_table, token_spans, EncoderAttentionKernel, EncoderRopeKernel, GeluKernel, QkvLayout};
-use kestrel_gpu::kernels::layernorm::LayerNormKernel;
+use kestrel_gpu::kernels::encoder::{rope_table, token_spans, EncoderAttentionKernel, EncoderRopeKernel, GeluKernel, PackedQkv, QkvLayout};
+use kestrel_gpu::kernels::layernorm::{LayerNormKernel, LayerNormOperands};
 use kestrel_gpu::{DType, Gpu, Recorder, StepOp, StepParams, StepUniform, Tensor};
 use kestrel_ops::params::{RopeConfig, RopeMode};
 use kestrel_ops::reference::attention::bidirectional;
@@ -38,7 +38,7 @@ fn layernorm_matches_reference() {
             let b_gpu = Tensor::from_f32(&gpu, "b", &[n], &b).unwrap();
             let out = Tensor::zeros(&gpu, "out", &[rows, n], DType::F32).unwrap();
             let step = StepUniform::new(&gpu);
-            let norm = kernel.bind(&gpu, &step, &x_gpu, &w_gpu, &b_gpu, &out, eps).unwrap();
+            let norm = kernel.bind(&gpu, &step, &LayerNormOperands { x: &x_gpu, weight: &w_gpu, bias: &b_gpu, out: &out, eps }).unwrap();
             run(&gpu, &step, &norm, n_tokens);
             let got = read(&gpu, &out);
             let want = layer_norm(&x[..n_tokens * n], &w, &b, eps);
@@ -106,7 +106,7 @@ fn rope_restarts_positions_per_input() {
     let spans_gpu = Tensor::from_u32(&gpu, "spans", &[n_tokens, 2], &spans).unwrap();
     let step = StepUniform::new(&gpu);
     let layout = QkvLayout::fused(n_heads, head_dim);
-    let op = kernel.bind(&gpu, &step, &qkv_gpu, layout, &table_gpu, &spans_gpu, n_tokens).unwrap();
+    let op = kernel.bind(&gpu, &step, &PackedQkv { qkv: &qkv_gpu, layout, spans: &spans_gpu, max_tokens: n_tokens }, &table_gpu).unwrap();
     run(&gpu, &step, &op, n_tokens);
     let got = read(&gpu, &qkv_gpu);
     let mut want = Vec::with_capacity(qkv.len());
@@ -139,7 +139,9 @@ fn attention_stays_within_each_input() {
             let step = StepUniform::new(&gpu);
             let scale = 1.0 / (head_dim as f32).sqrt();
             let layout = QkvLayout::fused(n_heads, head_dim);
-            let op = kernel.bind(&gpu, &step, &qkv_gpu, layout, &spans_gpu, &out, scale, n_tokens).unwrap();
+            let op = kernel
+                .bind(&gpu, &step, &PackedQkv { qkv: &qkv_gpu, layout, spans: &spans_gpu, max_tokens: n_tokens }, &out, scale)
+                .unwrap();
             run(&gpu, &step, &op, n_tokens);
             let got = read(&gpu, &out);
             let [q, k, v] = split(&qkv, width);

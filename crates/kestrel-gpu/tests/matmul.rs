@@ -15,7 +15,7 @@ mod common;
 use kestrel_gguf::{quant, GgmlType};
 use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
 use kestrel_gpu::kernels::matvec::{MatvecKernel, SwigluMatvecKernel};
-use kestrel_gpu::kernels::{Epilogue, OutputColumns};
+use kestrel_gpu::kernels::{Epilogue, GateUpOperands, Operands, OutputColumns};
 use kestrel_gpu::{Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 use kestrel_ops::params::GateActivation;
 use kestrel_ops::reference::matmul::{dequantize_weights, gated, matmul};
@@ -159,7 +159,7 @@ fn check_matvec(ty: GgmlType) {
             let x_t = Tensor::from_f32(&gpu, "x", &[k], x).unwrap();
             // One extra output element: it must stay untouched.
             let y = Tensor::from_f32(&gpu, "y", &[n + 1], &vec![SENTINEL; n + 1]).unwrap();
-            let dispatch = kernel.bind(&gpu, &w.upload(&gpu), &x_t, &y, None).unwrap();
+            let dispatch = kernel.bind(&gpu, &Operands::whole(&w.upload(&gpu), &x_t, &y, None)).unwrap();
             let got = run(&gpu, &dispatch, &y, n + 1);
             let what = format!("matvec {ty} {n}x{k} ({device})");
             assert_within(&what, &got[..n], want, bound);
@@ -198,7 +198,7 @@ fn check_matmul(ty: GgmlType) {
             let x_t = Tensor::from_f32(&gpu, "x", &[max_tokens, k], &x_full).unwrap();
             let y = Tensor::from_f32(&gpu, "y", &[max_tokens, n], &vec![SENTINEL; max_tokens * n]).unwrap();
             let step_max = max_tokens as u32;
-            let dispatch = kernel.bind(&gpu, &w.upload(&gpu), &x_t, &y, None, &step, step_max).unwrap();
+            let dispatch = kernel.bind(&gpu, &Operands::whole(&w.upload(&gpu), &x_t, &y, None), &step, step_max).unwrap();
             let got = run_matmul(&gpu, &step, &dispatch, &y, m);
             let what = format!("matmul {ty} M={m} {n}x{k} ({device})");
             assert_within(&what, &got[..m * n], want, bound);
@@ -346,12 +346,13 @@ fn bias_and_residual_epilogues() {
 
                 let kernel = pollster::block_on(MatvecKernel::new(&gpu, ty, epilogue)).unwrap();
                 let y = Tensor::from_f32(&gpu, "y", &[n], &residual[..n]).unwrap();
-                let dispatch = kernel.bind(&gpu, &weights, &x_t, &y, epilogue.bias.then_some(&b_t)).unwrap();
+                let dispatch = kernel.bind(&gpu, &Operands::whole(&weights, &x_t, &y, epilogue.bias.then_some(&b_t))).unwrap();
                 assert_within(&format!("matvec {what}"), &run(&gpu, &dispatch, &y, n), &want[..n], &bound[..n]);
 
                 let kernel = pollster::block_on(MatmulKernel::new(&gpu, ty, epilogue)).unwrap();
                 let y = Tensor::from_f32(&gpu, "y", &[m, n], &residual).unwrap();
-                let dispatch = kernel.bind(&gpu, &weights, &x_t, &y, epilogue.bias.then_some(&b_t), &step, m as u32).unwrap();
+                let dispatch =
+                    kernel.bind(&gpu, &Operands::whole(&weights, &x_t, &y, epilogue.bias.then_some(&b_t)), &step, m as u32).unwrap();
                 assert_within(&format!("matmul {what}"), &run_matmul(&gpu, &step, &dispatch, &y, m), &want, &bound);
             }
         }
@@ -408,10 +409,10 @@ fn products_write_their_output_columns() {
             let bias = epilogue.bias.then_some(&b_t);
             let weights = w.upload(&gpu);
             let mm = pollster::block_on(MatmulKernel::new(&gpu, ty, epilogue)).unwrap();
-            let mm = mm.bind_columns(&gpu, &weights, &x_t, &y, out, bias, &step, m as u32).unwrap();
+            let mm = mm.bind(&gpu, &Operands { w: &weights, x: &x_t, y: &y, out, bias }, &step, m as u32).unwrap();
             mm.record(&mut rec_matmul, &StepParams::new(m as u32, 0, 0));
             let mv = pollster::block_on(MatvecKernel::new(&gpu, ty, epilogue)).unwrap();
-            let mv = mv.bind_columns(&gpu, &weights, &x_t, &y_one, out, bias).unwrap();
+            let mv = mv.bind(&gpu, &Operands { w: &weights, x: &x_t, y: &y_one, out, bias }).unwrap();
             mv.record(&mut rec_matvec);
             keep.push((weights, mm, mv));
             offset += n;
@@ -429,7 +430,16 @@ fn products_write_their_output_columns() {
         }
         // Columns that do not fit in the row are refused.
         let mv = pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q8_0, Epilogue::NONE)).unwrap();
-        let err = mv.bind_columns(&gpu, &keep[1].0, &x_t, &y_one, OutputColumns { offset: stride as u32 - 4, stride: stride as u32 }, None);
+        let err = mv.bind(
+            &gpu,
+            &Operands {
+                w: &keep[1].0,
+                x: &x_t,
+                y: &y_one,
+                out: OutputColumns { offset: stride as u32 - 4, stride: stride as u32 },
+                bias: None,
+            },
+        );
         assert!(matches!(err, Err(GpuError::InvalidArgs(_))), "columns past the row accepted");
     }
 }
@@ -476,13 +486,13 @@ fn swiglu_matvec_and_matmul() {
 
             let kernel = pollster::block_on(SwigluMatvecKernel::new(&gpu, ty, act)).unwrap();
             let out = Tensor::zeros(&gpu, "out", &[n], kestrel_gpu::DType::F32).unwrap();
-            let dispatch = kernel.bind(&gpu, &gate_w, &up_w, &x_t, &out).unwrap();
+            let dispatch = kernel.bind(&gpu, &GateUpOperands { gate: &gate_w, up: &up_w, x: &x_t, out: &out }).unwrap();
             assert_within(&format!("swiglu matvec {what}"), &run(&gpu, &dispatch, &out, n), &want[..n], &bound[..n]);
 
             let kernel = pollster::block_on(SwigluMatmulKernel::new(&gpu, ty, act)).unwrap();
             let step = StepUniform::new(&gpu);
             let out = Tensor::zeros(&gpu, "out", &[m, n], kestrel_gpu::DType::F32).unwrap();
-            let dispatch = kernel.bind(&gpu, &gate_w, &up_w, &x_t, &out, &step, m as u32).unwrap();
+            let dispatch = kernel.bind(&gpu, &GateUpOperands { gate: &gate_w, up: &up_w, x: &x_t, out: &out }, &step, m as u32).unwrap();
             assert_within(&format!("swiglu matmul {what}"), &run_matmul(&gpu, &step, &dispatch, &out, m), &want, &bound);
         }
     }
@@ -507,7 +517,7 @@ fn soft_capped_matvec() {
             let kernel = pollster::block_on(MatvecKernel::soft_capped(&gpu, ty, cap, 1)).unwrap();
             let x_t = Tensor::from_f32(&gpu, "x", &[k], &x).unwrap();
             let out = Tensor::zeros(&gpu, "out", &[n], kestrel_gpu::DType::F32).unwrap();
-            let dispatch = kernel.bind(&gpu, &w.upload(&gpu), &x_t, &out, None).unwrap();
+            let dispatch = kernel.bind(&gpu, &Operands::whole(&w.upload(&gpu), &x_t, &out, None)).unwrap();
             assert_within(&format!("soft-capped matvec {ty} ({device})"), &run(&gpu, &dispatch, &out, n), &want, &bound);
         }
     }
@@ -530,43 +540,43 @@ fn bind_rejects_mismatched_shapes() {
     };
 
     let mv = pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q4_0, Epilogue::NONE)).unwrap();
-    assert!(mv.bind(&gpu, &w, &x, &y, None).is_ok());
-    invalid(mv.bind(&gpu, &q8, &x, &y, None).map(drop), "weight type");
-    invalid(mv.bind(&gpu, &w, &x_short, &y, None).map(drop), "short x");
-    invalid(mv.bind(&gpu, &w, &x, &y_short, None).map(drop), "short y");
-    invalid(mv.bind(&gpu, &w, &x_u32, &y, None).map(drop), "u32 x");
-    invalid(mv.bind(&gpu, &w, &y, &y, None).map(drop), "x aliasing y");
-    invalid(mv.bind(&gpu, &w, &x, &y, Some(&bias)).map(drop), "bias without BIAS");
+    assert!(mv.bind(&gpu, &Operands::whole(&w, &x, &y, None)).is_ok());
+    invalid(mv.bind(&gpu, &Operands::whole(&q8, &x, &y, None)).map(drop), "weight type");
+    invalid(mv.bind(&gpu, &Operands::whole(&w, &x_short, &y, None)).map(drop), "short x");
+    invalid(mv.bind(&gpu, &Operands::whole(&w, &x, &y_short, None)).map(drop), "short y");
+    invalid(mv.bind(&gpu, &Operands::whole(&w, &x_u32, &y, None)).map(drop), "u32 x");
+    invalid(mv.bind(&gpu, &Operands::whole(&w, &y, &y, None)).map(drop), "x aliasing y");
+    invalid(mv.bind(&gpu, &Operands::whole(&w, &x, &y, Some(&bias))).map(drop), "bias without BIAS");
     let mv_bias = pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q4_0, Epilogue::BIAS)).unwrap();
-    invalid(mv_bias.bind(&gpu, &w, &x, &y, None).map(drop), "missing bias");
-    invalid(mv_bias.bind(&gpu, &w, &x, &y, Some(&y_short)).map(drop), "short bias");
+    invalid(mv_bias.bind(&gpu, &Operands::whole(&w, &x, &y, None)).map(drop), "missing bias");
+    invalid(mv_bias.bind(&gpu, &Operands::whole(&w, &x, &y, Some(&y_short))).map(drop), "short bias");
 
     // Section offsets that do not fit the tensor (fields a caller could set by hand).
     let mv5 = pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q5_0, Epilogue::NONE)).unwrap();
     let mut w5 = Weights::random(&mut rng, GgmlType::Q5_0, n, k).upload(&gpu);
-    assert!(mv5.bind(&gpu, &w5, &x, &y, None).is_ok());
+    assert!(mv5.bind(&gpu, &Operands::whole(&w5, &x, &y, None)).is_ok());
     w5.plane_offset -= 1;
-    invalid(mv5.bind(&gpu, &w5, &x, &y, None).map(drop), "plane section overlapping the quants");
+    invalid(mv5.bind(&gpu, &Operands::whole(&w5, &x, &y, None)).map(drop), "plane section overlapping the quants");
     w5.plane_offset += 1;
     // Past the buffer, which is a whole number of 16-byte units: 4 words later.
     w5.scale_offset += 4;
-    invalid(mv5.bind(&gpu, &w5, &x, &y, None).map(drop), "scale section past the buffer");
+    invalid(mv5.bind(&gpu, &Operands::whole(&w5, &x, &y, None)).map(drop), "scale section past the buffer");
 
     let sw = pollster::block_on(SwigluMatvecKernel::new(&gpu, GgmlType::Q4_0, GateActivation::Silu)).unwrap();
-    assert!(sw.bind(&gpu, &w, &w, &x, &y).is_ok());
-    invalid(sw.bind(&gpu, &w, &other, &x, &y).map(drop), "gate/up shapes");
-    invalid(sw.bind(&gpu, &w, &q8, &x, &y).map(drop), "gate/up types");
+    assert!(sw.bind(&gpu, &GateUpOperands { gate: &w, up: &w, x: &x, out: &y }).is_ok());
+    invalid(sw.bind(&gpu, &GateUpOperands { gate: &w, up: &other, x: &x, out: &y }).map(drop), "gate/up shapes");
+    invalid(sw.bind(&gpu, &GateUpOperands { gate: &w, up: &q8, x: &x, out: &y }).map(drop), "gate/up types");
 
     let step = StepUniform::new(&gpu);
     let mm = pollster::block_on(MatmulKernel::new(&gpu, GgmlType::Q4_0, Epilogue::NONE)).unwrap();
     let (x4, y4) = (f32_zeros(&[4, k]), f32_zeros(&[4, n]));
-    assert!(mm.bind(&gpu, &w, &x4, &y4, None, &step, 4).is_ok());
-    invalid(mm.bind(&gpu, &w, &x4, &y4, None, &step, 5).map(drop), "x and y too small for max_tokens");
-    invalid(mm.bind(&gpu, &w, &x4, &y, None, &step, 4).map(drop), "y too small for max_tokens");
-    invalid(mm.bind(&gpu, &w, &x4, &y4, None, &step, 0).map(drop), "max_tokens 0");
+    assert!(mm.bind(&gpu, &Operands::whole(&w, &x4, &y4, None), &step, 4).is_ok());
+    invalid(mm.bind(&gpu, &Operands::whole(&w, &x4, &y4, None), &step, 5).map(drop), "x and y too small for max_tokens");
+    invalid(mm.bind(&gpu, &Operands::whole(&w, &x4, &y, None), &step, 4).map(drop), "y too small for max_tokens");
+    invalid(mm.bind(&gpu, &Operands::whole(&w, &x4, &y4, None), &step, 0).map(drop), "max_tokens 0");
 
     let swm = pollster::block_on(SwigluMatmulKernel::new(&gpu, GgmlType::Q4_0, GateActivation::Silu)).unwrap();
-    invalid(swm.bind(&gpu, &w, &other, &x4, &y4, &step, 4).map(drop), "swiglu matmul gate/up shapes");
+    invalid(swm.bind(&gpu, &GateUpOperands { gate: &w, up: &other, x: &x4, out: &y4 }, &step, 4).map(drop), "swiglu matmul gate/up shapes");
 
     assert!(matches!(pollster::block_on(MatvecKernel::new(&gpu, GgmlType::Q2_K, Epilogue::NONE)), Err(GpuError::UnsupportedWeights(_))));
 }
@@ -613,12 +623,18 @@ fn batched_matvec_is_the_one_token_matvec_per_token() {
         let bias_of = epilogue.bias.then_some(&b_t);
         let batched = pollster::block_on(MatvecKernel::batched(&gpu, ty, epilogue, columns as u32)).unwrap();
         let y = Tensor::from_f32(&gpu, "y", &[columns + 1, stride], &initial).unwrap();
-        let got = run(&gpu, &batched.bind_columns(&gpu, &weights, &x_t, &y, out, bias_of).unwrap(), &y, (columns + 1) * stride);
+        let got = run(
+            &gpu,
+            &batched.bind(&gpu, &Operands { w: &weights, x: &x_t, y: &y, out, bias: bias_of }).unwrap(),
+            &y,
+            (columns + 1) * stride,
+        );
         let single = pollster::block_on(MatvecKernel::new(&gpu, ty, epilogue)).unwrap();
         for t in 0..columns {
             let x_one = Tensor::from_f32(&gpu, "x", &[k], &x[t * k..][..k]).unwrap();
             let y_one = Tensor::from_f32(&gpu, "y", &[stride], &initial[t * stride..][..stride]).unwrap();
-            let alone = run(&gpu, &single.bind_columns(&gpu, &weights, &x_one, &y_one, out, bias_of).unwrap(), &y_one, stride);
+            let alone =
+                run(&gpu, &single.bind(&gpu, &Operands { w: &weights, x: &x_one, y: &y_one, out, bias: bias_of }).unwrap(), &y_one, stride);
             let row = &got[t * stride..][..stride];
             assert!(row.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: token {t} differs from alone");
             let add = |j: usize| match epilogue {
@@ -635,12 +651,22 @@ fn batched_matvec_is_the_one_token_matvec_per_token() {
 
         let swiglu = pollster::block_on(SwigluMatvecKernel::batched(&gpu, ty, GateActivation::Silu, columns as u32)).unwrap();
         let ffn = Tensor::zeros(&gpu, "ffn", &[columns, n], kestrel_gpu::DType::F32).unwrap();
-        let got = run(&gpu, &swiglu.bind(&gpu, &weights, &up_weights, &x_t, &ffn).unwrap(), &ffn, columns * n);
+        let got = run(
+            &gpu,
+            &swiglu.bind(&gpu, &GateUpOperands { gate: &weights, up: &up_weights, x: &x_t, out: &ffn }).unwrap(),
+            &ffn,
+            columns * n,
+        );
         let single = pollster::block_on(SwigluMatvecKernel::new(&gpu, ty, GateActivation::Silu)).unwrap();
         for t in 0..columns {
             let x_one = Tensor::from_f32(&gpu, "x", &[k], &x[t * k..][..k]).unwrap();
             let ffn_one = Tensor::zeros(&gpu, "ffn", &[n], kestrel_gpu::DType::F32).unwrap();
-            let alone = run(&gpu, &single.bind(&gpu, &weights, &up_weights, &x_one, &ffn_one).unwrap(), &ffn_one, n);
+            let alone = run(
+                &gpu,
+                &single.bind(&gpu, &GateUpOperands { gate: &weights, up: &up_weights, x: &x_one, out: &ffn_one }).unwrap(),
+                &ffn_one,
+                n,
+            );
             let same = got[t * n..][..n].iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "swiglu {what}: token {t} differs from alone");
         }
@@ -651,12 +677,12 @@ fn batched_matvec_is_the_one_token_matvec_per_token() {
     let x = Tensor::zeros(&gpu, "x", &[2, 38], kestrel_gpu::DType::F32).unwrap();
     let y = Tensor::zeros(&gpu, "y", &[2, 5], kestrel_gpu::DType::F32).unwrap();
     let kernel = pollster::block_on(MatvecKernel::batched(&gpu, GgmlType::F32, Epilogue::NONE, 2)).unwrap();
-    assert!(matches!(kernel.bind(&gpu, &w, &x, &y, None), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(kernel.bind(&gpu, &Operands::whole(&w, &x, &y, None)), Err(GpuError::InvalidArgs(_))));
     // x too short for the tokens.
     let w = Weights::random(&mut rng, GgmlType::Q8_0, 5, 64).upload(&gpu);
     let x = Tensor::zeros(&gpu, "x", &[1, 64], kestrel_gpu::DType::F32).unwrap();
     let kernel = pollster::block_on(MatvecKernel::batched(&gpu, GgmlType::Q8_0, Epilogue::NONE, 2)).unwrap();
-    assert!(matches!(kernel.bind(&gpu, &w, &x, &y, None), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(kernel.bind(&gpu, &Operands::whole(&w, &x, &y, None)), Err(GpuError::InvalidArgs(_))));
     assert!(matches!(pollster::block_on(MatvecKernel::batched(&gpu, GgmlType::Q8_0, Epilogue::NONE, 17)), Err(GpuError::InvalidArgs(_))));
 }
 
@@ -683,10 +709,11 @@ fn matmul_token_products_do_not_depend_on_the_chunk() {
         let products = |first: usize, count: usize| {
             let x_t = Tensor::from_f32(&gpu, "x", &[count, k], &x[first * k..][..count * k]).unwrap();
             let y = Tensor::zeros(&gpu, "y", &[count, n], kestrel_gpu::DType::F32).unwrap();
-            let dispatch = plain.bind(&gpu, &weights, &x_t, &y, None, &step, count as u32).unwrap();
+            let dispatch = plain.bind(&gpu, &Operands::whole(&weights, &x_t, &y, None), &step, count as u32).unwrap();
             let y = run_matmul(&gpu, &step, &dispatch, &y, count);
             let ffn = Tensor::zeros(&gpu, "ffn", &[count, n], kestrel_gpu::DType::F32).unwrap();
-            let dispatch = fused.bind(&gpu, &weights, &up_weights, &x_t, &ffn, &step, count as u32).unwrap();
+            let dispatch =
+                fused.bind(&gpu, &GateUpOperands { gate: &weights, up: &up_weights, x: &x_t, out: &ffn }, &step, count as u32).unwrap();
             (y, run_matmul(&gpu, &step, &dispatch, &ffn, count))
         };
         let (whole, whole_ffn) = products(0, m);

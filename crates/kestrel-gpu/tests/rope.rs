@@ -3,7 +3,7 @@
 mod common;
 
 use kestrel_gpu::kernels::attention::KvCache;
-use kestrel_gpu::kernels::rope::RopeKernel;
+use kestrel_gpu::kernels::rope::{RopeKernel, RopeOperands};
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
 use kestrel_ops::params::{AttentionShape, KvType, RopeConfig, RopeMode, YarnRamp};
 use kestrel_ops::reference::rope::rope;
@@ -51,7 +51,7 @@ fn check(
     let cache = KvCache::new(gpu, "cache", shape, kv, SLOTS).unwrap();
     let step = StepUniform::new(gpu);
     let step_rows = StepRows::new(gpu, MAX_TOKENS).unwrap();
-    let dispatch = kernel.bind(gpu, &step, &step_rows, config, &qkv, &q_out, &cache).unwrap();
+    let dispatch = kernel.bind(gpu, &step, &step_rows, &RopeOperands { config, qkv: &qkv, q_out: &q_out, cache: &cache }).unwrap();
     let mut want_k = vec![0f32; SLOTS * shape.cache_len()];
     let mut want_v = vec![0f32; SLOTS * shape.cache_len()];
     let what = format!("rope {config:?} hd={hd} {} cache subgroups={}", kv.name(), gpu.features.subgroups);
@@ -152,17 +152,41 @@ fn rope_rejects_bad_config() {
     let rows = StepRows::new(&gpu, 2).unwrap();
     let f32_cache = KvCache::new(&gpu, "cache", shape, KvType::F32, 1).unwrap();
     let good = RopeConfig::new(RopeMode::Norm, 10_000.0);
-    assert!(matches!(kernel.bind(&gpu, &step, &rows, Some(&good), &qkv, &q, &f32_cache), Err(GpuError::InvalidArgs(_))), "cache type");
+    assert!(
+        matches!(
+            kernel.bind(&gpu, &step, &rows, &RopeOperands { config: Some(&good), qkv: &qkv, q_out: &q, cache: &f32_cache }),
+            Err(GpuError::InvalidArgs(_))
+        ),
+        "cache type"
+    );
     let bad_factors = RopeConfig { freq_factors: Some(vec![1.0; 3]), ..RopeConfig::new(RopeMode::Norm, 10_000.0) };
-    assert!(matches!(kernel.bind(&gpu, &step, &rows, Some(&bad_factors), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(
+        kernel.bind(&gpu, &step, &rows, &RopeOperands { config: Some(&bad_factors), qkv: &qkv, q_out: &q, cache: &cache }),
+        Err(GpuError::InvalidArgs(_))
+    ));
     let bad_base = RopeConfig::new(RopeMode::Norm, 0.0);
-    assert!(matches!(kernel.bind(&gpu, &step, &rows, Some(&bad_base), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(
+        kernel.bind(&gpu, &step, &rows, &RopeOperands { config: Some(&bad_base), qkv: &qkv, q_out: &q, cache: &cache }),
+        Err(GpuError::InvalidArgs(_))
+    ));
     let q_wrong = Tensor::zeros(&gpu, "q", &[3, 16], DType::F32).unwrap();
-    assert!(matches!(kernel.bind(&gpu, &step, &rows, Some(&good), &qkv, &q_wrong, &cache), Err(GpuError::InvalidArgs(_))));
+    assert!(matches!(
+        kernel.bind(&gpu, &step, &rows, &RopeOperands { config: Some(&good), qkv: &qkv, q_out: &q_wrong, cache: &cache }),
+        Err(GpuError::InvalidArgs(_))
+    ));
     let bad_mscale = RopeConfig { mscale: f32::NAN, ..RopeConfig::new(RopeMode::Norm, 10_000.0) };
-    assert!(matches!(kernel.bind(&gpu, &step, &rows, Some(&bad_mscale), &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))));
-    assert!(kernel.bind(&gpu, &step, &rows, Some(&good), &qkv, &q, &cache).is_ok());
-    assert!(kernel.bind(&gpu, &step, &rows, None, &qkv, &q, &cache).is_ok());
+    assert!(matches!(
+        kernel.bind(&gpu, &step, &rows, &RopeOperands { config: Some(&bad_mscale), qkv: &qkv, q_out: &q, cache: &cache }),
+        Err(GpuError::InvalidArgs(_))
+    ));
+    assert!(kernel.bind(&gpu, &step, &rows, &RopeOperands { config: Some(&good), qkv: &qkv, q_out: &q, cache: &cache }).is_ok());
+    assert!(kernel.bind(&gpu, &step, &rows, &RopeOperands { config: None, qkv: &qkv, q_out: &q, cache: &cache }).is_ok());
     let short_rows = StepRows::new(&gpu, 1).unwrap();
-    assert!(matches!(kernel.bind(&gpu, &step, &short_rows, None, &qkv, &q, &cache), Err(GpuError::InvalidArgs(_))), "step rows");
+    assert!(
+        matches!(
+            kernel.bind(&gpu, &step, &short_rows, &RopeOperands { config: None, qkv: &qkv, q_out: &q, cache: &cache }),
+            Err(GpuError::InvalidArgs(_))
+        ),
+        "step rows"
+    );
 }

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use kestrel_gpu::kernels::attention::{AttentionKernel, KvCache};
+use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionOperands, KvCache};
 use kestrel_gpu::kernels::embedding::EmbeddingKernel;
 use kestrel_gpu::kernels::matvec::MatvecKernel;
 use kestrel_gpu::kernels::rmsnorm::{HeadNormKernel, HeadSpan, RmsNormKernel};
-use kestrel_gpu::kernels::rope::RopeKernel;
+use kestrel_gpu::kernels::rope::{RopeKernel, RopeOperands};
 use kestrel_gpu::kernels::sample::{PenaltyBinding, PenaltyKernel, SampleBinding, SampleKernel, TokenMaskBinding, TokenMaskKernel};
 use kestrel_gpu::kernels::{Epilogue, OutputColumns};
 use kestrel_gpu::{DType, Gpu, GpuError, Readback, Recorder, RowShards, StepParams, StepRows, StepUniform, Tensor, WeightTensor};
@@ -284,15 +284,14 @@ impl Graph {
                 plan.all("rmsnorm", kernel.bind(gpu, &step, &act.qkv, q_norm, q_span, c.rms_eps)?);
                 plan.all("rmsnorm", kernel.bind(gpu, &step, &act.qkv, k_norm, k_span, c.rms_eps)?);
             }
-            plan.all("rope", rope.bind(gpu, &step, &act.rows, c.layer_rope(l, rope_config).as_ref(), &act.qkv, &act.q, &cache)?);
+            let layer_rope = c.layer_rope(l, rope_config);
+            let rotated = RopeOperands { config: layer_rope.as_ref(), qkv: &act.qkv, q_out: &act.q, cache: &cache };
+            plan.all("rope", rope.bind(gpu, &step, &act.rows, &rotated)?);
             let scores = c.layer_scores(l);
-            plan.split(
-                "attention",
-                attention.bind_decode(gpu, &act.rows, &act.q, &cache, &act.attn, &scores, 1)?,
-                attention.bind_prefill(gpu, &step, &act.rows, &act.q, &cache, &act.attn, &scores)?,
-            );
+            let attended = AttentionOperands { q: &act.q, cache: &cache, out: &act.attn, scores: &scores, rows: &act.rows };
+            plan.split("attention", attention.bind_decode(gpu, &attended, 1)?, attention.bind_prefill(gpu, &step, &attended)?);
             if slots > 1 {
-                plan.every_batch("attention", Arc::new(attention.bind_decode(gpu, &act.rows, &act.q, &cache, &act.attn, &scores, slots)?));
+                plan.every_batch("attention", Arc::new(attention.bind_decode(gpu, &attended, slots)?));
             }
             let o = Product::matrix(&w.attn_output, residual_epilogue);
             products.emit(&mut plan, "matvec o", o, &act.attn, residual_out).await?;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use kestrel_ops::params::{AttentionShape, KvType, Scores};
 
+use super::Bindings;
 use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
 
 /// KV positions per decode workgroup (`CHUNK` in the shader): each has its partial result in the
@@ -143,6 +144,17 @@ pub(crate) fn kv_defines(defines: &mut Defines, kv: KvType) {
     }
 }
 
+/// What a layer's attention reads and writes: the query rows `q` (f32 `[rows, n_heads *
+/// head_dim]`), the layer's cache, `out` (q's shape), how scores are made, and `rows`, where each
+/// query belongs (`StepRows`).
+pub struct AttentionOperands<'a> {
+    pub q: &'a Tensor,
+    pub cache: &'a KvCache,
+    pub out: &'a Tensor,
+    pub scores: &'a Scores,
+    pub rows: &'a StepRows,
+}
+
 /// The attention kernels specialized for one head size.
 pub struct AttentionKernel {
     head_dim: usize,
@@ -195,23 +207,13 @@ impl AttentionKernel {
         })
     }
 
-    /// Binds the decode kernels for up to `queries` sequences, one query each: row `t` of `q`
-    /// (f32 `[rows, n_heads * head_dim]`, for `t < step.n_tokens`) attends to positions
-    /// `0..=pos` of slot `slot`, `(slot, pos)` being row `t` of `rows`; the result goes to row `t`
-    /// of `out` (same shape as `q`). Allocates the partials scratch for `max_ctx` positions of
-    /// each query.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bind_decode(
-        &self,
-        gpu: &Gpu,
-        rows: &StepRows,
-        q: &Tensor,
-        cache: &KvCache,
-        out: &Tensor,
-        scores: &Scores,
-        queries: usize,
-    ) -> Result<DecodeAttention, GpuError> {
-        let params = self.params(q, cache, out, scores)?;
+    /// Binds the decode kernels for up to `queries` sequences, one query each: query row `t`
+    /// (for `t < step.n_tokens`) attends to positions `0..=pos` of slot `slot`, `(slot, pos)`
+    /// being row `t` of `rows`; the result goes to row `t` of `out`. Allocates the partials
+    /// scratch for `max_ctx` positions of each query.
+    pub fn bind_decode(&self, gpu: &Gpu, p: &AttentionOperands, queries: usize) -> Result<DecodeAttention, GpuError> {
+        let params = self.params(p)?;
+        let AttentionOperands { q, cache, out, rows, .. } = *p;
         if queries == 0 || q.len() / cache.shape.q_width() < queries {
             return Err(GpuError::InvalidArgs(format!("attention: {queries} decode queries in q of shape {:?}", q.shape)));
         }
@@ -221,75 +223,31 @@ impl AttentionKernel {
         let partials = Tensor::zeros(gpu, "attention.partials", &[partials_len], DType::F32)?;
         let params = gpu.uniform_buffer("attention.params", bytemuck::bytes_of(&params));
         let n_heads = cache.shape.n_heads as u32;
-        let partial = Dispatch::new(
-            gpu,
-            "attention.decode_partial",
-            self.decode_partial.clone(),
-            &[
-                params.as_entire_binding(),
-                q.buffer.as_entire_binding(),
-                cache.k.buffer.as_entire_binding(),
-                cache.v.buffer.as_entire_binding(),
-                partials.buffer.as_entire_binding(),
-                rows.tensor.buffer.as_entire_binding(),
-            ],
-            [1, n_heads, 1],
-        );
-        let combine = Dispatch::new(
-            gpu,
-            "attention.decode_combine",
-            self.decode_combine.clone(),
-            &[
-                params.as_entire_binding(),
-                partials.buffer.as_entire_binding(),
-                out.buffer.as_entire_binding(),
-                rows.tensor.buffer.as_entire_binding(),
-            ],
-            [n_heads, 1, 1],
-        );
+        let partial = Bindings::new(gpu, "attention.decode_partial").buffer(&params).tensor(q).tensor(&cache.k).tensor(&cache.v);
+        let partial = partial.tensor(&partials).tensor(&rows.tensor).dispatch(&self.decode_partial, [1, n_heads, 1]);
+        let combine = Bindings::new(gpu, "attention.decode_combine").buffer(&params).tensor(&partials).tensor(out).tensor(&rows.tensor);
+        let combine = combine.dispatch(&self.decode_combine, [n_heads, 1, 1]);
         Ok(DecodeAttention { partial, combine, n_heads, window })
     }
 
     /// Binds the prefill kernel: the step's queries are one sequence's consecutive positions,
-    /// query row `t` of `q` (f32 `[rows, n_heads * head_dim]`, for `t < step.n_tokens`) at
-    /// position `pos + t` of slot `slot`, `(slot, pos)` being row 0 of `rows`; it attends to that
-    /// slot's positions `0..=pos + t` (earlier chunks' keys included); results go to the same rows
-    /// of `out`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bind_prefill(
-        &self,
-        gpu: &Gpu,
-        step: &StepUniform,
-        rows_of: &StepRows,
-        q: &Tensor,
-        cache: &KvCache,
-        out: &Tensor,
-        scores: &Scores,
-    ) -> Result<PrefillAttention, GpuError> {
-        let params = self.params(q, cache, out, scores)?;
-        let params = gpu.uniform_buffer("attention.params", bytemuck::bytes_of(&params));
+    /// query row `t` (for `t < step.n_tokens`) at position `pos + t` of slot `slot`, `(slot, pos)`
+    /// being row 0 of `rows`; it attends to that slot's positions `0..=pos + t` (earlier chunks'
+    /// keys included); results go to the same rows of `out`.
+    pub fn bind_prefill(&self, gpu: &Gpu, step: &StepUniform, p: &AttentionOperands) -> Result<PrefillAttention, GpuError> {
+        let params = self.params(p)?;
+        let AttentionOperands { q, cache, out, rows, .. } = *p;
         let n_heads = cache.shape.n_heads as u32;
-        let rows = (q.len() / cache.shape.q_width()) as u32;
-        rows_of.check("attention", 1)?;
-        let dispatch = Dispatch::new(
-            gpu,
-            "attention.prefill",
-            self.prefill.clone(),
-            &[
-                params.as_entire_binding(),
-                q.buffer.as_entire_binding(),
-                cache.k.buffer.as_entire_binding(),
-                cache.v.buffer.as_entire_binding(),
-                out.buffer.as_entire_binding(),
-                rows_of.tensor.buffer.as_entire_binding(),
-                step.buffer.as_entire_binding(),
-            ],
-            [rows.div_ceil(self.prefill_queries), n_heads, 1],
-        );
+        let query_rows = (q.len() / cache.shape.q_width()) as u32;
+        rows.check("attention", 1)?;
+        let bindings = Bindings::new(gpu, "attention.prefill").uniform(&params).tensor(q).tensor(&cache.k).tensor(&cache.v).tensor(out);
+        let dispatch =
+            bindings.tensor(&rows.tensor).step(step).dispatch(&self.prefill, [query_rows.div_ceil(self.prefill_queries), n_heads, 1]);
         Ok(PrefillAttention { dispatch, n_heads, queries_per_tile: self.prefill_queries })
     }
 
-    fn params(&self, q: &Tensor, cache: &KvCache, out: &Tensor, scores: &Scores) -> Result<AttentionParams, GpuError> {
+    fn params(&self, p: &AttentionOperands) -> Result<AttentionParams, GpuError> {
+        let AttentionOperands { q, cache, out, scores, .. } = *p;
         let shape = cache.shape;
         let invalid = |why: String| Err(GpuError::InvalidArgs(format!("attention: {why}")));
         if shape.head_dim != self.head_dim {

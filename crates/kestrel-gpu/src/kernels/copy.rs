@@ -1,6 +1,7 @@
 use std::sync::Arc;
 
-use crate::{grid, Defines, Dispatch, Gpu, GpuError, Tensor};
+use super::Bindings;
+use crate::{Defines, Dispatch, Gpu, GpuError, Tensor};
 
 kestrel_ops::gpu_struct! {
     /// The copy kernel's uniform (`Params` in shaders/copy.wgsl).
@@ -30,14 +31,7 @@ impl CopyKernel {
             )));
         }
         let n_vec4 = (src.byte_size() / 16) as u32;
-        let params = gpu.uniform_buffer("copy.params", bytemuck::bytes_of(&CopyParams { n_vec4 }));
-        let workgroups = grid(n_vec4.div_ceil(256), gpu.limits.max_compute_workgroups_per_dimension);
-        Ok(Dispatch::new(
-            gpu,
-            "copy",
-            self.pipeline.clone(),
-            &[params.as_entire_binding(), src.buffer.as_entire_binding(), dst.buffer.as_entire_binding()],
-            workgroups,
-        ))
+        let bindings = Bindings::new(gpu, "copy").uniform(&CopyParams { n_vec4 }).tensor(src).tensor(dst);
+        Ok(bindings.dispatch_grid(&self.pipeline, n_vec4.div_ceil(256)))
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use kestrel_gguf::GgmlType;
 
 use super::weights::{check_distinct, check_tensor, check_weight_type, weight_defines, WeightParams};
+use super::Bindings;
 use crate::{grid, DType, Dispatch, Gpu, GpuError, Recorder, RowShards, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 
 /// `out[t][:] = table[ids[t]][:]` for the step's `n_tokens` ids; an id >= rows gives zeros.
@@ -58,8 +59,7 @@ impl EmbeddingKernel {
         step: &StepUniform,
         max_tokens: u32,
     ) -> Result<EmbeddingDispatch, GpuError> {
-        let params = WeightParams::new("embedding", table, max_tokens)?;
-        self.bind_params(gpu, params, table, ids, out, step, max_tokens)
+        self.bind_params(gpu, WeightParams::new("embedding", table, max_tokens)?, table, ids, out, step)
     }
 
     /// The gather from a table split into row shards: one dispatch per shard, each writing the
@@ -79,12 +79,12 @@ impl EmbeddingKernel {
             .iter()
             .map(|s| {
                 let params = WeightParams::new("embedding", &s.weight, max_tokens)?.for_shard(s.first_row as u32, total_rows);
-                self.bind_params(gpu, params, &s.weight, ids, out, step, max_tokens)
+                self.bind_params(gpu, params, &s.weight, ids, out, step)
             })
             .collect()
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The gather from `table` described by `params`, for `params.max_tokens()` ids.
     fn bind_params(
         &self,
         gpu: &Gpu,
@@ -93,10 +93,10 @@ impl EmbeddingKernel {
         ids: &Tensor,
         out: &Tensor,
         step: &StepUniform,
-        max_tokens: u32,
     ) -> Result<EmbeddingDispatch, GpuError> {
         let kernel = "embedding";
         check_weight_type(kernel, self.ty, table)?;
+        let max_tokens = params.max_tokens();
         if max_tokens == 0 {
             return Err(GpuError::InvalidArgs(format!("{kernel}: max_tokens must be at least 1")));
         }
@@ -107,21 +107,8 @@ impl EmbeddingKernel {
         check_tensor(kernel, "ids", ids, DType::U32, max_tokens.into())?;
         check_tensor(kernel, "out", out, DType::F32, out_len)?;
         check_distinct(kernel, &[("ids", &ids.buffer), ("out", &out.buffer)])?;
-        let uniform = params.uniform(gpu, "embedding.params");
-        let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
-        let dispatch = Dispatch::new(
-            gpu,
-            kernel,
-            self.pipeline.clone(),
-            &[
-                uniform.as_entire_binding(),
-                step.buffer.as_entire_binding(),
-                ids.buffer.as_entire_binding(),
-                out.buffer.as_entire_binding(),
-                table.buffer.as_entire_binding(),
-            ],
-            grid(max_tokens, max_per_dim),
-        );
-        Ok(EmbeddingDispatch { dispatch, max_tokens, max_per_dim })
+        let bindings = Bindings::new(gpu, kernel).uniform(&params).step(step).tensor(ids).tensor(out).buffer(&table.buffer);
+        let dispatch = bindings.dispatch_grid(&self.pipeline, max_tokens);
+        Ok(EmbeddingDispatch { dispatch, max_tokens, max_per_dim: gpu.limits.max_compute_workgroups_per_dimension })
     }
 }

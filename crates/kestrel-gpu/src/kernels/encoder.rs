@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use kestrel_ops::params::{RopeConfig, RopeMode};
 
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
+use super::{Bindings, TokenDispatch};
+use crate::{DType, Defines, Gpu, GpuError, StepUniform, Tensor};
 
 kestrel_ops::gpu_struct! {
     /// The GELU kernel's uniform (`Params` in `shaders/gelu.wgsl`).
@@ -44,26 +45,6 @@ kestrel_ops::gpu_struct! {
 /// Threads per workgroup of the elementwise kernels.
 const WG: u32 = 256;
 
-/// A dispatch of one workgroup per `per_token` items of each of the step's tokens.
-pub struct TokenDispatch {
-    dispatch: Dispatch,
-    per_token: u32,
-    max_per_dim: u32,
-}
-
-impl TokenDispatch {
-    fn new(gpu: &Gpu, label: &str, pipeline: &Arc<wgpu::ComputePipeline>, resources: &[wgpu::BindingResource<'_>], per_token: u32) -> Self {
-        let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
-        Self { dispatch: Dispatch::new(gpu, label, pipeline.clone(), resources, [1, 1, 1]), per_token, max_per_dim }
-    }
-}
-
-impl StepOp for TokenDispatch {
-    fn record(&self, rec: &mut Recorder, step: &StepParams) {
-        self.dispatch.record_with(rec, grid((step.n_tokens * self.per_token).max(1), self.max_per_dim));
-    }
-}
-
 fn check_f32(kernel: &str, what: &str, t: &Tensor, len: usize) -> Result<(), GpuError> {
     if t.dtype != DType::F32 || t.len() < len {
         return Err(GpuError::InvalidArgs(format!(
@@ -98,16 +79,28 @@ impl QkvLayout {
         let h = n_heads * head_dim;
         Self { n_heads, head_dim, stride: 3 * h, k_offset: h, v_offset: 2 * h }
     }
+}
 
+/// The fused QKV rows of packed inputs, what the encoder's RoPE and attention read: `qkv` (f32
+/// `[max_tokens, layout.stride]`) and `spans` (u32 `[max_tokens, 2]`, each token's input).
+pub struct PackedQkv<'a> {
+    pub qkv: &'a Tensor,
+    pub layout: QkvLayout,
+    pub spans: &'a Tensor,
+    pub max_tokens: usize,
+}
+
+impl PackedQkv<'_> {
     /// That the layout fits its rows, `qkv` holds `max_tokens` of them, and `spans` a span of
-    /// each token: what the encoder's RoPE and attention both read.
-    fn check_rows(&self, kernel: &str, qkv: &Tensor, spans: &Tensor, max_tokens: usize) -> Result<(), GpuError> {
-        let h = self.n_heads * self.head_dim;
-        if h == 0 || self.k_offset + h > self.stride || self.v_offset + h > self.stride {
-            return Err(GpuError::InvalidArgs(format!("{kernel}: {self:?} does not fit its rows")));
+    /// each token.
+    fn check(&self, kernel: &str) -> Result<(), GpuError> {
+        let QkvLayout { n_heads, head_dim, stride, k_offset, v_offset } = self.layout;
+        let h = n_heads * head_dim;
+        if h == 0 || k_offset + h > stride || v_offset + h > stride {
+            return Err(GpuError::InvalidArgs(format!("{kernel}: {:?} does not fit its rows", self.layout)));
         }
-        check_f32(kernel, "qkv", qkv, max_tokens * self.stride)?;
-        check_spans(kernel, spans, max_tokens)
+        check_f32(kernel, "qkv", self.qkv, self.max_tokens * stride)?;
+        check_spans(kernel, self.spans, self.max_tokens)
     }
 }
 
@@ -129,11 +122,10 @@ impl GeluKernel {
         if n == 0 {
             return Err(GpuError::InvalidArgs(format!("gelu: x has shape {:?}", x.shape)));
         }
-        let uniform = gpu.uniform_buffer("gelu.params", bytemuck::bytes_of(&GeluParams { n: n as u32 }));
-        let resources = [step.buffer.as_entire_binding(), uniform.as_entire_binding(), x.buffer.as_entire_binding()];
+        let bindings = Bindings::new(gpu, "gelu").step(step).uniform(&GeluParams { n: n as u32 }).tensor(x);
         // One thread per value: n / WG workgroups per token, rounded up over the whole step by
         // the shader's bound check (a token's last workgroup may spill into the next token).
-        Ok(TokenDispatch::new(gpu, "gelu", &self.pipeline, &resources, (n as u32).div_ceil(WG)))
+        Ok(bindings.dispatch_per_token(&self.pipeline, (n as u32).div_ceil(WG), 1))
     }
 }
 
@@ -164,21 +156,11 @@ impl EncoderRopeKernel {
         Ok(Self { pipeline: gpu.pipelines.get("encoder_rope", "main", &Defines::new()).await? })
     }
 
-    /// Binds `qkv` (f32 `[max_tokens, layout.stride]`), `table` (`rope_table` for at least the
-    /// longest input's positions) and `spans` (u32 `[max_tokens, 2]`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        step: &StepUniform,
-        qkv: &Tensor,
-        layout: QkvLayout,
-        table: &Tensor,
-        spans: &Tensor,
-        max_tokens: usize,
-    ) -> Result<TokenDispatch, GpuError> {
+    /// Binds the rows' RoPE with `table` (`rope_table` for at least the longest input's positions).
+    pub fn bind(&self, gpu: &Gpu, step: &StepUniform, rows: &PackedQkv, table: &Tensor) -> Result<TokenDispatch, GpuError> {
         let kernel = "encoder rope";
-        layout.check_rows(kernel, qkv, spans, max_tokens)?;
+        rows.check(kernel)?;
+        let layout = rows.layout;
         if !layout.head_dim.is_multiple_of(2) {
             return Err(GpuError::InvalidArgs(format!("{kernel}: odd head_dim {}", layout.head_dim)));
         }
@@ -189,19 +171,12 @@ impl EncoderRopeKernel {
             stride: layout.stride as u32,
             k_offset: layout.k_offset as u32,
         };
-        let uniform = gpu.uniform_buffer("encoder_rope.params", bytemuck::bytes_of(&params));
-        let resources = [
-            step.buffer.as_entire_binding(),
-            uniform.as_entire_binding(),
-            qkv.buffer.as_entire_binding(),
-            table.buffer.as_entire_binding(),
-            spans.buffer.as_entire_binding(),
-        ];
+        let bindings = Bindings::new(gpu, kernel).step(step).uniform(&params).tensor(rows.qkv).tensor(table).tensor(rows.spans);
         // One thread per pair of Q's and K's heads: n_heads * head_dim threads per token. A
         // token's last workgroup may run into the next token's pairs: the shader indexes by the
         // thread's global number, so per_token only has to cover all of them.
         let per_token = ((layout.n_heads * layout.head_dim) as u32).div_ceil(WG);
-        Ok(TokenDispatch::new(gpu, kernel, &self.pipeline, &resources, per_token))
+        Ok(bindings.dispatch_per_token(&self.pipeline, per_token, 1))
     }
 }
 
@@ -225,27 +200,17 @@ impl EncoderAttentionKernel {
         Ok(Self { pipeline: gpu.pipelines.get("encoder_attention", "main", &defines).await?, head_dim })
     }
 
-    /// Binds `qkv` (f32 `[max_tokens, layout.stride]`), `spans` (u32 `[max_tokens, 2]`) and
-    /// `out` (f32 `[max_tokens, n_heads * head_dim]`); scores are `q·k * scale`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        step: &StepUniform,
-        qkv: &Tensor,
-        layout: QkvLayout,
-        spans: &Tensor,
-        out: &Tensor,
-        scale: f32,
-        max_tokens: usize,
-    ) -> Result<TokenDispatch, GpuError> {
+    /// Binds the rows' attention into `out` (f32 `[max_tokens, n_heads * head_dim]`); scores are
+    /// `q·k * scale`.
+    pub fn bind(&self, gpu: &Gpu, step: &StepUniform, rows: &PackedQkv, out: &Tensor, scale: f32) -> Result<TokenDispatch, GpuError> {
         let kernel = "encoder attention";
-        layout.check_rows(kernel, qkv, spans, max_tokens)?;
+        rows.check(kernel)?;
+        let layout = rows.layout;
         if layout.head_dim != self.head_dim {
             return Err(GpuError::InvalidArgs(format!("{kernel}: built for head_dim {}, given {}", self.head_dim, layout.head_dim)));
         }
-        check_f32(kernel, "out", out, max_tokens * layout.n_heads * layout.head_dim)?;
-        if qkv.buffer == out.buffer {
+        check_f32(kernel, "out", out, rows.max_tokens * layout.n_heads * layout.head_dim)?;
+        if rows.qkv.buffer == out.buffer {
             return Err(GpuError::InvalidArgs(format!("{kernel}: qkv and out are the same buffer")));
         }
         let params = EncoderAttentionParams {
@@ -255,15 +220,9 @@ impl EncoderAttentionKernel {
             v_offset: layout.v_offset as u32,
             scale,
         };
-        let uniform = gpu.uniform_buffer("encoder_attention.params", bytemuck::bytes_of(&params));
-        let resources = [
-            step.buffer.as_entire_binding(),
-            uniform.as_entire_binding(),
-            qkv.buffer.as_entire_binding(),
-            spans.buffer.as_entire_binding(),
-            out.buffer.as_entire_binding(),
-        ];
-        Ok(TokenDispatch::new(gpu, kernel, &self.pipeline, &resources, layout.n_heads as u32))
+        let bindings = Bindings::new(gpu, kernel).step(step).uniform(&params).tensor(rows.qkv).tensor(rows.spans).tensor(out);
+        // One workgroup per (token, head).
+        Ok(bindings.dispatch_per_token(&self.pipeline, layout.n_heads as u32, 1))
     }
 }
 

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Tensor};
+use super::Bindings;
+use crate::{DType, Defines, Dispatch, Gpu, GpuError, Tensor};
 
 /// Independent vec4 chains per thread (`CHAINS` in the shader).
 const CHAINS: u64 = 8;
@@ -57,8 +58,6 @@ impl FmaKernel {
             return Err(GpuError::InvalidArgs("fma: out must be a non-empty f32 tensor".into()));
         }
         let threads = out.len() as u32;
-        let params = gpu.uniform_buffer("fma.params", bytemuck::bytes_of(&params));
-        let workgroups = grid(threads.div_ceil(256), gpu.limits.max_compute_workgroups_per_dimension);
-        Ok(Dispatch::new(gpu, "fma", self.pipeline.clone(), &[params.as_entire_binding(), out.buffer.as_entire_binding()], workgroups))
+        Ok(Bindings::new(gpu, "fma").uniform(&params).tensor(out).dispatch_grid(&self.pipeline, threads.div_ceil(256)))
     }
 }

@@ -6,12 +6,10 @@ use std::sync::Arc;
 use kestrel_gguf::GgmlType;
 use kestrel_ops::params::GateActivation;
 
-use super::weights::{
-    add_gate_defines, check_bias, check_distinct, check_same_layout, check_tensor, check_weight_type, weight_defines, Epilogue,
-    OutputColumns, WeightParams,
-};
+use super::weights::{add_gate_defines, weight_defines, Epilogue, WeightParams};
+use super::{Bindings, GateUpOperands, Operands};
 use crate::preprocess::Defines;
-use crate::{DType, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
+use crate::{Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform};
 
 /// Tokens per workgroup tile (shaders/matmul.wgsl `BM`).
 const TILE_TOKENS: u32 = 64;
@@ -69,55 +67,18 @@ impl MatmulKernel {
         Ok(Self { pipeline: gpu.pipelines.get("matmul", "main", &defines).await?, ty, epilogue })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        w: &WeightTensor,
-        x: &Tensor,
-        y: &Tensor,
-        bias: Option<&Tensor>,
-        step: &StepUniform,
-        max_tokens: u32,
-    ) -> Result<MatmulDispatch, GpuError> {
-        self.bind_columns(gpu, w, x, y, OutputColumns::whole(w.rows as u32), bias, step, max_tokens)
-    }
-
-    /// `bind`, writing token m's N outputs to `y[m * out.stride + out.offset ..]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bind_columns(
-        &self,
-        gpu: &Gpu,
-        w: &WeightTensor,
-        x: &Tensor,
-        y: &Tensor,
-        out: OutputColumns,
-        bias: Option<&Tensor>,
-        step: &StepUniform,
-        max_tokens: u32,
-    ) -> Result<MatmulDispatch, GpuError> {
+    /// Binds the product of [`Operands`] whose x and y hold `max_tokens` rows; each step computes
+    /// its first `n_tokens`.
+    pub fn bind(&self, gpu: &Gpu, p: &Operands, step: &StepUniform, max_tokens: u32) -> Result<MatmulDispatch, GpuError> {
         let kernel = "matmul";
-        check_weight_type(kernel, self.ty, w)?;
-        let params = WeightParams::new(kernel, w, max_tokens)?.with_output(out);
-        check_activations(kernel, &params, x, y, out, max_tokens)?;
-        let uniform = params.uniform(gpu, "matmul.params");
-        let mut resources = vec![
-            uniform.as_entire_binding(),
-            step.buffer.as_entire_binding(),
-            x.buffer.as_entire_binding(),
-            y.buffer.as_entire_binding(),
-            w.buffer.as_entire_binding(),
-        ];
-        if let Some(b) = check_bias(kernel, self.epilogue, bias, params.rows(), y)? {
-            resources.push(b.buffer.as_entire_binding());
-        }
-        bind_tiled(gpu, kernel, &self.pipeline, &resources, &params, TILE_FEATURES)
+        let params = p.check(kernel, self.ty, self.epilogue, max_tokens)?;
+        let bindings = Bindings::new(gpu, kernel).uniform(&params).step(step).tensor(p.x).tensor(p.y).buffer(&p.w.buffer).optional(p.bias);
+        bind_tiled(gpu, kernel, bindings, &self.pipeline, &params, TILE_FEATURES)
     }
 }
 
 /// The fused gate/up projection of a SwiGLU FFN for a chunk of tokens:
-/// `out[m][n] = silu(x[m]·Wg[n]) * (x[m]·Wu[n])`, `Wg`, `Wu` of the same type and shape (N x K);
-/// x f32 `[max_tokens][K]`, out f32 `[max_tokens][N]`.
+/// `out[m][n] = silu(x[m]·Wg[n]) * (x[m]·Wu[n])` ([`GateUpOperands`]).
 pub struct SwigluMatmulKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     ty: GgmlType,
@@ -130,63 +91,23 @@ impl SwigluMatmulKernel {
         Ok(Self { pipeline: gpu.pipelines.get("matmul", "main", &defines).await?, ty })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        gate: &WeightTensor,
-        up: &WeightTensor,
-        x: &Tensor,
-        out: &Tensor,
-        step: &StepUniform,
-        max_tokens: u32,
-    ) -> Result<MatmulDispatch, GpuError> {
+    /// Binds the product of [`GateUpOperands`] whose x and out hold `max_tokens` rows.
+    pub fn bind(&self, gpu: &Gpu, p: &GateUpOperands, step: &StepUniform, max_tokens: u32) -> Result<MatmulDispatch, GpuError> {
         let kernel = "swiglu matmul";
-        check_weight_type(kernel, self.ty, gate)?;
-        check_same_layout(kernel, gate, up)?;
-        let params = WeightParams::new(kernel, gate, max_tokens)?;
-        check_activations(kernel, &params, x, out, OutputColumns::whole(params.rows()), max_tokens)?;
-        let uniform = params.uniform(gpu, "swiglu_matmul.params");
-        let resources = [
-            uniform.as_entire_binding(),
-            step.buffer.as_entire_binding(),
-            x.buffer.as_entire_binding(),
-            out.buffer.as_entire_binding(),
-            gate.buffer.as_entire_binding(),
-            up.buffer.as_entire_binding(),
-        ];
-        bind_tiled(gpu, kernel, &self.pipeline, &resources, &params, TILE_FEATURES_SWIGLU)
+        let params = p.check(kernel, self.ty, max_tokens)?;
+        let bindings =
+            Bindings::new(gpu, kernel).uniform(&params).step(step).tensor(p.x).tensor(p.out).buffer(&p.gate.buffer).buffer(&p.up.buffer);
+        bind_tiled(gpu, kernel, bindings, &self.pipeline, &params, TILE_FEATURES_SWIGLU)
     }
 }
 
-/// Checks that x holds `max_tokens` rows of K and y `max_tokens` rows of `out`, in distinct
-/// buffers.
-fn check_activations(
-    kernel: &str,
-    params: &WeightParams,
-    x: &Tensor,
-    y: &Tensor,
-    out: OutputColumns,
-    max_tokens: u32,
-) -> Result<(), GpuError> {
-    if max_tokens == 0 {
-        return Err(GpuError::InvalidArgs(format!("{kernel}: max_tokens must be at least 1")));
-    }
-    let x_len = u64::from(max_tokens) * u64::from(params.cols());
-    let y_len = out.needed_len(kernel, params.rows(), max_tokens)?;
-    if x_len.max(y_len) > u64::from(u32::MAX) {
-        return Err(GpuError::InvalidArgs(format!("{kernel}: {max_tokens} tokens are too many for 32-bit indexing")));
-    }
-    check_tensor(kernel, "x", x, DType::F32, x_len)?;
-    check_tensor(kernel, "y", y, DType::F32, y_len)?;
-    check_distinct(kernel, &[("x", &x.buffer), ("y", &y.buffer)])
-}
-
+/// The dispatch of a tiled product: token tiles in x (trimmed to the step's at record time),
+/// `tile_features` output features per workgroup in y.
 fn bind_tiled(
     gpu: &Gpu,
     kernel: &str,
+    bindings: Bindings,
     pipeline: &Arc<wgpu::ComputePipeline>,
-    resources: &[wgpu::BindingResource<'_>],
     params: &WeightParams,
     tile_features: u32,
 ) -> Result<MatmulDispatch, GpuError> {
@@ -199,6 +120,6 @@ fn bind_tiled(
         )));
     }
     let max_tokens = params.max_tokens();
-    let dispatch = Dispatch::new(gpu, kernel, pipeline.clone(), resources, [max_tokens.div_ceil(TILE_TOKENS), feature_tiles, 1]);
+    let dispatch = bindings.dispatch(pipeline, [max_tokens.div_ceil(TILE_TOKENS), feature_tiles, 1]);
     Ok(MatmulDispatch { dispatch, feature_tiles, max_tokens })
 }

@@ -7,11 +7,9 @@ use std::sync::Arc;
 use kestrel_gguf::GgmlType;
 use kestrel_ops::params::GateActivation;
 
-use super::weights::{
-    add_gate_defines, check_bias, check_distinct, check_same_layout, check_tensor, check_weight_type, weight_defines, Epilogue,
-    OutputColumns, WeightParams,
-};
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, RowShards, Tensor, WeightTensor};
+use super::weights::{add_gate_defines, weight_defines, Epilogue, WeightParams};
+use super::{Bindings, GateUpOperands, Operands, OutputColumns};
+use crate::{Defines, Dispatch, Gpu, GpuError, RowShards, Tensor};
 
 /// Lanes of each slice of a matvec workgroup (`LANES` in shaders/matvec.wgsl).
 const MATVEC_LANES: u32 = 64;
@@ -76,22 +74,19 @@ fn matvec_defines(gpu: &Gpu, kernel: &str, ty: GgmlType, rows_per_thread: u32, c
     Ok(defines)
 }
 
-/// Checks x (`columns` rows of the weights' K values, whole vec4s per row when more than one) and
-/// returns the weight parameters.
-fn check_input(kernel: &str, w: &WeightTensor, x: &Tensor, columns: u32) -> Result<WeightParams, GpuError> {
-    let params = WeightParams::new(kernel, w, columns)?;
+/// Checks that x's rows are whole vec4s when the kernel reads more than one of them.
+fn check_vec4_rows(kernel: &str, params: &WeightParams, columns: u32) -> Result<(), GpuError> {
     if columns > 1 && !params.cols().is_multiple_of(4) {
         return Err(GpuError::InvalidArgs(format!("{kernel}: rows of {} values are not whole vec4s for {columns} tokens", params.cols())));
     }
-    check_tensor(kernel, "x", x, DType::F32, u64::from(params.cols()) * u64::from(columns))?;
-    Ok(params)
+    Ok(())
 }
 
 /// `y[b][n] = Σ_k W[n][k]·x[b][k]` (+ `bias[n]`, + old `y[b][n]` per the epilogue) for each of
 /// `columns` tokens b.
 ///
-/// Bindings built by [`MatvecKernel::bind`]: x (f32, >= columns * K values), y (f32, token b's
-/// outputs at `b * out.stride + out.offset`), bias (f32, >= N values, only with `Epilogue::bias`).
+/// [`Operands`]: x holds `columns` rows of K values, y token b's outputs at `b * out.stride +
+/// out.offset`.
 pub struct MatvecKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     ty: GgmlType,
@@ -126,33 +121,12 @@ impl MatvecKernel {
         Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, epilogue, rows_per_thread, columns })
     }
 
-    pub fn bind(&self, gpu: &Gpu, w: &WeightTensor, x: &Tensor, y: &Tensor, bias: Option<&Tensor>) -> Result<Dispatch, GpuError> {
-        self.bind_columns(gpu, w, x, y, OutputColumns::whole(w.rows as u32), bias)
-    }
-
-    /// `bind`, writing token b's N outputs to `y[b * out.stride + out.offset ..]`.
-    pub fn bind_columns(
-        &self,
-        gpu: &Gpu,
-        w: &WeightTensor,
-        x: &Tensor,
-        y: &Tensor,
-        out: OutputColumns,
-        bias: Option<&Tensor>,
-    ) -> Result<Dispatch, GpuError> {
+    pub fn bind(&self, gpu: &Gpu, p: &Operands) -> Result<Dispatch, GpuError> {
         let kernel = "matvec";
-        check_weight_type(kernel, self.ty, w)?;
-        let params = check_input(kernel, w, x, self.columns)?.with_output(out);
-        check_tensor(kernel, "y", y, DType::F32, out.needed_len(kernel, params.rows(), self.columns)?)?;
-        check_distinct(kernel, &[("x", &x.buffer), ("y", &y.buffer)])?;
-        let uniform = params.uniform(gpu, "matvec.params");
-        let mut resources =
-            vec![uniform.as_entire_binding(), x.buffer.as_entire_binding(), y.buffer.as_entire_binding(), w.buffer.as_entire_binding()];
-        if let Some(b) = check_bias(kernel, self.epilogue, bias, params.rows(), y)? {
-            resources.push(b.buffer.as_entire_binding());
-        }
-        let workgroups = grid(matvec_groups(&params, self.rows_per_thread), gpu.limits.max_compute_workgroups_per_dimension);
-        Ok(Dispatch::new(gpu, kernel, self.pipeline.clone(), &resources, workgroups))
+        let params = p.check(kernel, self.ty, self.epilogue, self.columns)?;
+        check_vec4_rows(kernel, &params, self.columns)?;
+        let bindings = Bindings::new(gpu, kernel).uniform(&params).tensor(p.x).tensor(p.y).buffer(&p.w.buffer).optional(p.bias);
+        Ok(bindings.dispatch_grid(&self.pipeline, matvec_groups(&params, self.rows_per_thread)))
     }
 
     /// `bind` for a matrix split into row shards (a vocabulary-sized LM head): one dispatch per
@@ -163,15 +137,14 @@ impl MatvecKernel {
             .iter()
             .map(|s| {
                 let out = OutputColumns { offset: s.first_row as u32, stride: total_rows };
-                self.bind_columns(gpu, &s.weight, x, y, out, None)
+                self.bind(gpu, &Operands { out, ..Operands::whole(&s.weight, x, y, None) })
             })
             .collect()
     }
 }
 
 /// The fused gate/up projection of a gated FFN (SwiGLU, or GeGLU) for each of `columns` tokens:
-/// `out[b][n] = act(Wg[n]·x[b]) * (Wu[n]·x[b])` (`params::GateActivation`); `Wg`, `Wu` of the
-/// same type and shape (N x K), x f32 (>= columns * K values), out f32 (>= columns * N values).
+/// `out[b][n] = act(Wg[n]·x[b]) * (Wu[n]·x[b])` (`params::GateActivation`, [`GateUpOperands`]).
 pub struct SwigluMatvecKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     ty: GgmlType,
@@ -193,27 +166,11 @@ impl SwigluMatvecKernel {
         Ok(Self { pipeline: gpu.pipelines.get("matvec", "main", &defines).await?, ty, rows_per_thread, columns })
     }
 
-    pub fn bind(&self, gpu: &Gpu, gate: &WeightTensor, up: &WeightTensor, x: &Tensor, out: &Tensor) -> Result<Dispatch, GpuError> {
+    pub fn bind(&self, gpu: &Gpu, p: &GateUpOperands) -> Result<Dispatch, GpuError> {
         let kernel = "swiglu matvec";
-        check_weight_type(kernel, self.ty, gate)?;
-        check_same_layout(kernel, gate, up)?;
-        let params = check_input(kernel, gate, x, self.columns)?;
-        check_tensor(kernel, "out", out, DType::F32, u64::from(params.rows()) * u64::from(self.columns))?;
-        check_distinct(kernel, &[("x", &x.buffer), ("out", &out.buffer)])?;
-        let uniform = params.uniform(gpu, "swiglu_matvec.params");
-        let workgroups = grid(matvec_groups(&params, self.rows_per_thread), gpu.limits.max_compute_workgroups_per_dimension);
-        Ok(Dispatch::new(
-            gpu,
-            kernel,
-            self.pipeline.clone(),
-            &[
-                uniform.as_entire_binding(),
-                x.buffer.as_entire_binding(),
-                out.buffer.as_entire_binding(),
-                gate.buffer.as_entire_binding(),
-                up.buffer.as_entire_binding(),
-            ],
-            workgroups,
-        ))
+        let params = p.check(kernel, self.ty, self.columns)?;
+        check_vec4_rows(kernel, &params, self.columns)?;
+        let bindings = Bindings::new(gpu, kernel).uniform(&params).tensor(p.x).tensor(p.out).buffer(&p.gate.buffer).buffer(&p.up.buffer);
+        Ok(bindings.dispatch_grid(&self.pipeline, matvec_groups(&params, self.rows_per_thread)))
     }
 }

@@ -1,8 +1,11 @@
 //! The WGSL kernels, each wrapped as a Rust type that compiles its pipelines at construction
 //! (model load) and hands out [`crate::Dispatch`]es whose bind groups are built once.
 
+mod bindings;
 mod copy;
 mod fma;
+mod operands;
+mod token_dispatch;
 
 pub mod attention;
 pub mod embedding;
@@ -17,11 +20,15 @@ mod weights;
 
 pub use copy::CopyKernel;
 pub use fma::{FmaKernel, FmaParams};
-pub use weights::{Epilogue, OutputColumns};
+pub use operands::{GateUpOperands, Operands, OutputColumns};
+pub use token_dispatch::TokenDispatch;
+pub use weights::Epilogue;
 
 // The shaders' `#include` reads these parameter blocks' WGSL (`crate::shaders`).
 pub(crate) use copy::CopyParams;
 pub(crate) use weights::WeightParams;
+
+use bindings::Bindings;
 
 use crate::{DType, GpuError, Tensor};
 

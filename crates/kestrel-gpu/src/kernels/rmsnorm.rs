@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
+use super::{Bindings, TokenDispatch};
+use crate::{DType, Defines, Gpu, GpuError, StepUniform, Tensor};
 
 kestrel_ops::gpu_struct! {
     /// The RMSNorm kernels' uniform (`Params` in `shaders/rmsnorm.wgsl`).
@@ -23,13 +24,6 @@ pub struct RmsNormKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
 }
 
-/// An RMSNorm bound to its buffers; normalizes the rows of tokens `0..n_tokens` when recorded.
-pub struct RmsNormDispatch {
-    dispatch: Dispatch,
-    rows_per_token: u32,
-    max_per_dim: u32,
-}
-
 /// The per-head RMSNorm, in place: `heads` consecutive heads of `head_dim` values, starting at
 /// value `offset` of every token's row, each normalized with the same `head_dim` weights.
 pub struct HeadNormKernel {
@@ -44,16 +38,21 @@ pub struct HeadSpan {
     pub head_dim: usize,
 }
 
+/// The pipeline of shaders/rmsnorm.wgsl, plain or as its `variant` (ACCUMULATE, IN_PLACE).
+async fn pipeline(gpu: &Gpu, variant: Option<&str>) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+    let defines: Defines = variant.map(|v| (v.to_string(), "1".to_string())).into_iter().collect();
+    gpu.pipelines.get("rmsnorm", "main", &defines).await
+}
+
 impl RmsNormKernel {
     pub async fn new(gpu: &Gpu) -> Result<Self, GpuError> {
-        Ok(Self { pipeline: gpu.pipelines.get("rmsnorm", "main", &Defines::new()).await? })
+        Ok(Self { pipeline: pipeline(gpu, None).await? })
     }
 
     /// The same norm added into `out` instead of stored (`out += norm(x) * weight`): Gemma's
     /// post-attention and post-FFN norms, added into the hidden state.
     pub async fn accumulating(gpu: &Gpu) -> Result<Self, GpuError> {
-        let defines = Defines::from([("ACCUMULATE".to_string(), "1".to_string())]);
-        Ok(Self { pipeline: gpu.pipelines.get("rmsnorm", "main", &defines).await? })
+        Ok(Self { pipeline: pipeline(gpu, Some("ACCUMULATE")).await? })
     }
 
     /// Binds `x` (f32, `[rows, n]`: the last dimension is normalized), `weight` (f32, `n` values)
@@ -67,40 +66,17 @@ impl RmsNormKernel {
         weight: &Tensor,
         out: &Tensor,
         eps: f32,
-    ) -> Result<RmsNormDispatch, GpuError> {
+    ) -> Result<TokenDispatch, GpuError> {
         let n = super::check_row_norm("rmsnorm", x, &[("weight", weight)], out, eps)?;
         let params = RmsNormParams { n: n as u32, eps, rows_per_token: 1, token_stride: n as u32, offset: 0 };
-        Ok(bind_rows(gpu, "rmsnorm", &self.pipeline, step, &params, x, weight, Some(out)))
+        let bindings = Bindings::new(gpu, "rmsnorm").step(step).uniform(&params).tensor(x).tensor(weight).tensor(out);
+        Ok(bindings.dispatch_per_token(&self.pipeline, 1, 1))
     }
-}
-
-/// The dispatch of either norm: one workgroup per normalized row of all of `x`'s tokens (the
-/// step's token count trims the grid when recorded).
-#[allow(clippy::too_many_arguments)]
-fn bind_rows(
-    gpu: &Gpu,
-    label: &str,
-    pipeline: &Arc<wgpu::ComputePipeline>,
-    step: &StepUniform,
-    params: &RmsNormParams,
-    x: &Tensor,
-    weight: &Tensor,
-    out: Option<&Tensor>,
-) -> RmsNormDispatch {
-    let uniform = gpu.uniform_buffer(&format!("{label}.params"), bytemuck::bytes_of(params));
-    let mut resources =
-        vec![step.buffer.as_entire_binding(), uniform.as_entire_binding(), x.buffer.as_entire_binding(), weight.buffer.as_entire_binding()];
-    resources.extend(out.map(|o| o.buffer.as_entire_binding()));
-    let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
-    let rows = (x.len() as u32 / params.token_stride) * params.rows_per_token;
-    let dispatch = Dispatch::new(gpu, label, pipeline.clone(), &resources, grid(rows, max_per_dim));
-    RmsNormDispatch { dispatch, rows_per_token: params.rows_per_token, max_per_dim }
 }
 
 impl HeadNormKernel {
     pub async fn new(gpu: &Gpu) -> Result<Self, GpuError> {
-        let defines = Defines::from([("IN_PLACE".to_string(), "1".to_string())]);
-        Ok(Self { pipeline: gpu.pipelines.get("rmsnorm", "main", &defines).await? })
+        Ok(Self { pipeline: pipeline(gpu, Some("IN_PLACE")).await? })
     }
 
     /// Binds `x` (f32 `[rows, width]`), normalizing `span` of each token's row in place with
@@ -113,7 +89,7 @@ impl HeadNormKernel {
         weight: &Tensor,
         span: HeadSpan,
         eps: f32,
-    ) -> Result<RmsNormDispatch, GpuError> {
+    ) -> Result<TokenDispatch, GpuError> {
         let width = x.shape.last().copied().unwrap_or(0);
         let invalid = |why: String| Err(GpuError::InvalidArgs(format!("head rmsnorm: {why}")));
         if [x.dtype, weight.dtype] != [DType::F32; 2] {
@@ -129,20 +105,8 @@ impl HeadNormKernel {
         super::check_eps("rmsnorm", eps)?;
         let params =
             RmsNormParams { n: head_dim as u32, eps, rows_per_token: heads as u32, token_stride: width as u32, offset: offset as u32 };
-        Ok(bind_rows(gpu, "head_rmsnorm", &self.pipeline, step, &params, x, weight, None))
-    }
-}
-
-impl RmsNormDispatch {
-    /// The grid for `n_tokens` tokens (one workgroup per row).
-    pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
-        grid(n_tokens * self.rows_per_token, self.max_per_dim)
-    }
-}
-
-impl StepOp for RmsNormDispatch {
-    /// The normalization of the step's `n_tokens` tokens.
-    fn record(&self, rec: &mut Recorder, step: &StepParams) {
-        self.dispatch.record_with(rec, self.workgroups(step.n_tokens));
+        let bindings = Bindings::new(gpu, "head_rmsnorm").step(step).uniform(&params).tensor(x).tensor(weight);
+        // One workgroup per head.
+        Ok(bindings.dispatch_per_token(&self.pipeline, heads as u32, 1))
     }
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use kestrel_ops::params::{KvType, RopeConfig, RopeMode};
 
 use super::attention::{kv_defines, KvCache};
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor};
+use super::{Bindings, TokenDispatch};
+use crate::{DType, Defines, Gpu, GpuError, StepRows, StepUniform, Tensor};
 
 const WORKGROUP: u32 = 256;
 
@@ -31,12 +32,15 @@ pub struct RopeKernel {
     kv: KvType,
 }
 
-/// A RoPE bound to one layer's buffers; processes tokens `0..n_tokens` when recorded.
-pub struct RopeDispatch {
-    dispatch: Dispatch,
-    /// Threads per token: one per two pairs of values.
-    quads_per_token: u32,
-    max_per_dim: u32,
+/// What one layer's RoPE reads and writes: `qkv` (f32 `[max_tokens, (n_heads + 2 * n_kv_heads) *
+/// head_dim]`, per token `[q heads | k heads | v heads]`), `q_out` (f32 `[max_tokens, n_heads *
+/// head_dim]`) and the layer's cache. Without a `config` (a layer without RoPE) Q and K are
+/// copied unrotated.
+pub struct RopeOperands<'a> {
+    pub config: Option<&'a RopeConfig>,
+    pub qkv: &'a Tensor,
+    pub q_out: &'a Tensor,
+    pub cache: &'a KvCache,
 }
 
 impl RopeKernel {
@@ -47,23 +51,11 @@ impl RopeKernel {
         Ok(Self { pipeline: gpu.pipelines.get("rope", "main", &defines).await?, kv })
     }
 
-    /// Binds `qkv` (f32 `[max_tokens, (n_heads + 2 * n_kv_heads) * head_dim]`, per token
-    /// `[q heads | k heads | v heads]`), `q_out` (f32 `[max_tokens, n_heads * head_dim]`) and the
-    /// layer's cache. Token `t` of a step is at the position `rows` gives it, in its slot; its
-    /// rotated K and plain V land in that slot's cache at that position (tokens at or past
-    /// `max_ctx` are skipped: the caller checks the context length). Without a `config` (a layer
-    /// without RoPE) Q and K are copied unrotated.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bind(
-        &self,
-        gpu: &Gpu,
-        step: &StepUniform,
-        rows_of: &StepRows,
-        config: Option<&RopeConfig>,
-        qkv: &Tensor,
-        q_out: &Tensor,
-        cache: &KvCache,
-    ) -> Result<RopeDispatch, GpuError> {
+    /// Binds RoPE of the step's tokens: token `t` is at the position `rows_of` gives it, in its
+    /// slot; its rotated K and plain V land in that slot's cache at that position (tokens at or
+    /// past `max_ctx` are skipped: the caller checks the context length).
+    pub fn bind(&self, gpu: &Gpu, step: &StepUniform, rows_of: &StepRows, p: &RopeOperands) -> Result<TokenDispatch, GpuError> {
+        let RopeOperands { config, qkv, q_out, cache } = *p;
         let shape = cache.shape;
         let invalid = |why: String| Err(GpuError::InvalidArgs(format!("rope: {why}")));
         let hd = shape.head_dim;
@@ -99,41 +91,12 @@ impl RopeKernel {
             rotate: u32::from(config.is_some()),
             mscale: config.map_or(1.0, |c| c.mscale),
         };
-        let params = gpu.uniform_buffer("rope.params", bytemuck::bytes_of(&params));
         let turns = gpu.storage_buffer_init("rope.turns", bytemuck::cast_slice(&turns))?;
+        let bindings = Bindings::new(gpu, "rope").step(step).uniform(&params).tensor(qkv).buffer(&turns).tensor(q_out);
+        let bindings = bindings.tensor(&cache.k).tensor(&cache.v).tensor(&rows_of.tensor);
+        // One thread per two rotated or copied pairs.
         let quads_per_token = (qkv_width / 4) as u32;
-        let max_per_dim = gpu.limits.max_compute_workgroups_per_dimension;
-        let dispatch = Dispatch::new(
-            gpu,
-            "rope",
-            self.pipeline.clone(),
-            &[
-                step.buffer.as_entire_binding(),
-                params.as_entire_binding(),
-                qkv.buffer.as_entire_binding(),
-                turns.as_entire_binding(),
-                q_out.buffer.as_entire_binding(),
-                cache.k.buffer.as_entire_binding(),
-                cache.v.buffer.as_entire_binding(),
-                rows_of.tensor.buffer.as_entire_binding(),
-            ],
-            grid((rows as u32 * quads_per_token).div_ceil(WORKGROUP), max_per_dim),
-        );
-        Ok(RopeDispatch { dispatch, quads_per_token, max_per_dim })
-    }
-}
-
-impl RopeDispatch {
-    /// The grid for `n_tokens` tokens (one thread per two rotated or copied pairs).
-    pub fn workgroups(&self, n_tokens: u32) -> [u32; 3] {
-        grid((n_tokens * self.quads_per_token).div_ceil(WORKGROUP), self.max_per_dim)
-    }
-}
-
-impl StepOp for RopeDispatch {
-    /// RoPE of the step's `n_tokens` tokens.
-    fn record(&self, rec: &mut Recorder, step: &StepParams) {
-        self.dispatch.record_with(rec, self.workgroups(step.n_tokens));
+        Ok(bindings.dispatch_per_token(&self.pipeline, quads_per_token, WORKGROUP))
     }
 }
 

@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use kestrel_ops::params::{Penalties, PenaltyEntry, SamplingParams};
 
-use crate::{grid, DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
+use super::Bindings;
+use crate::{DType, Defines, Dispatch, Gpu, GpuError, Recorder, StepOp, StepParams, StepUniform, Tensor};
 
 /// Logits reduced per `argmax_partials` workgroup (`CHUNK` in shaders/sample.wgsl).
 const ARGMAX_CHUNK: u32 = 1024;
@@ -89,38 +90,16 @@ impl SampleKernel {
         let n_partials = n_vocab.div_ceil(ARGMAX_CHUNK);
         let partials = gpu.storage_buffer("sample.partials", u64::from(n_partials) * PARTIAL_WORDS * 4)?;
 
-        let uniform = |label: &str, n: u32, p: &SamplingParams| gpu.uniform_buffer(label, bytemuck::bytes_of(&SampleUniform::new(n, p)));
-        let greedy = SamplingParams::greedy();
-        let partials_params = uniform("sample.argmax_partials.params", n_vocab, &greedy);
-        let final_params = uniform("sample.argmax_final.params", n_partials, &greedy);
-        let params = uniform("sample.params", n_vocab, &greedy);
-
-        let argmax_partials = Dispatch::new(
-            gpu,
-            "sample.argmax_partials",
-            self.argmax_partials.clone(),
-            &[partials_params.as_entire_binding(), logits.buffer.as_entire_binding(), partials.as_entire_binding()],
-            grid(n_partials, gpu.limits.max_compute_workgroups_per_dimension),
-        );
-        let argmax_final = Dispatch::new(
-            gpu,
-            "sample.argmax_final",
-            self.argmax_final.clone(),
-            &[final_params.as_entire_binding(), partials.as_entire_binding(), out.buffer.as_entire_binding()],
-            [1, 1, 1],
-        );
-        let sample = Dispatch::new(
-            gpu,
-            "sample.sample",
-            self.sample.clone(),
-            &[
-                params.as_entire_binding(),
-                logits.buffer.as_entire_binding(),
-                out.buffer.as_entire_binding(),
-                step.buffer.as_entire_binding(),
-            ],
-            [1, 1, 1],
-        );
+        let greedy = SampleUniform::new(n_vocab, &SamplingParams::greedy());
+        let argmax_partials = Bindings::new(gpu, "sample.argmax_partials").uniform(&greedy).tensor(logits).buffer(&partials);
+        let argmax_partials = argmax_partials.dispatch_grid(&self.argmax_partials, n_partials);
+        let final_params = SampleUniform { n: n_partials, ..greedy };
+        let argmax_final = Bindings::new(gpu, "sample.argmax_final").uniform(&final_params).buffer(&partials).tensor(out);
+        let argmax_final = argmax_final.dispatch(&self.argmax_final, [1, 1, 1]);
+        // The sampler's own uniform, which `set_params` rewrites.
+        let params = gpu.uniform_buffer("sample.params", bytemuck::bytes_of(&greedy));
+        let sample = Bindings::new(gpu, "sample.sample").buffer(&params).tensor(logits).tensor(out).step(step);
+        let sample = sample.dispatch(&self.sample, [1, 1, 1]);
         Ok(SampleBinding { argmax_partials, argmax_final, sample, params, n_vocab, greedy: AtomicBool::new(true) })
     }
 }
@@ -203,13 +182,8 @@ impl PenaltyKernel {
         let entries = gpu.storage_buffer("penalties.entries", u64::from(capacity) * entry_size)?;
         let uniform = PenaltyUniform { n_vocab, repeat: 1.0, ..Default::default() };
         let params = gpu.uniform_buffer("penalties.params", bytemuck::bytes_of(&uniform));
-        let dispatch = Dispatch::new(
-            gpu,
-            "penalties",
-            self.pipeline.clone(),
-            &[params.as_entire_binding(), entries.as_entire_binding(), logits.buffer.as_entire_binding()],
-            [capacity.div_ceil(PENALTY_WORKGROUP), 1, 1],
-        );
+        let bindings = Bindings::new(gpu, "penalties").buffer(&params).buffer(&entries).tensor(logits);
+        let dispatch = bindings.dispatch(&self.pipeline, [capacity.div_ceil(PENALTY_WORKGROUP), 1, 1]);
         Ok(PenaltyBinding { dispatch, params, entries, n_vocab, capacity })
     }
 }
@@ -293,13 +267,8 @@ impl TokenMaskKernel {
         let mask = gpu.storage_buffer("token_mask.mask", u64::from(words) * 4)?;
         let uniform = TokenMaskUniform { n_vocab, banned: f32::NEG_INFINITY, ..Default::default() };
         let params = gpu.uniform_buffer("token_mask.params", bytemuck::bytes_of(&uniform));
-        let dispatch = Dispatch::new(
-            gpu,
-            "token_mask",
-            self.pipeline.clone(),
-            &[params.as_entire_binding(), mask.as_entire_binding(), logits.buffer.as_entire_binding()],
-            [groups, 1, 1],
-        );
+        let dispatch =
+            Bindings::new(gpu, "token_mask").buffer(&params).buffer(&mask).tensor(logits).dispatch(&self.pipeline, [groups, 1, 1]);
         Ok(TokenMaskBinding { dispatch, mask, words: words as usize, active: AtomicBool::new(false) })
     }
 }

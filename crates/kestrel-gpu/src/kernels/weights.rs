@@ -1,12 +1,13 @@
 //! What the kernels that read weight matrices (matvec, matmul, embedding) share: the weight-type
-//! specialization of shaders/quant.wgsl, the `WeightParams` uniform, the epilogue choice, where
-//! outputs go, and the checks of their arguments.
+//! specialization of shaders/quant.wgsl, the `WeightParams` uniform, the epilogue choice and the
+//! checks of their arguments.
 
 use kestrel_gguf::GgmlType;
 use kestrel_ops::params::GateActivation;
 
+use super::OutputColumns;
 use crate::layout::{self, GpuScales};
-use crate::{DType, Defines, Gpu, GpuError, Tensor, WeightTensor};
+use crate::{DType, Defines, GpuError, Tensor, WeightTensor};
 
 /// What a matvec or matmul kernel does with `x·Wᵀ` before storing it. Fixed when the kernel is
 /// built (each combination is its own pipeline).
@@ -31,34 +32,6 @@ impl Epilogue {
         if self.accumulate {
             defines.insert("ACCUMULATE".into(), "1".into());
         }
-    }
-}
-
-/// Where a matrix product writes its N outputs of each token: columns `offset .. offset + N` of
-/// rows of `stride` values. Several products can then fill one activation row side by side,
-/// e.g. Q, K and V of different weight types into the `[q | k | v]` row RoPE reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OutputColumns {
-    pub offset: u32,
-    pub stride: u32,
-}
-
-impl OutputColumns {
-    /// The whole row: N outputs per token, packed.
-    pub fn whole(n: u32) -> Self {
-        Self { offset: 0, stride: n }
-    }
-
-    /// Values of `y` the product needs for `tokens` tokens of `n` outputs, or an error.
-    pub(crate) fn needed_len(self, kernel: &str, n: u32, tokens: u32) -> Result<u64, GpuError> {
-        let end = u64::from(self.offset) + u64::from(n);
-        if end > u64::from(self.stride) {
-            return Err(GpuError::InvalidArgs(format!(
-                "{kernel}: output columns {}..{end} do not fit in rows of {}",
-                self.offset, self.stride
-            )));
-        }
-        Ok(u64::from(tokens.saturating_sub(1)) * u64::from(self.stride) + end)
     }
 }
 
@@ -167,10 +140,6 @@ impl WeightParams {
     pub(crate) fn max_tokens(&self) -> u32 {
         self.max_tokens
     }
-
-    pub(crate) fn uniform(&self, gpu: &Gpu, label: &str) -> wgpu::Buffer {
-        gpu.uniform_buffer(label, bytemuck::bytes_of(self))
-    }
 }
 
 /// The quant.wgsl defines that name `ty`'s family besides its own `WTYPE_<name>`: DENSE, or
@@ -250,21 +219,14 @@ pub(crate) fn check_distinct(kernel: &str, buffers: &[(&str, &wgpu::Buffer)]) ->
     Ok(())
 }
 
-/// Checks that a bias is given exactly when the epilogue adds one, and that it fits; returns it.
-pub(crate) fn check_bias<'a>(
-    kernel: &str,
-    epilogue: Epilogue,
-    bias: Option<&'a Tensor>,
-    rows: u32,
-    y: &Tensor,
-) -> Result<Option<&'a Tensor>, GpuError> {
+/// Checks that a bias is given exactly when the epilogue adds one, and that it fits.
+pub(crate) fn check_bias(kernel: &str, epilogue: Epilogue, bias: Option<&Tensor>, rows: u32, y: &Tensor) -> Result<(), GpuError> {
     match (epilogue.bias, bias) {
         (true, Some(b)) => {
             check_tensor(kernel, "bias", b, DType::F32, rows.into())?;
-            check_distinct(kernel, &[("bias", &b.buffer), ("output", &y.buffer)])?;
-            Ok(Some(b))
+            check_distinct(kernel, &[("bias", &b.buffer), ("output", &y.buffer)])
         }
-        (false, None) => Ok(None),
+        (false, None) => Ok(()),
         (true, None) => Err(GpuError::InvalidArgs(format!("{kernel}: kernel built with a bias, none given"))),
         (false, Some(_)) => Err(GpuError::InvalidArgs(format!("{kernel}: bias given to a kernel built without one"))),
     }

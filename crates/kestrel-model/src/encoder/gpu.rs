@@ -14,10 +14,10 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::kernels::encoder::{rope_table, token_spans, EncoderAttentionKernel, EncoderRopeKernel, GeluKernel, QkvLayout};
-use kestrel_gpu::kernels::layernorm::LayerNormKernel;
+use kestrel_gpu::kernels::encoder::{rope_table, token_spans, EncoderAttentionKernel, EncoderRopeKernel, GeluKernel, PackedQkv, QkvLayout};
+use kestrel_gpu::kernels::layernorm::{LayerNormKernel, LayerNormOperands};
 use kestrel_gpu::kernels::matmul::{MatmulKernel, SwigluMatmulKernel};
-use kestrel_gpu::kernels::{Epilogue, OutputColumns};
+use kestrel_gpu::kernels::{Epilogue, GateUpOperands, Operands, OutputColumns};
 use kestrel_gpu::{DType, Gpu, Readback, Recorder, StepOp, StepParams, StepUniform, Tensor, WeightTensor};
 use kestrel_ops::params::GateActivation;
 
@@ -234,33 +234,36 @@ impl GpuEncoder {
             // One fused product fills the whole row; split ones their third of it.
             let out =
                 if layer.qkv.len() == 1 { OutputColumns::whole(3 * h) } else { OutputColumns { offset: i as u32 * h, stride: 3 * h } };
-            ops.push(Box::new(matmul(p, false)?.bind_columns(gpu, &p.w, &act.a, &act.qkv, out, p.bias.as_ref(), step, max)?));
+            let product = Operands { w: &p.w, x: &act.a, y: &act.qkv, out, bias: p.bias.as_ref() };
+            ops.push(Box::new(matmul(p, false)?.bind(gpu, &product, step, max)?));
         }
-        let layout = QkvLayout::fused(c.n_heads, c.head_dim);
+        let rows = PackedQkv { qkv: &act.qkv, layout: QkvLayout::fused(c.n_heads, c.head_dim), spans: &act.spans, max_tokens: n };
         if let Some(table) = &self.rope_table {
-            ops.push(Box::new(k.rope.bind(gpu, step, &act.qkv, layout, table, &act.spans, n)?));
+            ops.push(Box::new(k.rope.bind(gpu, step, &rows, table)?));
         }
         let scale = 1.0 / (c.head_dim as f32).sqrt();
-        ops.push(Box::new(k.attention.bind(gpu, step, &act.qkv, layout, &act.spans, &act.attended, scale, n)?));
+        ops.push(Box::new(k.attention.bind(gpu, step, &rows, &act.attended, scale)?));
         let o = &layer.attn_output;
-        ops.push(Box::new(matmul(o, true)?.bind(gpu, &o.w, &act.attended, &act.a, o.bias.as_ref(), step, max)?));
-        let [w, b] = &layer.attn_norm;
-        ops.push(Box::new(k.layernorm.bind(gpu, step, &act.a, w, b, &act.b, c.norm_eps)?));
+        ops.push(Box::new(matmul(o, true)?.bind(gpu, &Operands::whole(&o.w, &act.attended, &act.a, o.bias.as_ref()), step, max)?));
+        let [weight, bias] = &layer.attn_norm;
+        let norm = LayerNormOperands { x: &act.a, weight, bias, out: &act.b, eps: c.norm_eps };
+        ops.push(Box::new(k.layernorm.bind(gpu, step, &norm)?));
         match &layer.gate {
             Some(gate) => {
                 let swiglu = k.swiglu.get(&gate.ty).ok_or_else(|| bad_model(format!("no {} SwiGLU kernel", gate.ty)))?;
-                ops.push(Box::new(swiglu.bind(gpu, gate, &layer.up.w, &act.b, &act.ffn, step, max)?));
+                ops.push(Box::new(swiglu.bind(gpu, &GateUpOperands { gate, up: &layer.up.w, x: &act.b, out: &act.ffn }, step, max)?));
             }
             None => {
                 let up = &layer.up;
-                ops.push(Box::new(matmul(up, false)?.bind(gpu, &up.w, &act.b, &act.ffn, up.bias.as_ref(), step, max)?));
+                ops.push(Box::new(matmul(up, false)?.bind(gpu, &Operands::whole(&up.w, &act.b, &act.ffn, up.bias.as_ref()), step, max)?));
                 ops.push(Box::new(k.gelu.bind(gpu, step, &act.ffn)?));
             }
         }
         let d = &layer.down;
-        ops.push(Box::new(matmul(d, true)?.bind(gpu, &d.w, &act.ffn, &act.b, d.bias.as_ref(), step, max)?));
-        let [w, b] = &layer.output_norm;
-        ops.push(Box::new(k.layernorm.bind(gpu, step, &act.b, w, b, &act.a, c.norm_eps)?));
+        ops.push(Box::new(matmul(d, true)?.bind(gpu, &Operands::whole(&d.w, &act.ffn, &act.b, d.bias.as_ref()), step, max)?));
+        let [weight, bias] = &layer.output_norm;
+        let norm = LayerNormOperands { x: &act.b, weight, bias, out: &act.a, eps: c.norm_eps };
+        ops.push(Box::new(k.layernorm.bind(gpu, step, &norm)?));
         Ok(())
     }
 }

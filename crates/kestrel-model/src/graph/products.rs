@@ -4,7 +4,7 @@
 
 use kestrel_gpu::kernels::matmul::{MatmulDispatch, MatmulKernel, SwigluMatmulKernel};
 use kestrel_gpu::kernels::matvec::{MatvecKernel, SwigluMatvecKernel};
-use kestrel_gpu::kernels::{Epilogue, OutputColumns};
+use kestrel_gpu::kernels::{Epilogue, GateUpOperands, Operands, OutputColumns};
 use kestrel_gpu::{Dispatch, Gpu, GpuError, StepUniform, Tensor, WeightTensor};
 use kestrel_ops::params::GateActivation;
 
@@ -57,9 +57,11 @@ impl Products<'_> {
         let gpu = self.gpu;
         match product {
             Product::Matrix { weight, bias, epilogue, out } => {
-                MatvecKernel::batched(gpu, weight.ty, epilogue, columns).await?.bind_columns(gpu, weight, x, y, out, bias)
+                MatvecKernel::batched(gpu, weight.ty, epilogue, columns).await?.bind(gpu, &Operands { w: weight, x, y, out, bias })
             }
-            Product::GateUp { gate, up, act } => SwigluMatvecKernel::batched(gpu, gate.ty, act, columns).await?.bind(gpu, gate, up, x, y),
+            Product::GateUp { gate, up, act } => {
+                SwigluMatvecKernel::batched(gpu, gate.ty, act, columns).await?.bind(gpu, &GateUpOperands { gate, up, x, out: y })
+            }
         }
     }
 
@@ -68,10 +70,10 @@ impl Products<'_> {
         let (gpu, step, max_tokens) = (self.gpu, self.step, self.max_tokens);
         match product {
             Product::Matrix { weight, bias, epilogue, out } => {
-                MatmulKernel::new(gpu, weight.ty, epilogue).await?.bind_columns(gpu, weight, x, y, out, bias, step, max_tokens)
+                MatmulKernel::new(gpu, weight.ty, epilogue).await?.bind(gpu, &Operands { w: weight, x, y, out, bias }, step, max_tokens)
             }
             Product::GateUp { gate, up, act } => {
-                SwigluMatmulKernel::new(gpu, gate.ty, act).await?.bind(gpu, gate, up, x, y, step, max_tokens)
+                SwigluMatmulKernel::new(gpu, gate.ty, act).await?.bind(gpu, &GateUpOperands { gate, up, x, out: y }, step, max_tokens)
             }
         }
     }

@@ -4,15 +4,15 @@
 //! a kernel chooses to make are its own cost, which is what the GB/s figure exposes).
 
 use kestrel_gguf::GgmlType;
-use kestrel_gpu::kernels::attention::{AttentionKernel, KvCache};
+use kestrel_gpu::kernels::attention::{AttentionKernel, AttentionOperands, KvCache};
 use kestrel_gpu::kernels::embedding::EmbeddingKernel;
 use kestrel_gpu::kernels::matmul::{MatmulKernel, SwigluMatmulKernel};
 use kestrel_gpu::kernels::matvec::{MatvecKernel, SwigluMatvecKernel};
 use kestrel_gpu::kernels::rmsnorm::RmsNormKernel;
-use kestrel_gpu::kernels::rope::RopeKernel;
+use kestrel_gpu::kernels::rope::{RopeKernel, RopeOperands};
 use kestrel_gpu::kernels::sample::SampleKernel;
 use kestrel_gpu::kernels::Epilogue;
-use kestrel_gpu::kernels::{CopyKernel, FmaKernel, FmaParams};
+use kestrel_gpu::kernels::{CopyKernel, FmaKernel, FmaParams, GateUpOperands, Operands};
 use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepRows, StepUniform, Tensor, WeightTensor};
 use kestrel_model::synthetic::SyntheticShape;
 use kestrel_ops::params::{AttentionShape, GateActivation, KvType, RopeConfig, RopeMode, SamplingParams, Scores};
@@ -80,11 +80,10 @@ pub fn matvec(gpu: &Gpu, matrix: &Matrix, weights: &[WeightTensor], tokens: u32)
     let x = random_tensor(gpu, "bench.x", &[m, matrix.cols])?;
     let y = Tensor::zeros(gpu, "bench.y", &[m, matrix.rows], DType::F32)?;
     let dispatch = match matrix.product {
-        Product::Swiglu => {
-            block_on(SwigluMatvecKernel::batched(gpu, ty, GateActivation::Silu, tokens))?.bind(gpu, w, &weights[1], &x, &y)?
-        }
+        Product::Swiglu => block_on(SwigluMatvecKernel::batched(gpu, ty, GateActivation::Silu, tokens))?
+            .bind(gpu, &GateUpOperands { gate: w, up: &weights[1], x: &x, out: &y })?,
         Product::Plain | Product::Accumulate => {
-            block_on(MatvecKernel::batched(gpu, ty, epilogue(matrix.product), tokens))?.bind(gpu, w, &x, &y, None)?
+            block_on(MatvecKernel::batched(gpu, ty, epilogue(matrix.product), tokens))?.bind(gpu, &Operands::whole(w, &x, &y, None))?
         }
     };
     let bytes = weight_bytes(weights) + product_activation_bytes(matrix, m);
@@ -101,11 +100,14 @@ pub fn matmul(gpu: &Gpu, matrix: &Matrix, weights: &[WeightTensor], tokens: u32)
     let params = StepParams::new(tokens, 0, 0);
     let step = step_uniform(gpu, params);
     let dispatch = match matrix.product {
-        Product::Swiglu => {
-            block_on(SwigluMatmulKernel::new(gpu, ty, GateActivation::Silu))?.bind(gpu, w, &weights[1], &x, &y, &step, tokens)?
-        }
+        Product::Swiglu => block_on(SwigluMatmulKernel::new(gpu, ty, GateActivation::Silu))?.bind(
+            gpu,
+            &GateUpOperands { gate: w, up: &weights[1], x: &x, out: &y },
+            &step,
+            tokens,
+        )?,
         Product::Plain | Product::Accumulate => {
-            block_on(MatmulKernel::new(gpu, ty, epilogue(matrix.product)))?.bind(gpu, w, &x, &y, None, &step, tokens)?
+            block_on(MatmulKernel::new(gpu, ty, epilogue(matrix.product)))?.bind(gpu, &Operands::whole(w, &x, &y, None), &step, tokens)?
         }
     };
     let bytes = weight_bytes(weights) + product_activation_bytes(matrix, m);
@@ -155,7 +157,8 @@ pub fn rope(gpu: &Gpu, model: &SyntheticShape, tokens: u32) -> Result<Prepared, 
     let step = step_uniform(gpu, params);
     let rows = step_rows(gpu, params)?;
     let config = RopeConfig::new(RopeMode::Norm, 10_000.0);
-    let dispatch = block_on(RopeKernel::new(gpu, cache.kv))?.bind(gpu, &step, &rows, Some(&config), &qkv, &q, &cache)?;
+    let rotated = RopeOperands { config: Some(&config), qkv: &qkv, q_out: &q, cache: &cache };
+    let dispatch = block_on(RopeKernel::new(gpu, cache.kv))?.bind(gpu, &step, &rows, &rotated)?;
     let angle_table = (model.head_dim() / 2) as u64 * 8;
     let bytes = qkv.byte_size() + q.byte_size() + kv_bytes(model, tokens) + angle_table;
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
@@ -170,7 +173,8 @@ pub fn attention_decode(gpu: &Gpu, model: &SyntheticShape, kv_len: u32) -> Resul
     let params = StepParams::new(1, kv_len - 1, 0);
     let rows = step_rows(gpu, params)?;
     let kernel = block_on(AttentionKernel::new(gpu, model.head_dim(), cache.kv))?;
-    let dispatch = kernel.bind_decode(gpu, &rows, &q, &cache, &out, &attention_scores(model), 1)?;
+    let scores = attention_scores(model);
+    let dispatch = kernel.bind_decode(gpu, &AttentionOperands { q: &q, cache: &cache, out: &out, scores: &scores, rows: &rows }, 1)?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, kv_len);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
@@ -186,7 +190,8 @@ pub fn attention_prefill(gpu: &Gpu, model: &SyntheticShape, tokens: u32) -> Resu
     let step = step_uniform(gpu, params);
     let rows = step_rows(gpu, params)?;
     let kernel = block_on(AttentionKernel::new(gpu, model.head_dim(), cache.kv))?;
-    let dispatch = kernel.bind_prefill(gpu, &step, &rows, &q, &cache, &out, &attention_scores(model))?;
+    let scores = attention_scores(model);
+    let dispatch = kernel.bind_prefill(gpu, &step, &AttentionOperands { q: &q, cache: &cache, out: &out, scores: &scores, rows: &rows })?;
     let bytes = 2 * q.byte_size() + kv_bytes(model, tokens);
     Ok(Prepared { bytes, record: Box::new(move |rec| dispatch.record(rec, &params)) })
 }
