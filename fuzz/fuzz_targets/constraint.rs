@@ -14,7 +14,8 @@
 
 use std::sync::OnceLock;
 
-use kestrel_model::{JsonSchemaFormat, ModelError, OutputConstraint, TokenGrammar};
+use kestrel_engine::generation::{JsonSchemaFormat, OutputConstraint, TokenGrammar};
+use kestrel_model::ModelError;
 use libfuzzer_sys::fuzz_target;
 
 /// Steps run per input that compiles.

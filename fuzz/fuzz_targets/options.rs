@@ -8,7 +8,8 @@
 #![no_main]
 
 use kestrel_engine::Request;
-use kestrel_model::{GenerateOptions, ModelError};
+use kestrel_engine::GenerateOptions;
+use kestrel_model::ModelError;
 use libfuzzer_sys::fuzz_target;
 
 /// The default model's vocabulary size (token ids in options are checked against it).

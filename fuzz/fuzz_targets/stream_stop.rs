@@ -10,7 +10,7 @@
 //! one that began earlier but was still incomplete.
 #![no_main]
 
-use kestrel_model::stop::StopMatcher;
+use kestrel_engine::generation::stop::StopMatcher;
 use kestrel_tokenizer::StreamDecoder;
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;

@@ -81,3 +81,35 @@ fn a_reader_that_stops_early_is_no_panic() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.signal(), Some(SIGPIPE), "{:?}: {stderr}", out.status);
 }
+
+/// The engine's settings have one front door: `kestrel serve`'s and `kestrel generate`'s flags
+/// are checked by `EngineOptions::settings`, as the browser package's `createEngine` options are,
+/// with the same bounds and the same messages, before any model loads.
+#[test]
+fn engine_flags_are_checked_as_the_browsers_options_are() {
+    let model = default_model();
+    let model = model.to_str().expect("a UTF-8 path");
+    let message = |json: &str| {
+        let options = kestrel_engine::EngineOptions::parse(json).expect("parses");
+        options.settings().expect_err("out of range").message
+    };
+    for (flags, json) in [
+        (["--prefill-chunk", "0"], r#"{"prefill_chunk": 0}"#),
+        (["--prefill-chunk", "5000"], r#"{"prefill_chunk": 5000}"#),
+        (["--slots", "17"], r#"{"slots": 17}"#),
+        (["--kv-cache", "q8"], r#"{"kv_cache": "q8"}"#),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+            .args(["serve", "-m", model, "--port", "0"])
+            .args(flags)
+            .output()
+            .expect("run kestrel serve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} must be refused");
+        let want = message(json);
+        assert!(stderr.contains(&want) && stderr.contains("[invalid_option]"), "{flags:?}: {stderr} (the browser's: {want})");
+        assert!(!stderr.contains("loaded"), "{flags:?}: checked before the model loads: {stderr}");
+    }
+    let (ok, stderr) = generate(&["-m", model, "--kv-cache", "q8", "Hello"]);
+    assert!(!ok && stderr.contains(&message(r#"{"kv_cache": "q8"}"#)), "{stderr}");
+}

@@ -5,10 +5,11 @@
 //! [`Request`] (the same options, defaults and errors). Answers are built here too, as JSON
 //! values: streamed chunks, the whole completion, the usage with its details.
 
-use kestrel_model::options::{Allowed, MAX_LOGPROBS};
-use kestrel_model::{ChatFunctionCall, ChatMessage, ChatToolCall, FinishReason, Generation, StepLogprobs, TokenEvent};
+use kestrel_model::{ChatFunctionCall, ChatMessage, ChatToolCall};
 use serde_json::{json, Map, Value};
 
+use crate::generation::options::{Allowed, MAX_LOGPROBS};
+use crate::generation::{FinishReason, Generation, StepLogprobs, TokenEvent};
 use crate::{body, EngineError, Request};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -535,7 +536,7 @@ pub fn is_complete(generation: &Generation) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use kestrel_model::Timings;
+    use crate::generation::Timings;
 
     use super::*;
 
@@ -595,7 +596,7 @@ mod tests {
     /// given; a malformed one is refused before any model sees it.
     #[test]
     fn constraints_come_through_both_endpoints() {
-        use kestrel_model::OutputConstraint;
+        use crate::generation::OutputConstraint;
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
         let chat = parsed(
             Endpoint::Chat,
@@ -635,7 +636,7 @@ mod tests {
     /// (content null) and streamed as `delta.tool_calls`, with `finish_reason: "tool_calls"`.
     #[test]
     fn tool_calls_come_in_and_go_out_in_openais_shapes() {
-        use kestrel_model::{FunctionCall, FunctionKind, ToolCall, ToolChoice, ToolMode};
+        use crate::generation::{FunctionCall, FunctionKind, ToolCall, ToolChoice, ToolMode};
         let body = json!({"messages": [
                 {"role": "user", "content": "weather?"},
                 {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"city\": \"Oslo\"}"}}]},

@@ -10,7 +10,9 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::Value;
 
-use kestrel_model::{ChatMessage, GenerateOptions, Prompt};
+use kestrel_model::ChatMessage;
+
+use crate::generation::{GenerateOptions, Prompt};
 
 use crate::EngineError;
 

@@ -1,16 +1,13 @@
 //! The request scheduler every front end drives: the server's engine thread and the browser's
 //! worker. Requests are prepared when they are submitted (checked, rendered, encoded), wait in
-//! order, and run in one of two ways, chosen by the model:
-//!
-//! - **Batched** (the CPU backend, or several KV slots): continuous batching. Between steps it
-//!   ends aborted requests and admits waiting ones into free slots (the slot whose cached tokens
-//!   share the longest prefix with the prompt, `Model::add_sequence`); each step runs every
-//!   admitted request's next token plus prompt chunks of at most `prefill_chunk` tokens, as one
-//!   pass of the model. A request ends as soon as its own step says so, and its slot takes the
-//!   next one before the following step, so a long prompt or answer never holds the others back
-//!   by more than a step.
-//! - **One at a time** (the GPU with one slot): a step runs the oldest request whole, its decode
-//!   steps run ahead on the device; an abort takes effect at its next token.
+//! order, and run in the one generation loop (`generation::Generator`): continuous batching.
+//! Between steps it ends aborted requests and admits waiting ones into free KV slots (the slot
+//! whose cached tokens share the longest prefix with the prompt); each step runs every admitted
+//! request's next token plus prompt chunks of at most `prefill_chunk` tokens, as one pass of the
+//! model. A request ends as soon as its own step says so, and its slot takes the next one before
+//! the following step, so a long prompt or answer never holds the others back by more than a
+//! step. A request running alone has its decode steps run ahead on the device; an abort takes
+//! effect at its next token.
 //!
 //! The front end says what happens outside: it submits requests under its own ids, aborts them
 //! (from any thread, through [`Aborts`]), and routes each request's events, in order: `Started`,
@@ -19,9 +16,10 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use kestrel_model::{BackendKind, FinishReason, GenerateOptions, Generation, Model, SequenceEvent, SequenceId, Timings, TokenEvent};
+use kestrel_model::{BackendKind, Model};
 use web_time::Instant;
 
+use crate::generation::{FinishReason, GenerateOptions, Generation, Generator, SequenceEvent, SequenceId, Timings, TokenEvent};
 use crate::{EngineError, Request};
 
 /// A request's id, the front end's own (unique among the requests it submits).
@@ -41,7 +39,7 @@ pub enum Event {
 }
 
 /// The aborts the front end asks for, shared with the scheduler: they take effect before the next
-/// batched step, or at the next token of a request running alone. An abort may come before its
+/// step. An abort may come before its
 /// request is submitted (the request then ends at once, with no token).
 #[derive(Clone, Debug, Default)]
 pub struct Aborts(Arc<Mutex<AbortSet>>);
@@ -81,7 +79,7 @@ impl Aborts {
 /// What one step ran, for the front end's metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StepReport {
-    /// Sequences a batched step ran together (None: a request ran alone, or nothing ran).
+    /// Sequences the step ran together (None: nothing ran).
     pub batch: Option<usize>,
 }
 
@@ -99,9 +97,10 @@ struct Running {
 }
 
 pub struct Scheduler {
-    model: Model,
+    generator: Generator,
     prefill_chunk: usize,
-    /// Steps of several sequences (else one request at a time, its decode steps run ahead).
+    /// Whether requests share steps (the CPU backend, or several slots), which the browser's
+    /// worker tells apart: one request at a time has the KV cache to itself between requests.
     batched: bool,
     waiting: VecDeque<Queued>,
     running: Vec<Running>,
@@ -109,13 +108,14 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    /// Schedules requests on `model` with its KV slots (`Model::set_slots`): batched on the CPU
-    /// backend or with several slots, prompts `prefill_chunk` tokens a step in all.
+    /// Schedules requests on `model` with its KV slots (`Model::set_slots`), prompts
+    /// `prefill_chunk` tokens a step in all while others decode (as `EngineSettings` checked
+    /// it: 1 to `MAX_PREFILL_CHUNK`).
     pub fn new(model: Model, prefill_chunk: usize) -> Self {
         let batched = model.backend() == BackendKind::Cpu || model.slots() > 1;
         Self {
-            model,
-            prefill_chunk: prefill_chunk.max(1),
+            generator: Generator::new(model),
+            prefill_chunk,
             batched,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -124,24 +124,29 @@ impl Scheduler {
     }
 
     pub fn model(&self) -> &Model {
-        &self.model
+        self.generator.model()
+    }
+
+    /// The generation loop, for what it says of the running sequences (slots, KV cache).
+    pub fn generator(&self) -> &Generator {
+        &self.generator
     }
 
     /// The model for a change while no request runs (reset, a KV prefix restored for the next
     /// request): None while one runs. Waiting requests have not touched the KV cache yet.
     pub fn model_mut(&mut self) -> Option<&mut Model> {
-        self.running.is_empty().then_some(&mut self.model)
+        self.generator.model_mut()
     }
 
     pub fn into_model(self) -> Model {
-        self.model
+        self.generator.into_model()
     }
 
     pub fn aborts(&self) -> Aborts {
         self.aborts.clone()
     }
 
-    /// Whether requests run as batched sequences (see the module's notes).
+    /// Whether requests share steps (see `batched`).
     pub fn is_batched(&self) -> bool {
         self.batched
     }
@@ -153,7 +158,7 @@ impl Scheduler {
     /// Queues `request` under `id`, prepared now: every option and limit checked, the prompt
     /// rendered and encoded. A request that cannot run fails here and is not queued.
     pub fn submit(&mut self, id: RequestId, request: &Request) -> Result<(), EngineError> {
-        let prompt = self.model.prepare(&request.prompt()?, &request.options)?;
+        let prompt = self.generator.prepare(&request.prompt()?, &request.options)?;
         self.waiting.push_back(Queued { id, prompt, options: request.options.clone(), submitted: Instant::now() });
         Ok(())
     }
@@ -189,7 +194,7 @@ impl Scheduler {
         let running = std::mem::take(&mut self.running);
         for r in &running {
             self.aborts.forget(r.id);
-            let _ = self.model.abort_sequence(r.sequence);
+            let _ = self.generator.abort_sequence(r.sequence);
         }
         running.into_iter().map(|r| r.id).collect()
     }
@@ -198,13 +203,8 @@ impl Scheduler {
     /// for a token means its receiver is gone: the request is aborted.
     pub async fn step(&mut self, sink: &mut dyn FnMut(RequestId, Event) -> bool) -> StepReport {
         self.end_aborted(sink);
-        if self.batched {
-            self.admit(sink);
-            self.step_batch(sink).await
-        } else {
-            self.run_oldest(sink).await;
-            StepReport::default()
-        }
+        self.admit(sink);
+        self.step_running(sink).await
     }
 
     /// Ends the aborted requests: a waiting one with no token, a running one with its tokens so far.
@@ -227,7 +227,7 @@ impl Scheduler {
                 continue;
             }
             let r = self.running.remove(i);
-            if let Some(generation) = self.model.abort_sequence(r.sequence) {
+            if let Some(generation) = self.generator.abort_sequence(r.sequence) {
                 self.finish(r.id, r.submitted, Ok(generation), sink);
             }
         }
@@ -235,9 +235,9 @@ impl Scheduler {
 
     /// Moves waiting requests into free slots, oldest first.
     fn admit(&mut self, sink: &mut dyn FnMut(RequestId, Event) -> bool) {
-        while self.model.free_slots() > 0 {
+        while self.generator.free_slots() > 0 {
             let Some(q) = self.waiting.pop_front() else { return };
-            match self.model.add_sequence(&q.prompt, &q.options) {
+            match self.generator.add_sequence(&q.prompt, &q.options) {
                 Ok(sequence) => {
                     sink(q.id, Event::Started);
                     self.running.push(Running { id: q.id, sequence, submitted: q.submitted });
@@ -247,11 +247,11 @@ impl Scheduler {
         }
     }
 
-    async fn step_batch(&mut self, sink: &mut dyn FnMut(RequestId, Event) -> bool) -> StepReport {
+    async fn step_running(&mut self, sink: &mut dyn FnMut(RequestId, Event) -> bool) -> StepReport {
         if self.running.is_empty() {
             return StepReport::default();
         }
-        let step = self.model.step_sequences(self.prefill_chunk).await;
+        let step = self.generator.step(self.prefill_chunk).await;
         for (sequence, event) in step.events {
             let Some(i) = self.running.iter().position(|r| r.sequence == sequence) else { continue };
             match event {
@@ -267,17 +267,7 @@ impl Scheduler {
                 }
             }
         }
-        StepReport { batch: Some(step.sequences) }
-    }
-
-    /// Runs the oldest waiting request whole.
-    async fn run_oldest(&mut self, sink: &mut dyn FnMut(RequestId, Event) -> bool) {
-        let Some(q) = self.waiting.pop_front() else { return };
-        sink(q.id, Event::Started);
-        let aborts = &self.aborts;
-        let mut on_token = |token: &TokenEvent| sink(q.id, Event::Token(token.clone())) && !aborts.is_aborted(q.id);
-        let result = self.model.generate(&q.prompt, &q.options, &mut on_token).await;
-        self.finish(q.id, q.submitted, result.map_err(EngineError::from), sink);
+        StepReport { batch: (step.sequences > 0).then_some(step.sequences) }
     }
 
     /// A request's end: its end-to-end time in its timings, its abort forgotten.

@@ -6,8 +6,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use kestrel_engine::{Event, Request, RequestId, Scheduler};
+use kestrel_engine::{FinishReason, Generation, Generator};
 use kestrel_gpu::{Gpu, GpuOptions};
-use kestrel_model::{FinishReason, Generation, LoadOptions, Model};
+use kestrel_model::{LoadOptions, Model};
 
 fn model_path() -> PathBuf {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -85,8 +86,8 @@ fn generation(h: &Heard) -> &Generation {
     }
 }
 
-/// Each request's tokens alone, through `Model::generate`.
-fn alone(model: &mut Model, requests: &[Request]) -> Vec<Vec<u32>> {
+/// Each request's tokens alone, through `Generator::generate`.
+fn alone(model: &mut Generator, requests: &[Request]) -> Vec<Vec<u32>> {
     requests
         .iter()
         .map(|r| {
@@ -99,7 +100,7 @@ fn alone(model: &mut Model, requests: &[Request]) -> Vec<Vec<u32>> {
 #[test]
 fn batched_requests_give_their_tokens_alone_and_wait_for_a_slot() {
     let requests = [request("The kestrel", 7), request("Once upon a time", 12), request("1, 2, 3,", 5)];
-    let expected = alone(&mut cpu_model(1), &requests);
+    let expected = alone(&mut Generator::new(cpu_model(1)), &requests);
     let mut scheduler = Scheduler::new(cpu_model(2), 4);
     assert!(scheduler.is_batched());
     for (id, r) in requests.iter().enumerate() {
@@ -119,7 +120,7 @@ fn batched_requests_give_their_tokens_alone_and_wait_for_a_slot() {
     }
     // Two slots: the third starts only when one of the first two has ended.
     assert_eq!(starts, [0, 1, 2]);
-    assert_eq!(scheduler.model().free_slots(), 2);
+    assert_eq!(scheduler.generator().free_slots(), 2);
 }
 
 #[test]
@@ -182,9 +183,9 @@ fn requests_that_cannot_run_are_refused_at_submission() {
 #[test]
 fn one_gpu_slot_runs_requests_alone_and_aborts_at_the_next_token() {
     let requests = [request("The kestrel", 6), request("Once upon a time", 4)];
-    let mut model = gpu_model(1);
+    let mut model = Generator::new(gpu_model(1));
     let expected = alone(&mut model, &requests);
-    let mut scheduler = Scheduler::new(model, 32);
+    let mut scheduler = Scheduler::new(model.into_model(), 32);
     assert!(!scheduler.is_batched());
     for (id, r) in requests.iter().enumerate() {
         scheduler.submit(id as RequestId, r).expect("submit");
@@ -196,25 +197,29 @@ fn one_gpu_slot_runs_requests_alone_and_aborts_at_the_next_token() {
         assert_eq!(h.out_of_order, 0);
         assert_eq!(&generation(h).tokens, want, "request {id}");
     }
-    // Aborted from the token callback's side, as the worker's abort message does mid-generation.
+    // Aborted from the token callback's side, as the worker's abort message does mid-generation:
+    // the request ends at its next step, with the tokens it streamed (its steps run ahead on the
+    // device are dropped).
     let aborts = scheduler.aborts();
     scheduler.submit(7, &request("The kestrel", 60)).expect("submit");
     let mut tokens = 0;
     let mut end = None;
-    pollster::block_on(scheduler.step(&mut |_, event| {
-        match event {
-            Event::Token(_) => {
-                tokens += 1;
-                if tokens == 2 {
-                    aborts.abort(7);
+    while end.is_none() {
+        pollster::block_on(scheduler.step(&mut |_, event| {
+            match event {
+                Event::Token(_) => {
+                    tokens += 1;
+                    if tokens == 2 {
+                        aborts.abort(7);
+                    }
                 }
+                Event::Done(result) => end = Some(result.expect("ends")),
+                Event::Started => {}
             }
-            Event::Done(result) => end = Some(result.expect("ends")),
-            Event::Started => {}
-        }
-        true
-    }));
-    let end = end.expect("the request ran whole in one step");
+            true
+        }));
+    }
+    let end = end.expect("the request ended");
     assert_eq!(end.finish_reason, FinishReason::Abort);
     assert_eq!(end.tokens.len(), 2, "stopped at the token after the abort");
 }

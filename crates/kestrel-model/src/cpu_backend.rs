@@ -66,7 +66,7 @@ impl CpuKernels for Quantized {
 
 pub type CpuModel = CpuForward<Quantized>;
 
-/// Generation's steps on the CPU: what `Graph` does with GPU submissions, done at once.
+/// The forward passes on the CPU: what `Graph` does with GPU submissions, done at once.
 pub(crate) struct CpuBackend {
     pub forward: CpuModel,
     pub max_chunk: usize,
@@ -109,10 +109,18 @@ impl CpuBackend {
         self.entries = entries;
     }
 
-    /// Runs a step now: its tokens at positions `pos..` (overwriting any KV rows there), then,
-    /// unless `output` is `None`, the LM head, and unless it is `Logits` (a constrained step,
-    /// which the host samples) the sampler, whose token goes to `slot`.
-    pub fn submit_step(&mut self, input: StepInput, pos: usize, draw: u32, output: &StepOutput, slot: usize) -> Result<(), ModelError> {
+    /// Runs a step now: its tokens at positions `pos..` of KV slot `kv_slot` (overwriting any
+    /// KV rows there), then, unless `output` is `None`, the LM head, and unless it is `Logits` (a
+    /// constrained step, which the host samples) the sampler, whose token goes to `slot`.
+    pub fn submit_step(
+        &mut self,
+        kv_slot: usize,
+        input: StepInput,
+        pos: usize,
+        draw: u32,
+        output: &StepOutput,
+        slot: usize,
+    ) -> Result<(), ModelError> {
         let one;
         let tokens: &[u32] = match input {
             StepInput::Tokens(tokens) => tokens,
@@ -131,10 +139,8 @@ impl CpuBackend {
                 reason: format!("{} tokens (chunk limit {})", tokens.len(), self.max_chunk),
             });
         }
-        self.forward.pos = pos;
-        let samples = !matches!(output, StepOutput::None);
-        let forward = &mut self.forward;
-        let Some(logits) = kestrel_cpu::on_pool(|| forward.run(tokens, samples))? else { return Ok(()) };
+        let step = SequenceStep { slot: kv_slot, pos, tokens, logits: !matches!(output, StepOutput::None) };
+        let Some(logits) = self.run_batch(&[step])?.pop().flatten() else { return Ok(()) };
         if matches!(output, StepOutput::Logits) {
             self.logits = logits;
             return Ok(());

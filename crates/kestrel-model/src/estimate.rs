@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::config::ModelConfig;
 use crate::encoder::{self, EncoderConfig};
 use crate::load::context_length;
-use crate::sequences::MAX_SLOTS;
+use crate::model::MAX_SLOTS;
 use crate::tensors::{assign_roles, gpu_runs, Expected, Role};
 use crate::LoadOptions;
 use crate::ModelError;

@@ -16,7 +16,6 @@ use kestrel_ops::params::{AttentionShape, KvType, RopeConfig};
 use web_time::Instant;
 
 use crate::config::ModelConfig;
-use crate::options::{MAX_LOGIT_BIAS, MAX_PENALTY_WINDOW};
 use crate::pacing::SubmitPacer;
 
 mod batch;
@@ -210,8 +209,13 @@ pub enum StepOutput {
     Logits,
 }
 
+/// Longest recent-token window the penalties look at (a request's `penalty_last_n`).
+pub const MAX_PENALTY_WINDOW: usize = 4096;
+/// Most logit-bias entries one request may give.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+
 /// Room in the penalty entry buffer: the longest recent-token window plus the longest logit-bias
-/// list a request may ask for (`GenerateOptions::validate` refuses more).
+/// list a request may ask for (the engine's request validation refuses more).
 pub const PENALTY_CAPACITY: u32 = (MAX_PENALTY_WINDOW + MAX_LOGIT_BIAS) as u32;
 
 /// Token readback buffers: the step with number `s` copies its sampled token into slot
@@ -369,12 +373,21 @@ impl Graph {
         })
     }
 
-    /// Records and submits one step: its tokens (at most `max_chunk`) at positions `pos..`, then,
+    /// Records and submits one step: its tokens (at most `max_chunk`) at positions `pos..` of KV
+    /// slot `kv_slot`, then,
     /// unless `output` is `None`, the LM head on the last token and the sampler, whose token goes
     /// to readback slot `slot % TOKEN_SLOTS` (`read_token`). `draw` numbers the step's random
     /// draw (`StepParams::draw`).
-    pub fn submit_step(&self, input: StepInput, pos: usize, draw: u32, output: &StepOutput, slot: usize) -> Result<(), GpuError> {
-        let step = self.begin_step(input, pos, draw)?;
+    pub fn submit_step(
+        &self,
+        kv_slot: usize,
+        input: StepInput,
+        pos: usize,
+        draw: u32,
+        output: &StepOutput,
+        slot: usize,
+    ) -> Result<(), GpuError> {
+        let step = self.begin_step(input, kv_slot, pos, draw)?;
         let mut rec = Recorder::new(&self.gpu);
         if let StepInput::Sampled = input {
             rec.copy(&self.act.sampled.buffer, 0, &self.act.token_ids.buffer, 0, 4);
@@ -403,7 +416,7 @@ impl Graph {
         slot: usize,
         pacer: &mut SubmitPacer,
     ) -> Result<(), GpuError> {
-        let step = self.begin_step(StepInput::Tokens(tokens), pos, 0)?;
+        let step = self.begin_step(StepInput::Tokens(tokens), 0, pos, 0)?;
         self.submit_prefill_paced(&step, pacer, |rec| {
             self.finish_step(rec, &step, output, slot);
             Ok(())
@@ -443,9 +456,9 @@ impl Graph {
         Ok(())
     }
 
-    /// Checks a step's size and writes its uniforms, rows (slot 0: one sequence generates alone)
-    /// and token ids.
-    fn begin_step(&self, input: StepInput, pos: usize, draw: u32) -> Result<StepParams, GpuError> {
+    /// Checks a step's size and writes its uniforms, rows (all in KV slot `kv_slot`: one
+    /// sequence's) and token ids.
+    fn begin_step(&self, input: StepInput, kv_slot: usize, pos: usize, draw: u32) -> Result<StepParams, GpuError> {
         let n = match input {
             StepInput::Tokens(tokens) => tokens.len(),
             StepInput::Decode(_) | StepInput::Sampled => 1,
@@ -459,7 +472,10 @@ impl Graph {
         let gpu = &self.gpu;
         let step = StepParams::new(n as u32, pos as u32, draw);
         self.step.write(gpu, &step);
-        self.act.rows.write_run(gpu, 0, pos as u32, n as u32)?;
+        if kv_slot >= self.slots {
+            return Err(GpuError::InvalidArgs(format!("KV slot {kv_slot} of {}", self.slots)));
+        }
+        self.act.rows.write_run(gpu, kv_slot as u32, pos as u32, n as u32)?;
         match input {
             StepInput::Tokens(tokens) => gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(tokens)),
             StepInput::Decode(token) => gpu.write(&self.act.token_ids.buffer, 0, bytemuck::bytes_of(&token)),
@@ -539,7 +555,7 @@ impl Graph {
     /// token's final hidden state after the output norm, `[token][hidden]`: what a decoder
     /// embedding model pools (llama.cpp's `result_norm`). The LM head does not run.
     pub async fn normed_rows(&self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, GpuError> {
-        let step = self.begin_step(StepInput::Tokens(tokens), pos, 0)?;
+        let step = self.begin_step(StepInput::Tokens(tokens), 0, pos, 0)?;
         let mut rec = Recorder::new(&self.gpu);
         plan::record(&mut rec, &self.plan.prefill, &step);
         plan::record(&mut rec, &self.plan.output_norm, &step);

@@ -1,46 +1,36 @@
-//! Llama-family language models on the GPU: configuration from GGUF metadata, weights
-//! streamed to the GPU as they arrive, the decode/prefill graph, the CPU reference forward
-//! pass, and generation (sampling options, stop strings, streaming text).
+//! Llama-family language models, the network alone: configuration from GGUF metadata, weights
+//! streamed to the GPU or the CPU backend as they arrive, the decode/prefill graph, the CPU
+//! forward pass, the forward passes over KV slots that generation drives (`forward`), KV prefix
+//! snapshots, the will-it-fit estimate, and the encoders of embedding models. What a request
+//! does with them is `kestrel-engine`'s.
 
 pub mod config;
-mod constraint;
 mod cpu_backend;
 pub mod cpu_forward;
 pub mod encoder;
 mod error;
 pub mod estimate;
+mod forward;
 mod graph;
-mod host_sampling;
 mod load;
 mod model;
-pub mod options;
-mod output;
 mod pacing;
-mod penalties;
 mod pending_tokenizer;
 pub mod prefix_snapshot;
 pub mod reference;
-mod sequences;
-pub mod stop;
 pub mod synthetic;
 pub mod tensors;
-mod tools;
 
 pub use config::{Arch, GateActivation, ModelConfig};
-pub use constraint::{JsonSchemaFormat, OutputConstraint, ResponseFormat, TokenGrammar, TokenMatcher};
 pub use cpu_backend::CpuModel;
 pub use encoder::{EmbedInput, EmbedOptions, Embedder, EmbedderInfo, Embeddings, Ranking};
 pub use error::ModelError;
-pub use graph::{KernelFamily, StepHostTime};
+pub use forward::{BatchRow, DecodeInput, RowOutput};
+pub use graph::{BatchSample, KernelFamily, StepHostTime, StepOutput, MAX_LOGIT_BIAS, MAX_PENALTY_WINDOW, TOKEN_SLOTS};
 pub use kestrel_tokenizer::{ChatFunctionCall, ChatMessage, ChatToolCall};
 pub use load::{not_a_chat_model, LoadOptions, LoadProgress, LoadedModel, ModelLoader};
-pub use model::{
-    reusable_prefix, BackendKind, FinishReason, Generation, Model, Prompt, StepLogprobs, Timings, TokenEvent, DEFAULT_DECODE_RUN_AHEAD,
-};
-pub use options::GenerateOptions;
-pub use pacing::{submit_budget_from_ms, MAX_SUBMIT_BUDGET};
-pub use sequences::{BatchStep, SequenceEvent, SequenceId, MAX_SLOTS};
-pub use tools::{FunctionCall, FunctionKind, FunctionTool, NamedTool, Tool, ToolCall, ToolChoice, ToolMode, ToolName, ToolSyntax};
+pub use model::{BackendKind, Model, MAX_SLOTS};
+pub use pacing::{submit_budget_from_ms, SubmitReport, MAX_SUBMIT_BUDGET};
 
 /// Native convenience: loads a GGUF file from disk onto the GPU, streaming it in chunks.
 #[cfg(not(target_arch = "wasm32"))]

@@ -19,8 +19,8 @@ use crate::encoder::{decoder_pooling, DecoderEmbedder, Embedder, EncoderConfig, 
 use crate::error::{bad_model, ModelError};
 use crate::graph::{Graph, GraphSize, LayerWeights, Projection, QkvWeights, Weights};
 use crate::model::Model;
+use crate::model::MAX_SLOTS;
 use crate::pending_tokenizer::PendingTokenizer;
-use crate::sequences::MAX_SLOTS;
 use crate::tensors::{gpu_runs, Role, RoleAssigner};
 
 #[derive(Clone, Debug)]

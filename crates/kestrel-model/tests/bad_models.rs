@@ -2,6 +2,7 @@
 
 mod common;
 
+use kestrel_engine::generation::Generator;
 use kestrel_gguf::{GgmlType, GgufWriter, Metadata, MetadataValue, TensorSpec};
 use kestrel_model::{LoadOptions, ModelError, ModelLoader};
 
@@ -147,7 +148,8 @@ fn gate_and_up_of_different_types_are_refused_before_upload() {
 /// does not compile is a bad model.
 #[test]
 fn hostile_chat_template_fails_the_request_not_the_model() {
-    use kestrel_model::{ChatMessage, GenerateOptions, Prompt};
+    use kestrel_engine::generation::{GenerateOptions, Prompt};
+    use kestrel_model::ChatMessage;
     let runaway = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
     let cycle = "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns %}{% endfor %}{{ ns }}";
     let cases = [
@@ -159,7 +161,7 @@ fn hostile_chat_template_fails_the_request_not_the_model() {
         // The browser suite serves the same file (./build.sh copies it from here).
         let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(file);
         std::fs::write(&path, &bytes).expect("write the hostile-template model for the browser suite");
-        let mut model = load_bytes(&bytes, 1 << 20).expect("the file itself is sound");
+        let mut model = Generator::new(load_bytes(&bytes, 1 << 20).expect("the file itself is sound"));
         let err = model.encode(&Prompt::Chat(&[ChatMessage::new("user", "hi")])).expect_err("a hostile template must fail");
         assert_eq!(err.code(), "template", "{file}: {err}");
         assert!(err.to_string().contains(says), "{file}: {err}");

@@ -7,7 +7,8 @@
 
 mod common;
 
-use kestrel_model::{ChatMessage, FinishReason, GenerateOptions, Generation, JsonSchemaFormat, Model, ModelError, Prompt, ResponseFormat};
+use kestrel_engine::generation::{FinishReason, GenerateOptions, Generation, Generator, JsonSchemaFormat, Prompt, ResponseFormat};
+use kestrel_model::{ChatMessage, ModelError};
 use serde_json::Value;
 
 /// Enough for every schema of the suite, whose strings, arrays and numbers are bounded.
@@ -42,12 +43,12 @@ fn schema_options(case: &Case, base: GenerateOptions) -> GenerateOptions {
     GenerateOptions { max_tokens: MAX_TOKENS, response_format: Some(ResponseFormat::JsonSchema { json_schema }), ..base }
 }
 
-fn prompt_ids(model: &Model, ask: &str) -> Vec<u32> {
+fn prompt_ids(model: &Generator, ask: &str) -> Vec<u32> {
     let messages = [ChatMessage::new("system", "Answer in JSON."), ChatMessage::new("user", ask)];
     model.encode(&Prompt::Chat(&messages)).expect("encode")
 }
 
-fn generate(model: &mut Model, prompt: &[u32], options: &GenerateOptions) -> Result<Generation, ModelError> {
+fn generate(model: &mut Generator, prompt: &[u32], options: &GenerateOptions) -> Result<Generation, ModelError> {
     pollster::block_on(model.generate(prompt, options, &mut |_| true))
 }
 
@@ -68,7 +69,7 @@ fn runs() -> Vec<(String, GenerateOptions)> {
 
 #[test]
 fn every_output_of_the_schema_suite_validates_on_the_cpu_backend() {
-    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     let mut tokens = 0;
     for case in suite() {
         let prompt = prompt_ids(&model, &case.ask);
@@ -86,7 +87,7 @@ fn every_output_of_the_schema_suite_validates_on_the_cpu_backend() {
 /// of each kind, greedy and sampled.
 #[test]
 fn schema_outputs_validate_on_the_gpu_backend() {
-    let mut model = common::load(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load(&common::default_model_path(), 1024));
     let cases = suite();
     let picked = ["nested_address", "any_of", "refs", "array_of_objects"];
     for case in cases.iter().filter(|c| picked.contains(&c.id.as_str())) {
@@ -110,7 +111,7 @@ fn schema_outputs_validate_on_the_gpu_backend() {
 /// token may change.
 #[test]
 fn a_constraint_the_output_already_meets_changes_no_token() {
-    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     let prompt = model.encode(&Prompt::Text("The three primary colors are")).expect("encode");
     let free = generate(&mut model, &prompt, &GenerateOptions { max_tokens: 24, ..GenerateOptions::greedy() }).expect("free");
     let mut chars: Vec<char> = free.text.chars().collect();
@@ -130,7 +131,7 @@ fn a_constraint_the_output_already_meets_changes_no_token() {
 /// their own matcher and give what they give alone.
 #[test]
 fn constraints_work_with_max_tokens_stop_logprobs_and_batching() {
-    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     let cases = suite();
     let person = cases.iter().find(|c| c.id == "person").expect("person");
     let prompt = prompt_ids(&model, &person.ask);
@@ -180,7 +181,7 @@ fn constraints_work_with_max_tokens_stop_logprobs_and_batching() {
 /// the next request. So is a schema built to explode: llguidance's limits stop it.
 #[test]
 fn bad_constraints_fail_before_any_token() {
-    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     let prompt = model.encode(&Prompt::Text("Hello")).expect("encode");
     let schema = |schema: Value| GenerateOptions {
         response_format: Some(ResponseFormat::JsonSchema {
@@ -202,7 +203,7 @@ fn bad_constraints_fail_before_any_token() {
         ("grammar", GenerateOptions { regex: Some("a".into()), grammar: Some("start: \"a\"".into()), ..GenerateOptions::greedy() }),
     ];
     for (field, options) in cases {
-        let cached = model.cached_token_ids().to_vec();
+        let cached = model.model().cached_token_ids().to_vec();
         let mut tokens = 0;
         let error = pollster::block_on(model.generate(&prompt, &options, &mut |_| {
             tokens += 1;
@@ -212,7 +213,7 @@ fn bad_constraints_fail_before_any_token() {
         eprintln!("{field}: {error}");
         assert!(matches!(error, ModelError::InvalidOption { name, .. } if name == field), "{field}: {error:?}");
         assert_eq!(tokens, 0, "{field}: tokens before the error");
-        assert_eq!(model.cached_token_ids(), cached, "{field}: the cached prefix stays for the next request");
+        assert_eq!(model.model().cached_token_ids(), cached, "{field}: the cached prefix stays for the next request");
         let fine =
             generate(&mut model, &prompt, &GenerateOptions { max_tokens: 3, ..GenerateOptions::greedy() }).expect("the next request");
         assert_eq!(fine.tokens.len(), 3);

@@ -6,18 +6,22 @@
 
 mod common;
 
-use kestrel_model::{GenerateOptions, LoadOptions, Model};
+use kestrel_engine::generation::{GenerateOptions, Generator};
+use kestrel_model::LoadOptions;
 
-fn load(max_chunk: usize) -> Model {
+fn load(max_chunk: usize) -> Generator {
     let options = LoadOptions { context_length: Some(256), max_chunk, ..LoadOptions::default() };
-    pollster::block_on(kestrel_model::load_file_cpu(&common::default_model_path(), options, &mut |_| {})).expect("load on the CPU backend")
+    Generator::new(
+        pollster::block_on(kestrel_model::load_file_cpu(&common::default_model_path(), options, &mut |_| {}))
+            .expect("load on the CPU backend"),
+    )
 }
 
 #[test]
 fn prefill_chunks_and_decode_steps_give_the_same_logits() {
     let prompt = common::bench_ids(40);
-    let whole = pollster::block_on(load(128).prompt_logits(&prompt)).expect("one chunk");
-    let chunked = pollster::block_on(load(7).prompt_logits(&prompt)).expect("chunks of 7");
+    let whole = pollster::block_on(load(128).into_model().prompt_logits(&prompt)).expect("one chunk");
+    let chunked = pollster::block_on(load(7).into_model().prompt_logits(&prompt)).expect("chunks of 7");
     assert_eq!(whole, chunked, "chunks of 7 tokens changed the logits");
 
     // Greedy decode steps, then the same tokens as one prompt: the last step's logits (read
@@ -27,7 +31,8 @@ fn prefill_chunks_and_decode_steps_give_the_same_logits() {
     let generation = pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).expect("generate");
     assert_eq!(generation.tokens.len(), 4);
     let extended: Vec<u32> = prompt.iter().chain(&generation.tokens[..3]).copied().collect();
-    let logits = pollster::block_on(model.prompt_logits(&extended)).expect("prompt of the generated tokens");
+    let logits =
+        pollster::block_on(model.model_mut().expect("no sequence runs").prompt_logits(&extended)).expect("prompt of the generated tokens");
     assert_eq!(common::argmax(&logits) as u32, generation.tokens[3]);
     let last = &generation.logprobs[3];
     let logprobs = common::log_softmax(&logits);
@@ -39,8 +44,8 @@ fn prefill_chunks_and_decode_steps_give_the_same_logits() {
 fn cached_prefix_and_seeded_sampling_repeat_exactly() {
     let mut model = load(128);
     // A GPU submission budget (the browser engine sets one on every backend) paces nothing here.
-    model.set_submit_budget(Some(std::time::Duration::from_millis(8))).expect("a budget in range");
-    assert_eq!(model.submit_budget(), None, "the CPU backend keeps no submission budget");
+    model.model_mut().expect("no sequence runs").set_submit_budget(Some(std::time::Duration::from_millis(8))).expect("a budget in range");
+    assert_eq!(model.model().submit_budget(), None, "the CPU backend keeps no submission budget");
     let prompt = common::bench_ids(24);
     let options =
         GenerateOptions { max_tokens: 12, temperature: 0.9, top_k: 40, seed: Some(7), ignore_eos: true, ..GenerateOptions::default() };
@@ -64,9 +69,9 @@ fn cached_prefix_and_seeded_sampling_repeat_exactly() {
 #[test]
 fn gpu_only_features_are_coded_errors() {
     let model = load(128);
-    assert_eq!(model.backend(), kestrel_model::BackendKind::Cpu);
-    assert!(model.gpu().is_none());
-    let err = pollster::block_on(model.save_prefix("key", 1 << 20)).expect_err("snapshots need the GPU");
+    assert_eq!(model.model().backend(), kestrel_model::BackendKind::Cpu);
+    assert!(model.model().gpu().is_none());
+    let err = pollster::block_on(model.model().save_prefix("key", 1 << 20)).expect_err("snapshots need the GPU");
     assert_eq!(err.code(), "needs_gpu");
 }
 
@@ -93,10 +98,10 @@ fn sequences_abort_free_their_slot_and_refuse_what_generate_refuses() {
     assert_eq!(busy.code(), "invalid_option");
     assert_eq!(model.set_slots(3).expect_err("resizing while sequences run").code(), "invalid_option");
     for _ in 0..4 {
-        pollster::block_on(model.step_sequences(64));
+        pollster::block_on(model.step(64));
     }
     let aborted = model.abort_sequence(first).expect("the first runs");
-    assert_eq!(aborted.finish_reason, kestrel_model::FinishReason::Abort);
+    assert_eq!(aborted.finish_reason, kestrel_engine::generation::FinishReason::Abort);
     assert_eq!(aborted.tokens.len(), 4, "one token a step after the prompt's");
     assert!(model.abort_sequence(first).is_none(), "an ended sequence aborts once");
     assert_eq!(model.free_slots(), 1);

@@ -3,14 +3,15 @@
 
 mod common;
 
-use kestrel_model::{GenerateOptions, Model, ModelError, Prompt};
+use kestrel_engine::generation::{GenerateOptions, Generator, Prompt};
+use kestrel_model::ModelError;
 
 fn options() -> GenerateOptions {
     GenerateOptions { max_tokens: 8, ignore_eos: true, ..GenerateOptions::greedy() }
 }
 
 /// Generates from "Hello", calling `at_token` with each token's index.
-fn generate(model: &mut Model, at_token: &mut dyn FnMut(usize)) -> Result<Vec<u32>, ModelError> {
+fn generate(model: &mut Generator, at_token: &mut dyn FnMut(usize)) -> Result<Vec<u32>, ModelError> {
     let prompt = model.encode(&Prompt::Text("Hello")).expect("encode");
     let mut index = 0;
     let generation = pollster::block_on(model.generate(&prompt, &options(), &mut |_| {
@@ -23,9 +24,9 @@ fn generate(model: &mut Model, at_token: &mut dyn FnMut(usize)) -> Result<Vec<u3
 
 /// The small synthetic model on a device of its own (each test here breaks its device, which must
 /// not go back to the shared pool), and the tokens it generates while the device is sound.
-fn sound_model() -> (kestrel_gpu::Gpu, Model, Vec<u32>) {
+fn sound_model() -> (kestrel_gpu::Gpu, Generator, Vec<u32>) {
     let gpu = common::own_gpu();
-    let mut model = common::load_on(&gpu, &common::synthetic::QWEN3_F32.write(), 64);
+    let mut model = Generator::new(common::load_on(&gpu, &common::synthetic::QWEN3_F32.write(), 64));
     let expected = generate(&mut model, &mut |_| {}).expect("generate while the device is sound");
     (gpu, model, expected)
 }
@@ -47,7 +48,7 @@ fn device_lost_mid_generation_is_coded_and_a_new_device_works() {
     assert_eq!(err.code(), "device_lost", "{err}");
 
     // A new device loads the model again and gives the same tokens as before the loss.
-    let mut model = common::load_on(&common::own_gpu(), &common::synthetic::QWEN3_F32.write(), 64);
+    let mut model = Generator::new(common::load_on(&common::own_gpu(), &common::synthetic::QWEN3_F32.write(), 64));
     assert_eq!(generate(&mut model, &mut |_| {}).expect("generate on a new device"), expected);
 }
 

@@ -6,7 +6,8 @@
 
 mod common;
 
-use kestrel_model::{BackendKind, FinishReason, GenerateOptions};
+use kestrel_engine::generation::{FinishReason, GenerateOptions, Generator};
+use kestrel_model::BackendKind;
 
 #[test]
 fn generation_stops_at_llama_cpp_end_of_generation_tokens() {
@@ -17,11 +18,11 @@ fn generation_stops_at_llama_cpp_end_of_generation_tokens() {
     let cases: Vec<_> = reference["prompts"].as_array().expect("prompts").iter().filter(|c| c["first_eog_index"].is_u64()).collect();
     assert!(!cases.is_empty(), "no reference prompt ends with an end-of-generation token");
     for on in [BackendKind::Cpu, BackendKind::Gpu] {
-        let mut model = match on {
+        let mut model = Generator::new(match on {
             BackendKind::Gpu => common::load(&path, 256),
             BackendKind::Cpu => common::load_cpu(&path, 256),
-        };
-        assert_eq!(model.tokenizer().eog_ids(), eog, "the end-of-generation set differs from llama.cpp's");
+        });
+        assert_eq!(model.model().tokenizer().eog_ids(), eog, "the end-of-generation set differs from llama.cpp's");
         for case in &cases {
             let id = case["id"].as_str().expect("id");
             let end = case["first_eog_index"].as_u64().expect("first_eog_index") as usize;

@@ -7,10 +7,11 @@
 mod common;
 
 use common::synthetic::{SyntheticModel, SyntheticRope, GEMMA3_F32, GEMMA3_Q4_K, PHI3_F32, QWEN2_F32, QWEN2_Q8_0, QWEN3_F32};
+use kestrel_engine::generation::{GenerateOptions, Generator};
 use kestrel_gguf::GgmlType;
 use kestrel_gpu::GpuOptions;
 use kestrel_model::estimate::{cpu_weight_bytes, DeviceLimits, Estimate, MemoryLimit};
-use kestrel_model::{GenerateOptions, LoadOptions, ModelError};
+use kestrel_model::{LoadOptions, ModelError};
 use kestrel_ops::params::KvType;
 
 const CONTEXT: usize = 256;
@@ -121,8 +122,9 @@ fn the_gpu_total_is_what_the_device_allocates() {
         let options = LoadOptions { context_length: Some(context), slots, ..LoadOptions::default() };
         let mut peak = 0u64;
         let mut sample = |_: &kestrel_model::LoadProgress| peak = peak.max(gpu.allocated_bytes().expect("an allocator report"));
-        let mut model =
-            pollster::block_on(kestrel_model::load_file(&gpu, &common::default_model_path(), options, &mut sample)).expect("load");
+        let mut model = Generator::new(
+            pollster::block_on(kestrel_model::load_file(&gpu, &common::default_model_path(), options, &mut sample)).expect("load"),
+        );
         let bound = estimate.total_bytes + 2 * kestrel_gpu::WRITE_PIECE as u64;
         assert!(peak - before <= bound, "{context} tokens x {slots} slots: {} bytes while loading, over {bound}", peak - before);
         let one_token = GenerateOptions { max_tokens: 1, ..GenerateOptions::greedy() };
@@ -147,7 +149,7 @@ fn no_room_on_the_cpu_backend_is_out_of_memory_and_the_next_load_works() {
             Ok(_) => panic!("a KV cache of {context} positions loaded"),
         }
     }
-    let mut model = common::load_cpu(&common::default_model_path(), CONTEXT);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), CONTEXT));
     let generation =
         pollster::block_on(model.generate(&[1, 2, 3], &GenerateOptions { max_tokens: 2, ..GenerateOptions::greedy() }, &mut |_| true));
     assert_eq!(generation.expect("generate after the failed loads").tokens.len(), 2);

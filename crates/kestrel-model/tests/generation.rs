@@ -5,7 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use kestrel_model::{ChatMessage, FinishReason, GenerateOptions, LoadOptions, ModelError, Prompt};
+use kestrel_engine::generation::{FinishReason, GenerateOptions, Generator, Prompt};
+use kestrel_model::{ChatMessage, LoadOptions, ModelError};
 
 fn chat(content: &str) -> Vec<ChatMessage> {
     vec![ChatMessage::new("user", content)]
@@ -13,9 +14,9 @@ fn chat(content: &str) -> Vec<ChatMessage> {
 
 #[test]
 fn seeded_sampling_is_reproducible_and_seed_dependent() {
-    let mut model = common::load(&common::default_model_path(), 256);
+    let mut model = Generator::new(common::load(&common::default_model_path(), 256));
     let prompt = model.encode(&Prompt::Chat(&chat("Name a color."))).unwrap();
-    let run = |model: &mut kestrel_model::Model, seed| {
+    let run = |model: &mut Generator, seed| {
         let options = GenerateOptions {
             max_tokens: 6,
             seed: Some(seed),
@@ -35,7 +36,7 @@ fn seeded_sampling_is_reproducible_and_seed_dependent() {
 
 #[test]
 fn stop_strings_stop_and_are_not_emitted() {
-    let mut model = common::load(&common::default_model_path(), 256);
+    let mut model = Generator::new(common::load(&common::default_model_path(), 256));
     let prompt = model.encode(&Prompt::Text("The capital of France is")).unwrap();
     let free = pollster::block_on(model.generate(&prompt, &GenerateOptions { max_tokens: 12, ..GenerateOptions::greedy() }, &mut |_| true))
         .unwrap();
@@ -58,7 +59,7 @@ fn stop_strings_stop_and_are_not_emitted() {
 
 #[test]
 fn abort_stops_at_the_next_token_and_the_engine_keeps_working() {
-    let mut model = common::load(&common::default_model_path(), 256);
+    let mut model = Generator::new(common::load(&common::default_model_path(), 256));
     let prompt = model.encode(&Prompt::Chat(&chat("Count from one to twenty."))).unwrap();
     let mut seen = 0;
     let options = GenerateOptions { max_tokens: 20, ignore_eos: true, ..GenerateOptions::greedy() };
@@ -81,7 +82,7 @@ fn abort_stops_at_the_next_token_and_the_engine_keeps_working() {
 
 #[test]
 fn follow_up_turn_reuses_the_cached_prefix_and_matches_a_fresh_run() {
-    let mut model = common::load(&common::default_model_path(), 512);
+    let mut model = Generator::new(common::load(&common::default_model_path(), 512));
     let options = GenerateOptions { max_tokens: 8, ..GenerateOptions::greedy() };
     let mut messages = chat("Say hello.");
     let first_prompt = model.encode(&Prompt::Chat(&messages)).unwrap();
@@ -110,20 +111,20 @@ fn follow_up_turn_reuses_the_cached_prefix_and_matches_a_fresh_run() {
 #[test]
 fn a_saved_prefix_restored_into_a_new_instance_is_reused_and_changes_nothing() {
     let path = common::default_model_path();
-    let mut first_instance = common::load(&path, 512);
+    let mut first_instance = Generator::new(common::load(&path, 512));
     let options = GenerateOptions { max_tokens: 8, ..GenerateOptions::greedy() };
     let mut messages = chat("Say hello.");
     let first_prompt = first_instance.encode(&Prompt::Chat(&messages)).unwrap();
     let first = pollster::block_on(first_instance.generate(&first_prompt, &options, &mut |_| true)).unwrap();
-    let snapshot = pollster::block_on(first_instance.save_prefix("model-sha256", u64::MAX)).unwrap().expect("tokens are cached");
-    let saved = first_instance.cached_token_ids().to_vec();
+    let snapshot = pollster::block_on(first_instance.model().save_prefix("model-sha256", u64::MAX)).unwrap().expect("tokens are cached");
+    let saved = first_instance.model().cached_token_ids().to_vec();
     assert!(saved.len() > first_prompt.len());
     // Ten tokens fewer than the whole: each token's rows take the same bytes.
     let per_token = (snapshot.len() - 4 * saved.len()) / saved.len();
     let budget = (snapshot.len() - 10 * (per_token + 4)) as u64;
-    let shorter = pollster::block_on(first_instance.save_prefix("model-sha256", budget)).unwrap().expect("a prefix fits");
+    let shorter = pollster::block_on(first_instance.model().save_prefix("model-sha256", budget)).unwrap().expect("a prefix fits");
     assert!(shorter.len() as u64 <= budget && shorter.len() > budget as usize - per_token - 4, "{} bytes in {budget}", shorter.len());
-    assert_eq!(pollster::block_on(first_instance.save_prefix("model-sha256", 16)).unwrap(), None, "no token fits 16 bytes");
+    assert_eq!(pollster::block_on(first_instance.model().save_prefix("model-sha256", 16)).unwrap(), None, "no token fits 16 bytes");
 
     messages.push(ChatMessage::new("assistant", first.text.clone()));
     messages.push(ChatMessage::new("user", "And goodbye?"));
@@ -132,36 +133,36 @@ fn a_saved_prefix_restored_into_a_new_instance_is_reused_and_changes_nothing() {
     let fresh = pollster::block_on(first_instance.generate(&second_prompt, &options, &mut |_| true)).unwrap();
     drop(first_instance);
 
-    let mut restored = common::load(&path, 512);
+    let mut restored = Generator::new(common::load(&path, 512));
     let shared = saved.iter().zip(&second_prompt).take_while(|(a, b)| a == b).count();
     assert!(shared > first_prompt.len() / 2, "the follow-up shares {shared} tokens with the saved prefix");
     // Fewer rows than the snapshot holds, into an empty cache: each layer's rows are read at the
     // snapshot's stride, and the follow-up reuses exactly those and prefills the rest.
     let keep = shared - 2;
-    assert_eq!(restored.restore_prefix("model-sha256", &snapshot, keep).unwrap(), keep);
-    assert_eq!(restored.cached_token_ids(), &saved[..keep]);
+    assert_eq!(restored.model_mut().expect("no sequence runs").restore_prefix("model-sha256", &snapshot, keep).unwrap(), keep);
+    assert_eq!(restored.model().cached_token_ids(), &saved[..keep]);
     let second = pollster::block_on(restored.generate(&second_prompt, &options, &mut |_| true)).unwrap();
     assert_eq!(second.timings.reused_tokens, keep);
     assert_eq!(second.tokens, fresh.tokens, "the restored prefix changes nothing in the output");
 
     // The budget-cut snapshot restores too; a refused snapshot then leaves its prefix as it is.
-    assert_eq!(restored.restore_prefix("model-sha256", &shorter, 5).unwrap(), 5);
-    assert_eq!(restored.cached_token_ids(), &saved[..5]);
+    assert_eq!(restored.model_mut().expect("no sequence runs").restore_prefix("model-sha256", &shorter, 5).unwrap(), 5);
+    assert_eq!(restored.model().cached_token_ids(), &saved[..5]);
     let mut corrupt = snapshot.clone();
     let middle = corrupt.len() / 2;
     corrupt[middle] ^= 1;
     for (key, bytes, code) in [("model-sha256", &corrupt, "bad_snapshot"), ("another-model", &snapshot, "snapshot_mismatch")] {
-        let refused = restored.restore_prefix(key, bytes, usize::MAX).unwrap_err();
+        let refused = restored.model_mut().expect("no sequence runs").restore_prefix(key, bytes, usize::MAX).unwrap_err();
         assert_eq!(refused.code(), code, "{refused}");
-        assert_eq!(restored.cached_token_ids(), &saved[..5], "a refused snapshot changed the cached prefix");
+        assert_eq!(restored.model().cached_token_ids(), &saved[..5], "a refused snapshot changed the cached prefix");
     }
-    assert_eq!(restored.restore_prefix("model-sha256", &snapshot, usize::MAX).unwrap(), saved.len());
-    assert_eq!(restored.cached_token_ids(), saved);
+    assert_eq!(restored.model_mut().expect("no sequence runs").restore_prefix("model-sha256", &snapshot, usize::MAX).unwrap(), saved.len());
+    assert_eq!(restored.model().cached_token_ids(), saved);
 }
 
 #[test]
 fn prompt_longer_than_the_context_is_a_clear_error() {
-    let mut model = common::load(&common::default_model_path(), 32);
+    let mut model = Generator::new(common::load(&common::default_model_path(), 32));
     let prompt: Vec<u32> = (0..40).map(|i| 100 + i).collect();
     let err = pollster::block_on(model.generate(&prompt, &GenerateOptions::greedy(), &mut |_| true)).unwrap_err();
     assert!(matches!(err, ModelError::ContextOverflow { needed: 41, context: 32 }), "{err}");
@@ -174,7 +175,7 @@ fn prompt_longer_than_the_context_is_a_clear_error() {
 
 #[test]
 fn generation_ends_with_length_when_the_context_fills() {
-    let mut model = common::load(&common::default_model_path(), 16);
+    let mut model = Generator::new(common::load(&common::default_model_path(), 16));
     let prompt: Vec<u32> = (0..12).map(|i| 100 + i).collect();
     let options = GenerateOptions { max_tokens: 100, ignore_eos: true, ..GenerateOptions::greedy() };
     let g = pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).unwrap();
@@ -184,7 +185,7 @@ fn generation_ends_with_length_when_the_context_fills() {
 
 #[test]
 fn invalid_options_and_token_ids_are_errors() {
-    let mut model = common::load(&common::default_model_path(), 64);
+    let mut model = Generator::new(common::load(&common::default_model_path(), 64));
     let bad = GenerateOptions { top_p: 1.5, ..GenerateOptions::default() };
     let err = pollster::block_on(model.generate(&[1, 2, 3], &bad, &mut |_| true)).unwrap_err();
     assert!(matches!(err, ModelError::InvalidOption { name: "top_p", .. }), "{err}");
@@ -199,7 +200,17 @@ fn invalid_options_and_token_ids_are_errors() {
 /// consistent (the next request equals a fresh run), and max_tokens is exact.
 #[test]
 fn decode_steps_run_ahead_change_nothing() {
-    let mut model = common::load(&common::default_model_path(), 256);
+    run_ahead_changes_nothing(Generator::new(common::load(&common::default_model_path(), 256)));
+}
+
+/// The same policy on the CPU backend, whose steps run at once: the steps run ahead are computed
+/// before their tokens are read, and a stop or an abort discards them just as well.
+#[test]
+fn decode_steps_run_ahead_change_nothing_on_the_cpu() {
+    run_ahead_changes_nothing(Generator::new(common::load_cpu(&common::default_model_path(), 256)));
+}
+
+fn run_ahead_changes_nothing(mut model: Generator) {
     let prompt = model.encode(&Prompt::Chat(&chat("Name three animals."))).unwrap();
     let greedy = GenerateOptions { max_tokens: 10, ignore_eos: true, ..GenerateOptions::greedy() };
     let sampled = GenerateOptions { max_tokens: 10, ignore_eos: true, seed: Some(11), temperature: 0.9, ..GenerateOptions::default() };
@@ -245,20 +256,24 @@ fn decode_steps_run_ahead_change_nothing() {
 #[test]
 fn a_submission_budget_cuts_prefill_into_pieces_and_changes_nothing() {
     let options = LoadOptions { context_length: Some(64), max_chunk: 4, ..LoadOptions::default() };
-    let mut model = common::load_with(&common::gpu(), &common::default_model_path(), options);
-    let layers = model.config().n_layers;
+    let mut model = Generator::new(common::load_with(&common::gpu(), &common::default_model_path(), options));
+    let layers = model.model().config().n_layers;
     // Two chunks: 4 tokens and 2.
     let prompt = common::bench_ids(6);
     let greedy = GenerateOptions { max_tokens: 4, ignore_eos: true, ..GenerateOptions::greedy() };
     let bits = |logits: Vec<f32>| logits.into_iter().map(f32::to_bits).collect::<Vec<_>>();
 
-    let whole_logits = bits(pollster::block_on(model.prompt_logits(&prompt)).unwrap());
+    let whole_logits = bits(pollster::block_on(model.model_mut().expect("no sequence runs").prompt_logits(&prompt)).unwrap());
     model.reset();
     let whole = pollster::block_on(model.generate(&prompt, &greedy, &mut |_| true)).unwrap();
     assert_eq!((whole.timings.prefill_submissions, whole.timings.longest_prefill_submission_ms), (None, None));
 
-    model.set_submit_budget(Some(Duration::from_nanos(1))).unwrap();
-    assert_eq!(bits(pollster::block_on(model.prompt_logits(&prompt)).unwrap()), whole_logits, "logits in pieces");
+    model.model_mut().expect("no sequence runs").set_submit_budget(Some(Duration::from_nanos(1))).unwrap();
+    assert_eq!(
+        bits(pollster::block_on(model.model_mut().expect("no sequence runs").prompt_logits(&prompt)).unwrap()),
+        whole_logits,
+        "logits in pieces"
+    );
     model.reset();
     let paced = pollster::block_on(model.generate(&prompt, &greedy, &mut |_| true)).unwrap();
     assert_eq!(paced.tokens, whole.tokens);
@@ -268,7 +283,7 @@ fn a_submission_budget_cuts_prefill_into_pieces_and_changes_nothing() {
     assert!(longest > 0.0 && longest <= t.ttft_ms, "longest piece {longest} ms of a {} ms prefill", t.ttft_ms);
 
     // A budget every layer fits: after the first piece (one layer, measured) larger pieces.
-    model.set_submit_budget(Some(Duration::from_secs(1))).unwrap();
+    model.model_mut().expect("no sequence runs").set_submit_budget(Some(Duration::from_secs(1))).unwrap();
     model.reset();
     let roomy = pollster::block_on(model.generate(&prompt, &greedy, &mut |_| true)).unwrap();
     assert_eq!(roomy.tokens, whole.tokens);
@@ -276,10 +291,13 @@ fn a_submission_budget_cuts_prefill_into_pieces_and_changes_nothing() {
     assert!((2..2 * layers).contains(&pieces), "{pieces} pieces for 2 chunks of {layers} layers");
 
     for bad in [Duration::ZERO, Duration::from_millis(1001)] {
-        assert!(matches!(model.set_submit_budget(Some(bad)), Err(ModelError::InvalidOption { name: "submit_budget_ms", .. })));
+        assert!(matches!(
+            model.model_mut().expect("no sequence runs").set_submit_budget(Some(bad)),
+            Err(ModelError::InvalidOption { name: "submit_budget_ms", .. })
+        ));
     }
-    model.set_submit_budget(None).unwrap();
-    assert_eq!(model.submit_budget(), None);
+    model.model_mut().expect("no sequence runs").set_submit_budget(None).unwrap();
+    assert_eq!(model.model().submit_budget(), None);
 }
 
 /// Batched sequences on the GPU: prompts with the prefill kernels, decodes of several sequences
@@ -290,14 +308,14 @@ fn a_submission_budget_cuts_prefill_into_pieces_and_changes_nothing() {
 #[test]
 fn gpu_batched_sequences_give_what_each_gives_alone() {
     let options = kestrel_model::LoadOptions { context_length: Some(256), slots: 4, ..kestrel_model::LoadOptions::default() };
-    let mut model = common::load_with(&common::gpu(), &common::default_model_path(), options);
+    let mut model = Generator::new(common::load_with(&common::gpu(), &common::default_model_path(), options));
     assert_eq!(model.slots(), 4, "the GPU model has the slots it was loaded with");
     // Short requests: lavapipe runs a few tokens a second.
     let requests = common::mixed_requests(12, 6);
     let alone = common::generate_alone(&mut model, &requests);
     model.reset();
     // Prompts enter 16 tokens a step, interleaved with the others' decodes, a layer a submission.
-    model.set_submit_budget(Some(Duration::from_nanos(1))).unwrap();
+    model.model_mut().expect("no sequence runs").set_submit_budget(Some(Duration::from_nanos(1))).unwrap();
     common::assert_batched_as_alone(&mut model, &requests, &alone, 16);
     assert_eq!(model.set_slots(5).expect_err("more slots than loaded").code(), "invalid_option");
     model.set_slots(2).expect("fewer slots than loaded");

@@ -36,7 +36,8 @@ mod common;
 
 use std::path::Path;
 
-use kestrel_model::{BackendKind, ChatMessage, GenerateOptions, Prompt};
+use kestrel_engine::generation::{GenerateOptions, Generator, Prompt};
+use kestrel_model::{BackendKind, ChatMessage};
 use serde_json::Value;
 
 /// A step whose top-two logit margin (llama.cpp's) is below this may legitimately flip.
@@ -164,10 +165,10 @@ fn top5_shifts(a: &Value, b: &Value) -> Vec<f64> {
 fn check_greedy(model_path: &Path, on: BackendKind, reference: &Value, logprob_tolerance: f64, near_tie: f64, limits: Limits) {
     eprintln!("== {} backend", on.as_str());
     let prompts = common::prompts_reference();
-    let mut model = match on {
+    let mut model = Generator::new(match on {
         BackendKind::Gpu => common::load(model_path, 1024),
         BackendKind::Cpu => common::load_cpu(model_path, 1024),
-    };
+    });
     let mut report = Vec::new();
     let mut failures = Vec::new();
     let cases = reference["prompts"].as_array().expect("prompts");
@@ -189,7 +190,7 @@ fn check_greedy(model_path: &Path, on: BackendKind, reference: &Value, logprob_t
         assert_eq!(prompt_ids, common::ids(&case["prompt_ids"]), "{id}: prompt tokens differ from llama.cpp's");
 
         // First step: log-probabilities of llama.cpp's top 5.
-        let logits = pollster::block_on(model.prompt_logits(&prompt_ids)).expect("logits");
+        let logits = pollster::block_on(model.model_mut().expect("no sequence runs").prompt_logits(&prompt_ids)).expect("logits");
         let logprobs = common::log_softmax(&logits);
         let mut worst = 0f64;
         for pair in case["top5_logprobs_last_prompt_pos"].as_array().expect("top5") {

@@ -6,7 +6,8 @@
 
 mod common;
 
-use kestrel_model::{GenerateOptions, LoadOptions, ModelLoader, Prompt};
+use kestrel_engine::generation::{GenerateOptions, Generator, Prompt};
+use kestrel_model::{LoadOptions, ModelLoader};
 
 /// Loads the model from `bytes`, generates a few tokens and drops it.
 fn cycle(gpu: &kestrel_gpu::Gpu, bytes: &[u8]) {
@@ -14,7 +15,7 @@ fn cycle(gpu: &kestrel_gpu::Gpu, bytes: &[u8]) {
     for chunk in bytes.chunks(1 << 20) {
         loader.push(chunk).expect("push a chunk");
     }
-    let mut model = pollster::block_on(loader.finish()).expect("load");
+    let mut model = Generator::new(pollster::block_on(loader.finish()).expect("load"));
     let prompt = model.encode(&Prompt::Text("river stone")).expect("encode");
     let options = GenerateOptions { max_tokens: 4, ignore_eos: true, ..GenerateOptions::greedy() };
     let generation = pollster::block_on(model.generate(&prompt, &options, &mut |_| true)).expect("generate");

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use kestrel_model::{ChatMessage, FinishReason, GenerateOptions, Generation, Model, Prompt};
+use kestrel_engine::generation::{FinishReason, GenerateOptions, Generation, Generator, Prompt};
+use kestrel_model::ChatMessage;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -86,7 +87,7 @@ fn random_options(rng: &mut StdRng) -> GenerateOptions {
     }
 }
 
-fn run(model: &mut Model, prompt: &PromptSpec, options: &GenerateOptions, abort: &AtomicBool) -> Result<Outcome, String> {
+fn run(model: &mut Generator, prompt: &PromptSpec, options: &GenerateOptions, abort: &AtomicBool) -> Result<Outcome, String> {
     let tokens = match prompt {
         PromptSpec::Text(text) => model.encode(&Prompt::Text(text)),
         PromptSpec::Chat(messages) => model.encode(&Prompt::Chat(messages)),
@@ -98,7 +99,7 @@ fn run(model: &mut Model, prompt: &PromptSpec, options: &GenerateOptions, abort:
         !abort.load(Ordering::Relaxed)
     }))
     .map_err(|e| format!("generate [{}]: {e}", e.code()))?;
-    let decoded = model.tokenizer().decode(&generation.tokens).map_err(|e| format!("decode: {e}"))?;
+    let decoded = model.model().tokenizer().decode(&generation.tokens).map_err(|e| format!("decode: {e}"))?;
     Ok(Outcome { generation, streamed, decoded })
 }
 
@@ -147,7 +148,7 @@ fn soak_two_clients_with_aborts_loses_nothing() {
     println!("soak: {requests} requests, seed {seed} (KESTREL_SOAK_SEED={seed} replays it)");
     let path = common::synthetic::QWEN3_F32.write();
     let gpu = common::gpu();
-    let mut model = common::load_on(&gpu, &path, CONTEXT);
+    let mut model = Generator::new(common::load_on(&gpu, &path, CONTEXT));
 
     // The engine: one thread owning the model, serving jobs in arrival order (as the browser
     // worker and a server's scheduler do); it hands the model back when the clients are done.
@@ -254,12 +255,12 @@ fn soak_two_clients_with_aborts_loses_nothing() {
     let second = [ChatMessage::new("system", "You are a terse assistant."), ChatMessage::new("user", "river stone")];
     let options = GenerateOptions { max_tokens: 24, ignore_eos: true, ..GenerateOptions::greedy() };
     let never = AtomicBool::new(false);
-    let answer = |model: &mut Model, chat: &[ChatMessage]| {
+    let answer = |model: &mut Generator, chat: &[ChatMessage]| {
         run(model, &PromptSpec::Chat(chat.to_vec()), &options, &never).expect("a request after the soak").generation
     };
     let (soaked_first, soaked_second) = (answer(&mut model, &first), answer(&mut model, &second));
     assert!(soaked_second.timings.reused_tokens > 0, "the second request should reuse the shared system prompt");
-    let mut fresh = common::load_on(&gpu, &path, CONTEXT);
+    let mut fresh = Generator::new(common::load_on(&gpu, &path, CONTEXT));
     let (fresh_second, fresh_first) = (answer(&mut fresh, &second), answer(&mut fresh, &first));
     assert_eq!(fresh_second.timings.reused_tokens, 0);
     for (soaked, fresh) in [(&soaked_first, &fresh_first), (&soaked_second, &fresh_second)] {

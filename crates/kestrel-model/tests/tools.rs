@@ -8,10 +8,11 @@
 
 mod common;
 
-use kestrel_model::{
-    ChatFunctionCall, ChatMessage, ChatToolCall, FinishReason, FunctionKind, FunctionTool, GenerateOptions, Generation, Model, NamedTool,
-    Prompt, Tool, ToolChoice, ToolMode, ToolName, ToolSyntax,
+use kestrel_engine::generation::{
+    FinishReason, FunctionKind, FunctionTool, GenerateOptions, Generation, Generator, NamedTool, Prompt, Tool, ToolChoice, ToolMode,
+    ToolName, ToolSyntax,
 };
+use kestrel_model::{ChatFunctionCall, ChatMessage, ChatToolCall};
 use serde_json::{json, Value};
 
 const SEEDS: [u64; 3] = [1, 2, 3];
@@ -50,7 +51,7 @@ fn sampled(seed: u64) -> GenerateOptions {
 }
 
 /// Generates, and checks that the streamed content is the generation's text.
-fn generate(model: &mut Model, options: &GenerateOptions) -> Generation {
+fn generate(model: &mut Generator, options: &GenerateOptions) -> Generation {
     let prompt = model.prepare(&Prompt::Chat(&messages()), options).expect("prepare");
     let mut streamed = String::new();
     let g = pollster::block_on(model.generate(&prompt, options, &mut |e| {
@@ -88,7 +89,7 @@ fn named(name: &str) -> ToolChoice {
 
 /// Required and named calls, greedy and sampled with each of `seeds`, on one model. `parallel`:
 /// also with parallel calls allowed (a random-weight model goes on calling until `max_tokens`).
-fn check_required_and_named(model: &mut Model, label: &str, seeds: &[u64], parallel: bool) {
+fn check_required_and_named(model: &mut Generator, label: &str, seeds: &[u64], parallel: bool) {
     for base in [GenerateOptions::greedy()].into_iter().chain(seeds.iter().map(|&seed| sampled(seed))) {
         let what = format!("{label}, seed {:?}", base.seed);
         if parallel {
@@ -109,14 +110,14 @@ fn check_required_and_named(model: &mut Model, label: &str, seeds: &[u64], paral
 
 #[test]
 fn required_and_named_calls_are_valid_on_the_cpu() {
-    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     assert_eq!(model.tool_syntax(), ToolSyntax::Hermes { template_knows_tools: false });
     check_required_and_named(&mut model, "cpu", &SEEDS, true);
 }
 
 #[test]
 fn required_and_named_calls_are_valid_on_the_gpu() {
-    let mut model = common::load(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load(&common::default_model_path(), 1024));
     // One seed, and without the parallel run (a random-weight model calls until `max_tokens`):
     // each lavapipe step is slow, and the grammar and its masks are the CPU test's; what is the
     // GPU's own, the device mask under greedy and sampled draws, one seed reaches.
@@ -127,7 +128,7 @@ fn required_and_named_calls_are_valid_on_the_gpu() {
 /// token for token; one that makes calls has valid ones.
 #[test]
 fn auto_changes_no_token_of_an_answer_without_calls() {
-    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     let mut free_answers = 0;
     for base in [GenerateOptions::greedy()].into_iter().chain(SEEDS.map(sampled)) {
         let auto = options(None, base.clone());
@@ -155,7 +156,7 @@ fn auto_changes_no_token_of_an_answer_without_calls() {
 /// user's app saw `"<tool_call>\n{\""` as the answer's content.) Every cut point of the first call.
 #[test]
 fn a_call_cut_by_max_tokens_leaves_no_call_syntax_in_the_content() {
-    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     let required = Some(ToolChoice::Mode(ToolMode::Required));
     let whole = generate(&mut model, &options(required.clone(), GenerateOptions::greedy()));
     assert_required(&whole, "uncut");
@@ -173,7 +174,7 @@ fn a_call_cut_by_max_tokens_leaves_no_call_syntax_in_the_content() {
 /// the answer ends in `tool_calls`, not at `max_tokens` (a new user's app saw 2-3 identical calls).
 #[test]
 fn repeated_calls_end_the_answer_and_are_not_returned_twice() {
-    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     let required = Some(ToolChoice::Mode(ToolMode::Required));
     for base in [GenerateOptions::greedy()].into_iter().chain(SEEDS.map(sampled)) {
         let g = generate(&mut model, &GenerateOptions { max_tokens: 400, ..options(required.clone(), base.clone()) });
@@ -188,7 +189,7 @@ fn repeated_calls_end_the_answer_and_are_not_returned_twice() {
 /// Batched sequences, each with its own matcher and its own calls.
 #[test]
 fn batched_sequences_make_their_own_calls() {
-    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     let opts: Vec<GenerateOptions> = SEEDS.iter().map(|&s| options(Some(ToolChoice::Mode(ToolMode::Required)), sampled(s))).collect();
     let alone: Vec<Generation> = opts.iter().map(|o| generate(&mut model, o)).collect();
     model.set_slots(opts.len()).expect("slots");
@@ -201,8 +202,8 @@ fn batched_sequences_make_their_own_calls() {
         .collect();
     let mut done = std::collections::HashMap::new();
     while done.len() < ids.len() {
-        for (id, event) in pollster::block_on(model.step_sequences(32)).events {
-            if let kestrel_model::SequenceEvent::Done(generation) = event {
+        for (id, event) in pollster::block_on(model.step(32)).events {
+            if let kestrel_engine::generation::SequenceEvent::Done(generation) = event {
                 done.insert(id, generation.expect("a batched generation"));
             }
         }
@@ -221,7 +222,7 @@ fn batched_sequences_make_their_own_calls() {
 fn round_trip_through_qwen3s_template() {
     let template = std::fs::read_to_string(common::repo_root().join("tests/data/chat-templates/qwen3.jinja")).expect("qwen3.jinja");
     let path = common::synthetic::with_template(&common::synthetic::QWEN3_F32, &template, "synthetic-qwen3-tools.gguf");
-    let mut model = common::load_cpu(&path, 1024);
+    let mut model = Generator::new(common::load_cpu(&path, 1024));
     assert_eq!(model.tool_syntax(), ToolSyntax::Hermes { template_knows_tools: true });
     check_required_and_named(&mut model, "qwen3 template", &SEEDS, false);
     let call = ChatToolCall {
@@ -236,7 +237,7 @@ fn round_trip_through_qwen3s_template() {
     let conversation = [messages(), vec![assistant, result]].concat();
     let opts = options(None, GenerateOptions::greedy());
     let ids = model.prepare(&Prompt::Chat(&conversation), &opts).expect("the round trip renders");
-    let text = model.tokenizer().decode(&ids).expect("decode");
+    let text = model.model().tokenizer().decode(&ids).expect("decode");
     for part in [
         "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The current weather in a city.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\"",
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>",
@@ -249,7 +250,7 @@ fn round_trip_through_qwen3s_template() {
 /// The fallback for a template that knows no tools writes them into the messages.
 #[test]
 fn round_trip_through_the_fallback() {
-    let model = common::load_cpu(&common::default_model_path(), 1024);
+    let model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     let mut assistant = ChatMessage::new("assistant", "");
     assistant.tool_calls = vec![ChatToolCall {
         id: "call_1".into(),
@@ -260,7 +261,7 @@ fn round_trip_through_the_fallback() {
     result.tool_call_id = Some("call_1".into());
     let conversation = [messages(), vec![assistant, result]].concat();
     let ids = model.prepare(&Prompt::Chat(&conversation), &options(None, GenerateOptions::greedy())).expect("renders");
-    let text = model.tokenizer().decode(&ids).expect("decode");
+    let text = model.model().tokenizer().decode(&ids).expect("decode");
     for part in [
         "<|im_start|>system\n# Tools",
         "{\"type\": \"function\", \"function\": {\"name\": \"add\", \"description\": \"Adds two integers.\"",
@@ -271,13 +272,13 @@ fn round_trip_through_the_fallback() {
     }
     // tool_choice none: the tools are not shown.
     let none = options(Some(ToolChoice::Mode(ToolMode::None)), GenerateOptions::greedy());
-    let plain = model.tokenizer().decode(&model.prepare(&Prompt::Chat(&messages()), &none).expect("renders")).expect("decode");
+    let plain = model.model().tokenizer().decode(&model.prepare(&Prompt::Chat(&messages()), &none).expect("renders")).expect("decode");
     assert!(!plain.contains("# Tools"), "{plain}");
 }
 
 #[test]
 fn bad_tool_options_are_refused_before_any_token() {
-    let mut model = common::load_cpu(&common::default_model_path(), 1024);
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 1024));
     let bad_schema = Tool {
         kind: FunctionKind::Function,
         function: FunctionTool {

@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 
 use kestrel_engine::openai::Endpoint;
+use kestrel_engine::Generation;
 use kestrel_engine::Request;
-use kestrel_model::Generation;
 use lru::LruCache;
 use serde_json::json;
 
@@ -75,7 +75,7 @@ fn entry_bytes(key: &str, g: &Generation) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kestrel_model::{FinishReason, Timings};
+    use kestrel_engine::{FinishReason, Timings};
 
     fn generation(text: &str) -> Arc<Generation> {
         Arc::new(Generation {

@@ -20,8 +20,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use kestrel_engine::{Aborts, Event as EngineEvent, Request, RequestId, Scheduler};
-use kestrel_model::{Generation, Model, TokenEvent};
+use kestrel_engine::{Aborts, Event as EngineEvent, Generation, Generator, Request, RequestId, Scheduler, TokenEvent};
+use kestrel_model::Model;
 use tokio::sync::mpsc as async_mpsc;
 
 use crate::error::ApiError;
@@ -201,7 +201,7 @@ impl Engine {
 fn run(mut scheduler: Scheduler, inbox: &mpsc::Receiver<Job>, shared: &Shared, metrics: &Metrics) {
     let mut routes: HashMap<RequestId, Route> = HashMap::new();
     let mut open = true;
-    update_gauges(scheduler.model(), metrics);
+    update_gauges(scheduler.generator(), metrics);
     while open || !scheduler.is_idle() {
         if scheduler.is_idle() {
             match inbox.recv() {
@@ -249,7 +249,7 @@ fn run(mut scheduler: Scheduler, inbox: &mpsc::Receiver<Job>, shared: &Shared, m
             Err(payload) => fail_running(&mut scheduler, &mut routes, &panic_error(payload.as_ref()), shared, metrics),
         }
         metrics.slots_in_use.set(scheduler.running() as i64);
-        update_gauges(scheduler.model(), metrics);
+        update_gauges(scheduler.generator(), metrics);
         for (id, result) in ended {
             route_event(&mut routes, id, EngineEvent::Done(result), batched, shared, metrics);
         }
@@ -393,8 +393,9 @@ fn observe_token(route: &mut Route, metrics: &Metrics) {
     route.last_token = Some(now);
 }
 
-fn update_gauges(model: &Model, metrics: &Metrics) {
-    metrics.kv_cache_tokens.set(model.kv_cache_tokens() as i64);
+fn update_gauges(generator: &Generator, metrics: &Metrics) {
+    let model = generator.model();
+    metrics.kv_cache_tokens.set(generator.kv_cache_tokens() as i64);
     metrics.model_memory.set(model.weight_bytes() + model.kv_cache_bytes());
     if let Some(bytes) = model.gpu().and_then(|gpu| gpu.allocated_bytes()) {
         metrics.gpu_memory.set(bytes);

@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream;
 use kestrel_engine::openai::{self, Answer, Endpoint, ResponseMeta};
-use kestrel_model::{Generation, TokenEvent};
+use kestrel_engine::{Generation, TokenEvent};
 use serde_json::{json, Value};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 

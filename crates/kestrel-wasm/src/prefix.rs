@@ -58,7 +58,7 @@ impl Engine {
 /// prompt, the tokens a request keeps: all but the last prompt token, which always runs.
 #[wasm_bindgen(js_name = reusableTokens)]
 pub fn reusable_tokens(shared: u32, prompt_length: u32) -> u32 {
-    kestrel_model::reusable_prefix(shared as usize, prompt_length as usize) as u32
+    kestrel_engine::generation::reusable_prefix(shared as usize, prompt_length as usize) as u32
 }
 
 /// The model key and tokens at the start of a snapshot, `{key, tokens}`, or `{need}`: the number

@@ -4,7 +4,7 @@
 //! remote engines answer in exactly the same shapes.
 
 use kestrel_engine::openai::{Answer, ResponseMeta};
-use kestrel_model::{Generation, TokenEvent};
+use kestrel_engine::{Generation, TokenEvent};
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
 

@@ -5,8 +5,9 @@
 
 use js_sys::{Function, Promise, Uint32Array};
 use kestrel_engine::openai::{self, Answer, Endpoint, ResponseMeta};
+use kestrel_engine::Generation;
 use kestrel_engine::{EngineError, Event, RequestId, Scheduler};
-use kestrel_model::{not_a_chat_model, Generation};
+use kestrel_model::not_a_chat_model;
 use serde_json::{json, Value};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -155,7 +156,7 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use kestrel_model::GenerateOptions;
+    use kestrel_engine::GenerateOptions;
 
     /// The npm package declares (index.d.ts) every generation option under its wire name: in
     /// `SamplingOptions`, or in `ChatCompletionRequest` for the chat-only ones (the tools).

@@ -2,7 +2,8 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
 use clap::Args;
-use kestrel_model::{ChatMessage, Prompt};
+use kestrel_engine::{Generator, Prompt};
+use kestrel_model::ChatMessage;
 
 use super::generate::{generate, print_stats, SamplingArgs};
 use super::load::load;
@@ -22,7 +23,8 @@ pub struct ChatArgs {
 /// An interactive conversation: each turn is rendered with the model's chat template; the KV
 /// cache of the shared prefix is reused, so a turn prefills only its new tokens.
 pub fn run(args: ChatArgs) -> CliResult {
-    let mut loaded = load(&crate::model_path::resolve(args.model), &args.sampling.cache, false)?;
+    let loaded = load(&crate::model_path::resolve(args.model), &args.sampling.cache, false)?;
+    let mut generator = Generator::new(loaded.model);
     let options = args.sampling.options()?;
     let mut messages: Vec<ChatMessage> = args.system.into_iter().map(|s| ChatMessage::new("system", s)).collect();
     eprintln!("type a message and press enter; an empty line or end of input quits");
@@ -35,8 +37,8 @@ pub fn run(args: ChatArgs) -> CliResult {
             return Ok(());
         }
         messages.push(ChatMessage::new("user", line.trim_end()));
-        let ids = loaded.model.encode(&Prompt::Chat(&messages)).map_err(coded)?;
-        let generation = generate(&mut loaded.model, &ids, &options, true)?;
+        let ids = generator.encode(&Prompt::Chat(&messages)).map_err(coded)?;
+        let generation = generate(&mut generator, &ids, &options, true)?;
         println!();
         print_stats(&generation, loaded.load_ms);
         messages.push(ChatMessage::new("assistant", generation.text));

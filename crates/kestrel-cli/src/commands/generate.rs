@@ -2,7 +2,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use kestrel_model::{ChatMessage, GenerateOptions, Generation, JsonSchemaFormat, Model, Prompt, ResponseFormat};
+use kestrel_engine::generation::{JsonSchemaFormat, ResponseFormat};
+use kestrel_engine::{GenerateOptions, Generation, Generator, Prompt};
+use kestrel_model::{ChatMessage, Model};
 use serde_json::json;
 
 use super::load::{load, CacheArgs};
@@ -133,20 +135,21 @@ pub fn run(args: GenerateArgs) -> CliResult {
     if messages.is_none() && text.is_empty() {
         return Err("give a prompt or --messages FILE".into());
     }
-    let mut loaded = load(&crate::model_path::resolve(args.model.clone()), &args.sampling.cache, args.json)?;
+    let loaded = load(&crate::model_path::resolve(args.model.clone()), &args.sampling.cache, args.json)?;
+    let mut generator = Generator::new(loaded.model);
     let user = [ChatMessage::new("user", text.as_str())];
     let prompt = match (&messages, args.raw) {
         (Some(m), _) => Prompt::Chat(m),
         (None, true) => Prompt::Text(&text),
         (None, false) => Prompt::Chat(&user),
     };
-    let ids = loaded.model.encode(&prompt).map_err(coded)?;
+    let ids = generator.encode(&prompt).map_err(coded)?;
     let mut options = args.sampling.options()?;
     options.logprobs = args.logprobs;
     let stream = !args.json;
-    let generation = generate(&mut loaded.model, &ids, &options, stream)?;
+    let generation = generate(&mut generator, &ids, &options, stream)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&loaded.model, &generation, loaded.load_ms))?);
+        println!("{}", serde_json::to_string_pretty(&to_json(generator.model(), &generation, loaded.load_ms))?);
     } else {
         println!();
         print_stats(&generation, loaded.load_ms);
@@ -155,9 +158,14 @@ pub fn run(args: GenerateArgs) -> CliResult {
 }
 
 /// Runs one generation, streaming text to stdout when `stream`.
-pub fn generate(model: &mut Model, ids: &[u32], options: &GenerateOptions, stream: bool) -> Result<Generation, Box<dyn std::error::Error>> {
+pub fn generate(
+    generator: &mut Generator,
+    ids: &[u32],
+    options: &GenerateOptions,
+    stream: bool,
+) -> Result<Generation, Box<dyn std::error::Error>> {
     let mut stdout = std::io::stdout();
-    let generation = pollster::block_on(model.generate(ids, options, &mut |event| {
+    let generation = pollster::block_on(generator.generate(ids, options, &mut |event| {
         if stream {
             let _ = write!(stdout, "{}", event.text);
             let _ = stdout.flush();

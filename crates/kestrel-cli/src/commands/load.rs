@@ -5,12 +5,11 @@ use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::time::Instant;
 
-use kestrel_engine::{choose_backend, BackendPreference, Placement, Platform};
+use kestrel_engine::{choose_backend, BackendPreference, EngineOptions, EngineSettings, Placement, Platform};
 use kestrel_gpu::{Gpu, GpuOptions};
 use kestrel_model::{Embedder, LoadOptions, LoadProgress, LoadedModel, Model};
-use kestrel_ops::params::KvType;
 
-use super::coded;
+use super::{coded, engine_coded};
 
 /// Where the model runs, and the KV cache's length and value type, as every command that loads
 /// a model takes them.
@@ -26,8 +25,8 @@ pub struct CacheArgs {
     pub context: Option<usize>,
     /// How the KV cache stores keys and values: f16 (half the memory and half the attention's
     /// reads; llama.cpp's default) or f32.
-    #[arg(long, default_value = "f16", value_parser = parse_kv_type)]
-    pub kv_cache: KvType,
+    #[arg(long, default_value = "f16")]
+    pub kv_cache: String,
     /// Prompt tokens per prefill pass, where a command sets it (`kestrel bench model --chunk`);
     /// otherwise the loader's default.
     #[arg(skip)]
@@ -35,14 +34,18 @@ pub struct CacheArgs {
 }
 
 impl CacheArgs {
-    pub fn load_options(&self) -> LoadOptions {
-        let defaults = LoadOptions::default();
-        LoadOptions {
-            context_length: self.context,
-            kv_cache: self.kv_cache,
-            max_chunk: self.max_chunk.unwrap_or(defaults.max_chunk),
-            ..defaults
-        }
+    /// The engine's settings from these flags and a command's `slots` and `prefill_chunk`
+    /// (None: the default), checked where the browser's `createEngine` options are checked
+    /// (`EngineOptions::settings`): the same bounds and the same `invalid_option` messages.
+    pub fn settings(&self, slots: usize, prefill_chunk: Option<usize>) -> Result<EngineSettings, String> {
+        let options = EngineOptions {
+            context_length: self.context.map(|n| n as f64),
+            kv_cache: Some(self.kv_cache.clone()),
+            slots: Some(slots as f64),
+            prefill_chunk: prefill_chunk.map(|n| n as f64),
+            ..EngineOptions::default()
+        };
+        options.settings().map_err(|e| engine_coded(&e))
     }
 }
 
@@ -59,10 +62,11 @@ enum Device {
     Cpu(String),
 }
 
-/// The load options for `slots` sequences at once: the GPU allocates their KV slots at load, the
-/// CPU backend when `Model::set_slots` asks after it.
-fn slot_options(device: &Device, cache: &CacheArgs, slots: usize) -> LoadOptions {
-    LoadOptions { slots: if matches!(device, Device::Gpu(_)) { slots } else { 1 }, ..cache.load_options() }
+/// The load options of `settings` on `device` (the GPU allocates its KV slots at load, the CPU
+/// backend when `Model::set_slots` asks after it), with a command's own prefill chunk.
+fn load_options(device: &Device, cache: &CacheArgs, settings: &EngineSettings) -> LoadOptions {
+    let options = settings.load_options(matches!(device, Device::Gpu(_)));
+    LoadOptions { max_chunk: cache.max_chunk.unwrap_or(options.max_chunk), ..options }
 }
 
 fn device(choice: BackendChoice) -> Result<Device, Box<dyn std::error::Error>> {
@@ -79,10 +83,6 @@ fn device(choice: BackendChoice) -> Result<Device, Box<dyn std::error::Error>> {
             Device::Cpu(format!("CPU ({}, {} threads): {reason}", kestrel_cpu::simd_name(), kestrel_cpu::threads()))
         }
     })
-}
-
-fn parse_kv_type(name: &str) -> Result<KvType, String> {
-    KvType::from_name(name).ok_or_else(|| format!("{name:?} is not f16 or f32"))
 }
 
 /// The bytes of the model at `path`: its file's, or a split model's shards' together.
@@ -106,9 +106,10 @@ pub fn load(path: &Path, cache: &CacheArgs, quiet: bool) -> Result<Loaded, Box<d
 /// after it on the CPU (`Model::set_slots`).
 pub fn load_with_slots(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
+    let settings = cache.settings(slots, None)?;
     let device = device(cache.backend)?;
     let total = model_bytes(path)?;
-    let options = slot_options(&device, cache, slots);
+    let options = load_options(&device, cache, &settings);
     let show_bar = !quiet && std::io::stderr().is_terminal();
     let mut gpu_peak_bytes: Option<u64> = None;
     let (model, on) = match device {
@@ -137,7 +138,7 @@ pub fn load_with_slots(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize
         }
     };
     let mut model = model.map_err(coded)?;
-    model.set_slots(slots).map_err(coded)?;
+    model.set_slots(settings.slots).map_err(coded)?;
     if !quiet {
         eprintln!(
             "\rloaded {} ({}, {} layers) on {on} in {:.2} s",
@@ -221,14 +222,15 @@ pub fn load_synthetic(
     slots: usize,
 ) -> Result<Loaded, Box<dyn std::error::Error>> {
     let start = Instant::now();
+    let settings = cache.settings(slots, None)?;
     let device = device(cache.backend)?;
-    let options = slot_options(&device, cache, slots);
+    let options = load_options(&device, cache, &settings);
     let (loader, on) = match device {
         Device::Gpu(gpu) => (kestrel_model::ModelLoader::new(&gpu, options), gpu.info.adapter_name.clone()),
         Device::Cpu(why) => (kestrel_model::ModelLoader::new_cpu(options), why),
     };
     let mut model = pollster::block_on(kestrel_model::synthetic::load_synthetic(loader, shape, 1)).map_err(coded)?;
-    model.set_slots(slots).map_err(coded)?;
+    model.set_slots(settings.slots).map_err(coded)?;
     eprintln!(
         "made and loaded synthetic {} ({} layers) on {on} in {:.2} s",
         shape.name,

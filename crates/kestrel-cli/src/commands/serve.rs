@@ -31,12 +31,12 @@ pub struct ServeArgs {
     #[arg(long, env = "KESTREL_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Requests generated at once, batched into one pass of the model per token, each with a KV
-    /// cache of --context tokens (1 to 16; 1 on the GPU runs each request alone, its tokens
-    /// sampled on the device).
+    /// cache of --context tokens (1 to 16; a request running alone has its tokens sampled on the
+    /// device, several steps ahead).
     #[arg(long, default_value_t = 8)]
     pub slots: usize,
-    /// Prompt tokens a batched step runs at most, over all prompts being admitted: larger
-    /// admits long prompts sooner, smaller keeps the running requests' tokens coming.
+    /// Prompt tokens a batched step runs at most, over all prompts being admitted (1 to 4096):
+    /// larger admits long prompts sooner, smaller keeps the running requests' tokens coming.
     #[arg(long, default_value_t = ServerConfig::default().prefill_chunk)]
     pub prefill_chunk: usize,
     /// Requests that may wait while every slot is busy; more get HTTP 429.
@@ -60,7 +60,9 @@ pub struct ServeArgs {
 
 pub fn run(args: ServeArgs) -> CliResult {
     let path = crate::model_path::resolve(args.model);
-    let model = load_any(&path, &args.cache, false, args.slots)?;
+    // Checked first, as the browser's options are: a bad flag fails before the model loads.
+    let settings = args.cache.settings(args.slots, Some(args.prefill_chunk))?;
+    let model = load_any(&path, &args.cache, false, settings.slots)?;
     let serving = match &model {
         LoadedModel::Chat(model) => format!("{} request(s) at once", model.slots()),
         LoadedModel::Embedding(embedder) => format!("embeddings of {} dimensions, one request at a time", embedder.dimensions()),
@@ -70,7 +72,7 @@ pub fn run(args: ServeArgs) -> CliResult {
         model_name,
         api_key: args.api_key.filter(|k| !k.is_empty()),
         queue: args.queue,
-        prefill_chunk: args.prefill_chunk.max(1),
+        prefill_chunk: settings.prefill_chunk,
         response_cache_bytes: args.response_cache_mb << 20,
         max_body_bytes: args.max_body_mb << 20,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),

@@ -13,9 +13,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 
+use kestrel_engine::generation::{GenerateOptions, Generator};
 use kestrel_gguf::GgufHeader;
 use kestrel_gpu::{Gpu, GpuOptions};
-use kestrel_model::{GenerateOptions, LoadOptions, Model};
+use kestrel_model::{LoadOptions, Model};
 use serde_json::Value;
 
 pub fn repo_root() -> PathBuf {
@@ -227,17 +228,17 @@ fn write_rope_variant(variant: &RopeVariant) -> PathBuf {
 /// Runs the model's batched sequences to their ends, `prefill` prompt tokens a step; returns
 /// each one's events (token texts, then the generation) in the order added.
 pub fn run_batched(
-    model: &mut Model,
+    model: &mut Generator,
     requests: &[(Vec<u32>, GenerateOptions)],
     prefill: usize,
-) -> Vec<(String, kestrel_model::Generation)> {
-    use kestrel_model::SequenceEvent;
+) -> Vec<(String, kestrel_engine::Generation)> {
+    use kestrel_engine::generation::SequenceEvent;
     let ids: Vec<_> = requests.iter().map(|(prompt, options)| model.add_sequence(prompt, options).expect("add")).collect();
     let mut streamed = vec![String::new(); ids.len()];
-    let mut done: Vec<Option<kestrel_model::Generation>> = vec![None; ids.len()];
+    let mut done: Vec<Option<kestrel_engine::Generation>> = vec![None; ids.len()];
     let mut batched_decodes = 0;
     while model.running_sequences() > 0 {
-        let step = pollster::block_on(model.step_sequences(prefill));
+        let step = pollster::block_on(model.step(prefill));
         assert!(step.sequences > 0 && step.rows >= step.sequences, "a step with sequences running ran nothing");
         if step.decoding > 1 {
             batched_decodes += 1;
@@ -286,7 +287,7 @@ pub fn mixed_requests(long: usize, tokens: usize) -> Vec<(Vec<u32>, GenerateOpti
 }
 
 /// Each request generated alone (the cache reset before each).
-pub fn generate_alone(model: &mut Model, requests: &[(Vec<u32>, GenerateOptions)]) -> Vec<kestrel_model::Generation> {
+pub fn generate_alone(model: &mut Generator, requests: &[(Vec<u32>, GenerateOptions)]) -> Vec<kestrel_engine::Generation> {
     requests
         .iter()
         .map(|(prompt, options)| {
@@ -301,9 +302,9 @@ pub fn generate_alone(model: &mut Model, requests: &[(Vec<u32>, GenerateOptions)
 /// what it gave `alone`; then that each slot kept its sequence's tokens (the same prompt again
 /// reuses all but its last).
 pub fn assert_batched_as_alone(
-    model: &mut Model,
+    model: &mut Generator,
     requests: &[(Vec<u32>, GenerateOptions)],
-    alone: &[kestrel_model::Generation],
+    alone: &[kestrel_engine::Generation],
     prefill: usize,
 ) {
     for ((streamed, batched), want) in run_batched(model, requests, prefill).into_iter().zip(alone) {

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use kestrel_model::{GenerateOptions, Model, SequenceEvent};
+use kestrel_engine::generation::{SequenceEvent, SequenceId};
+use kestrel_engine::{GenerateOptions, Generator};
 use serde::Serialize;
 
 use super::stats::{Percentiles, Spread};
@@ -104,7 +105,7 @@ pub fn run(args: &BatchArgs) -> CliResult {
     let started = Instant::now();
     let sizes: Vec<usize> = args.batch_sizes.iter().map(|&b| b as usize).collect();
     let max_batch = sizes.iter().copied().max().unwrap_or(1);
-    let mut model = match &args.synthetic {
+    let model = match &args.synthetic {
         Some(name) => {
             let shape = kestrel_model::synthetic::synthetic_shape(name).ok_or_else(|| format!("unknown synthetic shape {name}"))?;
             load_synthetic(&shape, &args.cache, max_batch)?.model
@@ -112,13 +113,14 @@ pub fn run(args: &BatchArgs) -> CliResult {
         None => load_with_slots(&crate::model_path::resolve(args.model.clone()), &args.cache, false, max_batch)?.model,
     };
     let bench_ids = workload::read_bench_ids(&args.prompts, model.config().vocab)?;
+    let mut generator = Generator::new(model);
     let (prompt_tokens, decode_tokens) = (args.prompt_tokens as usize, args.decode_tokens as usize);
     // Sequence i's prompt starts i tokens into the text: different prompts, the same length.
     let prompt = |i: usize, n: usize| workload::prompt_ids(&bench_ids[i % bench_ids.len()..], n);
     let decode_options = GenerateOptions { max_tokens: decode_tokens + 1, ignore_eos: true, ..GenerateOptions::greedy() };
 
     // One untimed round: the pool's threads and the caches' first pages.
-    decode_rate(&mut model, &(0..max_batch).map(|i| prompt(i, prompt_tokens)).collect::<Vec<_>>(), &decode_options)?;
+    decode_rate(&mut generator, &(0..max_batch).map(|i| prompt(i, prompt_tokens)).collect::<Vec<_>>(), &decode_options)?;
     // Rounds of every batch size in turn: a machine whose speed drifts (a shared host's
     // arithmetic rate moves by half within minutes here) slows each size alike, and each
     // round's ratio to batch 1 compares runs made seconds apart.
@@ -126,7 +128,7 @@ pub fn run(args: &BatchArgs) -> CliResult {
     for round in 0..args.repeats {
         for (&batch, rates) in sizes.iter().zip(&mut rates) {
             let prompts: Vec<Vec<u32>> = (0..batch).map(|i| prompt(i, prompt_tokens)).collect();
-            let rate = decode_rate(&mut model, &prompts, &decode_options)?;
+            let rate = decode_rate(&mut generator, &prompts, &decode_options)?;
             eprintln!("round {}, batch {batch}: {rate:.1} tok/s", round + 1);
             rates.push(rate);
         }
@@ -146,8 +148,8 @@ pub fn run(args: &BatchArgs) -> CliResult {
         let running = max_batch - 1;
         let prompts: Vec<Vec<u32>> = (0..running).map(|i| prompt(i, prompt_tokens)).collect();
         let chunk = args.prefill_chunk as usize;
-        let (before, chunked, ttft_chunked) = admit_long(&mut model, &prompts, &long, chunk)?;
-        let (_, unchunked, ttft_unchunked) = admit_long(&mut model, &prompts, &long, long.len())?;
+        let (before, chunked, ttft_chunked) = admit_long(&mut generator, &prompts, &long, chunk)?;
+        let (_, unchunked, ttft_unchunked) = admit_long(&mut generator, &prompts, &long, long.len())?;
         Some(Admission {
             running,
             long_prompt_tokens: long.len(),
@@ -162,7 +164,8 @@ pub fn run(args: &BatchArgs) -> CliResult {
         None
     };
 
-    let device = backend_label(&model);
+    let model = generator.model();
+    let device = backend_label(model);
     let report = BatchReport {
         engine: "kestrel",
         version: env!("CARGO_PKG_VERSION"),
@@ -186,44 +189,44 @@ pub fn run(args: &BatchArgs) -> CliResult {
 
 /// Decodes `prompts` together after prefilling them all in one step: generated tokens per
 /// second of the decode steps, all sequences together.
-fn decode_rate(model: &mut Model, prompts: &[Vec<u32>], options: &GenerateOptions) -> BenchResult<f64> {
-    model.reset();
+fn decode_rate(generator: &mut Generator, prompts: &[Vec<u32>], options: &GenerateOptions) -> BenchResult<f64> {
+    generator.reset();
     for p in prompts {
-        model.add_sequence(p, options)?;
+        generator.add_sequence(p, options)?;
     }
     let total: usize = prompts.iter().map(Vec::len).sum();
-    check(pollster::block_on(model.step_sequences(total)).events)?;
+    check(pollster::block_on(generator.step(total)).events)?;
     let start = Instant::now();
     let mut tokens = 0;
-    while model.running_sequences() > 0 {
-        tokens += check(pollster::block_on(model.step_sequences(total)).events)?;
+    while generator.running_sequences() > 0 {
+        tokens += check(pollster::block_on(generator.step(total)).events)?;
     }
     Ok(tokens as f64 / start.elapsed().as_secs_f64())
 }
 
 /// `prompts` decode; after 8 steps `long` arrives and enters `chunk` tokens a step. Returns the
 /// step times (ms) before it arrived and until its first token, and its time to first token.
-fn admit_long(model: &mut Model, prompts: &[Vec<u32>], long: &[u32], chunk: usize) -> BenchResult<(Vec<f64>, Vec<f64>, f64)> {
-    model.reset();
+fn admit_long(generator: &mut Generator, prompts: &[Vec<u32>], long: &[u32], chunk: usize) -> BenchResult<(Vec<f64>, Vec<f64>, f64)> {
+    generator.reset();
     let steps_per_prompt = long.len().div_ceil(chunk);
     let options = GenerateOptions { max_tokens: 16 + 2 * steps_per_prompt, ignore_eos: true, ..GenerateOptions::greedy() };
     for p in prompts {
-        model.add_sequence(p, &options)?;
+        generator.add_sequence(p, &options)?;
     }
     let total: usize = prompts.iter().map(Vec::len).sum();
-    check(pollster::block_on(model.step_sequences(total)).events)?;
+    check(pollster::block_on(generator.step(total)).events)?;
     let mut before = Vec::new();
     for _ in 0..8 {
         let start = Instant::now();
-        check(pollster::block_on(model.step_sequences(chunk)).events)?;
+        check(pollster::block_on(generator.step(chunk)).events)?;
         before.push(start.elapsed().as_secs_f64() * 1e3);
     }
     let arrived = Instant::now();
-    let id = model.add_sequence(long, &GenerateOptions { max_tokens: 1, ..GenerateOptions::greedy() })?;
+    let id = generator.add_sequence(long, &GenerateOptions { max_tokens: 1, ..GenerateOptions::greedy() })?;
     let mut during = Vec::new();
     let ttft = loop {
         let start = Instant::now();
-        let step = pollster::block_on(model.step_sequences(chunk));
+        let step = pollster::block_on(generator.step(chunk));
         during.push(start.elapsed().as_secs_f64() * 1e3);
         let first = step.events.iter().any(|(seq, e)| *seq == id && matches!(e, SequenceEvent::Token(_)));
         check(step.events)?;
@@ -231,14 +234,14 @@ fn admit_long(model: &mut Model, prompts: &[Vec<u32>], long: &[u32], chunk: usiz
             break arrived.elapsed().as_secs_f64() * 1e3;
         }
     };
-    while model.running_sequences() > 0 {
-        check(pollster::block_on(model.step_sequences(chunk)).events)?;
+    while generator.running_sequences() > 0 {
+        check(pollster::block_on(generator.step(chunk)).events)?;
     }
     Ok((before, during, ttft))
 }
 
 /// The generated tokens among `events`, or the first sequence's error.
-fn check(events: Vec<(kestrel_model::SequenceId, SequenceEvent)>) -> BenchResult<usize> {
+fn check(events: Vec<(SequenceId, SequenceEvent)>) -> BenchResult<usize> {
     let mut tokens = 0;
     for (_, event) in events {
         match event {

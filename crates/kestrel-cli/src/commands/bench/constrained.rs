@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use kestrel_model::{ChatMessage, GenerateOptions, Generation, JsonSchemaFormat, Model, Prompt, ResponseFormat};
+use kestrel_engine::generation::{JsonSchemaFormat, ResponseFormat};
+use kestrel_engine::{GenerateOptions, Generation, Generator, Prompt};
+use kestrel_model::ChatMessage;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -60,29 +62,30 @@ struct ConstrainedReport {
 pub fn run(args: &ConstrainedArgs) -> CliResult {
     let started = Instant::now();
     let schema = read_schema(&args.schema)?;
-    let mut model = load(&crate::model_path::resolve(args.model.clone()), &args.cache, true)?.model;
+    let mut generator = Generator::new(load(&crate::model_path::resolve(args.model.clone()), &args.cache, true)?.model);
     let messages = [ChatMessage::new("system", "Answer in JSON."), ChatMessage::new("user", schema.ask.as_str())];
-    let prompt = model.encode(&Prompt::Chat(&messages))?;
+    let prompt = generator.encode(&Prompt::Chat(&messages))?;
     let json_schema = JsonSchemaFormat { name: args.schema.clone(), description: None, schema: Some(schema.schema), strict: Some(true) };
     let constrained =
         GenerateOptions { max_tokens: 512, response_format: Some(ResponseFormat::JsonSchema { json_schema }), ..GenerateOptions::greedy() };
 
     // One untimed round each: the trie, the pool's threads and the caches' first pages.
-    let first = generate(&mut model, &prompt, &constrained)?;
+    let first = generate(&mut generator, &prompt, &constrained)?;
     let free = GenerateOptions { max_tokens: first.tokens.len(), ignore_eos: true, ..GenerateOptions::greedy() };
-    generate(&mut model, &prompt, &free)?;
+    generate(&mut generator, &prompt, &free)?;
     let (mut held_rates, mut free_rates) = (Vec::new(), Vec::new());
     for _ in 0..args.repeats {
-        let held = generate(&mut model, &prompt, &constrained)?;
+        let held = generate(&mut generator, &prompt, &constrained)?;
         if held.tokens != first.tokens {
             return Err("the constrained greedy output changed between rounds".into());
         }
         held_rates.push(held.timings.decode_tok_s);
-        free_rates.push(generate(&mut model, &prompt, &free)?.timings.decode_tok_s);
+        free_rates.push(generate(&mut generator, &prompt, &free)?.timings.decode_tok_s);
     }
-    let mask_ms = replay_masks(&mut model, &constrained, &first.tokens)?;
+    let mask_ms = replay_masks(&mut generator, &constrained, &first.tokens)?;
     let (constrained_tok_s, free_tok_s) = (Spread::of(&held_rates).ok_or("no rounds")?, Spread::of(&free_rates).ok_or("no rounds")?);
-    let device = backend_label(&model);
+    let model = generator.model();
+    let device = backend_label(model);
     let report = ConstrainedReport {
         engine: "kestrel",
         version: env!("CARGO_PKG_VERSION"),
@@ -121,15 +124,15 @@ fn read_schema(id: &str) -> BenchResult<SuiteSchema> {
 }
 
 /// A greedy run from a fresh cache (each round prefills the same way).
-fn generate(model: &mut Model, prompt: &[u32], options: &GenerateOptions) -> BenchResult<Generation> {
-    model.reset();
-    Ok(pollster::block_on(model.generate(prompt, options, &mut |_| true))?)
+fn generate(generator: &mut Generator, prompt: &[u32], options: &GenerateOptions) -> BenchResult<Generation> {
+    generator.reset();
+    Ok(pollster::block_on(generator.generate(prompt, options, &mut |_| true))?)
 }
 
 /// Each step's host time for the constraint, milliseconds: its mask, and taking the chosen
 /// token, replaying `tokens` through a fresh matcher.
-fn replay_masks(model: &mut Model, options: &GenerateOptions, tokens: &[u32]) -> BenchResult<Vec<f64>> {
-    let mut matcher = model.constraint_matcher(options)?.ok_or("the options have no constraint")?;
+fn replay_masks(generator: &mut Generator, options: &GenerateOptions, tokens: &[u32]) -> BenchResult<Vec<f64>> {
+    let mut matcher = generator.constraint_matcher(options)?.ok_or("the options have no constraint")?;
     let mut times = Vec::with_capacity(tokens.len());
     for &token in tokens {
         let start = Instant::now();

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
+use kestrel_engine::Generator;
 use kestrel_gpu::Gpu;
 use kestrel_model::Model;
 use serde::Serialize;
@@ -206,11 +207,13 @@ pub fn run(args: &ModelArgs) -> CliResult {
     let Some(first_prompt) = prompts.first() else {
         return Err("give at least one --prompt-tokens length".into());
     };
-    workload::warm_up(&mut model, first_prompt)?;
+    let mut generator = Generator::new(model);
+    workload::warm_up(&mut generator, first_prompt)?;
     let mut workloads = Vec::with_capacity(prompts.len());
     for prompt in &prompts {
-        workloads.push(workload::run(&mut model, prompt, decode_tokens, args.repeats as usize)?);
+        workloads.push(workload::run(&mut generator, prompt, decode_tokens, args.repeats as usize)?);
     }
+    let mut model = generator.into_model();
 
     // Read before the copy rate is measured: its buffers (on the CPU backend two of at least
     // 256 MiB; on a software GPU in host memory too) are not the model's.

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use kestrel_model::{GenerateOptions, Model};
+use kestrel_engine::{GenerateOptions, Generator};
 use serde::Serialize;
 
 use super::stats::{Percentiles, Spread};
@@ -67,10 +67,10 @@ struct RunSample {
 }
 
 /// Runs `prompt` then `decode_tokens` decode steps `repeats` times, each from an empty cache.
-pub fn run(model: &mut Model, prompt: &[u32], decode_tokens: usize, repeats: usize) -> BenchResult<WorkloadResult> {
+pub fn run(generator: &mut Generator, prompt: &[u32], decode_tokens: usize, repeats: usize) -> BenchResult<WorkloadResult> {
     let mut samples = Vec::with_capacity(repeats);
     for repeat in 0..repeats {
-        let sample = generate(model, prompt, decode_tokens)?;
+        let sample = generate(generator, prompt, decode_tokens)?;
         eprintln!(
             "  prompt {} tok, repeat {}/{repeats}: TTFT {:.0} ms, prefill {:.1} tok/s, decode {:.2} tok/s",
             prompt.len(),
@@ -98,16 +98,16 @@ pub fn run(model: &mut Model, prompt: &[u32], decode_tokens: usize, repeats: usi
 
 /// A short untimed generation, so that the first timed one pays no first-use costs (driver
 /// allocations, lazily created queues).
-pub fn warm_up(model: &mut Model, prompt: &[u32]) -> BenchResult<()> {
-    generate(model, &prompt[..prompt.len().min(8)], 2).map(|_| ())
+pub fn warm_up(generator: &mut Generator, prompt: &[u32]) -> BenchResult<()> {
+    generate(generator, &prompt[..prompt.len().min(8)], 2).map(|_| ())
 }
 
 /// One greedy generation of `decode_tokens` steps after the first token, from an empty cache.
-fn generate(model: &mut Model, prompt: &[u32], decode_tokens: usize) -> BenchResult<RunSample> {
+fn generate(generator: &mut Generator, prompt: &[u32], decode_tokens: usize) -> BenchResult<RunSample> {
     let options = GenerateOptions { max_tokens: decode_tokens + 1, temperature: 0.0, ignore_eos: true, ..GenerateOptions::default() };
-    model.reset();
+    generator.reset();
     let mut token_times = Vec::with_capacity(decode_tokens + 1);
-    let generation = pollster::block_on(model.generate(prompt, &options, &mut |event| {
+    let generation = pollster::block_on(generator.generate(prompt, &options, &mut |event| {
         if event.id.is_some() {
             token_times.push(Instant::now());
         }

@@ -13,15 +13,14 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use crate::constraint::{OutputConstraint, ResponseFormat};
-use crate::tools::{Tool, ToolChoice};
-use crate::ModelError;
+use kestrel_model::ModelError;
 
-/// Longest recent-token window the penalties look at (`penalty_last_n`).
-pub const MAX_PENALTY_WINDOW: usize = 4096;
-/// Most `logit_bias` entries one request may give. The GPU penalty buffer holds the window and
-/// the bias list: `MAX_PENALTY_WINDOW + MAX_LOGIT_BIAS` entries.
-pub const MAX_LOGIT_BIAS: usize = 1024;
+use super::constraint::{OutputConstraint, ResponseFormat};
+use super::tools::{Tool, ToolChoice};
+
+/// The penalty window and the bias list are bounded by the GPU penalty buffer, which holds
+/// `MAX_PENALTY_WINDOW + MAX_LOGIT_BIAS` entries.
+pub use kestrel_model::{MAX_LOGIT_BIAS, MAX_PENALTY_WINDOW};
 /// Most top log-probabilities reported per step (`logprobs`), as OpenAI's API allows.
 pub const MAX_LOGPROBS: usize = 20;
 /// The largest `logit_bias` either way, as OpenAI's API allows (-100 about bans a token; -inf bans it).

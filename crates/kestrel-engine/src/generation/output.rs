@@ -1,18 +1,17 @@
 //! What a generation's sampled tokens become: the end-of-generation check, streamed text (a
 //! split character or a stop string's prefix held back, a stop string cut), the lists of tokens
 //! and log-probabilities, the tool calls cut out of the text (a call is never streamed as
-//! content), and the timings. `Model::generate` and batched sequences
-//! (`sequences.rs`) both feed their tokens through it.
+//! content). Every sequence of the generation loop feeds its tokens
+//! through it.
 
-use std::time::Duration;
-
+use kestrel_model::ModelError;
 use kestrel_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::model::{FinishReason, StepLogprobs, Timings, TokenEvent};
-use crate::pacing::SubmitReport;
-use crate::stop::StopMatcher;
-use crate::tools::{split_calls, CallSplitter, Tool, ToolCall, ToolSyntax};
-use crate::{GenerateOptions, ModelError};
+use super::logprobs::StepLogprobs;
+use super::options::GenerateOptions;
+use super::result::{FinishReason, TokenEvent};
+use super::stop::StopMatcher;
+use super::tools::{split_calls, CallSplitter, Tool, ToolCall, ToolSyntax};
 
 pub(crate) struct TokenOutput {
     stops: StopMatcher,
@@ -54,7 +53,7 @@ impl TokenOutput {
             splitter: CallSplitter::new(syntax),
             syntax,
             tools: options.tools.clone(),
-            seed: crate::tools::call_seed(prompt),
+            seed: super::tools::call_seed(prompt),
         });
         Self {
             stops: StopMatcher::new(&options.stop),
@@ -104,7 +103,7 @@ impl TokenOutput {
     /// ends there (see `tools::repeats_a_call`).
     fn repeated_a_call(&self, added: &str) -> bool {
         self.calls.as_ref().is_some_and(|calls| {
-            calls.splitter.in_call() && added.contains('>') && crate::tools::repeats_a_call(calls.syntax, &calls.tools, &self.text)
+            calls.splitter.in_call() && added.contains('>') && super::tools::repeats_a_call(calls.syntax, &calls.tools, &self.text)
         })
     }
 
@@ -149,46 +148,6 @@ impl TokenOutput {
             FinishReason::ToolCalls
         } else {
             reason
-        }
-    }
-}
-
-impl Timings {
-    /// The timings of a generation of `prompt` tokens (`reused` of them from the cache) whose
-    /// first token came after `ttft`, then `decode_tokens` more in `decode`, the host blocked
-    /// for `host_wait` of it.
-    pub(crate) fn measured(
-        prompt: usize,
-        reused: usize,
-        ttft: Duration,
-        decode_tokens: usize,
-        decode: Duration,
-        host_wait: Duration,
-    ) -> Self {
-        let prefill_tokens = prompt - reused;
-        let per_decode_token = |secs: f64| if decode_tokens > 0 { secs / decode_tokens as f64 } else { 0.0 };
-        Timings {
-            prompt_tokens: prompt,
-            prefill_tokens,
-            reused_tokens: reused,
-            ttft_ms: ttft.as_secs_f64() * 1e3,
-            prefill_tok_s: prefill_tokens as f64 / ttft.as_secs_f64().max(1e-9),
-            decode_tokens,
-            decode_ms: decode.as_secs_f64() * 1e3,
-            decode_tok_s: if decode_tokens > 0 { decode_tokens as f64 / decode.as_secs_f64().max(1e-9) } else { 0.0 },
-            host_wait_ms_per_token: per_decode_token(host_wait.as_secs_f64() * 1e3),
-            prefill_submissions: None,
-            longest_prefill_submission_ms: None,
-            e2e_ms: 0.0,
-        }
-    }
-
-    /// The timings with what a paced prefill measured (`SubmitPacer`), if it ran paced.
-    pub(crate) fn with_pieces(self, pieces: Option<SubmitReport>) -> Self {
-        Timings {
-            prefill_submissions: pieces.map(|p| p.pieces),
-            longest_prefill_submission_ms: pieces.map(|p| p.longest.as_secs_f64() * 1e3),
-            ..self
         }
     }
 }

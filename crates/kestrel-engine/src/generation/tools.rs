@@ -17,7 +17,9 @@ use serde_json::{json, Map, Value};
 
 use kestrel_tokenizer::{python_json, ChatMessage};
 
-use crate::{GenerateOptions, ModelError};
+use kestrel_model::ModelError;
+
+use super::options::GenerateOptions;
 
 /// Most tools one request may give.
 pub const MAX_TOOLS: usize = 128;
@@ -218,7 +220,7 @@ impl ToolUse<'_> {
                 })
             })
             .collect();
-        let schema = json!({ "anyOf": calls, "x-guidance": { "whitespace_pattern": crate::constraint::JSON_WHITESPACE } });
+        let schema = json!({ "anyOf": calls, "x-guidance": { "whitespace_pattern": super::constraint::JSON_WHITESPACE } });
         let once = self.named.is_some() || !self.parallel;
         match syntax {
             ToolSyntax::Hermes { .. } => {

@@ -11,9 +11,11 @@
 use kestrel_ops::params::SamplingParams;
 use kestrel_ops::reference::sample;
 
-use crate::constraint::TokenMatcher;
-use crate::penalties::PenaltyPolicy;
-use crate::{GenerateOptions, ModelError};
+use kestrel_model::ModelError;
+
+use super::constraint::TokenMatcher;
+use super::options::GenerateOptions;
+use super::penalties::PenaltyPolicy;
 
 /// What a sequence samples with on the host.
 pub(crate) struct HostSampler<'a> {

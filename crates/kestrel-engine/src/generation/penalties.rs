@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use kestrel_ops::params::{Penalties, PenaltyEntry};
 
-use crate::GenerateOptions;
+use super::options::GenerateOptions;
 
 /// What one request asks of the penalty kernel.
 pub(crate) struct PenaltyPolicy<'a> {

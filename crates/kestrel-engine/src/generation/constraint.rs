@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use kestrel_ops::reference::sample::apply_token_mask;
 use kestrel_tokenizer::Tokenizer;
 
-use crate::ModelError;
+use kestrel_model::ModelError;
 
 /// OpenAI's `response_format`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
