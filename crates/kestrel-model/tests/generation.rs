@@ -321,3 +321,48 @@ fn gpu_batched_sequences_give_what_each_gives_alone() {
     model.set_slots(2).expect("fewer slots than loaded");
     assert_eq!(model.slots(), 2);
 }
+
+/// A sequence running alone has its decode steps run ahead; when a second one joins, the steps
+/// in flight are read first and both go on in batched steps. Neither changes: each gives what it
+/// gives alone (the first sampled with a seed, the second greedy), on both backends.
+#[test]
+fn a_sequence_joining_one_that_runs_ahead_changes_neither() {
+    let options = LoadOptions { context_length: Some(256), slots: 2, ..LoadOptions::default() };
+    joining_changes_nothing(Generator::new(common::load_with(&common::gpu(), &common::default_model_path(), options)));
+    let mut cpu = Generator::new(common::load_cpu(&common::default_model_path(), 256));
+    cpu.set_slots(2).expect("two slots");
+    joining_changes_nothing(cpu);
+}
+
+fn joining_changes_nothing(mut model: Generator) {
+    use kestrel_engine::generation::SequenceEvent;
+    let sampled = GenerateOptions { max_tokens: 16, ignore_eos: true, seed: Some(5), temperature: 0.8, ..GenerateOptions::default() };
+    let greedy = GenerateOptions { max_tokens: 6, ignore_eos: true, ..GenerateOptions::greedy() };
+    let requests = [(common::bench_ids(12), sampled), (common::bench_ids(7), greedy)];
+    let alone = common::generate_alone(&mut model, &requests);
+    model.reset();
+    let mut ids = vec![model.add_sequence(&requests[0].0, &requests[0].1).expect("add the first")];
+    let mut tokens = vec![Vec::new(), Vec::new()];
+    let mut ended = 0;
+    let mut steps = 0;
+    while model.running_sequences() > 0 {
+        // The first runs alone for its prompt and five decode steps, then the second joins.
+        if steps == 6 {
+            ids.push(model.add_sequence(&requests[1].0, &requests[1].1).expect("add the second"));
+        }
+        for (id, event) in pollster::block_on(model.step(64)).events {
+            let i = ids.iter().position(|&x| x == id).expect("an event of an added sequence");
+            match event {
+                SequenceEvent::Token(t) => tokens[i].extend(t.id),
+                SequenceEvent::Done(result) => {
+                    assert_eq!(result.expect("the sequence succeeds").tokens, alone[i].tokens, "sequence {i}");
+                    ended += 1;
+                }
+            }
+        }
+        steps += 1;
+    }
+    assert_eq!(ended, 2);
+    assert_eq!(tokens[0], alone[0].tokens, "the first's streamed tokens");
+    assert_eq!(tokens[1], alone[1].tokens, "the second's streamed tokens");
+}

@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use kestrel_model::ModelError;
 
 use super::constraint::{OutputConstraint, ResponseFormat};
-use super::tools::{Tool, ToolChoice};
+use super::tools::{Tool, ToolChoice, ToolMode, ToolUse, MAX_TOOLS};
 
 /// The penalty window and the bias list are bounded by the GPU penalty buffer, which holds
 /// `MAX_PENALTY_WINDOW + MAX_LOGIT_BIAS` entries.
@@ -418,6 +418,57 @@ fn one_or_many<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>
         }
     }
     deserializer.deserialize_any(StopVisitor)
+}
+
+impl GenerateOptions {
+    /// The tools in play: none without `tools` or with `tool_choice: "none"`.
+    pub(crate) fn tool_use(&self) -> Option<ToolUse<'_>> {
+        if self.tools.is_empty() {
+            return None;
+        }
+        let (named, required) = match &self.tool_choice {
+            Some(ToolChoice::Mode(ToolMode::None)) => return None,
+            None | Some(ToolChoice::Mode(ToolMode::Auto)) => (None, false),
+            Some(ToolChoice::Mode(ToolMode::Required)) => (None, true),
+            Some(ToolChoice::Named(n)) => (Some(n.function.name.as_str()), true),
+        };
+        Some(ToolUse { tools: &self.tools, named, required, parallel: self.parallel_tool_calls.unwrap_or(true) })
+    }
+
+    /// The checks of `tools`, `tool_choice` and `parallel_tool_calls` that need no model.
+    pub(crate) fn validate_tools(&self) -> Result<(), ModelError> {
+        let bad = |name: &'static str, reason: String| Err(ModelError::InvalidOption { name, reason });
+        if self.tools.len() > MAX_TOOLS {
+            return bad("tools", format!("{} tools, at most {MAX_TOOLS} are allowed", self.tools.len()));
+        }
+        for (i, tool) in self.tools.iter().enumerate() {
+            let name = &tool.function.name;
+            if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+                return bad("tools", format!("tools[{i}].function.name {name:?} must be 1 to 64 letters, digits, _ or -"));
+            }
+            if self.tools[..i].iter().any(|t| &t.function.name == name) {
+                return bad("tools", format!("two tools are named {name:?}"));
+            }
+            if !tool.function.parameters.as_ref().is_none_or(Value::is_object) {
+                return bad("tools", format!("tools[{i}].function.parameters must be a JSON Schema object"));
+            }
+        }
+        match &self.tool_choice {
+            Some(ToolChoice::Named(n)) if !self.tools.iter().any(|t| t.function.name == n.function.name) => {
+                return bad("tool_choice", format!("names the function {:?}, which is not in tools", n.function.name));
+            }
+            Some(ToolChoice::Mode(ToolMode::Auto | ToolMode::Required) | ToolChoice::Named(_)) if self.tools.is_empty() => {
+                return bad("tool_choice", "is given without tools".into());
+            }
+            _ => {}
+        }
+        if self.tool_use().is_some() {
+            if let Some(other) = self.constraint()? {
+                return bad(other.field(), "cannot be combined with tools (the calls have their own grammar)".into());
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -64,10 +64,14 @@ impl Generator {
             self.model.submit_decode(seq.slot, input, pos, draw, &StepOutput::Token)?;
             seq.in_flight += 1;
         }
+        if seq.in_flight == 0 {
+            // `take_token` ends a sequence before its next token would pass either bound.
+            return Err(ModelError::InvalidOption { name: "step", reason: "a sequence past its max_tokens or context".into() });
+        }
         let wait = Instant::now();
         let token = self.model.read_token(seq.draws).await?;
         seq.host_wait += wait.elapsed();
-        seq.in_flight = seq.in_flight.saturating_sub(1);
+        seq.in_flight -= 1;
         seq.pos += 1;
         seq.take_token(token, None, self.model.tokenizer(), max_ctx, events)
     }
