@@ -9,7 +9,7 @@ use kestrel_ops::reference::sample;
 
 use crate::cpu_forward::{CpuForward, CpuKernels, SequenceStep};
 use crate::error::ModelError;
-use crate::graph::{StepInput, StepOutput, TOKEN_SLOTS};
+use crate::graph::{StepAt, StepInput, StepOutput, TOKEN_SLOTS};
 
 /// `kestrel-cpu`'s kernels: 8-bit activations times the weights' integers, in SIMD, threaded.
 pub struct Quantized;
@@ -109,18 +109,10 @@ impl CpuBackend {
         self.entries = entries;
     }
 
-    /// Runs a step now: its tokens at positions `pos..` of KV slot `kv_slot` (overwriting any
-    /// KV rows there), then, unless `output` is `None`, the LM head, and unless it is `Logits` (a
-    /// constrained step, which the host samples) the sampler, whose token goes to `slot`.
-    pub fn submit_step(
-        &mut self,
-        kv_slot: usize,
-        input: StepInput,
-        pos: usize,
-        draw: u32,
-        output: &StepOutput,
-        slot: usize,
-    ) -> Result<(), ModelError> {
+    /// Runs a step now: its tokens where `at` says (overwriting any KV rows there), then, unless
+    /// `output` is `None`, the LM head, and unless it is `Logits` (a constrained step, which the
+    /// host samples) the sampler, whose token goes to readback slot `at.readback`.
+    pub fn submit_step(&mut self, input: StepInput, at: StepAt, output: &StepOutput) -> Result<(), ModelError> {
         let one;
         let tokens: &[u32] = match input {
             StepInput::Tokens(tokens) => tokens,
@@ -139,18 +131,18 @@ impl CpuBackend {
                 reason: format!("{} tokens (chunk limit {})", tokens.len(), self.max_chunk),
             });
         }
-        let step = SequenceStep { slot: kv_slot, pos, tokens, logits: !matches!(output, StepOutput::None) };
+        let step = SequenceStep { slot: at.kv_slot, pos: at.pos, tokens, logits: !matches!(output, StepOutput::None) };
         let Some(logits) = self.run_batch(&[step])?.pop().flatten() else { return Ok(()) };
         if matches!(output, StepOutput::Logits) {
             self.logits = logits;
             return Ok(());
         }
         let token = if self.entries.is_empty() {
-            sample::sample(&logits, &self.sampling, draw)
+            sample::sample(&logits, &self.sampling, at.draw)
         } else {
-            sample::sample(&sample::apply_penalties(&logits, &self.entries, &self.penalties), &self.sampling, draw)
+            sample::sample(&sample::apply_penalties(&logits, &self.entries, &self.penalties), &self.sampling, at.draw)
         };
-        self.slots[slot % TOKEN_SLOTS] = token;
+        self.slots[at.readback % TOKEN_SLOTS] = token;
         self.last_sampled = token;
         self.logits = logits;
         Ok(())

@@ -16,7 +16,7 @@
 use kestrel_ops::params::{Penalties, PenaltyEntry, SamplingParams};
 
 use crate::cpu_forward::SequenceStep;
-use crate::graph::{BatchSample, BatchSequence, StepInput, StepOutput};
+use crate::graph::{BatchSample, BatchSequence, StepAt, StepInput, StepOutput};
 use crate::model::{Backend, Model};
 use crate::ModelError;
 
@@ -107,7 +107,7 @@ impl Model {
             DecodeInput::Token(token) => StepInput::Decode(token),
             DecodeInput::Sampled => StepInput::Sampled,
         };
-        self.backend.submit_step(slot, input, pos, draw, output, draw as usize)
+        self.backend.submit_step(input, StepAt { kv_slot: slot, pos, draw, readback: draw as usize }, output)
     }
 
     /// The token the step with draw number `draw` sampled (waiting for that step only).

@@ -222,6 +222,25 @@ pub const PENALTY_CAPACITY: u32 = (MAX_PENALTY_WINDOW + MAX_LOGIT_BIAS) as u32;
 /// `s % TOKEN_SLOTS`, so up to this many steps can be in flight, each read after its own submit.
 pub const TOKEN_SLOTS: usize = 4;
 
+/// Where one sequence's step runs: its tokens go to positions `pos..` of KV slot `kv_slot`, its
+/// random draw has number `draw` (`StepParams::draw`), and its sampled token goes to readback
+/// slot `readback % TOKEN_SLOTS`.
+#[derive(Clone, Copy, Debug)]
+pub struct StepAt {
+    pub kv_slot: usize,
+    pub pos: usize,
+    pub draw: u32,
+    pub readback: usize,
+}
+
+impl StepAt {
+    /// A step of slot 0 from position `pos` that samples nothing, or draw 0 into readback 0 (a
+    /// prompt run from the start).
+    pub fn prompt(pos: usize) -> Self {
+        Self { kv_slot: 0, pos, draw: 0, readback: 0 }
+    }
+}
+
 /// Where a step's token ids come from.
 #[derive(Clone, Copy)]
 pub enum StepInput<'a> {
@@ -373,21 +392,11 @@ impl Graph {
         })
     }
 
-    /// Records and submits one step: its tokens (at most `max_chunk`) at positions `pos..` of KV
-    /// slot `kv_slot`, then,
+    /// Records and submits one step: its tokens (at most `max_chunk`) where `at` says, then,
     /// unless `output` is `None`, the LM head on the last token and the sampler, whose token goes
-    /// to readback slot `slot % TOKEN_SLOTS` (`read_token`). `draw` numbers the step's random
-    /// draw (`StepParams::draw`).
-    pub fn submit_step(
-        &self,
-        kv_slot: usize,
-        input: StepInput,
-        pos: usize,
-        draw: u32,
-        output: &StepOutput,
-        slot: usize,
-    ) -> Result<(), GpuError> {
-        let step = self.begin_step(input, kv_slot, pos, draw)?;
+    /// to readback slot `at.readback` (`read_token`).
+    pub fn submit_step(&self, input: StepInput, at: StepAt, output: &StepOutput) -> Result<(), GpuError> {
+        let step = self.begin_step(input, at)?;
         let mut rec = Recorder::new(&self.gpu);
         if let StepInput::Sampled = input {
             rec.copy(&self.act.sampled.buffer, 0, &self.act.token_ids.buffer, 0, 4);
@@ -403,7 +412,7 @@ impl Graph {
             StepInput::Decode(_) | StepInput::Sampled => &self.plan.decode,
         };
         plan::record(&mut rec, plan, &step);
-        self.finish_step(rec, &step, output, slot);
+        self.finish_step(rec, &step, output, at.readback);
         Ok(())
     }
 
@@ -411,14 +420,13 @@ impl Graph {
     pub async fn submit_prompt_paced(
         &self,
         tokens: &[u32],
-        pos: usize,
+        at: StepAt,
         output: &StepOutput,
-        slot: usize,
         pacer: &mut SubmitPacer,
     ) -> Result<(), GpuError> {
-        let step = self.begin_step(StepInput::Tokens(tokens), 0, pos, 0)?;
+        let step = self.begin_step(StepInput::Tokens(tokens), at)?;
         self.submit_prefill_paced(&step, pacer, |rec| {
-            self.finish_step(rec, &step, output, slot);
+            self.finish_step(rec, &step, output, at.readback);
             Ok(())
         })
         .await
@@ -456,9 +464,10 @@ impl Graph {
         Ok(())
     }
 
-    /// Checks a step's size and writes its uniforms, rows (all in KV slot `kv_slot`: one
+    /// Checks a step's size and writes its uniforms, rows (all in KV slot `at.kv_slot`: one
     /// sequence's) and token ids.
-    fn begin_step(&self, input: StepInput, kv_slot: usize, pos: usize, draw: u32) -> Result<StepParams, GpuError> {
+    fn begin_step(&self, input: StepInput, at: StepAt) -> Result<StepParams, GpuError> {
+        let StepAt { kv_slot, pos, draw, .. } = at;
         let n = match input {
             StepInput::Tokens(tokens) => tokens.len(),
             StepInput::Decode(_) | StepInput::Sampled => 1,
@@ -555,7 +564,7 @@ impl Graph {
     /// token's final hidden state after the output norm, `[token][hidden]`: what a decoder
     /// embedding model pools (llama.cpp's `result_norm`). The LM head does not run.
     pub async fn normed_rows(&self, tokens: &[u32], pos: usize) -> Result<Vec<f32>, GpuError> {
-        let step = self.begin_step(StepInput::Tokens(tokens), 0, pos, 0)?;
+        let step = self.begin_step(StepInput::Tokens(tokens), StepAt::prompt(pos))?;
         let mut rec = Recorder::new(&self.gpu);
         plan::record(&mut rec, &self.plan.prefill, &step);
         plan::record(&mut rec, &self.plan.output_norm, &step);

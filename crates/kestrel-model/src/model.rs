@@ -14,7 +14,7 @@ use crate::config::ModelConfig;
 use crate::cpu_backend::CpuBackend;
 use crate::cpu_forward::SequenceStep;
 use crate::error::bad_model;
-use crate::graph::{Graph, KernelFamily, StepHostTime, StepInput, StepOutput};
+use crate::graph::{Graph, KernelFamily, StepAt, StepHostTime, StepInput, StepOutput};
 use crate::pacing::{check_budget, SubmitPacer, SubmitReport};
 use crate::prefix_snapshot::{self, KvLayout};
 use crate::ModelError;
@@ -96,18 +96,10 @@ impl Backend {
         Ok(())
     }
 
-    pub(crate) fn submit_step(
-        &mut self,
-        kv_slot: usize,
-        input: StepInput,
-        pos: usize,
-        draw: u32,
-        output: &StepOutput,
-        slot: usize,
-    ) -> Result<(), ModelError> {
+    pub(crate) fn submit_step(&mut self, input: StepInput, at: StepAt, output: &StepOutput) -> Result<(), ModelError> {
         match self {
-            Self::Gpu(g) => Ok(g.submit_step(kv_slot, input, pos, draw, output, slot)?),
-            Self::Cpu(c) => c.submit_step(kv_slot, input, pos, draw, output, slot),
+            Self::Gpu(g) => Ok(g.submit_step(input, at, output)?),
+            Self::Cpu(c) => c.submit_step(input, at, output),
         }
     }
 
@@ -443,8 +435,8 @@ impl Model {
             let output = if end == tokens.len() { last.clone() } else { StepOutput::None };
             let input = &tokens[pos..end];
             match (&self.backend, self.pacer.as_mut()) {
-                (Backend::Gpu(g), Some(pacer)) => g.submit_prompt_paced(input, pos, &output, 0, pacer).await?,
-                _ => self.backend.submit_step(0, StepInput::Tokens(input), pos, 0, &output, 0)?,
+                (Backend::Gpu(g), Some(pacer)) => g.submit_prompt_paced(input, StepAt::prompt(pos), &output, pacer).await?,
+                _ => self.backend.submit_step(StepInput::Tokens(input), StepAt::prompt(pos), &output)?,
             }
             pos = end;
         }

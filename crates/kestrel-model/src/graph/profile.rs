@@ -6,7 +6,7 @@ use kestrel_gpu::{GpuError, Recorder, StepParams};
 use web_time::Instant;
 
 use super::plan::{self, PlannedOp};
-use super::{Graph, StepInput, StepOutput};
+use super::{Graph, StepAt, StepInput, StepOutput};
 
 /// One kernel family of a decode step: `record` records that family's parts of the step's
 /// plan, every layer's, exactly as the step records them.
@@ -51,7 +51,7 @@ impl Graph {
     /// Runs one decode step of `token` at `pos` and times its host side.
     pub async fn time_decode_step(&self, token: u32, pos: usize) -> Result<StepHostTime, GpuError> {
         let start = Instant::now();
-        self.submit_step(0, StepInput::Decode(token), pos, 0, &StepOutput::Token, 0)?;
+        self.submit_step(StepInput::Decode(token), StepAt::prompt(pos), &StepOutput::Token)?;
         let encode_submit_ms = start.elapsed().as_secs_f64() * 1e3;
         self.read_token(0).await?;
         Ok(StepHostTime { encode_submit_ms, total_ms: start.elapsed().as_secs_f64() * 1e3 })
