@@ -19,10 +19,7 @@
 //! Scales and offsets, one per group of 16 or 32 weights, are interleaved as
 //! `super::value_index` says, with the groups of a row for its blocks.
 
-use super::{value_index, WovenRows, GROUP_ROWS};
-use crate::activations::QuantizedRows;
-#[cfg(target_arch = "x86_64")]
-use crate::arch::x86::{interleaved_bytes, scales::FactoredLanes, tiles::FactoredRows};
+use super::GROUP_ROWS;
 use crate::rows::WeightRows;
 use crate::ACT_BLOCK;
 
@@ -99,7 +96,7 @@ impl WovenLevels<'_> {
     }
 
     /// Weights they hold.
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         match self {
             WovenLevels::Bytes(q) => q.len(),
             WovenLevels::SixBits(bits) => bits.len() / 3 * 4,
@@ -124,7 +121,7 @@ impl WovenLevels<'_> {
     }
 
     /// Whether they are whole groups' blocks of `cols` weights a row.
-    fn whole(&self, cols: usize) -> bool {
+    pub(super) fn whole(&self, cols: usize) -> bool {
         let bytes = match self {
             WovenLevels::Bytes(q) => q.len(),
             WovenLevels::SixBits(bits) => bits.len(),
@@ -150,63 +147,3 @@ pub(crate) fn deinterleave_levels(levels: WovenLevels<'_>, rows: usize, cols: us
 /// Consecutive whole groups of interleaved rows: their levels, scales and offsets, a scale per
 /// `group` (16 or 32) weights; `w = scale · level + offset`.
 pub(crate) type ByteGroupRows<'a> = WeightRows<'a, WovenLevels<'a>>;
-
-impl WovenRows for ByteGroupRows<'_> {
-    const PRODUCTS: &'static str = "interleaved byte products";
-
-    fn cols(&self) -> usize {
-        self.cols
-    }
-
-    fn rows(&self) -> usize {
-        self.levels.len() / self.cols
-    }
-
-    fn holds(&self, rows: usize) -> bool {
-        matches!(self.group, 16 | 32)
-            && self.levels.whole(self.cols)
-            && self.scale.len() * self.group == rows * self.cols
-            && self.offset.is_none_or(|o| o.len() == self.scale.len() && self.group == ACT_BLOCK)
-    }
-
-    fn products_portable(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-        let w = self;
-        let (blocks, groups) = (w.cols / ACT_BLOCK, w.cols / w.group);
-        for r in 0..rows {
-            for t in 0..n {
-                let act = x.row(t, w.cols);
-                let mut sum = 0f32;
-                for b in 0..blocks {
-                    let q = &act.q[b * ACT_BLOCK..][..ACT_BLOCK];
-                    for part in 0..ACT_BLOCK / w.group {
-                        let range = part * w.group..(part + 1) * w.group;
-                        let isum: i32 = range.map(|e| i32::from(w.levels.level(r, b, e, blocks)) * i32::from(q[e])).sum();
-                        let at = value_index(r, b * ACT_BLOCK / w.group + part, groups);
-                        sum += w.scale.get(at) * act.d[b] * isum as f32;
-                    }
-                    if let Some(offset) = w.offset {
-                        sum += offset.get(value_index(r, b, groups)) * act.sums32[b];
-                    }
-                }
-                out[r * n + t] = sum;
-            }
-        }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn products_avx2(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-        interleaved_bytes::products(self, x, out, rows, n)
-    }
-
-    /// Q5_K's and Q6_K's.
-    #[cfg(target_arch = "x86_64")]
-    fn factored(&self, x: &QuantizedRows) -> Option<FactoredRows<'_, Self>> {
-        let (scale, offset) = FactoredLanes::super_blocks(self.scale, self.offset, self.group, self.cols, x)?;
-        Some(FactoredRows { rows: *self, scale, offset })
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn factored_products(w: FactoredRows<'_, Self>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool) {
-        interleaved_bytes::factored_products(w, x, out, rows, n, vnni)
-    }
-}

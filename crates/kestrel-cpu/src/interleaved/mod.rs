@@ -1,17 +1,20 @@
 //! Weight rows interleaved in groups of 8 for the products that sum 8 rows at once: 4-bit levels
 //! (`nibbles`), and byte and 6-bit ones (`bytes`). What the layouts share: where a row's scales
-//! and offsets lie, and the products' shape checks and choice of code (the SIMD tiles are
-//! `arch::x86::interleaved` and `arch::x86::interleaved_bytes`).
+//! and offsets lie. The products over either layout, their shape checks and choice of code, are
+//! `products` (the SIMD tiles, which read the layouts, are `arch::x86::interleaved` and
+//! `arch::x86::interleaved_bytes`).
 
 pub(crate) mod bytes;
 pub(crate) mod nibbles;
+mod products;
 #[cfg(test)]
 mod tests;
 
-use crate::activations::QuantizedRows;
 #[cfg(target_arch = "x86_64")]
-use crate::arch::x86::{self, tiles::FactoredRows};
-use crate::ACT_BLOCK;
+use crate::arch::x86;
+pub(crate) use products::products;
+#[cfg(test)]
+pub(crate) use products::WovenRows;
 
 /// Rows a group interleaves: one per lane of an AVX2 vector of i32 or f32.
 pub(crate) const GROUP_ROWS: usize = 8;
@@ -45,72 +48,4 @@ pub(crate) fn has_simd() -> bool {
     return x86::has_avx2();
     #[cfg(not(target_arch = "x86_64"))]
     false
-}
-
-/// Consecutive whole groups of interleaved rows in one of the layouts (`nibbles::GroupRows`,
-/// `bytes::ByteGroupRows`): what `products` needs of each.
-pub(crate) trait WovenRows: Copy {
-    /// The products' name in a shape panic.
-    const PRODUCTS: &'static str;
-
-    fn cols(&self) -> usize;
-
-    fn rows(&self) -> usize;
-
-    /// Whether the levels, scales and offsets are those of `rows` whole rows (which the SIMD
-    /// code's unchecked loads rely on).
-    fn holds(&self, rows: usize) -> bool;
-
-    /// The products one weight at a time: the reference the SIMD code is tested against.
-    fn products_portable(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize);
-
-    /// The products of the AVX2 tiles that read whole scales and offsets of any storage.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C are present, and `self`, `x` and `out` have the shapes `products`
-    /// checks.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn products_avx2(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize);
-
-    /// The rows with their factored scales and offsets, where a K-quant's products with `x`
-    /// take the factored tiles that sum a super-block in i32 (None: another case).
-    #[cfg(target_arch = "x86_64")]
-    fn factored(&self, x: &QuantizedRows) -> Option<FactoredRows<'_, Self>>;
-
-    /// The products of the factored tiles, with AVX512-VNNI's `dpbusd` where `vnni`.
-    ///
-    /// # Safety
-    /// As `products_avx2`'s, `w` is `factored`'s, and AVX512-VNNI (`x86::has_avx512_vnni`) is
-    /// present where `vnni`.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn factored_products(w: FactoredRows<'_, Self>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool);
-}
-
-/// `out[r·n + t] = Σ_e w_r[e]·x_t[e]` for the rows of `w` and the `n` rows of `x` (as
-/// `dot::int_products`).
-pub(crate) fn products<W: WovenRows>(w: W, x: &QuantizedRows, out: &mut [f32]) {
-    let (rows, n) = (w.rows(), x.rows(w.cols()));
-    assert!(
-        w.cols().is_multiple_of(ACT_BLOCK)
-            && rows.is_multiple_of(GROUP_ROWS)
-            && w.holds(rows)
-            && out.len() == rows * n
-            && x.d.len() * ACT_BLOCK == x.q.len(),
-        "{}: shapes differ",
-        W::PRODUCTS
-    );
-    #[cfg(target_arch = "x86_64")]
-    if has_simd() {
-        // SAFETY: AVX2, FMA and F16C are present (and AVX512-VNNI where the factored tiles take
-        // it); the shapes were checked above, and every load reads within the group's levels and
-        // scales and a token's activation row.
-        unsafe {
-            match w.factored(x) {
-                Some(factored) => W::factored_products(factored, x, out, rows, n, x86::has_avx512_vnni()),
-                None => w.products_avx2(x, out, rows, n),
-            }
-        }
-        return;
-    }
-    w.products_portable(x, out, rows, n);
 }

@@ -13,10 +13,7 @@
 //! nibble, `16 + 4k + m` in its high one). Scales and offsets, one per 32 weights, are
 //! interleaved alike: the value of row `i`, block `b` of group `g` at `(g · blocks + b) · 8 + i`.
 
-use super::{value_index, WovenRows, GROUP_ROWS};
-use crate::activations::QuantizedRows;
-#[cfg(target_arch = "x86_64")]
-use crate::arch::x86::{interleaved, scales::FactoredLanes, tiles::FactoredRows};
+use super::GROUP_ROWS;
 use crate::rows::Scales;
 use crate::ACT_BLOCK;
 
@@ -73,61 +70,4 @@ pub(crate) struct GroupRows<'a> {
     /// sums, so that Q4_0 needs no stored offsets (a tenth of the bytes a decode step streams).
     pub bias: f32,
     pub cols: usize,
-}
-
-impl WovenRows for GroupRows<'_> {
-    const PRODUCTS: &'static str = "interleaved products";
-
-    fn cols(&self) -> usize {
-        self.cols
-    }
-
-    fn rows(&self) -> usize {
-        self.levels.len() * 2 / self.cols
-    }
-
-    fn holds(&self, rows: usize) -> bool {
-        self.scale.len() * ACT_BLOCK == rows * self.cols && self.offset.is_none_or(|o| o.len() == self.scale.len())
-    }
-
-    fn products_portable(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-        let w = self;
-        let blocks = w.cols / ACT_BLOCK;
-        for r in 0..rows {
-            for t in 0..n {
-                let act = x.row(t, w.cols);
-                let mut sum = 0f32;
-                for b in 0..blocks {
-                    let levels = (0..ACT_BLOCK).map(|e| {
-                        let byte = w.levels[byte_index(r, b, e % ROW_BLOCK_BYTES, blocks)];
-                        i32::from(if e < ROW_BLOCK_BYTES { byte & 0x0F } else { byte >> 4 })
-                    });
-                    let isum: i32 = levels.zip(&act.q[b * ACT_BLOCK..][..ACT_BLOCK]).map(|(l, &q)| l * i32::from(q)).sum();
-                    let at = value_index(r, b, blocks);
-                    sum += w.scale.get(at) * (act.d[b] * isum as f32 - w.bias * act.sums32[b]);
-                    if let Some(offset) = w.offset {
-                        sum += offset.get(at) * act.sums32[b];
-                    }
-                }
-                out[r * n + t] = sum;
-            }
-        }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn products_avx2(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-        interleaved::products(self, x, out, rows, n)
-    }
-
-    /// Q4_K's: Q4_0's bias takes the tiles of whole scales.
-    #[cfg(target_arch = "x86_64")]
-    fn factored(&self, x: &QuantizedRows) -> Option<FactoredRows<'_, Self>> {
-        let (scale, offset) = FactoredLanes::super_blocks(self.scale, self.offset, ACT_BLOCK, self.cols, x).filter(|_| self.bias == 0.0)?;
-        Some(FactoredRows { rows: *self, scale, offset })
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn factored_products(w: FactoredRows<'_, Self>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool) {
-        interleaved::factored_products(w, x, out, rows, n, vnni)
-    }
 }

@@ -8,6 +8,7 @@ use crate::activations::{ActFormat, QuantizedRows, Q8K_BLOCK};
 use crate::dot::int_products;
 use crate::factored::{test_factors, UnitLayout};
 use crate::rows::{IntRows, Levels, Scales};
+use crate::ACT_BLOCK;
 
 /// The interleaved products give the row-by-row kernels' sums for the same weights (up to
 /// the order of the f32 additions), with f32 and f16 scales, with and without offsets, for
