@@ -7,7 +7,6 @@ pub use kestrel_ops::params::{GateActivation, RopeMode};
 use kestrel_ops::params::{RopeConfig, Scores, YarnRamp};
 
 use crate::error::{bad_model, ModelError};
-use crate::tensors::Role;
 
 /// The architectures of the one Llama-family graph; each differs from `llama` only by the
 /// flags its `ModelConfig` sets.
@@ -429,19 +428,6 @@ fn rope_scaling(header: &GgufHeader, key: &dyn Fn(&str) -> String) -> Result<Rop
 }
 
 impl ModelConfig {
-    /// The tensor whose RoPE frequency factors apply at a context of `max_ctx`: Llama 3's one
-    /// table, or Phi-3's long factors beyond the original context and short ones within it (as
-    /// llama.cpp chooses by its context length).
-    pub fn rope_factors_role(&self, max_ctx: usize) -> Option<Role> {
-        if self.rope_factors {
-            Some(Role::RopeFreqs)
-        } else if self.rope_long_short_factors {
-            Some(if max_ctx > self.rope_original_context { Role::RopeFactorsLong } else { Role::RopeFactorsShort })
-        } else {
-            None
-        }
-    }
-
     /// The RoPE parameters of this model, with the file's frequency factors when it has them
     /// (checked: `head_dim / 2` finite, positive values).
     pub fn rope_config(&self, factors: Option<Vec<f32>>) -> Result<RopeConfig, ModelError> {

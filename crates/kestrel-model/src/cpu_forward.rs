@@ -201,7 +201,7 @@ impl<K: CpuKernels> CpuForward<K> {
         let mut matrix = |role: Role| matrices.remove(&role).ok_or_else(|| missing(role));
         let mut vector = |role: Role| vectors.remove(&role).ok_or_else(|| missing(role));
         let shape = AttentionShape { n_heads: config.n_heads, n_kv_heads: config.n_kv_heads, head_dim: config.head_dim, max_ctx };
-        let model_rope = config.rope_config(config.rope_factors_role(max_ctx).map(&mut vector).transpose()?)?;
+        let model_rope = config.rope_config(crate::tensors::rope_factors_role(&config, max_ctx).map(&mut vector).transpose()?)?;
         let mut layers = Vec::with_capacity(config.n_layers);
         for l in 0..config.n_layers {
             let (biased, normed) = (config.qkv_bias, config.qk_norm);

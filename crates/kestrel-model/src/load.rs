@@ -470,7 +470,7 @@ impl Loading {
                 down,
             });
         }
-        let rope = c.rope_config(c.rope_factors_role(max_ctx).map(&mut take_vector).transpose()?)?;
+        let rope = c.rope_config(crate::tensors::rope_factors_role(&c, max_ctx).map(&mut take_vector).transpose()?)?;
         let weights = Weights { embedding, output_norm: upload("output_norm", take_vector(Role::OutputNorm)?)?, output, layers };
         let max_chunk = options.max_chunk.min(max_ctx);
         if options.slots == 0 || options.slots > max_chunk.min(MAX_SLOTS) {

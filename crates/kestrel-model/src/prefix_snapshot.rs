@@ -49,7 +49,7 @@ pub struct KvLayout {
 
 impl KvLayout {
     pub fn of(c: &ModelConfig, kv: KvType, max_ctx: usize) -> Self {
-        let rope_table = match c.rope_factors_role(max_ctx) {
+        let rope_table = match crate::tensors::rope_factors_role(c, max_ctx) {
             None => 0,
             Some(Role::RopeFactorsShort) => 2,
             Some(Role::RopeFactorsLong) => 3,

@@ -54,6 +54,19 @@ pub struct Expected {
     pub cols: usize,
 }
 
+/// The tensor whose RoPE frequency factors apply at a context of `max_ctx`: Llama 3's one
+/// table, or Phi-3's long factors beyond the original context and short ones within it (as
+/// llama.cpp chooses by its context length).
+pub fn rope_factors_role(c: &ModelConfig, max_ctx: usize) -> Option<Role> {
+    if c.rope_factors {
+        Some(Role::RopeFreqs)
+    } else if c.rope_long_short_factors {
+        Some(if max_ctx > c.rope_original_context { Role::RopeFactorsLong } else { Role::RopeFactorsShort })
+    } else {
+        None
+    }
+}
+
 /// Every tensor the config requires, in no particular order.
 pub fn expected_tensors(c: &ModelConfig) -> Vec<Expected> {
     let q = c.q_width();
