@@ -32,7 +32,7 @@ pub struct LoadOptions {
     /// How the KV cache stores its values (default f16, as llama.cpp's).
     pub kv_cache: KvType,
     /// KV slots the GPU backend allocates: sequences that can generate at once in batched steps
-    /// (`Model::add_sequence`), each with a KV cache of `context_length` (default 1). The CPU
+    /// (the engine's `Generator::add_sequence`), each with a KV cache of `context_length` (default 1). The CPU
     /// backend's slots grow with `Model::set_slots`.
     pub slots: usize,
 }

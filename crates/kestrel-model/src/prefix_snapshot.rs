@@ -221,7 +221,7 @@ pub fn decode<'a>(bytes: &'a [u8], key: &str, layout: KvLayout, vocab: usize) ->
     Ok(Snapshot { tokens, rows: &content[rows_at..] })
 }
 
-/// The byte range of each KV head's first `n` rows of slot 0 (the one `Model::generate` uses) in
+/// The byte range of each KV head's first `n` rows of slot 0 (the one requests run in one at a time) in
 /// one layer's K or V cache.
 fn head_ranges(cache: &KvCache, n: usize) -> impl Iterator<Item = (u64, u64)> + '_ {
     let row = cache.row_bytes() as u64;
