@@ -77,16 +77,17 @@ enum State {
 }
 
 /// A loaded model: one that generates text, or one that embeds it.
+/// Both boxed: the two differ by hundreds of bytes, and a load makes one.
 pub enum LoadedModel {
-    Chat(Model),
-    Embedding(Embedder),
+    Chat(Box<Model>),
+    Embedding(Box<Embedder>),
 }
 
 impl LoadedModel {
     /// The chat model, or `invalid_option` naming why an embedding model cannot chat.
     pub fn into_chat(self) -> Result<Model, ModelError> {
         match self {
-            Self::Chat(model) => Ok(model),
+            Self::Chat(model) => Ok(*model),
             Self::Embedding(e) => Err(not_a_chat_model(e.config().arch)),
         }
     }
@@ -244,12 +245,12 @@ impl ModelLoader {
                 Ok(match pooling {
                     Some(pooling) => {
                         let tokenizer = model.tokenizer().clone();
-                        LoadedModel::Embedding(Embedder::decoder(DecoderEmbedder::new(model, pooling), tokenizer))
+                        LoadedModel::Embedding(Box::new(Embedder::decoder(DecoderEmbedder::new(model, pooling), tokenizer)))
                     }
-                    None => LoadedModel::Chat(model),
+                    None => LoadedModel::Chat(Box::new(model)),
                 })
             }
-            (State::Encoder(loading), _) => Ok(LoadedModel::Embedding(loading.into_embedder().await?)),
+            (State::Encoder(loading), _) => Ok(LoadedModel::Embedding(Box::new(loading.into_embedder().await?))),
         }
     }
 }

@@ -56,7 +56,7 @@ fn minilm() -> &'static Embedder {
 fn load_embedder(path: &std::path::Path) -> Embedder {
     let loaded = block_on(kestrel_model::load_file_cpu_any(path, LoadOptions::default(), &mut |_| {}));
     match loaded.unwrap_or_else(|e| panic!("load {}: {e}", path.display())) {
-        LoadedModel::Embedding(e) => e,
+        LoadedModel::Embedding(e) => *e,
         LoadedModel::Chat(_) => panic!("{} loaded as a chat model", path.display()),
     }
 }

@@ -342,7 +342,7 @@ fn joining_changes_nothing(mut model: Generator) {
     let alone = common::generate_alone(&mut model, &requests);
     model.reset();
     let mut ids = vec![model.add_sequence(&requests[0].0, &requests[0].1).expect("add the first")];
-    let mut tokens = vec![Vec::new(), Vec::new()];
+    let mut tokens = [Vec::new(), Vec::new()];
     let mut ended = 0;
     let mut steps = 0;
     while model.running_sequences() > 0 {

@@ -48,7 +48,7 @@ fn minilm_path() -> std::path::PathBuf {
 
 fn embedder(loaded: Result<LoadedModel, kestrel_model::ModelError>, path: &Path) -> Embedder {
     match loaded.unwrap_or_else(|e| panic!("load {}: {e}", path.display())) {
-        LoadedModel::Embedding(e) => e,
+        LoadedModel::Embedding(e) => *e,
         LoadedModel::Chat(_) => panic!("{} loaded as a chat model", path.display()),
     }
 }

@@ -17,13 +17,8 @@ use kestrel_engine::EngineError;
 use kestrel_model::{Embedder, Embeddings, Ranking};
 use tokio::sync::oneshot;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
-
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::routes::{admit, AppState};
 
 type Reply<T> = oneshot::Sender<Result<T, ApiError>>;
 
@@ -176,20 +171,6 @@ impl EmbeddingWorker {
             let _ = thread.join();
         }
     }
-}
-
-/// Checks and parses a request of an embedding-thread endpoint and waits for the thread's
-/// answer. The request is shared with the thread, not copied: it may be megabytes, and the
-/// answer's JSON is written from it.
-pub async fn submit_and_wait<W: Work>(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(Arc<W>, W::Output), ApiError> {
-    let body = admit(state, body)?;
-    let worker = state.served.embedder(W::not_for_chat)?;
-    let request = Arc::new(W::parse_body(&body).map_err(|e| ApiError::from(&e))?);
-    let answer = worker.submit(request.clone())?;
-    let output = answer
-        .await
-        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal", "the embedding thread stopped"))??;
-    Ok((request, output))
 }
 
 /// The thread's loop: one request at a time until every handle to the worker is gone.

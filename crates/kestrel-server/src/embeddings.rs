@@ -8,12 +8,14 @@ use std::time::Instant;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kestrel_engine::embeddings::EmbeddingRequest;
 
-use crate::embedder::submit_and_wait;
-use crate::routes::{AppState, Outcome};
+use crate::embedder::Work;
+use crate::error::ApiError;
+use crate::state::{admit, AppState, Outcome};
 
 pub async fn embeddings(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();
@@ -33,4 +35,18 @@ pub async fn embeddings(State(state): State<Arc<AppState>>, body: Result<Bytes, 
             e.into_response()
         }
     }
+}
+
+/// Checks and parses a request of an embedding-thread endpoint and waits for the thread's
+/// answer. The request is shared with the thread, not copied: it may be megabytes, and the
+/// answer's JSON is written from it.
+pub async fn submit_and_wait<W: Work>(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<(Arc<W>, W::Output), ApiError> {
+    let body = admit(state, body)?;
+    let worker = state.served.embedder(W::not_for_chat)?;
+    let request = Arc::new(W::parse_body(&body).map_err(|e| ApiError::from(&e))?);
+    let answer = worker.submit(request.clone())?;
+    let output = answer
+        .await
+        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "internal", "the embedding thread stopped"))??;
+    Ok((request, output))
 }

@@ -20,6 +20,7 @@ mod metrics;
 mod rerank;
 mod routes;
 mod served;
+mod state;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -81,7 +82,7 @@ pub async fn serve(
     let metrics = Arc::new(metrics::Metrics::new(served::Served::slots_of(&model)));
     let served = served::Served::start(model, config.queue, config.prefill_chunk, metrics.clone())?;
     let cache = cache::ResponseCache::new(config.response_cache_bytes);
-    let state = Arc::new(routes::AppState::new(served.clone(), metrics, cache, config.api_key, config.model_name));
+    let state = Arc::new(state::AppState::new(served.clone(), metrics, cache, config.api_key, config.model_name));
     let app = routes::router(state.clone(), config.max_body_bytes, &config.cors_origins)?;
     let grace = config.shutdown_grace;
     let draining = {

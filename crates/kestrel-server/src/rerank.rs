@@ -13,8 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kestrel_engine::rerank::RerankRequest;
 
-use crate::embedder::submit_and_wait;
-use crate::routes::{AppState, Outcome};
+use crate::embeddings::submit_and_wait;
+use crate::state::{AppState, Outcome};
 
 pub async fn rerank(State(state): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
     let arrived = Instant::now();

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -23,34 +23,16 @@ use kestrel_engine::{Generation, TokenEvent};
 use serde_json::{json, Value};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::cache::{self, ResponseCache};
+use crate::cache;
 use crate::embeddings::embeddings;
 use crate::engine::{Event, Ticket};
 use crate::error::ApiError;
-use crate::metrics::Metrics;
 use crate::rerank::rerank;
-use crate::served::Served;
+use crate::state::{admit, AppState, Outcome};
 
 /// The response header that says whether the exact-response cache answered (`hit`) or was
 /// looked in first (`miss`); absent when the request could not be cached.
 pub const CACHE_HEADER: &str = "x-kestrel-response-cache";
-
-pub struct AppState {
-    pub served: Served,
-    pub metrics: Arc<Metrics>,
-    pub cache: ResponseCache,
-    pub api_key: Option<String>,
-    pub model_name: String,
-    /// Set once shutdown begins: new requests get 503.
-    pub draining: AtomicBool,
-    serial: AtomicU64,
-}
-
-impl AppState {
-    pub fn new(served: Served, metrics: Arc<Metrics>, cache: ResponseCache, api_key: Option<String>, model_name: String) -> Self {
-        Self { served, metrics, cache, api_key, model_name, draining: AtomicBool::new(false), serial: AtomicU64::new(0) }
-    }
-}
 
 pub fn router(state: Arc<AppState>, max_body_bytes: usize, cors_origins: &[String]) -> std::io::Result<Router> {
     let router = Router::new()
@@ -166,44 +148,6 @@ async fn completions(State(state): State<Arc<AppState>>, headers: HeaderMap, bod
     generate(state, Endpoint::Completions, headers, body).await
 }
 
-/// Counts a request's outcome once; a request dropped before it ended (the client went away)
-/// counts as `client_gone`.
-pub struct Outcome {
-    metrics: Arc<Metrics>,
-    /// The endpoint's metrics label.
-    endpoint: &'static str,
-    recorded: bool,
-}
-
-impl Outcome {
-    pub fn new(metrics: Arc<Metrics>, endpoint: &'static str) -> Self {
-        Self { metrics, endpoint, recorded: false }
-    }
-
-    pub fn record(&mut self, outcome: &str) {
-        if !self.recorded {
-            self.recorded = true;
-            self.metrics.count_request(self.endpoint, outcome);
-        }
-    }
-
-    fn finished(&mut self, generation: &Generation) {
-        self.record(generation.finish_reason.as_str());
-    }
-
-    /// Hands the recording over to a new owner (a stream that outlives the handler).
-    fn hand_over(&mut self) -> Outcome {
-        let recorded = std::mem::replace(&mut self.recorded, true);
-        Outcome { metrics: self.metrics.clone(), endpoint: self.endpoint, recorded }
-    }
-}
-
-impl Drop for Outcome {
-    fn drop(&mut self) {
-        self.record("client_gone");
-    }
-}
-
 async fn generate(state: Arc<AppState>, endpoint: Endpoint, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
     let mut outcome = Outcome::new(state.metrics.clone(), endpoint.label());
     match respond(&state, endpoint, &headers, body, &mut outcome).await {
@@ -260,18 +204,6 @@ async fn respond(
     Ok(match cache_state {
         Some(value) => with_cache_header(response, value),
         None => response,
-    })
-}
-
-/// A request's body, unless the server is shutting down or the body was refused (too large, or
-/// not read).
-pub fn admit(state: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    if state.draining.load(Ordering::Relaxed) {
-        return Err(ApiError::shutting_down());
-    }
-    body.map_err(|rejection| {
-        let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE { "request_too_large" } else { "invalid_body" };
-        ApiError::new(rejection.status(), "invalid_request_error", code, rejection.body_text())
     })
 }
 

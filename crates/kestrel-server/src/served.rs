@@ -32,8 +32,8 @@ impl Served {
     /// Starts the thread that owns `model`, with `queue` requests allowed to wait.
     pub fn start(model: LoadedModel, queue: usize, prefill_chunk: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
         Ok(match model {
-            LoadedModel::Chat(model) => Self::Chat(Arc::new(Engine::start(model, queue, prefill_chunk, metrics)?)),
-            LoadedModel::Embedding(embedder) => Self::Embedding(Arc::new(EmbeddingWorker::start(embedder, queue, metrics)?)),
+            LoadedModel::Chat(model) => Self::Chat(Arc::new(Engine::start(*model, queue, prefill_chunk, metrics)?)),
+            LoadedModel::Embedding(embedder) => Self::Embedding(Arc::new(EmbeddingWorker::start(*embedder, queue, metrics)?)),
         })
     }
 

@@ -176,10 +176,10 @@ impl State {
     async fn finish_load(&self) -> Result<JsValue, JsValue> {
         let loader = self.loader.borrow_mut().take().ok_or_else(|| js_error("bad_model", "bad model file: no bytes were loaded"))?;
         let model = match loader.finish_any().await.map_err(|e| model_error(&e))? {
-            LoadedModel::Chat(model) => model,
+            LoadedModel::Chat(model) => *model,
             LoadedModel::Embedding(embedder) => {
                 *self.model_info.borrow_mut() = Some(embeddings::model_info(&embedder));
-                *self.embedder.borrow_mut() = Some(Rc::new(embedder));
+                *self.embedder.borrow_mut() = Some(Rc::new(*embedder));
                 return Ok(self.info());
             }
         };

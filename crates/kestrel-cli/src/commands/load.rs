@@ -167,9 +167,9 @@ pub fn is_embedding(arch: Option<&str>) -> bool {
 /// (`load_embedder`), a chat model as `load_with_slots` loads it.
 pub fn load_any(path: &Path, cache: &CacheArgs, quiet: bool, slots: usize) -> Result<LoadedModel, Box<dyn std::error::Error>> {
     if is_embedding(architecture(path)?.as_deref()) {
-        return Ok(LoadedModel::Embedding(load_embedder(path, cache.backend, quiet)?));
+        return Ok(LoadedModel::Embedding(Box::new(load_embedder(path, cache.backend, quiet)?)));
     }
-    Ok(LoadedModel::Chat(load_with_slots(path, cache, quiet, slots)?.model))
+    Ok(LoadedModel::Chat(Box::new(load_with_slots(path, cache, quiet, slots)?.model)))
 }
 
 /// The embedding model at `path` (an encoder, or a decoder with a pooling type), its layers on
@@ -190,7 +190,7 @@ pub fn load_embedder(path: &Path, backend: BackendChoice, quiet: bool) -> Result
     }
     .map_err(coded)?;
     let embedder = match loaded {
-        LoadedModel::Embedding(embedder) => embedder,
+        LoadedModel::Embedding(embedder) => *embedder,
         LoadedModel::Chat(model) => {
             let arch = format!("{:?}", model.config().arch).to_lowercase();
             let e = kestrel_engine::embeddings::not_an_embedding_model(&arch);

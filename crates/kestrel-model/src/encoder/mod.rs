@@ -92,9 +92,8 @@ pub struct EmbedderInfo {
     pub context_length: usize,
 }
 
-/// The pass that embeds. The decoder's (the chat graph's, 800 bytes) is boxed so that an
-/// `Embedder` stays about a chat `Model`'s size, which `LoadedModel` holds inline; the encoder's
-/// stays inline, as it was.
+/// The pass that embeds. The decoder's (the chat graph's) and the GPU encoder's are boxed, so
+/// that the variants stay near one another's size; the CPU encoder's stays inline.
 #[allow(clippy::large_enum_variant)]
 enum Pass {
     Encoder(Encoder<Quantized>),
