@@ -366,3 +366,20 @@ fn joining_changes_nothing(mut model: Generator) {
     assert_eq!(tokens[0], alone[0].tokens, "the first's streamed tokens");
     assert_eq!(tokens[1], alone[1].tokens, "the second's streamed tokens");
 }
+
+/// A caller that stops listening at the token that also ends the generation (its last by
+/// `max_tokens`) gets the generation, with all of its text streamed, not an error.
+#[test]
+fn stopping_at_the_last_token_returns_the_generation() {
+    let mut model = Generator::new(common::load_cpu(&common::default_model_path(), 256));
+    let options = GenerateOptions { max_tokens: 3, ignore_eos: true, ..GenerateOptions::greedy() };
+    let (mut seen, mut streamed) = (0, String::new());
+    let generation = pollster::block_on(model.generate(&common::bench_ids(8), &options, &mut |event| {
+        streamed.push_str(&event.text);
+        seen += usize::from(event.id.is_some());
+        seen < 3
+    }))
+    .expect("the generation, not an error");
+    assert_eq!(generation.tokens.len(), 3);
+    assert_eq!(streamed, generation.text, "every piece of the text was streamed");
+}

@@ -240,15 +240,15 @@ impl Generator {
             for (_, event) in step.events {
                 match event {
                     SequenceEvent::Token(token) => {
+                        // Where the step that streamed the token also ended the sequence, its
+                        // flush and its end follow among the step's events: nothing to abort.
                         if !on_token(&token) {
-                            let (flush, generation) = self.end_now(id).ok_or(ModelError::InvalidOption {
-                                name: "generate",
-                                reason: "the sequence ended before its abort".into(),
-                            })?;
-                            if let Some(rest) = flush {
-                                on_token(&rest);
+                            if let Some((flush, generation)) = self.end_now(id) {
+                                if let Some(rest) = flush {
+                                    on_token(&rest);
+                                }
+                                return Ok(generation);
                             }
-                            return Ok(generation);
                         }
                     }
                     SequenceEvent::Done(result) => return result,
