@@ -367,7 +367,7 @@ impl Model {
     /// The token ids whose keys and values slot 0's cache holds for reuse, from position 0 (the
     /// last request's prompt and output, where requests run one at a time).
     pub fn cached_token_ids(&self) -> &[u32] {
-        &self.cached[0]
+        self.slot_tokens(0)
     }
 
     /// Forgets the cached prefix: the next request prefills from position 0.

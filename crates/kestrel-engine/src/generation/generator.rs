@@ -86,11 +86,6 @@ impl Generator {
         prompt::encode(&self.model, self.tool_syntax, prompt, &GenerateOptions::default())
     }
 
-    /// A conversation as the chat template renders it, ending with an assistant turn.
-    pub fn render_chat(&self, messages: &[kestrel_model::ChatMessage]) -> Result<String, ModelError> {
-        prompt::render_chat(&self.model, self.tool_syntax, messages, &GenerateOptions::default())
-    }
-
     /// A request's prompt token ids, checked as generation checks them: every option and limit
     /// before the prompt is rendered and encoded, then the prompt against the context.
     pub fn prepare(&self, prompt: &Prompt<'_>, options: &GenerateOptions) -> Result<Vec<u32>, ModelError> {
@@ -140,11 +135,6 @@ impl Generator {
     /// Sequences added and not yet ended.
     pub fn running_sequences(&self) -> usize {
         self.sequences.len()
-    }
-
-    /// The running sequences, oldest first.
-    pub fn sequence_ids(&self) -> Vec<SequenceId> {
-        self.sequences.iter().map(|s| s.id).collect()
     }
 
     /// Tokens whose keys and values the slots hold: each running sequence's so far, and each
