@@ -562,6 +562,7 @@ mod tests {
             timings,
             logprobs: Vec::new(),
             tool_calls: Vec::new(),
+            speculative: None,
         }
     }
 

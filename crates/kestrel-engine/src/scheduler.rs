@@ -298,5 +298,6 @@ fn aborted_before_start(prompt: Vec<u32>) -> Generation {
         timings,
         logprobs: Vec::new(),
         tool_calls: Vec::new(),
+        speculative: None,
     }
 }

@@ -131,7 +131,7 @@ impl CpuBackend {
                 reason: format!("{} tokens (chunk limit {})", tokens.len(), self.max_chunk),
             });
         }
-        let step = SequenceStep { slot: at.kv_slot, pos: at.pos, tokens, logits: !matches!(output, StepOutput::None) };
+        let step = SequenceStep { slot: at.kv_slot, pos: at.pos, tokens, logits: usize::from(!matches!(output, StepOutput::None)) };
         let Some(logits) = self.run_batch(&[step])?.pop().flatten() else { return Ok(()) };
         if matches!(output, StepOutput::Logits) {
             self.logits = logits;

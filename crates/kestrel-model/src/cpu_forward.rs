@@ -136,9 +136,11 @@ pub struct SequenceStep<'a> {
     /// Tokens already in that cache: `tokens` run at positions `pos..`.
     pub pos: usize,
     pub tokens: &'a [u32],
-    /// Whether to return the last token's logits (a prefill chunk before the last needs only
-    /// its KV rows).
-    pub logits: bool,
+    /// How many of its last tokens' logits to return, `[row][vocab]` in order: 0 for a prefill
+    /// chunk before the last (it needs only its KV rows), 1 for a step that samples, and every
+    /// row of a speculative verification (each drafted token is checked against the logits of
+    /// the row before it).
+    pub logits: usize,
 }
 
 pub struct CpuForward<K: CpuKernels> {
@@ -325,36 +327,52 @@ impl<K: CpuKernels> CpuForward<K> {
     /// `forward`, with the LM head only when `logits` (a prefill chunk before the last needs
     /// only its KV rows).
     pub fn run(&mut self, tokens: &[u32], logits: bool) -> Result<Option<Vec<f32>>, ModelError> {
-        let step = SequenceStep { slot: 0, pos: self.pos, tokens, logits };
+        let step = SequenceStep { slot: 0, pos: self.pos, tokens, logits: usize::from(logits) };
         let out = self.run_batch(&[step])?.pop().flatten();
         self.pos += tokens.len();
         Ok(out)
     }
 
     /// Runs several sequences' tokens as one pass: every product reads its weights once for
-    /// all of their rows, and each sequence's rows attend to its own slot's cache. Returns each
-    /// step's last logits where it asked for them. Every row is computed on its own, so a
-    /// sequence's logits do not depend on what it was batched with.
+    /// all of their rows, and each sequence's rows attend to its own slot's cache. Returns the
+    /// logits of each step's last `logits` rows (`[row][vocab]`) where it asked for them. Every
+    /// row is computed on its own, so a sequence's logits do not depend on what it was batched
+    /// with.
     pub fn run_batch(&mut self, steps: &[SequenceStep<'_>]) -> Result<Vec<Option<Vec<f32>>>, ModelError> {
+        if let Some(bad) = steps.iter().find(|s| s.logits > s.tokens.len()) {
+            return Err(ModelError::InvalidOption {
+                name: "step",
+                reason: format!("logits of {} rows of a {}-token step", bad.logits, bad.tokens.len()),
+            });
+        }
         let (x, starts) = self.layers_pass(steps)?;
         let c = &self.config;
         let hidden = c.hidden;
-        // The LM head once for the last row of every step that asks for logits.
-        let wanted: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].logits).collect();
+        // The LM head once for the asked-for rows of every step.
+        let wanted: Vec<usize> = (0..steps.len()).filter(|&i| steps[i].logits > 0).collect();
         let mut out = vec![None; steps.len()];
         if wanted.is_empty() {
             return Ok(out);
         }
-        let last_rows: Vec<f32> =
-            wanted.iter().flat_map(|&i| &x[(starts[i] + steps[i].tokens.len() - 1) * hidden..][..hidden]).copied().collect();
-        let last = norm::rmsnorm(&last_rows, &self.output_norm, c.rms_eps);
-        let mut logits = K::apply(self.output.as_ref().unwrap_or(&self.embedding), &last);
+        let rows: Vec<f32> = wanted
+            .iter()
+            .flat_map(|&i| {
+                let end = starts[i] + steps[i].tokens.len();
+                &x[(end - steps[i].logits) * hidden..end * hidden]
+            })
+            .copied()
+            .collect();
+        let normed = norm::rmsnorm(&rows, &self.output_norm, c.rms_eps);
+        let mut logits = K::apply(self.output.as_ref().unwrap_or(&self.embedding), &normed);
         if let Some(cap) = c.final_softcap {
             logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
         }
-        let per_row = logits.len() / wanted.len();
-        for (&i, row) in wanted.iter().zip(logits.chunks_exact(per_row)) {
-            out[i] = Some(row.to_vec());
+        let per_row = logits.len() / wanted.iter().map(|&i| steps[i].logits).sum::<usize>();
+        let mut rest = logits.as_slice();
+        for &i in &wanted {
+            let (mine, others) = rest.split_at(steps[i].logits * per_row);
+            out[i] = Some(mine.to_vec());
+            rest = others;
         }
         Ok(out)
     }

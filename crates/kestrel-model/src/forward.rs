@@ -26,7 +26,8 @@ pub type BatchRow<'a> = BatchSequence<'a>;
 /// What a batched step gives a row that samples.
 #[derive(Debug)]
 pub enum RowOutput {
-    /// Its logits, for the host to sample (the CPU backend).
+    /// Its logits, for the host to sample (the CPU backend): one row, or every row of a
+    /// verification (`BatchRow::verify`), `[row][vocab]`.
     Logits(Vec<f32>),
     /// The token its slot's sampler drew on the device, and the logits when asked for.
     Sampled(BatchSample),
@@ -42,6 +43,12 @@ pub enum DecodeInput {
 }
 
 impl Model {
+    /// Whether a batched step can return every row's logits (`BatchRow::verify`), which
+    /// speculative decoding checks its drafts against: on the CPU backend.
+    pub fn can_verify(&self) -> bool {
+        matches!(self.backend, Backend::Cpu(_))
+    }
+
     /// Whether this backend samples a batched step's rows itself (the GPU), so that their slots'
     /// samplers need their options (`set_slot_sampler`).
     pub fn samples_on_device(&self) -> bool {
@@ -78,8 +85,9 @@ impl Model {
     pub async fn run_batch(&mut self, rows: &[BatchRow<'_>]) -> Result<Vec<Option<RowOutput>>, ModelError> {
         match &mut self.backend {
             Backend::Cpu(c) => {
+                let logits = |r: &BatchRow<'_>| if r.verify { r.tokens.len() } else { usize::from(r.sample.is_some()) };
                 let steps: Vec<SequenceStep<'_>> =
-                    rows.iter().map(|r| SequenceStep { slot: r.slot, pos: r.pos, tokens: r.tokens, logits: r.sample.is_some() }).collect();
+                    rows.iter().map(|r| SequenceStep { slot: r.slot, pos: r.pos, tokens: r.tokens, logits: logits(r) }).collect();
                 Ok(c.run_batch(&steps)?.into_iter().map(|l| l.map(RowOutput::Logits)).collect())
             }
             Backend::Gpu(g) => Ok(g.run_batch(rows, self.pacer.as_mut()).await?.into_iter().map(|s| s.map(RowOutput::Sampled)).collect()),

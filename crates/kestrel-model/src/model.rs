@@ -399,7 +399,7 @@ impl Model {
             match &mut self.backend {
                 Backend::Gpu(g) => rows.extend(g.normed_rows(part, pos).await?),
                 Backend::Cpu(c) => {
-                    let step = SequenceStep { slot: 0, pos, tokens: part, logits: false };
+                    let step = SequenceStep { slot: 0, pos, tokens: part, logits: 0 };
                     rows.extend(kestrel_cpu::on_pool(|| c.forward.normed_hidden(&[step]))?);
                 }
             }

@@ -86,6 +86,7 @@ mod tests {
             timings: Timings::default(),
             logprobs: Vec::new(),
             tool_calls: Vec::new(),
+            speculative: None,
         })
     }
 

@@ -229,6 +229,30 @@ impl TokenMatcher {
         Ok(self.matcher.is_stopped())
     }
 
+    /// Of `tokens`, how many from the first the constraint allows in a row (a lookup draft is cut
+    /// there). The matcher's state does not change.
+    pub fn allowed_prefix(&mut self, tokens: &[u32]) -> Result<usize, ModelError> {
+        self.matcher.validate_tokens(tokens).map_err(|e| self.failed(&e.to_string()))
+    }
+
+    /// Takes a drafted token for now, so that the draft's next token is masked as the output
+    /// after it; false (and nothing taken) where the constraint does not allow it.
+    /// `forget_draft` takes the drafted tokens back.
+    pub fn draft(&mut self, token: u32) -> Result<bool, ModelError> {
+        self.next = None;
+        let taken = self.matcher.try_consume_tokens(&[token]).map_err(|e| self.failed(&e.to_string()))?;
+        Ok(taken == 1)
+    }
+
+    /// Takes back the last `n` drafted tokens (`draft`).
+    pub fn forget_draft(&mut self, n: usize) -> Result<(), ModelError> {
+        self.next = None;
+        if n > 0 {
+            self.matcher.rollback(n).map_err(|e| self.failed(&e.to_string()))?;
+        }
+        Ok(())
+    }
+
     fn failed(&self, why: &str) -> ModelError {
         let reason = self.matcher.get_error().map_or_else(|| one_line(why), |e| one_line(&e));
         ModelError::InvalidOption { name: self.field, reason: format!("the constraint failed: {reason}") }

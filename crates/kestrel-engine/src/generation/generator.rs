@@ -25,6 +25,8 @@ use super::prompt::{self, Prompt};
 use super::result::{FinishReason, Generation, TokenEvent};
 use super::sampling_params;
 use super::sequence::{BatchStep, Sequence, SequenceEvent, SequenceId};
+use super::speculation::SequenceDraft;
+use super::speculative_step::Speculation;
 use super::tools::ToolSyntax;
 
 /// Decode steps in flight by default: the one whose token is being read and two more, so the
@@ -43,12 +45,22 @@ pub struct Generator {
     next_sequence: u64,
     /// Decode steps a sequence alone keeps in flight (`set_decode_run_ahead`).
     pub(super) run_ahead: usize,
+    /// How it speculates (`set_speculation`), where it does.
+    pub(super) speculation: Option<Speculation>,
 }
 
 impl Generator {
     pub fn new(model: Model) -> Self {
         let tool_syntax = ToolSyntax::of_template(model.tokenizer().chat_template());
-        Self { model, tool_syntax, grammar: None, sequences: Vec::new(), next_sequence: 0, run_ahead: DEFAULT_DECODE_RUN_AHEAD }
+        Self {
+            model,
+            tool_syntax,
+            grammar: None,
+            sequences: Vec::new(),
+            next_sequence: 0,
+            run_ahead: DEFAULT_DECODE_RUN_AHEAD,
+            speculation: None,
+        }
     }
 
     pub fn model(&self) -> &Model {
@@ -117,6 +129,9 @@ impl Generator {
     /// sequence's slot keeps nothing until the sequence ends, so this never touches one.
     pub fn reset(&mut self) {
         self.model.reset();
+        if let Some(draft) = self.speculation.as_mut().and_then(|s| s.draft.as_mut()) {
+            draft.reset();
+        }
     }
 
     /// KV slots: sequences that can run at once.
@@ -128,6 +143,9 @@ impl Generator {
     pub fn set_slots(&mut self, n: usize) -> Result<(), ModelError> {
         if !self.sequences.is_empty() {
             return Err(ModelError::InvalidOption { name: "slots", reason: "cannot change while sequences run".into() });
+        }
+        if let Some(draft) = self.speculation.as_mut().and_then(|s| s.draft.as_mut()) {
+            draft.set_slots(n)?;
         }
         self.model.set_slots(n)
     }
@@ -172,6 +190,13 @@ impl Generator {
         let reused = reusable_prefix(common_prefix(self.model.slot_tokens(slot), prompt), prompt.len());
         // The slot's rows past `reused` are about to change; until the sequence ends, it holds them.
         self.model.set_slot_tokens(slot, Vec::new());
+        let draft = match &mut self.speculation {
+            Some(spec) if options.speculative => {
+                let cached = spec.draft.as_mut().map_or(0, |d| d.claim_slot(slot, prompt));
+                Some(SequenceDraft::new(spec.options.draft_max, cached))
+            }
+            _ => None,
+        };
         let id = SequenceId(self.next_sequence);
         self.next_sequence += 1;
         self.sequences.push(Sequence {
@@ -193,6 +218,7 @@ impl Generator {
             first_token: None,
             host_wait: std::time::Duration::ZERO,
             pieces: None,
+            draft,
         });
         Ok(id)
     }
@@ -208,7 +234,19 @@ impl Generator {
     fn end_now(&mut self, id: SequenceId) -> Option<(Option<TokenEvent>, Generation)> {
         let i = self.sequences.iter().position(|s| s.id == id)?;
         let seq = self.sequences.remove(i);
-        Some(seq.end(FinishReason::Abort, &mut self.model))
+        Some(self.finish(seq, FinishReason::Abort))
+    }
+
+    /// A removed sequence's end (`Sequence::end`); the draft model's slot keeps what it holds of
+    /// the sequence's tokens, for the next one's prefix.
+    fn finish(&mut self, seq: Sequence, reason: FinishReason) -> (Option<TokenEvent>, Generation) {
+        let draft_tokens = seq.draft.as_ref().map(|d| seq.history.iter().take(d.draft_pos).copied().collect());
+        let slot = seq.slot;
+        let ended = seq.end(reason, &mut self.model);
+        if let (Some(tokens), Some(draft)) = (draft_tokens, self.speculation.as_mut().and_then(|s| s.draft.as_mut())) {
+            draft.release_slot(slot, tokens);
+        }
+        ended
     }
 
     /// Generates from `prompt` alone, calling `on_token` for every generated token; generation
@@ -254,7 +292,8 @@ impl Generator {
     pub async fn step(&mut self, prefill_tokens: usize) -> BatchStep {
         let mut step = BatchStep::default();
         if let [alone] = self.sequences.as_slice() {
-            if alone.next.is_some() {
+            // A sequence that speculates takes batched steps: its tokens wait on the host's verdicts.
+            if alone.next.is_some() && alone.draft.is_none() {
                 self.step_alone(&mut step).await;
                 return step;
             }
@@ -272,11 +311,19 @@ impl Generator {
     /// A batched step (`Model::run_batch`) of every sequence: its decoded token, or its next
     /// prompt chunk within `budget` tokens in all.
     pub(super) async fn step_batch(&mut self, mut budget: usize, step: &mut BatchStep) {
+        let start = Instant::now();
+        let drafts = match self.draft_step().await {
+            Ok(drafts) => drafts,
+            Err(e) => {
+                let decoding = (0..self.sequences.len()).filter(|&i| self.sequences[i].next.is_some()).collect();
+                return self.fail(decoding, &e, &mut step.events);
+            }
+        };
         // (sequence index, input tokens, whether the step samples)
         let mut plan: Vec<(usize, Vec<u32>, bool)> = Vec::new();
         for (i, seq) in self.sequences.iter().enumerate() {
             match seq.next {
-                Some(token) => plan.push((i, vec![token], true)),
+                Some(token) => plan.push((i, std::iter::once(token).chain(drafts[i].tokens.iter().copied()).collect(), true)),
                 None if budget > 0 => {
                     let n = budget.min(seq.prompt.len() - seq.pos);
                     budget -= n;
@@ -309,6 +356,7 @@ impl Generator {
                 decoding: seq.next.is_some(),
                 sample: samples.then_some(seq.draws),
                 logits: seq.options.logprobs > 0 || seq.matcher.is_some(),
+                verify: !drafts[*i].tokens.is_empty(),
             });
         }
         let outputs = match self.model.run_batch(&rows).await {
@@ -322,11 +370,34 @@ impl Generator {
         if let [i] = prefilling.as_slice() {
             self.sequences[*i].add_pieces(report);
         }
+        let alone = plan.len() == 1;
         let mut ended = Vec::new();
         for ((i, tokens, _), output) in plan.iter().zip(outputs) {
-            self.sequences[*i].pos += tokens.len();
-            let Some(output) = output else { continue };
-            match self.sample_into(*i, output, &mut step.events) {
+            let draft = &drafts[*i];
+            let decoded = self.sequences[*i].next.is_some();
+            let generated = self.sequences[*i].output.generated.len();
+            let outcome = match output {
+                Some(RowOutput::Logits(rows)) if !draft.tokens.is_empty() => self.take_verified(*i, &rows, draft, &mut step.events),
+                Some(output) => {
+                    self.sequences[*i].pos += tokens.len();
+                    self.sample_into(*i, output, &mut step.events)
+                }
+                None => {
+                    self.sequences[*i].pos += tokens.len();
+                    Ok(None)
+                }
+            };
+            let seq = &mut self.sequences[*i];
+            if let (true, Some(state)) = (decoded, seq.draft.as_mut()) {
+                // Only a step the sequence ran alone measures its own speed.
+                let tokens = seq.output.generated.len() - generated;
+                match alone {
+                    true => state.record_time(!draft.tokens.is_empty(), start.elapsed(), tokens),
+                    false if draft.tokens.is_empty() => state.plain_step(),
+                    false => {}
+                }
+            }
+            match outcome {
                 Ok(None) => {}
                 Ok(Some(reason)) => ended.push((*i, Ok(reason))),
                 Err(e) => ended.push((*i, Err(e))),
@@ -376,13 +447,16 @@ impl Generator {
             // fails this request rather than the next.
             match outcome.and_then(|reason| self.model.check_faults().map(|()| reason)) {
                 Ok(reason) => {
-                    let (flush, generation) = seq.end(reason, &mut self.model);
+                    let (flush, generation) = self.finish(seq, reason);
                     events.extend(flush.map(|e| (id, SequenceEvent::Token(e))));
                     events.push((id, SequenceEvent::Done(Ok(generation))));
                 }
                 Err(e) => {
                     // Its steps may have left KV rows unwritten: the next request prefills anew.
                     self.model.set_slot_tokens(slot, Vec::new());
+                    if let Some(draft) = self.speculation.as_mut().and_then(|s| s.draft.as_mut()) {
+                        draft.release_slot(slot, Vec::new());
+                    }
                     events.push((id, SequenceEvent::Done(Err(e))));
                 }
             }

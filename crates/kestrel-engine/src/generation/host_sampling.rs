@@ -29,17 +29,24 @@ pub(crate) struct HostSampler<'a> {
 impl HostSampler<'_> {
     /// The token drawn from `logits` (masked by `matcher` when the output is constrained).
     pub(crate) fn sample(&self, logits: &[f32], matcher: Option<&mut TokenMatcher>) -> Result<u32, ModelError> {
+        if matcher.is_none() && !PenaltyPolicy::new(self.options).is_active() {
+            return Ok(sample::sample(logits, self.sampling, self.draw));
+        }
+        Ok(sample::sample(&self.processed(logits, matcher)?, self.sampling, self.draw))
+    }
+
+    /// `logits` after the penalties, the logit bias and the constraint's mask: what the sampler
+    /// draws from (and what a speculative draft is checked against).
+    pub(crate) fn processed(&self, logits: &[f32], matcher: Option<&mut TokenMatcher>) -> Result<Vec<f32>, ModelError> {
         let policy = PenaltyPolicy::new(self.options);
         let mut logits = if policy.is_active() {
             sample::apply_penalties(logits, &policy.entries(self.history), &policy.penalties)
-        } else if matcher.is_some() {
-            logits.to_vec()
         } else {
-            return Ok(sample::sample(logits, self.sampling, self.draw));
+            logits.to_vec()
         };
         if let Some(matcher) = matcher {
             matcher.mask(&mut logits)?;
         }
-        Ok(sample::sample(&logits, self.sampling, self.draw))
+        Ok(logits)
     }
 }

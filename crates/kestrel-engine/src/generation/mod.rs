@@ -4,6 +4,7 @@
 //! does with its tokens: sampling on the host (`host_sampling`, `penalties`), the constraint
 //! matcher (`constraint`), tool-call parsing (`tools`), stop strings (`stop`), streamed text
 //! (`output`), log-probabilities (`logprobs`), timings and the finished generation (`result`).
+//! Speculative decoding (`speculation`) drafts tokens that a step of the same loop verifies.
 //! The network it drives is `kestrel-model`'s.
 
 mod constraint;
@@ -17,6 +18,8 @@ mod prompt;
 mod result;
 mod run_ahead;
 mod sequence;
+pub mod speculation;
+mod speculative_step;
 pub mod stop;
 mod timings;
 mod tools;

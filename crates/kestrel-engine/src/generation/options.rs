@@ -82,6 +82,9 @@ pub struct GenerateOptions {
     pub tool_choice: Option<ToolChoice>,
     /// Whether one answer may make several calls (default true).
     pub parallel_tool_calls: Option<bool>,
+    /// Whether the engine's speculative decoding, where it has it, serves this request (default
+    /// true): false decodes one token per step.
+    pub speculative: bool,
 }
 
 impl Default for GenerateOptions {
@@ -109,6 +112,7 @@ impl Default for GenerateOptions {
             tools: Vec::new(),
             tool_choice: None,
             parallel_tool_calls: None,
+            speculative: true,
         }
     }
 }

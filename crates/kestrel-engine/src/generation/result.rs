@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::logprobs::StepLogprobs;
+use super::speculation::SpeculativeStats;
 use super::timings::Timings;
 use super::tools::ToolCall;
 
@@ -56,6 +57,9 @@ pub struct Generation {
     /// The calls of a request with `tools`; `text` is then the content around them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// What speculative decoding drafted and kept, where it served the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeStats>,
 }
 
 #[cfg(test)]
@@ -82,6 +86,7 @@ mod tests {
                 top_bytes: vec![b"hi".to_vec(), vec![0xe2]],
             }],
             tool_calls: Vec::new(),
+            speculative: None,
         };
         let json = serde_json::to_value(&g).unwrap();
         assert_eq!(json["prompt_token_ids"], serde_json::json!([1, 2]));

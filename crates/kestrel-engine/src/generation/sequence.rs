@@ -15,6 +15,7 @@ use super::options::GenerateOptions;
 use super::output::{Accepted, TokenOutput};
 use super::penalties::PenaltyPolicy;
 use super::result::{FinishReason, Generation, TokenEvent};
+use super::speculation::SequenceDraft;
 use super::timings::Timings;
 
 /// A sequence added by `Generator::add_sequence`.
@@ -79,6 +80,8 @@ pub(super) struct Sequence {
     pub host_wait: Duration,
     /// What its prompt's paced submissions measured, where it prefilled alone.
     pub pieces: Option<SubmitReport>,
+    /// Its speculative decoding's state, where the engine speculates and the request lets it.
+    pub draft: Option<SequenceDraft>,
 }
 
 impl Sequence {
@@ -154,6 +157,10 @@ impl Sequence {
             .with_pieces(self.pieces);
         let finish_reason = self.output.finish_reason(reason);
         let TokenOutput { generated, text, logprobs, tool_calls, .. } = self.output;
-        (flush, Generation { prompt_tokens: self.prompt, tokens: generated, text, finish_reason, timings, logprobs, tool_calls })
+        let speculative = self.draft.map(|d| d.stats);
+        (
+            flush,
+            Generation { prompt_tokens: self.prompt, tokens: generated, text, finish_reason, timings, logprobs, tool_calls, speculative },
+        )
     }
 }

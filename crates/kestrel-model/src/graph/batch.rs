@@ -28,6 +28,10 @@ pub struct BatchSequence<'a> {
     pub sample: Option<u32>,
     /// Whether to return the logits it sampled from (before penalties: its logprobs).
     pub logits: bool,
+    /// Whether every one of its rows' logits comes back for the host (`[row][vocab]`), to check
+    /// drafted tokens (speculative decoding): each against the logits of the row before it. The
+    /// CPU backend only.
+    pub verify: bool,
 }
 
 /// What a batched step gives a sequence that sampled.
@@ -82,6 +86,10 @@ impl Graph {
         sequences: &[BatchSequence<'_>],
         mut pacer: Option<&mut SubmitPacer>,
     ) -> Result<Vec<Option<BatchSample>>, ModelError> {
+        if sequences.iter().any(|s| s.verify) {
+            let reason = "the GPU backend does not verify drafts yet (the CPU backend does)".into();
+            return Err(ModelError::InvalidOption { name: "speculative", reason });
+        }
         let mut slots: Vec<usize> = sequences.iter().map(|s| s.slot).collect();
         slots.sort_unstable();
         slots.dedup();
