@@ -683,6 +683,35 @@ class BatchTest(unittest.TestCase):
             process.stderr.close()
 
 
+class SpeculativeTest(unittest.TestCase):
+    """`kestrel serve --lookup`: prompt-lookup drafts verified several tokens a step, with the
+    tokens of plain greedy decoding, and their acceptance in /metrics."""
+
+    def test_lookup_gives_plain_tokens_and_reports_its_acceptance(self):
+        process, address = start_server("--backend", "cpu", "--lookup", "--slots", "2")
+        try:
+            client = openai.OpenAI(base_url=f"http://{address}/v1", api_key="none", max_retries=0, timeout=300)
+            # A text that repeats itself: its second half is drafted from its first.
+            prompt = "one two three four five six seven eight nine ten. one two three four five six seven eight nine ten. one two"
+            want = native_greedy(prompt, 24)
+            before = metrics(address)
+            answer = client.completions.create(model="m", prompt=prompt, max_tokens=24, temperature=0)
+            self.assertEqual(answer.model_extra["kestrel"]["token_ids"], want["token_ids"])
+            plain = client.completions.create(model="m", prompt=prompt, max_tokens=24, temperature=0,
+                                              extra_body={"speculative": False})
+            self.assertEqual(plain.model_extra["kestrel"]["token_ids"], want["token_ids"])
+            after = metrics(address)
+            verified = sample(after, "kestrel_speculative_acceptance_count") - sample(before, "kestrel_speculative_acceptance_count")
+            self.assertEqual(verified, 1, "one request speculated (the other asked not to)")
+            per_step = sample(after, "kestrel_speculative_tokens_per_step_sum") - sample(before, "kestrel_speculative_tokens_per_step_sum")
+            self.assertGreater(per_step, 1.0, "drafts stood")
+            client.close()
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+            process.stderr.close()
+
+
 class ShutdownTest(unittest.TestCase):
     def test_sigterm_finishes_running_requests_within_the_grace_and_exits(self):
         process, address = start_server("--shutdown-grace", "1")

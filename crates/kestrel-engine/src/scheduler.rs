@@ -16,9 +16,10 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use kestrel_model::{BackendKind, Model};
+use kestrel_model::{BackendKind, Model, ModelError};
 use web_time::Instant;
 
+use crate::generation::speculation::SpeculativeOptions;
 use crate::generation::{FinishReason, GenerateOptions, Generation, Generator, SequenceEvent, SequenceId, Timings, TokenEvent};
 use crate::{EngineError, Request};
 
@@ -130,6 +131,11 @@ impl Scheduler {
     /// The generation loop, for what it says of the running sequences (slots, KV cache).
     pub fn generator(&self) -> &Generator {
         &self.generator
+    }
+
+    /// Sets how the engine speculates (`Generator::set_speculation`), before any request runs.
+    pub fn set_speculation(&mut self, options: SpeculativeOptions, draft: Option<Model>) -> Result<(), ModelError> {
+        self.generator.set_speculation(options, draft)
     }
 
     /// The model for a change while no request runs (reset, a KV prefix restored for the next

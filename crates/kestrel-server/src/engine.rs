@@ -20,6 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
+use kestrel_engine::generation::speculation::SpeculativeOptions;
 use kestrel_engine::{Aborts, Event as EngineEvent, Generation, Generator, Request, RequestId, Scheduler, TokenEvent};
 use kestrel_model::Model;
 use tokio::sync::mpsc as async_mpsc;
@@ -110,16 +111,28 @@ struct Shared {
     mean_duration_ms: AtomicU64,
 }
 
+/// A chat engine's speculative decoding: its options, and its draft model where it has one.
+pub type Speculation = (SpeculativeOptions, Option<Model>);
+
 impl Engine {
     /// Starts the engine thread with `model`, generating for as many requests at once as it has
     /// KV slots (`Model::set_slots`) and admitting up to `queue` waiting requests; a batched step
     /// prompts at most `prefill_chunk` tokens in all.
-    pub fn start(model: Model, queue: usize, prefill_chunk: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+    pub fn start(
+        model: Model,
+        queue: usize,
+        prefill_chunk: usize,
+        speculation: Option<Speculation>,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Self> {
         let backend = model.backend().as_str();
         // `Arch`'s variants are GGUF's architecture names in camel case (SmolLm3: smollm3).
         let arch = format!("{:?}", model.config().arch).to_lowercase();
         let slots = model.slots();
-        let scheduler = Scheduler::new(model, prefill_chunk);
+        let mut scheduler = Scheduler::new(model, prefill_chunk);
+        if let Some((options, draft)) = speculation {
+            scheduler.set_speculation(options, draft).map_err(|e| std::io::Error::other(format!("{}: {e}", e.code())))?;
+        }
         let aborts = scheduler.aborts();
         let (jobs, inbox) = mpsc::channel::<Job>();
         let shared = Arc::new(Shared {
@@ -377,6 +390,10 @@ fn finish(route: &Route, result: Result<Generation, ApiError>, shared: &Shared, 
         metrics.request_duration.observe(elapsed.as_secs_f64());
         metrics.prompt_tokens.inc_by(generation.prompt_tokens.len() as u64);
         metrics.generated_tokens.inc_by(generation.tokens.len() as u64);
+        if let Some(stats) = generation.speculative.filter(|s| s.drafted > 0) {
+            metrics.speculative_acceptance.observe(stats.accepted as f64 / stats.drafted as f64);
+            metrics.speculative_tokens_per_step.observe(stats.tokens_per_step());
+        }
         remember_duration(shared, elapsed);
     }
     let _ = route.events.send(Event::Done(result));

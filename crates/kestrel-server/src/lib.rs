@@ -26,7 +26,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kestrel_model::LoadedModel;
+use kestrel_engine::generation::speculation::SpeculativeOptions;
+use kestrel_model::{LoadedModel, Model};
 use tokio::net::TcpListener;
 
 pub use error::ApiError;
@@ -52,6 +53,10 @@ pub struct ServerConfig {
     /// Web page origins allowed to call the API from a browser (CORS); `*` allows any. Empty:
     /// no CORS headers, so pages of other origins cannot read the answers.
     pub cors_origins: Vec<String>,
+    /// Speculative decoding for chat models (`Generator::set_speculation`), with its draft
+    /// model where it has one: None decodes one token per step.
+    pub speculative: Option<SpeculativeOptions>,
+    pub draft_model: Option<Model>,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +70,8 @@ impl Default for ServerConfig {
             max_body_bytes: 4 << 20,
             shutdown_grace: Duration::from_secs(10),
             cors_origins: Vec::new(),
+            speculative: None,
+            draft_model: None,
         }
     }
 }
@@ -80,7 +87,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = Arc::new(metrics::Metrics::new(served::Served::slots_of(&model)));
-    let served = served::Served::start(model, config.queue, config.prefill_chunk, metrics.clone())?;
+    let speculation = config.speculative.map(|options| (options, config.draft_model));
+    let served = served::Served::start(model, config.queue, config.prefill_chunk, speculation, metrics.clone())?;
     let cache = cache::ResponseCache::new(config.response_cache_bytes);
     let state = Arc::new(state::AppState::new(served.clone(), metrics, cache, config.api_key, config.model_name));
     let app = routes::router(state.clone(), config.max_body_bytes, &config.cors_origins)?;

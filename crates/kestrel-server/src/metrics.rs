@@ -49,6 +49,10 @@ pub struct Metrics {
     /// Tokens of answered rerank requests (their `usage.prompt_tokens`).
     pub rerank_tokens: Counter,
     pub rerank_duration: Histogram,
+    /// Of a speculative request's drafted tokens, the share the model kept.
+    pub speculative_acceptance: Histogram,
+    /// A speculative request's tokens per model step that verified a draft.
+    pub speculative_tokens_per_step: Histogram,
 }
 
 impl Metrics {
@@ -123,6 +127,19 @@ impl Metrics {
             Unit::Seconds,
             rerank_duration.clone(),
         );
+        let speculative_acceptance = Histogram::new((1..=10).map(|i| f64::from(i) / 10.0));
+        registry.register(
+            "speculative_acceptance",
+            "Share of a speculative request's drafted tokens that the model kept",
+            speculative_acceptance.clone(),
+        );
+        // 1 (every draft fell) to 17 (a whole draft of 16 tokens kept, and the model's own).
+        let speculative_tokens_per_step = Histogram::new([1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 17.0]);
+        registry.register(
+            "speculative_tokens_per_step",
+            "A speculative request's tokens per model step that verified a draft",
+            speculative_tokens_per_step.clone(),
+        );
         Self {
             registry,
             requests,
@@ -146,6 +163,8 @@ impl Metrics {
             rerank_documents,
             rerank_tokens,
             rerank_duration,
+            speculative_acceptance,
+            speculative_tokens_per_step,
         }
     }
 

@@ -9,7 +9,7 @@ use kestrel_model::{not_a_chat_model, LoadedModel};
 use serde_json::{json, Value};
 
 use crate::embedder::EmbeddingWorker;
-use crate::engine::Engine;
+use crate::engine::{Engine, Speculation};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -29,10 +29,17 @@ impl Served {
         }
     }
 
-    /// Starts the thread that owns `model`, with `queue` requests allowed to wait.
-    pub fn start(model: LoadedModel, queue: usize, prefill_chunk: usize, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+    /// Starts the thread that owns `model`, with `queue` requests allowed to wait, and a chat
+    /// model's speculative decoding where `speculation` sets it (an embedding model has none).
+    pub fn start(
+        model: LoadedModel,
+        queue: usize,
+        prefill_chunk: usize,
+        speculation: Option<Speculation>,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Self> {
         Ok(match model {
-            LoadedModel::Chat(model) => Self::Chat(Arc::new(Engine::start(*model, queue, prefill_chunk, metrics)?)),
+            LoadedModel::Chat(model) => Self::Chat(Arc::new(Engine::start(*model, queue, prefill_chunk, speculation, metrics)?)),
             LoadedModel::Embedding(embedder) => Self::Embedding(Arc::new(EmbeddingWorker::start(*embedder, queue, metrics)?)),
         })
     }

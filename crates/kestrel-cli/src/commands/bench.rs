@@ -19,6 +19,7 @@ mod model;
 mod prompt;
 mod report;
 mod shapes;
+mod speculative;
 mod stats;
 mod step_profile;
 mod suite;

@@ -7,6 +7,7 @@ use kestrel_model::ChatMessage;
 
 use super::generate::{generate, print_stats, SamplingArgs};
 use super::load::load;
+use super::speculative::SpeculativeArgs;
 use super::{coded, CliResult};
 
 #[derive(Args)]
@@ -18,13 +19,17 @@ pub struct ChatArgs {
     pub system: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 /// An interactive conversation: each turn is rendered with the model's chat template; the KV
 /// cache of the shared prefix is reused, so a turn prefills only its new tokens.
 pub fn run(args: ChatArgs) -> CliResult {
+    let speculative = args.speculative.options()?;
     let loaded = load(&crate::model_path::resolve(args.model), &args.sampling.cache, false)?;
     let mut generator = Generator::new(loaded.model);
+    args.speculative.apply(speculative, &mut generator, &args.sampling.cache, false)?;
     let options = args.sampling.options()?;
     let mut messages: Vec<ChatMessage> = args.system.into_iter().map(|s| ChatMessage::new("system", s)).collect();
     eprintln!("type a message and press enter; an empty line or end of input quits");

@@ -8,6 +8,7 @@ use kestrel_model::{ChatMessage, Model};
 use serde_json::json;
 
 use super::load::{load, CacheArgs};
+use super::speculative::SpeculativeArgs;
 use super::{coded, CliResult};
 
 /// The defaults of the sampling flags: [`GenerateOptions::default`], llama.cpp's.
@@ -124,6 +125,8 @@ pub struct GenerateArgs {
     pub logprobs: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 pub fn run(args: GenerateArgs) -> CliResult {
@@ -135,8 +138,10 @@ pub fn run(args: GenerateArgs) -> CliResult {
     if messages.is_none() && text.is_empty() {
         return Err("give a prompt or --messages FILE".into());
     }
+    let speculative = args.speculative.options()?;
     let loaded = load(&crate::model_path::resolve(args.model.clone()), &args.sampling.cache, args.json)?;
     let mut generator = Generator::new(loaded.model);
+    args.speculative.apply(speculative, &mut generator, &args.sampling.cache, args.json)?;
     let user = [ChatMessage::new("user", text.as_str())];
     let prompt = match (&messages, args.raw) {
         (Some(m), _) => Prompt::Chat(m),
@@ -190,6 +195,9 @@ pub fn print_stats(g: &Generation, load_ms: f64) {
         t.host_wait_ms_per_token,
         g.finish_reason.as_str()
     );
+    if let Some(s) = &g.speculative {
+        eprintln!("speculative: {} of {} drafted tokens kept, {:.2} tokens per verifying step", s.accepted, s.drafted, s.tokens_per_step());
+    }
 }
 
 fn to_json(model: &Model, g: &Generation, load_ms: f64) -> serde_json::Value {
@@ -223,6 +231,7 @@ fn to_json(model: &Model, g: &Generation, load_ms: f64) -> serde_json::Value {
             "host_wait_ms_per_token": t.host_wait_ms_per_token,
         },
         "usage": { "prompt_tokens": g.prompt_tokens.len(), "completion_tokens": g.tokens.len() },
+        "speculative": g.speculative,
     })
 }
 

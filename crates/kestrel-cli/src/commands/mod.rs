@@ -7,6 +7,7 @@ mod load;
 pub mod quantize;
 pub mod rerank;
 pub mod serve;
+mod speculative;
 pub mod split;
 pub mod tokenize;
 

@@ -10,6 +10,7 @@ use kestrel_model::LoadedModel;
 use kestrel_server::ServerConfig;
 
 use super::load::{load_any, CacheArgs};
+use super::speculative::SpeculativeArgs;
 use super::CliResult;
 
 #[derive(Args)]
@@ -56,13 +57,21 @@ pub struct ServeArgs {
     /// answers.
     #[arg(long = "cors-origin")]
     pub cors_origins: Vec<String>,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
 }
 
 pub fn run(args: ServeArgs) -> CliResult {
     let path = crate::model_path::resolve(args.model);
     // Checked first, as the browser's options are: a bad flag fails before the model loads.
     let settings = args.cache.settings(args.slots, Some(args.prefill_chunk))?;
+    let speculative = args.speculative.options()?;
     let model = load_any(&path, &args.cache, false, settings.slots)?;
+    let draft_model = match (&model, speculative) {
+        (LoadedModel::Chat(_), Some(_)) => args.speculative.load_draft(&args.cache, false, settings.slots)?,
+        (LoadedModel::Embedding(_), Some(_)) => return Err("--lookup and --draft-model serve chat models only".into()),
+        (_, None) => None,
+    };
     let serving = match &model {
         LoadedModel::Chat(model) => format!("{} request(s) at once", model.slots()),
         LoadedModel::Embedding(embedder) => format!("embeddings of {} dimensions, one request at a time", embedder.dimensions()),
@@ -77,6 +86,8 @@ pub fn run(args: ServeArgs) -> CliResult {
         max_body_bytes: args.max_body_mb << 20,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
         cors_origins: args.cors_origins,
+        speculative,
+        draft_model,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {

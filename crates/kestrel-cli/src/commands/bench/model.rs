@@ -1,6 +1,7 @@
 //! `kestrel bench model`: a GGUF model end to end on this adapter: cold load, prefill of N-token
 //! prompts, M decode steps, repeated (median and spread), inter-token latency, GPU memory, the
-//! memory-bandwidth roofline and where a decode step's time goes. One JSON object for the
+//! memory-bandwidth roofline and where a decode step's time goes; with --lookup or
+//! --draft-model, speculative decoding against plain (`speculative.rs`). One JSON object for the
 //! suite (bench/run.mjs), a short Markdown summary on stdout.
 
 use std::path::PathBuf;
@@ -14,12 +15,14 @@ use serde::Serialize;
 
 use super::cases;
 use super::report::Adapter;
+use super::speculative::{self, SpeculativeResult};
 use super::step_profile::{self, Roofline, StepProfile};
 use super::timing::{Timer, TimingSettings};
 use super::workload::{self, WorkloadResult};
 use super::{copy_bytes, BenchResult};
 use crate::commands::load::CacheArgs;
 use crate::commands::load::{load, load_synthetic, model_bytes};
+use crate::commands::speculative::SpeculativeArgs;
 use crate::commands::CliResult;
 
 #[derive(Args)]
@@ -72,6 +75,15 @@ pub struct ModelArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// With --lookup or --draft-model: after the plain workloads, greedy generations of the chat
+    /// prompts in this file (by workload), plain and speculative alternately.
+    #[arg(long, default_value = speculative::DEFAULT_PROMPTS)]
+    speculative_prompts: PathBuf,
+    /// With --lookup or --draft-model: most tokens of each of those generations.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    speculative_tokens: u32,
+    #[command(flatten)]
+    speculative: SpeculativeArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -121,6 +133,8 @@ struct ModelReport {
     workloads: Vec<WorkloadResult>,
     roofline: Option<Roofline>,
     decode_step: Option<StepProfile>,
+    /// Speculative decoding against plain, by workload (with --lookup or --draft-model).
+    speculative: Option<Vec<SpeculativeResult>>,
     /// The process's peak resident memory at the end (Linux's VmHWM; None elsewhere): weights,
     /// KV cache, and the mapped file's pages while they were resident.
     peak_rss_bytes: Option<u64>,
@@ -159,6 +173,7 @@ fn write_synthetic(shape: &kestrel_model::synthetic::SyntheticShape, out: &std::
 
 pub fn run(args: &ModelArgs) -> CliResult {
     let started = Instant::now();
+    let speculative_options = args.speculative.options()?;
     let submit_budget = args.submit_budget_ms.map(kestrel_model::submit_budget_from_ms).transpose()?.flatten();
     let cache = CacheArgs { max_chunk: args.chunk.map(|c| c as usize), ..args.cache.clone() };
     let (path, file_bytes, mut loaded) = match &args.synthetic {
@@ -213,6 +228,17 @@ pub fn run(args: &ModelArgs) -> CliResult {
     for prompt in &prompts {
         workloads.push(workload::run(&mut generator, prompt, decode_tokens, args.repeats as usize)?);
     }
+    let speculative = match speculative_options {
+        Some(options) => {
+            args.speculative.apply(Some(options), &mut generator, &cache, false)?;
+            let results =
+                speculative::run(&mut generator, &args.speculative_prompts, args.speculative_tokens as usize, args.repeats as usize)?;
+            // The draft model's memory is not the model's (read below).
+            generator.clear_speculation();
+            Some(results)
+        }
+        None => None,
+    };
     let mut model = generator.into_model();
 
     // Read before the copy rate is measured: its buffers (on the CPU backend two of at least
@@ -268,6 +294,7 @@ pub fn run(args: &ModelArgs) -> CliResult {
         workloads,
         roofline,
         decode_step,
+        speculative,
         peak_rss_bytes,
         wall_s: started.elapsed().as_secs_f64(),
     };
@@ -370,6 +397,9 @@ fn markdown(r: &ModelReport) -> String {
             out += &format!("| {} | {:.3} | {:.1}% |\n", f.family, f.gpu_ms, 100.0 * f.share);
         }
         out += &format!("| sum | {:.3} | |\n", step.families_sum_gpu_ms);
+    }
+    if let Some(results) = &r.speculative {
+        out += &format!("\nspeculative decoding against plain (greedy, alternating):\n\n{}", speculative::markdown(results));
     }
     out
 }
