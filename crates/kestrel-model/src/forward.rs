@@ -10,6 +10,9 @@
 //!   Their sampler is the model's own (`set_sampling`), with an optional token mask
 //!   (`set_token_mask`, `submit_sample`) for a constrained output.
 //!
+//! - **A verification** (`BatchRow::verify`): a chunk of a sequence's next token and the tokens
+//!   drafted after it, whose every row's logits come back, for speculative decoding.
+//!
 //! A step never checks what a slot holds: the caller says where its tokens go, and records what
 //! the slot holds (`Model::set_slot_tokens`).
 
@@ -43,10 +46,14 @@ pub enum DecodeInput {
 }
 
 impl Model {
-    /// Whether a batched step can return every row's logits (`BatchRow::verify`), which
-    /// speculative decoding checks its drafts against: on the CPU backend.
-    pub fn can_verify(&self) -> bool {
-        matches!(self.backend, Backend::Cpu(_))
+    /// Most rows of a verification (`BatchRow::verify`), whose logits speculative decoding checks
+    /// its drafts against: a chunk on the CPU backend; on the GPU, also the rows its batched LM
+    /// head computes at once.
+    pub fn max_verify_rows(&self) -> usize {
+        match &self.backend {
+            Backend::Cpu(c) => c.max_chunk,
+            Backend::Gpu(g) => g.max_chunk.min(crate::graph::MAX_VERIFY_ROWS),
+        }
     }
 
     /// Whether this backend samples a batched step's rows itself (the GPU), so that their slots'
@@ -90,7 +97,7 @@ impl Model {
                     rows.iter().map(|r| SequenceStep { slot: r.slot, pos: r.pos, tokens: r.tokens, logits: logits(r) }).collect();
                 Ok(c.run_batch(&steps)?.into_iter().map(|l| l.map(RowOutput::Logits)).collect())
             }
-            Backend::Gpu(g) => Ok(g.run_batch(rows, self.pacer.as_mut()).await?.into_iter().map(|s| s.map(RowOutput::Sampled)).collect()),
+            Backend::Gpu(g) => g.run_batch(rows, self.pacer.as_mut()).await,
         }
     }
 

@@ -24,6 +24,7 @@ mod products;
 mod profile;
 use batch::SlotSampler;
 pub use batch::{BatchSample, BatchSequence};
+pub use plan::MAX_VERIFY_ROWS;
 use plan::{batch_columns, LastRowCopy, PlannedOp, StepPlan};
 use products::{Product, Products};
 pub use profile::{KernelFamily, StepHostTime};
@@ -130,6 +131,8 @@ struct Activations {
     logits: Tensor,
     /// A batched decode step's logits, one row per sequence.
     batch_logits: Tensor,
+    /// A verification's logits, one row per token of its chunk.
+    verify_logits: Tensor,
     sampled: Tensor,
 }
 
@@ -149,6 +152,7 @@ impl Activations {
             last_normed: f32t("last_normed", &[c.hidden])?,
             logits: f32t("logits", &[c.vocab])?,
             batch_logits: f32t("batch_logits", &[slots, c.vocab])?,
+            verify_logits: f32t("verify_logits", &[plan::MAX_VERIFY_ROWS.min(chunk), c.vocab])?,
             sampled: Tensor::zeros(gpu, "sampled", &[2], DType::U32)?,
         })
     }
@@ -193,6 +197,8 @@ pub struct Graph {
     slot_samplers: Vec<SlotSampler>,
     /// A batched step's sampled tokens and their probabilities, one pair per sampled sequence.
     batch_tokens_readback: Readback,
+    /// A verification's logits (`verify_logits`).
+    verify_readback: Readback,
 }
 
 /// What one submitted step leaves to read.
@@ -288,6 +294,7 @@ impl Graph {
         let head_norm = if c.qk_norm { Some(HeadNormKernel::new(gpu).await?) } else { None };
         let attention = AttentionKernel::new(gpu, c.head_dim, kv).await?;
         let mut plan = StepPlan::with_batches(&batch_columns(slots));
+        plan.verify = plan::verify_columns(max_chunk).into_iter().map(|columns| plan::BatchPlan { columns, ops: Vec::new() }).collect();
         let embedding = EmbeddingKernel::new(gpu, weights.embedding.ty, c.embedding_scale).await?;
         for gather in embedding.bind_shards(gpu, &weights.embedding, &act.token_ids, &act.x, &step, max_tokens)? {
             plan.all("embedding", gather);
@@ -337,7 +344,10 @@ impl Graph {
             Arc::new(norm.bind(gpu, &step, &act.x, &weights.output_norm, &act.normed, c.rms_eps)?);
         plan.logits.push(PlannedOp { family: "rmsnorm", op: output_norm.clone() });
         plan.output_norm.push(PlannedOp { family: "rmsnorm", op: output_norm.clone() });
-        plan.every_batch("rmsnorm", output_norm);
+        plan.every_batch("rmsnorm", output_norm.clone());
+        for verify in &mut plan.verify {
+            verify.ops.push(PlannedOp { family: "rmsnorm", op: output_norm.clone() });
+        }
         let last_row = LastRowCopy { src: act.normed.buffer.clone(), dst: act.last_normed.buffer.clone(), row_bytes: 4 * c.hidden as u64 };
         plan.logits.push(PlannedOp { family: plan::COPY, op: Arc::new(last_row) });
         let lm = weights.lm_head();
@@ -356,6 +366,12 @@ impl Graph {
                 batch.push("matvec lm head", shard);
             }
         }
+        // A verification's rows are a chunk's: every row of `normed` gets its logits.
+        for verify in &mut plan.verify {
+            for shard in lm_kernel(verify.columns).await?.bind_shards(gpu, lm, &act.normed, &act.verify_logits)? {
+                verify.push("matvec lm head", shard);
+            }
+        }
         let (penalty_kernel, sample_kernel) = (PenaltyKernel::new(gpu).await?, SampleKernel::new(gpu).await?);
         let penalties = Arc::new(penalty_kernel.bind(gpu, &act.logits, PENALTY_CAPACITY)?);
         let token_mask = Arc::new(TokenMaskKernel::new(gpu).await?.bind(gpu, &act.logits)?);
@@ -369,6 +385,7 @@ impl Graph {
         let logits_readback = Readback::new(gpu, act.logits.byte_size());
         let batch_readback = Readback::new(gpu, act.batch_logits.byte_size());
         let batch_tokens_readback = Readback::new(gpu, 8 * slots as u64);
+        let verify_readback = Readback::new(gpu, act.verify_logits.byte_size());
         Ok(Self {
             gpu: gpu.clone(),
             config,
@@ -389,6 +406,7 @@ impl Graph {
             batch_readback,
             slot_samplers,
             batch_tokens_readback,
+            verify_readback,
         })
     }
 

@@ -1,9 +1,12 @@
-//! Speculative decoding on the CPU backend (kestrel-engine's `generation::speculation`): a
-//! draft by prompt lookup or by a draft model, verified by the target in one multi-row step.
+//! Speculative decoding (kestrel-engine's `generation::speculation`): a draft by prompt lookup
+//! or by a draft model, verified by the target in one multi-row step, on both backends.
 //!
 //! - **Greedy**: the tokens are plain greedy decoding's, to the token. On the CPU backend a
 //!   token's logits do not depend on whether it ran as a decode step or as a row of a longer
-//!   step (cpu_backend.rs), so the check is exact: no near-tie is excused.
+//!   step (cpu_backend.rs), so the check is exact: no near-tie is excused. On the GPU a
+//!   verification runs the prefill kernels, which round differently from the decode kernels: the
+//!   tokens may part where plain decoding's own top-2 margin is under `GPU_NEAR_TIE`, and the
+//!   test reports every such margin.
 //! - **Sampled**: the rejection rule keeps the target's distribution. A chi-square test over
 //!   thousands of seeded requests compares the joint distribution of the first two tokens, the
 //!   second of which the rule decided, with the target's own probabilities.
@@ -156,6 +159,47 @@ fn a_draft_model_of_another_vocabulary_is_refused_naming_the_first_differing_id(
     assert_eq!(err.code(), "invalid_option");
     assert!(err.to_string().contains("token id "), "{err}");
     assert!(g.speculation().is_none());
+}
+
+/// Plain greedy decoding's top-2 log-probability margin under which the GPU's verification
+/// (prefill kernels) may choose the other token than its decode kernels.
+const GPU_NEAR_TIE: f32 = 0.02;
+
+/// The same request plainly and speculatively on the GPU: the tokens agree up to where they part
+/// (if they do), and there plain decoding's top-2 margin is under `GPU_NEAR_TIE`.
+fn assert_as_plain_up_to_a_near_tie(g: &mut Generator, prompt: &[u32], options: &GenerateOptions) -> Generation {
+    let plain = generate(g, prompt, &GenerateOptions { speculative: false, logprobs: 2, ..options.clone() });
+    let spec = generate(g, prompt, options);
+    let parted = plain.tokens.iter().zip(&spec.tokens).position(|(a, b)| a != b);
+    match parted {
+        None => assert_eq!(spec.tokens.len(), plain.tokens.len(), "the same tokens, and as many"),
+        Some(j) => {
+            let top = &plain.logprobs[j].top;
+            let margin = top[0].1 - top[1].1;
+            eprintln!("GPU: speculative and plain tokens part at step {j}, where plain decoding's top-2 margin is {margin:.4}");
+            assert!(margin < GPU_NEAR_TIE, "they part at step {j}, with a margin of {margin}");
+        }
+    }
+    spec
+}
+
+#[test]
+fn on_the_gpu_lookup_and_a_draft_model_give_plain_greedy_tokens() {
+    let mut g = Generator::new(common::load(&common::default_model_path(), CONTEXT));
+    g.set_speculation(lookup(), None).expect("lookup on the GPU");
+    let prompt = edit_prompt(&g);
+    let options = GenerateOptions { max_tokens: 40, ..GenerateOptions::greedy() };
+    let stats = assert_as_plain_up_to_a_near_tie(&mut g, &prompt, &options).speculative.expect("speculated");
+    eprintln!("GPU lookup: {stats:?}");
+    assert!(stats.drafted > 0, "lookup drafted: {stats:?}");
+
+    let mut g = Generator::new(common::load(&common::default_model_path(), CONTEXT));
+    let draft = common::load(&common::default_model_path(), CONTEXT);
+    g.set_speculation(SpeculativeOptions { lookup: false, draft_max: 4, p_min: 0.0 }, Some(draft)).expect("a draft model on the GPU");
+    let options = GenerateOptions { max_tokens: 24, ignore_eos: true, ..GenerateOptions::greedy() };
+    let stats = assert_as_plain_up_to_a_near_tie(&mut g, &common::bench_ids(24), &options).speculative.expect("speculated");
+    eprintln!("GPU draft model: {stats:?}");
+    assert!(stats.accepted > 0, "the model's own drafts stand: {stats:?}");
 }
 
 /// 99.9th percentiles of chi-square, by degrees of freedom (1 to 16).

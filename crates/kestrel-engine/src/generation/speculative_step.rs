@@ -34,7 +34,7 @@ impl Generator {
         let mut drafts: Vec<StepDraft> = self.sequences.iter().map(|_| StepDraft::default()).collect();
         let Some(spec) = self.speculation.as_mut() else { return Ok(drafts) };
         let decoding = self.sequences.iter().filter(|s| s.next.is_some()).count();
-        let (max_ctx, max_chunk) = (self.model.context_length(), self.model.max_chunk());
+        let (max_ctx, max_rows) = (self.model.context_length(), self.model.max_verify_rows());
         // (sequence index, most tokens to draft)
         let mut wanted = Vec::new();
         for (i, seq) in self.sequences.iter_mut().enumerate() {
@@ -46,7 +46,7 @@ impl Generator {
             // stands is a generated token, and one more comes from the target.
             let left = seq.options.max_tokens.saturating_sub(seq.output.generated.len() + 1);
             let room = max_ctx.saturating_sub(seq.pos + 1);
-            let max = state.wanted().min(left).min(room).min(max_chunk.saturating_sub(1));
+            let max = state.wanted().min(left).min(room).min(max_rows.saturating_sub(1));
             if max > 0 {
                 wanted.push((i, max));
             }
@@ -147,14 +147,9 @@ impl Generator {
     }
 
     /// Sets how the engine speculates, with `draft` as its draft model (None: prompt lookup
-    /// only), for the sequences added from now on; `clear_speculation` stops it. The GPU
-    /// backend does not verify drafts yet, so there it is `invalid_option`.
+    /// only), for the sequences added from now on; `clear_speculation` stops it.
     pub fn set_speculation(&mut self, options: SpeculativeOptions, draft: Option<Model>) -> Result<(), ModelError> {
         options.validate()?;
-        if !self.model.can_verify() {
-            let reason = "the GPU backend does not verify drafts yet; the CPU backend does".into();
-            return Err(ModelError::InvalidOption { name: "speculative", reason });
-        }
         if !self.sequences.is_empty() {
             return Err(ModelError::InvalidOption { name: "speculative", reason: "cannot change while sequences run".into() });
         }

@@ -10,6 +10,7 @@ use kestrel_gpu::{DType, Gpu, GpuError, Recorder, StepOp, StepParams, StepUnifor
 use kestrel_ops::params::{Penalties, PenaltyEntry, SamplingParams};
 
 use super::{plan, Graph, PENALTY_CAPACITY};
+use crate::forward::RowOutput;
 use crate::pacing::SubmitPacer;
 use crate::ModelError;
 
@@ -30,7 +31,7 @@ pub struct BatchSequence<'a> {
     pub logits: bool,
     /// Whether every one of its rows' logits comes back for the host (`[row][vocab]`), to check
     /// drafted tokens (speculative decoding): each against the logits of the row before it. The
-    /// CPU backend only.
+    /// rows run as a prompt chunk does (`Model::max_verify_rows` at most); nothing samples them.
     pub verify: bool,
 }
 
@@ -79,34 +80,35 @@ impl Graph {
     }
 
     /// Runs one batched step (at most one sequence per slot). Returns, in order, each sequence's
-    /// sampled token where it sampled.
+    /// sampled token where it sampled, or every row's logits where it verifies a draft.
     /// With a `pacer`, prompt chunks go to the device in pieces (`Graph::submit_prompt_paced`).
     pub async fn run_batch(
         &self,
         sequences: &[BatchSequence<'_>],
         mut pacer: Option<&mut SubmitPacer>,
-    ) -> Result<Vec<Option<BatchSample>>, ModelError> {
-        if sequences.iter().any(|s| s.verify) {
-            let reason = "the GPU backend does not verify drafts yet (the CPU backend does)".into();
-            return Err(ModelError::InvalidOption { name: "speculative", reason });
-        }
+    ) -> Result<Vec<Option<RowOutput>>, ModelError> {
         let mut slots: Vec<usize> = sequences.iter().map(|s| s.slot).collect();
         slots.sort_unstable();
         slots.dedup();
         if slots.len() != sequences.len() || slots.last().is_some_and(|&s| s >= self.slots) {
             return Err(GpuError::InvalidArgs(format!("a batch over slots {slots:?} of {}", self.slots)).into());
         }
+        // Verifications first, each read before the next (they share `verify_logits`).
+        let mut by_slot: Vec<Option<RowOutput>> = (0..self.slots).map(|_| None).collect();
+        for s in sequences.iter().filter(|s| s.verify) {
+            by_slot[s.slot] = Some(RowOutput::Logits(self.verify_rows(s).await?));
+        }
         // Readback rows: the prompt chunks' that sample, in order, then the decodes'.
         let sampling = |s: &&BatchSequence<'_>| s.sample.is_some();
-        let chunks: Vec<&BatchSequence<'_>> = sequences.iter().filter(|s| !s.decoding).filter(sampling).collect();
-        let decodes: Vec<&BatchSequence<'_>> = sequences.iter().filter(|s| s.decoding).collect();
+        let chunks: Vec<&BatchSequence<'_>> = sequences.iter().filter(|s| !s.decoding && !s.verify).filter(sampling).collect();
+        let decodes: Vec<&BatchSequence<'_>> = sequences.iter().filter(|s| s.decoding && !s.verify).collect();
         if let Some(bad) = decodes.iter().find(|s| s.tokens.len() != 1 || s.sample.is_none()) {
             return Err(
                 GpuError::InvalidArgs(format!("a decode of {} tokens that samples: {}", bad.tokens.len(), bad.sample.is_some())).into()
             );
         }
         let mut row = 0;
-        for s in sequences.iter().filter(|s| !s.decoding) {
+        for s in sequences.iter().filter(|s| !s.decoding && !s.verify) {
             let sampled_row = s.sample.is_some().then_some(row);
             row += usize::from(s.sample.is_some());
             self.submit_prompt_chunk(s, sampled_row, pacer.as_deref_mut()).await?;
@@ -118,12 +120,38 @@ impl Graph {
         let tokens = self.read_batch_tokens(rows.len()).await?;
         let logits_rows = rows.iter().rposition(|s| s.logits).map_or(0, |r| r + 1);
         let mut logits = if logits_rows > 0 { self.read_batch_logits(logits_rows).await? } else { Vec::new() }.into_iter();
-        let mut by_slot: Vec<Option<BatchSample>> = (0..self.slots).map(|_| None).collect();
         for (s, token) in rows.iter().zip(tokens) {
             let row_logits = logits.next().filter(|_| s.logits);
-            by_slot[s.slot] = Some(BatchSample { token, logits: row_logits });
+            by_slot[s.slot] = Some(RowOutput::Sampled(BatchSample { token, logits: row_logits }));
         }
         Ok(sequences.iter().map(|s| by_slot[s.slot].take()).collect())
+    }
+
+    /// Runs a verification (`BatchSequence::verify`): its tokens at its position of its slot with
+    /// the prefill kernels, as a prompt chunk runs, then the final norm and the LM head over
+    /// every row. Returns their logits, `[row][vocab]`.
+    async fn verify_rows(&self, s: &BatchSequence<'_>) -> Result<Vec<f32>, GpuError> {
+        let n = s.tokens.len();
+        let verify = self.plan.verify_for(n).ok_or_else(|| {
+            GpuError::InvalidArgs(format!("a verification of {n} rows (at most {})", self.plan.verify.last().map_or(0, |v| v.columns)))
+        })?;
+        if n == 0 || s.pos + n > self.max_ctx {
+            return Err(GpuError::InvalidArgs(format!("a verification of {n} tokens at position {} (context {})", s.pos, self.max_ctx)));
+        }
+        let gpu = &self.gpu;
+        let step = StepParams::new(n as u32, s.pos as u32, 0);
+        self.step.write(gpu, &step);
+        self.act.rows.write_run(gpu, s.slot as u32, s.pos as u32, n as u32)?;
+        gpu.write(&self.act.token_ids.buffer, 0, bytemuck::cast_slice(s.tokens));
+        let mut rec = Recorder::new(gpu);
+        plan::record(&mut rec, &self.plan.prefill, &step);
+        plan::record(&mut rec, &verify.ops, &step);
+        let bytes = (n * self.config.vocab * 4) as u64;
+        rec.copy(&self.act.verify_logits.buffer, 0, self.verify_readback.buffer(), 0, bytes);
+        let submission = rec.submit();
+        let read = self.verify_readback.read_after(gpu, bytes, Some(submission)).await;
+        gpu.check_faults()?;
+        Ok(bytemuck::pod_collect_to_vec(&read?))
     }
 
     /// Submits one sequence's prompt chunk (or chunks of at most `max_chunk`), with the prefill

@@ -39,6 +39,9 @@ pub struct StepPlan {
     /// Decode steps of several sequences, one token each, one list per batch size
     /// (`batch_columns`): the embedding, every layer, the final norm and every token's LM head.
     pub batches: Vec<BatchPlan>,
+    /// After a chunk's `prefill`: the final norm and the LM head over every row of up to
+    /// `columns` (`verify_columns`), a speculative draft's verification.
+    pub verify: Vec<BatchPlan>,
 }
 
 /// A decode step of up to `columns` sequences (its products compute that many tokens).
@@ -97,6 +100,11 @@ impl StepPlan {
     pub fn batch_for(&self, n: usize) -> Option<&BatchPlan> {
         self.batches.iter().filter(|b| b.columns >= n).min_by_key(|b| b.columns)
     }
+
+    /// The verification list for a chunk of `n` rows: the one with the fewest columns that holds them.
+    pub fn verify_for(&self, n: usize) -> Option<&BatchPlan> {
+        self.verify.iter().filter(|b| b.columns >= n).min_by_key(|b| b.columns)
+    }
 }
 
 /// The batch sizes a model with `slots` slots builds plans for: powers of two from 2, then
@@ -109,6 +117,16 @@ pub fn batch_columns(slots: usize) -> Vec<usize> {
     }
     columns
 }
+
+/// The row counts a graph whose chunks hold `max_chunk` tokens builds verification lists for:
+/// 2, 4, 8 and 16 (the LM head's product computes that many rows), those a chunk holds.
+pub fn verify_columns(max_chunk: usize) -> Vec<usize> {
+    let most = max_chunk.min(MAX_VERIFY_ROWS);
+    std::iter::successors(Some(2usize), |c| Some(c * 2)).take_while(|&c| c <= most).collect()
+}
+
+/// Most rows of a verification on the GPU: the batched LM head's columns.
+pub const MAX_VERIFY_ROWS: usize = kestrel_gpu::kernels::matvec::MAX_MATVEC_COLUMNS as usize;
 
 /// Records every part of `ops` for `step`.
 pub fn record(rec: &mut Recorder, ops: &[PlannedOp], step: &StepParams) {

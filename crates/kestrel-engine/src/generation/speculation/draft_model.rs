@@ -9,7 +9,7 @@
 //! (llama.cpp's rule) or at an end-of-generation token. Penalties are the target's alone: the
 //! rule needs only the `q` the draft actually drew from.
 
-use kestrel_model::{BatchRow, Model, ModelError, RowOutput};
+use kestrel_model::{BatchRow, BatchSample, Model, ModelError, RowOutput};
 use kestrel_ops::params::SamplingParams;
 use kestrel_ops::reference::sample::{argmax, distribution, sample};
 
@@ -64,9 +64,6 @@ impl DraftModel {
         let (tv, dv) = (target.config().vocab, draft.config().vocab);
         if tv != dv {
             return refuse(format!("its logits are {dv} wide, the model's {tv}"));
-        }
-        if !draft.can_verify() {
-            return refuse("a draft model runs on the CPU backend, as the verification does".into());
         }
         draft.set_slots(target.slots())?;
         Ok(Self { model: draft })
@@ -135,8 +132,9 @@ impl DraftModel {
             let (mut next_active, mut next_inputs) = (Vec::new(), Vec::new());
             for ((&i, ran), output) in active.iter().zip(&inputs).zip(outputs) {
                 drafts[i].cached += ran.len();
-                let Some(RowOutput::Logits(logits)) = output else {
-                    return Err(ModelError::InvalidOption { name: "draft_model", reason: "a draft step returned no logits".into() });
+                let logits = match output {
+                    Some(RowOutput::Logits(logits)) | Some(RowOutput::Sampled(BatchSample { logits: Some(logits), .. })) => logits,
+                    _ => return Err(ModelError::InvalidOption { name: "draft_model", reason: "a draft step returned no logits".into() }),
                 };
                 let (r, d) = (&mut requests[i], &mut drafts[i]);
                 let Some(token) = propose(r, d, logits)? else { continue };
@@ -167,9 +165,10 @@ impl DraftModel {
     }
 }
 
-/// A draft pass's row: `tokens` at `pos` of `slot`, with its last row's logits where `last`.
+/// A draft pass's row: `tokens` at `pos` of `slot`, with the last row's logits where `last`
+/// (the host draws the draft's token, on either backend: the GPU's own draw is ignored).
 fn row(slot: usize, pos: usize, tokens: &[u32], last: bool) -> BatchRow<'_> {
-    BatchRow { slot, pos, tokens, decoding: false, sample: last.then_some(0), logits: false, verify: false }
+    BatchRow { slot, pos, tokens, decoding: false, sample: last.then_some(0), logits: last, verify: false }
 }
 
 /// The draft's next token from its logits (masked by the request's constraint as the output
