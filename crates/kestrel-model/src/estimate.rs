@@ -211,6 +211,9 @@ impl Estimate {
                 largest = Binding { name: name.to_string(), bytes };
             }
         };
+        // Logits of several rows: a batched step's, a speculative verification's.
+        consider("batch_logits", product(&[slots, c.vocab, 4]));
+        consider("verify_logits", product(&[crate::graph::MAX_VERIFY_ROWS.min(chunk), c.vocab, 4]));
         let roles = assign_roles(header, &c)?;
         let used = used_tensors(header, &roles);
         for &(t, e) in &used {
@@ -474,11 +477,12 @@ fn cpu_tensor_bytes(t: &TensorInfo, e: &Expected, f16_scales: bool) -> u64 {
 
 /// The GPU's activation buffers (`Graph::new`): a chunk's token ids, rows, hidden state (and its
 /// normed copy), Q|K|V, Q, attention output and FFN product; the last row's norm; the logits and
-/// every slot's (each with a readback copy) and each slot sampler's; and each layer's decode
-/// attention partials, one set for one query and one for a batch of every slot.
+/// every slot's (each with a readback copy) and each slot sampler's, and a speculative
+/// verification's rows (with their readback copy); and each layer's decode attention partials,
+/// one set for one query and one for a batch of every slot.
 fn gpu_activation_bytes(c: &ModelConfig, chunk: usize, context: usize, slots: usize) -> u64 {
     let per_token = sum(&[&[2, c.hidden], &[c.qkv_width()], &[2, c.q_width()], &[c.ffn]]);
-    let vocab_rows = 2 + 3 * slots;
+    let vocab_rows = 2 + 3 * slots + 2 * crate::graph::MAX_VERIFY_ROWS.min(chunk);
     let floats = per_token.saturating_mul(chunk as u64).saturating_add(c.hidden as u64).saturating_add(product(&[vocab_rows, c.vocab]));
     let ids_and_rows = product(&[chunk, 4 + 8]);
     let queries = 1 + if slots > 1 { slots } else { 0 };
