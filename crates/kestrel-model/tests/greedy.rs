@@ -58,6 +58,12 @@ const CPU_NEAR_TIE: f64 = 0.25;
 const GEMMA3_LOGPROBS: f64 = 0.65;
 const GEMMA3_LLAMA_CPP_FLIPS: f64 = 0.6;
 
+/// Greedy steps compared per prompt on the Qwen2.5-Coder files (see `check_qwen_coder`): with 16
+/// the 1.5B model's test takes 2.5 minutes on a busy 2-core machine (lavapipe and the CPU
+/// backend), and they already pass code_sql's `<|im_end|>` (step 10) into the text llama.cpp
+/// goes on with.
+const QWEN_CODER_STEPS: usize = 16;
+
 /// The longest prompt the RoPE variants are run on (see `rope_variants_match_llama_cpp_up_to_near_ties`).
 const ROPE_VARIANT_PROMPT_TOKENS: usize = 64;
 
@@ -117,6 +123,41 @@ fn gemma3_270m_greedy_tokens_match_llama_cpp_up_to_near_ties() {
     }
 }
 
+/// The Qwen2.5-Coder-Instruct pair of the speculative-decoding work, real `qwen2` files
+/// (scripts/fetch-qwen-coder.sh): Q/K/V biases, 2 KV heads, RoPE base 1e6, the 151,936-token
+/// vocabulary the two share, and chat prompts rendered by Kestrel's chat template from the
+/// files' own (tests/data/reference-qwen2.5-coder-1.5b/prompts.json: one with the template's
+/// default system message, one with its own). Their references come from tools/llama-cpp's build,
+/// as the Q4_1 file's; the bounds are those of llama.cpp's Q4_K_M of the default model on the GPU
+/// path (0.4: llama.cpp's K-quant products round activations per 256 values) and the CPU
+/// backend's, and no divergence is accepted before a near-tie.
+fn check_qwen_coder(file: &str, reference_dir: &str) {
+    let path = common::repo_root().join("models").join(file);
+    assert!(path.exists(), "{} is missing: run scripts/fetch-qwen-coder.sh", path.display());
+    let prompts = serde_json::from_slice(
+        &std::fs::read(common::repo_root().join("tests/data/reference-qwen2.5-coder-1.5b/prompts.json")).expect("read prompts.json"),
+    )
+    .expect("parse prompts.json");
+    let reference = common::greedy_reference_in(reference_dir);
+    let limits = Limits { max_steps: QWEN_CODER_STEPS, ..Limits::ALL };
+    for (on, tolerance, near_tie) in [(BackendKind::Gpu, 0.4, NEAR_TIE), (BackendKind::Cpu, CPU_LOGPROBS, CPU_NEAR_TIE)] {
+        check_greedy_with(&prompts, &path, on, &reference, tolerance, near_tie, limits);
+    }
+}
+
+/// The draft, Qwen2.5-Coder-0.5B-Instruct: a 896-wide model, so its "Q4_K_M" is mostly Q5_0 (rows
+/// not a multiple of 256), with Q8_0, Q4_K and Q6_K, and a Q5_0 embedding beside a Q8_0 output.
+#[test]
+fn qwen2_5_coder_0_5b_greedy_tokens_match_llama_cpp_up_to_near_ties() {
+    check_qwen_coder("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "reference-qwen2.5-coder-0.5b");
+}
+
+/// The target, Qwen2.5-Coder-1.5B-Instruct: Q4_K and Q6_K throughout.
+#[test]
+fn qwen2_5_coder_1_5b_greedy_tokens_match_llama_cpp_up_to_near_ties() {
+    check_qwen_coder("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "reference-qwen2.5-coder-1.5b");
+}
+
 /// The default model with RoPE frequency factors, and with linear RoPE scaling (see
 /// `common::ROPE_VARIANTS`): llama.cpp reads both from the file, and so must Kestrel.
 ///
@@ -162,9 +203,23 @@ fn top5_shifts(a: &Value, b: &Value) -> Vec<f64> {
 /// `near_tie`: greedy tokens are compared up to the first step whose llama.cpp margin is below
 /// it. `logprob_tolerance`: the largest allowed |Kestrel - llama.cpp| of the first step's top-5
 /// log-probabilities (see the module comment). `limits` skips long prompts and caps the steps.
+/// The chat prompts' messages come from the public prompt set (tests/data/reference/prompts.json).
 fn check_greedy(model_path: &Path, on: BackendKind, reference: &Value, logprob_tolerance: f64, near_tie: f64, limits: Limits) {
+    check_greedy_with(&common::prompts_reference(), model_path, on, reference, logprob_tolerance, near_tie, limits);
+}
+
+/// `check_greedy` for a reference made from another prompt set, `prompts` (its chat prompts'
+/// messages are rendered by Kestrel's own chat template, so they must come from the set itself).
+fn check_greedy_with(
+    prompts: &Value,
+    model_path: &Path,
+    on: BackendKind,
+    reference: &Value,
+    logprob_tolerance: f64,
+    near_tie: f64,
+    limits: Limits,
+) {
     eprintln!("== {} backend", on.as_str());
-    let prompts = common::prompts_reference();
     let mut model = Generator::new(match on {
         BackendKind::Gpu => common::load(model_path, 1024),
         BackendKind::Cpu => common::load_cpu(model_path, 1024),
