@@ -25,7 +25,7 @@ use super::prompt::{self, Prompt};
 use super::result::{FinishReason, Generation, TokenEvent};
 use super::sampling_params;
 use super::sequence::{BatchStep, Sequence, SequenceEvent, SequenceId};
-use super::speculation::SequenceDraft;
+use super::speculation::{SequenceDraft, StepTime};
 use super::speculative_step::Speculation;
 use super::tools::ToolSyntax;
 
@@ -312,7 +312,9 @@ impl Generator {
     /// prompt chunk within `budget` tokens in all.
     pub(super) async fn step_batch(&mut self, mut budget: usize, step: &mut BatchStep) {
         let start = Instant::now();
-        let drafts = match self.draft_step().await {
+        let drafted = self.draft_step().await;
+        let drafting = start.elapsed();
+        let drafts = match drafted {
             Ok(drafts) => drafts,
             Err(e) => {
                 let decoding = (0..self.sequences.len()).filter(|&i| self.sequences[i].next.is_some()).collect();
@@ -332,6 +334,9 @@ impl Generator {
                 }
                 None => {}
             }
+        }
+        if let Err((i, e)) = self.prefill_drafts(&plan).await {
+            return self.fail(vec![i], &e, &mut step.events);
         }
         step.sequences = plan.len();
         step.decoding = plan.iter().filter(|(i, ..)| self.sequences[*i].next.is_some()).count();
@@ -389,12 +394,18 @@ impl Generator {
             };
             let seq = &mut self.sequences[*i];
             if let (true, Some(state)) = (decoded, seq.draft.as_mut()) {
-                // Only a step the sequence ran alone measures its own speed.
-                let tokens = seq.output.generated.len() - generated;
-                match alone {
-                    true => state.record_time(!draft.tokens.is_empty(), start.elapsed(), tokens),
-                    false if draft.tokens.is_empty() => state.plain_step(),
-                    false => {}
+                // Only a step the sequence ran alone measures its own costs.
+                match (alone, draft.tokens.is_empty()) {
+                    (true, _) => state.record_time(StepTime {
+                        total: start.elapsed(),
+                        drafting,
+                        proposing: draft.proposing,
+                        proposals: draft.proposals,
+                        drafted: draft.tokens.len(),
+                        tokens: seq.output.generated.len() - generated,
+                    }),
+                    (false, true) => state.plain_step(),
+                    (false, false) => state.verified_in_batch(),
                 }
             }
             match outcome {

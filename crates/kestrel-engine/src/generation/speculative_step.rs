@@ -25,6 +25,9 @@ pub(super) struct StepDraft {
     pub distributions: Vec<DraftDistribution>,
     /// Tokens of the sequence and its draft whose KV rows the draft model's slot holds.
     pub draft_cached: Option<usize>,
+    /// The draft model's token-by-token passes it took part in, and their time.
+    pub proposals: usize,
+    pub proposing: std::time::Duration,
 }
 
 impl Generator {
@@ -94,9 +97,28 @@ impl Generator {
         }
         let proposed = draft_model.draft(&mut requests).await?;
         for (i, d) in indices.into_iter().zip(proposed) {
-            drafts[i] = StepDraft { tokens: d.tokens, distributions: d.distributions, draft_cached: Some(d.cached) };
+            drafts[i] = StepDraft {
+                tokens: d.tokens,
+                distributions: d.distributions,
+                draft_cached: Some(d.cached),
+                proposals: d.proposals,
+                proposing: d.proposing,
+            };
         }
         Ok(drafts)
+    }
+
+    /// Prefills the draft model with the prompts this step finishes (`plan`'s rows that sample
+    /// and are not decoding), before the target's pass: see `DraftModel::prefill`. A failure
+    /// names the sequence it failed.
+    pub(super) async fn prefill_drafts(&mut self, plan: &[(usize, Vec<u32>, bool)]) -> Result<(), (usize, ModelError)> {
+        let Some(draft_model) = self.speculation.as_mut().and_then(|s| s.draft.as_mut()) else { return Ok(()) };
+        for &(i, _, samples) in plan {
+            let seq = &mut self.sequences[i];
+            let (false, true, Some(state)) = (seq.next.is_some(), samples, seq.draft.as_mut()) else { continue };
+            state.draft_pos = draft_model.prefill(seq.slot, &seq.prompt, state.draft_pos).await.map_err(|e| (i, e))?;
+        }
+        Ok(())
     }
 
     /// Takes sequence i's verification: `rows` holds the logits of its step's rows (`next`, then

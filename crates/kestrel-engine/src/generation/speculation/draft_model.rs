@@ -12,6 +12,8 @@
 use kestrel_model::{BatchRow, BatchSample, Model, ModelError, RowOutput};
 use kestrel_ops::params::SamplingParams;
 use kestrel_ops::reference::sample::{argmax, distribution, sample};
+use std::time::Duration;
+use web_time::Instant;
 
 use super::verify::{DraftDistribution, DRAFT_STREAM};
 use crate::generation::constraint::TokenMatcher;
@@ -45,6 +47,10 @@ pub struct Draft {
     pub distributions: Vec<DraftDistribution>,
     /// Tokens of `history` followed by `tokens` whose KV rows the draft's slot now holds.
     pub cached: usize,
+    /// The token-by-token passes it took part in, and their time (its drafting's cost per token,
+    /// apart from catching up on the sequence).
+    pub proposals: usize,
+    pub proposing: Duration,
 }
 
 impl DraftModel {
@@ -100,11 +106,26 @@ impl DraftModel {
         self.model.set_slot_tokens(slot, tokens);
     }
 
+    /// Runs `tokens[cached..]` into the draft's `slot` (in chunks, no logits), as the sequence's
+    /// prompt enters the target: its first draft then has no prompt to catch up on, and the
+    /// draft's prefill counts in the time to the first token, not in decoding. Returns the
+    /// tokens the slot now holds.
+    pub async fn prefill(&mut self, slot: usize, tokens: &[u32], cached: usize) -> Result<usize, ModelError> {
+        let mut at = cached.min(tokens.len());
+        for piece in tokens[at..].chunks(self.model.max_chunk()) {
+            self.model.run_batch(&[row(slot, at, piece, false)]).await?;
+            at += piece.len();
+        }
+        Ok(at)
+    }
+
     /// Drafts for every request: what the slots lack (batched, a chunk at a time), then one
     /// batched pass per drafted token. A constraint's matcher is left as it was.
     pub async fn draft(&mut self, requests: &mut [DraftRequest<'_>]) -> Result<Vec<Draft>, ModelError> {
         let chunk = self.model.max_chunk();
-        let mut drafts: Vec<Draft> = requests.iter().map(|r| Draft { cached: r.cached, ..Draft::default() }).collect();
+        // The last token always runs (it gives the first proposal), even where the slot has it.
+        let mut drafts: Vec<Draft> =
+            requests.iter().map(|r| Draft { cached: r.cached.min(r.history.len().saturating_sub(1)), ..Draft::default() }).collect();
         let histories: Vec<&[u32]> = requests.iter().map(|r| r.history).collect();
         let mut active: Vec<usize> = (0..requests.len()).filter(|&i| requests[i].max > 0 && !histories[i].is_empty()).collect();
         // The catch-up's chunks before each one's last, which needs only its KV rows.
@@ -127,11 +148,15 @@ impl DraftModel {
         while !active.is_empty() {
             let rows: Vec<BatchRow<'_>> =
                 active.iter().zip(&inputs).map(|(&i, tokens)| row(requests[i].slot, drafts[i].cached, tokens, true)).collect();
+            let pass = Instant::now();
             let outputs = self.model.run_batch(&rows).await?;
+            let took = pass.elapsed();
             drop(rows);
             let (mut next_active, mut next_inputs) = (Vec::new(), Vec::new());
             for ((&i, ran), output) in active.iter().zip(&inputs).zip(outputs) {
                 drafts[i].cached += ran.len();
+                drafts[i].proposals += 1;
+                drafts[i].proposing += took;
                 let logits = match output {
                     Some(RowOutput::Logits(logits)) | Some(RowOutput::Sampled(BatchSample { logits: Some(logits), .. })) => logits,
                     _ => return Err(ModelError::InvalidOption { name: "draft_model", reason: "a draft step returned no logits".into() }),

@@ -8,8 +8,8 @@
 //!
 //! Drafts come from the sequence itself (prompt lookup, `lookup.rs`) or from a smaller model with
 //! the target's vocabulary (`draft_model.rs`). Each sequence keeps its own draft state
-//! (`SequenceDraft`): the draft length adapts to what it accepts, and speculation pauses itself
-//! where it measures slower than plain decoding.
+//! (`SequenceDraft`): the draft length is the one its measured acceptance and costs make
+//! fastest, and plain decoding where none pays (`state.rs`).
 //!
 //! Where it lives in the generation loop: `Generator::step_batch` drafts for every decoding
 //! sequence that speculates, puts its verification rows into the step beside the other sequences'
@@ -23,7 +23,7 @@ mod verify;
 
 pub use draft_model::{DraftModel, DraftRequest};
 pub use lookup::lookup_draft;
-pub use state::{SequenceDraft, SpeculativeStats};
+pub use state::{SequenceDraft, SpeculativeStats, StepTime};
 pub use verify::{verify, DraftDistribution, Verdict, DRAFT_STREAM};
 
 use kestrel_model::ModelError;

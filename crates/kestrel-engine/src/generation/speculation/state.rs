@@ -1,18 +1,26 @@
-//! One sequence's draft state: how long its next draft may be, what it accepted so far, and
+//! One sequence's draft state: how long its next draft should be, what it accepted so far, and
 //! whether speculation pays for it.
 //!
-//! - **The draft length adapts** to the measured acceptance: a draft that stood whole lets the
-//!   next be twice as long (at most the engine's `draft_max`); one that fell after m tokens
-//!   makes the next m + 1 long. Drafts start at `FIRST_DRAFT` tokens. A verification row costs
-//!   compute (at 135M on the CPU a step of 15 rows took 6.6 times a one-row step), so a run of
-//!   failures probes with short drafts, and a copied run (an edit, a quote) grows them fast.
-//! - **Speculation pauses itself where it does not pay.** A sequence that decodes alone times
-//!   its steps: seconds per token of its plain steps and of its speculative ones (moving
-//!   averages). When speculating measures slower, it decodes plainly for a while (8 steps,
-//!   doubling up to 128 while it keeps measuring slower) and then tries again, so a prose
-//!   request that drafts badly pays at most one probe in every pause. A sequence that has
-//!   speculated from its first decode step runs one plain step after its third speculative
-//!   one, for the baseline.
+//! The draft length is chosen to maximise the expected tokens per second of a step. With a
+//! per-token acceptance rate α, a draft of k tokens gives E(k) = 1 + α + ... + α^k tokens (the
+//! kept run and the target's own token) and costs, in plain steps, 1 + (c + β)·k: c is a drafted
+//! token's cost (the draft model's step; about 0 for prompt lookup) and β a verification row's
+//! cost beyond a plain step's. So the best k maximises E(k) / (1 + (c + β)·k), and k = 0, plain
+//! decoding, wins where the drafts fall too often for their cost: speculation switches itself off.
+//! - α is estimated from the verdicts, recent ones weighing most (each old count decays by
+//!   `DECAY` a verification), from an even prior.
+//! - c and β are measured on the steps the sequence runs alone: a plain step's time, a drafted
+//!   token's time, and a verification's time beyond its draft's and a plain step's, per row
+//!   (moving averages). Until a plain step is timed (its first decode steps speculate; one plain
+//!   step follows its third speculative one) the priors hold: c = 0, β = `PRIOR_ROW_COST`.
+//! - The model can be wrong where costs hide from it (a draft model's pass that proposes nothing
+//!   above `p_min`, the host's work on a draft), so the realized speed decides too: seconds per
+//!   generated token of its speculative steps (drafting attempts that proposed nothing included)
+//!   against its plain steps'.
+//! - Where k = 0 wins, or speculating measures slower, it decodes plainly for a while (8 steps,
+//!   doubling up to 128 while it keeps losing) and then probes with a draft of at least one
+//!   token, so the estimates can recover: a request that drafts badly pays one short probe per
+//!   pause.
 
 use std::time::Duration;
 
@@ -43,32 +51,54 @@ impl SpeculativeStats {
     }
 }
 
-/// Speculative steps after which a sequence with no plain step yet runs one, for the baseline.
+/// Speculative steps after which a sequence with no plain step timed yet runs one.
 const BASELINE_AFTER: u32 = 3;
-/// The first draft's length (at most the engine's `draft_max`).
-const FIRST_DRAFT: usize = 4;
-/// The first pause after speculation measured slower, in plain steps; each pause in a row doubles.
+/// The first pause where plain decoding wins, in plain steps; each pause in a row doubles.
 const FIRST_PAUSE: u32 = 8;
 const LONGEST_PAUSE: u32 = 128;
-/// Weight of the newest step in the moving averages of seconds per token.
+/// Weight of the newest sample in the moving averages of times.
 const NEWEST: f64 = 0.25;
+/// What each earlier verdict counts for at the next verification.
+const DECAY: f64 = 0.8;
+/// A verification row's cost beyond a plain step's, before one is measured: the CPU backend
+/// at 1.5B measured about 0.05 a row; a small model pays more per row, which the measure finds.
+const PRIOR_ROW_COST: f64 = 0.1;
+
+/// What one step the sequence ran alone measured.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepTime {
+    /// The whole step: drafting, the target's pass, the verdicts.
+    pub total: Duration,
+    /// Of it, drafting.
+    pub drafting: Duration,
+    /// Of the drafting, the draft model's token-by-token passes, and how many ran.
+    pub proposing: Duration,
+    pub proposals: usize,
+    /// Tokens drafted; a plain step drafted nothing and made no drafting pass.
+    pub drafted: usize,
+    /// Tokens the step gave the sequence.
+    pub tokens: usize,
+}
 
 #[derive(Clone, Debug)]
 pub struct SequenceDraft {
-    /// Tokens the next draft may have (adapts; 1 to `max`).
-    len: usize,
     max: usize,
     pub stats: SpeculativeStats,
     /// Tokens of the sequence whose KV rows the draft model's slot holds (unused by lookup).
     pub draft_pos: usize,
-    /// Plain steps left before the next draft.
-    paused: u32,
-    /// The next pause's length.
-    next_pause: u32,
-    /// Moving averages of seconds per token: plain steps, speculative steps.
+    /// Decayed counts of drafted tokens kept and of drafts that fell: α's evidence.
+    kept: f64,
+    fell: f64,
+    /// Moving averages: a plain step's seconds, a drafted token's seconds, and a verification
+    /// row's cost beyond a plain step as a share of one (β); and a speculative step's seconds
+    /// per token it gave.
     plain: Option<f64>,
+    draft_token: Option<f64>,
+    row_cost: Option<f64>,
     speculative: Option<f64>,
-    /// Speculative steps timed so far.
+    /// Plain steps left before the next draft, and the next pause's length.
+    paused: u32,
+    next_pause: u32,
     speculative_steps: u32,
 }
 
@@ -77,25 +107,54 @@ impl SequenceDraft {
     /// holds its first `draft_pos` tokens.
     pub fn new(max: usize, draft_pos: usize) -> Self {
         Self {
-            len: FIRST_DRAFT.min(max),
             max,
             stats: SpeculativeStats::default(),
             draft_pos,
+            kept: 0.0,
+            fell: 0.0,
+            plain: None,
+            draft_token: None,
+            row_cost: None,
+            speculative: None,
             paused: 0,
             next_pause: FIRST_PAUSE,
-            plain: None,
-            speculative: None,
             speculative_steps: 0,
         }
     }
 
-    /// Most tokens to draft for the next step: 0 while paused.
+    /// Most tokens to draft for the next step: 0 while paused, else the best length (at least
+    /// one: after a pause, a probe).
     pub fn wanted(&self) -> usize {
         if self.paused > 0 {
             0
         } else {
-            self.len
+            self.best_length().max(1)
         }
+    }
+
+    /// The estimated per-token acceptance rate.
+    fn acceptance(&self) -> f64 {
+        (self.kept + 1.0) / (self.kept + self.fell + 2.0)
+    }
+
+    /// The draft length with the most expected tokens per plain step's time (0: plain decoding).
+    fn best_length(&self) -> usize {
+        let alpha = self.acceptance();
+        let token_cost = match (self.draft_token, self.plain) {
+            (Some(d), Some(p)) if p > 0.0 => d / p,
+            _ => 0.0,
+        };
+        let per_row = token_cost + self.row_cost.unwrap_or(PRIOR_ROW_COST);
+        let (mut best, mut best_rate, mut expected, mut run) = (0, 1.0, 1.0, 1.0);
+        for k in 1..=self.max {
+            run *= alpha;
+            expected += run;
+            let rate = expected / (1.0 + per_row * k as f64);
+            if rate > best_rate {
+                (best, best_rate) = (k, rate);
+            }
+        }
+        best
     }
 
     /// A verification's verdicts: `accepted` of `drafted` tokens stood.
@@ -103,38 +162,36 @@ impl SequenceDraft {
         self.stats.drafted += drafted as u64;
         self.stats.accepted += accepted as u64;
         self.stats.verifications += 1;
-        self.len = if accepted == drafted { (self.len * 2).min(self.max) } else { accepted + 1 };
+        self.kept = self.kept * DECAY + accepted as f64;
+        self.fell = self.fell * DECAY + f64::from(u8::from(accepted < drafted));
     }
 
-    /// The time of a step the sequence ran alone, which gave it `tokens` tokens: a speculative
-    /// one (it verified a draft) or a plain one. Pauses speculation where it measures slower.
-    pub fn record_time(&mut self, speculative: bool, elapsed: Duration, tokens: usize) {
-        if !speculative {
+    /// The time of a step the sequence ran alone: it updates the cost estimates, and pauses
+    /// speculation where plain decoding now wins.
+    pub fn record_time(&mut self, step: StepTime) {
+        let average = |slot: &mut Option<f64>, sample: f64| *slot = Some(slot.map_or(sample, |a| a + NEWEST * (sample - a)));
+        let total = step.total.as_secs_f64();
+        if step.drafted == 0 && step.proposals == 0 {
+            average(&mut self.plain, total / step.tokens.max(1) as f64);
             self.paused = self.paused.saturating_sub(1);
-        }
-        if tokens == 0 {
             return;
         }
-        let per_token = elapsed.as_secs_f64() / tokens as f64;
-        let average = if speculative { &mut self.speculative } else { &mut self.plain };
-        *average = Some(average.map_or(per_token, |a| a + NEWEST * (per_token - a)));
-        if speculative {
-            self.speculative_steps += 1;
-            if self.plain.is_none() && self.speculative_steps == BASELINE_AFTER {
-                self.paused = 1;
-            }
+        self.speculative_steps += 1;
+        if step.tokens > 0 {
+            average(&mut self.speculative, total / step.tokens as f64);
         }
-        if let (true, Some(plain), Some(spec)) = (speculative, self.plain, self.speculative) {
-            if spec > plain {
-                self.paused = self.next_pause;
-                self.next_pause = (self.next_pause * 2).min(LONGEST_PAUSE);
-                // The next probe starts from this one's measure, not from the average of
-                // drafts that may have stopped paying long ago.
-                self.speculative = None;
-            } else {
-                self.next_pause = FIRST_PAUSE;
-            }
+        if step.proposals > 0 {
+            average(&mut self.draft_token, step.proposing.as_secs_f64() / step.proposals as f64);
         }
+        match self.plain {
+            Some(plain) if plain > 0.0 && step.drafted > 0 => {
+                let verification = total - step.drafting.as_secs_f64();
+                average(&mut self.row_cost, ((verification - plain) / (plain * step.drafted as f64)).max(0.0));
+            }
+            None if self.speculative_steps == BASELINE_AFTER => self.paused = 1,
+            _ => {}
+        }
+        self.pause_if_plain_wins();
     }
 
     /// A plain step the sequence ran beside others (its time is theirs too): only the pause
@@ -142,58 +199,106 @@ impl SequenceDraft {
     pub fn plain_step(&mut self) {
         self.paused = self.paused.saturating_sub(1);
     }
+
+    /// After a verification beside others, where no time is the sequence's own.
+    pub fn verified_in_batch(&mut self) {
+        self.pause_if_plain_wins();
+    }
+
+    fn pause_if_plain_wins(&mut self) {
+        if self.paused > 0 {
+            return;
+        }
+        let slower = matches!((self.speculative, self.plain), (Some(spec), Some(plain)) if spec > plain);
+        if slower || self.best_length() == 0 {
+            self.paused = self.next_pause;
+            self.next_pause = (self.next_pause * 2).min(LONGEST_PAUSE);
+            // The next probe is judged on its own, not on the average of what no longer holds.
+            self.speculative = None;
+        } else {
+            self.next_pause = FIRST_PAUSE;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const MS: Duration = Duration::from_millis(1);
+    fn spec(total_ms: u64, drafting_ms: u64, proposals: usize, drafted: usize, tokens: usize) -> StepTime {
+        let ms = Duration::from_millis;
+        StepTime { total: ms(total_ms), drafting: ms(drafting_ms), proposing: ms(drafting_ms), proposals, drafted, tokens }
+    }
 
-    #[test]
-    fn the_draft_length_doubles_while_drafts_stand_and_follows_the_last_run_when_they_fall() {
-        let mut d = SequenceDraft::new(16, 0);
-        assert_eq!(d.wanted(), FIRST_DRAFT);
-        d.record(4, 4);
-        assert_eq!(d.wanted(), 8);
-        d.record(8, 8);
-        d.record(16, 16);
-        assert_eq!(d.wanted(), 16, "capped at the engine's draft_max");
-        d.record(16, 5);
-        assert_eq!(d.wanted(), 6, "a run of 5 kept: the next draft is 6 long");
-        d.record(6, 0);
-        assert_eq!(d.wanted(), 1, "never below one token");
-        assert_eq!(d.stats, SpeculativeStats { drafted: 4 + 8 + 16 + 16 + 6, accepted: 33, verifications: 5 });
-        assert_eq!(SequenceDraft::new(2, 0).wanted(), 2, "at most draft_max from the start");
+    fn plain(ms: u64) -> StepTime {
+        StepTime { total: Duration::from_millis(ms), tokens: 1, ..StepTime::default() }
     }
 
     #[test]
-    fn speculation_measures_a_plain_baseline_and_pauses_where_it_measures_slower() {
-        let mut d = SequenceDraft::new(4, 0);
-        assert_eq!(d.wanted(), 4, "it speculates from the first decode step");
-        d.record(4, 4);
-        for _ in 0..BASELINE_AFTER {
-            assert_eq!(d.wanted(), 4);
-            d.record_time(true, 15 * MS, 3);
+    fn drafts_are_long_while_they_stand_and_cost_little() {
+        let mut d = SequenceDraft::new(16, 0);
+        assert!(d.wanted() >= 1, "it speculates from the first decode step");
+        for _ in 0..10 {
+            d.record(8, 8);
         }
-        assert_eq!(d.wanted(), 0, "one plain step for the baseline");
-        d.record_time(false, 10 * MS, 1);
-        // 3 tokens in 15 ms: 5 ms a token, faster than 10.
-        assert_eq!(d.wanted(), 4);
-        d.record_time(true, 15 * MS, 3);
-        assert_eq!(d.wanted(), 4);
-        // 1 token in 14 ms (the draft fell): the average, 7.25 ms, still beats plain.
-        d.record_time(true, 14 * MS, 1);
-        assert_eq!(d.wanted(), 4);
-        // 1 token in 40 ms: the average, 15.4 ms, is slower than plain: a pause of 8 plain steps.
-        d.record_time(true, 40 * MS, 1);
-        assert_eq!(d.wanted(), 0);
+        // Lookup: drafting costs nothing, a row 5% of a plain step; α about 0.99.
+        d.record_time(plain(100));
+        d.record_time(spec(140, 0, 0, 8, 9));
+        assert_eq!(d.wanted(), 16, "long drafts pay: {d:?}");
+        assert_eq!(d.stats, SpeculativeStats { drafted: 80, accepted: 80, verifications: 10 });
+    }
+
+    #[test]
+    fn a_costly_draft_model_drafts_short_and_plain_decoding_wins_where_drafts_fall() {
+        let mut d = SequenceDraft::new(16, 0);
+        for _ in 0..10 {
+            d.record(4, 3);
+        }
+        // A draft token at 40% of a plain step: with α about 0.75 a few tokens pay, not 16.
+        d.record_time(plain(100));
+        d.record_time(spec(300, 160, 4, 4, 4));
+        let k = d.wanted();
+        assert!((1..=4).contains(&k), "a short draft: {k} ({d:?})");
+        // Now every draft falls at once: plain decoding wins, and a pause follows.
+        for _ in 0..10 {
+            d.record(k, 0);
+        }
+        d.record_time(spec(300, 160, 4, 4, 1));
+        assert_eq!(d.wanted(), 0, "paused: {d:?}");
         for _ in 0..FIRST_PAUSE {
             assert_eq!(d.wanted(), 0);
-            d.record_time(false, 10 * MS, 1);
+            d.record_time(plain(100));
         }
-        assert_eq!(d.wanted(), 4, "it tries again after the pause");
-        d.record_time(true, 30 * MS, 1);
+        assert_eq!(d.wanted(), 1, "a probe of one token after the pause");
+        d.record(1, 0);
+        d.record_time(spec(150, 40, 1, 1, 1));
         assert_eq!(d.paused, 2 * FIRST_PAUSE, "the second pause in a row is twice as long");
+    }
+
+    #[test]
+    fn speculation_pauses_where_it_measures_slower_whatever_the_model_says() {
+        let mut d = SequenceDraft::new(8, 0);
+        for _ in 0..10 {
+            d.record(2, 2);
+        }
+        d.record_time(plain(100));
+        assert!(d.wanted() > 0);
+        // A draft model whose passes propose nothing above p_min: 2 passes, no draft, 1 token
+        // in 180 ms against 100 for a plain step.
+        d.record_time(spec(180, 80, 2, 0, 1));
+        assert_eq!(d.wanted(), 0, "slower than plain: paused ({d:?})");
+    }
+
+    #[test]
+    fn the_first_decode_steps_speculate_then_one_plain_step_times_the_baseline() {
+        let mut d = SequenceDraft::new(4, 0);
+        for _ in 0..BASELINE_AFTER {
+            assert!(d.wanted() > 0);
+            d.record(2, 2);
+            d.record_time(spec(50, 0, 0, 2, 3));
+        }
+        assert_eq!(d.wanted(), 0, "one plain step for the baseline");
+        d.record_time(plain(40));
+        assert!(d.wanted() > 0);
     }
 }
