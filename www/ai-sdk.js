@@ -522,7 +522,10 @@ async function estimated(options) {
   /** @type {Estimate} */
   let fit;
   try {
-    fit = await estimate({ model: /** @type {string | URL | Blob} */ (options.model), context_length: options.context_length, kv_cache: options.kv_cache, slots: options.slots });
+    fit = await estimate({
+      model: /** @type {string | URL | Blob} */ (options.model), context_length: options.context_length, kv_cache: options.kv_cache, slots: options.slots,
+      draftModel: options.draftModel,
+    });
   } catch (e) {
     if (isKestrelError(e)) return { status: 'unavailable', code: e.code, reason: e.message };
     throw e;

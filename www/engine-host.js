@@ -194,7 +194,7 @@ export class EngineHost {
         return undefined;
       case 'estimate':
         await this.#initWasm();
-        return estimate(msg.model, msg, this.#adapter);
+        return estimate(msg.model, msg, this.#adapter, { draft: msg.draftModel });
       case 'flush':
         // Answered once the save after the last request has ended (`before`).
         return undefined;

@@ -45,6 +45,8 @@ export interface LoadProgress {
   /** A split model's: the shard being read (from 1), and how many it has. */
   shard?: number;
   shards?: number;
+  /** true: the draft model's load (createEngine's `draftModel`), which follows the model's 'ready'. */
+  draft?: boolean;
 }
 
 /** The shared engine (createEngine's `shared`) as this tab sees it. */
@@ -155,7 +157,18 @@ interface EngineInfoCommon {
    * without the option.
    */
   persist_prefix?: { enabled: boolean; reason: string | null } | null;
+  /**
+   * With `speculative` (or `draftModel`): how the engine speculates (`maxDraft`, whether by prompt
+   * lookup, its draft model's name or null), or why it does not (an embedding model; a draft
+   * model not loaded yet). Null without the option.
+   */
+  speculative?: SpeculativeInfo | null;
 }
+
+/** `EngineInfo.speculative`. */
+export type SpeculativeInfo =
+  | { enabled: true; lookup: boolean; maxDraft: number; draftModel: string | null }
+  | { enabled: false; reason: string };
 
 /**
  * What the engine runs (`engine.info`). `kind` says what its model does, and narrows `model`:
@@ -236,6 +249,12 @@ export interface SamplingOptions {
   penalty_last_n?: number;
   /** Keep going past the model's end-of-generation tokens. */
   ignore_eos?: boolean;
+  /**
+   * false: this request decodes one token per step, without the engine's speculative decoding
+   * (createEngine's `speculative`); default true. The tokens are the same either way for a greedy
+   * request, and follow the same distribution for a sampled one.
+   */
+  speculative?: boolean;
   /**
    * Report log-probabilities in `choices[0].logprobs`, in OpenAI's shape: `ChatLogprobs` for chat
    * completions, `CompletionLogprobs` for text completions (a streamed chunk carries those of its
@@ -320,6 +339,11 @@ export interface KestrelDetails {
    * `choices[0].logprobs` shows, with the ids OpenAI's shape lacks.
    */
   logprobs: { token_id: number; logprob: number; bytes: number[]; top: [number, number][]; top_bytes: number[][] }[];
+  /**
+   * Where speculative decoding served the request: the tokens drafted and verified, those kept,
+   * and the model's steps that verified a draft (each also gave a token of its own).
+   */
+  speculative?: { drafted: number; accepted: number; verifications: number };
 }
 
 /**
@@ -670,6 +694,24 @@ export interface CreateEngineOptions {
    */
   shared?: boolean;
   /**
+   * Speculative decoding: each step of the model checks a draft of the tokens that may follow
+   * and keeps those it would have generated itself, several tokens for one pass over the weights
+   * (greedy requests give the very tokens they give without; sampled ones the same distribution).
+   * `lookup: true` drafts from the prompt and the output so far (no second model; pays where the
+   * answer repeats its prompt: edits, quotes, extraction); `draftModel` drafts with a smaller model.
+   * `maxDraft`: the most tokens per draft (1 to 16, default 16). On the CPU backend only: on
+   * WebGPU the engine runs without it (`engine.info.speculative` says so). A request's
+   * `speculative: false` decodes without it; `kestrel.speculative` reports what it drafted and kept.
+   */
+  speculative?: { lookup?: boolean; maxDraft?: number };
+  /**
+   * A smaller model with the same vocabulary (a URL, a File or a Blob, as `model`) that drafts
+   * tokens for speculative decoding, loaded after the model on the CPU backend (not on WebGPU,
+   * where speculative decoding is off). The fit check counts it (`Estimate.cpu.draft_bytes`). A
+   * model of another vocabulary fails the load with `invalid_option`.
+   */
+  draftModel?: ModelSource;
+  /**
    * An OpenAI-compatible server (kestrel serve, llama-server, vLLM) to send the same requests to
    * when the model cannot run here: with backend 'webgpu', where this browser has no WebGPU or
    * the model does not fit its GPU (with 'auto' the CPU path runs it instead). Without it the
@@ -776,6 +818,8 @@ export interface Estimate {
     scratch_bytes: number;
     /** The engine itself: its data and stack, the tokenizer and the header's metadata. */
     engine_bytes: number;
+    /** With `draftModel`: the draft model's weights, KV cache, scratch and tokenizer (else 0). */
+    draft_bytes: number;
     memory_limit: MemoryLimit;
     fits: boolean;
     /** Why not: `device_limits` or `unsupported_quant`, with the numbers in `reason`. */
@@ -787,9 +831,12 @@ export interface Estimate {
 /**
  * Reads only the GGUF header of `model` (an HTTP range request, or the first bytes of a File) and
  * says whether it fits this browser's GPU with `slots` (default 1) `context_length`-token KV
- * caches, and whether it fits the CPU backend's wasm memory (`cpu`).
+ * caches, and whether it fits the CPU backend's wasm memory (`cpu`), with `draftModel` beside it
+ * there where given.
  */
-export function estimate(options: { model: ModelSource; context_length?: number; kv_cache?: 'f16' | 'f32'; slots?: number }): Promise<Estimate>;
+export function estimate(options: {
+  model: ModelSource; context_length?: number; kv_cache?: 'f16' | 'f32'; slots?: number; draftModel?: ModelSource;
+}): Promise<Estimate>;
 /** Deletes every KV prefix `persistPrefix` saved in this origin's storage; true when there were any. */
 export function clearSavedPrefixes(): Promise<boolean>;
 

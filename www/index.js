@@ -99,19 +99,20 @@ export async function deleteModelFromCache(url) {
 }
 
 /**
- * The `model` option as the worker takes it: a URL made absolute (a split model's first shard's
- * brings the other shards), a File or a Blob, or an array of a split model's shards (Files or
- * Blobs, a FileList too). Anything else is `invalid_option`.
+ * The `model` option (or `name`'s, `draftModel`) as the worker takes it: a URL made absolute (a
+ * split model's first shard's brings the other shards), a File or a Blob, or an array of a split
+ * model's shards (Files or Blobs, a FileList too). Anything else is `invalid_option`.
  * @param {unknown} model
+ * @param {string} [name]
  * @returns {string | Blob | Blob[]}
  */
-function modelOption(model) {
+function modelOption(model, name = 'model') {
   if (model instanceof URL) return model.href;
   if (typeof model === 'string') return new URL(model, location.href).href;
   if (model instanceof Blob) return model;
   const shards = globalThis.FileList && model instanceof FileList ? [...model] : model;
   if (Array.isArray(shards) && shards.length > 0 && shards.every((m) => m instanceof Blob)) return shards;
-  throw kestrelError('invalid_option', "invalid option model: expected a URL, a File or a Blob, or an array of a split model's shards (Files or Blobs)");
+  throw kestrelError('invalid_option', `invalid option ${name}: expected a URL, a File or a Blob, or an array of a split model's shards (Files or Blobs)`);
 }
 
 /**
@@ -153,7 +154,9 @@ export async function clearSavedPrefixes() {
 /**
  * Whether `model` (a URL, a File or a Blob) fits this browser with `slots` KV caches (default 1,
  * as `createEngine`'s option) of `context_length` tokens (of `kv_cache` values: 'f16', the
- * default, or 'f32'), from its GGUF header alone (an HTTP range request; no weight is fetched):
+ * default, or 'f32'), with `draftModel` beside it on the CPU backend where given (`cpu.draft_bytes`;
+ * only the CPU backend runs a draft model), from its GGUF header alone (an HTTP range request; no
+ * weight is fetched):
  * weight, KV cache and activation bytes and their total, the largest single buffer, unsupported
  * tensors. `fits` is the GPU's verdict: every buffer within the adapter's limits, and the total
  * within what the GPU can plausibly hold (`memory_limit`: WebGPU reports no memory size, so the
@@ -161,12 +164,13 @@ export async function clearSavedPrefixes() {
  * CPU backend's: the wasm memory it needs against 32-bit wasm's 4 GiB. Where a verdict is no,
  * `code` says why (`device_limits`, `unsupported_quant`, `no_webgpu`) and `reason` names the
  * numbers that decided it. `createEngine` makes the same checks before a download.
- * @param {{ model: string | URL | Blob, context_length?: number, kv_cache?: 'f16' | 'f32', slots?: number }} options
+ * @param {{ model: string | URL | Blob, context_length?: number, kv_cache?: 'f16' | 'f32', slots?: number, draftModel?: string | URL | Blob }} options
  * @returns {Promise<Estimate>}
  */
 export async function estimate(options) {
   const { context_length, kv_cache, slots } = options ?? {};
   const model = modelOption(options?.model);
+  const draftModel = options?.draftModel == null ? undefined : modelOption(options.draftModel, 'draftModel');
   const worker = startWorker();
   try {
     return await new Promise((resolve, reject) => {
@@ -177,7 +181,7 @@ export async function estimate(options) {
         if (error) reject(kestrelError(/** @type {KestrelErrorCode} */ (error.code), error.message));
       };
       worker.onerror = (e) => reject(workerError(e));
-      worker.postMessage(/** @satisfies {EngineRequest} */ ({ type: 'estimate', id: 0, model, context_length, kv_cache, slots }));
+      worker.postMessage(/** @satisfies {EngineRequest} */ ({ type: 'estimate', id: 0, model, context_length, kv_cache, slots, draftModel }));
     });
   } finally {
     worker.terminate();
@@ -502,12 +506,13 @@ class Engine {
   /**
    * @param {string | Blob | Blob[]} model
    * @param {CreateEngineOptions['onProgress']} onProgress
-   * @param {Omit<CreateEngineOptions, 'model' | 'onProgress' | 'onStatus' | 'remote' | 'sha256' | 'persistPrefix'>} engineOptions the engine's own options
+   * @param {Omit<CreateEngineOptions, 'model' | 'onProgress' | 'onStatus' | 'remote' | 'sha256' | 'persistPrefix' | 'draftModel'>} engineOptions the engine's own options
    * @param {string | string[] | undefined} sha256
    * @param {{ maxBytes: number } | null} persist `persistPrefix`
+   * @param {string | Blob | Blob[] | undefined} draftModel
    */
-  async _load(model, onProgress, engineOptions, sha256, persist) {
-    const load = { type: /** @type {const} */ ('load'), model, options: engineOptions, sha256, persist };
+  async _load(model, onProgress, engineOptions, sha256, persist, draftModel) {
+    const load = { type: /** @type {const} */ ('load'), model, options: engineOptions, sha256, persist, draftModel };
     const info = await this.#call(load, { onProgress });
     this.info = { ...info, shared: this.#sharedInfo() };
     this.#setup = load;
@@ -673,15 +678,15 @@ function checkRemote(remote) {
 }
 
 /**
- * What names a shared engine: the model's URL and the engine's options (keys sorted), so that tabs
- * share an engine only where they asked for the same one.
+ * What names a shared engine: the model's URL, its draft model's, and the engine's options (keys
+ * sorted), so that tabs share an engine only where they asked for the same one.
  * @param {string | Blob | Blob[]} model
  * @param {Record<string, unknown>} engineOptions
- * @param {{ persist: unknown }} others
+ * @param {{ persist: unknown, draftModel: string | Blob | Blob[] | undefined }} others
  */
-function sharedKey(model, engineOptions, { persist }) {
-  if (typeof model !== 'string') {
-    throw kestrelError('invalid_option', 'invalid option shared: a shared engine loads its model from a URL (a File or a Blob belongs to one tab)');
+function sharedKey(model, engineOptions, { persist, draftModel }) {
+  if (typeof model !== 'string' || (draftModel !== undefined && typeof draftModel !== 'string')) {
+    throw kestrelError('invalid_option', 'invalid option shared: a shared engine loads its models from URLs (a File or a Blob belongs to one tab)');
   }
   if (persist) {
     throw kestrelError('invalid_option', 'invalid option shared: persistPrefix restores one conversation into a cache the other tabs are using; use one or the other');
@@ -690,7 +695,7 @@ function sharedKey(model, engineOptions, { persist }) {
     throw kestrelError('invalid_option', 'invalid option shared: the shared engine needs Web Locks (navigator.locks, in secure contexts)');
   }
   const sorted = Object.fromEntries(Object.entries(engineOptions).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
-  return `${model} ${JSON.stringify(sorted)}`;
+  return `${model} ${draftModel ?? ''} ${JSON.stringify(sorted)}`;
 }
 
 /** Errors that mean this browser cannot run the model, where `remote` takes over. */
@@ -735,6 +740,10 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * worker of a leading tab (Web Locks); a tab that closes ends only its own requests; when the
  * leading tab closes, another takes over and the requests in flight fail with `leader_lost`.
  * `engine.info.shared` says how this tab reaches it and how many tabs use it.
+ * `speculative: {lookup, maxDraft}` with or without `draftModel` (a URL, a File or a Blob as
+ * `model`, a smaller model with its vocabulary, loaded after it): speculative decoding, on the CPU
+ * backend only (on WebGPU the engine runs without; `engine.info.speculative` says which and why);
+ * a request's `speculative: false` decodes plainly. The fit check counts the draft model.
  * `remote: {baseURL, apiKey, model}`: where the model cannot run here (`no_webgpu`,
  * `device_limits`, `out_of_memory`; with backend 'auto' only what the CPU path cannot run either),
  * the engine sends the same requests to that OpenAI-compatible server instead
@@ -745,14 +754,21 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
 export async function createEngine(options) {
   // The package's own options; the rest are the engine's, which the engine core names and checks
   // (kestrel_engine::EngineOptions): a bad or unknown one fails the load with `invalid_option`.
-  const { model: given, onProgress, onStatus, remote, sha256, persistPrefix, shared, ...engineOptions } = options ?? {};
+  const { model: given, draftModel: draftGiven, onProgress, onStatus, remote, sha256, persistPrefix, shared, ...engineOptions } = options ?? {};
   const model = modelOption(given);
+  const draftModel = draftGiven == null ? undefined : modelOption(draftGiven, 'draftModel');
+  // The engine's `speculative` option says how drafts are made; a draft model alone drafts with
+  // its defaults. Prompt lookup or a draft model must make them.
+  if (draftModel !== undefined) engineOptions.speculative ??= {};
+  else if (engineOptions.speculative != null && engineOptions.speculative.lookup !== true) {
+    throw kestrelError('invalid_option', 'invalid option speculative: drafts need lookup: true or a draftModel');
+  }
   if (sha256 != null && !(Array.isArray(sha256) ? sha256 : [sha256]).every((d) => /^[0-9a-fA-F]{64}$/.test(d))) {
     throw kestrelError('invalid_option', 'invalid option sha256: expected 64 hexadecimal digits (an array of them for a split model, one per file)');
   }
   const persist = persistOption(persistPrefix);
   if (shared != null && typeof shared !== 'boolean') throw kestrelError('invalid_option', 'invalid option shared: expected true or false');
-  const key = shared ? sharedKey(model, engineOptions, { persist }) : null;
+  const key = shared ? sharedKey(model, engineOptions, { persist, draftModel }) : null;
   if (remote != null) checkRemote(remote);
   /** @param {KestrelError} reason */
   const useRemote = (reason) => new Engine(startWorker(), onStatus)._connect(/** @type {RemoteOptions} */ (remote), reason);
@@ -764,7 +780,7 @@ export async function createEngine(options) {
   const worker = key === null ? startWorker() : await SharedEngineConnection.connect(key);
   const engine = new Engine(worker, onStatus);
   try {
-    await engine._load(model, onProgress, engineOptions, sha256, persist);
+    await engine._load(model, onProgress, engineOptions, sha256, persist, draftModel);
   } catch (e) {
     worker.terminate();
     const code = /** @type {KestrelError} */ (e)?.code;

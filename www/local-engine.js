@@ -1,7 +1,8 @@
 // The engine on this browser: the wasm Engine (kestrel-engine's scheduler in the wasm module),
 // which the host (engine-host.js) runs requests on. It steps the engine while requests run, loads
-// models (model-load.js), recovers by itself from a lost GPU device (the model reloaded, the
-// requests waiting for it), and with `persistPrefix` restores and saves KV prefixes.
+// models (model-load.js) and a draft model after its model on the CPU backend, recovers by itself
+// from a lost GPU device (the model reloaded, the requests waiting for it), and with
+// `persistPrefix` restores and saves KV prefixes.
 
 /**
  * @import { EngineOptions, HostReply, LoadRequest, ModelInput, Persist, EngineRequest } from './protocol.d.ts'
@@ -9,6 +10,7 @@
  * @import { KestrelErrorCode } from './index.d.ts'
  * @import { DescribedAdapter } from './model-files.js'
  * @import { EngineBackend, HostLink } from './engine-host.js'
+ * @import { LoadSetup } from './model-load.js'
  */
 
 import { errorOf, isTrap, requestJson } from './engine-shared.js';
@@ -22,7 +24,12 @@ import { Engine, reusableTokens } from './wasm.js';
 /** @typedef {{ id: number, resolve: (value: unknown) => void, reject: (error: unknown) => void }} Pending */
 
 /** What reloads the model after a device loss: the last load's request. */
-/** @typedef {{ model: ModelInput, engineOptions: EngineOptions, sha256: string | string[] | undefined, persist: Persist }} LastLoad */
+/**
+ * @typedef {{
+ *   model: ModelInput, engineOptions: EngineOptions, sha256: string | string[] | undefined, persist: Persist,
+ *   draftModel: ModelInput | undefined,
+ * }} LastLoad
+ */
 
 // The display's frame interval, measured from requestAnimationFrame as the worker starts (where
 // the browser offers it to workers, and the page is visible), else that of 60 Hz.
@@ -142,34 +149,46 @@ export class LocalEngine {
    * from.
    * @param {LoadRequest} request
    */
-  async load({ id, model, cache, options, sha256, persist }) {
+  async load({ id, model, cache, options, sha256, persist, draftModel }) {
     await this.#stepping;
     await this.#encoding;
     const useCache = cache !== false;
-    const info = await this.#load(id, model, useCache, options, sha256, persist).catch((e) => {
+    const last = { model, engineOptions: options, sha256, persist, draftModel };
+    const info = await this.#load(id, useCache, last).catch((e) => {
       if (!e?.retryable) throw e;
       console.warn(`kestrel: ${e.message}; downloading it again`);
-      return this.#load(id, model, useCache, options, sha256, persist);
+      return this.#load(id, useCache, last);
     });
-    this.#lastLoad = { model, engineOptions: options, sha256, persist };
+    this.#lastLoad = last;
     return info;
   }
 
   /**
+   * Loads `model`, then its draft model (on the CPU backend), into the engine.
    * @param {number} id
-   * @param {ModelInput} model
    * @param {boolean} useCache
-   * @param {EngineOptions} engineOptions
-   * @param {string | string[] | undefined} sha256
-   * @param {Persist} persist
+   * @param {LastLoad} request
    */
-  async #load(id, model, useCache, engineOptions, sha256, persist) {
+  async #load(id, useCache, { model, engineOptions, sha256, persist, draftModel }) {
     this.#engine ??= await Engine.create(JSON.stringify(await withSubmitBudget(engineOptions)));
     this.#prefixes = null;
-    const { info, prefixes } = await new ModelLoad({
+    /** @type {LoadSetup} */
+    const setup = {
       id, model, useCache, engineOptions, sha256, persist, engine: this.#engine, adapter: this.#adapter, post: this.#host.post,
-      cpuEngine: (reason) => this.#cpuEngine(engineOptions, reason),
-    }).run();
+      cpuEngine: (reason) => this.#cpuEngine(engineOptions, reason), draftModel,
+    };
+    const { info, prefixes } = await new ModelLoad(setup).run();
+    // The draft model runs on the CPU backend whichever backend verifies (engine.loadDraft).
+    if (draftModel !== undefined && info.kind === 'chat') {
+      const eng = /** @type {WasmEngine} */ (this.#engine);
+      const draft = eng.loadDraft();
+      try {
+        const loaded = await new ModelLoad({ ...setup, engine: eng, model: draftModel, sha256: undefined, persist: null, draftModel: undefined, draft }).run();
+        info.speculative = loaded.info.speculative;
+      } finally {
+        draft.free();
+      }
+    }
     this.#prefixes = prefixes;
     this.#batched = info.kind === 'chat' && info.model.batched === true;
     return info;
@@ -273,7 +292,7 @@ export class LocalEngine {
    * from the same File or Blob). Reports each stage as a 'status' message.
    * @param {LastLoad} last
    */
-  async #recover({ model, engineOptions, sha256, persist }) {
+  async #recover(last) {
     const { post, callError } = this.#host;
     post({ type: 'status', status: 'device_lost' });
     // The browser may offer another adapter after a loss.
@@ -283,7 +302,7 @@ export class LocalEngine {
     this.#engine = null;
     try {
       post({ type: 'status', status: 'reloading' });
-      const info = await this.#load(0, model, true, engineOptions, sha256, persist);
+      const info = await this.#load(0, true, last);
       post({ type: 'status', status: 'ready', info });
     } catch (e) {
       this.#lastLoad = null;

@@ -117,25 +117,39 @@ export class DescribedAdapter {
 }
 
 /**
+ * The files of `model`, a URL made absolute against the worker's location.
+ * @param {ModelInput} model
+ */
+const filesOf = (model) => modelFiles(typeof model === 'string' ? new URL(model, self.location.href).href : model);
+
+/**
  * Will `model` fit this browser with `slots` (absent: 1) `contextLength`-token KV caches of
  * `kvCache` values ('f16' or 'f32'; absent: f16): the estimate from its header; the GPU verdict
  * against the adapter's limits and the memory a GPU here can plausibly hold (`memory_limit`, from
- * `navigator.deviceMemory`); the CPU backend's (`cpu`) against 32-bit wasm memory. With `gpu`
- * false, no adapter is asked for and the GPU verdict is left null (`fits`). The wasm module must
- * be initialised.
+ * `navigator.deviceMemory`); the CPU backend's (`cpu`) against 32-bit wasm memory, with `draft`
+ * (a draft model of speculative decoding, which only the CPU backend runs) beside it where given.
+ * With `gpu` false, no adapter is asked for and the GPU verdict is left null (`fits`). The wasm
+ * module must be initialised.
  * @param {ModelInput} model
  * @param {{ context_length?: number, kv_cache?: 'f16' | 'f32', slots?: number }} options
  * @param {DescribedAdapter} adapter
- * @param {{ gpu?: boolean }} [which]
+ * @param {{ gpu?: boolean, draft?: ModelInput | null }} [which]
  * @returns {Promise<Estimate>}
  */
-export async function estimate(model, { context_length, kv_cache, slots }, adapter, { gpu = true } = {}) {
-  const files = modelFiles(typeof model === 'string' ? new URL(model, self.location.href).href : model);
+export async function estimate(model, { context_length, kv_cache, slots }, adapter, { gpu = true, draft = null } = {}) {
+  const files = filesOf(model);
+  const draftFiles = draft == null ? [] : filesOf(draft);
   const probe = new HeaderProbe();
   try {
-    // A split model's shards' headers, one after another: the estimate is the whole model's.
+    // A split model's shards' headers, one after another: the estimate is the whole model's;
+    // then its draft model's.
     for (const [k, file] of files.entries()) {
       if (k > 0) probe.nextShard();
+      await readHeader(file, probe);
+    }
+    for (const [k, file] of draftFiles.entries()) {
+      if (k === 0) probe.startDraft();
+      else probe.nextShard();
       await readHeader(file, probe);
     }
     const found = gpu ? await adapter.get() : null;

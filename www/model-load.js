@@ -1,12 +1,13 @@
 // One load of a model into the wasm engine, in named steps: the files and their Cache API copies
 // (`plan`), the check that the model fits before gigabytes stream (`fittingEngine`), each file
 // streamed into the engine (`stream`), then the compile and what the page learns of the load
-// (`finish`). A failed load leaves no file in the Cache API.
+// (`finish`). A draft model (speculative decoding's) loads the same way after its model, into the
+// engine's `DraftLoad`. A failed load leaves no file in the Cache API.
 
 /**
  * @import { EngineInfo, LoadProgress } from './index.d.ts'
  * @import { EngineOptions, HostReply, ModelInput, Persist } from './protocol.d.ts'
- * @import { Engine as WasmEngine, LoadChunkProgress } from './wasm.d.ts'
+ * @import { DraftLoad, Engine as WasmEngine, LoadChunkProgress } from './wasm.d.ts'
  * @import { DescribedAdapter } from './model-files.js'
  */
 
@@ -21,11 +22,13 @@ import { Sha256Hasher } from './wasm.js';
 /**
  * What a load needs: the page's request, the engine to load into, how to move to the CPU backend
  * where the GPU cannot hold the model (it replaces the engine), the adapter it describes, and
- * where its progress goes.
+ * where its progress goes. `draftModel`: the model's draft model, which its fit check counts.
+ * `draft`: this load is a draft model's, its bytes going there (no fit check: its model's counted
+ * it; no KV prefixes).
  * @typedef {{
  *   id: number, model: ModelInput, useCache: boolean, engineOptions: EngineOptions, sha256: string | string[] | undefined,
  *   persist: Persist, engine: WasmEngine, cpuEngine: (reason: string) => Promise<WasmEngine>, adapter: DescribedAdapter,
- *   post: (msg: HostReply) => void,
+ *   post: (msg: HostReply) => void, draftModel?: ModelInput, draft?: DraftLoad,
  * }} LoadSetup
  */
 
@@ -122,6 +125,11 @@ export class ModelLoad {
     return this.#files.length;
   }
 
+  /** Where the bytes go: the engine, or a draft model's load. */
+  get #target() {
+    return this.#setup.draft ?? this.#engine;
+  }
+
   /**
    * Runs the load: resolves to the engine's info and the store of saved KV prefixes (null
    * without `persist`, or where it is off).
@@ -194,9 +202,11 @@ export class ModelLoad {
    * `unsupported_quant`.
    */
   async #fittingEngine() {
-    const { model, engineOptions, adapter } = this.#setup;
+    const { model, engineOptions, adapter, draftModel, draft } = this.#setup;
+    // A draft model's load: its model's check counted it (its size then comes from the stream).
+    if (draft) return 0;
     const onGpu = this.#engine.backend() === 'webgpu';
-    const fits = await estimate(model, engineOptions ?? {}, adapter, { gpu: onGpu });
+    const fits = await estimate(model, engineOptions ?? {}, adapter, { gpu: onGpu, draft: draftModel });
     const { cpu } = fits;
     if (!onGpu) {
       if (!cpu.fits) throw kestrelError(cpu.code ?? 'device_limits', `the model does not fit this device: ${cpu.reason}`);
@@ -264,8 +274,14 @@ export class ModelLoad {
         tensors: progress?.tensors_loaded ?? 0,
         tensorsTotal: progress?.tensors_total ?? 0,
         ...(this.#shards > 1 ? { shard: this.#shard, shards: this.#shards } : {}),
+        ...this.#draftFlag,
       },
     });
+  }
+
+  /** What marks a draft model's progress. */
+  get #draftFlag() {
+    return this.#setup.draft ? { draft: true } : {};
   }
 
   /**
@@ -273,7 +289,7 @@ export class ModelLoad {
    * @param {number} k
    */
   async #stream(k) {
-    const eng = this.#engine;
+    const eng = this.#target;
     const shards = this.#shards;
     if (k > 0) eng.loadNextShard();
     this.#shard = k + 1;
@@ -331,13 +347,14 @@ export class ModelLoad {
     // A split model's total from its headers leaves out its later shards' headers.
     this.#total = Math.max(this.#total, this.#loaded);
     this.#report();
-    post({ type: 'progress', id, progress: { phase: 'compile', loaded: this.#loaded, total: this.#total } });
-    const info = await this.#engine.finishLoad();
+    post({ type: 'progress', id, progress: { phase: 'compile', loaded: this.#loaded, total: this.#total, ...this.#draftFlag } });
+    const info = await this.#target.finishLoad();
     await this.#describeAdapter(info);
-    const prefixes = await this.#openPrefixes(info);
+    // A draft model's load adds no KV prefixes (its model's store has them).
+    const prefixes = this.#setup.draft ? null : await this.#openPrefixes(info);
     const { stored, error } = await this.#cacheOutcome();
     info.model_cache = { stored, error };
-    post({ type: 'progress', id, progress: { phase: 'ready', loaded: this.#loaded, total: this.#total } });
+    post({ type: 'progress', id, progress: { phase: 'ready', loaded: this.#loaded, total: this.#total, ...this.#draftFlag } });
     return { info, prefixes };
   }
 
@@ -401,7 +418,7 @@ export class ModelLoad {
    */
   async #abandon() {
     this.#reader?.cancel().catch(() => {});
-    this.#engine.cancelLoad();
+    this.#target.cancelLoad();
     const cache = this.#cache;
     if (cache && typeof this.#files[0] === 'string') {
       await Promise.all(this.#cachePuts.filter(Boolean));

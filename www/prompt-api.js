@@ -359,10 +359,10 @@ class LanguageModelSession extends EventTarget {
     if (coreOptions(options).unsupported) return 'unavailable';
     if (holder.given || holder.loaded) return 'available';
     if (holder.loading) return 'downloading';
-    const { model, backend = 'auto', context_length, kv_cache, slots } = /** @type {CreateEngineOptions} */ (holder.options);
+    const { model, backend = 'auto', context_length, kv_cache, slots, draftModel } = /** @type {CreateEngineOptions} */ (holder.options);
     let fit;
     try {
-      fit = await estimate({ model, context_length, kv_cache, slots });
+      fit = await estimate({ model, context_length, kv_cache, slots, draftModel });
     } catch (e) {
       if (isKestrelError(e) && (e.code === 'bad_model' || e.code === 'unsupported_quant')) return 'unavailable';
       throw domError('UnknownError', isKestrelError(e) ? `${e.code}: ${e.message}` : String(e));

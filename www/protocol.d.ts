@@ -17,6 +17,7 @@ export type EngineOptions = {
   kv_cache?: 'f16' | 'f32';
   slots?: number;
   submit_budget_ms?: number;
+  speculative?: { lookup?: boolean; maxDraft?: number };
   [option: string]: unknown;
 };
 
@@ -32,6 +33,8 @@ export type LoadRequest = {
   sha256?: string | string[]; persist: Persist;
   /** false: neither read from nor store in the Cache API. */
   cache?: boolean;
+  /** Speculative decoding's draft model, loaded after `model` where the engine runs on the CPU. */
+  draftModel?: ModelInput;
 };
 /** Makes a remote engine: its requests go to this OpenAI-compatible server (createEngine's `remote`). */
 export type ConnectRequest = { type: 'connect'; id: number; remote: RemoteOptions };
@@ -42,6 +45,7 @@ export type EncodeRequest = { type: 'embed' | 'rerank'; id: number; body: Record
 /** `estimate()`: whether a model fits, from its header. */
 export type EstimateRequest = {
   type: 'estimate'; id: number; model: ModelInput; context_length?: number; kv_cache?: 'f16' | 'f32'; slots?: number;
+  draftModel?: ModelInput;
 };
 /** The calls without arguments: `reset()`, `unload()`, `flush()`, `memory()`. */
 export type PlainRequest = { type: 'reset' | 'unload' | 'flush' | 'memory'; id: number };

@@ -7,8 +7,8 @@ declare module '*/pkg/kestrel_wasm.js' {
   // 'kestrel-wasm-bindings' is wasm.d.ts (tsconfig.wasm.json's `paths`: an ambient module
   // declaration cannot name a relative path).
   export {
-    Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, checkEmbeddingRequest, checkRerankRequest, peekPrefixSnapshot, reportPanicsTo,
-    reusableTokens, shardNames,
+    DraftLoad, Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, checkEmbeddingRequest, checkRerankRequest, peekPrefixSnapshot,
+    reportPanicsTo, reusableTokens, shardNames,
   } from 'kestrel-wasm-bindings';
 
   /** Instantiates the module from `module_or_path`; resolves to the instance's exports. */

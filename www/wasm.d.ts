@@ -37,6 +37,7 @@ export class Engine {
   finishLoad(): Promise<LoadedInfo>;
   hasWork(): boolean;
   loadChunk(bytes: Uint8Array): LoadChunkProgress;
+  loadDraft(): DraftLoad;
   loadNextShard(): void;
   promptTokens(id: number): Uint32Array;
   rerank(body: string): Promise<unknown>;
@@ -50,6 +51,16 @@ export class Engine {
   trapForTest?: (how: string) => Promise<unknown>;
 }
 
+/** A draft model's load (`Engine.loadDraft`): its bytes in, as the engine's own load methods take the model's. */
+export class DraftLoad {
+  private constructor();
+  free(): void;
+  cancelLoad(): void;
+  finishLoad(): Promise<LoadedInfo>;
+  loadChunk(bytes: Uint8Array): LoadChunkProgress;
+  loadNextShard(): void;
+}
+
 export class HeaderProbe {
   constructor();
   free(): void;
@@ -58,6 +69,7 @@ export class HeaderProbe {
   push(bytes: Uint8Array): boolean;
   restart(): void;
   shardCount(): number;
+  startDraft(): void;
 }
 
 export class RemoteAnswer {

@@ -3,8 +3,8 @@
 import init from './pkg/kestrel_wasm.js';
 
 export {
-  Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, checkEmbeddingRequest, checkRerankRequest, peekPrefixSnapshot, reportPanicsTo,
-  reusableTokens, shardNames,
+  DraftLoad, Engine, HeaderProbe, RemoteAnswer, Sha256Hasher, checkEmbeddingRequest, checkRerankRequest, peekPrefixSnapshot,
+  reportPanicsTo, reusableTokens, shardNames,
 } from './pkg/kestrel_wasm.js';
 
 /** Instantiates the module (wasm-bindgen keeps one instance per realm); resolves to its memory. */

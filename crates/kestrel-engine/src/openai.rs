@@ -513,9 +513,10 @@ fn usage(generation: &Generation, cache_hit: Option<bool>) -> Value {
     usage
 }
 
-/// Kestrel's own details of a generation (`kestrel`): token ids, timings, log-probabilities.
-/// The log-probabilities are also the choice's, in OpenAI's shape; these carry more: the ids of
-/// the tokens and their alternatives (the remote engine writes its answers from them).
+/// Kestrel's own details of a generation (`kestrel`): token ids, timings, log-probabilities,
+/// and where speculative decoding served it, what it drafted and kept. The log-probabilities are
+/// also the choice's, in OpenAI's shape; these carry more: the ids of the tokens and their
+/// alternatives (the remote engine writes its answers from them).
 fn details(generation: &Generation, cache_hit: Option<bool>) -> Value {
     let mut details = json!({
         "prompt_token_ids": generation.prompt_tokens,
@@ -523,6 +524,9 @@ fn details(generation: &Generation, cache_hit: Option<bool>) -> Value {
         "timings": generation.timings,
         "logprobs": generation.logprobs,
     });
+    if let Some(stats) = &generation.speculative {
+        details["speculative"] = json!(stats);
+    }
     if let Some(hit) = cache_hit {
         details["response_cache_hit"] = json!(hit);
     }
@@ -536,6 +540,7 @@ pub fn is_complete(generation: &Generation) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use crate::generation::speculation::SpeculativeStats;
     use crate::generation::Timings;
 
     use super::*;
@@ -880,5 +885,29 @@ mod tests {
         assert_eq!(out[0]["usage"]["response_cache_hit"], true);
         assert_eq!(out[0]["kestrel"]["response_cache_hit"], true);
         assert!(out[0]["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")));
+        // Without speculative decoding, no stats.
+        assert_eq!(out[0]["kestrel"].get("speculative"), None);
+    }
+
+    /// `speculative: false` turns the engine's speculative decoding off for one request, through
+    /// either endpoint; the stats of a request it served come back with Kestrel's details.
+    #[test]
+    fn speculative_is_a_request_option_and_its_stats_come_back() {
+        let option = |endpoint, body| parsed(endpoint, body).map(|api| api.request.options.speculative);
+        assert_eq!(option(Endpoint::Chat, json!({"messages": [{"role": "user", "content": "c"}]})).ok(), Some(true));
+        assert_eq!(option(Endpoint::Chat, json!({"messages": [{"role": "user", "content": "c"}], "speculative": false})).ok(), Some(false));
+        assert_eq!(option(Endpoint::Completions, json!({"prompt": "p", "speculative": false})).ok(), Some(false));
+        let e = option(Endpoint::Completions, json!({"prompt": "p", "speculative": "no"})).expect_err("not a boolean");
+        assert_eq!(e.code, "invalid_option");
+
+        let stats = SpeculativeStats { drafted: 6, accepted: 4, verifications: 2 };
+        let generation = Generation { speculative: Some(stats), ..generation() };
+        let meta = ResponseMeta::new(Endpoint::Chat, 1, 0, "m");
+        let whole = Answer::new(meta.clone(), false, false).on_done(&generation, None);
+        assert_eq!(whole[0]["kestrel"]["speculative"], json!({"drafted": 6, "accepted": 4, "verifications": 2}));
+        // A stream's last chunk with a choice carries them too.
+        let streamed = Answer::new(meta, true, false).on_done(&generation, None);
+        let last = streamed.iter().rev().find(|c| c.get("kestrel").is_some()).expect("the chunk with the details");
+        assert_eq!(last["kestrel"]["speculative"]["accepted"], 4);
     }
 }

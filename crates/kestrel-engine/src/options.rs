@@ -1,7 +1,8 @@
 //! The engine's options as a front end receives them (the browser package's `createEngine`
 //! options, as JSON): where the model runs, its KV cache and slots, how a batched step prompts,
-//! the GPU's submission budget. Named, defaulted and checked here once, so that a new option is a
-//! field here (and its type in `index.d.ts`), not a parser in every front end.
+//! the GPU's submission budget, speculative decoding. Named, defaulted and checked here once, so
+//! that a new option is a field here (and its type in `index.d.ts`), not a parser in every front
+//! end.
 
 use std::time::Duration;
 
@@ -10,6 +11,7 @@ use kestrel_model::{submit_budget_from_ms, LoadOptions, Model, ModelError, MAX_S
 use kestrel_ops::params::KvType;
 use serde::Deserialize;
 
+use crate::generation::speculation::{SpeculativeOptions, MAX_DRAFT};
 use crate::{BackendPreference, EngineError, Scheduler, DEFAULT_PREFILL_CHUNK};
 
 /// The most prompt tokens a batched step may run (a whole chunk of the largest prefill).
@@ -35,6 +37,8 @@ pub struct EngineOptions {
     pub prefill_chunk: Option<f64>,
     /// GPU time one prompt submission may take, in ms (0 or absent: a whole chunk at once).
     pub submit_budget_ms: Option<f64>,
+    /// Speculative decoding (absent: none).
+    pub speculative: Option<Speculative>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -43,6 +47,18 @@ pub struct GpuFeatures {
     pub allow_f16: Option<bool>,
     pub allow_subgroups: Option<bool>,
     pub allow_timestamps: Option<bool>,
+}
+
+/// `speculative`: how drafts are made; a draft model comes apart (the page's `draftModel`, loaded
+/// after the model). The page's casing (`maxDraft`), as its other object options have.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Speculative {
+    /// Draft by prompt lookup (default false).
+    pub lookup: Option<bool>,
+    /// Most tokens per draft (1 to `MAX_DRAFT`, default `SpeculativeOptions::default`'s).
+    #[serde(rename = "maxDraft")]
+    pub max_draft: Option<f64>,
 }
 
 /// The options checked and in the engine's own types.
@@ -57,6 +73,8 @@ pub struct EngineSettings {
     pub slots: usize,
     pub prefill_chunk: usize,
     pub submit_budget: Option<Duration>,
+    /// How the engine speculates, where it can (`Generator::set_speculation`); None: it does not.
+    pub speculative: Option<SpeculativeOptions>,
 }
 
 impl EngineOptions {
@@ -94,6 +112,7 @@ impl EngineOptions {
         let slots = self.slots.map_or(Ok(1), |n| integer("slots", n, MAX_SLOTS))?;
         let prefill_chunk = self.prefill_chunk.map_or(Ok(DEFAULT_PREFILL_CHUNK), |n| integer("prefill_chunk", n, MAX_PREFILL_CHUNK))?;
         let submit_budget = self.submit_budget_ms.map_or(Ok(None), submit_budget_from_ms)?;
+        let speculative = self.speculative.as_ref().map(Speculative::options).transpose()?;
         Ok(EngineSettings {
             preference,
             cpu_asked: self.backend_reason.clone().unwrap_or_else(|| "backend 'cpu' was asked for".into()),
@@ -102,7 +121,16 @@ impl EngineOptions {
             slots,
             prefill_chunk,
             submit_budget,
+            speculative,
         })
+    }
+}
+
+impl Speculative {
+    fn options(&self) -> Result<SpeculativeOptions, EngineError> {
+        let defaults = SpeculativeOptions::default();
+        let draft_max = self.max_draft.map_or(Ok(defaults.draft_max), |n| integer("speculative.maxDraft", n, MAX_DRAFT))?;
+        Ok(SpeculativeOptions { lookup: self.lookup.unwrap_or(false), draft_max, ..defaults })
     }
 }
 
@@ -169,6 +197,11 @@ mod tests {
             (r#"{"kv_cache": "f8"}"#, "kv_cache"),
             (r#"{"context_length": -1}"#, "context_length"),
             (r#"{"submit_budget_ms": -3}"#, "submit_budget_ms"),
+            (r#"{"speculative": {"maxDraft": 0}}"#, "speculative.maxDraft"),
+            (r#"{"speculative": {"maxDraft": 17}}"#, "speculative.maxDraft"),
+            (r#"{"speculative": {"maxDraft": 2.5}}"#, "speculative.maxDraft"),
+            // The engine's own name is not the page's.
+            (r#"{"speculative": {"draft_max": 4}}"#, "draft_max"),
         ] {
             let e = settings(json).map(|_| ()).expect_err(json);
             assert_eq!(e.code, "invalid_option", "{json}");
@@ -188,5 +221,16 @@ mod tests {
         let (gpu, cpu) = (s.load_options(true), s.load_options(false));
         assert_eq!((gpu.slots, cpu.slots), (4, LoadOptions::default().slots));
         assert_eq!((gpu.context_length, cpu.context_length, cpu.kv_cache), (Some(512), Some(512), KvType::F32));
+    }
+
+    #[test]
+    fn speculative_takes_the_engines_defaults() {
+        let Ok(none) = settings("{}") else { panic!("the defaults") };
+        assert_eq!(none.speculative, None);
+        let Ok(lookup) = settings(r#"{"speculative": {"lookup": true, "maxDraft": 4}}"#) else { panic!("valid options") };
+        assert_eq!(lookup.speculative, Some(SpeculativeOptions { lookup: true, draft_max: 4, ..SpeculativeOptions::default() }));
+        // `{}`: a draft model's defaults, as llama.cpp's.
+        let Ok(draft) = settings(r#"{"speculative": {}}"#) else { panic!("valid options") };
+        assert_eq!(draft.speculative, Some(SpeculativeOptions::default()));
     }
 }

@@ -3,7 +3,8 @@
 //! the total of the three, the largest buffer one binding must hold, the tensors of a type the
 //! GPU cannot run, and what the CPU backend needs. Then the verdicts: against a device's limits
 //! and the memory it can plausibly hold (`verdict`), and for the CPU backend against 32-bit wasm
-//! memory (`Estimate::cpu`). The browser package asks this before a download (`estimate()`, and
+//! memory (`Estimate::cpu`), with a draft model of speculative decoding where one loads beside it
+//! (`Estimate::add_draft`). The browser package asks this before a download (`estimate()`, and
 //! `createEngine` first, which picks the backend from the two verdicts).
 
 use kestrel_cpu::Matrix;
@@ -114,6 +115,9 @@ pub struct CpuEstimate {
     pub scratch_bytes: u64,
     /// The engine itself: its data and stack, and the tokenizer and metadata from the header.
     pub engine_bytes: u64,
+    /// A draft model's weights, KV cache, scratch, tokenizer and metadata (`Estimate::add_draft`;
+    /// 0 without one).
+    pub draft_bytes: u64,
     pub memory_limit: MemoryLimit,
     #[serde(flatten)]
     pub verdict: Verdict,
@@ -301,6 +305,28 @@ impl Estimate {
         }
         Verdict::FITS
     }
+
+    /// Counts `draft`, a draft model of speculative decoding sized for this model's context and
+    /// slots (`from_header` with this estimate's `context_length` and `slots`: its KV slots follow
+    /// the model's sequences), in the CPU backend's memory and verdict. The page runs a draft
+    /// model on the CPU backend whichever backend verifies, so the GPU's needs stay the model's. The engine's own base is
+    /// counted once; the draft's tokenizer and metadata are its own. A draft that generates
+    /// nothing (an embedding model) is `invalid_option`, as its load would be.
+    pub fn add_draft(&mut self, draft: &Estimate) -> Result<(), ModelError> {
+        if draft.kind != "chat" {
+            let what = if draft.kind == "reranker" { "a reranker" } else { "an embedding model" };
+            let reason = format!("it is {what}; a draft model generates text with the model's vocabulary");
+            return Err(ModelError::InvalidOption { name: "draft_model", reason });
+        }
+        self.cpu.draft_bytes = draft.cpu.bytes.saturating_sub(ENGINE_BASE_BYTES);
+        let unsupported = match (self.unsupported.first(), draft.unsupported.first()) {
+            (Some(t), _) => Some(("tensor", t)),
+            (None, Some(t)) => Some(("the draft model's tensor", t)),
+            (None, None) => None,
+        };
+        self.cpu.judge(self.context_length, self.slots, unsupported);
+        Ok(())
+    }
 }
 
 /// What the CPU estimate is sized for.
@@ -343,23 +369,41 @@ impl CpuEstimate {
     fn from_parts(header: &GgufHeader, weight_bytes: u64, scratch_bytes: u64, sizes: CpuSizes, unsupported: &[UnsupportedTensor]) -> Self {
         let CpuSizes { context, slots, kv_cache_bytes, .. } = sizes;
         let engine_bytes = ENGINE_BASE_BYTES.saturating_add(header.data_start.saturating_mul(ENGINE_BYTES_PER_HEADER_BYTE));
-        let bytes = [kv_cache_bytes, scratch_bytes, engine_bytes].into_iter().fold(weight_bytes, u64::saturating_add);
-        let memory_limit = MemoryLimit::wasm32();
-        let verdict = if let Some(t) = unsupported.first() {
-            Verdict::no("unsupported_quant", format!("tensor {:?} has type {}, which Kestrel cannot run", t.tensor, t.ty))
-        } else if bytes > memory_limit.bytes {
+        let mut cpu = Self {
+            bytes: 0,
+            weight_bytes,
+            kv_cache_bytes,
+            scratch_bytes,
+            engine_bytes,
+            draft_bytes: 0,
+            memory_limit: MemoryLimit::wasm32(),
+            verdict: Verdict::FITS,
+        };
+        cpu.judge(context, slots, unsupported.first().map(|t| ("tensor", t)));
+        cpu
+    }
+
+    /// Totals the parts into `bytes` and judges them against 32-bit wasm memory. `unsupported`:
+    /// the first tensor of a type Kestrel cannot run, with how the reason names it.
+    fn judge(&mut self, context: usize, slots: usize, unsupported: Option<(&str, &UnsupportedTensor)>) {
+        let Self { weight_bytes, kv_cache_bytes, scratch_bytes, engine_bytes, draft_bytes, .. } = *self;
+        self.bytes = [kv_cache_bytes, scratch_bytes, engine_bytes, draft_bytes].into_iter().fold(weight_bytes, u64::saturating_add);
+        self.verdict = if let Some((what, t)) = unsupported {
+            Verdict::no("unsupported_quant", format!("{what} {:?} has type {}, which Kestrel cannot run", t.tensor, t.ty))
+        } else if self.bytes > self.memory_limit.bytes {
+            let draft = if draft_bytes > 0 { format!(" + the draft model {draft_bytes}") } else { String::new() };
             let reason = format!(
-                "the CPU backend needs {bytes} bytes ({}) of wasm memory, weights {weight_bytes} + KV cache {kv_cache_bytes} ({} x {context} \
-                 tokens) + scratch {scratch_bytes} + the engine {engine_bytes}: more than {}",
-                gib(bytes),
+                "the CPU backend needs {} bytes ({}) of wasm memory, weights {weight_bytes} + KV cache {kv_cache_bytes} ({} x {context} \
+                 tokens) + scratch {scratch_bytes} + the engine {engine_bytes}{draft}: more than {}",
+                self.bytes,
+                gib(self.bytes),
                 plural(slots, "slot"),
-                memory_limit.describe()
+                self.memory_limit.describe()
             );
             Verdict::no("device_limits", reason)
         } else {
             Verdict::FITS
         };
-        Self { bytes, weight_bytes, kv_cache_bytes, scratch_bytes, engine_bytes, memory_limit, verdict }
     }
 }
 
@@ -598,6 +642,35 @@ mod tests {
         assert!(at(4096).fits);
         let v = at(8192);
         assert!(!v.fits && v.reason.as_deref().unwrap_or_default().contains(&(4 * GIB).to_string()), "{v:?}");
+    }
+
+    #[test]
+    fn a_draft_model_counts_in_the_cpu_backends_memory_alone() {
+        let sized = |context, slots| Estimate::from_header(&default_header(), Some(context), KvType::F32, slots).unwrap();
+        // The model as its own draft, sized as the engine loads it: the model's context and slots.
+        let (mut e, draft) = (sized(512, 1), sized(512, 1));
+        let (cpu, gpu) = (e.cpu.bytes, e.verdict(&GIB_BUFFERS, &MemoryLimit::gpu(None)));
+        e.add_draft(&draft).unwrap();
+        assert_eq!(e.cpu.draft_bytes, draft.cpu.bytes - ENGINE_BASE_BYTES, "the engine's base counts once");
+        assert_eq!(e.cpu.bytes, cpu + e.cpu.draft_bytes);
+        assert_eq!(e.cpu.verdict, Verdict::FITS);
+        assert_eq!(e.verdict(&GIB_BUFFERS, &MemoryLimit::gpu(None)), gpu, "the GPU runs no draft");
+
+        // 16 slots of 4096 f32 positions (3.0 GiB of cache) fit 32-bit wasm memory; twice that not.
+        let (mut e, draft) = (sized(4096, 16), sized(4096, 16));
+        assert_eq!(e.cpu.verdict, Verdict::FITS, "{:?}", e.cpu);
+        e.add_draft(&draft).unwrap();
+        assert_eq!((e.cpu.verdict.fits, e.cpu.verdict.code), (false, Some("device_limits")), "{:?}", e.cpu);
+        let reason = e.cpu.verdict.reason.clone().unwrap_or_default();
+        assert!(
+            reason.contains(&format!("the draft model {}", e.cpu.draft_bytes)) && reason.contains(&e.cpu.bytes.to_string()),
+            "{reason}"
+        );
+
+        // An encoder drafts nothing.
+        let encoder = Estimate { kind: "embedding", ..sized(512, 1) };
+        let Err(ModelError::InvalidOption { name, .. }) = sized(512, 1).add_draft(&encoder) else { panic!("an embedding draft") };
+        assert_eq!(name, "draft_model");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! (`www/worker.js`): create the device, stream a GGUF file in, then the engine core's requests
 //! (`requests`: submit OpenAI-shaped requests, step the scheduler, abort), embeddings of an
 //! embedding model (`embeddings`), the remote engine's answers built the same way (`remote`), the
-//! KV prefix kept across page loads (`prefix`), and the header probe and sha256 check (`probe`).
+//! KV prefix kept across page loads (`prefix`), speculative decoding and its draft model
+//! (`speculative`), and the header probe and sha256 check (`probe`).
 //!
 //! Every error that reaches JavaScript is an `Error` whose `code` property is stable
 //! ([`ModelError::code`] plus `no_webgpu`, `no_model`, `busy`, `invalid_option`, `gpu`) and whose
@@ -30,10 +31,12 @@ mod prefix;
 mod probe;
 mod remote;
 mod requests;
+mod speculative;
 #[cfg(feature = "test-hooks")]
 mod test_hooks;
 
 pub use probe::{HeaderProbe, Sha256Hasher};
+pub use speculative::DraftLoad;
 
 /// A JavaScript `Error` with a stable `code` property.
 fn js_error(code: &str, message: &str) -> JsValue {
@@ -108,6 +111,8 @@ struct State {
     /// Requests submitted so far: the next one's id.
     serial: Cell<u64>,
     model_info: RefCell<Option<Value>>,
+    /// `info.speculative`: how the engine speculates, or why not; null without the option.
+    speculative: RefCell<Value>,
     /// `create`'s options, for every model this engine loads.
     settings: EngineSettings,
     /// A step or a prefix save holds the scheduler.
@@ -130,6 +135,7 @@ impl State {
             answers: RefCell::default(),
             serial: Cell::default(),
             model_info: RefCell::default(),
+            speculative: RefCell::default(),
             settings,
             busy: Cell::default(),
             unload_pending: Cell::default(),
@@ -169,6 +175,7 @@ impl State {
         self.embedder.borrow_mut().take();
         self.aborts.borrow_mut().take();
         self.model_info.borrow_mut().take();
+        self.speculative.replace(Value::Null);
         self.inbox.borrow_mut().clear();
         self.answers.borrow_mut().clear();
     }
@@ -179,11 +186,13 @@ impl State {
             LoadedModel::Chat(model) => *model,
             LoadedModel::Embedding(embedder) => {
                 *self.model_info.borrow_mut() = Some(embeddings::model_info(&embedder));
+                *self.speculative.borrow_mut() = speculative::not_generating(self.settings.speculative);
                 *self.embedder.borrow_mut() = Some(Rc::new(*embedder));
                 return Ok(self.info());
             }
         };
-        let scheduler = self.settings.scheduler(model).map_err(|e| model_error(&e))?;
+        let mut scheduler = self.settings.scheduler(model).map_err(|e| model_error(&e))?;
+        let speculation = speculative::start(&mut scheduler, self.settings.speculative).map_err(|e| model_error(&e))?;
         let model = scheduler.model();
         let c = model.config();
         let info = json!({
@@ -210,6 +219,7 @@ impl State {
             "submit_budget_ms": model.submit_budget().map(|b| b.as_secs_f64() * 1e3),
         });
         *self.model_info.borrow_mut() = Some(info);
+        *self.speculative.borrow_mut() = speculation;
         *self.aborts.borrow_mut() = Some(scheduler.aborts());
         *self.scheduler.borrow_mut() = Some(scheduler);
         Ok(self.info())
@@ -275,9 +285,31 @@ impl State {
             "cpu": cpu,
             "gpu": gpu,
             "model": *self.model_info.borrow(),
+            "speculative": *self.speculative.borrow(),
             "version": env!("CARGO_PKG_VERSION"),
         }))
     }
+}
+
+/// Feeds `bytes` to a load (`what` names a load that has ended); an error abandons it.
+fn push_chunk(loader: &mut Option<ModelLoader>, bytes: &[u8], what: &str) -> Result<JsValue, JsValue> {
+    let l = loader.as_mut().ok_or_else(|| js_error("bad_model", what))?;
+    match l.push(bytes) {
+        Ok(()) => Ok(progress_js(&l.progress())),
+        Err(e) => {
+            *loader = None;
+            Err(model_error(&e))
+        }
+    }
+}
+
+/// Ends the current shard of a load's split model; an error abandons it.
+fn next_shard(loader: &mut Option<ModelLoader>) -> Result<(), JsValue> {
+    let l = loader.as_mut().ok_or_else(|| js_error("bad_model", "the next shard of a load that has not started"))?;
+    l.next_shard().map_err(|e| {
+        *loader = None;
+        model_error(&e)
+    })
 }
 
 fn progress_js(p: &LoadProgress) -> JsValue {
@@ -332,37 +364,23 @@ impl Engine {
         let s = &self.state;
         s.check_idle("load a model")?;
         let mut loader = s.loader.borrow_mut();
-        let l = match loader.as_mut() {
-            Some(l) => l,
-            None => {
-                s.drop_model();
-                let gpu = s.gpu.borrow();
-                let options = s.settings.load_options(gpu.is_some());
-                loader.insert(match gpu.as_ref() {
-                    Some(gpu) => ModelLoader::new(gpu, options),
-                    None => ModelLoader::new_cpu(options),
-                })
-            }
-        };
-        match l.push(bytes) {
-            Ok(()) => Ok(progress_js(&l.progress())),
-            Err(e) => {
-                *loader = None;
-                Err(model_error(&e))
-            }
+        if loader.is_none() {
+            s.drop_model();
+            let gpu = s.gpu.borrow();
+            let options = s.settings.load_options(gpu.is_some());
+            *loader = Some(match gpu.as_ref() {
+                Some(gpu) => ModelLoader::new(gpu, options),
+                None => ModelLoader::new_cpu(options),
+            });
         }
+        push_chunk(&mut loader, bytes, "the load has ended")
     }
 
     /// Ends the current shard of a split model, which must be complete: the chunks fed next are
     /// the next shard's, from its start. After an error the load is abandoned.
     #[wasm_bindgen(js_name = loadNextShard)]
     pub fn load_next_shard(&self) -> Result<(), JsValue> {
-        let mut loader = self.state.loader.borrow_mut();
-        let l = loader.as_mut().ok_or_else(|| js_error("bad_model", "the next shard of a load that has not started"))?;
-        l.next_shard().map_err(|e| {
-            *loader = None;
-            model_error(&e)
-        })
+        next_shard(&mut self.state.loader.borrow_mut())
     }
 
     /// Abandons a load in progress.

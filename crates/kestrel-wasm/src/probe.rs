@@ -1,6 +1,8 @@
 //! The header probe (`estimate()` and `createEngine`'s check before a download) and the
 //! streamed sha256 check of a model file: what the worker asks before and while a model loads.
 
+use std::borrow::Cow;
+
 use kestrel_engine::EngineOptions;
 use kestrel_gguf::{merge_headers, GgufHeader, GgufStreamReader, ShardInfo};
 use kestrel_model::estimate::{DeviceLimits, Estimate, MemoryLimit};
@@ -45,13 +47,16 @@ pub fn shard_names(url: &str) -> Option<Vec<String>> {
 
 /// Reads a GGUF file's header as its first bytes arrive (no GPU needed), then answers whether the
 /// model fits: `estimate()` in the browser package, and `createEngine`'s check before a download.
-/// A split model's shards' headers are read one after another (`nextShard`).
+/// A split model's shards' headers are read one after another (`nextShard`), then a draft model's
+/// where one loads beside it (`startDraft`).
 #[wasm_bindgen]
 pub struct HeaderProbe {
     /// The current file's.
     reader: GgufStreamReader,
-    /// The headers of a split model's earlier shards.
+    /// The headers of the current model's earlier shards.
     shards: Vec<GgufHeader>,
+    /// The model's headers, once `startDraft` moved on to its draft model's.
+    model: Option<Vec<GgufHeader>>,
 }
 
 impl Default for HeaderProbe {
@@ -65,11 +70,11 @@ impl HeaderProbe {
     #[wasm_bindgen(constructor)]
     pub fn new() -> HeaderProbe {
         install_panic_hook();
-        HeaderProbe { reader: GgufStreamReader::new(), shards: Vec::new() }
+        HeaderProbe { reader: GgufStreamReader::new(), shards: Vec::new(), model: None }
     }
 
-    /// The model's shards, from its first file's header (1 for a whole model). A bad split key
-    /// is a `bad_model` error.
+    /// The current model's shards, from its first file's header (1 for a whole model). A bad
+    /// split key is a `bad_model` error.
     #[wasm_bindgen(js_name = shardCount)]
     pub fn shard_count(&self) -> Result<u32, JsValue> {
         let first =
@@ -94,6 +99,19 @@ impl HeaderProbe {
         Ok(())
     }
 
+    /// Keeps the model's headers (every shard's must have arrived); the bytes pushed next are its
+    /// draft model's (`createEngine`'s `draftModel`), from its first file's start, which
+    /// `estimate` then counts in the CPU backend's memory.
+    #[wasm_bindgen(js_name = startDraft)]
+    pub fn start_draft(&mut self) -> Result<(), JsValue> {
+        if self.model.is_some() {
+            return Err(js_error("internal", "the probe already reads a draft model"));
+        }
+        self.next_shard()?;
+        self.model = Some(std::mem::take(&mut self.shards));
+        Ok(())
+    }
+
     /// Feeds the next bytes of the file; true once the whole header has arrived (stop then).
     /// A malformed header is a `bad_model` error.
     pub fn push(&mut self, bytes: &[u8]) -> Result<bool, JsValue> {
@@ -106,14 +124,16 @@ impl HeaderProbe {
 
     /// `{kind, cpu_only, name, arch, file_bytes, weight_bytes, context_length, slots, kv_cache_bytes,
     /// activation_bytes, total_bytes, largest_binding: {name, bytes}, unsupported: [{tensor,
-    /// type}], cpu: {bytes, weight_bytes, kv_cache_bytes, scratch_bytes, engine_bytes,
+    /// type}], cpu: {bytes, weight_bytes, kv_cache_bytes, scratch_bytes, engine_bytes, draft_bytes,
     /// memory_limit, fits, code, reason}, memory_limit: {bytes, source}, fits, code, reason}` for
     /// the engine `options` (JSON, as `Engine.create` takes them: `slots` KV caches of
     /// `context_length` tokens of `kv_cache` values, with their defaults). The GPU verdict is
     /// against the adapter limits given (absent: `fits` is null) and what the GPU can plausibly
     /// hold, judged from `device_memory` (`navigator.deviceMemory`, GiB; absent where the browser
-    /// has none); the CPU backend's against 32-bit wasm memory. An encoder the GPU would not run
-    /// (`cpu_only` says why) has the CPU backend's verdict for both.
+    /// has none); the CPU backend's against 32-bit wasm memory, with the draft model after
+    /// `startDraft` (sized for the model's context and slots; on the CPU backend alone, where
+    /// drafts are verified). An encoder the GPU would not run (`cpu_only` says why) has the CPU
+    /// backend's verdict for both.
     pub fn estimate(
         &self,
         options: &str,
@@ -122,19 +142,20 @@ impl HeaderProbe {
         device_memory: Option<f64>,
     ) -> Result<JsValue, JsValue> {
         let current = self.reader.header().ok_or_else(|| js_error("bad_model", "the GGUF header has not arrived yet"))?;
-        // A split model's, as one file's (every shard's header must have arrived).
-        let merged;
-        let header = if self.shards.is_empty() && ShardInfo::of(current).map_err(|e| model_error(&e.into()))?.is_none() {
-            current
-        } else {
-            let mut all = self.shards.clone();
-            all.push(current.clone());
-            merged = merge_headers(&all).map_err(|e| model_error(&e.into()))?;
-            &merged
-        };
         let settings = EngineOptions::parse(options).and_then(|o| o.settings()).map_err(|e| engine_error(&e))?;
         let (context, kv, slots) = (settings.load.context_length, settings.load.kv_cache, settings.slots);
-        let estimate = Estimate::from_header(header, context, kv, slots).map_err(|e| model_error(&e))?;
+        // Before `startDraft`, the current headers are the model's; after it, the draft's.
+        let model = match self.model.as_deref().map(<[GgufHeader]>::split_last) {
+            None => whole(&self.shards, current)?,
+            Some(Some((last, earlier))) => whole(earlier, last)?,
+            Some(None) => return Err(js_error("internal", "a draft model's probe without the model's header")),
+        };
+        let mut estimate = Estimate::from_header(&model, context, kv, slots).map_err(|e| model_error(&e))?;
+        if self.model.is_some() {
+            let draft = Estimate::from_header(&*whole(&self.shards, current)?, Some(estimate.context_length), kv, estimate.slots)
+                .map_err(|e| model_error(&e))?;
+            estimate.add_draft(&draft).map_err(|e| model_error(&e))?;
+        }
         fn to_value<T: serde::Serialize>(v: &T) -> Result<Value, JsValue> {
             serde_json::to_value(v).map_err(|e| js_error("internal", &e.to_string()))
         }
@@ -153,6 +174,17 @@ impl HeaderProbe {
         }
         Ok(to_js(&value))
     }
+}
+
+/// One model's header: a whole file's (`last` alone), or a split model's merged from its shards'
+/// (`earlier`, then `last`, every one of which must have arrived).
+fn whole<'a>(earlier: &[GgufHeader], last: &'a GgufHeader) -> Result<Cow<'a, GgufHeader>, JsValue> {
+    if earlier.is_empty() && ShardInfo::of(last).map_err(|e| model_error(&e.into()))?.is_none() {
+        return Ok(Cow::Borrowed(last));
+    }
+    let mut all = earlier.to_vec();
+    all.push(last.clone());
+    Ok(Cow::Owned(merge_headers(&all).map_err(|e| model_error(&e.into()))?))
 }
 
 #[cfg(test)]
