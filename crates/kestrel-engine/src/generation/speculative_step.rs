@@ -136,6 +136,10 @@ impl Generator {
         let seq = &mut self.sequences[i];
         let k = draft.tokens.len();
         let vocab = rows.len() / (k + 1);
+        if vocab == 0 || vocab * (k + 1) != rows.len() {
+            let reason = format!("a verification of {} rows returned {} logits", k + 1, rows.len());
+            return Err(kestrel_gpu::GpuError::Readback(reason).into());
+        }
         let before = seq.history.len();
         // `next`'s row is in the cache.
         seq.pos += 1;

@@ -107,16 +107,21 @@ pub fn sample(logits: &[f32], params: &SamplingParams, draw: u32) -> u32 {
     }
     let ids = allowed_tokens(logits, params);
     let weights = draw_weights(logits, &ids, params.temperature);
-    let target = random_unit(params.seed, draw) * weights.iter().sum::<f32>();
+    draw_weighted(&ids, &weights, random_unit(params.seed, draw)).unwrap_or(argmax(logits) as u32)
+}
+
+/// The first of `ids` whose cumulative weight exceeds `u` (in [0, 1)) times the total; where
+/// rounding leaves that past the sum, the last one with any weight; None where none has any.
+pub fn draw_weighted(ids: &[u32], weights: &[f32], u: f32) -> Option<u32> {
+    let target = u * weights.iter().sum::<f32>();
     let mut cum = 0.0;
-    for (&id, &w) in ids.iter().zip(&weights) {
+    for (&id, &w) in ids.iter().zip(weights) {
         cum += w;
         if w > 0.0 && cum > target {
-            return id;
+            return Some(id);
         }
     }
-    // Rounding left the target past the sum: the last token with any weight.
-    ids.iter().zip(&weights).rev().find(|(_, &w)| w > 0.0).map_or(argmax(logits) as u32, |(&id, _)| id)
+    ids.iter().zip(weights).rev().find(|(_, &w)| w > 0.0).map(|(&id, _)| id)
 }
 
 fn draw_weights(logits: &[f32], ids: &[u32], temperature: f32) -> Vec<f32> {

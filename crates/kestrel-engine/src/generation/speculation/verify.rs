@@ -16,7 +16,7 @@
 //! token's does), on a stream of their own for the acceptance test, so a seeded request repeats.
 
 use kestrel_ops::params::SamplingParams;
-use kestrel_ops::reference::sample::{distribution, random_unit, sample};
+use kestrel_ops::reference::sample::{distribution, draw_weighted, random_unit, sample};
 
 /// A draft's distribution at one position: allowed token ids ascending and their probabilities
 /// (`sample::distribution`'s form). None for a lookup draft: a point mass on the drafted token.
@@ -67,25 +67,8 @@ pub fn verify(logits: &[f32], params: &SamplingParams, draw: u32, drafted: u32, 
             (p_t - q_t).max(0.0)
         })
         .collect();
-    Verdict::Replace(draw_from(&ids, &residual, random_unit(params.seed, draw)).unwrap_or_else(|| sample(logits, params, draw)))
-}
-
-/// The first id whose cumulative weight exceeds `u` times the total; None when every weight is 0
-/// (p equals q wherever p is positive: rounding only, as a rejection needs p(x) < q(x)).
-fn draw_from(ids: &[u32], weights: &[f32], u: f32) -> Option<u32> {
-    let total: f32 = weights.iter().sum();
-    if total <= 0.0 {
-        return None;
-    }
-    let target = u * total;
-    let mut cum = 0.0;
-    for (&id, &w) in ids.iter().zip(weights) {
-        cum += w;
-        if w > 0.0 && cum > target {
-            return Some(id);
-        }
-    }
-    ids.iter().zip(weights).rev().find(|(_, &w)| w > 0.0).map(|(&id, _)| id)
+    // No residual left is rounding only (a rejection needs p(x) < q(x)): the plain draw then.
+    Verdict::Replace(draw_weighted(&ids, &residual, random_unit(params.seed, draw)).unwrap_or_else(|| sample(logits, params, draw)))
 }
 
 #[cfg(test)]
@@ -113,7 +96,7 @@ mod tests {
                     // The draft model's own draw from q, on its own stream.
                     let u = random_unit(seed ^ DRAFT_STREAM, draw);
                     let ids: Vec<u32> = (0..5).collect();
-                    let drafted = draw_from(&ids, q, u).expect("q has mass");
+                    let drafted = draw_weighted(&ids, q, u).expect("q has mass");
                     (drafted, Some((ids, q.to_vec())))
                 }
                 None => (lookup, None),
