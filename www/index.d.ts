@@ -699,16 +699,18 @@ export interface CreateEngineOptions {
    * (greedy requests give the very tokens they give without; sampled ones the same distribution).
    * `lookup: true` drafts from the prompt and the output so far (no second model; pays where the
    * answer repeats its prompt: edits, quotes, extraction); `draftModel` drafts with a smaller model.
-   * `maxDraft`: the most tokens per draft (1 to 16, default 16). On the CPU backend only: on
-   * WebGPU the engine runs without it (`engine.info.speculative` says so). A request's
+   * `maxDraft`: the most tokens per draft (1 to 16, default 16). On both backends; on WebGPU the
+   * verification's kernels round differently from the decode kernels', so a greedy answer may
+   * part from the plain one where two tokens are within 0.02 of each other. A request's
    * `speculative: false` decodes without it; `kestrel.speculative` reports what it drafted and kept.
    */
   speculative?: { lookup?: boolean; maxDraft?: number };
   /**
    * A smaller model with the same vocabulary (a URL, a File or a Blob, as `model`) that drafts
-   * tokens for speculative decoding, loaded after the model on the CPU backend (not on WebGPU,
-   * where speculative decoding is off). The fit check counts it (`Estimate.cpu.draft_bytes`). A
-   * model of another vocabulary fails the load with `invalid_option`.
+   * tokens for speculative decoding, loaded after the model onto the CPU backend whichever backend
+   * the model runs on. The CPU backend's fit check counts it (`Estimate.cpu.draft_bytes`); a model
+   * on WebGPU is checked against the GPU alone. A model of another vocabulary fails the load with
+   * `invalid_option`.
    */
   draftModel?: ModelSource;
   /**

@@ -741,9 +741,9 @@ const FALL_THROUGH = new Set(['no_webgpu', 'device_limits', 'out_of_memory']);
  * leading tab closes, another takes over and the requests in flight fail with `leader_lost`.
  * `engine.info.shared` says how this tab reaches it and how many tabs use it.
  * `speculative: {lookup, maxDraft}` with or without `draftModel` (a URL, a File or a Blob as
- * `model`, a smaller model with its vocabulary, loaded after it): speculative decoding, on the CPU
- * backend only (on WebGPU the engine runs without; `engine.info.speculative` says which and why);
- * a request's `speculative: false` decodes plainly. The fit check counts the draft model.
+ * `model`, a smaller model with its vocabulary, loaded after it onto the CPU backend): speculative
+ * decoding on either backend (`engine.info.speculative` says how it runs); a request's
+ * `speculative: false` decodes plainly. The CPU backend's fit check counts the draft model.
  * `remote: {baseURL, apiKey, model}`: where the model cannot run here (`no_webgpu`,
  * `device_limits`, `out_of_memory`; with backend 'auto' only what the CPU path cannot run either),
  * the engine sends the same requests to that OpenAI-compatible server instead

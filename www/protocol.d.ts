@@ -33,7 +33,7 @@ export type LoadRequest = {
   sha256?: string | string[]; persist: Persist;
   /** false: neither read from nor store in the Cache API. */
   cache?: boolean;
-  /** Speculative decoding's draft model, loaded after `model` where the engine runs on the CPU. */
+  /** Speculative decoding's draft model, loaded after `model` onto the CPU backend. */
   draftModel?: ModelInput;
 };
 /** Makes a remote engine: its requests go to this OpenAI-compatible server (createEngine's `remote`). */

@@ -1,10 +1,11 @@
-// Speculative decoding in the page (createEngine's `speculative` and `draftModel`), which the CPU
-// backend runs: a greedy request gives the tokens it gives with `speculative: false`, by prompt
-// lookup and with a draft model (the default model as its own draft: its greedy drafts all
-// stand); `engine.info.speculative` says how the engine speculates, `kestrel.speculative` what a
-// request drafted and kept. On WebGPU the verification runs the prefill kernels, which round
-// differently from the decode kernels: the tokens may part only where plain decoding's top-2
-// margin is under 0.02 (as natively on lavapipe). The fit check counts the draft model. Few tokens: wasm runs the default model's 30 layers on one thread.
+// Speculative decoding in the page (createEngine's `speculative` and `draftModel`), on the wasm
+// CPU backend and on WebGPU: a greedy request gives the tokens it gives with `speculative: false`,
+// by prompt lookup and with a draft model (the model as its own draft: its greedy drafts stand);
+// `engine.info.speculative` says how the engine speculates, `kestrel.speculative` what a request
+// drafted and kept. On WebGPU the verification runs the prefill kernels, which round differently
+// from the decode kernels: the tokens may part only where plain decoding's top-2 margin is under
+// 0.02 (as natively on lavapipe). The CPU backend's fit check counts the draft model. Few tokens:
+// wasm runs the default model's 30 layers on one thread.
 // (A draft of another vocabulary is refused by the engine, tested natively in
 // crates/kestrel-model/tests/speculative.rs; here the same path refuses an embedding model.)
 import assert from 'node:assert/strict';

@@ -47,12 +47,12 @@ pub enum DecodeInput {
 
 impl Model {
     /// Most rows of a verification (`BatchRow::verify`), whose logits speculative decoding checks
-    /// its drafts against: a chunk on the CPU backend; on the GPU, also the rows its batched LM
-    /// head computes at once.
+    /// its drafts against: a chunk on the CPU backend; on the GPU, the most rows a verification
+    /// list of its graph holds (the batched LM head's columns, within a chunk).
     pub fn max_verify_rows(&self) -> usize {
         match &self.backend {
             Backend::Cpu(c) => c.max_chunk,
-            Backend::Gpu(g) => g.max_chunk.min(crate::graph::MAX_VERIFY_ROWS),
+            Backend::Gpu(g) => g.max_verify_rows(),
         }
     }
 

@@ -119,6 +119,9 @@ fn a_draft_model_gives_plain_greedy_tokens() {
     // Again: the draft's slot reuses its prefix as the target's does.
     let again = pollster::block_on(g.generate(&prompt, &options, &mut |_| true)).expect("again");
     assert_eq!(again.timings.reused_tokens, prompt.len() - 1);
+    // A stale row in the draft's reused slot would make some of its own drafts fall.
+    let again = again.speculative.expect("speculated");
+    assert!(again.drafted > 0 && again.accepted == again.drafted, "{again:?}");
 
     // A draft model of another architecture and random weights (the same vocabulary): most of
     // its drafts fall, and the tokens are still the target's.

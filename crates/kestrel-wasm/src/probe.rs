@@ -131,8 +131,8 @@ impl HeaderProbe {
     /// against the adapter limits given (absent: `fits` is null) and what the GPU can plausibly
     /// hold, judged from `device_memory` (`navigator.deviceMemory`, GiB; absent where the browser
     /// has none); the CPU backend's against 32-bit wasm memory, with the draft model after
-    /// `startDraft` (sized for the model's context and slots; on the CPU backend alone, where
-    /// drafts are verified). An encoder the GPU would not run (`cpu_only` says why) has the CPU
+    /// `startDraft` (sized for the model's context and slots; counted on the CPU backend alone,
+    /// whose memory holds the draft whichever backend verifies). An encoder the GPU would not run (`cpu_only` says why) has the CPU
     /// backend's verdict for both.
     pub fn estimate(
         &self,

@@ -68,7 +68,7 @@ pub fn run(args: ServeArgs) -> CliResult {
     let speculative = args.speculative.options()?;
     let model = load_any(&path, &args.cache, false, settings.slots)?;
     let draft_model = match (&model, speculative) {
-        (LoadedModel::Chat(_), Some(_)) => args.speculative.load_draft(&args.cache, false, settings.slots)?,
+        (LoadedModel::Chat(m), Some(_)) => args.speculative.load_draft(&args.cache, false, settings.slots, m.context_length())?,
         (LoadedModel::Embedding(_), Some(_)) => return Err("--lookup and --draft-model serve chat models only".into()),
         (_, None) => None,
     };

@@ -13,7 +13,7 @@ use super::load::{load_with_slots, CacheArgs};
 #[derive(clap::Args, Debug, Clone)]
 pub struct SpeculativeArgs {
     /// A smaller model with the same vocabulary that drafts tokens for the model to verify
-    /// several at a time (speculative decoding; on the CPU backend).
+    /// several at a time (speculative decoding), loaded on the model's backend.
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
     /// Draft by prompt lookup: the tokens that followed the last few tokens' latest earlier
@@ -41,9 +41,17 @@ impl SpeculativeArgs {
         Ok(Some(options))
     }
 
-    /// The draft model, loaded as the model was (`cache`'s backend and KV cache, `slots` slots).
-    pub fn load_draft(&self, cache: &CacheArgs, quiet: bool, slots: usize) -> Result<Option<Model>, Box<dyn std::error::Error>> {
-        self.draft_model.as_ref().map(|path| load_with_slots(path, cache, quiet, slots).map(|l| l.model)).transpose()
+    /// The draft model, loaded as the model was (`cache`'s backend and KV cache, `slots` slots)
+    /// with the model's `context`: it runs every position the model does.
+    pub fn load_draft(
+        &self,
+        cache: &CacheArgs,
+        quiet: bool,
+        slots: usize,
+        context: usize,
+    ) -> Result<Option<Model>, Box<dyn std::error::Error>> {
+        let cache = CacheArgs { context: Some(context), ..cache.clone() };
+        self.draft_model.as_ref().map(|path| load_with_slots(path, &cache, quiet, slots).map(|l| l.model)).transpose()
     }
 
     /// Sets `generator`'s speculative decoding to `options` (from `options()`), loading the draft
@@ -56,7 +64,7 @@ impl SpeculativeArgs {
         quiet: bool,
     ) -> Result<(), Box<dyn std::error::Error>> {
         let Some(options) = options else { return Ok(()) };
-        let draft = self.load_draft(cache, quiet, generator.slots())?;
+        let draft = self.load_draft(cache, quiet, generator.slots(), generator.model().context_length())?;
         generator.set_speculation(options, draft).map_err(coded)?;
         Ok(())
     }

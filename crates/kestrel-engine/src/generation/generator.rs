@@ -312,15 +312,8 @@ impl Generator {
     /// prompt chunk within `budget` tokens in all.
     pub(super) async fn step_batch(&mut self, mut budget: usize, step: &mut BatchStep) {
         let start = Instant::now();
-        let drafted = self.draft_step().await;
+        let drafts = self.draft_step().await;
         let drafting = start.elapsed();
-        let drafts = match drafted {
-            Ok(drafts) => drafts,
-            Err(e) => {
-                let decoding = (0..self.sequences.len()).filter(|&i| self.sequences[i].next.is_some()).collect();
-                return self.fail(decoding, &e, &mut step.events);
-            }
-        };
         // (sequence index, input tokens, whether the step samples)
         let mut plan: Vec<(usize, Vec<u32>, bool)> = Vec::new();
         for (i, seq) in self.sequences.iter().enumerate() {

@@ -33,9 +33,11 @@ pub(super) struct StepDraft {
 impl Generator {
     /// Drafts for this step, one per running sequence (empty where it does not speculate now):
     /// every decoding sequence whose request lets it, while at most `MAX_SPECULATIVE_BATCH` decode.
-    pub(super) async fn draft_step(&mut self) -> Result<Vec<StepDraft>, ModelError> {
+    /// Drafting never fails a sequence: where it fails (a constraint's error, the draft model's),
+    /// the sequence steps plainly, and its own sampling meets its own errors.
+    pub(super) async fn draft_step(&mut self) -> Vec<StepDraft> {
         let mut drafts: Vec<StepDraft> = self.sequences.iter().map(|_| StepDraft::default()).collect();
-        let Some(spec) = self.speculation.as_mut() else { return Ok(drafts) };
+        let Some(spec) = self.speculation.as_mut() else { return drafts };
         let decoding = self.sequences.iter().filter(|s| s.next.is_some()).count();
         let (max_ctx, max_rows) = (self.model.context_length(), self.model.max_verify_rows());
         // (sequence index, most tokens to draft)
@@ -63,8 +65,7 @@ impl Generator {
                 tokens.truncate(end + 1);
             }
             if let Some(matcher) = seq.matcher.as_mut() {
-                let allowed = matcher.allowed_prefix(&tokens)?;
-                tokens.truncate(allowed);
+                tokens.truncate(matcher.allowed_prefix(&tokens).unwrap_or(0));
             }
             if tokens.is_empty() {
                 for_model.push((i, max));
@@ -73,9 +74,9 @@ impl Generator {
                 drafts[i].tokens = tokens;
             }
         }
-        let Some(draft_model) = spec.draft.as_mut() else { return Ok(drafts) };
+        let Some(draft_model) = spec.draft.as_mut() else { return drafts };
         if for_model.is_empty() {
-            return Ok(drafts);
+            return drafts;
         }
         let p_min = spec.options.p_min;
         let mut requests: Vec<DraftRequest<'_>> = Vec::new();
@@ -95,7 +96,8 @@ impl Generator {
             });
             indices.push(i);
         }
-        let proposed = draft_model.draft(&mut requests).await?;
+        // The draft's rows below each sequence's `draft_pos` are untouched by a failed pass.
+        let Ok(proposed) = draft_model.draft(&mut requests).await else { return drafts };
         for (i, d) in indices.into_iter().zip(proposed) {
             drafts[i] = StepDraft {
                 tokens: d.tokens,
@@ -105,7 +107,7 @@ impl Generator {
                 proposing: d.proposing,
             };
         }
-        Ok(drafts)
+        drafts
     }
 
     /// Prefills the draft model with the prompts this step finishes (`plan`'s rows that sample
@@ -143,11 +145,12 @@ impl Generator {
         let before = seq.history.len();
         // `next`'s row is in the cache.
         seq.pos += 1;
-        let mut accepted = 0;
+        let (mut accepted, mut checked) = (0, 0);
         let mut outcome = None;
         for (j, row) in rows.chunks_exact(vocab).enumerate() {
             let host = HostSampler { options: &seq.options, sampling: &seq.sampling, history: &seq.history, draw: seq.draws };
             let processed = host.processed(row, seq.matcher.as_mut())?;
+            checked += usize::from(j < k);
             let (token, stands) = match draft.tokens.get(j) {
                 Some(&drafted) => match verify(&processed, &seq.sampling, seq.draws, drafted, &draft.distributions[j]) {
                     Verdict::Accept => (drafted, true),
@@ -164,7 +167,8 @@ impl Generator {
             seq.pos += 1;
         }
         if let Some(state) = seq.draft.as_mut() {
-            state.record(k, accepted);
+            // Drafted tokens after the sequence's end were never judged.
+            state.record(checked, accepted);
             if let Some(cached) = draft.draft_cached {
                 state.draft_pos = cached.min(before + accepted);
             }

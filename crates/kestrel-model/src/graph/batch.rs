@@ -127,6 +127,12 @@ impl Graph {
         Ok(sequences.iter().map(|s| by_slot[s.slot].take()).collect())
     }
 
+    /// Most rows of a verification: its widest verification list's (0 where a chunk holds one
+    /// token, and no list was built).
+    pub fn max_verify_rows(&self) -> usize {
+        self.plan.verify.last().map_or(0, |v| v.columns)
+    }
+
     /// Runs a verification (`BatchSequence::verify`): its tokens at its position of its slot with
     /// the prefill kernels, as a prompt chunk runs, then the final norm and the LM head over
     /// every row. Returns their logits, `[row][vocab]`.

@@ -71,6 +71,11 @@ impl DraftModel {
         if tv != dv {
             return refuse(format!("its logits are {dv} wide, the model's {tv}"));
         }
+        // It runs every position the model does.
+        let (tc, dc) = (target.context_length(), draft.context_length());
+        if dc < tc {
+            return refuse(format!("its KV cache holds {dc} tokens, the model's {tc}: load it with the model's context"));
+        }
         draft.set_slots(target.slots())?;
         Ok(Self { model: draft })
     }
@@ -122,10 +127,24 @@ impl DraftModel {
     /// Drafts for every request: what the slots lack (batched, a chunk at a time), then one
     /// batched pass per drafted token. A constraint's matcher is left as it was.
     pub async fn draft(&mut self, requests: &mut [DraftRequest<'_>]) -> Result<Vec<Draft>, ModelError> {
-        let chunk = self.model.max_chunk();
         // The last token always runs (it gives the first proposal), even where the slot has it.
         let mut drafts: Vec<Draft> =
             requests.iter().map(|r| Draft { cached: r.cached.min(r.history.len().saturating_sub(1)), ..Draft::default() }).collect();
+        let mut taken = vec![0usize; requests.len()];
+        let outcome = self.passes(requests, &mut drafts, &mut taken).await;
+        // The matchers give back what they took for now, whatever the passes' outcome.
+        for (r, n) in requests.iter_mut().zip(taken) {
+            if let Some(m) = r.matcher.as_deref_mut() {
+                m.forget_draft(n)?;
+            }
+        }
+        outcome.map(|()| drafts)
+    }
+
+    /// The draft's passes (see `draft`), counting in `taken` the drafted tokens each request's
+    /// matcher took for now.
+    async fn passes(&mut self, requests: &mut [DraftRequest<'_>], drafts: &mut [Draft], taken: &mut [usize]) -> Result<(), ModelError> {
+        let chunk = self.model.max_chunk();
         let histories: Vec<&[u32]> = requests.iter().map(|r| r.history).collect();
         let mut active: Vec<usize> = (0..requests.len()).filter(|&i| requests[i].max > 0 && !histories[i].is_empty()).collect();
         // The catch-up's chunks before each one's last, which needs only its KV rows.
@@ -144,7 +163,6 @@ impl DraftModel {
         // Each pass runs what a slot lacks (the catch-up's last chunk, then the token drafted
         // last) and proposes the next token from its last row.
         let mut inputs: Vec<Vec<u32>> = active.iter().map(|&i| histories[i][drafts[i].cached..].to_vec()).collect();
-        let mut taken = vec![0usize; requests.len()];
         while !active.is_empty() {
             let rows: Vec<BatchRow<'_>> =
                 active.iter().zip(&inputs).map(|(&i, tokens)| row(requests[i].slot, drafts[i].cached, tokens, true)).collect();
@@ -181,12 +199,7 @@ impl DraftModel {
             }
             (active, inputs) = (next_active, next_inputs);
         }
-        for (r, n) in requests.iter_mut().zip(taken) {
-            if let Some(m) = r.matcher.as_deref_mut() {
-                m.forget_draft(n)?;
-            }
-        }
-        Ok(drafts)
+        Ok(())
     }
 }
 

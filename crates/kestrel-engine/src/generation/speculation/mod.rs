@@ -24,20 +24,21 @@ mod verify;
 pub use draft_model::{DraftModel, DraftRequest};
 pub use lookup::lookup_draft;
 pub use state::{SequenceDraft, SpeculativeStats, StepTime};
-pub use verify::{verify, DraftDistribution, Verdict, DRAFT_STREAM};
+pub use verify::{verify, DraftDistribution, Verdict};
 
 use kestrel_model::ModelError;
 
 /// Most tokens a draft may propose: a verification is at most this plus one rows.
 pub const MAX_DRAFT: usize = 16;
 /// Decoding sequences above which a step runs no drafts: their rows already share each read of
-/// the weights, and verification rows would make the step compute-bound (docs/speculative.md).
+/// the weights, and verification rows would make the step compute-bound (docs/internals.md,
+/// "Speculative decoding").
 pub const MAX_SPECULATIVE_BATCH: usize = 4;
 
 /// How an engine speculates.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SpeculativeOptions {
-    /// Draft by prompt lookup (without a draft model, or where the draft model proposes nothing).
+    /// Draft by prompt lookup (alone, or first, with the draft model where lookup finds nothing).
     pub lookup: bool,
     /// Most tokens per draft (1 to `MAX_DRAFT`).
     pub draft_max: usize,

@@ -25,7 +25,7 @@ pub type DraftDistribution = Option<(Vec<u32>, Vec<f32>)>;
 /// Salts the seed of the acceptance test's uniform value, apart from the draw's own.
 const ACCEPT_STREAM: u32 = 0x9e37_79b9;
 /// Salts the seed of the draft model's own draws.
-pub const DRAFT_STREAM: u32 = 0x85eb_ca6b;
+pub(super) const DRAFT_STREAM: u32 = 0x85eb_ca6b;
 
 /// What the target makes of one drafted token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
