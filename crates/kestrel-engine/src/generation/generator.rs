@@ -475,7 +475,7 @@ impl Generator {
     }
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+pub(super) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

@@ -17,6 +17,7 @@ use web_time::Instant;
 
 use super::verify::{DraftDistribution, DRAFT_STREAM};
 use crate::generation::constraint::TokenMatcher;
+use crate::generation::generator::{common_prefix, reusable_prefix};
 
 pub struct DraftModel {
     model: Model,
@@ -101,9 +102,9 @@ impl DraftModel {
     /// Of `prompt`, the tokens whose KV rows the draft's `slot` holds (its cached prefix), and
     /// takes the slot for a new sequence.
     pub fn claim_slot(&mut self, slot: usize, prompt: &[u32]) -> usize {
-        let shared = self.model.slot_tokens(slot).iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let reused = reusable_prefix(common_prefix(self.model.slot_tokens(slot), prompt), prompt.len());
         self.model.set_slot_tokens(slot, Vec::new());
-        shared.min(prompt.len().saturating_sub(1))
+        reused
     }
 
     /// Leaves `tokens` in `slot` for the next sequence's prefix (a sequence's end).
