@@ -31,13 +31,14 @@ pub(crate) trait WovenRows: Copy {
     /// The products one weight at a time: the reference the SIMD code is tested against.
     fn products_portable(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize);
 
-    /// The products of the AVX2 tiles that read whole scales and offsets of any storage.
+    /// The products of the tiles that read whole scales and offsets of any storage: AVX2's, or
+    /// with AVX512-VNNI's `dpbusd` where `vnni` and the layout has such tiles.
     ///
     /// # Safety
-    /// AVX2, FMA and F16C are present, and `self`, `x` and `out` have the shapes `products`
-    /// checks.
+    /// AVX2, FMA and F16C are present, AVX512-VNNI (`x86::has_avx512_vnni`) where `vnni`, and
+    /// `self`, `x` and `out` have the shapes `products` checks.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn products_avx2(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize);
+    unsafe fn whole_products(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool);
 
     /// The rows with their factored scales and offsets, where a K-quant's products with `x`
     /// take the factored tiles that sum a super-block in i32 (None: another case).
@@ -47,7 +48,7 @@ pub(crate) trait WovenRows: Copy {
     /// The products of the factored tiles, with AVX512-VNNI's `dpbusd` where `vnni`.
     ///
     /// # Safety
-    /// As `products_avx2`'s, `w` is `factored`'s, and AVX512-VNNI (`x86::has_avx512_vnni`) is
+    /// As `whole_products`'s, `w` is `factored`'s, and AVX512-VNNI (`x86::has_avx512_vnni`) is
     /// present where `vnni`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn factored_products(w: FactoredRows<'_, Self>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool);
@@ -74,7 +75,7 @@ pub(crate) fn products<W: WovenRows>(w: W, x: &QuantizedRows, out: &mut [f32]) {
         unsafe {
             match w.factored(x) {
                 Some(factored) => W::factored_products(factored, x, out, rows, n, x86::has_avx512_vnni()),
-                None => w.products_avx2(x, out, rows, n),
+                None => w.whole_products(x, out, rows, n, x86::has_avx512_vnni()),
             }
         }
         return;
@@ -122,8 +123,8 @@ impl WovenRows for GroupRows<'_> {
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn products_avx2(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-        interleaved::products(self, x, out, rows, n)
+    unsafe fn whole_products(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool) {
+        interleaved::products(self, x, out, rows, n, vnni)
     }
 
     /// Q4_K's: Q4_0's bias takes the tiles of whole scales.
@@ -182,8 +183,8 @@ impl WovenRows for ByteGroupRows<'_> {
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn products_avx2(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
-        interleaved_bytes::products(self, x, out, rows, n)
+    unsafe fn whole_products(self, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool) {
+        interleaved_bytes::products(self, x, out, rows, n, vnni)
     }
 
     /// Q5_K's and Q6_K's.

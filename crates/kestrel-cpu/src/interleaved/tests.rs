@@ -33,7 +33,7 @@ fn interleaved_products_are_the_row_layouts() {
         (Scales::F32(&scale), Scales::F32(&offset), Scales::F32(&scale_w), Scales::F32(&offset_w)),
         (Scales::F16(&scale16), Scales::F16(&offset16), Scales::F16(&scale16_w), Scales::F16(&offset16_w)),
     ];
-    for (format, n) in [ActFormat::Q8_0, ActFormat::Q8K].into_iter().flat_map(|f| [1, 2, 3, 4, 5, 6, 7, 19].map(|n| (f, n))) {
+    for (format, n) in [ActFormat::Q8_0, ActFormat::Q8K].into_iter().flat_map(|f| [1, 2, 3, 4, 5, 6, 7, 8, 19].map(|n| (f, n))) {
         let xq = QuantizedRows::new(&x[..n * cols], format);
         for (with_offset, (s, o, s_w, o_w)) in [false, true].into_iter().flat_map(|o| stores.map(|s| (o, s))) {
             let plain = IntRows { levels: Levels::Nibbles(&nibbles), group: ACT_BLOCK, scale: s, offset: with_offset.then_some(o), cols };
@@ -70,10 +70,18 @@ fn interleaved_products_are_the_row_layouts() {
 
 /// The interleaved byte products give the row kernels' sums for the same weights (up to the
 /// order of the f32 additions), with byte and 6-bit levels, with scales per 32 and per 16,
-/// f32 and f16, with and without offsets, for one token, a whole tile and a tile's remainder.
+/// f32 and f16, with and without offsets, for one token, a whole tile and a tile's remainder,
+/// on a pair of groups and on a lone one (the AVX512-VNNI tiles of whole scales take two at
+/// once, and a lone group alone).
 #[test]
 fn interleaved_byte_products_are_the_row_layouts() {
-    let (rows, cols) = (16, 256);
+    for rows in [16, 8] {
+        check_byte_rows(rows, 256);
+    }
+}
+
+/// `interleaved_byte_products_are_the_row_layouts` for `rows` rows of `cols` weights.
+fn check_byte_rows(rows: usize, cols: usize) {
     let blocks = cols / ACT_BLOCK;
     let byte_levels: Vec<i8> = (0..rows * cols).map(|i| ((i * 37 % 255) as i32 - 127) as i8).collect();
     let mut woven = vec![0i8; rows * cols];
@@ -92,7 +100,7 @@ fn interleaved_byte_products_are_the_row_layouts() {
     let kinds = [("bytes", &byte_levels, WovenLevels::Bytes(&woven)), ("6-bit", &six_bit_levels, WovenLevels::SixBits(&six_bits))];
     for (kind, plain_levels, levels) in kinds {
         assert_eq!(&deinterleave_bytes(levels, rows, cols), plain_levels, "{kind}");
-        check_layout(kind, plain_levels, levels, rows, cols);
+        check_layout(&format!("{kind} rows {rows}"), plain_levels, levels, rows, cols);
     }
 }
 
@@ -143,8 +151,9 @@ fn check_layout(kind: &str, plain_levels: &[i8], woven: WovenLevels<'_>, rows: u
 }
 
 /// The products `products` chooses for `w` and its portable ones give the row kernels' of
-/// `plain` (the same weights), and, where `w` has factored tiles, each instruction set of them
-/// this machine has gives the portable ones: up to the order of the f32 additions.
+/// `plain` (the same weights), and so does each instruction set this machine has of the tiles
+/// `products` takes for `w` (factored, or of whole scales): up to the order of the f32
+/// additions.
 fn check<W: WovenRows>(w: W, plain: IntRows<'_>, xq: &QuantizedRows, what: &str) {
     let (rows, n) = (w.rows(), xq.rows(w.cols()));
     let run = |f: &dyn Fn(&mut [f32])| {
@@ -161,12 +170,15 @@ fn check<W: WovenRows>(w: W, plain: IntRows<'_>, xq: &QuantizedRows, what: &str)
     close(&run(&|out| products(w, xq, out)), &want, "chosen");
     close(&portable, &want, "portable");
     #[cfg(target_arch = "x86_64")]
-    if let Some(factored) = w.factored(xq) {
+    {
         let sets = [(has_simd(), false), (has_simd() && x86::has_avx512_vnni(), true)];
         for (_, vnni) in sets.into_iter().filter(|&(present, _)| present) {
             // SAFETY: only the instruction sets present, on the shapes `products` checked.
-            let tiles = run(&|out| unsafe { W::factored_products(factored, xq, out, rows, n, vnni) });
-            close(&tiles, &portable, &format!("factored, vnni {vnni}"));
+            let (tiles, which) = match w.factored(xq) {
+                Some(factored) => (run(&|out| unsafe { W::factored_products(factored, xq, out, rows, n, vnni) }), "factored"),
+                None => (run(&|out| unsafe { w.whole_products(xq, out, rows, n, vnni) }), "whole scales"),
+            };
+            close(&tiles, &want, &format!("{which}, vnni {vnni}"));
         }
     }
 }

@@ -316,12 +316,13 @@ impl IntWeights {
         int_products(IntRows { levels, group: self.group, scale, offset, cols }, x, out)
     }
 
-    /// The rows a product's task takes a multiple of: whole groups, and for 4-bit levels whole
-    /// pairs of groups, which the AVX512-VNNI tile takes at once (a lone group costs it a pair).
+    /// The rows a product's task takes a multiple of: whole groups, and for 4-bit and byte
+    /// levels whole pairs of groups, which their AVX512-VNNI tiles take at once (a lone group
+    /// costs them a pair).
     pub(super) fn rows_per_task(&self) -> usize {
         match self.levels {
-            LevelStore::Nibbles8(_) => 2 * GROUP_ROWS,
-            LevelStore::Bytes8(_) | LevelStore::SixBits8(_) => GROUP_ROWS,
+            LevelStore::Nibbles8(_) | LevelStore::Bytes8(_) => 2 * GROUP_ROWS,
+            LevelStore::SixBits8(_) => GROUP_ROWS,
             LevelStore::Nibbles(_) | LevelStore::Bytes(_) => 1,
         }
     }

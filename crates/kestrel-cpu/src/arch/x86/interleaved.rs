@@ -6,7 +6,10 @@ use std::arch::x86_64::*;
 
 use super::prefetch_ahead;
 use super::scales::{end_super_block, with_eight_scales, EightScales, FactoredLanes};
-use super::tiles::{by_tiles, factored_tile_tokens, x_chunk, FactoredRows, ScaledRows, TileSums, TILE_TOKENS, TOKENS};
+use super::tiles::{
+    by_tiles, factored_tile_tokens, join_halves, minus_bias_pairs, pair_chunk, unbias, x_chunk, FactoredRows, ScaledRows, TileSums, TILE_TOKENS,
+    TOKENS,
+};
 use crate::activations::QuantizedRows;
 use crate::interleaved::nibbles::{GroupRows, ROW_BLOCK_BYTES};
 use crate::interleaved::GROUP_ROWS;
@@ -17,19 +20,30 @@ use crate::ACT_BLOCK;
 const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * ROW_BLOCK_BYTES;
 
 /// `interleaved::products` by the tiles of whole scales and offsets (`EightScales`), for
-/// rows without factored ones (`WovenRows::factored`).
+/// rows without factored ones (`WovenRows::factored`): with AVX512-VNNI (`vnni`) pairs of
+/// groups times up to 8 tokens (`pair_tile_vnni_whole`), else AVX2's `tile`.
 ///
 /// # Safety
-/// AVX2, FMA and F16C are present, and `w`, `x` and `out` have the shapes `products` checks.
-pub(crate) unsafe fn products(w: GroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
+/// AVX2, FMA and F16C are present, AVX512-VNNI (`x86::has_avx512_vnni`) where `vnni`, and `w`,
+/// `x` and `out` have the shapes `products` checks.
+pub(crate) unsafe fn products(w: GroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool) {
     with_eight_scales!(w.scale, w.offset, |scale, offset| {
         let w = ScaledRows { rows: w, scale, offset };
-        by_tiles(x, w.rows.cols, rows, n, out, TILE_TOKENS, false, |g, _, acts, tokens, sums| match tokens {
+        let most = if vnni { TOKENS } else { TILE_TOKENS };
+        by_tiles(x, w.rows.cols, rows, n, out, most, vnni, |g, pair, acts, tokens, sums| match (vnni, tokens) {
             // SAFETY: as this function's.
-            4 => unsafe { tile::<4, _>(w, g, acts, sums) },
-            3 => unsafe { tile::<3, _>(w, g, acts, sums) },
-            2 => unsafe { tile::<2, _>(w, g, acts, sums) },
-            _ => unsafe { tile::<1, _>(w, g, acts, sums) },
+            (true, 8) => unsafe { pair_tile_vnni_whole::<8, _>(w, g, pair, acts, sums) },
+            (true, 7) => unsafe { pair_tile_vnni_whole::<7, _>(w, g, pair, acts, sums) },
+            (true, 6) => unsafe { pair_tile_vnni_whole::<6, _>(w, g, pair, acts, sums) },
+            (true, 5) => unsafe { pair_tile_vnni_whole::<5, _>(w, g, pair, acts, sums) },
+            (true, 4) => unsafe { pair_tile_vnni_whole::<4, _>(w, g, pair, acts, sums) },
+            (true, 3) => unsafe { pair_tile_vnni_whole::<3, _>(w, g, pair, acts, sums) },
+            (true, 2) => unsafe { pair_tile_vnni_whole::<2, _>(w, g, pair, acts, sums) },
+            (true, _) => unsafe { pair_tile_vnni_whole::<1, _>(w, g, pair, acts, sums) },
+            (false, 4) => unsafe { tile::<4, _>(w, g, acts, sums) },
+            (false, 3) => unsafe { tile::<3, _>(w, g, acts, sums) },
+            (false, 2) => unsafe { tile::<2, _>(w, g, acts, sums) },
+            (false, _) => unsafe { tile::<1, _>(w, g, acts, sums) },
         })
     });
 }
@@ -188,39 +202,21 @@ unsafe fn pair_tile_vnni<const T: usize>(
         let two = _mm_unpacklo_epi64(_mm_loadl_epi64(k.as_ptr().add(at).cast()), _mm_loadl_epi64(k.as_ptr().add(at + next_lanes).cast()));
         _mm512_cvtepi8_epi32(two)
     };
-    // (The f32 halves are joined as integers: AVX512F inserts 256-bit halves of 64-bit lanes
-    // only, and 32-bit ones need AVX512DQ.)
     let units = |lanes: FactoredLanes<'_>, at: usize| {
-        let half = |at: usize| _mm256_castps_si256(_mm256_loadu_ps(lanes.units.as_ptr().add(lanes.layout.unit_of(at))));
-        _mm512_castsi512_ps(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(half(at)), half(at + next_lanes)))
+        let half = |at: usize| _mm256_loadu_ps(lanes.units.as_ptr().add(lanes.layout.unit_of(at)));
+        join_halves(half(at), half(at + next_lanes))
     };
-    let mask = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); T];
     for first in (0..blocks).step_by(per_unit) {
         let mut scaled = [_mm512_setzero_si512(); T];
         let mut offsets = [_mm512_setzero_ps(); T];
         for b in first..first + per_unit {
-            let block = levels.add(b * GROUP_BLOCK_BYTES);
-            prefetch_ahead(block, GROUP_BLOCK_BYTES);
-            prefetch_ahead(block.wrapping_add(next), GROUP_BLOCK_BYTES);
-            let raw: [__m512i; 4] = std::array::from_fn(|k| {
-                let low = _mm256_loadu_si256(block.add(32 * k).cast());
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), _mm256_loadu_si256(block.add(next + 32 * k).cast()))
-            });
-            let low: [__m512i; 4] = std::array::from_fn(|k| _mm512_and_si512(raw[k], mask));
-            let high: [__m512i; 4] = std::array::from_fn(|k| _mm512_and_si512(_mm512_srli_epi16::<4>(raw[k]), mask));
+            let (low, high) = pair_nibble_chunks(levels.add(b * GROUP_BLOCK_BYTES), next);
             let at = (g * blocks + b) * GROUP_ROWS;
             let k32 = ints(scale.k, at);
             let m = offset.map(|o| _mm512_cvtepi32_ps(ints(o.k, at)));
             for j in 0..T {
-                let q = acts[j].q.as_ptr().add(b * ACT_BLOCK);
-                let mut block_sums = _mm512_setzero_si512();
-                for k in 0..4 {
-                    let x_low = _mm512_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
-                    let x_high = _mm512_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
-                    block_sums = _mm512_dpbusd_epi32(block_sums, low[k], x_low);
-                    block_sums = _mm512_dpbusd_epi32(block_sums, high[k], x_high);
-                }
+                let block_sums = pair_block_sums(&low, &high, &acts[j], b);
                 scaled[j] = _mm512_add_epi32(scaled[j], _mm512_mullo_epi32(block_sums, k32));
                 if let Some(m) = m {
                     offsets[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(*acts[j].sums32.get_unchecked(b)), offsets[j]);
@@ -236,6 +232,91 @@ unsafe fn pair_tile_vnni<const T: usize>(
             acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(scaled[j]), _mm512_mul_ps(unit, d), acc[j]);
             if let Some(u) = offset_unit {
                 acc[j] = _mm512_fmadd_ps(offsets[j], u, acc[j]);
+            }
+        }
+    }
+    for j in 0..T {
+        _mm512_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
+    }
+}
+
+/// The 4 chunks of a pair tile's block at `block` (group g's) and `block + next` (group g + 1's,
+/// or g's own where `next` is 0), split into their low nibbles and high ones as
+/// `nibble_chunks` splits one group's, after asking for both blocks' cache lines ahead.
+///
+/// # Safety
+/// AVX512F and AVX512BW are present (inlined into callers that enable them), and both blocks
+/// are whole.
+#[inline(always)]
+unsafe fn pair_nibble_chunks(block: *const u8, next: usize) -> ([__m512i; 4], [__m512i; 4]) {
+    prefetch_ahead(block, GROUP_BLOCK_BYTES);
+    prefetch_ahead(block.wrapping_add(next), GROUP_BLOCK_BYTES);
+    let mask = _mm512_set1_epi8(0x0F);
+    let raw: [__m512i; 4] = std::array::from_fn(|k| pair_chunk(block.add(32 * k), block.add(next + 32 * k)));
+    let low = std::array::from_fn(|k| _mm512_and_si512(raw[k], mask));
+    let high = std::array::from_fn(|k| _mm512_and_si512(_mm512_srli_epi16::<4>(raw[k]), mask));
+    (low, high)
+}
+
+/// A pair tile's i32 sums of its 16 rows' block (`pair_nibble_chunks`) times block `b` of
+/// `act`: `dpbusd` of each chunk with the 4 activation bytes it multiplies, broadcast. At most
+/// 32 · 15 · 128 in magnitude.
+///
+/// # Safety
+/// AVX512-VNNI is present (inlined into callers that enable it), and `act` has block `b`.
+#[inline(always)]
+unsafe fn pair_block_sums(low: &[__m512i; 4], high: &[__m512i; 4], act: &ActRow<'_>, b: usize) -> __m512i {
+    let q = act.q.as_ptr().add(b * ACT_BLOCK);
+    let mut sums = _mm512_setzero_si512();
+    for k in 0..4 {
+        let x_low = _mm512_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned());
+        let x_high = _mm512_set1_epi32(q.add(16 + 4 * k).cast::<i32>().read_unaligned());
+        sums = _mm512_dpbusd_epi32(sums, low[k], x_low);
+        sums = _mm512_dpbusd_epi32(sums, high[k], x_high);
+    }
+    sums
+}
+
+/// `tile` with AVX512-VNNI for whole scales and offsets (Q4_0, Q4_1), on pairs of groups as
+/// `pair_tile_vnni` takes them: each block's `dpbusd` sums (`pair_block_sums`) lose Q4_0's bias
+/// in integers (`unbias`), then convert once a block for the rows' scales times the token's
+/// to multiply. A quarter of AVX2's instructions per weight: one `dpbusd` where it takes a
+/// `maddubs` and an add, for 16 rows where it has 8, and no widening `madd`. Bounds: a block's
+/// sums within 32 · 15 · 128 and its bias within 8 · 32 · 128, exact in f32.
+///
+/// # Safety
+/// As `products`'s with `vnni`, and group g (and g + 1 where `pair`) is within `w`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pair_tile_vnni_whole<const T: usize, S: EightScales>(
+    w: ScaledRows<GroupRows<'_>, S>,
+    g: usize,
+    pair: bool,
+    acts: &[ActRow<'_>; TOKENS],
+    sums: &mut TileSums,
+) {
+    let ScaledRows { rows: w, scale, offset } = w;
+    let blocks = w.cols / ACT_BLOCK;
+    let levels = group_levels(&w, g, blocks);
+    let groups = usize::from(pair);
+    let (next, next_lanes) = (groups * blocks * GROUP_BLOCK_BYTES, groups * blocks * GROUP_ROWS);
+    // The bias is 8 (Q4_0) or 0: an exact small integer.
+    let bias = w.bias as i16;
+    let minus_bias = minus_bias_pairs(bias);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..blocks {
+        let (low, high) = pair_nibble_chunks(levels.add(b * GROUP_BLOCK_BYTES), next);
+        let at = (g * blocks + b) * GROUP_ROWS;
+        let scale = join_halves(scale.eight(at), scale.eight(at + next_lanes));
+        let offset = offset.map(|o| join_halves(o.eight(at), o.eight(at + next_lanes)));
+        for j in 0..T {
+            let mut block_sums = pair_block_sums(&low, &high, &acts[j], b);
+            if bias != 0 {
+                block_sums = unbias(block_sums, minus_bias, &acts[j], b);
+            }
+            let d = _mm512_set1_ps(*acts[j].d.get_unchecked(b));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sums), _mm512_mul_ps(scale, d), acc[j]);
+            if let Some(offset) = offset {
+                acc[j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(*acts[j].sums32.get_unchecked(b)), acc[j]);
             }
         }
     }

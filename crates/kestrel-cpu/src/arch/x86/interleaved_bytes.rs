@@ -6,7 +6,10 @@ use std::arch::x86_64::*;
 
 use super::prefetch_ahead;
 use super::scales::{end_super_block, with_eight_scales, EightScales};
-use super::tiles::{by_tiles, factored_tile_tokens, x_chunk, FactoredRows, ScaledRows, TileSums, TILE_TOKENS, TOKENS};
+use super::tiles::{
+    by_tiles, factored_tile_tokens, join_halves, minus_bias_pairs, pair_chunk, unbias, x_chunk, FactoredRows, ScaledRows, TileSums, TILE_TOKENS,
+    TOKENS,
+};
 use crate::activations::{QuantizedRows, Q8K_BLOCK};
 use crate::interleaved::bytes::{ByteGroupRows, WovenLevels, SIX_BIT_BIAS, SIX_BIT_HIGH};
 use crate::interleaved::GROUP_ROWS;
@@ -33,13 +36,31 @@ macro_rules! with_layout {
 }
 
 /// `interleaved::products` by the tiles of whole scales and offsets (`EightScales`), for
-/// rows without factored ones (`WovenRows::factored`).
+/// rows without factored ones (`WovenRows::factored`): with AVX512-VNNI (`vnni`) byte levels of
+/// a scale per 32 (Q8_0, Q5_0, Q5_1) take pairs of groups times up to 8 tokens
+/// (`pair_tile_vnni_whole`), the rest AVX2's `tile`.
 ///
 /// # Safety
-/// AVX2, FMA and F16C are present, and `w`, `x` and `out` have the shapes `products` checks.
-pub(crate) unsafe fn products(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize) {
+/// AVX2, FMA and F16C are present, AVX512-VNNI (`x86::has_avx512_vnni`) where `vnni`, and `w`,
+/// `x` and `out` have the shapes `products` checks.
+pub(crate) unsafe fn products(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool) {
+    let pairs = vnni && w.group == ACT_BLOCK && matches!(w.levels, WovenLevels::Bytes(_));
     with_eight_scales!(w.scale, w.offset, |scale, offset| {
         let w = ScaledRows { rows: w, scale, offset };
+        if pairs {
+            by_tiles(x, w.rows.cols, rows, n, out, TOKENS, true, |g, pair, acts, tokens, sums| match tokens {
+                // SAFETY: as this function's, with AVX512-VNNI present (`vnni`).
+                8 => unsafe { pair_tile_vnni_whole::<8, _>(w, g, pair, acts, sums) },
+                7 => unsafe { pair_tile_vnni_whole::<7, _>(w, g, pair, acts, sums) },
+                6 => unsafe { pair_tile_vnni_whole::<6, _>(w, g, pair, acts, sums) },
+                5 => unsafe { pair_tile_vnni_whole::<5, _>(w, g, pair, acts, sums) },
+                4 => unsafe { pair_tile_vnni_whole::<4, _>(w, g, pair, acts, sums) },
+                3 => unsafe { pair_tile_vnni_whole::<3, _>(w, g, pair, acts, sums) },
+                2 => unsafe { pair_tile_vnni_whole::<2, _>(w, g, pair, acts, sums) },
+                _ => unsafe { pair_tile_vnni_whole::<1, _>(w, g, pair, acts, sums) },
+            });
+            return;
+        }
         with_layout!(w.rows, |HALVES, SIX| by_tiles(x, w.rows.cols, rows, n, out, TILE_TOKENS, false, |g, _, acts, tokens, sums| {
             match tokens {
                 // SAFETY: as this function's.
@@ -50,6 +71,61 @@ pub(crate) unsafe fn products(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &mut
             }
         }))
     });
+}
+
+/// Byte levels of a scale per 32 (`products`' `pairs`) in AVX512-VNNI, on pairs of groups as
+/// the nibble tile (`interleaved::pair_tile_vnni_whole`) takes them: `dpbusd` multiplies
+/// unsigned bytes by signed ones, so each chunk's signed levels go in with their sign bit
+/// flipped (`level + 128`, once a chunk for every token), and each block's sums lose
+/// `128 · Σ q` in integers (`unbias`). AVX2's `tile` gives each chunk the levels' signs for
+/// every token instead (two `sign`s, a `maddubs`, a `madd` and an add a chunk and token, for 8
+/// rows), where this takes one `dpbusd` for 16. Bounds: a block's sums within
+/// 32 · 255 · 128 and its bias within 128 · 32 · 128, exact in f32.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX512-VNNI are present, `w`, `x` and `out` have the shapes `products`
+/// checks, `w` has byte levels of a scale per 32, and group g (and g + 1 where `pair`) is within it.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn pair_tile_vnni_whole<const T: usize, S: EightScales>(
+    w: ScaledRows<ByteGroupRows<'_>, S>,
+    g: usize,
+    pair: bool,
+    acts: &[ActRow<'_>; TOKENS],
+    sums: &mut TileSums,
+) {
+    let ScaledRows { rows: w, scale, offset } = w;
+    let blocks = w.cols / ACT_BLOCK;
+    let (levels, block_bytes) = group_blocks(&w, g, blocks);
+    let groups = usize::from(pair);
+    let (next, next_lanes) = (groups * blocks * block_bytes, groups * blocks * GROUP_ROWS);
+    let (sign_bits, minus_bias) = (_mm512_set1_epi8(i8::MIN), minus_bias_pairs(128));
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..blocks {
+        let block = levels.add(b * block_bytes);
+        prefetch_ahead(block, block_bytes);
+        prefetch_ahead(block.wrapping_add(next), block_bytes);
+        let chunks: [__m512i; 8] =
+            std::array::from_fn(|k| _mm512_xor_si512(pair_chunk(block.add(32 * k), block.add(next + 32 * k)), sign_bits));
+        let at = (g * blocks + b) * GROUP_ROWS;
+        let scale = join_halves(scale.eight(at), scale.eight(at + next_lanes));
+        let offset = offset.map(|o| join_halves(o.eight(at), o.eight(at + next_lanes)));
+        for j in 0..T {
+            let q = acts[j].q.as_ptr().add(b * ACT_BLOCK);
+            let mut block_sums = _mm512_setzero_si512();
+            for (k, &chunk) in chunks.iter().enumerate() {
+                block_sums = _mm512_dpbusd_epi32(block_sums, chunk, _mm512_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned()));
+            }
+            block_sums = unbias(block_sums, minus_bias, &acts[j], b);
+            let d = _mm512_set1_ps(*acts[j].d.get_unchecked(b));
+            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sums), _mm512_mul_ps(scale, d), acc[j]);
+            if let Some(offset) = offset {
+                acc[j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(*acts[j].sums32.get_unchecked(b)), acc[j]);
+            }
+        }
+    }
+    for j in 0..T {
+        _mm512_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
+    }
 }
 
 /// `interleaved::products` of factored scales with Q8_K activations (`WovenRows::factored`),

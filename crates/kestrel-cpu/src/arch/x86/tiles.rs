@@ -99,3 +99,46 @@ pub(crate) type FactoredRows<'a, W> = ScaledRows<W, FactoredLanes<'a>>;
 pub(crate) unsafe fn x_chunk(act: &ActRow<'_>, b: usize, k: usize) -> __m256i {
     _mm256_set1_epi32(act.q.as_ptr().add(b * ACT_BLOCK + 4 * k).cast::<i32>().read_unaligned())
 }
+
+/// Two 8-lane f32 vectors as one of 16 lanes, `low` in lanes 0-7: a pair tile's two groups'
+/// values. (Joined as integers: AVX512F inserts 256-bit halves of 64-bit lanes only, and 32-bit
+/// ones need AVX512DQ.)
+///
+/// # Safety
+/// AVX512F is present (inlined into callers that enable it).
+#[inline(always)]
+pub(crate) unsafe fn join_halves(low: __m256, high: __m256) -> __m512 {
+    _mm512_castsi512_ps(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_castps_si256(low)), _mm256_castps_si256(high)))
+}
+
+/// The 32 bytes at `low` and the 32 at `high` as one 512-bit vector: a pair tile's chunk of its
+/// two groups' levels.
+///
+/// # Safety
+/// AVX512F is present (inlined into callers that enable it), and both runs are readable.
+#[inline(always)]
+pub(crate) unsafe fn pair_chunk(low: *const u8, high: *const u8) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_loadu_si256(low.cast())), _mm256_loadu_si256(high.cast()))
+}
+
+/// Block `b`'s `Σ q` with the levels' bias taken off in integers, for a pair tile of whole
+/// scales: `sums - bias · Σ q` in every lane, by one `dpwssd` of `minus_bias` (the bias negated
+/// in both i16 halves of each lane: `minus_bias_pairs`) with the block's two sums of 16
+/// (`level_sums16`). Exact: the bias is at most 128 and a block's `Σ q` at most 32 · 128.
+///
+/// # Safety
+/// AVX512-VNNI is present (inlined into callers that enable it), and `act` has block `b`.
+#[inline(always)]
+pub(crate) unsafe fn unbias(sums: __m512i, minus_bias: __m512i, act: &ActRow<'_>, b: usize) -> __m512i {
+    let x_sums = _mm512_set1_epi32(act.level_sums16.as_ptr().add(2 * b).cast::<i32>().read_unaligned());
+    _mm512_dpwssd_epi32(sums, minus_bias, x_sums)
+}
+
+/// `-bias` in both i16 halves of every lane, as `unbias` takes it.
+///
+/// # Safety
+/// AVX512F is present (inlined into callers that enable it).
+#[inline(always)]
+pub(crate) unsafe fn minus_bias_pairs(bias: i16) -> __m512i {
+    _mm512_set1_epi16(-bias)
+}
