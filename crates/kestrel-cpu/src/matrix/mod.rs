@@ -15,11 +15,8 @@ use crate::activations::{ActFormat, QuantizedRows};
 use crate::alloc::{split_off, with_capacity};
 use crate::dot::f32_products;
 use crate::error::CpuError;
-use crate::parallel::{for_each_chunk, for_row_chunks};
+use crate::parallel::for_row_chunks_token_major;
 use int_weights::{super_blocks_factor, IntLayout, IntWeights};
-
-/// Tokens a task of a product's transposition takes: a cache line of f32 sums.
-const TRANSPOSE_TOKENS: usize = 16;
 
 pub struct Matrix {
     rows: usize,
@@ -160,10 +157,9 @@ impl Matrix {
         let (rows, cols) = (self.rows, self.cols);
         assert!(cols > 0 && x.len().is_multiple_of(cols), "apply: {} values are not rows of {cols}", x.len());
         let n = x.len() / cols;
-        // Row-major by weight row first, so each task writes one contiguous run.
-        let mut by_row = vec![0f32; rows * n];
+        let mut y = vec![0f32; n * rows];
         match &self.weights {
-            Weights::F32(w) => for_row_chunks(&mut by_row, n, 1, |first, out| {
+            Weights::F32(w) => for_row_chunks_token_major(&mut y, rows, n, 1, |first, out| {
                 let task_rows = out.len() / n;
                 f32_products(&w[first * cols..][..task_rows * cols], x, cols, out);
             }),
@@ -176,25 +172,9 @@ impl Matrix {
                     }
                 };
                 let xq = &quantized[at].1;
-                for_row_chunks(&mut by_row, n, w.rows_per_task(), |first, out| w.products(first, xq, out, n, cols));
+                for_row_chunks_token_major(&mut y, rows, n, w.rows_per_task(), |first, out| w.products(first, xq, out, n, cols));
             }
         }
-        if n == 1 {
-            return by_row;
-        }
-        // Token-major, `TRANSPOSE_TOKENS` tokens a task over the pool: a task reads one short
-        // run of every weight row's sums (a cache line) and writes its tokens' rows in order. One
-        // pass striding through every row for every token took a tenth of a prompt's time, on one
-        // thread.
-        let mut y = vec![0f32; n * rows];
-        for_each_chunk(&mut y, TRANSPOSE_TOKENS * rows, |i, ys| {
-            let (first, tokens) = (i * TRANSPOSE_TOKENS, ys.len() / rows);
-            for (r, sums) in by_row.chunks_exact(n).enumerate() {
-                for (j, &v) in sums[first..first + tokens].iter().enumerate() {
-                    ys[j * rows + r] = v;
-                }
-            }
-        });
         y
     }
 }

@@ -7,8 +7,8 @@ use std::arch::x86_64::*;
 use super::prefetch_ahead;
 use super::scales::{end_super_block, with_eight_scales, EightScales};
 use super::tiles::{
-    by_tiles, factored_tile_tokens, join_halves, minus_bias_pairs, pair_chunk, unbias, x_chunk, FactoredRows, ScaledRows, TileSums, TILE_TOKENS,
-    TOKENS,
+    by_tiles, factored_tile_tokens, join_halves, minus_bias_pairs, pair_chunk, unbias, x_chunk, FactoredRows, ScaledRows, TileSums,
+    TILE_TOKENS, TOKENS,
 };
 use crate::activations::{QuantizedRows, Q8K_BLOCK};
 use crate::interleaved::bytes::{ByteGroupRows, WovenLevels, SIX_BIT_BIAS, SIX_BIT_HIGH};
