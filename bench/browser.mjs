@@ -30,23 +30,7 @@ function vendorWllama() {
  */
 export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, threads, contextLength, realGpu = false, only = null, batch = null, constrained = null, embeddings = null }) {
   const wllamaVersion = vendorWllama();
-  const server = await startServer();
-  const launched = await launchChromium(chromium, {
-    // A real GPU where asked, else SwiftShader; measureUserAgentSpecificMemory() then answers at
-    // once instead of at the next garbage collection.
-    webgpu: realGpu ? 'gpu' : 'swiftshader',
-    flags: ['--enable-blink-features=ForceEagerMeasureMemory'],
-  });
-  const { context } = launched;
-  try {
-    const open = async () => {
-      const page = await context.newPage();
-      page.on('console', (m) => console.error(`  [browser] ${m.text()}`));
-      page.on('pageerror', (e) => console.error(`  [page error] ${e.message}`));
-      await page.goto(`${server.url}/www/bench/`);
-      await page.waitForFunction(() => window.benchReady === true);
-      return page;
-    };
+  return withBenchPages(realGpu, async (open, context) => {
     const workload = { modelUrl, prompts, decodeTokens, repeats };
     const page = await open();
     const adapter = await page.evaluate(() => window.bench.adapterInfo());
@@ -131,11 +115,84 @@ export async function runBrowser({ modelUrl, prompts, decodeTokens, repeats, thr
     }
     return {
       embeddings: embedded,
-      browser: `Chromium ${context.browser()?.version() ?? ''}`.trim(), cross_origin_isolated: isolated, adapter, wllama_version: wllamaVersion, engines, batch: batched,
+      browser: chromiumVersion(context), cross_origin_isolated: isolated, adapter, wllama_version: wllamaVersion, engines, batch: batched,
       constrained: constrained ? held : null,
     };
+  });
+}
+
+/**
+ * Runs `fn(open, context)` with the static server and Chromium up (on the machine's GPU where
+ * `realGpu`, else SwiftShader), closing both after; `open()` resolves to a fresh www/bench/ page
+ * whose console goes to stderr.
+ * @template T
+ * @param {boolean} realGpu
+ * @param {(open: () => Promise<import('playwright-core').Page>, context: import('playwright-core').BrowserContext) => Promise<T>} fn
+ * @returns {Promise<T>}
+ */
+async function withBenchPages(realGpu, fn) {
+  const server = await startServer();
+  const launched = await launchChromium(chromium, {
+    // measureUserAgentSpecificMemory() then answers at once instead of at the next garbage
+    // collection.
+    webgpu: realGpu ? 'gpu' : 'swiftshader',
+    flags: ['--enable-blink-features=ForceEagerMeasureMemory'],
+  });
+  const { context } = launched;
+  try {
+    const open = async () => {
+      const page = await context.newPage();
+      page.on('console', (m) => console.error(`  [browser] ${m.text()}`));
+      page.on('pageerror', (e) => console.error(`  [page error] ${e.message}`));
+      await page.goto(`${server.url}/www/bench/`);
+      await page.waitForFunction(() => window.benchReady === true);
+      return page;
+    };
+    return await fn(open, context);
   } finally {
     await launched.close();
     await server.close();
   }
+}
+
+const chromiumVersion = (context) => `Chromium ${context.browser()?.version() ?? ''}`.trim();
+
+/**
+ * Speculative decoding in the page, the twin of `kestrel bench model --lookup`: Kestrel's wasm
+ * CPU backend with prompt lookup, each workload's chat prompts (`workloads`: {name: [text]})
+ * plain and with lookup alternately (www/bench/bench.js's runKestrelSpeculative). Resolves to the
+ * page's runs and, per workload, the medians and ranges over the pairs where both runs decoded
+ * (an answer of one token has no decode rate), lookup's acceptance and tokens per verifying step
+ * over all its runs, and whether every lookup answer was the plain one.
+ */
+export async function runBrowserSpeculative({ modelUrl, workloads, maxTokens, maxDraft, repeats }) {
+  return withBenchPages(false, async (open, context) => {
+    const page = await open();
+    try {
+      const r = await page.evaluate((w) => window.bench.runKestrelSpeculative(w), { modelUrl, workloads, maxTokens, maxDraft, repeats });
+      return {
+        ...r,
+        browser: chromiumVersion(context),
+        workloads: r.workloads.map((w) => {
+          const timed = w.pairs.filter((p) => p.plain.decode_tok_s != null && p.lookup.decode_tok_s != null);
+          const sum = (key) => w.pairs.reduce((n, p) => n + p.lookup.speculative[key], 0);
+          const [drafted, accepted, verifications] = [sum('drafted'), sum('accepted'), sum('verifications')];
+          return {
+            ...w,
+            plain_decode_tok_s: spread(timed.map((p) => p.plain.decode_tok_s)),
+            lookup_decode_tok_s: spread(timed.map((p) => p.lookup.decode_tok_s)),
+            ratio: spread(timed.map((p) => p.lookup.decode_tok_s / p.plain.decode_tok_s)),
+            drafted, accepted, verifications,
+            acceptance: drafted > 0 ? accepted / drafted : null,
+            // As the native bench counts it: the kept drafts plus each verifying step's own token.
+            tokens_per_step: verifications > 0 ? (accepted + verifications) / verifications : null,
+            same_text: w.pairs.every((p) => p.same_text),
+            same_tokens: w.pairs.every((p) => p.same_tokens),
+          };
+        }),
+      };
+    } finally {
+      await page.close();
+    }
+  });
 }

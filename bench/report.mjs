@@ -79,11 +79,16 @@ export function markdown(run) {
   const lines = [
     `Run ${run.started} on ${m.cpu} (${m.logical_cpus} logical CPUs, ${mib(m.memory_bytes)} RAM, load average ${m.loadavg_start.map((l) => l.toFixed(1)).join(' ')} at the start), ${m.os}.`,
     `Model ${run.model.file} (${mib(run.model.bytes)}). Native: ${run.native?.kestrel?.adapter ? `${run.native.kestrel.adapter.name} (${run.native.kestrel.adapter.backend}; ${run.native.kestrel.adapter.features.join(', ') || 'no optional features'})` : '–'}; browser: ${run.browser?.browser ?? '–'}, WebGPU adapter ${adapterName(run.browser?.adapter)} (${KEY_FEATURES.map((f) => `${f}: ${run.browser?.adapter?.features?.includes(f) ? 'yes' : 'no'}`).join(', ')}).`,
-    'Times are medians over the repeats; ITL is the time between streamed tokens (p50 / p90 / p99 over every step of every repeat).',
-    '',
-    '| env | engine | backend | prompt | decode | repeats | load (cold / warm) | TTFT | prefill tok/s | decode tok/s | ITL p50 / p90 / p99 ms | memory | main thread: longest task, dropped frames | longest GPU submission of a prompt |',
-    '|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|',
   ];
+  // None where every part but one of the tables below was skipped.
+  if (rows.length) {
+    lines.push(
+      'Times are medians over the repeats; ITL is the time between streamed tokens (p50 / p90 / p99 over every step of every repeat).',
+      '',
+      '| env | engine | backend | prompt | decode | repeats | load (cold / warm) | TTFT | prefill tok/s | decode tok/s | ITL p50 / p90 / p99 ms | memory | main thread: longest task, dropped frames | longest GPU submission of a prompt |',
+      '|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|',
+    );
+  }
   for (const r of rows) {
     if (r.note) {
       lines.push(`| ${r.env} | ${r.engine} | ${r.backend} | | | | ${r.note} | | | | | | | |`);
@@ -121,6 +126,7 @@ export function markdown(run) {
     lines.push('', `Batched decode in the browser: failed: ${bb.error}`);
   }
   lines.push(...constrainedLines(run.native ?? {}, run.browser?.constrained ?? []));
+  if (run.browser_speculative) lines.push('', ...speculativeLines(run.browser_speculative, run.settings.browser_speculative));
   if (run.embeddings) lines.push('', ...embeddingLines(run.embeddings, run.browser?.embeddings));
   if (run.sizes?.length) lines.push('', ...sizesLines(run));
   const k = run.native?.kestrel;
@@ -164,6 +170,27 @@ function constrainedLines(native, browser) {
   const l = native.llama_cpp_constrained;
   if (k?.constrained_tok_s && l?.constrained_tok_s) {
     lines.push('', `Kestrel's CPU backend constrained over llama.cpp constrained: ${x(k.constrained_tok_s.median / l.constrained_tok_s.median)}.`);
+  }
+  return lines;
+}
+
+/** Speculative decoding in Chromium: per workload, plain and lookup decode rates, lookup over
+ * plain per pair, what lookup's drafts kept, and whether its answers were the plain ones. */
+function speculativeLines(r, s) {
+  const head = `Speculative decoding in Chromium on ${s.model.file} (${mib(s.model.bytes)})`;
+  if (r.error) return [`${head}: failed: ${r.error}`];
+  const cpu = r.cpu ? `, ${r.cpu.simd}, ${r.cpu.threads} thread${r.cpu.threads === 1 ? '' : 's'}` : '';
+  const range = (v, digits, unit = '') => (v ? `${fmt(v.median, digits)}${unit} (${fmt(v.min, digits)}–${fmt(v.max, digits)})` : '–');
+  const lines = [
+    `${head}, ${r.browser}, Kestrel's ${r.backend === 'cpu' ? 'wasm CPU backend' : r.backend}${cpu}: each chat prompt of ${s.prompts} greedy, at most ${r.max_tokens} new tokens, plain (\`speculative: false\`) and with prompt lookup (drafts of at most ${r.speculative?.maxDraft ?? s.max_draft} tokens) alternately, ${r.repeats} pair${r.repeats === 1 ? '' : 's'} per prompt, which goes first alternating, the engine reset before each. Decode tok/s: the tokens after the first over the time from the first streamed token to the last; median (range) over the pairs.`,
+    '',
+    '| workload | prompts | pairs | plain decode tok/s | lookup decode tok/s | lookup / plain | tokens / verifying step | drafts kept | same text / tokens |',
+    '|---|--:|--:|--:|--:|--:|--:|--:|---|',
+  ];
+  const yes = (b) => (b ? 'yes' : 'no');
+  for (const w of r.workloads) {
+    const kept = w.acceptance == null ? '–' : `${(100 * w.acceptance).toFixed(0)}%`;
+    lines.push(`| ${w.workload} | ${w.prompts} | ${w.pairs.length} | ${range(w.plain_decode_tok_s, 2)} | ${range(w.lookup_decode_tok_s, 2)} | ${range(w.ratio, 2, '×')} | ${fmt(w.tokens_per_step, 2)} | ${kept} | ${yes(w.same_text)} / ${yes(w.same_tokens)} |`);
   }
   return lines;
 }

@@ -9,6 +9,12 @@
 //       [--browser-prompt-tokens 16] [--browser-decode-tokens 4] [--browser-repeats 2]
 //       [--browser-batch-sizes 1,2,4] [--browser-batch-decode-tokens 16]   concurrent requests
 //                           on one engine ('auto' backend: the CPU on a software adapter)
+//       [--browser-speculative models/X.gguf]   also speculative decoding in Chromium on that
+//                           model (opt-in): the wasm CPU backend with prompt lookup against plain
+//                           decoding, --browser-repeats pairs per chat prompt of
+//                           [--browser-speculative-prompts bench/data/speculative-prompts.json],
+//                           at most [--browser-speculative-tokens 128] new tokens each, drafts of at
+//                           most [--browser-speculative-max-draft 16] tokens
 //       [--full]            the issue's workload everywhere: prompts 128,512, 128 decode steps, 5 repeats
 //       [--smoke]           every part at its smallest (8-token prompts, 2 steps, 1 repeat; batches of
 //                           1 and 2): `./build.sh test` runs it to keep the suite working
@@ -37,7 +43,7 @@ import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'no
 import os from 'node:os';
 import { basename, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { runBrowser } from './browser.mjs';
+import { runBrowser, runBrowserSpeculative } from './browser.mjs';
 import { promptTexts, runKestrelBatch, runKestrelConstrained, runKestrelEmbed, runKestrelNative, runLlamaConstrained, runLlamaCpp, runLlamaEmbed } from './native.mjs';
 import { ROOT, RESULTS } from './paths.mjs';
 import { markdown, svg } from './report.mjs';
@@ -55,6 +61,10 @@ const { values: opt } = parseArgs({
     'browser-repeats': { type: 'string', default: '2' },
     'browser-batch-sizes': { type: 'string', default: '1,2,4' },
     'browser-batch-decode-tokens': { type: 'string', default: '16' },
+    'browser-speculative': { type: 'string' },
+    'browser-speculative-prompts': { type: 'string', default: 'bench/data/speculative-prompts.json' },
+    'browser-speculative-tokens': { type: 'string', default: '128' },
+    'browser-speculative-max-draft': { type: 'string', default: '16' },
     full: { type: 'boolean', default: false },
     smoke: { type: 'boolean', default: false },
     results: { type: 'string', default: RESULTS },
@@ -93,12 +103,20 @@ function count(name, value) {
 }
 const counts = (name, value) => String(value).split(',').map((v) => count(name, v));
 
-const model = resolve(ROOT, opt.model);
-const modelUrl = `/models/${basename(model)}`;
-if (resolve(ROOT, 'models', basename(model)) !== model) {
-  console.error(`--model must be in models/ (the browser fetches it from the static server): ${model}`);
-  process.exit(2);
+/** The option `name`'s GGUF file and the URL the browser fetches it at, or exit with a usage error. */
+function servedModel(name, value) {
+  const file = resolve(ROOT, value);
+  if (resolve(ROOT, 'models', basename(file)) !== file) {
+    console.error(`--${name} must be in models/ (the browser fetches it from the static server): ${file}`);
+    process.exit(2);
+  }
+  if (!existsSync(file)) {
+    console.error(`--${name}: no such file: ${file}`);
+    process.exit(2);
+  }
+  return { file, url: `/models/${basename(file)}` };
 }
+const { file: model, url: modelUrl } = servedModel('model', opt.model);
 const threads = count('threads', opt.threads);
 if (opt.full && opt.smoke) {
   console.error('--full and --smoke are two sizes of the whole suite: give one');
@@ -154,6 +172,34 @@ const sizeSettings = {
   gpu_up_to: choices('gpu-sizes-up-to', opt['gpu-sizes-up-to'], SIZES)[0] ?? '1b',
 };
 settings.sizes = { sizes: choices('sizes', opt.sizes, SIZES), types: choices('size-types', opt['size-types'], TYPES), ...sizeSettings };
+/** The speculative part's chat prompts by workload ({name: [text]}), or exit with a usage error. */
+function speculativePrompts(file) {
+  try {
+    const { workloads } = JSON.parse(readFileSync(file, 'utf8'));
+    const lists = Object.values(workloads ?? {});
+    if (!lists.length || !lists.every((l) => Array.isArray(l) && l.length && l.every((t) => typeof t === 'string'))) {
+      throw new Error('expected {"workloads": {"name": ["prompt", ...], ...}}');
+    }
+    return workloads;
+  } catch (e) {
+    console.error(`--browser-speculative-prompts ${file}: ${e.message}`);
+    process.exit(2);
+  }
+}
+/** The speculative part (opt-in): its model's URL and its chat prompts, beside its settings. */
+let speculative = null;
+if (opt['browser-speculative']) {
+  const { file, url } = servedModel('browser-speculative', opt['browser-speculative']);
+  speculative = { modelUrl: url, workloads: speculativePrompts(resolve(ROOT, opt['browser-speculative-prompts'])) };
+  settings.browser_speculative = {
+    model: { file: basename(file), bytes: statSync(file).size },
+    prompts: opt['browser-speculative-prompts'],
+    max_tokens: count('browser-speculative-tokens', opt['browser-speculative-tokens']),
+    max_draft: count('browser-speculative-max-draft', opt['browser-speculative-max-draft']),
+    // Pairs per prompt, as `kestrel bench model --lookup` runs --repeats of them.
+    repeats: settings.browser.repeats,
+  };
+}
 const results = resolve(opt.results);
 const skip = new Set(opt.skip.split(',').filter(Boolean));
 
@@ -176,6 +222,7 @@ const run = {
   settings,
   native: {},
   browser: null,
+  browser_speculative: null,
   sizes: null,
 };
 
@@ -272,6 +319,12 @@ if (!skip.has('browser')) {
     });
   });
 }
+if (speculative) {
+  const s = settings.browser_speculative;
+  run.browser_speculative = await attempt('browser, speculative decoding', () => runBrowserSpeculative({
+    ...speculative, maxTokens: s.max_tokens, maxDraft: s.max_draft, repeats: s.repeats,
+  }));
+}
 if (settings.sizes.sizes.length) {
   const { sizes, types, ...sizeRun } = settings.sizes;
   run.sizes = await runSizes({ sizes, types, settings: sizeRun, raw, attempt, skip });
@@ -298,6 +351,7 @@ const failed = [
   ...(run.browser?.engines ?? []).filter((e) => e.error).map((e) => `browser ${e.name}`),
   ...(run.browser?.batch?.error ? ['browser batch'] : []),
   ...(run.browser?.constrained ?? []).filter((c) => c.error).map((c) => `browser ${c.backend} constrained`),
+  ...(run.browser_speculative?.error ? ['browser speculative'] : []),
   ...failedSizes(run.sizes),
 ];
 if (failed.length) {

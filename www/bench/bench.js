@@ -8,7 +8,7 @@ import { measureMemory, watchMainThread } from './monitor.js';
 import { hookWorkers, wasmHeapBytes } from './wasm-heap.js';
 
 /**
- * @import { ChatMessage, CreateEngineOptions, Engine, ResponseFormat, Usage } from '../index.d.ts'
+ * @import { ChatCompletionChunk, ChatMessage, CreateEngineOptions, Engine, ResponseFormat, Usage } from '../index.d.ts'
  */
 
 /**
@@ -211,6 +211,87 @@ export async function runKestrelConstrained({ modelUrl, schema, ask, repeats, ba
   const info = engine.info;
   await engine.unload();
   return { backend: info.backend, cpu: info.cpu, tokens, answer, constrained_tok_s: held, free_tok_s: free };
+}
+
+/**
+ * Streams the greedy answer to `text` as one user message (at most `maxTokens`, ending where the
+ * model ends it), from position 0, plainly or with the engine's speculative decoding, timing each
+ * token as it reaches the page. Decode tok/s: the tokens after the first over the time from the
+ * first to the last (null for an answer of one token).
+ * @param {Engine} engine
+ * @param {string} text
+ * @param {number} maxTokens
+ * @param {boolean} speculative
+ */
+async function timedChat(engine, text, maxTokens, speculative) {
+  // Each run from an empty cache: otherwise the second of a pair reuses the first's prompt.
+  await engine.reset();
+  /** @type {number[]} */
+  const times = [];
+  let answer = '';
+  /** @type {ChatCompletionChunk['kestrel']} */
+  let details;
+  /** @type {Usage | undefined} */
+  let usage;
+  const stream = await engine.chat.completions.create({ messages: [{ role: 'user', content: text }], stream: true, max_tokens: maxTokens, temperature: 0, speculative });
+  for await (const chunk of stream) {
+    if (chunk.choices[0]?.token_id != null) times.push(performance.now());
+    answer += chunk.choices[0]?.delta.content ?? '';
+    details ??= chunk.kestrel;
+    usage ??= chunk.usage;
+  }
+  if (!details || !usage) throw new Error('the last chunk carried no kestrel details or usage');
+  // Every token must have come as its own chunk, or the rate would count the wrong tokens.
+  if (times.length !== details.token_ids.length) throw new Error(`${details.token_ids.length} tokens generated, ${times.length} streamed`);
+  if (usage.extra.reused_tokens > 0) throw new Error(`the engine reused ${usage.extra.reused_tokens} cached prompt tokens after reset()`);
+  if (!speculative && details.speculative) throw new Error('a request with speculative: false speculated');
+  const decodeMs = times[times.length - 1] - times[0];
+  return {
+    tokens: times.length,
+    decode_tok_s: times.length > 1 && decodeMs > 0 ? (times.length - 1) / (decodeMs / 1e3) : null,
+    // What lookup drafted and kept (absent where speculative decoding did not serve the request).
+    speculative: speculative ? details.speculative ?? { drafted: 0, accepted: 0, verifications: 0 } : null,
+    text: answer,
+    token_ids: details.token_ids,
+  };
+}
+
+/**
+ * Speculative decoding in the page, as `kestrel bench model --lookup` measures it natively: on
+ * the wasm CPU backend with prompt lookup (`maxDraft` tokens a draft), each workload's chat
+ * prompts greedy, at most `maxTokens` new tokens, plain (`speculative: false`) and with lookup
+ * alternately, which goes first alternating per prompt and repeat, `repeats` pairs per prompt.
+ * Resolves to the engine's backend and, per workload, every pair's runs.
+ * @param {{ modelUrl: string, workloads: Record<string, string[]>, maxTokens: number, maxDraft: number, repeats: number }} options
+ */
+export async function runKestrelSpeculative({ modelUrl, workloads, maxTokens, maxDraft, repeats }) {
+  const engine = await createEngine({ model: modelUrl, backend: 'cpu', speculative: { lookup: true, maxDraft } });
+  const { backend, cpu, speculative } = engine.info;
+  if (!speculative?.enabled) throw new Error(`the engine does not speculate: ${JSON.stringify(speculative)}`);
+  // Untimed and short (its prefill runs the kernels lookup's verifications run, its decode the
+  // plain steps'), so that the first timed run does not pay for the engine's first calls.
+  await timedChat(engine, 'Say hello.', 8, false);
+  /** A run without its token ids, which only the comparison of the pair needs. */
+  const kept = (/** @type {Awaited<ReturnType<typeof timedChat>>} */ { token_ids, ...run }) => run;
+  const results = [];
+  for (const [workload, texts] of Object.entries(workloads)) {
+    const pairs = [];
+    for (const [p, text] of texts.entries()) {
+      for (let r = 0; r < repeats; r += 1) {
+        const lookupFirst = (p + r) % 2 === 1;
+        const first = await timedChat(engine, text, maxTokens, lookupFirst);
+        const second = await timedChat(engine, text, maxTokens, !lookupFirst);
+        const [lookup, plain] = lookupFirst ? [first, second] : [second, first];
+        const sameTokens = lookup.token_ids.length === plain.token_ids.length && lookup.token_ids.every((t, i) => t === plain.token_ids[i]);
+        pairs.push({ prompt: p, repeat: r, lookup_first: lookupFirst, plain: kept(plain), lookup: kept(lookup), same_text: lookup.text === plain.text, same_tokens: sameTokens });
+        const rate = (/** @type {number | null} */ v) => (v == null ? '–' : v.toFixed(2));
+        console.log(`${workload} prompt ${p} pair ${r}: plain ${rate(plain.decode_tok_s)} tok/s, lookup ${rate(lookup.decode_tok_s)} tok/s, ${lookup.tokens} tokens, ${JSON.stringify(lookup.speculative)}`);
+      }
+    }
+    results.push({ workload, prompts: texts.length, pairs });
+  }
+  await engine.unload();
+  return { backend, cpu, speculative, max_tokens: maxTokens, repeats, workloads: results };
 }
 
 /**
