@@ -48,7 +48,7 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { HERE, loadLlama, parseArgs, versionInfo } from "./common.mjs";
+import { HERE, hostInfo, loadLlama, median, modelInfo, parseArgs, r3, sum, versionInfo } from "./common.mjs";
 
 const { opts, pos } = parseArgs(process.argv.slice(2), {
     model: "", threads: 2, "prompt-tokens": "128,512", "decode-tokens": 128, repeats: 3, warmup: 1,
@@ -112,12 +112,6 @@ const pct = (a, p) => {
     const s = sorted(a);
     return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
 };
-const median = (a) => {
-    const s = sorted(a), m = s.length >> 1;
-    return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-};
-const r3 = (x) => Math.round(x * 1000) / 1000;
-const sum = (a) => a.reduce((x, y) => x + y, 0);
 
 for (let i = 0; i < opts.warmup; i++) await measure(promptIds(32), 8);
 
@@ -166,11 +160,8 @@ const doc = {
     schema: "kestrel-native-peer-bench/1",
     engine: "llama.cpp",
     version: versionInfo(llama),
-    model: { path: path.resolve(opts.model), file: path.basename(opts.model), size_bytes: fs.statSync(opts.model).size },
-    host: {
-        cpu: os.cpus()[0]?.model ?? "unknown", logical_cpus: os.cpus().length,
-        loadavg_start: loadavgStart.map(r3), loadavg_end: os.loadavg().map(r3),
-    },
+    model: modelInfo(opts.model),
+    host: hostInfo(loadavgStart),
     settings: {
         threads: opts.threads, n_ctx: context.contextSize, n_batch: opts.batch,
         flash_attention: opts["flash-attention"], kv_cache: "f16", gpu,

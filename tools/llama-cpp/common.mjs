@@ -1,8 +1,11 @@
-// Shared by reference.mjs and bench.mjs: load node-llama-cpp's *prebuilt* llama.cpp (CPU only),
-// never downloading or compiling anything.
+// Shared by the scripts here: load node-llama-cpp's *prebuilt* llama.cpp (CPU only), never
+// downloading or compiling anything; render chat prompts; the JSON reports' common blocks and
+// statistics.
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { Template } from "@huggingface/jinja";
 
 // node-llama-cpp reads these when its modules load; set them before importing it. SKIP_DOWNLOAD
 // stops any attempt to fetch llama.cpp sources from GitHub, GPU=false skips CUDA/Metal probing:
@@ -79,4 +82,38 @@ export function parseArgs(argv, spec) {
         opts[k] = typeof spec[k] === "number" ? Number(v) : typeof spec[k] === "boolean" ? v === "true" : v;
     }
     return { opts, pos };
+}
+
+// A conversation as the GGUF's own tokenizer.chat_template renders it through @huggingface/jinja
+// (the Jinja engine node-llama-cpp itself uses for GGUF templates), with add_generation_prompt =
+// true and bos_token / eos_token from the vocabulary: what Kestrel's Prompt::Chat renders.
+export function renderChat(model, messages) {
+    const { chat_template: template, ggml } = model.fileInfo.metadata.tokenizer;
+    if (!template) throw new Error("the GGUF has no tokenizer.chat_template");
+    return new Template(template).render({
+        messages,
+        add_generation_prompt: true,
+        bos_token: ggml.tokens[ggml.bos_token_id],
+        eos_token: ggml.tokens[ggml.eos_token_id],
+    });
+}
+
+export const r3 = (x) => Math.round(x * 1000) / 1000;
+export const sum = (a) => a.reduce((x, y) => x + y, 0);
+export const median = (a) => {
+    const s = [...a].sort((x, y) => x - y), m = s.length >> 1;
+    return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+};
+
+export function modelInfo(file) {
+    return { path: path.resolve(file), file: path.basename(file), size_bytes: fs.statSync(file).size };
+}
+
+// The machine, and its load average at the start (given) and now: on a shared machine the
+// figures are only as good as the load around them.
+export function hostInfo(loadavgStart) {
+    return {
+        cpu: os.cpus()[0]?.model ?? "unknown", logical_cpus: os.cpus().length,
+        loadavg_start: loadavgStart.map(r3), loadavg_end: os.loadavg().map(r3),
+    };
 }

@@ -14,8 +14,7 @@
 // (as Kestrel's timings do). The schema comes from tests/data/constrained/schemas.json.
 import fs from "node:fs";
 import path from "node:path";
-import { Template } from "@huggingface/jinja";
-import { HERE, loadLlama, parseArgs, versionInfo } from "./common.mjs";
+import { HERE, loadLlama, median, parseArgs, renderChat, versionInfo } from "./common.mjs";
 
 const { opts } = parseArgs(process.argv.slice(2), { model: "", schema: "nested_address", threads: 2, repeats: 3, "max-tokens": 256, json: "", "log-level": "warn" });
 if (!opts.model) {
@@ -31,14 +30,7 @@ const llama = await loadLlama({ logLevel: opts["log-level"] });
 const model = await llama.loadModel({ modelPath: opts.model, gpuLayers: 0 });
 const context = await model.createContext({ contextSize: 2048, batchSize: 512, threads: opts.threads, sequences: 1, flashAttention: false });
 const seq = context.getSequence();
-const meta = model.fileInfo.metadata;
-const tokenText = (id) => meta.tokenizer.ggml.tokens[id];
-const text = new Template(meta.tokenizer.chat_template).render({
-    messages: [{ role: "system", content: "Answer in JSON." }, { role: "user", content: entry.ask }],
-    add_generation_prompt: true,
-    bos_token: tokenText(meta.tokenizer.ggml.bos_token_id),
-    eos_token: tokenText(meta.tokenizer.ggml.eos_token_id),
-});
+const text = renderChat(model, [{ role: "system", content: "Answer in JSON." }, { role: "user", content: entry.ask }]);
 const prompt = Array.from(model.tokenize(text, true));
 const grammar = await llama.createGrammarForJsonSchema(entry.schema);
 
@@ -64,10 +56,6 @@ async function run({ withGrammar, maxTokens, ignoreEog }) {
     return { tokens, tokPerS: ((tokens.length - 1) / ms) * 1000 };
 }
 
-const median = (a) => {
-    const s = [...a].sort((x, y) => x - y), m = s.length >> 1;
-    return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-};
 const first = await run({ withGrammar: true, maxTokens: opts["max-tokens"], ignoreEog: false });
 const answer = model.detokenize(first.tokens, false);
 JSON.parse(answer); // the grammar's output must be JSON

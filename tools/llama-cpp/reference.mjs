@@ -26,8 +26,7 @@
 // the largest top-5 logit difference.
 import fs from "node:fs";
 import path from "node:path";
-import { Template } from "@huggingface/jinja";
-import { loadLlama, parseArgs, versionInfo } from "./common.mjs";
+import { loadLlama, parseArgs, renderChat, versionInfo } from "./common.mjs";
 
 const USAGE = "usage: node reference.mjs MODEL.gguf PROMPTS.json OUT.json [--threads N] [--steps N] " +
     "[--ctx N] [--batch N] [--flash-attention auto|on|off] [--compare REF.json]";
@@ -57,22 +56,10 @@ const eogIds = [];
 for (let t = 0; t < nVocab; t++) if (model.isEogToken(t)) eogIds.push(t);
 const bosId = meta.tokenizer.ggml.bos_token_id;
 const eosId = meta.tokenizer.ggml.eos_token_id;
-const tokenText = (id) => meta.tokenizer.ggml.tokens[id];
 const addBosMeta = meta.tokenizer.ggml.add_bos_token;
 const addBos = model.tokens.shouldPrependBosToken;
 if (model.tokens.shouldAppendEosToken) {
     throw new Error("this model adds an EOS token; the reference format assumes it adds none");
-}
-
-const chatTemplate = meta.tokenizer.chat_template;
-function renderChat(messages) {
-    if (!chatTemplate) throw new Error("the GGUF has no tokenizer.chat_template");
-    return new Template(chatTemplate).render({
-        messages,
-        add_generation_prompt: true,
-        bos_token: tokenText(bosId),
-        eos_token: tokenText(eosId),
-    });
 }
 
 const tokenize = (text) => Array.from(model.tokenize(text, true));
@@ -130,7 +117,7 @@ async function runPrompt(ids) {
 const round5 = (x) => Math.round(x * 1e5) / 1e5;
 const results = [];
 for (const p of promptsDoc.prompts) {
-    const text = p.kind === "chat" ? renderChat(p.messages) : p.text;
+    const text = p.kind === "chat" ? renderChat(model, p.messages) : p.text;
     if (p.kind !== "chat" && p.kind !== "raw") throw new Error(`prompt ${p.id}: unknown kind ${p.kind}`);
     const ids = (addBos ? [bosId] : []).concat(tokenize(text));
     const t0 = performance.now();
