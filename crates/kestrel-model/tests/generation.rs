@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use kestrel_engine::generation::{FinishReason, GenerateOptions, Generator, Prompt};
+use kestrel_engine::generation::{FinishReason, GenerateOptions, Generator, Prompt, DEFAULT_DECODE_RUN_AHEAD};
 use kestrel_model::{ChatMessage, LoadOptions, ModelError};
 
 fn chat(content: &str) -> Vec<ChatMessage> {
@@ -200,14 +200,19 @@ fn invalid_options_and_token_ids_are_errors() {
 /// consistent (the next request equals a fresh run), and max_tokens is exact.
 #[test]
 fn decode_steps_run_ahead_change_nothing() {
-    run_ahead_changes_nothing(Generator::new(common::load(&common::default_model_path(), 256)));
+    let model = Generator::new(common::load(&common::default_model_path(), 256));
+    assert_eq!(model.decode_run_ahead(), DEFAULT_DECODE_RUN_AHEAD, "the GPU's default");
+    run_ahead_changes_nothing(model);
 }
 
 /// The same policy on the CPU backend, whose steps run at once: the steps run ahead are computed
-/// before their tokens are read, and a stop or an abort discards them just as well.
+/// before their tokens are read, and a stop or an abort discards them just as well. It starts
+/// with none ahead, since there they would overlap nothing and only hold tokens back.
 #[test]
 fn decode_steps_run_ahead_change_nothing_on_the_cpu() {
-    run_ahead_changes_nothing(Generator::new(common::load_cpu(&common::default_model_path(), 256)));
+    let model = Generator::new(common::load_cpu(&common::default_model_path(), 256));
+    assert_eq!(model.decode_run_ahead(), 1, "the CPU backend's default");
+    run_ahead_changes_nothing(model);
 }
 
 fn run_ahead_changes_nothing(mut model: Generator) {

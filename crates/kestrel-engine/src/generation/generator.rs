@@ -15,7 +15,7 @@
 //! its own and sampled on the host as the CPU backend samples; the GPU runs prompt chunks with
 //! the prefill kernels and decodes with the decode kernels, each sequence sampled on the device.
 
-use kestrel_model::{BatchRow, Model, ModelError, RowOutput, TOKEN_SLOTS};
+use kestrel_model::{BackendKind, BatchRow, Model, ModelError, RowOutput, TOKEN_SLOTS};
 use web_time::Instant;
 
 use super::constraint::{OutputConstraint, TokenGrammar, TokenMatcher};
@@ -29,9 +29,20 @@ use super::speculation::{SequenceDraft, StepTime};
 use super::speculative_step::Speculation;
 use super::tools::ToolSyntax;
 
-/// Decode steps in flight by default: the one whose token is being read and two more, so the
-/// device has the next step queued while the host reads, streams and checks a token.
+/// Decode steps in flight by default on the GPU: the one whose token is being read and two more,
+/// so the device has the next step queued while the host reads, streams and checks a token.
 pub const DEFAULT_DECODE_RUN_AHEAD: usize = 3;
+
+/// The run-ahead a generator starts with for `backend`: `DEFAULT_DECODE_RUN_AHEAD` on the GPU,
+/// one step on the CPU backend. That backend computes a step when it is submitted, so there a step
+/// run ahead overlaps nothing: it held each answer's second token back by two steps (175 ms on a
+/// 1.5B model natively, seconds in the page), and a stop threw two computed steps away.
+fn default_run_ahead(backend: BackendKind) -> usize {
+    match backend {
+        BackendKind::Gpu => DEFAULT_DECODE_RUN_AHEAD,
+        BackendKind::Cpu => 1,
+    }
+}
 
 pub struct Generator {
     pub(super) model: Model,
@@ -52,15 +63,8 @@ pub struct Generator {
 impl Generator {
     pub fn new(model: Model) -> Self {
         let tool_syntax = ToolSyntax::of_template(model.tokenizer().chat_template());
-        Self {
-            model,
-            tool_syntax,
-            grammar: None,
-            sequences: Vec::new(),
-            next_sequence: 0,
-            run_ahead: DEFAULT_DECODE_RUN_AHEAD,
-            speculation: None,
-        }
+        let run_ahead = default_run_ahead(model.backend());
+        Self { model, tool_syntax, grammar: None, sequences: Vec::new(), next_sequence: 0, run_ahead, speculation: None }
     }
 
     pub fn model(&self) -> &Model {
@@ -82,8 +86,9 @@ impl Generator {
         self.tool_syntax
     }
 
-    /// Decode steps a sequence running alone keeps in flight (1 to `TOKEN_SLOTS`): 1 submits each
-    /// step after reading the previous token. A sequence with penalties, logprobs or a
+    /// Decode steps a sequence running alone keeps in flight (1 to `TOKEN_SLOTS`; by default
+    /// `DEFAULT_DECODE_RUN_AHEAD` on the GPU, 1 on the CPU backend): 1 submits each step after
+    /// reading the previous token. A sequence with penalties, logprobs or a
     /// constraint always runs one step at a time.
     pub fn set_decode_run_ahead(&mut self, steps: usize) -> Result<(), ModelError> {
         if !(1..=TOKEN_SLOTS).contains(&steps) {
@@ -91,6 +96,11 @@ impl Generator {
         }
         self.run_ahead = steps;
         Ok(())
+    }
+
+    /// Decode steps a sequence running alone keeps in flight (`set_decode_run_ahead`).
+    pub fn decode_run_ahead(&self) -> usize {
+        self.run_ahead
     }
 
     /// Token ids of a prompt (see `prompt::encode`), with no request's tools.
