@@ -48,7 +48,7 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { HERE, hostInfo, loadLlama, median, modelInfo, parseArgs, r3, sum, versionInfo } from "./common.mjs";
+import { HERE, hostInfo, loadLlama, median, modelInfo, parseArgs, r3, sum, versionInfo, writeReport } from "./common.mjs";
 
 const { opts, pos } = parseArgs(process.argv.slice(2), {
     model: "", threads: 2, "prompt-tokens": "128,512", "decode-tokens": 128, repeats: 3, warmup: 1,
@@ -175,14 +175,7 @@ const doc = {
     // plus Node's own, tens of MB.
     peak_rss_bytes: process.resourceUsage().maxRSS * 1024,
 };
-const text = JSON.stringify(doc, null, 1) + "\n";
-if (opts.json) {
-    fs.mkdirSync(path.dirname(path.resolve(opts.json)), { recursive: true });
-    fs.writeFileSync(opts.json, text);
-    console.error(`wrote ${opts.json}`);
-} else {
-    process.stdout.write(text);
-}
+writeReport(doc, opts.json);
 for (const r of runs) {
     console.error(`P=${r.prompt_tokens}: prefill ${r.prefill.median_tok_per_s} tok/s (spread ${r.prefill.spread}); ` +
         (r.decode ? `decode ${r.decode.median_tok_per_s} tok/s (spread ${r.decode.spread}), ` +

@@ -117,3 +117,15 @@ export function hostInfo(loadavgStart) {
         loadavg_start: loadavgStart.map(r3), loadavg_end: os.loadavg().map(r3),
     };
 }
+
+// A script's JSON report: to `file` where given (its folder made), else to stdout.
+export function writeReport(doc, file) {
+    const text = JSON.stringify(doc, null, 1) + "\n";
+    if (file) {
+        fs.mkdirSync(path.dirname(path.resolve(file)), { recursive: true });
+        fs.writeFileSync(file, text);
+        console.error(`wrote ${file}`);
+    } else {
+        process.stdout.write(text);
+    }
+}

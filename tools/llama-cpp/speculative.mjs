@@ -94,7 +94,7 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { HERE, hostInfo, loadLlama, median, modelInfo, parseArgs, r3, renderChat, sum, versionInfo } from "./common.mjs";
+import { HERE, hostInfo, loadLlama, median, modelInfo, parseArgs, r3, renderChat, sum, versionInfo, writeReport } from "./common.mjs";
 
 // After common.mjs, which sets node-llama-cpp's environment before it loads.
 const { DraftSequenceTokenPredictor, InputLookupTokenPredictor } = await import("node-llama-cpp");
@@ -311,14 +311,7 @@ const doc = {
     // This process's peak resident memory: both models' mapped pages and Node's own.
     peak_rss_bytes: process.resourceUsage().maxRSS * 1024,
 };
-const text = JSON.stringify(doc, null, 1) + "\n";
-if (opts.json) {
-    fs.mkdirSync(path.dirname(path.resolve(opts.json)), { recursive: true });
-    fs.writeFileSync(opts.json, text);
-    console.error(`wrote ${opts.json}`);
-} else {
-    process.stdout.write(text);
-}
+writeReport(doc, opts.json);
 
 const cell = (s, digits) => (s ? `${s.median.toFixed(digits)} (${s.min.toFixed(digits)}-${s.max.toFixed(digits)})` : "-");
 const pct = (x) => (x === null ? "-" : `${Math.round(100 * x)}%`);

@@ -7,8 +7,8 @@ use std::arch::x86_64::*;
 use super::prefetch_ahead;
 use super::scales::{end_super_block, with_eight_scales, EightScales, FactoredLanes};
 use super::tiles::{
-    by_tiles, factored_tile_tokens, join_halves, minus_bias_pairs, pair_chunk, unbias, x_chunk, FactoredRows, ScaledRows, TileSums,
-    TILE_TOKENS, TOKENS,
+    add_pair_block, by_tiles, factored_tile_tokens, join_halves, minus_bias_pairs, pair_chunk, pair_scales, store_pair_sums, unbias,
+    x_chunk, FactoredRows, ScaledRows, TileSums, TILE_TOKENS, TOKENS,
 };
 use crate::activations::QuantizedRows;
 use crate::interleaved::nibbles::{GroupRows, ROW_BLOCK_BYTES};
@@ -235,9 +235,7 @@ unsafe fn pair_tile_vnni<const T: usize>(
             }
         }
     }
-    for j in 0..T {
-        _mm512_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
-    }
+    store_pair_sums(&acc, sums);
 }
 
 /// The 4 chunks of a pair tile's block at `block` (group g's) and `block + next` (group g + 1's,
@@ -305,24 +303,16 @@ unsafe fn pair_tile_vnni_whole<const T: usize, S: EightScales>(
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..blocks {
         let (low, high) = pair_nibble_chunks(levels.add(b * GROUP_BLOCK_BYTES), next);
-        let at = (g * blocks + b) * GROUP_ROWS;
-        let scale = join_halves(scale.eight(at), scale.eight(at + next_lanes));
-        let offset = offset.map(|o| join_halves(o.eight(at), o.eight(at + next_lanes)));
+        let (scale, offset) = pair_scales(scale, offset, (g * blocks + b) * GROUP_ROWS, next_lanes);
         for j in 0..T {
             let mut block_sums = pair_block_sums(&low, &high, &acts[j], b);
             if bias != 0 {
                 block_sums = unbias(block_sums, minus_bias, &acts[j], b);
             }
-            let d = _mm512_set1_ps(*acts[j].d.get_unchecked(b));
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sums), _mm512_mul_ps(scale, d), acc[j]);
-            if let Some(offset) = offset {
-                acc[j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(*acts[j].sums32.get_unchecked(b)), acc[j]);
-            }
+            add_pair_block(&mut acc[j], block_sums, scale, offset, &acts[j], b);
         }
     }
-    for j in 0..T {
-        _mm512_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
-    }
+    store_pair_sums(&acc, sums);
 }
 
 /// Group g's 8 rows times the first `T` of `acts`, into `sums[token][row]`.

@@ -7,8 +7,8 @@ use std::arch::x86_64::*;
 use super::prefetch_ahead;
 use super::scales::{end_super_block, with_eight_scales, EightScales};
 use super::tiles::{
-    by_tiles, factored_tile_tokens, join_halves, minus_bias_pairs, pair_chunk, unbias, x_chunk, FactoredRows, ScaledRows, TileSums,
-    TILE_TOKENS, TOKENS,
+    add_pair_block, by_tiles, factored_tile_tokens, minus_bias_pairs, pair_chunk, pair_scales, store_pair_sums, unbias, x_chunk,
+    FactoredRows, ScaledRows, TileSums, TILE_TOKENS, TOKENS,
 };
 use crate::activations::{QuantizedRows, Q8K_BLOCK};
 use crate::interleaved::bytes::{ByteGroupRows, WovenLevels, SIX_BIT_BIAS, SIX_BIT_HIGH};
@@ -106,26 +106,17 @@ unsafe fn pair_tile_vnni_whole<const T: usize, S: EightScales>(
         prefetch_ahead(block.wrapping_add(next), block_bytes);
         let chunks: [__m512i; 8] =
             std::array::from_fn(|k| _mm512_xor_si512(pair_chunk(block.add(32 * k), block.add(next + 32 * k)), sign_bits));
-        let at = (g * blocks + b) * GROUP_ROWS;
-        let scale = join_halves(scale.eight(at), scale.eight(at + next_lanes));
-        let offset = offset.map(|o| join_halves(o.eight(at), o.eight(at + next_lanes)));
+        let (scale, offset) = pair_scales(scale, offset, (g * blocks + b) * GROUP_ROWS, next_lanes);
         for j in 0..T {
             let q = acts[j].q.as_ptr().add(b * ACT_BLOCK);
             let mut block_sums = _mm512_setzero_si512();
             for (k, &chunk) in chunks.iter().enumerate() {
                 block_sums = _mm512_dpbusd_epi32(block_sums, chunk, _mm512_set1_epi32(q.add(4 * k).cast::<i32>().read_unaligned()));
             }
-            block_sums = unbias(block_sums, minus_bias, &acts[j], b);
-            let d = _mm512_set1_ps(*acts[j].d.get_unchecked(b));
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block_sums), _mm512_mul_ps(scale, d), acc[j]);
-            if let Some(offset) = offset {
-                acc[j] = _mm512_fmadd_ps(offset, _mm512_set1_ps(*acts[j].sums32.get_unchecked(b)), acc[j]);
-            }
+            add_pair_block(&mut acc[j], unbias(block_sums, minus_bias, &acts[j], b), scale, offset, &acts[j], b);
         }
     }
-    for j in 0..T {
-        _mm512_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
-    }
+    store_pair_sums(&acc, sums);
 }
 
 /// `interleaved::products` of factored scales with Q8_K activations (`WovenRows::factored`),

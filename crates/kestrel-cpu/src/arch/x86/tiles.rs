@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use super::scales::FactoredLanes;
+use super::scales::{EightScales, FactoredLanes};
 use crate::activations::QuantizedRows;
 use crate::interleaved::GROUP_ROWS;
 use crate::rows::ActRow;
@@ -141,4 +141,42 @@ pub(crate) unsafe fn unbias(sums: __m512i, minus_bias: __m512i, act: &ActRow<'_>
 #[inline(always)]
 pub(crate) unsafe fn minus_bias_pairs(bias: i16) -> __m512i {
     _mm512_set1_epi16(-bias)
+}
+
+/// A pair tile's scales (and offsets) of whole storage for the block at value `at`: group g's 8
+/// rows' at `at`, g + 1's (or g's own) `next_lanes` on.
+///
+/// # Safety
+/// AVX2, F16C and AVX512F are present (inlined into callers that enable them), and the values
+/// have both runs of 8.
+#[inline(always)]
+pub(crate) unsafe fn pair_scales<S: EightScales>(scale: S, offset: Option<S>, at: usize, next_lanes: usize) -> (__m512, Option<__m512>) {
+    let sixteen = |s: S| join_halves(s.eight(at), s.eight(at + next_lanes));
+    (sixteen(scale), offset.map(sixteen))
+}
+
+/// Adds block `b`'s 16 rows' i32 sums with `act` (`sums`, the bias already off) to `acc`, in a
+/// pair tile of whole scales: `sums · scale · d` in one convert and one FMA, and the offsets
+/// times the token's block sum.
+///
+/// # Safety
+/// AVX512F is present (inlined into callers that enable it), and `act` has block `b`.
+#[inline(always)]
+pub(crate) unsafe fn add_pair_block(acc: &mut __m512, sums: __m512i, scale: __m512, offset: Option<__m512>, act: &ActRow<'_>, b: usize) {
+    let d = _mm512_set1_ps(*act.d.get_unchecked(b));
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(scale, d), *acc);
+    if let Some(offset) = offset {
+        *acc = _mm512_fmadd_ps(offset, _mm512_set1_ps(*act.sums32.get_unchecked(b)), *acc);
+    }
+}
+
+/// A pair tile's accumulators into its tokens' sums (16 rows each).
+///
+/// # Safety
+/// AVX512F is present (inlined into callers that enable it).
+#[inline(always)]
+pub(crate) unsafe fn store_pair_sums<const T: usize>(acc: &[__m512; T], sums: &mut TileSums) {
+    for j in 0..T {
+        _mm512_storeu_ps(sums[j].as_mut_ptr(), acc[j]);
+    }
 }
