@@ -14,7 +14,7 @@
 // (as Kestrel's timings do). The schema comes from tests/data/constrained/schemas.json.
 import fs from "node:fs";
 import path from "node:path";
-import { HERE, loadLlama, median, parseArgs, renderChat, versionInfo } from "./common.mjs";
+import { HERE, loadLlama, median, parseArgs, renderChat, versionInfo, writeReport } from "./common.mjs";
 
 const { opts } = parseArgs(process.argv.slice(2), { model: "", schema: "nested_address", threads: 2, repeats: 3, "max-tokens": 256, json: "", "log-level": "warn" });
 if (!opts.model) {
@@ -76,7 +76,7 @@ const report = {
     free_tok_s: { median: median(free), all: free },
     ratio: median(held) / median(free),
 };
-if (opts.json) fs.writeFileSync(opts.json, JSON.stringify(report, null, 2));
+if (opts.json) writeReport(report, opts.json);
 console.log(`llama.cpp, ${opts.threads} threads, schema ${opts.schema}: ${report.tokens} tokens; constrained ${report.constrained_tok_s.median.toFixed(1)} tok/s, free ${report.free_tok_s.median.toFixed(1)} tok/s (${report.ratio.toFixed(2)}x)`);
 await context.dispose();
 await model.dispose();

@@ -114,7 +114,11 @@ if (!(maxTokens >= 1) || !(opts.repeats >= 1) || !(opts.warmup >= 0)) throw new 
 const N_CTX = 2048, N_BATCH = 512;
 
 const workloads = JSON.parse(fs.readFileSync(opts.prompts, "utf8")).workloads;
-if (!workloads || typeof workloads !== "object") throw new Error(`${opts.prompts}: no "workloads"`);
+// Every workload a non-empty list of prompt strings: the runs and the summary index them.
+const lists = Object.values(workloads ?? {});
+if (!lists.length || !lists.every((l) => Array.isArray(l) && l.length && l.every((t) => typeof t === "string"))) {
+    throw new Error(`${opts.prompts}: expected {"workloads": {"name": ["prompt", ...], ...}}`);
+}
 const names = Object.keys(workloads).sort();
 
 // The pattern maximum (0: no limit) and the prediction minimum are node-llama-cpp's defaults.

@@ -32,8 +32,8 @@ pub struct ServeArgs {
     #[arg(long, env = "KESTREL_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Requests generated at once, batched into one pass of the model per token, each with a KV
-    /// cache of --context tokens (1 to 16; a request running alone has its tokens sampled on the
-    /// device, several steps ahead).
+    /// cache of --context tokens (1 to 16; a request running alone on the GPU has its tokens
+    /// sampled on the device, several steps ahead).
     #[arg(long, default_value_t = 8)]
     pub slots: usize,
     /// Prompt tokens a batched step runs at most, over all prompts being admitted (1 to 4096):

@@ -1,7 +1,7 @@
 //! The products over both interleaved layouts: what `products` needs of each (`WovenRows`),
 //! the portable products one weight at a time (the reference the SIMD tiles are tested against),
-//! and the choice of code: the AVX2 tiles of whole scales, or the factored tiles that sum a
-//! K-quant's super-block in i32 (`arch::x86`). Kept apart from the layouts so that the SIMD
+//! and the choice of code: the tiles of whole scales (AVX2's, or AVX512-VNNI's where the CPU
+//! has it), or the factored tiles that sum a K-quant's super-block in i32 (`arch::x86`). Kept apart from the layouts so that the SIMD
 //! tiles, which read the layouts, and the layouts import nothing of each other both ways.
 
 use super::bytes::ByteGroupRows;
@@ -69,8 +69,8 @@ pub(crate) fn products<W: WovenRows>(w: W, x: &QuantizedRows, out: &mut [f32]) {
     );
     #[cfg(target_arch = "x86_64")]
     if has_simd() {
-        // SAFETY: AVX2, FMA and F16C are present (and AVX512-VNNI where the factored tiles take
-        // it); the shapes were checked above, and every load reads within the group's levels and
+        // SAFETY: AVX2, FMA and F16C are present (and AVX512-VNNI where the tiles are told it
+        // is); the shapes were checked above, and every load reads within the group's levels and
         // scales and a token's activation row.
         unsafe {
             match w.factored(x) {

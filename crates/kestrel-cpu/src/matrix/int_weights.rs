@@ -317,8 +317,9 @@ impl IntWeights {
     }
 
     /// The rows a product's task takes a multiple of: whole groups, and for 4-bit and byte
-    /// levels whole pairs of groups, which their AVX512-VNNI tiles take at once (a lone group
-    /// costs them a pair).
+    /// levels whole pairs of groups, which their AVX512-VNNI tiles take at once where they have
+    /// whole scales (and 4-bit factored ones), a lone group costing them a pair. (Q5_K's bytes
+    /// take one group a tile; pairs cost them nothing.)
     pub(super) fn rows_per_task(&self) -> usize {
         match self.levels {
             LevelStore::Nibbles8(_) | LevelStore::Bytes8(_) => 2 * GROUP_ROWS,

@@ -35,7 +35,7 @@ pub const DEFAULT_DECODE_RUN_AHEAD: usize = 3;
 
 /// The run-ahead a generator starts with for `backend`: `DEFAULT_DECODE_RUN_AHEAD` on the GPU,
 /// one step on the CPU backend. That backend computes a step when it is submitted, so there a step
-/// run ahead overlaps nothing: it held each answer's second token back by two steps (175 ms on a
+/// run ahead overlaps nothing: it held each answer's second token back by two steps (about 120 ms on a
 /// 1.5B model natively, seconds in the page), and a stop threw two computed steps away.
 fn default_run_ahead(backend: BackendKind) -> usize {
     match backend {

@@ -1,14 +1,14 @@
 //! The interleaved 4-bit products (`interleaved::nibbles`) in AVX2: a tile takes a group's 8
-//! rows times up to 4 tokens, a block's 4 chunks of 8 rows at a time; with factored scales and
-//! AVX512-VNNI, a pair of groups' 16 rows times up to 8 tokens in 512-bit vectors.
+//! rows times up to 4 tokens, a block's 4 chunks of 8 rows at a time; with AVX512-VNNI (factored
+//! scales or whole ones), a pair of groups' 16 rows times up to 8 tokens in 512-bit vectors.
 
 use std::arch::x86_64::*;
 
 use super::prefetch_ahead;
 use super::scales::{end_super_block, with_eight_scales, EightScales, FactoredLanes};
 use super::tiles::{
-    add_pair_block, by_tiles, factored_tile_tokens, join_halves, minus_bias_pairs, pair_chunk, pair_scales, store_pair_sums, unbias,
-    x_chunk, FactoredRows, ScaledRows, TileSums, TILE_TOKENS, TOKENS,
+    add_pair_block, by_tiles, join_halves, minus_bias_pairs, pair_chunk, pair_scales, store_pair_sums, tile_tokens, unbias, x_chunk,
+    FactoredRows, ScaledRows, TileSums, TOKENS,
 };
 use crate::activations::QuantizedRows;
 use crate::interleaved::nibbles::{GroupRows, ROW_BLOCK_BYTES};
@@ -29,8 +29,7 @@ const GROUP_BLOCK_BYTES: usize = GROUP_ROWS * ROW_BLOCK_BYTES;
 pub(crate) unsafe fn products(w: GroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool) {
     with_eight_scales!(w.scale, w.offset, |scale, offset| {
         let w = ScaledRows { rows: w, scale, offset };
-        let most = if vnni { TOKENS } else { TILE_TOKENS };
-        by_tiles(x, w.rows.cols, rows, n, out, most, vnni, |g, pair, acts, tokens, sums| match (vnni, tokens) {
+        by_tiles(x, w.rows.cols, rows, n, out, tile_tokens(vnni), vnni, |g, pair, acts, tokens, sums| match (vnni, tokens) {
             // SAFETY: as this function's.
             (true, 8) => unsafe { pair_tile_vnni_whole::<8, _>(w, g, pair, acts, sums) },
             (true, 7) => unsafe { pair_tile_vnni_whole::<7, _>(w, g, pair, acts, sums) },
@@ -63,7 +62,7 @@ pub(crate) unsafe fn factored_products(
     n: usize,
     vnni: bool,
 ) {
-    by_tiles(x, w.rows.cols, rows, n, out, factored_tile_tokens(vnni), vnni, |g, pair, acts, tokens, sums| match (vnni, tokens) {
+    by_tiles(x, w.rows.cols, rows, n, out, tile_tokens(vnni), vnni, |g, pair, acts, tokens, sums| match (vnni, tokens) {
         // SAFETY: as this function's.
         (true, 8) => unsafe { pair_tile_vnni::<8>(w, g, pair, acts, sums) },
         (true, 7) => unsafe { pair_tile_vnni::<7>(w, g, pair, acts, sums) },
@@ -298,6 +297,7 @@ unsafe fn pair_tile_vnni_whole<const T: usize, S: EightScales>(
     let groups = usize::from(pair);
     let (next, next_lanes) = (groups * blocks * GROUP_BLOCK_BYTES, groups * blocks * GROUP_ROWS);
     // The bias is 8 (Q4_0) or 0: an exact small integer.
+    debug_assert!(w.bias == 0.0 || w.bias == 8.0, "a nibble bias of {}", w.bias);
     let bias = w.bias as i16;
     let minus_bias = minus_bias_pairs(bias);
     let mut acc = [_mm512_setzero_ps(); T];

@@ -1,14 +1,15 @@
 //! The interleaved byte and 6-bit products (`interleaved::bytes`) in AVX2: a tile takes a
-//! group's 8 rows times up to 4 tokens, a block's 8 chunks of 8 rows at a time; with factored
-//! scales and AVX512-VNNI, up to 8 tokens, each span of one integer scale summed by `dpbusd`.
+//! group's 8 rows times up to 4 tokens, a block's 8 chunks of 8 rows at a time; with AVX512-VNNI,
+//! factored scales take up to 8 tokens, each span of one integer scale summed by `dpbusd`, and
+//! byte levels of whole scales per 32 a pair of groups' 16 rows times up to 8 tokens.
 
 use std::arch::x86_64::*;
 
 use super::prefetch_ahead;
 use super::scales::{end_super_block, with_eight_scales, EightScales};
 use super::tiles::{
-    add_pair_block, by_tiles, factored_tile_tokens, minus_bias_pairs, pair_chunk, pair_scales, store_pair_sums, unbias, x_chunk,
-    FactoredRows, ScaledRows, TileSums, TILE_TOKENS, TOKENS,
+    add_pair_block, by_tiles, minus_bias_pairs, pair_chunk, pair_scales, store_pair_sums, tile_tokens, unbias, x_chunk, FactoredRows,
+    ScaledRows, TileSums, TILE_TOKENS, TOKENS,
 };
 use crate::activations::{QuantizedRows, Q8K_BLOCK};
 use crate::interleaved::bytes::{ByteGroupRows, WovenLevels, SIX_BIT_BIAS, SIX_BIT_HIGH};
@@ -134,7 +135,7 @@ pub(crate) unsafe fn factored_products(
     vnni: bool,
 ) {
     with_layout!(w.rows, |HALVES, SIX| {
-        by_tiles(x, w.rows.cols, rows, n, out, factored_tile_tokens(vnni), false, |g, _, acts, tokens, sums| {
+        by_tiles(x, w.rows.cols, rows, n, out, tile_tokens(vnni), false, |g, _, acts, tokens, sums| {
             // SAFETY: as this function's.
             unsafe {
                 match (vnni, tokens) {

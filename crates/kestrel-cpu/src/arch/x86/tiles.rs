@@ -11,15 +11,14 @@ use crate::ACT_BLOCK;
 
 /// Tokens a tile computes at most: each group's block is loaded (and split into nibbles) once
 /// for them. The AVX2 tiles take up to 4 (`TILE_TOKENS`), whose accumulators fit AVX2's 16
-/// vector registers; the factored AVX512-VNNI tiles (4-bit, byte and 6-bit levels) up to 8
-/// in its 32.
+/// vector registers; the AVX512-VNNI tiles (factored or of whole scales) up to 8 in its 32.
 pub(crate) const TOKENS: usize = 8;
-/// Tokens the tiles other than the factored AVX512-VNNI ones take at most.
+/// Tokens the AVX2 tiles take at most.
 pub(crate) const TILE_TOKENS: usize = 4;
 
-/// Tokens a factored tile takes at most: `TOKENS` with AVX512-VNNI (`vnni`), else
+/// Tokens a tile takes at most: `TOKENS` with AVX512-VNNI (`vnni`), else
 /// `TILE_TOKENS`.
-pub(crate) fn factored_tile_tokens(vnni: bool) -> usize {
+pub(crate) fn tile_tokens(vnni: bool) -> usize {
     if vnni {
         TOKENS
     } else {
@@ -121,8 +120,8 @@ pub(crate) unsafe fn pair_chunk(low: *const u8, high: *const u8) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_loadu_si256(low.cast())), _mm256_loadu_si256(high.cast()))
 }
 
-/// Block `b`'s `Σ q` with the levels' bias taken off in integers, for a pair tile of whole
-/// scales: `sums - bias · Σ q` in every lane, by one `dpwssd` of `minus_bias` (the bias negated
+/// A block's i32 sums `sums` with the levels' bias taken off in integers, for a pair tile of
+/// whole scales: `sums - bias · Σ q` in every lane, `Σ q` block `b`'s of `act`, by one `dpwssd` of `minus_bias` (the bias negated
 /// in both i16 halves of each lane: `minus_bias_pairs`) with the block's two sums of 16
 /// (`level_sums16`). Exact: the bias is at most 128 and a block's `Σ q` at most 32 · 128.
 ///
