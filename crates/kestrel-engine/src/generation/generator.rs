@@ -397,6 +397,11 @@ impl Generator {
             };
             let seq = &mut self.sequences[*i];
             if let (true, Some(state)) = (decoded, seq.draft.as_mut()) {
+                // A draft model that proposed nothing still ran the sequence's tokens: else the
+                // next draft runs them again, and one more each such step.
+                if let (true, Some(cached)) = (draft.tokens.is_empty(), draft.draft_cached) {
+                    state.draft_pos = cached;
+                }
                 // Only a step the sequence ran alone measures its own costs.
                 match (alone, draft.tokens.is_empty()) {
                     (true, _) => state.record_time(StepTime {
@@ -406,6 +411,7 @@ impl Generator {
                         proposals: draft.proposals,
                         drafted: draft.tokens.len(),
                         tokens: seq.output.generated.len() - generated,
+                        caught_up: draft.caught_up,
                     }),
                     (false, true) => state.plain_step(),
                     (false, false) => state.verified_in_batch(),

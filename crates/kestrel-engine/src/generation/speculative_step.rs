@@ -28,6 +28,8 @@ pub(super) struct StepDraft {
     /// The draft model's token-by-token passes it took part in, and their time.
     pub proposals: usize,
     pub proposing: std::time::Duration,
+    /// Whether the draft model caught up on a pause's tokens first (`Draft::caught_up`).
+    pub caught_up: bool,
 }
 
 impl Generator {
@@ -105,6 +107,7 @@ impl Generator {
                 draft_cached: Some(d.cached),
                 proposals: d.proposals,
                 proposing: d.proposing,
+                caught_up: d.caught_up,
             };
         }
         drafts

@@ -52,6 +52,9 @@ pub struct Draft {
     /// apart from catching up on the sequence).
     pub proposals: usize,
     pub proposing: Duration,
+    /// Whether its first pass caught up on tokens the sequence took while it did not draft (a
+    /// pause's plain steps): that pass's time is the pause's debt, not drafting's steady cost.
+    pub caught_up: bool,
 }
 
 impl DraftModel {
@@ -148,6 +151,9 @@ impl DraftModel {
         let chunk = self.model.max_chunk();
         let histories: Vec<&[u32]> = requests.iter().map(|r| r.history).collect();
         let mut active: Vec<usize> = (0..requests.len()).filter(|&i| requests[i].max > 0 && !histories[i].is_empty()).collect();
+        for &i in &active {
+            drafts[i].caught_up = histories[i].len() - drafts[i].cached > STEADY_CATCH_UP;
+        }
         // The catch-up's chunks before each one's last, which needs only its KV rows.
         loop {
             let behind: Vec<usize> = active.iter().copied().filter(|&i| histories[i].len() - drafts[i].cached > chunk).collect();
@@ -203,6 +209,10 @@ impl DraftModel {
         Ok(())
     }
 }
+
+/// Tokens a draft's first pass runs after a speculative step: the draft's last token, which it
+/// proposed but never ran, and the target's own token after it.
+const STEADY_CATCH_UP: usize = 2;
 
 /// A draft pass's row: `tokens` at `pos` of `slot`, with the last row's logits where `last`
 /// (the host draws the draft's token, on either backend: the GPU's own draw is ignored).

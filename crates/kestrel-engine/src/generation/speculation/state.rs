@@ -15,8 +15,12 @@
 //!   step follows its third speculative one) the priors hold: c = 0, β = `PRIOR_ROW_COST`.
 //! - The model can be wrong where costs hide from it (a draft model's pass that proposes nothing
 //!   above `p_min`, the host's work on a draft), so the realized speed decides too: seconds per
-//!   generated token of its speculative steps (drafting attempts that proposed nothing included)
-//!   against its plain steps'.
+//!   generated token of its speculative steps since the last pause (drafting attempts that
+//!   proposed nothing included; older steps fade by `KEEP_SPECULATIVE` a step) against its plain
+//!   steps'. It is a ratio of sums, not an average of ratios: one pass that proposed nothing,
+//!   amid drafts that stand, does not tip it alone.
+//! - A step whose draft model first caught up on a pause's tokens judges nothing: that cost is
+//!   paid once the pause ends, whatever follows.
 //! - Where k = 0 wins, or speculating measures slower, it decodes plainly for a while (8 steps,
 //!   doubling up to 128 while it keeps losing) and then probes with a draft of at least one
 //!   token, so the estimates can recover: a request that drafts badly pays one short probe per
@@ -58,6 +62,8 @@ const FIRST_PAUSE: u32 = 8;
 const LONGEST_PAUSE: u32 = 128;
 /// Weight of the newest sample in the moving averages of times.
 const NEWEST: f64 = 0.25;
+/// What the realized speed's earlier steps count for at the next speculative step.
+const KEEP_SPECULATIVE: f64 = 0.9;
 /// What each earlier verdict counts for at the next verification.
 const DECAY: f64 = 0.8;
 /// A verification row's cost beyond a plain step's, before one is measured: the CPU backend
@@ -78,6 +84,8 @@ pub struct StepTime {
     pub drafted: usize,
     /// Tokens the step gave the sequence.
     pub tokens: usize,
+    /// Whether the draft model first caught up on a pause's tokens (`Draft::caught_up`).
+    pub caught_up: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -90,12 +98,12 @@ pub struct SequenceDraft {
     kept: f64,
     fell: f64,
     /// Moving averages: a plain step's seconds, a drafted token's seconds, and a verification
-    /// row's cost beyond a plain step as a share of one (β); and a speculative step's seconds
-    /// per token it gave.
+    /// row's cost beyond a plain step as a share of one (β).
     plain: Option<f64>,
     draft_token: Option<f64>,
     row_cost: Option<f64>,
-    speculative: Option<f64>,
+    /// The speculative steps' seconds and the tokens they gave since the last pause (fading).
+    speculative: Option<(f64, f64)>,
     /// Plain steps left before the next draft, and the next pause's length.
     paused: u32,
     next_pause: u32,
@@ -177,9 +185,12 @@ impl SequenceDraft {
             return;
         }
         self.speculative_steps += 1;
-        if step.tokens > 0 {
-            average(&mut self.speculative, total / step.tokens as f64);
+        if step.caught_up {
+            // Counted, every probe measured slower than plain and each pause doubled the next.
+            return;
         }
+        let (seconds, tokens) = self.speculative.unwrap_or_default();
+        self.speculative = Some((seconds * KEEP_SPECULATIVE + total, tokens * KEEP_SPECULATIVE + step.tokens as f64));
         if step.proposals > 0 {
             average(&mut self.draft_token, step.proposing.as_secs_f64() / step.proposals as f64);
         }
@@ -209,7 +220,7 @@ impl SequenceDraft {
         if self.paused > 0 {
             return;
         }
-        let slower = matches!((self.speculative, self.plain), (Some(spec), Some(plain)) if spec > plain);
+        let slower = matches!((self.speculative, self.plain), (Some((seconds, tokens)), Some(plain)) if seconds > plain * tokens);
         if slower || self.best_length() == 0 {
             self.paused = self.next_pause;
             self.next_pause = (self.next_pause * 2).min(LONGEST_PAUSE);
@@ -227,7 +238,7 @@ mod tests {
 
     fn spec(total_ms: u64, drafting_ms: u64, proposals: usize, drafted: usize, tokens: usize) -> StepTime {
         let ms = Duration::from_millis;
-        StepTime { total: ms(total_ms), drafting: ms(drafting_ms), proposing: ms(drafting_ms), proposals, drafted, tokens }
+        StepTime { total: ms(total_ms), drafting: ms(drafting_ms), proposing: ms(drafting_ms), proposals, drafted, tokens, caught_up: false }
     }
 
     fn plain(ms: u64) -> StepTime {
@@ -300,5 +311,41 @@ mod tests {
         assert_eq!(d.wanted(), 0, "one plain step for the baseline");
         d.record_time(plain(40));
         assert!(d.wanted() > 0);
+    }
+
+    #[test]
+    fn a_probe_that_catches_up_on_its_pause_is_judged_by_the_step_after_it() {
+        let mut d = SequenceDraft::new(8, 0);
+        for _ in 0..10 {
+            d.record(2, 0);
+        }
+        d.record_time(plain(100));
+        d.record_time(spec(250, 100, 2, 2, 1));
+        assert_eq!(d.wanted(), 0, "drafts that fall: paused ({d:?})");
+        let pause = |d: &mut SequenceDraft| {
+            while d.wanted() == 0 {
+                d.record_time(plain(100));
+            }
+        };
+        pause(&mut d);
+        // The probe's pass first ran the pause's tokens into the draft model: slower than plain,
+        // but that says nothing of drafting from here on.
+        let probe = StepTime { caught_up: true, ..spec(260, 160, 2, 2, 1) };
+        d.record(2, 0);
+        d.record_time(probe);
+        assert!(d.wanted() > 0, "not paused by its catch-up ({d:?})");
+        // The step after it is judged: still slower, so a pause twice as long.
+        d.record(2, 0);
+        d.record_time(spec(250, 100, 2, 2, 1));
+        assert_eq!(d.paused, 2 * FIRST_PAUSE, "{d:?}");
+        pause(&mut d);
+        // The drafts stand again: after the probe, 3 tokens in 150 ms against 100 for one plain.
+        for _ in 0..10 {
+            d.record(2, 2);
+        }
+        d.record_time(probe);
+        d.record_time(spec(150, 60, 2, 2, 3));
+        assert!(d.wanted() > 0, "speculating pays again ({d:?})");
+        assert_eq!(d.next_pause, FIRST_PAUSE, "a pause after a win starts short again");
     }
 }
