@@ -21,6 +21,12 @@
 //!   amid drafts that stand, does not tip it alone.
 //! - A step whose draft model first caught up on a pause's tokens judges nothing: that cost is
 //!   paid once the pause ends, whatever follows.
+//! - What speculating has cost is kept as a balance: the seconds its steps saved against plain
+//!   steps giving the same tokens (a loss, negative; the catch-ups included). No probe starts
+//!   while the losses exceed `LOSS_BUDGET` of the sequence's decoding so far (in plain steps'
+//!   time): each plain step earns a little back. A draft model's probes cost their pause's tokens
+//!   run into it (a few per cent of the pause's time at 1.5B with a 0.5B draft, whatever its
+//!   length), so without the budget a request whose drafts never pay lost more than 5%.
 //! - Where k = 0 wins, or speculating measures slower, it decodes plainly for a while (8 steps,
 //!   doubling up to 128 while it keeps losing) and then probes with a draft of at least one
 //!   token, so the estimates can recover: a request that drafts badly pays one short probe per
@@ -69,6 +75,9 @@ const DECAY: f64 = 0.8;
 /// A verification row's cost beyond a plain step's, before one is measured: the CPU backend
 /// at 1.5B measured about 0.05 a row; a small model pays more per row, which the measure finds.
 const PRIOR_ROW_COST: f64 = 0.1;
+/// What speculating may lose before a probe, as a share of the sequence's decoding time so far
+/// (a probe may lose as much again: the bound is 5%).
+const LOSS_BUDGET: f64 = 0.02;
 
 /// What one step the sequence ran alone measured.
 #[derive(Clone, Copy, Debug, Default)]
@@ -108,6 +117,10 @@ pub struct SequenceDraft {
     paused: u32,
     next_pause: u32,
     speculative_steps: u32,
+    /// Seconds speculating saved (negative: lost) against plain steps, and the plain steps'
+    /// seconds of the tokens decoded so far.
+    balance: f64,
+    decoded: f64,
 }
 
 impl SequenceDraft {
@@ -127,13 +140,15 @@ impl SequenceDraft {
             paused: 0,
             next_pause: FIRST_PAUSE,
             speculative_steps: 0,
+            balance: 0.0,
+            decoded: 0.0,
         }
     }
 
     /// Most tokens to draft for the next step: 0 while paused, else the best length (at least
     /// one: after a pause, a probe).
     pub fn wanted(&self) -> usize {
-        if self.paused > 0 {
+        if self.paused > 0 || self.balance < -LOSS_BUDGET * self.decoded {
             0
         } else {
             self.best_length().max(1)
@@ -181,10 +196,16 @@ impl SequenceDraft {
         let total = step.total.as_secs_f64();
         if step.drafted == 0 && step.proposals == 0 {
             average(&mut self.plain, total / step.tokens.max(1) as f64);
+            self.decoded += total;
             self.paused = self.paused.saturating_sub(1);
             return;
         }
         self.speculative_steps += 1;
+        if let Some(plain) = self.plain {
+            let as_plain = plain * step.tokens as f64;
+            self.balance += as_plain - total;
+            self.decoded += as_plain;
+        }
         if step.caught_up {
             // Counted, every probe measured slower than plain and each pause doubled the next.
             return;
@@ -208,6 +229,7 @@ impl SequenceDraft {
     /// A plain step the sequence ran beside others (its time is theirs too): only the pause
     /// counts down.
     pub fn plain_step(&mut self) {
+        self.decoded += self.plain.unwrap_or(0.0);
         self.paused = self.paused.saturating_sub(1);
     }
 
@@ -280,6 +302,13 @@ mod tests {
             assert_eq!(d.wanted(), 0);
             d.record_time(plain(100));
         }
+        // Its losses (200 ms against 100 saved) exceed the budget: plain steps earn it back first.
+        let mut earning = 0;
+        while d.wanted() == 0 {
+            d.record_time(plain(100));
+            earning += 1;
+        }
+        assert!(earning > 0, "{d:?}");
         assert_eq!(d.wanted(), 1, "a probe of one token after the pause");
         d.record(1, 0);
         d.record_time(spec(150, 40, 1, 1, 1));
@@ -316,12 +345,16 @@ mod tests {
     #[test]
     fn a_probe_that_catches_up_on_its_pause_is_judged_by_the_step_after_it() {
         let mut d = SequenceDraft::new(8, 0);
-        for _ in 0..10 {
-            d.record(2, 0);
-        }
         d.record_time(plain(100));
-        d.record_time(spec(250, 100, 2, 2, 1));
-        assert_eq!(d.wanted(), 0, "drafts that fall: paused ({d:?})");
+        // Drafts that paid (3 tokens in 150 ms), then fall: slower than plain, so a pause.
+        for _ in 0..10 {
+            d.record(2, 2);
+            d.record_time(spec(150, 60, 2, 2, 3));
+        }
+        while d.wanted() > 0 {
+            d.record(2, 0);
+            d.record_time(spec(250, 100, 2, 2, 1));
+        }
         let pause = |d: &mut SequenceDraft| {
             while d.wanted() == 0 {
                 d.record_time(plain(100));
@@ -347,5 +380,40 @@ mod tests {
         d.record_time(spec(150, 60, 2, 2, 3));
         assert!(d.wanted() > 0, "speculating pays again ({d:?})");
         assert_eq!(d.next_pause, FIRST_PAUSE, "a pause after a win starts short again");
+    }
+
+    #[test]
+    fn a_draft_model_that_never_pays_costs_at_most_the_budget() {
+        // Qwen2.5-Coder 1.5B with its 0.5B on 2 cores, on prose: a plain step 55 ms, a draft
+        // pass 28 ms that proposes nothing above p_min, and each token of the pause before it
+        // 3.5 ms more to run into the draft model first.
+        let ms = |v: f64| Duration::from_secs_f64(v / 1000.0);
+        let mut d = SequenceDraft::new(16, 0);
+        let (mut spent, mut plain_time, mut behind, mut probes) = (0.0, 0.0, 0.0, 0);
+        for _ in 0..4000 {
+            plain_time += 55.0;
+            if d.wanted() == 0 {
+                d.record_time(plain(55));
+                spent += 55.0;
+                behind += 1.0;
+                continue;
+            }
+            let drafting = 28.0 + 3.5 * behind;
+            let step = StepTime {
+                total: ms(55.0 + drafting),
+                drafting: ms(drafting),
+                proposing: ms(drafting),
+                proposals: 1,
+                tokens: 1,
+                caught_up: behind > 1.0,
+                ..StepTime::default()
+            };
+            d.record_time(step);
+            spent += 55.0 + drafting;
+            (behind, probes) = (0.0, probes + 1);
+        }
+        let loss = spent / plain_time - 1.0;
+        assert!(loss <= 0.05 && loss > 0.0, "speculating lost {:.1}% ({probes} probes)", 100.0 * loss);
+        assert!(probes >= 5, "it keeps probing now and then: {probes}");
     }
 }
