@@ -1,4 +1,4 @@
-//! Weight rows of byte levels (Q8_0, Q5_0, Q5_1, Q5_K) and of 6-bit levels (Q6_K) in groups of
+//! Weight rows of byte levels (Q8_0) and of 6-bit levels (Q6_K; Q5_0, Q5_1 and Q5_K) in groups of
 //! 8, interleaved as `nibbles` does the 4-bit ones: one 32-byte chunk holds 4 levels of each
 //! of the 8 rows, and a `maddubs` of it with 4 activation bytes broadcast to every lane sums 4
 //! weights of all 8 rows at once; a block's 8 such chunks end as one vector of the 8 rows' integer
@@ -8,8 +8,9 @@
 //! `i` (0..8) of row group `g`, block `b`, sits at `((g · blocks + b) · 8 + k) · 32 + 4 · i + m`,
 //! and is level `4k + m` of that row's block.
 //!
-//! Six-bit layout (Q6_K, whose levels are -32..31): a group's block is 192 bytes instead of 256, a
-//! quarter less for a decode step to stream. Each level is kept as `level + 32` (0..63): its low 4
+//! Six-bit layout (Q6_K, whose levels are -32..31, and the 5-bit formats, whose levels -16..15 or
+//! 0..31 lie within them): a group's block is 192 bytes instead of 256, a quarter less for a
+//! decode step to stream. Each level is kept as `level + 32` (0..63): its low 4
 //! bits in the first 128 bytes, in `nibbles`' layout (chunk `k`'s in the low nibbles of
 //! bytes `32 · (k % 4)..`, in the high ones for `k ≥ 4`), its high 2 bits in the last 64 (chunk
 //! `k`'s at bits `2 · (k % 4)` of bytes `128 + 32 · (k / 4)..`), each at `4 · i + m` of its 32. The

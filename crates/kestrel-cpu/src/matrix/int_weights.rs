@@ -115,8 +115,9 @@ enum LevelStore {
     /// Byte levels of rows in groups of 8, interleaved alike (`interleaved::bytes`' layout), for
     /// the other formats, where the machine has the SIMD code and for a multiple of 8 rows.
     Bytes8(Vec<i8>),
-    /// Q6_K's levels in 6 bits, rows in groups of 8 (`interleaved::bytes`' six-bit layout), where
-    /// Bytes8 would otherwise hold them: three quarters of the bytes a decode step streams.
+    /// Levels of 5 and 6 bits (Q5_0, Q5_1, Q5_K, Q6_K) in 6 bits, rows in groups of 8
+    /// (`interleaved::bytes`' six-bit layout), where Bytes8 would otherwise hold them: three
+    /// quarters of the bytes a decode step streams.
     SixBits8(Vec<u8>),
 }
 
@@ -142,7 +143,7 @@ pub(super) struct IntLayout {
     /// has their SIMD products, the format suits them (one scale per 32 for 4-bit levels), and
     /// the rows are whole groups.
     woven: bool,
-    /// Q6_K's levels in 6 bits: where they are woven.
+    /// Levels of 5 and 6 bits kept in 6: where they are woven.
     six_bits: bool,
     /// What the stored levels exceed the format's by: 8 for Q4_0's unsigned nibbles.
     bias: i8,
@@ -159,7 +160,8 @@ impl IntLayout {
         let has_offset = matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K);
         // Q4_0's interleaved products apply its bias themselves: no offsets.
         let offset = has_offset && !(woven && bias != 0);
-        Self { group, nibbles, woven, six_bits: woven && ty == GgmlType::Q6_K, bias, offset }
+        let six_bits = woven && matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K | GgmlType::Q6_K);
+        Self { group, nibbles, woven, six_bits, bias, offset }
     }
 
     /// Bytes of `n` levels.
@@ -316,13 +318,14 @@ impl IntWeights {
         int_products(IntRows { levels, group: self.group, scale, offset, cols }, x, out)
     }
 
-    /// The rows a product's task takes a multiple of: whole groups, and for 4-bit and byte
-    /// levels whole pairs of groups, which their AVX512-VNNI tiles take at once where they have
-    /// whole scales (and 4-bit factored ones), a lone group costing them a pair. (Q5_K's bytes
-    /// take one group a tile; pairs cost them nothing.)
+    /// The rows a product's task takes a multiple of: whole groups, and for 4-bit, byte and
+    /// 6-bit levels of a scale per 32 whole pairs of groups, which their AVX512-VNNI tiles take at
+    /// once where they have whole scales (and 4-bit factored ones), a lone group costing them a
+    /// pair. (Q5_K's and Q6_K's factored tiles take one group at a time; pairs cost them nothing.)
     pub(super) fn rows_per_task(&self) -> usize {
         match self.levels {
             LevelStore::Nibbles8(_) | LevelStore::Bytes8(_) => 2 * GROUP_ROWS,
+            LevelStore::SixBits8(_) if self.group == ACT_BLOCK => 2 * GROUP_ROWS,
             LevelStore::SixBits8(_) => GROUP_ROWS,
             LevelStore::Nibbles(_) | LevelStore::Bytes(_) => 1,
         }

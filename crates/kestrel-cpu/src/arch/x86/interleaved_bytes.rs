@@ -1,14 +1,14 @@
 //! The interleaved byte and 6-bit products (`interleaved::bytes`) in AVX2: a tile takes a
 //! group's 8 rows times up to 4 tokens, a block's 8 chunks of 8 rows at a time; with AVX512-VNNI,
 //! factored scales take up to 8 tokens, each span of one integer scale summed by `dpbusd`, and
-//! byte levels of whole scales per 32 a pair of groups' 16 rows times up to 8 tokens.
+//! byte or 6-bit levels of whole scales per 32 a pair of groups' 16 rows times up to 8 tokens.
 
 use std::arch::x86_64::*;
 
 use super::prefetch_ahead;
 use super::scales::{end_super_block, with_eight_scales, EightScales};
 use super::tiles::{
-    add_pair_block, by_tiles, minus_bias_pairs, pair_chunk, pair_scales, store_pair_sums, tile_tokens, unbias, x_chunk, FactoredRows,
+    add_pair_block, by_tiles, join_chunks, minus_bias_pairs, pair_chunk, pair_scales, store_pair_sums, tile_tokens, unbias, x_chunk, FactoredRows,
     ScaledRows, TileSums, TILE_TOKENS, TOKENS,
 };
 use crate::activations::{QuantizedRows, Q8K_BLOCK};
@@ -37,15 +37,15 @@ macro_rules! with_layout {
 }
 
 /// `interleaved::products` by the tiles of whole scales and offsets (`EightScales`), for
-/// rows without factored ones (`WovenRows::factored`): with AVX512-VNNI (`vnni`) byte levels of
-/// a scale per 32 (Q8_0, Q5_0, Q5_1) take pairs of groups times up to 8 tokens
-/// (`pair_tile_vnni_whole`), the rest AVX2's `tile`.
+/// rows without factored ones (`WovenRows::factored`): with AVX512-VNNI (`vnni`) levels of a
+/// scale per 32 (Q8_0's bytes, Q5_0's and Q5_1's 6 bits) take pairs of groups times up to 8
+/// tokens (`pair_tile_vnni_whole`), the rest AVX2's `tile`.
 ///
 /// # Safety
 /// AVX2, FMA and F16C are present, AVX512-VNNI (`x86::has_avx512_vnni`) where `vnni`, and `w`,
 /// `x` and `out` have the shapes `products` checks.
 pub(crate) unsafe fn products(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &mut [f32], rows: usize, n: usize, vnni: bool) {
-    let pairs = vnni && w.group == ACT_BLOCK && matches!(w.levels, WovenLevels::Bytes(_));
+    let pairs = vnni && w.group == ACT_BLOCK;
     with_eight_scales!(w.scale, w.offset, |scale, offset| {
         let w = ScaledRows { rows: w, scale, offset };
         if pairs {
@@ -74,14 +74,15 @@ pub(crate) unsafe fn products(w: ByteGroupRows<'_>, x: &QuantizedRows, out: &mut
     });
 }
 
-/// Byte levels of a scale per 32 (`products`' `pairs`) in AVX512-VNNI, on pairs of groups as
-/// the nibble tile (`interleaved::pair_tile_vnni_whole`) takes them: `dpbusd` multiplies
-/// unsigned bytes by signed ones, so each chunk's signed levels go in with their sign bit
-/// flipped (`level + 128`, once a chunk for every token), and each block's sums lose
-/// `128 · Σ q` in integers (`unbias`). AVX2's `tile` gives each chunk the levels' signs for
-/// every token instead (two `sign`s, a `maddubs`, a `madd` and an add a chunk and token, for 8
-/// rows), where this takes one `dpbusd` for 16. Bounds: a block's sums within
-/// 32 · 255 · 128 and its bias within 128 · 32 · 128, exact in f32.
+/// Byte or 6-bit levels of a scale per 32 (`products`' `pairs`) in AVX512-VNNI, on pairs of
+/// groups as the nibble tile (`interleaved::pair_tile_vnni_whole`) takes them: `dpbusd`
+/// multiplies unsigned bytes by signed ones, so each chunk's signed byte levels go in with their
+/// sign bit flipped (`level + 128`, once a chunk for every token), 6-bit ones as they are kept
+/// (`level + 32`), and each block's sums lose that bias times `Σ q` in integers (`unbias`).
+/// AVX2's `tile` gives each chunk of bytes the levels' signs for every token instead (two
+/// `sign`s, a `maddubs`, a `madd` and an add a chunk and token, for 8 rows), where this takes one
+/// `dpbusd` for 16. Bounds: a block's sums within 32 · 255 · 128 and its bias within
+/// 128 · 32 · 128, exact in f32.
 ///
 /// # Safety
 /// AVX2, FMA, F16C and AVX512-VNNI are present, `w`, `x` and `out` have the shapes `products`
@@ -99,14 +100,21 @@ unsafe fn pair_tile_vnni_whole<const T: usize, S: EightScales>(
     let (levels, block_bytes) = group_blocks(&w, g, blocks);
     let groups = usize::from(pair);
     let (next, next_lanes) = (groups * blocks * block_bytes, groups * blocks * GROUP_ROWS);
-    let (sign_bits, minus_bias) = (_mm512_set1_epi8(i8::MIN), minus_bias_pairs(128));
+    let six = matches!(w.levels, WovenLevels::SixBits(_));
+    let sign_bits = _mm512_set1_epi8(i8::MIN);
+    let minus_bias = minus_bias_pairs(if six { i16::from(SIX_BIT_BIAS) } else { 128 });
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..blocks {
         let block = levels.add(b * block_bytes);
         prefetch_ahead(block, block_bytes);
         prefetch_ahead(block.wrapping_add(next), block_bytes);
-        let chunks: [__m512i; 8] =
-            std::array::from_fn(|k| _mm512_xor_si512(pair_chunk(block.add(32 * k), block.add(next + 32 * k)), sign_bits));
+        let chunks: [__m512i; 8] = std::array::from_fn(|k| {
+            if six {
+                join_chunks(chunk::<true>(block, k), chunk::<true>(block.add(next), k))
+            } else {
+                _mm512_xor_si512(pair_chunk(block.add(32 * k), block.add(next + 32 * k)), sign_bits)
+            }
+        });
         let (scale, offset) = pair_scales(scale, offset, (g * blocks + b) * GROUP_ROWS, next_lanes);
         for j in 0..T {
             let q = acts[j].q.as_ptr().add(b * ACT_BLOCK);

@@ -107,7 +107,17 @@ pub(crate) unsafe fn x_chunk(act: &ActRow<'_>, b: usize, k: usize) -> __m256i {
 /// AVX512F is present (inlined into callers that enable it).
 #[inline(always)]
 pub(crate) unsafe fn join_halves(low: __m256, high: __m256) -> __m512 {
-    _mm512_castsi512_ps(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_castps_si256(low)), _mm256_castps_si256(high)))
+    _mm512_castsi512_ps(join_chunks(_mm256_castps_si256(low), _mm256_castps_si256(high)))
+}
+
+/// Two 256-bit integer vectors as one, `low` in the low half: a pair tile's chunk of its two
+/// groups' levels, each rebuilt on its own.
+///
+/// # Safety
+/// AVX512F is present (inlined into callers that enable it).
+#[inline(always)]
+pub(crate) unsafe fn join_chunks(low: __m256i, high: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(low), high)
 }
 
 /// The 32 bytes at `low` and the 32 at `high` as one 512-bit vector: a pair tile's chunk of its
@@ -117,7 +127,7 @@ pub(crate) unsafe fn join_halves(low: __m256, high: __m256) -> __m512 {
 /// AVX512F is present (inlined into callers that enable it), and both runs are readable.
 #[inline(always)]
 pub(crate) unsafe fn pair_chunk(low: *const u8, high: *const u8) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm256_loadu_si256(low.cast())), _mm256_loadu_si256(high.cast()))
+    join_chunks(_mm256_loadu_si256(low.cast()), _mm256_loadu_si256(high.cast()))
 }
 
 /// A block's i32 sums `sums` with the levels' bias taken off in integers, for a pair tile of
