@@ -145,8 +145,8 @@ impl SequenceDraft {
         }
     }
 
-    /// Most tokens to draft for the next step: 0 while paused, else the best length (at least
-    /// one: after a pause, a probe).
+    /// Most tokens to draft for the next step: 0 while paused or over the loss budget, else the
+    /// best length (at least one: after a pause, a probe).
     pub fn wanted(&self) -> usize {
         if self.paused > 0 || self.balance < -LOSS_BUDGET * self.decoded {
             0
@@ -220,7 +220,8 @@ impl SequenceDraft {
                 let verification = total - step.drafting.as_secs_f64();
                 average(&mut self.row_cost, ((verification - plain) / (plain * step.drafted as f64)).max(0.0));
             }
-            None if self.speculative_steps == BASELINE_AFTER => self.paused = 1,
+            // (At or after: the third may have been a catch-up, which judges nothing.)
+            None if self.speculative_steps >= BASELINE_AFTER => self.paused = 1,
             _ => {}
         }
         self.pause_if_plain_wins();
@@ -340,6 +341,23 @@ mod tests {
         assert_eq!(d.wanted(), 0, "one plain step for the baseline");
         d.record_time(plain(40));
         assert!(d.wanted() > 0);
+    }
+
+    #[test]
+    fn the_baseline_follows_where_the_third_speculative_step_was_a_catch_up() {
+        let mut d = SequenceDraft::new(4, 0);
+        for _ in 1..BASELINE_AFTER {
+            d.record(2, 2);
+            d.record_time(spec(50, 20, 2, 2, 3));
+        }
+        // A step beside other sequences, then one that caught the draft model up on it.
+        d.plain_step();
+        d.record(2, 2);
+        d.record_time(StepTime { caught_up: true, ..spec(80, 50, 2, 2, 3) });
+        assert!(d.wanted() > 0);
+        d.record(2, 2);
+        d.record_time(spec(50, 20, 2, 2, 3));
+        assert_eq!(d.wanted(), 0, "one plain step for the baseline ({d:?})");
     }
 
     #[test]
