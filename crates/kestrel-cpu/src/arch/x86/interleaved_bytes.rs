@@ -8,8 +8,8 @@ use std::arch::x86_64::*;
 use super::prefetch_ahead;
 use super::scales::{end_super_block, with_eight_scales, EightScales};
 use super::tiles::{
-    add_pair_block, by_tiles, join_chunks, minus_bias_pairs, pair_chunk, pair_scales, store_pair_sums, tile_tokens, unbias, x_chunk, FactoredRows,
-    ScaledRows, TileSums, TILE_TOKENS, TOKENS,
+    add_pair_block, by_tiles, join_chunks, minus_bias_pairs, pair_chunk, pair_scales, store_pair_sums, tile_tokens, unbias, x_chunk,
+    FactoredRows, ScaledRows, TileSums, TILE_TOKENS, TOKENS,
 };
 use crate::activations::{QuantizedRows, Q8K_BLOCK};
 use crate::interleaved::bytes::{ByteGroupRows, WovenLevels, SIX_BIT_BIAS, SIX_BIT_HIGH};

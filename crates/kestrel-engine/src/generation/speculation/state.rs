@@ -261,7 +261,15 @@ mod tests {
 
     fn spec(total_ms: u64, drafting_ms: u64, proposals: usize, drafted: usize, tokens: usize) -> StepTime {
         let ms = Duration::from_millis;
-        StepTime { total: ms(total_ms), drafting: ms(drafting_ms), proposing: ms(drafting_ms), proposals, drafted, tokens, caught_up: false }
+        StepTime {
+            total: ms(total_ms),
+            drafting: ms(drafting_ms),
+            proposing: ms(drafting_ms),
+            proposals,
+            drafted,
+            tokens,
+            caught_up: false,
+        }
     }
 
     fn plain(ms: u64) -> StepTime {
