@@ -397,11 +397,6 @@ impl Generator {
             };
             let seq = &mut self.sequences[*i];
             if let (true, Some(state)) = (decoded, seq.draft.as_mut()) {
-                // A draft model that proposed nothing still ran the sequence's tokens: else the
-                // next draft runs them again, and one more each such step.
-                if let (true, Some(cached)) = (draft.tokens.is_empty(), draft.draft_cached) {
-                    state.draft_pos = cached;
-                }
                 // Only a step the sequence ran alone measures its own costs.
                 match (alone, draft.tokens.is_empty()) {
                     (true, _) => state.record_time(StepTime {

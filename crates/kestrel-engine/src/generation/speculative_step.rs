@@ -101,6 +101,12 @@ impl Generator {
         // The draft's rows below each sequence's `draft_pos` are untouched by a failed pass.
         let Ok(proposed) = draft_model.draft(&mut requests).await else { return drafts };
         for (i, d) in indices.into_iter().zip(proposed) {
+            // A draft that proposed nothing still ran the sequence's tokens into the draft's
+            // slot (else the next draft runs them again, one more each time); one that proposed
+            // some learns what stands at its verification (`take_verified`).
+            if let (true, Some(state)) = (d.tokens.is_empty(), self.sequences[i].draft.as_mut()) {
+                state.draft_pos = d.cached;
+            }
             drafts[i] = StepDraft {
                 tokens: d.tokens,
                 distributions: d.distributions,
